@@ -1,0 +1,263 @@
+"""The engine shared by :class:`~celery_redlock.LockedTask` and ``@single_instance``.
+
+One execution of a locked task goes through :func:`enter` before its body and :func:`leave`
+on every way it ends. The state of that execution (its :class:`~celery_redlock.Lock`, or the
+decision to skip) lives on ``task.request``, which Celery keeps per thread and per greenlet:
+with the threads or gevent pool many executions share one task instance, so nothing
+per-execution may be stored on the task itself.
+
+TTL rule, decided in :func:`_make_lock` for each execution:
+
+* ``lock_ttl`` set: a fixed TTL of that many seconds, never renewed.
+* otherwise a lease of ``redlock_lease`` seconds, renewed every lease/3 by a watchdog thread
+  while the task runs. If the pool enforces a hard time limit T (prefork, gevent), renewal
+  never extends the lock past acquisition + T + ``redlock_ttl_margin``. T is
+  ``request.time_limit or task.time_limit or`` the worker's ``--time-limit`` (captured in the
+  worker's main process before the pool forks, see :mod:`celery_redlock._worker`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from celery import current_task
+
+from . import _canonical, _keys, _worker
+from .config import Settings, TaskLockOptions, parameters_of, settings_for
+from .exceptions import LockContended, LockLost, LockUnavailable
+from .lock import Lock, client_for
+
+logger = logging.getLogger("celery_redlock.task")
+
+#: Attribute of ``task.request`` holding the :class:`Execution` of the running attempt.
+REQUEST_ATTR = "redlock_execution"
+#: Attribute set by ``@single_instance`` on the function it wraps, and by ``LockedTask`` on
+#: each subclass: the validated :class:`~celery_redlock.config.TaskLockOptions`.
+OPTIONS_ATTR = "_redlock_options"
+
+
+@dataclass
+class Execution:
+    """What :func:`enter` decided for one attempt."""
+
+    lock: Lock | None
+    skipped: bool = False
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A task's validated lock options plus the parameters its calls bind to."""
+
+    options: TaskLockOptions
+    params: list[inspect.Parameter]
+    bound: bool
+
+
+def run_function(task: Any) -> tuple[Any, bool]:
+    """The function behind ``task.run`` and whether it takes ``self`` (``bind=True``)."""
+    run = inspect.getattr_static(type(task), "run")
+    if isinstance(run, staticmethod):
+        return run.__func__, False
+    return run, True
+
+
+def spec_of(task: Any) -> Spec | None:
+    """The lock spec of ``task``, or ``None`` if the task is not locked. Cached per task."""
+    cached = task.__dict__.get("_redlock_spec", False)
+    if cached is not False:
+        return cached  # type: ignore[no-any-return]
+    fun, bound = run_function(task)
+    options = getattr(fun, OPTIONS_ATTR, None) or getattr(type(task), OPTIONS_ATTR, None)
+    spec = None
+    if options is not None:
+        spec = Spec(options, parameters_of(fun, bound), bound)
+    task.__dict__["_redlock_spec"] = spec
+    return spec
+
+
+def lock_name_for(task: Any, spec: Spec, args: Any, kwargs: Any) -> str:
+    """The lock name (``<lock_name>:<digest>``) of one call of ``task``."""
+    canonical = _canonical.encode_call(
+        task.name, spec.params, args or (), kwargs or {}, spec.options.by
+    )
+    return _keys.task_lock_name(spec.options.name or task.name, canonical)
+
+
+def lock_key(task: Any, *args: Any, **kwargs: Any) -> str:
+    """The Redis key that calling ``task(*args, **kwargs)`` would lock.
+
+    Raises :class:`TypeError` when an argument has no canonical encoding, and
+    :class:`ValueError` when ``task`` is not a locked task.
+    """
+    spec = spec_of(task)
+    if spec is None:
+        raise ValueError(
+            f"{task.name} is not a locked task (use base=LockedTask or @single_instance)"
+        )
+    settings = settings_for(task.app)
+    return _keys.keys_for(settings.prefix, lock_name_for(task, spec, args, kwargs)).lock
+
+
+def _hard_limit(task: Any, request: Any) -> float | None:
+    if not _worker.state.enforces_limits:
+        return None
+    limit = request.time_limit or task.time_limit or _worker.state.time_limit
+    return float(limit) if limit else None
+
+
+def _make_lock(task: Any, spec: Spec, settings: Settings, name: str, request: Any) -> Lock:
+    common: dict[str, Any] = {
+        "prefix": settings.prefix,
+        "owner": request.id or "",
+        "host": request.hostname,
+    }
+    client = client_for(settings.url)
+    if spec.options.ttl is not None:
+        return Lock(client, name, spec.options.ttl, **common)
+    limit = _hard_limit(task, request)
+    max_hold = None if limit is None else limit + settings.ttl_margin
+    return Lock(client, name, settings.lease, auto_renew=True, max_hold=max_hold, **common)
+
+
+def _jittered(seconds: float) -> float:
+    return seconds * random.uniform(1.0, 1.2)
+
+
+def enter(task: Any, args: Any, kwargs: Any) -> bool:
+    """Take the lock of this execution; return False when the body must be skipped.
+
+    Raises ``Retry`` (through ``task.retry``) or :class:`LockContended` /
+    :class:`LockUnavailable` according to the policies. A direct call (``task(x)``, no
+    worker, no ``apply()``) runs unlocked, like any plain function call.
+    """
+    request = task.request
+    spec = spec_of(task)
+    if spec is None or request.called_directly:
+        return True
+    settings = settings_for(task.app)
+    lock = _make_lock(task, spec, settings, lock_name_for(task, spec, args, kwargs), request)
+    policy = spec.options.on_contention or settings.on_contention
+    try:
+        if policy == "wait":
+            acquired = lock.acquire(blocking=True, timeout=spec.options.wait_timeout)
+        else:
+            acquired = lock.acquire(blocking=False)
+    except LockUnavailable as exc:
+        return _on_unavailable(task, spec, settings, request, exc)
+    if acquired:
+        setattr(request, REQUEST_ATTR, Execution(lock))
+        logger.debug(
+            "%s[%s] acquired %s (fencing token %s)",
+            task.name, request.id, lock.key, lock.fencing_token,
+        )
+        return True
+    return _on_contended(task, spec, request, lock, policy)
+
+
+def _on_contended(task: Any, spec: Spec, request: Any, lock: Lock, policy: str) -> bool:
+    holder = lock.last_holder.task_id if lock.last_holder else None
+    ttl = lock.last_holder_ttl
+    contended = LockContended(
+        f"{task.name}[{request.id}]: {lock.key} is held by task {holder} "
+        f"(ttl {ttl if ttl is None else round(ttl, 3)}s)",
+        key=lock.key,
+        holder=holder,
+        ttl=ttl,
+    )
+    redelivered = bool((request.delivery_info or {}).get("redelivered"))
+    if redelivered:
+        # A redelivered message (acks_late after a lost worker or a visibility timeout) may be
+        # the only copy of this task left: never skip it, come back when the holder's TTL ends.
+        countdown = max(ttl or 0.0, 1.0)
+        logger.info(
+            "%s[%s] redelivered while %s is held by task %s: retrying in %.1fs",
+            task.name, request.id, lock.key, holder, countdown,
+        )
+        raise task.retry(countdown=countdown, exc=contended)
+    if policy == "skip":
+        setattr(request, REQUEST_ATTR, Execution(None, skipped=True))
+        logger.info(
+            "%s[%s] skipped: %s is held by task %s", task.name, request.id, lock.key, holder
+        )
+        return False
+    if policy == "retry":
+        countdown = _jittered(spec.options.retry_countdown)
+        logger.info(
+            "%s[%s] contended: %s is held by task %s; retrying in %.1fs",
+            task.name, request.id, lock.key, holder, countdown,
+        )
+        raise task.retry(countdown=countdown, exc=contended)
+    raise contended
+
+
+def _on_unavailable(
+    task: Any, spec: Spec, settings: Settings, request: Any, exc: LockUnavailable
+) -> bool:
+    policy = settings.on_unavailable
+    if policy == "run":
+        logger.warning(
+            "%s[%s] runs WITHOUT a lock because Redis is unavailable "
+            "(redlock_on_unavailable='run'): %s",
+            task.name, request.id, exc,
+        )
+        setattr(request, REQUEST_ATTR, Execution(None))
+        return True
+    if policy == "retry":
+        base = spec.options.retry_countdown or 1.0
+        countdown = _jittered(min(base * 2 ** (request.retries or 0), 300.0))
+        logger.warning(
+            "%s[%s] could not reach Redis to lock; retrying in %.1fs: %s",
+            task.name, request.id, countdown, exc,
+        )
+        raise task.retry(countdown=countdown, exc=exc)
+    raise exc
+
+
+def skipped(request: Any) -> bool:
+    """Whether :func:`enter` decided to skip the body of the attempt behind ``request``."""
+    execution = getattr(request, REQUEST_ATTR, None)
+    return execution is not None and execution.skipped
+
+
+def leave(task: Any, request: Any = None) -> None:
+    """Release the lock of the attempt behind ``request`` (default: the current one).
+
+    Idempotent and never raises: a Redis error is a WARNING (the lock then expires by TTL), and
+    the task's result is unchanged.
+    """
+    request = task.request if request is None else request
+    execution = getattr(request, REQUEST_ATTR, None)
+    if execution is None or execution.lock is None:
+        return
+    lock = execution.lock
+    execution.lock = None
+    try:
+        lock.release()
+    except LockLost:
+        pass  # already logged as an ERROR by Lock.on_lost
+    except LockUnavailable as exc:
+        logger.warning(
+            "%s[%s]: could not release %s, it will expire within %.0fs: %s",
+            task.name, request.id, lock.key, lock.ttl, exc,
+        )
+    except Exception:
+        logger.exception("%s[%s]: unexpected error releasing %s", task.name, request.id, lock.key)
+    else:
+        logger.debug("%s[%s] released %s", task.name, request.id, lock.key)
+
+
+def current_lock() -> Lock | None:
+    """The lock held by the locked task running in this thread, or ``None``.
+
+    ``None`` outside a task, in a task that is not locked, and in a task that runs unlocked
+    under ``redlock_on_unavailable='run'``.
+    """
+    task = current_task._get_current_object()
+    if task is None:
+        return None
+    execution = getattr(task.request, REQUEST_ATTR, None)
+    return None if execution is None else execution.lock

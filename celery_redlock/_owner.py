@@ -1,0 +1,60 @@
+"""Owner tokens: the value stored in a lock key.
+
+A token is ``<secret>|<pid>|<acquired_ms>|<host>|<task_id>``:
+
+* ``secret``: 32 hex characters from :mod:`secrets`, fresh for every acquisition attempt, so a
+  token cannot be guessed and two attempts of the same task id never share one;
+* ``pid`` and ``host``: the process that acquired (for a Celery task, the pool child and the
+  worker's node name), so the worker's main process can release the lock of a child that died;
+* ``acquired_ms``: wall-clock milliseconds, informational only (shown by tooling, never used to
+  decide expiry: expiry is Redis' own ``PX`` TTL);
+* ``task_id`` last, so that it may contain any character.
+
+The parent-side release script in :mod:`celery_redlock._scripts` parses the same layout.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import time
+from dataclasses import dataclass
+
+SEPARATOR = "|"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """A decoded owner token."""
+
+    token: str
+    pid: int
+    acquired_ms: int
+    host: str
+    task_id: str
+
+
+def normalize_host(host: str | None) -> str:
+    """The host field as stored: the given name (or this machine's) without separators."""
+    return (host or socket.gethostname()).replace(SEPARATOR, "_")
+
+
+def new_token(task_id: str = "", host: str | None = None, pid: int | None = None) -> str:
+    """Build a fresh, unguessable owner token for one acquisition attempt."""
+    host = normalize_host(host)
+    pid = os.getpid() if pid is None else pid
+    acquired_ms = int(time.time() * 1000)
+    return SEPARATOR.join((secrets.token_hex(16), str(pid), str(acquired_ms), host, task_id))
+
+
+def parse(token: str | bytes | None) -> Owner | None:
+    """Decode a stored token; ``None`` for a missing or foreign value."""
+    if token is None:
+        return None
+    if isinstance(token, bytes):
+        token = token.decode("utf-8", "replace")
+    parts = token.split(SEPARATOR, 4)
+    if len(parts) != 5 or not parts[1].isdigit() or not parts[2].isdigit():
+        return None
+    return Owner(token, int(parts[1]), int(parts[2]), parts[3], parts[4])

@@ -1,0 +1,145 @@
+"""Worker wiring: the receivers and the Request class that release locks on every ending.
+
+Which process can release, for each way an attempt ends (measured on Celery 5.7, see the
+README's "Guarantees and limits"):
+
+* return, exception, soft time limit: the pool child, in ``after_return`` (LockedTask) or in the
+  ``@single_instance`` wrapper;
+* ``Ignore``, ``Reject``, ``SystemExit`` (SIGTERM from revoke/hard limit/cold shutdown): the
+  child, from the ``task_postrun`` receiver below (``after_return`` does not run then);
+* ``self.retry()``: the child, from the ``before_task_publish`` receiver, because Celery
+  publishes the retry message *before* any hook runs:
+  1. the body calls ``self.retry()``;
+  2. Celery publishes the retry message (our receiver releases here);
+  3. another worker may receive and start the retry at once;
+  4. only now do ``on_retry`` and ``task_postrun`` run in the first child.
+  Releasing in step 4 would let the retry find its own earlier attempt's lock and skip itself.
+* hard time limit, child SIGKILL/OOM, ``revoke(terminate=True)``: the child is gone, so the
+  worker's main process releases in :meth:`ParentReleaseMixin.on_failure`, which runs before
+  any requeue (``task_reject_on_worker_lost``). The release is owner-checked for that attempt
+  (task id, host, child pid): it can never delete a successor's lock.
+* the whole worker killed: nobody; the TTL frees the key (see :mod:`celery_redlock._engine`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from celery import current_task, signals
+from celery.concurrency import get_implementation
+from kombu.utils.imports import symbol_by_name
+
+from . import _engine, _owner
+from .config import settings_for
+from .lock import UNAVAILABLE_ERRORS, client_for, release_attempt
+
+logger = logging.getLogger("celery_redlock.worker")
+
+#: Pools that enforce a task's hard time limit by killing it.
+_ENFORCING_POOLS = ("celery.concurrency.prefork", "celery.concurrency.gevent")
+
+
+@dataclass
+class WorkerState:
+    """Facts about the worker this process belongs to, captured before the pool forks."""
+
+    #: The worker's ``--time-limit`` / ``task_time_limit`` (invisible in a pool child).
+    time_limit: float | None = None
+    #: Whether the pool enforces hard time limits; ``False`` outside a worker (eager, apply).
+    enforces_limits: bool = False
+
+
+state = WorkerState()
+
+
+class ParentReleaseMixin:
+    """Mixed into a locked task's Request class in the worker's main process.
+
+    ``on_failure`` with ``return_ok=False`` is how the main process learns that a child died
+    with the task (hard time limit, SIGKILL/OOM, ``revoke(terminate=True)``); it runs on the
+    worker's event loop before a requeue, so the release uses a client with 1 s timeouts and
+    never raises.
+    """
+
+    id: str
+    args: Any
+    kwargs: Any
+    task: Any
+    hostname: str
+    worker_pid: int | None
+
+    def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False)\
+            -> None:
+        if not return_ok:
+            release_for_dead_child(self)
+        super().on_failure(  # type: ignore[misc]
+            exc_info, send_failed_event=send_failed_event, return_ok=return_ok
+        )
+
+
+def release_for_dead_child(request: Any) -> None:
+    """Release the lock a dead pool child took for ``request`` (owner-checked, never raises)."""
+    pid = request.worker_pid
+    if not pid:
+        return  # never accepted by a child: it cannot have taken a lock
+    task = request.task
+    try:
+        spec = _engine.spec_of(task)
+        if spec is None:
+            return
+        settings = settings_for(task.app)
+        name = _engine.lock_name_for(task, spec, request.args, request.kwargs)
+        client = client_for(settings.url, timeout=1.0)
+        host = _owner.normalize_host(request.hostname)
+        released = release_attempt(client, name, settings.prefix, request.id, host, pid)
+    except UNAVAILABLE_ERRORS as exc:
+        logger.warning(
+            "%s[%s]: child %s died; could not release its lock, it will expire by TTL: %s",
+            task.name, request.id, pid, exc,
+        )
+    except Exception:
+        logger.exception("%s[%s]: releasing the lock of dead child %s failed",
+                         task.name, request.id, pid)
+    else:
+        if released:
+            logger.info("%s[%s]: released the lock of dead child %s", task.name, request.id, pid)
+
+
+def _install_request_class(task: Any) -> None:
+    current = symbol_by_name(task.Request)
+    if issubclass(current, ParentReleaseMixin):
+        return
+    task.Request = type(f"Locked{current.__name__}", (ParentReleaseMixin, current), {})
+
+
+@signals.worker_init.connect(weak=False)
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    """In the worker's main process, before the pool forks."""
+    pool_cls = get_implementation(sender.pool_cls)
+    state.enforces_limits = pool_cls.__module__ in _ENFORCING_POOLS
+    state.time_limit = float(sender.time_limit) if sender.time_limit else None
+    for task in sender.app.tasks.values():
+        if _engine.spec_of(task) is not None:
+            _install_request_class(task)
+
+
+@signals.task_postrun.connect(weak=False)
+def _on_task_postrun(sender: Any = None, **_: Any) -> None:
+    """Backstop: RETRY, IGNORED, REJECTED and ``SystemExit`` endings skip ``after_return``."""
+    if sender is not None:
+        _engine.leave(sender)
+
+
+@signals.before_task_publish.connect(weak=False)
+def _on_before_task_publish(headers: Any = None, **_: Any) -> None:
+    """Release before a retry of the running attempt is published (see the module docstring)."""
+    task = current_task._get_current_object()
+    if task is None or not headers:
+        return
+    request = task.request
+    if headers.get("id") != request.id or request.called_directly:
+        return
+    if int(headers.get("retries") or 0) > int(request.retries or 0):
+        _engine.leave(task, request)

@@ -1,0 +1,418 @@
+"""The lock primitive: an owner-checked, expiring, fenced Redis lock.
+
+:class:`Lock` is what :class:`~celery_redlock.LockedTask` uses under the hood, and it is usable
+on its own, for example to let one process rebuild a cache entry while the others wait::
+
+    with Lock("redis://localhost:6379/0", "rebuild:homepage", ttl=10, timeout=5):
+        rebuild_homepage()
+
+Each operation is one Lua script (:mod:`celery_redlock._scripts`): acquire is ``SET NX PX``
+plus a fencing counter, release and extend compare the owner token before touching the key.
+The token is unguessable and fresh for every acquisition, so only the holder can release.
+
+This module never imports Celery.
+
+Hazards, as timelines:
+
+1. Expiry under a live holder. (a) A acquires with ttl=10 s and no renewal; (b) A pauses (GC,
+   swap, SIGSTOP) for 12 s; (c) the key expires and B acquires; (d) A resumes and still believes
+   it holds the lock. The owner check stops A's release and extend from touching B's lock, and
+   marks A's lock lost, but A's *other* side effects are not stopped by Redis: pass
+   :attr:`Lock.fencing_token` to the storage you write to and let it reject stale tokens.
+2. Renewal races expiry. With ``auto_renew`` the watchdog extends every ``ttl / 3``; if a
+   renewal fails with a connection error it retries, and once the last confirmed expiry has
+   passed the lock is marked lost, because from then on another owner may exist.
+3. Blocking acquire. (a) A holds; (b) B subscribes to the release channel, then tries again;
+   (c) A releases and the release script publishes; (d) B wakes and tries again. Subscribing
+   before the retry means a release between B's two attempts is never missed; a holder that
+   dies without releasing wakes B when the key's TTL runs out.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+import redis as redis_py
+
+from . import _keys, _owner, _renewal
+from ._scripts import AcquireResult, scripts_for
+from .exceptions import LockContended, LockLost, LockNotOwned, LockUnavailable
+
+__all__ = ["Clock", "Lock", "client_for", "release_attempt"]
+
+logger = logging.getLogger("celery_redlock.lock")
+
+#: A monotonic clock in seconds; injectable so expiry paths can be tested without sleeping.
+Clock = Callable[[], float]
+
+_clients: dict[tuple[str, float | None], redis_py.Redis] = {}
+_clients_guard = threading.Lock()
+
+#: Connection errors that mean "Redis did not answer": the lock state is unknown.
+UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
+    redis_py.exceptions.ConnectionError,
+    redis_py.exceptions.TimeoutError,
+    redis_py.exceptions.BusyLoadingError,
+    OSError,
+)
+
+
+def client_for(url: str, timeout: float | None = None) -> redis_py.Redis:
+    """A shared client for ``url`` (one per URL and timeout per process; fork-safe).
+
+    Socket timeouts default to 5 s (reads) and 2 s (connect) unless the URL sets them, so an
+    unreachable server fails an operation instead of hanging a task; ``timeout`` sets both.
+    """
+    with _clients_guard:
+        client = _clients.get((url, timeout))
+        if client is None:
+            options: dict[str, Any] = {}
+            if "socket_timeout=" not in url:
+                options["socket_timeout"] = timeout or 5.0
+            if "socket_connect_timeout=" not in url:
+                options["socket_connect_timeout"] = timeout or 2.0
+            client = _clients[(url, timeout)] = redis_py.Redis.from_url(url, **options)
+        return client
+
+
+def node_name(client: Any) -> str:
+    """``host:port`` of a client, for error messages (never includes credentials)."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    if "path" in kwargs:
+        return str(kwargs["path"])
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+
+
+class Lock:
+    """An expiring Redis lock that only its holder can release.
+
+    :param redis: a Redis URL or a ``redis.Redis`` client.
+    :param name: the lock's name; the key is ``<prefix>:{<name>}``. Must not contain braces.
+    :param ttl: seconds the lock lives unless extended (the lease, with ``auto_renew``).
+    :param prefix: key prefix shared with the other locks of an application.
+    :param owner: a label stored in the token (Celery tasks store their task id).
+    :param host: the host name stored in the token (default: this machine's).
+    :param blocking: default for :meth:`acquire` and the context manager.
+    :param timeout: seconds a blocking acquire waits at most; ``None`` waits forever.
+    :param auto_renew: keep the lock alive with a watchdog that extends it every ``ttl / 3``.
+    :param max_hold: renewal never extends the lock past acquisition + ``max_hold`` seconds.
+    :param clock: monotonic clock used for validity and expiry decisions.
+
+    The context manager raises :class:`LockContended` when it cannot acquire in time, and
+    releases on exit (a lock lost meanwhile is not an error on exit: its loss was logged).
+    """
+
+    def __init__(
+        self,
+        redis: str | redis_py.Redis,
+        name: str,
+        ttl: float = 30.0,
+        *,
+        prefix: str = "redlock",
+        owner: str = "",
+        host: str | None = None,
+        blocking: bool = True,
+        timeout: float | None = None,
+        auto_renew: bool = False,
+        max_hold: float | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or ttl <= 0:
+            raise ValueError(f"Lock ttl must be a positive number of seconds, got {ttl!r}")
+        if max_hold is not None and max_hold <= 0:
+            raise ValueError(f"Lock max_hold must be positive seconds, got {max_hold!r}")
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"Lock timeout must be >= 0 seconds or None, got {timeout!r}")
+        self.client = client_for(redis) if isinstance(redis, str) else redis
+        self.name = name
+        self.keys = _keys.keys_for(prefix, name)
+        self.ttl = float(ttl)
+        self.owner = owner
+        self.host = host
+        self.blocking = blocking
+        self.timeout = timeout
+        self.auto_renew = auto_renew
+        self.max_hold = max_hold
+        self.clock = clock
+        self._scripts = scripts_for(self.client)
+        self._state = threading.Lock()
+        self._token: str | None = None
+        self._fencing_token: int | None = None
+        self._acquired_at = 0.0
+        self._expires_at = 0.0
+        self._lost = False
+        #: The holder seen by the last failed attempt (``None`` if it was not contended).
+        self.last_holder: _owner.Owner | None = None
+        #: Remaining TTL in seconds of that holder's lock, when the attempt failed.
+        self.last_holder_ttl: float | None = None
+
+    # -- public API: validate, then delegate to do_* ------------------------------------------
+
+    @property
+    def key(self) -> str:
+        """The Redis key of this lock."""
+        return self.keys.lock
+
+    @property
+    def fencing_token(self) -> int | None:
+        """Strictly increasing number of the current acquisition (``None`` if not held)."""
+        return self._fencing_token
+
+    @property
+    def token(self) -> str | None:
+        """The owner token stored in Redis while held."""
+        return self._token
+
+    @property
+    def held(self) -> bool:
+        """True between a successful acquire and release, unless the lock was lost."""
+        return self._token is not None and not self._lost
+
+    @property
+    def lost(self) -> bool:
+        """True once the lock was found expired or owned by someone else while held."""
+        return self._lost
+
+    def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
+        """Take the lock; return whether it was taken.
+
+        Non-blocking: one round trip. Blocking: wait for a release notification or the holder's
+        expiry, at most ``timeout`` seconds (``None``: the instance default, which may be
+        forever). Raises :class:`LockUnavailable` when Redis does not answer.
+        """
+        if self._token is not None:
+            raise RuntimeError(f"lock {self.key} is already acquired by this object")
+        blocking = self.blocking if blocking is None else blocking
+        timeout = self.timeout if timeout is None else timeout
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+        if not blocking or timeout == 0:
+            return self._attempt()
+        return self.do_wait(timeout)
+
+    def release(self) -> None:
+        """Release the lock. Raises :class:`LockNotOwned` if it is not held by this object.
+
+        A lock that expired or changed owner meanwhile is left alone (the owner check) and
+        :class:`LockLost` is raised.
+        """
+        token = self._token
+        if token is None:
+            raise LockNotOwned(f"cannot release {self.key}: not acquired", key=self.key)
+        _renewal.unwatch(self)
+        try:
+            released = self.do_release(token)
+        finally:
+            self._token = None
+        if not released:
+            self._mark_lost("it was no longer held by this owner at release")
+            raise LockLost(f"lock {self.key} expired or changed owner before release", key=self.key)
+
+    def extend(self, ttl: float | None = None) -> None:
+        """Reset the remaining TTL to ``ttl`` seconds (default: the lock's ttl), owner-checked.
+
+        Raises :class:`LockNotOwned` if not acquired, :class:`LockLost` if Redis says another
+        owner (or nobody) holds the key now.
+        """
+        token = self._token
+        if token is None or self._lost:
+            raise LockNotOwned(f"cannot extend {self.key}: not held", key=self.key)
+        ttl = self.ttl if ttl is None else ttl
+        if ttl <= 0:
+            raise ValueError(f"extend ttl must be positive, got {ttl!r}")
+        start = self.clock()
+        if not self.do_extend(token, ttl):
+            self._mark_lost("extend found it expired or owned by someone else")
+            raise LockLost(f"lock {self.key} was lost before extend", key=self.key)
+        self._expires_at = start + ttl
+
+    def locked(self) -> bool:
+        """Whether anyone holds the key right now."""
+        try:
+            return bool(self.client.exists(self.key))
+        except UNAVAILABLE_ERRORS as exc:
+            raise self._unavailable(exc) from exc
+
+    def remaining_ttl(self) -> float | None:
+        """Seconds until the key expires, from Redis; ``None`` if it does not exist."""
+        try:
+            pttl = int(self.client.pttl(self.key))
+        except UNAVAILABLE_ERRORS as exc:
+            raise self._unavailable(exc) from exc
+        return None if pttl < 0 else pttl / 1000.0
+
+    def __enter__(self) -> Lock:
+        if not self.acquire():
+            holder = self.last_holder.task_id if self.last_holder else None
+            raise LockContended(
+                f"could not acquire {self.key} within {self.timeout}s",
+                key=self.key,
+                holder=holder,
+                ttl=self.last_holder_ttl,
+            )
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._token is None:
+            return
+        try:
+            self.release()
+        except LockLost:
+            pass
+
+    def __repr__(self) -> str:
+        state = "lost" if self._lost else "held" if self._token else "free"
+        return f"<Lock {self.key} {state} fencing_token={self._fencing_token}>"
+
+    # -- override points ------------------------------------------------------------------------
+
+    def do_acquire(self, token: str, ttl: float) -> AcquireResult:
+        """One acquisition attempt on Redis."""
+        return self._scripts.acquire(self.keys, token, _ms(ttl))
+
+    def do_release(self, token: str) -> bool:
+        """Owner-checked delete; False when the key was not ours any more."""
+        try:
+            return self._scripts.release(self.keys, token)
+        except UNAVAILABLE_ERRORS as exc:
+            raise self._unavailable(exc) from exc
+
+    def do_extend(self, token: str, ttl: float) -> bool:
+        """Owner-checked ``PEXPIRE``; False when the key was not ours any more."""
+        try:
+            return self._scripts.extend(self.keys, token, _ms(ttl))
+        except UNAVAILABLE_ERRORS as exc:
+            raise self._unavailable(exc) from exc
+
+    def do_wait(self, timeout: float | None) -> bool:
+        """Blocking acquire: retry on each release notification or holder expiry."""
+        if self._attempt():
+            return True
+        deadline = None if timeout is None else self.clock() + timeout
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        try:
+            pubsub.subscribe(self.keys.channel)
+            while True:
+                if self._attempt():
+                    return True
+                wait = self.last_holder_ttl if self.last_holder_ttl is not None else 1.0
+                if deadline is not None:
+                    left = deadline - self.clock()
+                    if left <= 0:
+                        return False
+                    wait = min(wait, left)
+                pubsub.get_message(timeout=max(wait, 0.001))
+        except UNAVAILABLE_ERRORS as exc:
+            raise self._unavailable(exc) from exc
+        finally:
+            pubsub.close()
+
+    def on_lost(self, reason: str) -> None:
+        """Called once when the lock is found lost; logs an ERROR. Override to react."""
+        logger.error(
+            "lock %s lost (token %s…, fencing token %s): %s",
+            self.key,
+            (self._token or "")[:8],
+            self._fencing_token,
+            reason,
+        )
+
+    # -- renewal --------------------------------------------------------------------------------
+
+    def renew_step(self) -> float | None:
+        """One watchdog renewal: extend by the lease, capped at ``max_hold``.
+
+        Returns the delay until the next renewal, or ``None`` when renewal should stop (released,
+        lost, or the ``max_hold`` cap reached: the key then expires on its own at the cap).
+        """
+        token = self._token
+        if token is None or self._lost:
+            return None
+        now = self.clock()
+        ttl = self.ttl
+        if self.max_hold is not None:
+            ttl = min(ttl, self._acquired_at + self.max_hold - now)
+            if ttl <= 0.001:
+                return None
+        try:
+            extended = self.do_extend(token, ttl)
+        except LockUnavailable as exc:
+            if now >= self._expires_at:
+                self._mark_lost(f"Redis unreachable until the lease ran out ({exc})")
+                return None
+            logger.warning("lock %s: renewal failed, retrying: %s", self.key, exc)
+            return min(self.ttl / 3, max(self._expires_at - now, 0.0) / 2, 1.0)
+        if not extended:
+            self._mark_lost("renewal found it expired or owned by someone else")
+            return None
+        self._expires_at = now + ttl
+        return self.ttl / 3
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _attempt(self) -> bool:
+        token = _owner.new_token(self.owner, self.host)
+        ttl = self.ttl if self.max_hold is None else min(self.ttl, self.max_hold)
+        start = self.clock()
+        try:
+            result = self.do_acquire(token, ttl)
+        except UNAVAILABLE_ERRORS as exc:
+            raise self._unavailable(exc) from exc
+        if not result.acquired:
+            self.last_holder = _owner.parse(result.holder)
+            pttl = result.pttl_ms
+            self.last_holder_ttl = None if pttl is None or pttl < 0 else pttl / 1000.0
+            return False
+        with self._state:
+            self._token = token
+            self._fencing_token = result.fencing_token
+            self._acquired_at = start
+            self._expires_at = start + ttl
+            self._lost = False
+            self.last_holder = None
+            self.last_holder_ttl = None
+        if self.auto_renew:
+            _renewal.watch(self, self.ttl / 3)
+        return True
+
+    def _mark_lost(self, reason: str) -> None:
+        with self._state:
+            if self._lost:
+                return
+            self._lost = True
+        _renewal.unwatch(self)
+        self.on_lost(reason)
+
+    def _unavailable(self, exc: BaseException) -> LockUnavailable:
+        node = node_name(self.client)
+        return LockUnavailable(
+            f"Redis at {node} did not answer for lock {self.key}: {exc}",
+            key=self.key,
+            nodes=(node,),
+        )
+
+
+def release_attempt(
+    redis: redis_py.Redis, name: str, prefix: str, owner: str, host: str, pid: int
+) -> bool:
+    """Release lock ``name`` only if it was taken by ``owner`` on ``host`` in process ``pid``.
+
+    For a supervisor releasing on behalf of a process that died (it never knew the secret
+    part of the token). Returns whether a key was deleted. Raises the client's connection
+    errors.
+    """
+    return scripts_for(redis).release_attempt(_keys.keys_for(prefix, name), owner, host, pid)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))

