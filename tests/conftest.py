@@ -1,0 +1,76 @@
+"""Shared fixtures: a private redis-server per session and Celery apps pointed at it.
+
+Tests never touch 127.0.0.1:6379 (a shared server on developer machines): every server is
+started here on a free loopback port. Database 0 holds locks, 1 the broker, 2 the results, 3
+what tasks record about themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis as redis_py
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+
+from celery_redlock._keys import lock_pattern
+from celery_redlock.testing import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """The lock database of the session server, emptied (all databases) before the test."""
+    redis_server.client().flushall()
+    return redis_server.url
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[redis_py.Redis]:
+    client = redis_py.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+def lock_keys(client: redis_py.Redis, prefix: str = "redlock") -> list[bytes]:
+    """Lock keys present now (fencing counters excluded)."""
+    return [k for k in client.scan_iter(match=lock_pattern(prefix)) if not k.endswith(b":fence")]
+
+
+def make_app(server: RedisServer, name: str = "t", **conf: Any) -> Celery:
+    base = f"redis://127.0.0.1:{server.port}"
+    app = Celery(name, broker=f"{base}/1", backend=f"{base}/2", set_as_current=False)
+    app.conf.update(
+        redlock_url=f"{base}/0",
+        broker_connection_retry_on_startup=True,
+        result_extended=True,
+        **conf,
+    )
+    return app
+
+
+@pytest.fixture
+def app(redis_url: str, redis_server: RedisServer) -> Celery:
+    return make_app(redis_server)
+
+
+@contextlib.contextmanager
+def running_worker(app: Celery, pool: str = "threads", concurrency: int = 4) -> Iterator[Any]:
+    """An in-process worker; register tasks on ``app`` before entering."""
+    with start_worker(
+        app,
+        pool=pool,
+        concurrency=concurrency,
+        perform_ping_check=False,
+        loglevel="INFO",
+        shutdown_timeout=30,
+    ) as worker:
+        yield worker

@@ -1,0 +1,115 @@
+"""Real ``celery worker`` subprocesses for the end-to-end tests.
+
+Tests synchronize on events: the worker's log lines (``ready.``), keys the tasks write, and
+task results; never on a guessed sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> object:
+    """Poll ``predicate`` (every 20 ms) until it returns a truthy value; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.02)
+
+
+class WorkerProcess:
+    """``celery -A tests.e2e.proj worker`` in its own process group, logging to a file."""
+
+    def __init__(
+        self,
+        port: int,
+        name: str = "w1",
+        concurrency: int = 2,
+        pool: str = "prefork",
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+        app: str = "tests.e2e.proj",
+    ) -> None:
+        self.name = name
+        self.log = Path(tempfile.mkstemp(prefix=f"worker-{name}-", suffix=".log")[1])
+        self.cmd = [
+            sys.executable, "-m", "celery", "-A", app, "worker",
+            "-P", pool, "-c", str(concurrency), "-n", f"{name}@%h", "-l", "INFO",
+            "--without-gossip", "--without-mingle", "--without-heartbeat", "--logfile",
+            str(self.log), *args,
+        ]
+        self.env = {
+            **os.environ,
+            "REDLOCK_TEST_PORT": str(port),
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            **(env or {}),
+        }
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> WorkerProcess:
+        self.process = subprocess.Popen(
+            self.cmd, cwd=ROOT, env=self.env, start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        )
+        self.wait_for_log(r"ready\.", timeout)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for_log(self, pattern: str, timeout: float = 30.0) -> re.Match[str]:
+        def found() -> re.Match[str] | None:
+            if self.process is not None and self.process.poll() is not None:
+                raise AssertionError(f"worker {self.name} exited:\n{self.text()[-3000:]}")
+            return re.search(pattern, self.text())
+
+        return wait_until(found, timeout, f"/{pattern}/ in {self.log}")  # type: ignore[return-value]
+
+    def children(self) -> list[int]:
+        path = Path(f"/proc/{self.pid}/task/{self.pid}/children")
+        return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+    def send(self, sig: int) -> None:
+        os.kill(self.pid, sig)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
+        """Send ``sig`` and wait for the worker to exit; SIGKILL the group if it does not."""
+        if self.process is None or self.process.poll() is not None:
+            return self.process.returncode if self.process else 0
+        os.kill(self.pid, sig)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (worker and pool children)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def __enter__(self) -> WorkerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
