@@ -13,11 +13,20 @@ from typing import Any
 
 import pytest
 import redis as redis_py
-from celery import Celery
+from celery import Celery, _state
 from celery.contrib.testing.worker import start_worker
 
 from celery_redlock._keys import lock_pattern
 from celery_redlock.testing import RedisServer
+
+
+@pytest.fixture(autouse=True)
+def _forget_shared_tasks() -> Iterator[None]:
+    """Tasks a test defines are shared (Celery's default): forget them after the test, so
+    the next test's app does not inherit them under the same names."""
+    before = set(_state._on_app_finalizers)
+    yield
+    _state._on_app_finalizers.intersection_update(before)
 
 
 @pytest.fixture(scope="session")
@@ -49,10 +58,13 @@ def make_app(server: RedisServer, name: str = "t", **conf: Any) -> Celery:
     base = f"redis://127.0.0.1:{server.port}"
     app = Celery(name, broker=f"{base}/1", backend=f"{base}/2", set_as_current=False)
     app.conf.update(
-        redlock_url=f"{base}/0",
-        broker_connection_retry_on_startup=True,
-        result_extended=True,
-        **conf,
+        {
+            "redlock_url": f"{base}/0",
+            "broker_connection_retry_on_startup": True,
+            "result_extended": True,
+            "worker_hijack_root_logger": False,  # keep pytest's caplog handler on root
+            **conf,
+        }
     )
     return app
 

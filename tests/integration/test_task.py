@@ -1,0 +1,461 @@
+"""LockedTask and @single_instance on an in-process worker (threads and solo pools)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import pytest
+import redis as redis_py
+from celery import Celery, Task, chord, group
+from celery.exceptions import Ignore, Reject
+
+from celery_redlock import (
+    LockContended,
+    LockedTask,
+    LockUnavailable,
+    current_lock,
+    lock_key,
+    single_instance,
+)
+from celery_redlock.testing import RedisServer, free_port
+from tests.conftest import lock_keys, make_app, running_worker
+from tests.e2e.harness import wait_until
+
+
+class Holder:
+    """Lets a test hold a task inside its critical section until released."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def hold(self) -> None:
+        self.entered.set()
+        assert self.gate.wait(20), "test never released the holder"
+
+
+@pytest.fixture
+def h() -> Iterator[Holder]:
+    holder = Holder()
+    yield holder
+    holder.gate.set()  # a failing test must not leave a worker thread blocked
+
+
+def test_skip_returns_none_and_logs_holder(
+    h: Holder, app: Celery, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+
+    secret = "personal-data-4711"
+
+    @app.task(base=LockedTask)
+    def work(key: str) -> str:
+        if key == secret:
+            h.hold()
+        return key
+
+    with running_worker(app):
+        first = work.delay(secret)
+        assert h.entered.wait(10)
+        with caplog.at_level(logging.DEBUG, logger="celery_redlock"):
+            assert work.delay(secret).get(timeout=10) is None
+        assert f"held by task {first.id}" in caplog.text
+        assert secret not in caplog.text  # arguments never reach a log line
+        assert secret not in lock_key(work, secret)
+        assert work.delay("b").get(timeout=10) == "b"  # another key is not excluded
+        assert r.exists(lock_key(work, secret))
+        h.gate.set()
+        assert first.get(timeout=10) == secret
+    assert lock_keys(r) == []
+
+
+def test_fail_raises_lock_contended_with_context(h: Holder, app: Celery, r: redis_py.Redis) -> None:
+
+    @app.task(base=LockedTask, lock_on_contention="fail", lock_by=())
+    def work(x: int) -> int:
+        h.hold()
+        return x
+
+    with running_worker(app):
+        first = work.delay(1)
+        assert h.entered.wait(10)
+        second = work.delay(2)  # lock_by=() : one lock whatever the arguments
+        with pytest.raises(LockContended):
+            second.get(timeout=10)
+        assert second.state == "FAILURE"
+        h.gate.set()
+        assert first.get(timeout=10) == 1
+    assert lock_keys(r) == []
+
+
+def test_retry_policy_retries_then_runs(h: Holder, app: Celery, r: redis_py.Redis) -> None:
+    attempts: list[int] = []
+
+    @app.task(base=LockedTask, bind=True, lock_on_contention="retry", lock_retry_countdown=0.2)
+    def work(self: Task, key: str) -> int:
+        attempts.append(self.request.retries)
+        if self.request.retries == 0 and len(attempts) == 1:
+            h.hold()
+        return self.request.retries
+
+    with running_worker(app):
+        first = work.delay("k")
+        assert h.entered.wait(10)
+        second = work.delay("k")
+        wait_until(lambda: second.state == "RETRY", 10, "second to be retried")
+        h.gate.set()
+        assert first.get(timeout=10) == 0
+        assert second.get(timeout=10) >= 1
+    assert lock_keys(r) == []
+
+
+def test_retry_policy_exhausted_fails_with_lock_contended(h: Holder, app: Celery) -> None:
+
+    @app.task(base=LockedTask, lock_on_contention="retry", lock_retry_countdown=0, max_retries=2)
+    def work(key: str) -> None:
+        h.hold()
+
+    with running_worker(app):
+        first = work.delay("k")
+        assert h.entered.wait(10)
+        with pytest.raises(LockContended):
+            work.delay("k").get(timeout=10)
+        h.gate.set()
+        first.get(timeout=10)
+
+
+def test_wait_policy_is_woken_by_release_not_ttl(h: Holder, app: Celery, r: redis_py.Redis) -> None:
+    started: dict[str, float] = {}
+
+    @app.task(base=LockedTask, lock_by=["key"], lock_on_contention="wait", lock_wait_timeout=20)
+    def work(key: str, role: str) -> str:
+        started[role] = time.monotonic()
+        if role == "holder":
+            h.hold()
+        return role
+
+    app.conf.redlock_lease = 30
+    with running_worker(app):
+        first = work.delay("k", "holder")
+        assert h.entered.wait(10)
+        waiter = work.delay("k", "waiter")
+        # The waiter subscribes to the release channel of its key: wait for that, then release.
+        key = lock_key(work, "k", "waiter")
+        wait_until(lambda: r.pubsub_numsub(key + ":released")[0][1] == 1, 10, "waiter subscribed")
+        released_at = time.monotonic()
+        h.gate.set()
+        assert first.get(timeout=10) == "holder"
+        assert waiter.get(timeout=10) == "waiter"
+    # woken by the release notification, far sooner than the 30 s lease
+    assert started["waiter"] - released_at < 5
+    assert lock_keys(r) == []
+
+
+def test_wait_policy_times_out_as_fail(h: Holder, app: Celery) -> None:
+
+    @app.task(base=LockedTask, lock_on_contention="wait", lock_wait_timeout=0.3, lock_by=())
+    def work(role: str) -> str:
+        if role == "holder":
+            h.hold()
+        return role
+
+    with running_worker(app):
+        first = work.delay("holder")
+        assert h.entered.wait(10)
+        with pytest.raises(LockContended):
+            work.delay("waiter").get(timeout=10)
+        h.gate.set()
+        first.get(timeout=10)
+
+
+def test_current_lock_and_fencing_tokens_increase(app: Celery, r: redis_py.Redis) -> None:
+    @app.task(base=LockedTask, bind=True)
+    def work(self: Task, key: str) -> dict[str, Any]:
+        lock = current_lock()
+        assert lock is not None
+        return {
+            "key": lock.key,
+            "token": lock.fencing_token,
+            "ttl": lock.remaining_ttl(),
+            "lost": lock.lost,
+            "owner": r.get(lock.key).decode().rsplit("|", 1)[1],
+            "id": self.request.id,
+        }
+
+    with running_worker(app):
+        results = [work.delay("k").get(timeout=10) for _ in range(5)]
+    tokens = [res["token"] for res in results]
+    assert tokens == sorted(set(tokens))
+    for res in results:
+        assert res["key"] == lock_key(work, "k")
+        assert 0 < res["ttl"] <= 30
+        assert res["lost"] is False
+        assert res["owner"] == res["id"]  # the token carries the task id
+    assert current_lock() is None
+
+
+def test_lost_lock_is_reported(
+    app: Celery, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    stolen = threading.Event()
+
+    @app.task(base=LockedTask)
+    def work(key: str) -> bool:
+        lock = current_lock()
+        assert lock is not None
+        r.set(lock.key, "someone-else")
+        stolen.set()
+        wait_until(lambda: lock.lost, 10, "renewal to notice the theft")
+        return lock.lost
+
+    app.conf.redlock_lease = 0.6  # renewal every 0.2 s
+    with caplog.at_level(logging.ERROR, logger="celery_redlock.lock"), running_worker(app):
+        assert work.delay("k").get(timeout=10) is True
+    assert "lost" in caplog.text
+    assert r.get(lock_key(work, "k")) == b"someone-else"  # never deleted someone else's lock
+
+
+def test_lease_renewal_keeps_long_task_exclusive(h: Holder, app: Celery, r: redis_py.Redis) -> None:
+
+    @app.task(base=LockedTask, lock_by=["key"])
+    def work(key: str, role: str) -> str:
+        if role == "long":
+            h.hold()
+        return role
+
+    app.conf.redlock_lease = 0.3
+    with running_worker(app):
+        long = work.delay("k", "long")
+        assert h.entered.wait(10)
+        key = lock_key(work, "k", "x")
+        deadline = time.monotonic() + 1.5  # five times the lease
+        while time.monotonic() < deadline:
+            assert work.delay("k", "short").get(timeout=10) is None  # skipped: still held
+            assert r.exists(key)
+        h.gate.set()
+        assert long.get(timeout=10) == "long"
+    assert lock_keys(r) == []
+
+
+def test_lock_ttl_fixes_the_ttl_without_renewal(app: Celery, r: redis_py.Redis) -> None:
+    @app.task(base=LockedTask, lock_ttl=120)
+    def work(key: str) -> float:
+        return float(r.pttl(lock_key(work, key)))
+
+    with running_worker(app):
+        assert 110_000 < work.delay("k").get(timeout=10) <= 120_000
+
+
+@pytest.mark.parametrize("ending", ["ignore", "reject", "error"])
+def test_other_endings_release(app: Celery, r: redis_py.Redis, ending: str) -> None:
+    @app.task(base=LockedTask)
+    def work(key: str) -> None:
+        assert r.exists(lock_key(work, key))
+        r.incr("entered")
+        if ending == "ignore":
+            raise Ignore()
+        if ending == "reject":
+            raise Reject("no", requeue=False)
+        raise RuntimeError("boom")
+
+    with running_worker(app):
+        for attempt in (1, 2):  # the second attempt runs: the first one released
+            work.delay("k")
+            wait_until(lambda a=attempt: r.get("entered") == str(a).encode(), 10, "entry")
+            wait_until(lambda: not lock_keys(r), 10, "release")
+
+
+def test_self_retry_is_not_skipped_by_its_own_attempt(app: Celery, r: redis_py.Redis) -> None:
+    runs: list[int] = []
+
+    @app.task(base=LockedTask, bind=True, lock_on_contention="skip")
+    def work(self: Task, key: str) -> int:
+        runs.append(self.request.retries)
+        if self.request.retries == 0:
+            raise self.retry(countdown=0)
+        return self.request.retries
+
+    with running_worker(app):
+        assert work.delay("k").get(timeout=10) == 1
+    assert runs == [0, 1]
+    assert lock_keys(r) == []
+
+
+def test_autoretry_for_releases_before_the_retry(app: Celery, r: redis_py.Redis) -> None:
+    runs: list[int] = []
+
+    @app.task(
+        base=LockedTask,
+        bind=True,
+        autoretry_for=(KeyError,),
+        retry_backoff=False,
+        default_retry_delay=0,
+    )
+    def work(self: Task, key: str) -> int:
+        runs.append(self.request.retries)
+        if self.request.retries < 2:
+            raise KeyError(key)
+        return self.request.retries
+
+    with running_worker(app):
+        assert work.delay("k").get(timeout=10) == 2
+    assert runs == [0, 1, 2]
+    assert lock_keys(r) == []
+
+
+def test_chord_of_skipped_members_completes(h: Holder, app: Celery, r: redis_py.Redis) -> None:
+
+    @app.task(base=LockedTask, lock_by=())
+    def member(i: int) -> int:
+        if i == 0:
+            h.hold()
+        return i
+
+    @app.task
+    def total(values: list[int | None]) -> int:
+        return sum(v for v in values if v is not None)
+
+    with running_worker(app, concurrency=4):
+        first = member.delay(0)
+        assert h.entered.wait(10)
+        result = chord(member.s(i) for i in range(1, 4))(total.s())
+        assert result.get(timeout=10) == 0  # every member skipped, the chord still completed
+        assert group(member.s(i) for i in range(5, 7))().get(timeout=10) == [None, None]
+        h.gate.set()
+        assert first.get(timeout=10) == 0
+
+
+def test_eager_and_apply_take_and_release(app: Celery, r: redis_py.Redis) -> None:
+    seen: list[bool] = []
+
+    @app.task(base=LockedTask, bind=True)
+    def work(self: Task, key: str) -> str:
+        seen.append(bool(r.exists(lock_key(work, key))))
+        return key
+
+    assert work.apply(args=("k",)).get() == "k"
+    app.conf.task_always_eager = True
+    assert work.delay("k").get() == "k"
+    assert seen == [True, True]
+    assert lock_keys(r) == []
+    # A direct call is a plain function call: no lock.
+    assert work("k") == "k"
+    assert seen[-1] is False
+
+
+def test_solo_pool(app: Celery, r: redis_py.Redis) -> None:
+    @app.task(base=LockedTask, bind=True, autoretry_for=(KeyError,), default_retry_delay=0)
+    def work(self: Task, key: str, fail: bool) -> int:
+        if self.request.retries == 0 and fail:
+            raise KeyError(key)
+        if fail:
+            raise RuntimeError("boom")
+        return self.request.retries
+
+    with running_worker(app, pool="solo", concurrency=1):
+        assert work.delay("k", False).get(timeout=10) == 0
+        with pytest.raises(RuntimeError):
+            work.delay("k", True).get(timeout=10)
+    assert lock_keys(r) == []
+
+
+def test_redis_unavailable_policies(redis_server: RedisServer, redis_url: str) -> None:
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    for policy, expected in [("fail", LockUnavailable), ("run", "ran")]:
+        app = make_app(redis_server, redlock_url=dead, redlock_on_unavailable=policy)
+
+        @app.task(base=LockedTask, name=f"work_{policy}")
+        def work(key: str) -> str:
+            assert current_lock() is None
+            return "ran"
+
+        with running_worker(app):
+            res = work.delay("k")
+            if expected == "ran":
+                assert res.get(timeout=20) == "ran"
+            else:
+                with pytest.raises(LockUnavailable):
+                    res.get(timeout=20)
+                assert res.state == "FAILURE"
+
+
+def test_redis_unavailable_default_retries_then_fails_visibly(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    app = make_app(redis_server, redlock_url=f"redis://127.0.0.1:{free_port()}/0")
+    runs: list[int] = []
+
+    @app.task(base=LockedTask, bind=True, max_retries=2, lock_retry_countdown=0)
+    def work(self: Task, key: str) -> None:
+        runs.append(1)
+
+    with running_worker(app):
+        res = work.delay("k")
+        with pytest.raises(LockUnavailable):
+            res.get(timeout=30)
+    assert runs == []  # never ran unlocked
+
+
+class AuditedTask(Task):
+    audited: ClassVar[list[str]] = []
+
+    def on_success(self, retval: Any, task_id: str, args: Any, kwargs: Any) -> None:
+        self.audited.append(task_id)
+
+
+def test_single_instance_with_custom_base_and_bind(
+    h: Holder, app: Celery, r: redis_py.Redis
+) -> None:
+
+    @app.task(bind=True, base=AuditedTask)
+    @single_instance(by=["account_id"], on_contention="fail")
+    def sync_account(self: Task, account_id: int, full: bool = False) -> int:
+        assert current_lock() is not None
+        if full:
+            h.hold()
+        return account_id
+
+    @app.task
+    @single_instance
+    def rebuild_index() -> str:
+        return "rebuilt"
+
+    with running_worker(app):
+        first = sync_account.delay(1, full=True)
+        assert h.entered.wait(10)
+        with pytest.raises(LockContended):
+            sync_account.delay(1).get(timeout=10)  # same account_id, `full` is not identity
+        assert sync_account.delay(2).get(timeout=10) == 2
+        h.gate.set()
+        assert first.get(timeout=10) == 1
+        assert rebuild_index.delay().get(timeout=10) == "rebuilt"
+    assert first.id in AuditedTask.audited
+    assert lock_key(sync_account, 1) == lock_key(sync_account, account_id=1, full=True)
+    assert lock_keys(r) == []
+
+
+def test_single_instance_retry_and_skip(h: Holder, app: Celery, r: redis_py.Redis) -> None:
+    runs: list[int] = []
+
+    @app.task(bind=True)
+    @single_instance
+    def work(self: Task, key: str, role: str) -> int | str:
+        runs.append(self.request.retries)
+        if role == "holder":
+            h.hold()
+            return role
+        if self.request.retries == 0:
+            raise self.retry(countdown=0)
+        return self.request.retries
+
+    with running_worker(app):
+        assert work.delay("a", "retrier").get(timeout=10) == 1
+        first = work.delay("b", "holder")
+        assert h.entered.wait(10)
+        assert work.delay("b", "holder").get(timeout=10) is None  # skipped
+        h.gate.set()
+        assert first.get(timeout=10) == "holder"
+    assert lock_keys(r) == []
