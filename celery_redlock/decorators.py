@@ -83,7 +83,7 @@ def single_instance(
 
 
 def _decorate(fun: Any, raw: dict[str, Any]) -> Any:
-    if isinstance(fun, Proxy) or isinstance(fun, Task) or not inspect.isfunction(fun):
+    if isinstance(fun, (Proxy, Task)) or not inspect.isfunction(fun):
         label = getattr(fun, "__name__", None) if not isinstance(fun, Proxy) else None
         raise TypeError(_WRONG_ORDER.format(name=label or "my_task"))
     owner = f"task function {fun.__module__}.{fun.__qualname__}"

@@ -30,6 +30,7 @@ Hazards, as timelines:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -265,10 +266,8 @@ class Lock:
     ) -> None:
         if self._token is None:
             return
-        try:
+        with contextlib.suppress(LockLost):
             self.release()
-        except LockLost:
-            pass
 
     def __repr__(self) -> str:
         state = "lost" if self._lost else "held" if self._token else "free"

@@ -1,0 +1,24 @@
+# The two commands of the README. Each sets up .venv on first use (Python >= 3.10 with venv).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+
+.PHONY: demo test bench lint
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+demo: $(VENV)/.installed
+	$(PY) example_project/demo.py
+
+test: lint
+	$(PY) -m pytest
+
+lint: $(VENV)/.installed
+	$(PY) -m ruff check .
+	$(PY) -m mypy
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/bench_core.py
