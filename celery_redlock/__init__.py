@@ -1,8 +1,15 @@
-"""celery-redlock: mutual exclusion for Celery tasks through owner-checked Redis locks."""
+"""celery-redlock: mutual exclusion for Celery tasks through owner-checked Redis locks.
 
-from ._engine import current_lock, lock_key
-from ._worker import state as _worker_state  # noqa: F401  (connects the worker receivers)
-from .decorators import single_instance
+The Redis layer (:class:`Lock` and the exceptions) imports without Celery; the Celery layer
+(``LockedTask``, ``single_instance``, ``current_lock``, ``lock_key``) is imported on first
+access, so ``from celery_redlock import Lock`` works in a process that never loads Celery.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .exceptions import (
     LockConfigError,
     LockContended,
@@ -12,7 +19,11 @@ from .exceptions import (
     RedlockError,
 )
 from .lock import Lock
-from .task import LockedTask
+
+if TYPE_CHECKING:
+    from ._engine import current_lock, lock_key
+    from .decorators import single_instance
+    from .task import LockedTask
 
 __all__ = [
     "Lock",
@@ -29,3 +40,17 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+_CELERY_LAYER = {
+    "LockedTask": "celery_redlock.task",
+    "single_instance": "celery_redlock.decorators",
+    "current_lock": "celery_redlock._engine",
+    "lock_key": "celery_redlock._engine",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _CELERY_LAYER.get(name)
+    if module is None:
+        raise AttributeError(f"module 'celery_redlock' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -27,9 +27,10 @@ from typing import Any
 from celery import current_task
 
 from . import _canonical, _keys, _worker
+from ._clients import client_for
 from .config import Settings, TaskLockOptions, parameters_of, settings_for
 from .exceptions import LockContended, LockLost, LockUnavailable
-from .lock import Lock, client_for
+from .lock import Lock
 
 logger = logging.getLogger("celery_redlock.task")
 

@@ -14,6 +14,7 @@ between).
 
 from __future__ import annotations
 
+import hashlib
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -25,11 +26,11 @@ ACQUIRE = """
 -- ARGV[1] owner token, ARGV[2] ttl in ms (> 0), ARGV[3] fencing counter ttl in ms
 -- returns {1, fencing_token}         acquired; the token is larger than any earlier one
 --         {0, holder_token, pttl_ms} held by someone else
--- The fencing token is max(counter + 1, server time in microseconds): it keeps increasing
--- after the counter itself expires, as long as the server clock does not step backwards.
+-- The fencing token is max(counter + 1, server time in whole seconds * 10^6): it keeps
+-- increasing after the counter itself expires, as long as the server clock does not step
+-- backwards; whole seconds make independent nodes (quorum) usually agree on the token.
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local now = redis.call('TIME')
-  local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local token = tonumber(redis.call('TIME')[1]) * 1000000
   local last = tonumber(redis.call('GET', KEYS[2]) or '0')
   if last + 1 > token then token = last + 1 end
   redis.call('SET', KEYS[2], string.format('%d', token), 'PX', ARGV[3])
@@ -79,6 +80,18 @@ return 0
 """
 
 
+RAISE_FENCE = """
+-- KEYS[1] fencing counter key
+-- ARGV[1] fencing token, ARGV[2] fencing counter ttl in ms
+-- Raises the counter to the token if it is lower (quorum write-back). returns 1
+local last = tonumber(redis.call('GET', KEYS[1]) or '0')
+if tonumber(ARGV[1]) > last then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
+return 1
+"""
+
+
 @dataclass(frozen=True)
 class AcquireResult:
     """Decoded reply of :data:`ACQUIRE`."""
@@ -89,42 +102,58 @@ class AcquireResult:
     pttl_ms: int | None = None
 
 
-class Scripts:
-    """The scripts registered on one client."""
-
-    def __init__(self, client: Any) -> None:
-        self._acquire = client.register_script(ACQUIRE)
-        self._release = client.register_script(RELEASE)
-        self._extend = client.register_script(EXTEND)
-        self._release_attempt = client.register_script(RELEASE_ATTEMPT)
-
-    def acquire(self, keys: LockKeys, token: str, ttl_ms: int) -> AcquireResult:
-        reply = self._acquire(keys=[keys.lock, keys.fence], args=[token, ttl_ms, FENCE_TTL_MS])
-        if int(reply[0]) == 1:
-            return AcquireResult(True, fencing_token=int(reply[1]))
-        holder = reply[1]
-        if isinstance(holder, bytes):
-            holder = holder.decode("utf-8", "replace")
-        return AcquireResult(False, holder=holder or None, pttl_ms=int(reply[2]))
-
-    def release(self, keys: LockKeys, token: str) -> bool:
-        return bool(self._release(keys=[keys.lock, keys.channel], args=[token]))
-
-    def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> bool:
-        return bool(self._extend(keys=[keys.lock], args=[token, ttl_ms]))
-
-    def release_attempt(self, keys: LockKeys, task_id: str, host: str, pid: int) -> bool:
-        args = [task_id, host, str(pid)]
-        return bool(self._release_attempt(keys=[keys.lock, keys.channel], args=args))
+def decode_acquire(reply: Any) -> AcquireResult:
+    """Decode a reply of :data:`ACQUIRE`."""
+    if int(reply[0]) == 1:
+        return AcquireResult(True, fencing_token=int(reply[1]))
+    holder = reply[1]
+    if isinstance(holder, bytes):
+        holder = holder.decode("utf-8", "replace")
+    return AcquireResult(False, holder=holder or None, pttl_ms=int(reply[2]))
 
 
-_registry: weakref.WeakKeyDictionary[Any, Scripts] = weakref.WeakKeyDictionary()
+def acquire_call(keys: LockKeys, token: str, ttl_ms: int) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of :data:`ACQUIRE`."""
+    return [keys.lock, keys.fence], [token, ttl_ms, FENCE_TTL_MS]
 
 
-def scripts_for(client: Any) -> Scripts:
-    """The :class:`Scripts` of ``client``, registered on first use."""
+def release_call(keys: LockKeys, token: str) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of :data:`RELEASE`."""
+    return [keys.lock, keys.channel], [token]
+
+
+def extend_call(keys: LockKeys, token: str, ttl_ms: int) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of :data:`EXTEND`."""
+    return [keys.lock], [token, ttl_ms]
+
+
+def release_attempt_call(
+    keys: LockKeys, task_id: str, host: str, pid: int
+) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of :data:`RELEASE_ATTEMPT`."""
+    return [keys.lock, keys.channel], [task_id, host, str(pid)]
+
+
+def raise_fence_call(keys: LockKeys, token: int) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of :data:`RAISE_FENCE`."""
+    return [keys.fence], [token, FENCE_TTL_MS]
+
+
+def sha1(source: str) -> str:
+    """The SHA1 under which Redis caches ``source`` (what ``EVALSHA`` takes)."""
+    return hashlib.sha1(source.encode()).hexdigest()
+
+
+_registry: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def script(client: Any, source: str) -> Any:
+    """``source`` registered on ``client`` (once per client): a callable doing ``EVALSHA``."""
     try:
-        return _registry[client]
+        scripts = _registry[client]
     except KeyError:
-        scripts = _registry[client] = Scripts(client)
-        return scripts
+        scripts = _registry[client] = {}
+    registered = scripts.get(source)
+    if registered is None:
+        registered = scripts[source] = client.register_script(source)
+    return registered

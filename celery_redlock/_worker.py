@@ -17,7 +17,14 @@ README's "Guarantees and limits"):
 * hard time limit, child SIGKILL/OOM, ``revoke(terminate=True)``: the child is gone, so the
   worker's main process releases in :meth:`ParentReleaseMixin.on_failure`, which runs before
   any requeue (``task_reject_on_worker_lost``). The release is owner-checked for that attempt
-  (task id, host, child pid): it can never delete a successor's lock.
+  (task id, host, child pid): it can never delete a successor's lock. For a hard time limit,
+  billiard calls ``on_failure`` *before* it kills the child:
+  1. the limit's timer fires on the event loop; billiard calls ``Request.on_failure``;
+  2. billiard sends SIGTERM, waits up to 0.1 s, then sends SIGKILL;
+  3. only then does the timer callback return.
+  Releasing in step 1 would let the next execution start while the child still runs (its
+  ``finally`` blocks, or all of it if it does not die on SIGTERM), so the release is deferred to
+  a timer entry due at once, which the event loop runs right after step 3.
 * the whole worker killed: nobody; the TTL frees the key (see :mod:`celery_redlock._engine`).
 """
 
@@ -29,11 +36,14 @@ from typing import Any
 
 from celery import current_task, signals
 from celery.concurrency import get_implementation
+from celery.exceptions import TimeLimitExceeded
+from kombu.asynchronous import get_event_loop
 from kombu.utils.imports import symbol_by_name
 
 from . import _engine, _owner
+from ._clients import UNAVAILABLE_ERRORS, client_for
 from .config import settings_for
-from .lock import UNAVAILABLE_ERRORS, client_for, release_attempt
+from .lock import release_attempt
 
 logger = logging.getLogger("celery_redlock.worker")
 
@@ -73,7 +83,14 @@ class ParentReleaseMixin:
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False)\
             -> None:
         if not return_ok:
-            release_for_dead_child(self)
+            exc = getattr(exc_info, "exception", None)
+            exc = getattr(exc, "exc", exc)  # ExceptionWithTraceback wraps it
+            hub = get_event_loop()
+            if isinstance(exc, TimeLimitExceeded) and hub is not None:
+                # The child is killed after this returns: release once it is dead.
+                hub.call_later(0, release_for_dead_child, self)
+            else:
+                release_for_dead_child(self)
         super().on_failure(  # type: ignore[misc]
             exc_info, send_failed_event=send_failed_event, return_ok=return_ok
         )

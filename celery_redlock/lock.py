@@ -36,63 +36,25 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
-
-import redis as redis_py
 
 from . import _keys, _owner, _renewal
-from ._scripts import AcquireResult, scripts_for
+from ._clients import UNAVAILABLE_ERRORS
+from ._nodes import Target, nodes_for
+from ._scripts import AcquireResult
 from .exceptions import LockContended, LockLost, LockNotOwned, LockUnavailable
 
-__all__ = ["Clock", "Lock", "client_for", "release_attempt"]
+__all__ = ["Clock", "Lock", "release_attempt"]
 
 logger = logging.getLogger("celery_redlock.lock")
 
 #: A monotonic clock in seconds; injectable so expiry paths can be tested without sleeping.
 Clock = Callable[[], float]
 
-_clients: dict[tuple[str, float | None], redis_py.Redis] = {}
-_clients_guard = threading.Lock()
-
-#: Connection errors that mean "Redis did not answer": the lock state is unknown.
-UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
-    redis_py.exceptions.ConnectionError,
-    redis_py.exceptions.TimeoutError,
-    redis_py.exceptions.BusyLoadingError,
-    OSError,
-)
-
-
-def client_for(url: str, timeout: float | None = None) -> redis_py.Redis:
-    """A shared client for ``url`` (one per URL and timeout per process; fork-safe).
-
-    Socket timeouts default to 5 s (reads) and 2 s (connect) unless the URL sets them, so an
-    unreachable server fails an operation instead of hanging a task; ``timeout`` sets both.
-    """
-    with _clients_guard:
-        client = _clients.get((url, timeout))
-        if client is None:
-            options: dict[str, Any] = {}
-            if "socket_timeout=" not in url:
-                options["socket_timeout"] = timeout or 5.0
-            if "socket_connect_timeout=" not in url:
-                options["socket_connect_timeout"] = timeout or 2.0
-            client = _clients[(url, timeout)] = redis_py.Redis.from_url(url, **options)
-        return client
-
-
-def node_name(client: Any) -> str:
-    """``host:port`` of a client, for error messages (never includes credentials)."""
-    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
-    if "path" in kwargs:
-        return str(kwargs["path"])
-    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
-
-
 class Lock:
     """An expiring Redis lock that only its holder can release.
 
-    :param redis: a Redis URL or a ``redis.Redis`` client.
+    :param redis: a Redis URL or client; or a list of 3, 5, ... URLs or clients of independent
+        nodes, for the Redlock quorum (:mod:`celery_redlock._nodes`).
     :param name: the lock's name; the key is ``<prefix>:{<name>}``. Must not contain braces.
     :param ttl: seconds the lock lives unless extended (the lease, with ``auto_renew``).
     :param prefix: key prefix shared with the other locks of an application.
@@ -110,7 +72,7 @@ class Lock:
 
     def __init__(
         self,
-        redis: str | redis_py.Redis,
+        redis: Target,
         name: str,
         ttl: float = 30.0,
         *,
@@ -129,7 +91,7 @@ class Lock:
             raise ValueError(f"Lock max_hold must be positive seconds, got {max_hold!r}")
         if timeout is not None and timeout < 0:
             raise ValueError(f"Lock timeout must be >= 0 seconds or None, got {timeout!r}")
-        self.client = client_for(redis) if isinstance(redis, str) else redis
+        self.nodes = nodes_for(redis)
         self.name = name
         self.keys = _keys.keys_for(prefix, name)
         self.ttl = float(ttl)
@@ -140,7 +102,6 @@ class Lock:
         self.auto_renew = auto_renew
         self.max_hold = max_hold
         self.clock = clock
-        self._scripts = scripts_for(self.client)
         self._state = threading.Lock()
         self._token: str | None = None
         self._fencing_token: int | None = None
@@ -233,18 +194,12 @@ class Lock:
         self._expires_at = start + ttl
 
     def locked(self) -> bool:
-        """Whether anyone holds the key right now."""
-        try:
-            return bool(self.client.exists(self.key))
-        except UNAVAILABLE_ERRORS as exc:
-            raise self._unavailable(exc) from exc
+        """Whether anyone holds the key right now (on a majority, for a quorum)."""
+        return self.nodes.pttl_ms(self.key) != -2
 
     def remaining_ttl(self) -> float | None:
         """Seconds until the key expires, from Redis; ``None`` if it does not exist."""
-        try:
-            pttl = int(self.client.pttl(self.key))
-        except UNAVAILABLE_ERRORS as exc:
-            raise self._unavailable(exc) from exc
+        pttl = self.nodes.pttl_ms(self.key)
         return None if pttl < 0 else pttl / 1000.0
 
     def __enter__(self) -> Lock:
@@ -277,44 +232,46 @@ class Lock:
 
     def do_acquire(self, token: str, ttl: float) -> AcquireResult:
         """One acquisition attempt on Redis."""
-        return self._scripts.acquire(self.keys, token, _ms(ttl))
+        return self.nodes.acquire(self.keys, token, _ms(ttl))
 
     def do_release(self, token: str) -> bool:
         """Owner-checked delete; False when the key was not ours any more."""
-        try:
-            return self._scripts.release(self.keys, token)
-        except UNAVAILABLE_ERRORS as exc:
-            raise self._unavailable(exc) from exc
+        return self.nodes.release(self.keys, token)
 
     def do_extend(self, token: str, ttl: float) -> bool:
         """Owner-checked ``PEXPIRE``; False when the key was not ours any more."""
-        try:
-            return self._scripts.extend(self.keys, token, _ms(ttl))
-        except UNAVAILABLE_ERRORS as exc:
-            raise self._unavailable(exc) from exc
+        return self.nodes.extend(self.keys, token, _ms(ttl))
 
     def do_wait(self, timeout: float | None) -> bool:
-        """Blocking acquire: retry on each release notification or holder expiry."""
-        if self._attempt():
-            return True
+        """Blocking acquire: retry on each release notification or holder expiry.
+
+        If the node carrying the notifications stops answering, subscribe again (to another
+        node of a quorum); a single node that is down raises :class:`LockUnavailable` from the
+        next attempt.
+        """
         deadline = None if timeout is None else self.clock() + timeout
-        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-        try:
-            pubsub.subscribe(self.keys.channel)
-            while True:
-                if self._attempt():
-                    return True
-                wait = self.last_holder_ttl if self.last_holder_ttl is not None else 1.0
-                if deadline is not None:
-                    left = deadline - self.clock()
-                    if left <= 0:
-                        return False
-                    wait = min(wait, left)
-                pubsub.get_message(timeout=max(wait, 0.001))
-        except UNAVAILABLE_ERRORS as exc:
-            raise self._unavailable(exc) from exc
-        finally:
-            pubsub.close()
+        while True:
+            if self._attempt():
+                return True
+            if deadline is not None and deadline <= self.clock():
+                return False
+            pubsub = self.nodes.pubsub_client().pubsub(ignore_subscribe_messages=True)
+            try:
+                pubsub.subscribe(self.keys.channel)
+                while True:
+                    if self._attempt():
+                        return True
+                    wait = self.last_holder_ttl if self.last_holder_ttl is not None else 1.0
+                    if deadline is not None:
+                        left = deadline - self.clock()
+                        if left <= 0:
+                            return False
+                        wait = min(wait, left)
+                    pubsub.get_message(timeout=max(wait, 0.001))
+            except UNAVAILABLE_ERRORS:
+                continue
+            finally:
+                pubsub.close()
 
     def on_lost(self, reason: str) -> None:
         """Called once when the lock is found lost; logs an ERROR. Override to react."""
@@ -363,10 +320,7 @@ class Lock:
         token = _owner.new_token(self.owner, self.host)
         ttl = self.ttl if self.max_hold is None else min(self.ttl, self.max_hold)
         start = self.clock()
-        try:
-            result = self.do_acquire(token, ttl)
-        except UNAVAILABLE_ERRORS as exc:
-            raise self._unavailable(exc) from exc
+        result = self.do_acquire(token, ttl)
         if not result.acquired:
             self.last_holder = _owner.parse(result.holder)
             pttl = result.pttl_ms
@@ -392,25 +346,17 @@ class Lock:
         _renewal.unwatch(self)
         self.on_lost(reason)
 
-    def _unavailable(self, exc: BaseException) -> LockUnavailable:
-        node = node_name(self.client)
-        return LockUnavailable(
-            f"Redis at {node} did not answer for lock {self.key}: {exc}",
-            key=self.key,
-            nodes=(node,),
-        )
-
 
 def release_attempt(
-    redis: redis_py.Redis, name: str, prefix: str, owner: str, host: str, pid: int
+    redis: Target, name: str, prefix: str, owner: str, host: str, pid: int
 ) -> bool:
     """Release lock ``name`` only if it was taken by ``owner`` on ``host`` in process ``pid``.
 
     For a supervisor releasing on behalf of a process that died (it never knew the secret
-    part of the token). Returns whether a key was deleted. Raises the client's connection
-    errors.
+    part of the token). Returns whether a key was deleted; raises :class:`LockUnavailable`.
     """
-    return scripts_for(redis).release_attempt(_keys.keys_for(prefix, name), owner, host, pid)
+    keys = _keys.keys_for(prefix, name)
+    return nodes_for(redis).release_attempt(keys, owner, _owner.normalize_host(host), pid)
 
 
 def _ms(seconds: float) -> int:

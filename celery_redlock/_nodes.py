@@ -1,0 +1,272 @@
+"""Where a lock lives: one Redis node, or a quorum of independent nodes (Redlock).
+
+Both classes run the scripts of :mod:`celery_redlock._scripts` and answer in decoded results;
+a node that does not answer becomes :class:`~celery_redlock.LockUnavailable` naming it.
+
+:class:`Quorum` implements the Redlock algorithm over N independent nodes (N odd, >= 3):
+
+1. send the acquire script to every node before reading any reply (pipelined on one
+   connection per node, so the whole round costs about one round trip, not N);
+2. read the replies until a deadline (``node_timeout``); a node that is down or late counts
+   as a failure;
+3. the lock is held only if a majority (N // 2 + 1) acquired **and** the validity time, ttl
+   minus the elapsed time minus a clock-drift allowance (1 % of ttl + 2 ms), is positive;
+4. otherwise it is released on every node (owner-checked), so a failed attempt leaves nothing;
+5. the fencing token is the largest one returned; nodes of the majority that returned a
+   smaller one are raised to it before ``acquire`` returns. So every completed acquisition
+   left at least a majority of counters at or above its token, and the majority of any later
+   acquisition overlaps it: tokens strictly increase across acquisitions that completed.
+
+Release, extend and the parent-side release go to every node. Extend succeeds with a majority.
+
+Hazard, as a timeline (the delayed-restart rule): (a) A holds on nodes 1, 2, 3 of 5 while 4
+and 5 are down; (b) node 3 crashes and restarts empty (no persistence); (c) 4 and 5 return;
+(d) B acquires on 3, 4, 5: two holders. A node without fsync'd persistence must therefore stay
+down for longer than the longest lock TTL before it rejoins. While A holds on more than a bare
+majority (the normal case: all live nodes), one node restarting empty cannot let B in.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis as redis_py
+
+from . import _scripts
+from ._clients import UNAVAILABLE_ERRORS, client_for, node_name
+from ._keys import LockKeys
+from ._scripts import AcquireResult
+from .exceptions import LockUnavailable
+
+Call = tuple[list[str], list[Any]]
+
+
+def _connection(pool: Any) -> Any:
+    """A connected connection from ``pool`` (redis-py < 5.3 wants a command name)."""
+    try:
+        return pool.get_connection()
+    except TypeError:
+        return pool.get_connection("EVALSHA")
+
+
+class SingleNode:
+    """A lock on one Redis server (or one Sentinel-managed primary, or a Cluster)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.names = (node_name(client),)
+
+    def _run(self, source: str, call: Call, key: str) -> Any:
+        keys, args = call
+        try:
+            return _scripts.script(self.client, source)(keys=keys, args=args)
+        except UNAVAILABLE_ERRORS as exc:
+            raise LockUnavailable(
+                f"Redis at {self.names[0]} did not answer for lock {key}: {exc}",
+                key=key, nodes=self.names,
+            ) from exc
+
+    def acquire(self, keys: LockKeys, token: str, ttl_ms: int) -> AcquireResult:
+        reply = self._run(_scripts.ACQUIRE, _scripts.acquire_call(keys, token, ttl_ms), keys.lock)
+        return _scripts.decode_acquire(reply)
+
+    def release(self, keys: LockKeys, token: str) -> bool:
+        return bool(self._run(_scripts.RELEASE, _scripts.release_call(keys, token), keys.lock))
+
+    def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> bool:
+        call = _scripts.extend_call(keys, token, ttl_ms)
+        return bool(self._run(_scripts.EXTEND, call, keys.lock))
+
+    def release_attempt(self, keys: LockKeys, task_id: str, host: str, pid: int) -> bool:
+        call = _scripts.release_attempt_call(keys, task_id, host, pid)
+        return bool(self._run(_scripts.RELEASE_ATTEMPT, call, keys.lock))
+
+    def pttl_ms(self, key: str) -> int:
+        """PTTL of ``key`` (negative when missing or without expiry)."""
+        try:
+            return int(self.client.pttl(key))
+        except UNAVAILABLE_ERRORS as exc:
+            raise LockUnavailable(
+                f"Redis at {self.names[0]} did not answer for lock {key}: {exc}",
+                key=key, nodes=self.names,
+            ) from exc
+
+    def pubsub_client(self) -> Any:
+        return self.client
+
+
+class Quorum:
+    """A lock on N independent Redis nodes, held while a majority holds it."""
+
+    def __init__(
+        self,
+        clients: Sequence[redis_py.Redis],
+        node_timeout: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if len(clients) < 3 or len(clients) % 2 == 0:
+            raise ValueError(
+                f"a Redlock quorum needs an odd number of nodes >= 3, got {len(clients)}"
+            )
+        self.clients = list(clients)
+        self.names = tuple(node_name(c) for c in clients)
+        self.quorum = len(clients) // 2 + 1
+        self.node_timeout = node_timeout
+        self.clock = clock
+
+    # -- fan-out --------------------------------------------------------------------------------
+
+    def _call_all(
+        self, source: str, call: Call, only: Sequence[int] | None = None
+    ) -> list[tuple[Any, BaseException | None]]:
+        """Run ``source`` on every node (or those in ``only``): ``(reply, error)`` per node."""
+        keys, args = call
+        sha = _scripts.sha1(source)
+        indexes = range(len(self.clients)) if only is None else only
+        out: list[tuple[Any, BaseException | None]] = [(None, None)] * len(self.clients)
+        sent = []
+        for i in indexes:
+            pool = self.clients[i].connection_pool
+            try:
+                conn = _connection(pool)
+            except UNAVAILABLE_ERRORS as exc:
+                out[i] = (None, exc)
+                continue
+            try:
+                conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
+            except UNAVAILABLE_ERRORS as exc:
+                conn.disconnect()
+                pool.release(conn)
+                out[i] = (None, exc)
+                continue
+            sent.append((i, pool, conn))
+        deadline = time.monotonic() + self.node_timeout
+        for i, pool, conn in sent:
+            try:
+                if not conn.can_read(timeout=max(deadline - time.monotonic(), 0.0)):
+                    conn.disconnect()  # a late reply would desynchronise the connection
+                    raise redis_py.exceptions.TimeoutError(f"no reply within {self.node_timeout}s")
+                out[i] = (conn.read_response(), None)
+            except redis_py.exceptions.NoScriptError:
+                out[i] = self._eval(i, source, call)
+            except UNAVAILABLE_ERRORS as exc:
+                out[i] = (None, exc)
+            finally:
+                pool.release(conn)
+        return out
+
+    def _eval(self, i: int, source: str, call: Call) -> tuple[Any, BaseException | None]:
+        keys, args = call
+        try:
+            return _scripts.script(self.clients[i], source)(keys=keys, args=args), None
+        except UNAVAILABLE_ERRORS as exc:
+            return None, exc
+
+    def _failed(self, replies: list[tuple[Any, BaseException | None]]) -> list[str]:
+        return [self.names[i] for i, (_, err) in enumerate(replies) if err is not None]
+
+    def _unavailable(self, key: str, failed: list[str], what: str) -> LockUnavailable:
+        return LockUnavailable(
+            f"no quorum for lock {key}: {what}; {len(failed)} of {len(self.names)} nodes did "
+            f"not answer ({', '.join(failed)}), {self.quorum} needed",
+            key=key, nodes=tuple(failed),
+        )
+
+    # -- operations -----------------------------------------------------------------------------
+
+    def acquire(self, keys: LockKeys, token: str, ttl_ms: int) -> AcquireResult:
+        start = self.clock()
+        replies = self._call_all(_scripts.ACQUIRE, _scripts.acquire_call(keys, token, ttl_ms))
+        elapsed_ms = (self.clock() - start) * 1000
+        validity_ms = ttl_ms - elapsed_ms - (ttl_ms * 0.01 + 2)
+        results = {i: _scripts.decode_acquire(rep) for i, (rep, err) in enumerate(replies)
+                   if err is None}
+        won = [i for i, res in results.items() if res.acquired]
+        if len(won) >= self.quorum and validity_ms > 0:
+            fencing = max(results[i].fencing_token or 0 for i in won)
+            lagging = [i for i in won if results[i].fencing_token != fencing]
+            if not lagging or self._raise_fence(keys, fencing, lagging, len(won)):
+                return AcquireResult(True, fencing_token=fencing)
+        self._call_all(_scripts.RELEASE, _scripts.release_call(keys, token))
+        failed = self._failed(replies)
+        if len(failed) > len(self.clients) - self.quorum:
+            raise self._unavailable(keys.lock, failed, "acquire failed")
+        held = [res for res in results.values() if not res.acquired]
+        if not held:  # enough votes but too slow: the validity time ran out
+            return AcquireResult(False)
+        return held[0]
+
+    def _raise_fence(self, keys: LockKeys, token: int, lagging: list[int], won: int) -> bool:
+        replies = self._call_all(
+            _scripts.RAISE_FENCE, _scripts.raise_fence_call(keys, token), only=lagging
+        )
+        raised_failed = sum(1 for i in lagging if replies[i][1] is not None)
+        return won - raised_failed >= self.quorum
+
+    def release(self, keys: LockKeys, token: str) -> bool:
+        replies = self._call_all(_scripts.RELEASE, _scripts.release_call(keys, token))
+        return self._majority(keys.lock, replies, "release")
+
+    def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> bool:
+        start = self.clock()
+        replies = self._call_all(_scripts.EXTEND, _scripts.extend_call(keys, token, ttl_ms))
+        if (self.clock() - start) * 1000 >= ttl_ms:
+            return False
+        return self._majority(keys.lock, replies, "extend", strict=True)
+
+    def release_attempt(self, keys: LockKeys, task_id: str, host: str, pid: int) -> bool:
+        call = _scripts.release_attempt_call(keys, task_id, host, pid)
+        replies = self._call_all(_scripts.RELEASE_ATTEMPT, call)
+        return any(rep for rep, err in replies if err is None)
+
+    def _majority(
+        self, key: str, replies: list[tuple[Any, BaseException | None]], what: str,
+        strict: bool = False,
+    ) -> bool:
+        """Whether the operation held on a majority; LockUnavailable if too few answered.
+
+        ``strict``: nodes that did not answer count against (extend); otherwise they count as
+        "no evidence of loss" (release: the key there expires by itself).
+        """
+        failed = self._failed(replies)
+        if len(failed) > len(self.clients) - self.quorum:
+            raise self._unavailable(key, failed, f"{what} failed")
+        ok = sum(1 for rep, err in replies if err is None and rep)
+        return ok >= self.quorum if strict else ok + len(failed) >= self.quorum
+
+    def pttl_ms(self, key: str) -> int:
+        """Time until fewer than a majority of nodes hold ``key`` (negative: not held)."""
+        values = []
+        for client in self.clients:
+            try:
+                values.append(int(client.pttl(key)))
+            except UNAVAILABLE_ERRORS:
+                values.append(-2)
+        values.sort(reverse=True)
+        return values[self.quorum - 1]
+
+    def pubsub_client(self) -> Any:
+        for client in self.clients:
+            try:
+                client.ping()
+            except UNAVAILABLE_ERRORS:
+                continue
+            return client
+        raise self._unavailable("", list(self.names), "no node answers")
+
+
+Target = Any  # a URL, a client, or a sequence of them
+
+
+def nodes_for(redis: Target) -> SingleNode | Quorum:
+    """One node for a URL or a client; a :class:`Quorum` for a list of three or more."""
+    if isinstance(redis, str):
+        return SingleNode(client_for(redis))
+    if not isinstance(redis, Sequence):
+        return SingleNode(redis)
+    clients = [client_for(item) if isinstance(item, str) else item for item in redis]
+    if len(clients) == 1:
+        return SingleNode(clients[0])
+    return Quorum(clients)

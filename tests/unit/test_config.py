@@ -1,0 +1,350 @@
+"""Configuration: ``lock_*`` task options and ``redlock_*`` app settings, validated with errors
+that name the task, the option and a fix."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_redlock import Lock, LockConfigError, LockContended, LockedTask, single_instance
+from celery_redlock import lock_key as lock_key_of
+from celery_redlock.config import Settings, settings_for, validate_options
+
+OWNER = "task proj.sync_account"
+LOCK_URL = "redis://127.0.0.1:1/0"  # never connected to: settings only
+
+
+def sync_account(account_id: int, full: bool = False) -> None:
+    """The task function whose options are validated below."""
+
+
+PARAMS = list(inspect.signature(sync_account).parameters.values())
+
+
+@pytest.fixture
+def bare_app() -> Iterator[Celery]:
+    app = Celery("cfg", set_as_current=False)
+    yield app
+    app.close()
+
+
+def _error(raw: dict[str, Any], params: list[inspect.Parameter] | None = PARAMS) -> str:
+    with pytest.raises(LockConfigError) as info:
+        validate_options(OWNER, raw, params)
+    return str(info.value)
+
+
+# -- task options -------------------------------------------------------------------------------
+
+
+def test_valid_options_are_normalized() -> None:
+    options = validate_options(
+        OWNER,
+        {"lock_by": ["account_id"], "lock_ttl": 5, "lock_on_contention": "retry"},
+        PARAMS,
+    )
+    assert options.by == ("account_id",)
+    assert options.ttl == 5.0
+    assert isinstance(options.ttl, float)
+    assert options.on_contention == "retry"
+    defaults = validate_options(OWNER, {}, PARAMS)
+    assert (defaults.by, defaults.ttl, defaults.on_contention) == (None, None, None)
+
+
+def test_misspelled_option_suggests_the_right_one() -> None:
+    message = _error({"lock_tll": 5})
+    assert "did you mean 'lock_ttl'" in message
+    assert OWNER in message
+    assert "'lock_tll'" in message
+
+
+def test_lock_by_name_that_is_not_a_parameter_has_a_hint() -> None:
+    message = _error({"lock_by": ["acount_id"]})
+    assert OWNER in message
+    assert "'acount_id'" in message
+    assert "did you mean 'account_id'" in message
+
+
+def test_lock_by_names_are_not_checked_without_parameters() -> None:
+    # An abstract base class: its body (and parameters) are not known yet.
+    assert validate_options(OWNER, {"lock_by": ["anything"]}, None).by == ("anything",)
+
+
+@pytest.mark.parametrize("ttl", [-1, 0, 0.0, True, False, "5", float("nan")], ids=repr)
+def test_invalid_ttl_is_an_error_naming_task_and_option(ttl: Any) -> None:
+    message = _error({"lock_ttl": ttl})
+    assert OWNER in message
+    assert f"lock_ttl={ttl!r}" in message
+
+
+@pytest.mark.parametrize("option", ["lock_retry_countdown", "lock_wait_timeout"])
+def test_negative_or_bool_durations_are_errors(option: str) -> None:
+    assert f"{option}=-1" in _error({option: -1})
+    assert f"{option}=True" in _error({option: True})
+    validate_options(OWNER, {option: 0}, PARAMS)  # zero is allowed for these
+
+
+def test_unknown_policy_suggests_the_right_one() -> None:
+    message = _error({"lock_on_contention": "skipp"})
+    assert OWNER in message
+    assert "lock_on_contention='skipp'" in message
+    assert "did you mean 'skip'" in message
+
+
+def test_lock_by_as_a_string_is_an_error_showing_the_list_form() -> None:
+    message = _error({"lock_by": "account_id"})
+    assert OWNER in message
+    assert "lock_by='account_id'" in message
+    assert "lock_by=['account_id']" in message
+
+
+@pytest.mark.parametrize("by", [[1], 5, {"account_id"}, b"account_id"], ids=repr)
+def test_lock_by_of_the_wrong_type_is_an_error(by: Any) -> None:
+    assert "lock_by=" in _error({"lock_by": by})
+
+
+@pytest.mark.parametrize("name", ["", "a{b}", 5], ids=repr)
+def test_invalid_lock_name_is_an_error(name: Any) -> None:
+    assert "lock_name=" in _error({"lock_name": name})
+
+
+# -- app settings -------------------------------------------------------------------------------
+
+
+def test_settings_defaults(bare_app: Celery) -> None:
+    bare_app.conf.redlock_url = LOCK_URL
+    assert settings_for(bare_app) == Settings(
+        url=LOCK_URL,
+        prefix="redlock",
+        lease=30.0,
+        ttl_margin=5.0,
+        on_contention="skip",
+        on_unavailable="retry",
+    )
+
+
+def test_app_settings_override_defaults(bare_app: Celery) -> None:
+    bare_app.conf.update(
+        redlock_url=LOCK_URL,
+        redlock_prefix="myapp",
+        redlock_lease=12,
+        redlock_ttl_margin=0,
+        redlock_on_contention="fail",
+        redlock_on_unavailable="run",
+    )
+    assert settings_for(bare_app) == Settings(LOCK_URL, "myapp", 12.0, 0.0, "fail", "run")
+
+
+def test_settings_are_resolved_once_per_app(bare_app: Celery) -> None:
+    bare_app.conf.redlock_url = LOCK_URL
+    first = settings_for(bare_app)
+    bare_app.conf.redlock_lease = 99
+    assert settings_for(bare_app) is first
+
+
+def test_explicit_url_wins_over_the_redis_broker(caplog: pytest.LogCaptureFixture) -> None:
+    app = Celery("cfg", broker="redis://127.0.0.1:1/1", set_as_current=False)
+    app.conf.redlock_url = LOCK_URL
+    with caplog.at_level(logging.INFO, logger="celery_redlock.config"):
+        assert settings_for(app).url == LOCK_URL
+    assert not [r for r in caplog.records if r.name == "celery_redlock.config"]
+    app.close()
+
+
+def test_missing_url_with_a_non_redis_broker_is_an_error() -> None:
+    app = Celery("cfg", broker="amqp://guest@127.0.0.1:1//", set_as_current=False)
+    with pytest.raises(LockConfigError, match="redlock_url is missing") as info:
+        settings_for(app)
+    assert "app 'cfg'" in str(info.value)
+    app.close()
+
+
+@pytest.mark.parametrize(
+    "broker", ["redis://127.0.0.1:1/1", "rediss://127.0.0.1:1/1", "unix:///tmp/redis.sock"]
+)
+def test_missing_url_uses_the_redis_broker_and_says_so(
+    broker: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = Celery("cfg", broker=broker, set_as_current=False)
+    with caplog.at_level(logging.INFO, logger="celery_redlock.config"):
+        assert settings_for(app).url == broker
+    infos = [
+        r for r in caplog.records if r.name == "celery_redlock.config" and r.levelno == logging.INFO
+    ]
+    assert len(infos) == 1
+    assert "redlock_url is not set" in infos[0].getMessage()
+    assert "broker" in infos[0].getMessage()
+    app.close()
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "expected"),
+    [
+        ("redlock_on_unavailable", "skip", "redlock_on_unavailable='skip'"),
+        ("redlock_on_unavailable", "rety", "did you mean 'retry'"),
+        ("redlock_on_contention", "wiat", "did you mean 'wait'"),
+        ("redlock_lease", 0, "redlock_lease=0"),
+        ("redlock_lease", True, "redlock_lease=True"),
+        ("redlock_ttl_margin", -1, "redlock_ttl_margin=-1"),
+        ("redlock_prefix", "a{b", "redlock_prefix='a{b'"),
+        ("redlock_prefix", "", "redlock_prefix=''"),
+        ("redlock_url", "http://127.0.0.1:1/0", "redlock_url='http://127.0.0.1:1/0'"),
+    ],
+)
+def test_invalid_setting_is_an_error_naming_it(
+    bare_app: Celery, setting: str, value: Any, expected: str
+) -> None:
+    bare_app.conf.update({"redlock_url": LOCK_URL, setting: value})
+    with pytest.raises(LockConfigError) as info:
+        settings_for(bare_app)
+    assert expected in str(info.value)
+    assert "app 'cfg'" in str(info.value)
+
+
+def test_invalid_url_with_credentials_is_redacted(bare_app: Celery) -> None:
+    bare_app.conf.redlock_url = "http://user:s3cret@127.0.0.1:1/0"
+    with pytest.raises(LockConfigError) as info:
+        settings_for(bare_app)
+    assert "s3cret" not in str(info.value)
+
+
+def test_namespaced_settings_arrive(bare_app: Celery) -> None:
+    class Config:
+        CELERY_REDLOCK_URL = "redis://127.0.0.1:1/5"
+        CELERY_REDLOCK_LEASE = 12
+        CELERY_REDLOCK_ON_CONTENTION = "wait"
+
+    bare_app.config_from_object(Config, namespace="CELERY")
+    settings = settings_for(bare_app)
+    assert settings.url == "redis://127.0.0.1:1/5"
+    assert settings.lease == 12.0
+    assert settings.on_contention == "wait"
+
+
+# -- precedence: task option > app setting > default --------------------------------------------
+
+
+def test_lock_name_option_and_prefix_setting_shape_the_key(bare_app: Celery) -> None:
+    bare_app.conf.update(redlock_url=LOCK_URL, redlock_prefix="myapp")
+
+    @bare_app.task(base=LockedTask, shared=False, lazy=False, name="proj.a", lock_by=())
+    def a() -> None: ...
+
+    @bare_app.task(
+        base=LockedTask, shared=False, lazy=False, name="proj.b", lock_by=(), lock_name="shared"
+    )
+    def b() -> None: ...
+
+    assert lock_key_of(a).startswith("myapp:{proj.a:")
+    assert lock_key_of(b).startswith("myapp:{shared:")
+
+
+def test_task_policy_overrides_the_app_policy(redis_url: str) -> None:
+    app = Celery("cfg", set_as_current=False)
+    app.conf.update(redlock_url=redis_url, redlock_on_contention="fail")
+    ran: list[str] = []
+
+    @app.task(base=LockedTask, shared=False, lazy=False, name="proj.app_policy", lock_name="j")
+    def app_policy(x: int) -> None:
+        ran.append("app_policy")
+
+    @app.task(
+        base=LockedTask,
+        shared=False,
+        lazy=False,
+        name="proj.task_policy",
+        lock_name="j",
+        lock_on_contention="skip",
+    )
+    def task_policy(x: int) -> None:
+        ran.append("task_policy")
+
+    assert lock_key_of(app_policy, 1) == lock_key_of(task_policy, 1)
+    key = lock_key_of(app_policy, 1)
+    holder = Lock(redis_url, key.removeprefix("redlock:{").removesuffix("}"), ttl=30)
+    assert holder.key == key
+    assert holder.acquire(blocking=False)
+    try:
+        skipped = task_policy.apply(args=(1,))
+        failed = app_policy.apply(args=(1,))
+    finally:
+        holder.release()
+        app.close()
+    assert skipped.successful()
+    assert isinstance(failed.result, LockContended)
+    assert ran == []
+
+
+# -- options are checked when the task class is built -------------------------------------------
+# shared=False everywhere: a shared task would be built again by every app finalized later in
+# this process (Celery's global finalize callbacks), raising in unrelated tests.
+
+
+def test_misspelled_option_fails_at_decoration_with_lazy_false(bare_app: Celery) -> None:
+    with pytest.raises(LockConfigError, match="did you mean 'lock_ttl'") as info:
+
+        @bare_app.task(base=LockedTask, shared=False, lazy=False, name="proj.t", lock_tll=5)
+        def t() -> None: ...
+
+    assert "proj.t" in str(info.value)
+
+
+def test_misspelled_option_fails_at_decoration_on_a_finalized_app(bare_app: Celery) -> None:
+    bare_app.finalize()
+    with pytest.raises(LockConfigError, match="did you mean 'lock_ttl'"):
+
+        @bare_app.task(base=LockedTask, shared=False, lock_tll=5)
+        def t() -> None: ...
+
+
+def test_misspelled_option_fails_when_the_lazy_task_is_evaluated(bare_app: Celery) -> None:
+    @bare_app.task(base=LockedTask, shared=False, lock_tll=5)
+    def t() -> None: ...
+
+    with pytest.raises(LockConfigError, match="did you mean 'lock_ttl'"):
+        _ = t.name
+
+
+def test_lock_by_unknown_parameter_fails_at_task_creation(bare_app: Celery) -> None:
+    with pytest.raises(LockConfigError, match="did you mean 'account_id'"):
+
+        @bare_app.task(base=LockedTask, shared=False, lazy=False, lock_by=["acount_id"])
+        def t(account_id: int) -> None: ...
+
+
+def test_single_instance_rejects_unknown_parameter_at_decoration() -> None:
+    with pytest.raises(LockConfigError) as info:
+
+        @single_instance(by=["nope"])
+        def t(account_id: int) -> None: ...
+
+    assert "'nope'" in str(info.value)
+    assert "t" in str(info.value)
+
+
+def test_single_instance_rejects_bad_ttl_at_decoration() -> None:
+    with pytest.raises(LockConfigError, match="lock_ttl=-1"):
+
+        @single_instance(ttl=-1)
+        def t() -> None: ...
+
+
+def test_single_instance_above_a_lazy_task_is_a_type_error(bare_app: Celery) -> None:
+    with pytest.raises(TypeError, match="directly under"):
+
+        @single_instance
+        @bare_app.task(shared=False)
+        def t() -> None: ...
+
+
+def test_single_instance_above_a_built_task_is_a_type_error(bare_app: Celery) -> None:
+    with pytest.raises(TypeError, match="directly under"):
+
+        @single_instance(by=())
+        @bare_app.task(shared=False, lazy=False)
+        def t() -> None: ...

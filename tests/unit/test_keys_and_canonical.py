@@ -1,0 +1,201 @@
+"""Lock identity: the canonical encoding of a call and the key names built from it."""
+
+from __future__ import annotations
+
+import fnmatch
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pytest
+from redis.crc import key_slot
+
+from celery_redlock import _keys
+from celery_redlock._canonical import encode_call
+
+OWNER = "tests.sync_account"
+
+
+def sync_account(account_id: Any, full: Any = False) -> None:
+    """The task function whose calls are encoded below."""
+
+
+PARAMS = list(inspect.signature(sync_account).parameters.values())
+
+
+def enc(*args: Any, by: Callable[..., str] | Sequence[str] | None = None, **kwargs: Any) -> bytes:
+    return encode_call(OWNER, PARAMS, args, kwargs, by)
+
+
+def key_of(canonical: bytes, prefix: str = "redlock") -> str:
+    return _keys.keys_for(prefix, _keys.task_lock_name(OWNER, canonical)).lock
+
+
+# -- binding to the signature -------------------------------------------------------------------
+
+
+def test_positional_keyword_and_order_agree() -> None:
+    assert enc(1, full=2) == enc(account_id=1, full=2) == enc(full=2, account_id=1)
+    assert enc(1, 2) == enc(1, full=2)
+
+
+def test_defaults_are_applied() -> None:
+    assert enc(1) == enc(1, full=False) == enc(account_id=1, full=False)
+    assert enc(1) != enc(1, full=True)
+
+
+def test_call_not_matching_the_signature_is_a_type_error_naming_the_owner() -> None:
+    with pytest.raises(TypeError, match=OWNER):
+        enc(1, 2, 3)
+    with pytest.raises(TypeError, match=OWNER):
+        enc(full=True)  # account_id missing
+
+
+# -- values keep their type ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        (1, "1"),
+        (True, 1),
+        (False, 0),
+        (1.0, 1),
+        (None, "null"),
+        (None, 0),
+        ("", None),
+    ],
+    ids=repr,
+)
+def test_values_of_different_types_differ(one: Any, other: Any) -> None:
+    assert enc(one) != enc(other)
+
+
+def test_tuple_and_list_are_the_same_sequence() -> None:
+    # Celery's JSON serializer turns a tuple into a list: the worker must compute the same key.
+    assert enc((1, 2, (3, 4))) == enc([1, 2, [3, 4]])
+    assert enc([1, 2]) != enc([2, 1])
+
+
+def test_dict_key_order_is_irrelevant() -> None:
+    assert enc({"a": 1, "b": {"x": 1, "y": 2}}) == enc({"b": {"y": 2, "x": 1}, "a": 1})
+    assert enc({"a": 1}) != enc({"a": 2})
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        (["L", 1], [1]),  # a list imitating the list tag
+        ([["L", 1]], [[1]]),
+        (["D", ["a", 1]], {"a": 1}),  # a list imitating the dict tag
+        ([["a", 1]], {"a": 1}),  # a list of pairs is not a mapping
+        (["T", "bytes", "61"], b"a"),  # a list imitating a tagged scalar
+        ([], {}),
+        ([[]], []),
+        ({"a": [1]}, {"a": 1}),
+    ],
+    ids=repr,
+)
+def test_nested_containers_are_tagged(one: Any, other: Any) -> None:
+    assert enc(one) != enc(other)
+
+
+def test_tagged_scalars_are_stable_and_distinct() -> None:
+    assert enc(b"\x00\x01") == enc(bytearray(b"\x00\x01"))
+    assert enc(b"ab") != enc("ab")
+    assert enc(b"ab") != enc("6162")
+
+
+# -- rejected values ----------------------------------------------------------------------------
+
+
+def test_argument_without_canonical_encoding_names_owner_and_parameter() -> None:
+    with pytest.raises(TypeError) as info:
+        enc(1, full=object())
+    message = str(info.value)
+    assert OWNER in message
+    assert "'full'" in message
+    assert "object" in message
+
+
+def test_nested_unencodable_value_names_the_top_level_parameter() -> None:
+    with pytest.raises(TypeError, match=rf"{OWNER}.*'account_id'"):
+        enc({"nested": [1, {2, 3}]})
+
+
+def test_mapping_with_unencodable_key_is_rejected() -> None:
+    with pytest.raises(TypeError, match=rf"{OWNER}.*'account_id'"):
+        enc({(1, 2): "tuple key"})
+
+
+# -- lock_by ------------------------------------------------------------------------------------
+
+
+def test_lock_by_names_select_the_identity() -> None:
+    assert enc(1, full=True, by=["account_id"]) == enc(1, full=False, by=["account_id"])
+    assert enc(1, by=["account_id"]) != enc(2, by=["account_id"])
+    assert enc(1, by=()) == enc(2, by=())  # one lock per task name
+
+
+def test_lock_by_callable_returning_str_is_the_identity() -> None:
+    def by(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        return f"acct-{args[0] if args else kwargs['account_id']}"
+
+    assert enc(7, by=by) == enc(account_id=7, full=True, by=by)
+    assert enc(7, by=by) != enc(8, by=by)
+
+
+@pytest.mark.parametrize("returned", [7, None, b"acct-7", ["acct", 7]], ids=repr)
+def test_lock_by_callable_must_return_str(returned: Any) -> None:
+    with pytest.raises(TypeError, match=rf"{OWNER}.*lock_by.*{type(returned).__name__}"):
+        enc(7, by=lambda args, kwargs: returned)
+
+
+# -- keys ---------------------------------------------------------------------------------------
+
+
+def test_key_length_is_fixed_and_the_argument_never_appears() -> None:
+    big = "PERSONAL-DATA-" + "x" * 1_000_000
+    small_key = key_of(enc("tiny"))
+    big_key = key_of(enc(big))
+    assert big_key != small_key
+    assert len(big_key) == len(small_key) < 200
+    assert "PERSONAL-DATA" not in big_key
+    assert "tiny" not in small_key
+    assert big_key.startswith(f"redlock:{{{OWNER}:")
+
+
+def test_digest_is_32_hex_characters() -> None:
+    digest = _keys.digest(enc(1))
+    assert len(digest) == 32
+    int(digest, 16)
+    assert _keys.task_lock_name(OWNER, enc(1)) == f"{OWNER}:{digest}"
+
+
+def _hash_tag(key: str) -> str:
+    """The part Redis Cluster hashes: between the first '{' and the next '}'."""
+    start = key.index("{")
+    end = key.index("}", start + 1)
+    return key[start + 1 : end]
+
+
+def test_keys_of_one_lock_share_one_hash_tag() -> None:
+    keys = _keys.keys_for("app", "report:2024")
+    assert keys.lock == "app:{report:2024}"
+    names = (keys.lock, keys.fence, keys.channel)
+    assert len(set(names)) == 3
+    assert {_hash_tag(k) for k in names} == {"report:2024"}
+    assert all(k.count("{") == 1 and k.count("}") == 1 for k in names)
+    assert len({key_slot(k.encode()) for k in names}) == 1
+
+
+def test_lock_pattern_matches_lock_keys_under_the_prefix_only() -> None:
+    pattern = _keys.lock_pattern("app")
+    assert fnmatch.fnmatchcase(_keys.keys_for("app", "x").lock, pattern)
+    assert not fnmatch.fnmatchcase(_keys.keys_for("other", "x").lock, pattern)
+
+
+@pytest.mark.parametrize("name", ["a{b", "a}b", "{ab}", "", "}"], ids=repr)
+def test_names_with_braces_or_empty_are_rejected(name: str) -> None:
+    with pytest.raises(ValueError, match="lock name"):
+        _keys.keys_for("redlock", name)
