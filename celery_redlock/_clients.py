@@ -1,10 +1,18 @@
 """Redis clients: one shared client per URL per process, and how errors are classified.
 
-URLs are what redis-py's ``from_url`` accepts (``redis://``, ``rediss://`` with
-``ssl_ca_certs``/``ssl_certfile``/``ssl_keyfile``/``ssl_cert_reqs`` query parameters,
-``unix://``, user and password for ACL users). Socket timeouts default to 5 s (reads) and 2 s
-(connect) unless the URL sets them, so an unreachable server fails an operation instead of
-hanging a task.
+URL forms:
+
+* ``redis://[user:password@]host:port/db``, ``rediss://...`` (TLS: ``ssl_ca_certs``,
+  ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs`` as query parameters) and
+  ``unix:///path.sock``: what redis-py's ``from_url`` accepts;
+* ``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]``: the primary that
+  the Sentinels name ``service``, followed across failovers (``rediss+sentinel://`` for TLS to
+  the primary; ``sentinel_password=`` in the query for password-protected Sentinels);
+* ``redis+cluster://[user:password@]host:port[,host:port...]/``: a Redis Cluster
+  (``rediss+cluster://`` for TLS).
+
+Socket timeouts default to 5 s (reads) and 2 s (connect) unless the URL sets them, so an
+unreachable server fails an operation instead of hanging a task.
 
 This module never imports Celery.
 """
@@ -13,8 +21,17 @@ from __future__ import annotations
 
 import threading
 from typing import Any
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import redis as redis_py
+from redis.cluster import ClusterNode, RedisCluster
+from redis.sentinel import Sentinel
+
+#: Schemes accepted by :func:`client_for`.
+SCHEMES = (
+    "redis://", "rediss://", "unix://",
+    "redis+sentinel://", "rediss+sentinel://", "redis+cluster://", "rediss+cluster://",
+)
 
 #: Errors that mean "this node did not answer": the lock state there is unknown.
 UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
@@ -24,11 +41,11 @@ UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
 )
 
-_clients: dict[tuple[str, float | None], redis_py.Redis] = {}
+_clients: dict[tuple[str, float | None], Any] = {}
 _guard = threading.Lock()
 
 
-def client_for(url: str, timeout: float | None = None) -> redis_py.Redis:
+def client_for(url: str, timeout: float | None = None) -> Any:
     """A shared client for ``url`` (one per URL and timeout per process; fork-safe).
 
     ``timeout`` sets both socket timeouts (the worker's main process uses 1 s).
@@ -41,13 +58,72 @@ def client_for(url: str, timeout: float | None = None) -> redis_py.Redis:
                 options["socket_timeout"] = timeout or 5.0
             if "socket_connect_timeout=" not in url:
                 options["socket_connect_timeout"] = timeout or 2.0
-            client = _clients[(url, timeout)] = redis_py.Redis.from_url(url, **options)
+            client = _clients[(url, timeout)] = _connect(url, options)
         return client
+
+
+def _connect(url: str, options: dict[str, Any]) -> Any:
+    scheme, _, _ = url.partition("://")
+    if scheme.endswith("+sentinel"):
+        return _sentinel(url, options)
+    if scheme.endswith("+cluster"):
+        return _cluster(url, options)
+    return redis_py.Redis.from_url(url, **options)
+
+
+def _split(url: str) -> tuple[dict[str, Any], list[tuple[str, int]], list[str], dict[str, str]]:
+    """Credentials and TLS options, ``(host, port)`` list, path parts, and other query items."""
+    parts = urlsplit(url)
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    auth: dict[str, Any] = {}
+    if userinfo:
+        user, _, password = userinfo.partition(":")
+        if user:
+            auth["username"] = unquote(user)
+        if password:
+            auth["password"] = unquote(password)
+    query = dict(parse_qsl(parts.query))
+    if parts.scheme.startswith("rediss"):
+        auth["ssl"] = True
+        for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs"):
+            if name in query:
+                auth[name] = query.pop(name)
+    nodes = []
+    for item in hosts.split(","):
+        host, _, port = item.rpartition(":")
+        nodes.append((host or item, int(port) if host else 0))
+    return auth, nodes, [p for p in parts.path.split("/") if p], query
+
+
+def _sentinel(url: str, options: dict[str, Any]) -> Any:
+    auth, nodes, path, query = _split(url)
+    if not path:
+        raise ValueError("a redis+sentinel:// URL names the service: .../<service>[/<db>]")
+    sentinels = [(host, port or 26379) for host, port in nodes]
+    sentinel_kwargs = {"socket_timeout": options["socket_timeout"],
+                       "socket_connect_timeout": options["socket_connect_timeout"]}
+    if "sentinel_password" in query:
+        sentinel_kwargs["password"] = query.pop("sentinel_password")
+    sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs, **options)
+    db = int(path[1]) if len(path) > 1 else 0
+    return sentinel.master_for(path[0], db=db, **auth, **options)
+
+
+def _cluster(url: str, options: dict[str, Any]) -> Any:
+    auth, nodes, _, _ = _split(url)
+    startup = [ClusterNode(host, port or 6379) for host, port in nodes]
+    return RedisCluster(startup_nodes=startup, **auth, **options)
 
 
 def node_name(client: Any) -> str:
     """``host:port`` (or socket path) of a client, for messages; never includes credentials."""
-    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    if isinstance(client, RedisCluster):
+        return ",".join(f"{n.host}:{n.port}" for n in client.get_nodes()) or "cluster"
+    pool = getattr(client, "connection_pool", None)
+    service = getattr(pool, "service_name", None)
+    if service:
+        return f"sentinel service {service}"
+    kwargs = getattr(pool, "connection_kwargs", {})
     if "path" in kwargs:
         return str(kwargs["path"])
     return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"

@@ -27,7 +27,6 @@ from typing import Any
 from celery import current_task
 
 from . import _canonical, _keys, _worker
-from ._clients import client_for
 from .config import Settings, TaskLockOptions, parameters_of, settings_for
 from .exceptions import LockContended, LockLost, LockUnavailable
 from .lock import Lock
@@ -116,12 +115,11 @@ def _make_lock(task: Any, spec: Spec, settings: Settings, name: str, request: An
         "owner": request.id or "",
         "host": request.hostname,
     }
-    client = client_for(settings.url)
     if spec.options.ttl is not None:
-        return Lock(client, name, spec.options.ttl, **common)
+        return Lock(settings.url, name, spec.options.ttl, **common)
     limit = _hard_limit(task, request)
     max_hold = None if limit is None else limit + settings.ttl_margin
-    return Lock(client, name, settings.lease, auto_renew=True, max_hold=max_hold, **common)
+    return Lock(settings.url, name, settings.lease, auto_renew=True, max_hold=max_hold, **common)
 
 
 def _jittered(seconds: float) -> float:

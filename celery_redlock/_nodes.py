@@ -260,13 +260,16 @@ class Quorum:
 Target = Any  # a URL, a client, or a sequence of them
 
 
-def nodes_for(redis: Target) -> SingleNode | Quorum:
-    """One node for a URL or a client; a :class:`Quorum` for a list of three or more."""
+def nodes_for(redis: Target, timeout: float | None = None) -> SingleNode | Quorum:
+    """One node for a URL or a client; a :class:`Quorum` for a list of three or more.
+
+    ``timeout`` sets the socket timeouts of clients built from URLs.
+    """
     if isinstance(redis, str):
-        return SingleNode(client_for(redis))
+        return SingleNode(client_for(redis, timeout))
     if not isinstance(redis, Sequence):
         return SingleNode(redis)
-    clients = [client_for(item) if isinstance(item, str) else item for item in redis]
+    clients = [client_for(item, timeout) if isinstance(item, str) else item for item in redis]
     if len(clients) == 1:
         return SingleNode(clients[0])
     return Quorum(clients)

@@ -40,9 +40,9 @@ from celery.exceptions import TimeLimitExceeded
 from kombu.asynchronous import get_event_loop
 from kombu.utils.imports import symbol_by_name
 
-from . import _engine, _owner
-from ._clients import UNAVAILABLE_ERRORS, client_for
+from . import _engine
 from .config import settings_for
+from .exceptions import LockUnavailable
 from .lock import release_attempt
 
 logger = logging.getLogger("celery_redlock.worker")
@@ -108,10 +108,10 @@ def release_for_dead_child(request: Any) -> None:
             return
         settings = settings_for(task.app)
         name = _engine.lock_name_for(task, spec, request.args, request.kwargs)
-        client = client_for(settings.url, timeout=1.0)
-        host = _owner.normalize_host(request.hostname)
-        released = release_attempt(client, name, settings.prefix, request.id, host, pid)
-    except UNAVAILABLE_ERRORS as exc:
+        released = release_attempt(
+            settings.url, name, settings.prefix, request.id, request.hostname, pid, timeout=1.0
+        )
+    except LockUnavailable as exc:
         logger.warning(
             "%s[%s]: child %s died; could not release its lock, it will expire by TTL: %s",
             task.name, request.id, pid, exc,

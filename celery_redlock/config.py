@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from ._clients import SCHEMES
 from .exceptions import LockConfigError
 
 __all__ = ["OPTION_DEFAULTS", "Settings", "TaskLockOptions", "settings_for"]
@@ -61,7 +62,8 @@ SETTING_DEFAULTS: dict[str, Any] = {
 class Settings:
     """The ``redlock_*`` settings of one app, validated."""
 
-    url: str
+    #: One URL, or a tuple of 3, 5, ... URLs of independent nodes (the Redlock quorum).
+    url: str | tuple[str, ...]
     prefix: str
     lease: float
     ttl_margin: float
@@ -195,10 +197,18 @@ def _resolve(app: Any) -> Settings:
                 f"{owner}: setting redlock_url is missing; expected a Redis URL such as "
                 "'redis://localhost:6379/0' (the broker is not Redis, so it cannot be reused)"
             )
-    if not isinstance(url, str) or not url.startswith(_REDIS_SCHEMES):
+    urls = [url] if isinstance(url, str) else url
+    if not isinstance(urls, (list, tuple)) or not all(
+        isinstance(u, str) and u.startswith(SCHEMES) for u in urls
+    ):
         raise LockConfigError(
-            f"{owner}: setting redlock_url={_redact(url)!r} is invalid; expected a "
-            "redis://, rediss:// or unix:// URL"
+            f"{owner}: setting redlock_url={_redact(url)!r} is invalid; expected a Redis URL "
+            f"({', '.join(s.rstrip('/') for s in SCHEMES)}) or a list of 3, 5, ... of them"
+        )
+    if len(urls) != 1 and (len(urls) < 3 or len(urls) % 2 == 0):
+        raise LockConfigError(
+            f"{owner}: setting redlock_url lists {len(urls)} nodes; a Redlock quorum needs an "
+            "odd number of independent nodes, at least 3"
         )
     prefix = values["redlock_prefix"]
     if not isinstance(prefix, str) or not prefix or set(prefix) & set("{}"):
@@ -207,7 +217,7 @@ def _resolve(app: Any) -> Settings:
             "string without '{' or '}'"
         )
     return Settings(
-        url=url,
+        url=urls[0] if len(urls) == 1 else tuple(urls),
         prefix=prefix,
         lease=_number(owner, "redlock_lease", values["redlock_lease"],
                       allow_none=False, allow_zero=False),
@@ -221,6 +231,8 @@ def _resolve(app: Any) -> Settings:
 
 
 def _redact(url: Any) -> Any:
+    if isinstance(url, (list, tuple)):
+        return [_redact(u) for u in url]
     if isinstance(url, str) and "@" in url:
         scheme, _, rest = url.partition("://")
         return f"{scheme}://***@{rest.rpartition('@')[2]}"

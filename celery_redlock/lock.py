@@ -348,15 +348,24 @@ class Lock:
 
 
 def release_attempt(
-    redis: Target, name: str, prefix: str, owner: str, host: str, pid: int
+    redis: Target,
+    name: str,
+    prefix: str,
+    owner: str,
+    host: str,
+    pid: int,
+    *,
+    timeout: float | None = None,
 ) -> bool:
     """Release lock ``name`` only if it was taken by ``owner`` on ``host`` in process ``pid``.
 
     For a supervisor releasing on behalf of a process that died (it never knew the secret
     part of the token). Returns whether a key was deleted; raises :class:`LockUnavailable`.
+    ``timeout`` sets the socket timeouts of clients built from URLs.
     """
     keys = _keys.keys_for(prefix, name)
-    return nodes_for(redis).release_attempt(keys, owner, _owner.normalize_host(host), pid)
+    nodes = nodes_for(redis, timeout)
+    return nodes.release_attempt(keys, owner, _owner.normalize_host(host), pid)
 
 
 def _ms(seconds: float) -> int:
