@@ -3,9 +3,12 @@
 Every key of one lock shares a ``{hash tag}`` so that a script touching several of them runs in
 one Redis Cluster slot::
 
-    <prefix>:{<name>}            the lock itself (string: owner token), TTL = lease
+    <prefix>:{<name>}            the lock (slot 1) (string: owner token), TTL = lease
+    <prefix>:{<name>}:<i>        slot i = 2..lock_limit of a semaphore, like slot 1
     <prefix>:{<name>}:fence      fencing counter (string: integer), TTL = FENCE_TTL_MS
+    <prefix>:{<name>}:queued     task id of the queued call (lock_enqueue), TTL = its own
     <prefix>:{<name>}:released   pub/sub channel a release publishes on (not a stored key)
+    <prefix>:stats:<task name>   event counters of a task (hash), no TTL
 
 For a task, ``<name>`` is ``<lock_name>:<digest>`` where the digest is a fixed-length hash of the
 task's canonical arguments: argument values never appear in a key.
@@ -32,6 +35,9 @@ class LockKeys:
     lock: str
     fence: str
     channel: str
+    queued: str
+    #: Slot keys: ``(lock,)`` for a lock, ``lock_limit`` keys for a semaphore.
+    slots: tuple[str, ...]
 
 
 def validate_name(name: str) -> None:
@@ -42,11 +48,23 @@ def validate_name(name: str) -> None:
         raise ValueError(f"lock name {name!r} must not contain '{{' or '}}'")
 
 
-def keys_for(prefix: str, name: str) -> LockKeys:
-    """Return the keys of the lock called ``name`` under ``prefix``."""
+def keys_for(prefix: str, name: str, limit: int = 1) -> LockKeys:
+    """Return the keys of the lock called ``name`` under ``prefix`` (``limit`` slots)."""
     validate_name(name)
     base = f"{prefix}:{{{name}}}"
-    return LockKeys(lock=base, fence=f"{base}:fence", channel=f"{base}:released")
+    slots = (base, *(f"{base}:{i}" for i in range(2, limit + 1)))
+    return LockKeys(
+        lock=base,
+        fence=f"{base}:fence",
+        channel=f"{base}:released",
+        queued=f"{base}:queued",
+        slots=slots,
+    )
+
+
+def stats_key(prefix: str, task_name: str) -> str:
+    """The hash of event counters of the task called ``task_name``."""
+    return f"{prefix}:stats:{task_name}"
 
 
 def digest(canonical: bytes) -> str:
@@ -60,5 +78,16 @@ def task_lock_name(lock_name: str, canonical: bytes) -> str:
 
 
 def lock_pattern(prefix: str) -> str:
-    """A ``SCAN`` pattern that matches every lock key (not fences) under ``prefix``."""
-    return f"{prefix}:{{*}}"
+    """A ``SCAN`` pattern matching every key of every lock under ``prefix``.
+
+    It matches slot keys and also fences and queued markers: :func:`is_slot` tells them apart.
+    """
+    return f"{prefix}:{{*}}*"
+
+
+def is_slot(key: str | bytes) -> bool:
+    """Whether a key matched by :func:`lock_pattern` is a slot (a held lock), not a companion."""
+    if isinstance(key, bytes):
+        key = key.decode("utf-8", "replace")
+    tail = key.rpartition("}")[2]
+    return tail == "" or (tail.startswith(":") and tail[1:].isdigit())

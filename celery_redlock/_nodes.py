@@ -72,8 +72,9 @@ class SingleNode:
         reply = self._run(_scripts.ACQUIRE, _scripts.acquire_call(keys, token, ttl_ms), keys.lock)
         return _scripts.decode_acquire(reply)
 
-    def release(self, keys: LockKeys, token: str) -> bool:
-        return bool(self._run(_scripts.RELEASE, _scripts.release_call(keys, token), keys.lock))
+    def release(self, keys: LockKeys, token: str, keep_ms: int = 0) -> bool:
+        call = _scripts.release_call(keys, token, keep_ms)
+        return bool(self._run(_scripts.RELEASE, call, keys.lock))
 
     def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> bool:
         call = _scripts.extend_call(keys, token, ttl_ms)
@@ -95,6 +96,10 @@ class SingleNode:
 
     def pubsub_client(self) -> Any:
         return self.client
+
+    def run(self, source: str, call: Call, key: str) -> Any:
+        """Run another script of :mod:`celery_redlock._scripts` (queued markers)."""
+        return self._run(source, call, key)
 
 
 class Quorum:
@@ -205,8 +210,8 @@ class Quorum:
         raised_failed = sum(1 for i in lagging if replies[i][1] is not None)
         return won - raised_failed >= self.quorum
 
-    def release(self, keys: LockKeys, token: str) -> bool:
-        replies = self._call_all(_scripts.RELEASE, _scripts.release_call(keys, token))
+    def release(self, keys: LockKeys, token: str, keep_ms: int = 0) -> bool:
+        replies = self._call_all(_scripts.RELEASE, _scripts.release_call(keys, token, keep_ms))
         return self._majority(keys.lock, replies, "release")
 
     def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> bool:

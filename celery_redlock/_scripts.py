@@ -22,63 +22,81 @@ from typing import Any
 from ._keys import FENCE_TTL_MS, LockKeys
 
 ACQUIRE = """
--- KEYS[1] lock key, KEYS[2] fencing counter key
+-- KEYS[1] fencing counter key, KEYS[2..n] the lock's slot keys (one, or lock_limit of them)
 -- ARGV[1] owner token, ARGV[2] ttl in ms (> 0), ARGV[3] fencing counter ttl in ms
--- returns {1, fencing_token}         acquired; the token is larger than any earlier one
---         {0, holder_token, pttl_ms} held by someone else
+-- returns {1, fencing_token, slot}     acquired the first free slot (1-based)
+--         {0, holder_token, pttl_ms}   every slot held; the holder of the one freeing first
 -- The fencing token is max(counter + 1, server time in whole seconds * 10^6): it keeps
 -- increasing after the counter itself expires, as long as the server clock does not step
 -- backwards; whole seconds make independent nodes (quorum) usually agree on the token.
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local token = tonumber(redis.call('TIME')[1]) * 1000000
-  local last = tonumber(redis.call('GET', KEYS[2]) or '0')
-  if last + 1 > token then token = last + 1 end
-  redis.call('SET', KEYS[2], string.format('%d', token), 'PX', ARGV[3])
-  return {1, token}
+for i = 2, #KEYS do
+  if redis.call('SET', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    local token = tonumber(redis.call('TIME')[1]) * 1000000
+    local last = tonumber(redis.call('GET', KEYS[1]) or '0')
+    if last + 1 > token then token = last + 1 end
+    redis.call('SET', KEYS[1], string.format('%d', token), 'PX', ARGV[3])
+    return {1, token, i - 1}
+  end
 end
-return {0, redis.call('GET', KEYS[1]), redis.call('PTTL', KEYS[1])}
+local first, first_ttl = 2, redis.call('PTTL', KEYS[2])
+for i = 3, #KEYS do
+  local ttl = redis.call('PTTL', KEYS[i])
+  if ttl < first_ttl then first, first_ttl = i, ttl end
+end
+return {0, redis.call('GET', KEYS[first]), first_ttl}
 """
 
 RELEASE = """
--- KEYS[1] lock key, KEYS[2] release channel
--- ARGV[1] owner token
--- returns 1 deleted (and a release notification published), 0 not the owner or already gone
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', KEYS[2], '1')
-  return 1
+-- KEYS[1] release channel, KEYS[2..n] the lock's slot keys
+-- ARGV[1] owner token, ARGV[2] keep in ms (0: delete now; > 0: keep the slot that long)
+-- returns 1 released (deleted and a notification published, or kept until expiry),
+--         0 not the owner of any slot (expired or taken over)
+for i = 2, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then
+    if tonumber(ARGV[2]) > 0 then
+      redis.call('PEXPIRE', KEYS[i], ARGV[2])
+    else
+      redis.call('DEL', KEYS[i])
+      redis.call('PUBLISH', KEYS[1], '1')
+    end
+    return 1
+  end
 end
 return 0
 """
 
 EXTEND = """
--- KEYS[1] lock key
+-- KEYS[1..n] the lock's slot keys
 -- ARGV[1] owner token, ARGV[2] new ttl in ms (> 0)
--- returns 1 extended, 0 not the owner (expired or taken over)
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
+-- returns 1 extended, 0 not the owner of any slot (expired or taken over)
+for i = 1, #KEYS do
+  if redis.call('GET', KEYS[i]) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[i], ARGV[2])
+    return 1
+  end
 end
 return 0
 """
 
 RELEASE_ATTEMPT = """
--- KEYS[1] lock key, KEYS[2] release channel
+-- KEYS[1] release channel, KEYS[2..n] the lock's slot keys
 -- ARGV[1] task id, ARGV[2] host, ARGV[3] pid
--- Deletes the lock only if it was taken by that attempt: the token layout is
+-- Deletes the slot taken by that attempt: the token layout is
 -- secret|pid|acquired_ms|host|task_id (see celery_redlock._owner).
--- returns 1 deleted, 0 missing or owned by another attempt
-local value = redis.call('GET', KEYS[1])
-if not value then return 0 end
-local pid, host, task_id = string.match(value, '^[^|]*|([^|]*)|[^|]*|([^|]*)|(.*)$')
-if task_id == ARGV[1] and host == ARGV[2] and pid == ARGV[3] then
-  redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', KEYS[2], '1')
-  return 1
+-- returns 1 deleted, 0 no slot owned by that attempt
+for i = 2, #KEYS do
+  local value = redis.call('GET', KEYS[i])
+  if value then
+    local pid, host, task_id = string.match(value, '^[^|]*|([^|]*)|[^|]*|([^|]*)|(.*)$')
+    if task_id == ARGV[1] and host == ARGV[2] and pid == ARGV[3] then
+      redis.call('DEL', KEYS[i])
+      redis.call('PUBLISH', KEYS[1], '1')
+      return 1
+    end
+  end
 end
 return 0
 """
-
 
 RAISE_FENCE = """
 -- KEYS[1] fencing counter key
@@ -91,6 +109,27 @@ end
 return 1
 """
 
+MARK_QUEUED = """
+-- KEYS[1] queued marker key
+-- ARGV[1] task id, ARGV[2] ttl in ms
+-- returns {1} marked (nothing of this key was queued), {0, task_id} already queued
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1}
+end
+return {0, redis.call('GET', KEYS[1])}
+"""
+
+CLEAR_QUEUED = """
+-- KEYS[1] queued marker key
+-- ARGV[1] task id
+-- returns 1 cleared (the marker was this task's), 0 otherwise
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+
 
 @dataclass(frozen=True)
 class AcquireResult:
@@ -98,6 +137,7 @@ class AcquireResult:
 
     acquired: bool
     fencing_token: int | None = None
+    slot: int | None = None
     holder: str | None = None
     pttl_ms: int | None = None
 
@@ -105,7 +145,7 @@ class AcquireResult:
 def decode_acquire(reply: Any) -> AcquireResult:
     """Decode a reply of :data:`ACQUIRE`."""
     if int(reply[0]) == 1:
-        return AcquireResult(True, fencing_token=int(reply[1]))
+        return AcquireResult(True, fencing_token=int(reply[1]), slot=int(reply[2]))
     holder = reply[1]
     if isinstance(holder, bytes):
         holder = holder.decode("utf-8", "replace")
@@ -114,24 +154,24 @@ def decode_acquire(reply: Any) -> AcquireResult:
 
 def acquire_call(keys: LockKeys, token: str, ttl_ms: int) -> tuple[list[str], list[Any]]:
     """``(KEYS, ARGV)`` of :data:`ACQUIRE`."""
-    return [keys.lock, keys.fence], [token, ttl_ms, FENCE_TTL_MS]
+    return [keys.fence, *keys.slots], [token, ttl_ms, FENCE_TTL_MS]
 
 
-def release_call(keys: LockKeys, token: str) -> tuple[list[str], list[Any]]:
+def release_call(keys: LockKeys, token: str, keep_ms: int = 0) -> tuple[list[str], list[Any]]:
     """``(KEYS, ARGV)`` of :data:`RELEASE`."""
-    return [keys.lock, keys.channel], [token]
+    return [keys.channel, *keys.slots], [token, keep_ms]
 
 
 def extend_call(keys: LockKeys, token: str, ttl_ms: int) -> tuple[list[str], list[Any]]:
     """``(KEYS, ARGV)`` of :data:`EXTEND`."""
-    return [keys.lock], [token, ttl_ms]
+    return list(keys.slots), [token, ttl_ms]
 
 
 def release_attempt_call(
     keys: LockKeys, task_id: str, host: str, pid: int
 ) -> tuple[list[str], list[Any]]:
     """``(KEYS, ARGV)`` of :data:`RELEASE_ATTEMPT`."""
-    return [keys.lock, keys.channel], [task_id, host, str(pid)]
+    return [keys.channel, *keys.slots], [task_id, host, str(pid)]
 
 
 def raise_fence_call(keys: LockKeys, token: int) -> tuple[list[str], list[Any]]:

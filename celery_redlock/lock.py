@@ -39,7 +39,7 @@ from types import TracebackType
 
 from . import _keys, _owner, _renewal
 from ._clients import UNAVAILABLE_ERRORS
-from ._nodes import Target, nodes_for
+from ._nodes import Quorum, Target, nodes_for
 from ._scripts import AcquireResult
 from .exceptions import LockContended, LockLost, LockNotOwned, LockUnavailable
 
@@ -64,6 +64,8 @@ class Lock:
     :param timeout: seconds a blocking acquire waits at most; ``None`` waits forever.
     :param auto_renew: keep the lock alive with a watchdog that extends it every ``ttl / 3``.
     :param max_hold: renewal never extends the lock past acquisition + ``max_hold`` seconds.
+    :param limit: how many owners may hold the lock at once (a counting semaphore of
+        ``limit`` owner-checked slots); needs a single Redis deployment, not a quorum.
     :param clock: monotonic clock used for validity and expiry decisions.
 
     The context manager raises :class:`LockContended` when it cannot acquire in time, and
@@ -83,6 +85,7 @@ class Lock:
         timeout: float | None = None,
         auto_renew: bool = False,
         max_hold: float | None = None,
+        limit: int = 1,
         clock: Clock = time.monotonic,
     ) -> None:
         if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or ttl <= 0:
@@ -91,9 +94,18 @@ class Lock:
             raise ValueError(f"Lock max_hold must be positive seconds, got {max_hold!r}")
         if timeout is not None and timeout < 0:
             raise ValueError(f"Lock timeout must be >= 0 seconds or None, got {timeout!r}")
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+            raise ValueError(f"Lock limit must be an integer >= 1, got {limit!r}")
         self.nodes = nodes_for(redis)
+        if limit > 1 and isinstance(self.nodes, Quorum):
+            raise ValueError(
+                "a Lock with limit > 1 needs a single Redis deployment (a node, Sentinel or "
+                "Cluster): over a quorum of independent nodes, more than `limit` owners could "
+                "each win a majority of slots"
+            )
         self.name = name
-        self.keys = _keys.keys_for(prefix, name)
+        self.limit = limit
+        self.keys = _keys.keys_for(prefix, name, limit)
         self.ttl = float(ttl)
         self.owner = owner
         self.host = host
@@ -104,6 +116,7 @@ class Lock:
         self.clock = clock
         self._state = threading.Lock()
         self._token: str | None = None
+        self._slot: str | None = None
         self._fencing_token: int | None = None
         self._acquired_at = 0.0
         self._expires_at = 0.0
@@ -117,8 +130,8 @@ class Lock:
 
     @property
     def key(self) -> str:
-        """The Redis key of this lock."""
-        return self.keys.lock
+        """The Redis key of this lock: the slot held, or the first slot when not held."""
+        return self._slot or self.keys.lock
 
     @property
     def fencing_token(self) -> int | None:
@@ -157,18 +170,22 @@ class Lock:
             return self._attempt()
         return self.do_wait(timeout)
 
-    def release(self) -> None:
+    def release(self, keep: float = 0) -> None:
         """Release the lock. Raises :class:`LockNotOwned` if it is not held by this object.
 
+        ``keep`` > 0 keeps the key held for that many more seconds instead of deleting it
+        (no other owner can take it in that window; nobody can release it early).
         A lock that expired or changed owner meanwhile is left alone (the owner check) and
         :class:`LockLost` is raised.
         """
         token = self._token
         if token is None:
             raise LockNotOwned(f"cannot release {self.key}: not acquired", key=self.key)
+        if keep < 0:
+            raise ValueError(f"keep must be >= 0 seconds, got {keep!r}")
         _renewal.unwatch(self)
         try:
-            released = self.do_release(token)
+            released = self.do_release(token, keep)
         finally:
             self._token = None
         if not released:
@@ -234,9 +251,9 @@ class Lock:
         """One acquisition attempt on Redis."""
         return self.nodes.acquire(self.keys, token, _ms(ttl))
 
-    def do_release(self, token: str) -> bool:
-        """Owner-checked delete; False when the key was not ours any more."""
-        return self.nodes.release(self.keys, token)
+    def do_release(self, token: str, keep: float = 0) -> bool:
+        """Owner-checked delete (or expiry in ``keep`` s); False when it was not ours any more."""
+        return self.nodes.release(self.keys, token, _ms(keep) if keep > 0 else 0)
 
     def do_extend(self, token: str, ttl: float) -> bool:
         """Owner-checked ``PEXPIRE``; False when the key was not ours any more."""
@@ -328,6 +345,7 @@ class Lock:
             return False
         with self._state:
             self._token = token
+            self._slot = self.keys.slots[(result.slot or 1) - 1]
             self._fencing_token = result.fencing_token
             self._acquired_at = start
             self._expires_at = start + ttl

@@ -16,7 +16,7 @@ import redis as redis_py
 from celery import Celery, _state
 from celery.contrib.testing.worker import start_worker
 
-from celery_redlock._keys import lock_pattern
+from celery_redlock._keys import is_slot, lock_pattern
 from celery_redlock.testing import RedisServer
 
 
@@ -51,7 +51,7 @@ def r(redis_url: str) -> Iterator[redis_py.Redis]:
 
 def lock_keys(client: redis_py.Redis, prefix: str = "redlock") -> list[bytes]:
     """Lock keys present now (fencing counters excluded)."""
-    return [k for k in client.scan_iter(match=lock_pattern(prefix)) if not k.endswith(b":fence")]
+    return [k for k in client.scan_iter(match=lock_pattern(prefix)) if is_slot(k)]
 
 
 def make_app(server: RedisServer, name: str = "t", **conf: Any) -> Celery:
