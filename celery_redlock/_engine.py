@@ -26,7 +26,8 @@ from typing import Any
 
 from celery import current_task
 
-from . import _canonical, _keys, _worker
+from . import _canonical, _keys, _scripts, _worker, metrics, signals
+from ._nodes import nodes_for
 from .config import Settings, TaskLockOptions, parameters_of, settings_for
 from .exceptions import LockContended, LockLost, LockUnavailable
 from .lock import Lock
@@ -109,21 +110,50 @@ def _hard_limit(task: Any, request: Any) -> float | None:
     return float(limit) if limit else None
 
 
-def _make_lock(task: Any, spec: Spec, settings: Settings, name: str, request: Any) -> Lock:
+class TaskLock(Lock):
+    """The lock of one task execution: reports a loss through signals and counters too."""
+
+    task: Any = None
+
+    def on_lost(self, reason: str) -> None:
+        super().on_lost(reason)
+        if self.task is not None:
+            _emit(self.task, self.owner, "lost", signals.lock_lost, key=self.key, reason=reason)
+
+
+def _make_lock(task: Any, spec: Spec, settings: Settings, name: str, request: Any) -> TaskLock:
     common: dict[str, Any] = {
         "prefix": settings.prefix,
         "owner": request.id or "",
         "host": request.hostname,
+        "limit": spec.options.limit,
     }
     if spec.options.ttl is not None:
-        return Lock(settings.url, name, spec.options.ttl, **common)
-    limit = _hard_limit(task, request)
-    max_hold = None if limit is None else limit + settings.ttl_margin
-    return Lock(settings.url, name, settings.lease, auto_renew=True, max_hold=max_hold, **common)
+        lock = TaskLock(settings.url, name, spec.options.ttl, **common)
+    else:
+        limit = _hard_limit(task, request)
+        max_hold = None if limit is None else limit + settings.ttl_margin
+        lock = TaskLock(
+            settings.url, name, settings.lease, auto_renew=True, max_hold=max_hold, **common
+        )
+    lock.task = task
+    return lock
 
 
 def _jittered(seconds: float) -> float:
     return seconds * random.uniform(1.0, 1.2)
+
+
+def _emit(task: Any, task_id: str, event: str, signal: Any = None, **fields: Any) -> None:
+    """Count ``event``, send ``signal`` and, with task events on, a ``task-lock-*`` event."""
+    try:
+        metrics.count(task.app, task.name, event)
+        if signal is not None:
+            signal.send(sender=task, task_id=task_id, **fields)
+        if _worker.state.task_events and signal is signals.lock_contended:
+            task.send_event(f"task-lock-{event}", key=fields["key"], holder=fields["holder"])
+    except Exception:
+        logger.exception("%s[%s]: reporting lock event %r failed", task.name, task_id, event)
 
 
 def enter(task: Any, args: Any, kwargs: Any) -> bool:
@@ -138,13 +168,16 @@ def enter(task: Any, args: Any, kwargs: Any) -> bool:
     if spec is None or request.called_directly:
         return True
     settings = settings_for(task.app)
-    lock = _make_lock(task, spec, settings, lock_name_for(task, spec, args, kwargs), request)
+    name = lock_name_for(task, spec, args, kwargs)
+    if spec.options.enqueue:
+        _clear_queued(task, settings, name, request.id)
+    lock = _make_lock(task, spec, settings, name, request)
     policy = spec.options.on_contention or settings.on_contention
     try:
-        if policy == "wait":
+        acquired = lock.acquire(blocking=False)
+        if not acquired and policy == "wait" and spec.options.wait_timeout > 0:
+            _emit(task, request.id, "waited")
             acquired = lock.acquire(blocking=True, timeout=spec.options.wait_timeout)
-        else:
-            acquired = lock.acquire(blocking=False)
     except LockUnavailable as exc:
         return _on_unavailable(task, spec, settings, request, exc)
     if acquired:
@@ -153,6 +186,8 @@ def enter(task: Any, args: Any, kwargs: Any) -> bool:
             "%s[%s] acquired %s (fencing token %s)",
             task.name, request.id, lock.key, lock.fencing_token,
         )
+        _emit(task, request.id, "acquired", signals.lock_acquired,
+              key=lock.key, fencing_token=lock.fencing_token)
         return True
     return _on_contended(task, spec, request, lock, policy)
 
@@ -176,12 +211,14 @@ def _on_contended(task: Any, spec: Spec, request: Any, lock: Lock, policy: str) 
             "%s[%s] redelivered while %s is held by task %s: retrying in %.1fs",
             task.name, request.id, lock.key, holder, countdown,
         )
+        _report_contended(task, request, lock, holder, "retried", "redelivered")
         raise task.retry(countdown=countdown, exc=contended)
     if policy == "skip":
         setattr(request, REQUEST_ATTR, Execution(None, skipped=True))
         logger.info(
             "%s[%s] skipped: %s is held by task %s", task.name, request.id, lock.key, holder
         )
+        _report_contended(task, request, lock, holder, "skipped", policy)
         return False
     if policy == "retry":
         countdown = _jittered(spec.options.retry_countdown)
@@ -189,14 +226,24 @@ def _on_contended(task: Any, spec: Spec, request: Any, lock: Lock, policy: str) 
             "%s[%s] contended: %s is held by task %s; retrying in %.1fs",
             task.name, request.id, lock.key, holder, countdown,
         )
+        _report_contended(task, request, lock, holder, "retried", policy)
         raise task.retry(countdown=countdown, exc=contended)
+    _report_contended(task, request, lock, holder, "failed", policy)
     raise contended
+
+
+def _report_contended(
+    task: Any, request: Any, lock: Lock, holder: str | None, event: str, policy: str
+) -> None:
+    _emit(task, request.id, event, signals.lock_contended,
+          key=lock.key, holder=holder, policy=policy)
 
 
 def _on_unavailable(
     task: Any, spec: Spec, settings: Settings, request: Any, exc: LockUnavailable
 ) -> bool:
     policy = settings.on_unavailable
+    _emit(task, request.id, "unavailable")
     if policy == "run":
         logger.warning(
             "%s[%s] runs WITHOUT a lock because Redis is unavailable "
@@ -226,7 +273,7 @@ def leave(task: Any, request: Any = None) -> None:
     """Release the lock of the attempt behind ``request`` (default: the current one).
 
     Idempotent and never raises: a Redis error is a WARNING (the lock then expires by TTL), and
-    the task's result is unchanged.
+    the task's result is unchanged. With ``lock_cooldown`` the key is kept that many seconds.
     """
     request = task.request if request is None else request
     execution = getattr(request, REQUEST_ATTR, None)
@@ -234,8 +281,9 @@ def leave(task: Any, request: Any = None) -> None:
         return
     lock = execution.lock
     execution.lock = None
+    spec = spec_of(task)
     try:
-        lock.release()
+        lock.release(keep=spec.options.cooldown if spec is not None else 0)
     except LockLost:
         pass  # already logged as an ERROR by Lock.on_lost
     except LockUnavailable as exc:
@@ -247,6 +295,41 @@ def leave(task: Any, request: Any = None) -> None:
         logger.exception("%s[%s]: unexpected error releasing %s", task.name, request.id, lock.key)
     else:
         logger.debug("%s[%s] released %s", task.name, request.id, lock.key)
+        _emit(task, request.id, "released", signals.lock_released, key=lock.key, by="task")
+
+
+def report_parent_release(task: Any, task_id: str, key: str) -> None:
+    """Report a release done by the worker's main process for a dead child."""
+    _emit(task, task_id, "released", signals.lock_released, key=key, by="parent")
+
+
+# -- enqueue-time de-duplication -----------------------------------------------------------------
+
+
+def mark_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> str | None:
+    """Mark the call as queued; return the task id already queued for its key, if any.
+
+    Raises :class:`LockUnavailable` when Redis does not answer (the caller then publishes:
+    an outage never drops a call).
+    """
+    spec = spec_of(task)
+    assert spec is not None
+    settings = settings_for(task.app)
+    keys = _keys.keys_for(settings.prefix, lock_name_for(task, spec, args, kwargs))
+    call = ([keys.queued], [task_id, int(spec.options.enqueue_ttl * 1000)])
+    reply = nodes_for(settings.url).run(_scripts.MARK_QUEUED, call, keys.queued)
+    if int(reply[0]) == 1:
+        return None
+    existing = reply[1]
+    return existing.decode() if isinstance(existing, bytes) else existing
+
+
+def _clear_queued(task: Any, settings: Settings, name: str, task_id: str) -> None:
+    keys = _keys.keys_for(settings.prefix, name)
+    try:
+        nodes_for(settings.url).run(_scripts.CLEAR_QUEUED, ([keys.queued], [task_id]), keys.queued)
+    except LockUnavailable as exc:
+        logger.warning("%s[%s]: could not clear the queued marker: %s", task.name, task_id, exc)
 
 
 def current_lock() -> Lock | None:

@@ -252,6 +252,17 @@ class Quorum:
         values.sort(reverse=True)
         return values[self.quorum - 1]
 
+    def run(self, source: str, call: Call, key: str) -> Any:
+        """Run another script on the first node that answers (advisory data: queued markers)."""
+        keys, args = call
+        errors = []
+        for name, client in zip(self.names, self.clients, strict=True):
+            try:
+                return _scripts.script(client, source)(keys=keys, args=args)
+            except UNAVAILABLE_ERRORS:
+                errors.append(name)
+        raise self._unavailable(key, errors, "no node answers")
+
     def pubsub_client(self) -> Any:
         for client in self.clients:
             try:

@@ -25,27 +25,35 @@ README's "Guarantees and limits"):
   Releasing in step 1 would let the next execution start while the child still runs (its
   ``finally`` blocks, or all of it if it does not die on SIGTERM), so the release is deferred to
   a timer entry due at once, which the event loop runs right after step 3.
+  For ``revoke(terminate=True, signal="SIGKILL")`` the release happens in
+  :meth:`ParentReleaseMixin.terminate`, right after the kill: the pool may notice that child's
+  death only at its next ``maintain_pool`` tick, up to 5 s later.
 * the whole worker killed: nobody; the TTL frees the key (see :mod:`celery_redlock._engine`).
 """
 
 from __future__ import annotations
 
 import logging
+import signal as signal_module
 from dataclasses import dataclass
 from typing import Any
 
 from celery import current_task, signals
 from celery.concurrency import get_implementation
 from celery.exceptions import TimeLimitExceeded
+from celery.platforms import signals as _signals
 from kombu.asynchronous import get_event_loop
 from kombu.utils.imports import symbol_by_name
 
 from . import _engine
+from ._keys import keys_for
 from .config import settings_for
 from .exceptions import LockUnavailable
 from .lock import release_attempt
 
 logger = logging.getLogger("celery_redlock.worker")
+
+_SIGKILL: int | None = getattr(signal_module, "SIGKILL", None)  # not on Windows
 
 #: Pools that enforce a task's hard time limit by killing it.
 _ENFORCING_POOLS = ("celery.concurrency.prefork", "celery.concurrency.gevent")
@@ -59,6 +67,8 @@ class WorkerState:
     time_limit: float | None = None
     #: Whether the pool enforces hard time limits; ``False`` outside a worker (eager, apply).
     enforces_limits: bool = False
+    #: Whether the worker sends task events (``-E``): then contention sends ``task-lock-*``.
+    task_events: bool = False
 
 
 state = WorkerState()
@@ -79,6 +89,7 @@ class ParentReleaseMixin:
     task: Any
     hostname: str
     worker_pid: int | None
+    time_start: float | None
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False)\
             -> None:
@@ -94,6 +105,18 @@ class ParentReleaseMixin:
         super().on_failure(  # type: ignore[misc]
             exc_info, send_failed_event=send_failed_event, return_ok=return_ok
         )
+
+    def terminate(self, pool: Any, signal: Any = None) -> None:
+        """``revoke(terminate=True)``: with SIGKILL the child is dead once this returns.
+
+        The pool may notice that death only at its next ``maintain_pool`` tick (measured: up
+        to 5 s later), and ``on_failure(Terminated)`` waits for that: release now instead.
+        Other signals let the child unwind and release by itself.
+        """
+        super().terminate(pool, signal)  # type: ignore[misc]
+        killed = _SIGKILL is not None and _signals.signum(signal or "SIGTERM") == _SIGKILL
+        if killed and self.time_start:  # time_start: accepted, so the child was signalled
+            release_for_dead_child(self)
 
 
 def release_for_dead_child(request: Any) -> None:
@@ -122,6 +145,8 @@ def release_for_dead_child(request: Any) -> None:
     else:
         if released:
             logger.info("%s[%s]: released the lock of dead child %s", task.name, request.id, pid)
+            key = keys_for(settings.prefix, name).lock
+            _engine.report_parent_release(task, request.id, key)
 
 
 def _install_request_class(task: Any) -> None:
@@ -137,6 +162,7 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     pool_cls = get_implementation(sender.pool_cls)
     state.enforces_limits = pool_cls.__module__ in _ENFORCING_POOLS
     state.time_limit = float(sender.time_limit) if sender.time_limit else None
+    state.task_events = bool(sender.task_events)
     for task in sender.app.tasks.values():
         if _engine.spec_of(task) is not None:
             _install_request_class(task)

@@ -45,6 +45,10 @@ OPTION_DEFAULTS: dict[str, Any] = {
     "lock_on_contention": None,
     "lock_retry_countdown": 5.0,
     "lock_wait_timeout": 30.0,
+    "lock_limit": 1,
+    "lock_cooldown": 0.0,
+    "lock_enqueue": False,
+    "lock_enqueue_ttl": 3600.0,
 }
 
 #: App settings and their defaults.
@@ -81,6 +85,14 @@ class TaskLockOptions:
     on_contention: Policy | None
     retry_countdown: float
     wait_timeout: float
+    #: How many executions may hold the key at once (a counting semaphore).
+    limit: int = 1
+    #: Seconds the key stays held after the run finishes ("at most once per window").
+    cooldown: float = 0.0
+    #: De-duplicate at enqueue time: a call whose key is already queued is not queued again.
+    enqueue: bool = False
+    #: Seconds a queued marker lives if its task never starts.
+    enqueue_ttl: float = 3600.0
 
 
 def _number(owner: str, option: str, value: Any, *, allow_none: bool, allow_zero: bool) -> Any:
@@ -161,6 +173,15 @@ def validate_options(
     policy = opts["lock_on_contention"]
     if policy is not None:
         policy = _choice(owner, "lock_on_contention", policy, POLICIES)
+    limit = opts["lock_limit"]
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise LockConfigError(
+            f"{owner}: option lock_limit={limit!r} is invalid; expected an integer >= 1"
+        )
+    if not isinstance(opts["lock_enqueue"], bool):
+        raise LockConfigError(
+            f"{owner}: option lock_enqueue={opts['lock_enqueue']!r} is invalid; expected a bool"
+        )
     return TaskLockOptions(
         by=by,
         name=name,
@@ -173,6 +194,15 @@ def validate_options(
         wait_timeout=_number(
             owner, "lock_wait_timeout", opts["lock_wait_timeout"],
             allow_none=False, allow_zero=True,
+        ),
+        limit=limit,
+        cooldown=_number(
+            owner, "lock_cooldown", opts["lock_cooldown"], allow_none=False, allow_zero=True
+        ),
+        enqueue=opts["lock_enqueue"],
+        enqueue_ttl=_number(
+            owner, "lock_enqueue_ttl", opts["lock_enqueue_ttl"],
+            allow_none=False, allow_zero=False,
         ),
     )
 

@@ -1,0 +1,139 @@
+"""Event counters per task: acquired, skipped, retried, waited, failed, lost, released, ...
+
+Every process counts in memory and a daemon thread adds the counts to a Redis hash per task
+(``<prefix>:stats:<task name>``, see the README's key table) once a second, so counting costs
+no round trip on the task's path and ``celery redlock stats`` sees the sum over all workers.
+Counts still in memory when a process is SIGKILLed are lost (at most one second's worth).
+
+With ``prometheus_client`` installed, :class:`PrometheusCollector` exposes the same sums::
+
+    from prometheus_client import REGISTRY
+    from celery_redlock.metrics import PrometheusCollector
+
+    REGISTRY.register(PrometheusCollector(app))
+    # celery_redlock_events_total{task="proj.sync_account",event="skipped"} 12.0
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+from ._clients import UNAVAILABLE_ERRORS, client_for
+from ._keys import stats_key
+from .config import settings_for
+
+__all__ = ["EVENTS", "PrometheusCollector", "count", "flush", "read_stats"]
+
+logger = logging.getLogger("celery_redlock.metrics")
+
+#: The events counted.
+EVENTS = (
+    "acquired", "skipped", "retried", "waited", "failed", "unavailable", "lost", "released",
+)
+
+FLUSH_INTERVAL = 1.0
+
+
+class _Counters:
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.pending: dict[tuple[str, str], Counter[str]] = {}
+        self.wake = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="celery-redlock-metrics")
+        self.thread.daemon = True
+        self.thread.start()
+
+    def add(self, url: str, key: str, event: str) -> None:
+        with self.lock:
+            self.pending.setdefault((url, key), Counter())[event] += 1
+
+    def _run(self) -> None:
+        while True:
+            self.wake.wait(FLUSH_INTERVAL)
+            self.wake.clear()
+            self.flush()
+
+    def flush(self) -> None:
+        with self.lock:
+            pending, self.pending = self.pending, {}
+        for (url, key), counts in pending.items():
+            try:
+                pipe = client_for(url).pipeline(transaction=False)
+                for event, n in counts.items():
+                    pipe.hincrby(key, event, n)
+                pipe.execute()
+            except UNAVAILABLE_ERRORS as exc:
+                logger.debug("could not flush lock counters to %s: %s", key, exc)
+                with self.lock:  # keep them for the next flush
+                    self.pending.setdefault((url, key), Counter()).update(counts)
+
+
+_counters: _Counters | None = None
+_guard = threading.Lock()
+
+
+def _current() -> _Counters:
+    global _counters
+    with _guard:
+        if _counters is None or _counters.pid != os.getpid():
+            _counters = _Counters()
+        return _counters
+
+
+def _stats_url(app: Any) -> str:
+    url = settings_for(app).url
+    return url if isinstance(url, str) else url[0]
+
+
+def count(app: Any, task_name: str, event: str) -> None:
+    """Count one ``event`` of the task called ``task_name`` (flushed within a second)."""
+    _current().add(_stats_url(app), stats_key(settings_for(app).prefix, task_name), event)
+
+
+def flush() -> None:
+    """Write this process's pending counts to Redis now."""
+    if _counters is not None and _counters.pid == os.getpid():
+        _counters.flush()
+
+
+atexit.register(flush)
+
+
+def read_stats(app: Any) -> dict[str, dict[str, int]]:
+    """The counters of every task of ``app``'s lock prefix, summed over all processes."""
+    settings = settings_for(app)
+    client = client_for(_stats_url(app))
+    prefix = stats_key(settings.prefix, "")
+    out: dict[str, dict[str, int]] = {}
+    for key in client.scan_iter(match=prefix + "*"):
+        name = key.decode() if isinstance(key, bytes) else key
+        values = client.hgetall(key)
+        out[name[len(prefix):]] = {
+            (k.decode() if isinstance(k, bytes) else k): int(v) for k, v in values.items()
+        }
+    return out
+
+
+class PrometheusCollector:
+    """A ``prometheus_client`` collector of the counters (read from Redis at each scrape)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily
+
+        family = CounterMetricFamily(
+            "celery_redlock_events", "Lock events of Celery tasks", labels=["task", "event"]
+        )
+        for task, counts in sorted(read_stats(self.app).items()):
+            for event, value in sorted(counts.items()):
+                family.add_metric([task, event], value)
+        yield family
