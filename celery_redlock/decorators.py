@@ -2,7 +2,7 @@
 
 Place it directly under ``@app.task(...)`` or ``@shared_task(...)``, bare or with options that
 mirror the task options (``by`` = ``lock_by``, ``name`` = ``lock_name``, ``ttl`` = ``lock_ttl``,
-``on_contention``, ``retry_countdown``, ``wait_timeout``)::
+``on_contention``, ``retry_countdown``, ``wait_timeout``, ``limit``, ``cooldown``)::
 
     @shared_task(bind=True, base=MyAuditedTask)
     @single_instance(by=["account_id"], on_contention="retry")
@@ -14,6 +14,8 @@ returns or raises; the worker receivers cover retries, ``SystemExit`` and dead c
 as for ``LockedTask``. Options are validated at import time (decoration).
 
 Called outside a worker (a direct call, or the plain function), the function runs unlocked.
+Enqueue-time de-duplication (``lock_enqueue``) needs ``base=LockedTask``: a decorator on the
+function cannot change what ``delay()`` returns.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ def single_instance(
     on_contention: Policy | None = None,
     retry_countdown: float | None = None,
     wait_timeout: float | None = None,
+    limit: int | None = None,
+    cooldown: float | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -66,6 +70,8 @@ def single_instance(
     on_contention: Policy | None = None,
     retry_countdown: float | None = None,
     wait_timeout: float | None = None,
+    limit: int | None = None,
+    cooldown: float | None = None,
 ) -> Any:
     """Make a task function mutually exclusive per (lock name, arguments)."""
     given = {
@@ -75,6 +81,8 @@ def single_instance(
         "lock_on_contention": on_contention,
         "lock_retry_countdown": retry_countdown,
         "lock_wait_timeout": wait_timeout,
+        "lock_limit": limit,
+        "lock_cooldown": cooldown,
     }
     raw = {k: v for k, v in given.items() if v is not None}
     if fun is not None:

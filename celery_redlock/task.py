@@ -18,15 +18,19 @@ finalized app or ``lazy=False``, otherwise when the app finalizes (worker start,
 from __future__ import annotations
 
 import inspect
+import logging
 from typing import Any, ClassVar
 
 from celery import Task
+from kombu.utils.uuid import uuid
 
 from . import _engine
 from .config import LockBy, Policy, parameters_of, validate_options
-from .exceptions import LockContended
+from .exceptions import LockContended, LockUnavailable
 
 __all__ = ["LockedTask"]
+
+logger = logging.getLogger("celery_redlock.task")
 
 
 class LockedTask(Task):  # type: ignore[misc]
@@ -45,6 +49,16 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_retry_countdown: ClassVar[float] = 5.0
     #: Seconds to wait for the holder under ``"wait"``.
     lock_wait_timeout: ClassVar[float] = 30.0
+    #: How many executions may hold the key at once (a counting semaphore of owner-checked,
+    #: expiring slots). Needs a single Redis deployment, not a list of nodes.
+    lock_limit: ClassVar[int] = 1
+    #: Seconds the key stays held after the run finishes: calls in that window contend, which
+    #: makes a beat job run at most once per window even with two beat processes.
+    lock_cooldown: ClassVar[float] = 0.0
+    #: De-duplicate at enqueue time (see :meth:`apply_async`).
+    lock_enqueue: ClassVar[bool] = False
+    #: Seconds a queued marker lives if its task never starts.
+    lock_enqueue_ttl: ClassVar[float] = 3600.0
 
     #: Contention failures are expected outcomes: logged without a traceback.
     throws: ClassVar[tuple[type[BaseException], ...]] = (LockContended,)
@@ -61,6 +75,48 @@ class LockedTask(Task):  # type: ignore[misc]
             params = parameters_of(fun, bound=not isinstance(run, staticmethod))
         owner = f"task {cls.__dict__.get('name') or cls.__qualname__}"
         setattr(cls, _engine.OPTIONS_ATTR, validate_options(owner, raw, params))
+
+    def apply_async(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: str | None = None,
+        **options: Any,
+    ) -> Any:
+        """Publish the call; with ``lock_enqueue``, not if a call of the same key is queued.
+
+        De-duplication, when ``lock_enqueue=True``:
+
+        1. ``delay()``/``apply_async()`` sets the key's queued marker to the new task id,
+           unless a marker exists: then it returns that queued task's ``AsyncResult`` instead
+           of publishing.
+        2. The marker clears when that execution starts (so one call can run while one more
+           waits) or after ``lock_enqueue_ttl`` seconds if it never starts.
+        3. Retries (``self.retry()``, ``autoretry_for``) always publish: an execution is never
+           rejected by a marker. ``app.send_task()`` never looks at markers.
+        4. If Redis does not answer, the call is published anyway (never dropped); the lock
+           still guarantees exclusion when it runs.
+        """
+        spec = _engine.spec_of(self)
+        if (
+            spec is None
+            or not spec.options.enqueue
+            or options.get("retries")
+            or self.app.conf.task_always_eager
+        ):
+            return super().apply_async(args, kwargs, task_id=task_id, **options)
+        task_id = task_id or uuid()
+        try:
+            queued = _engine.mark_queued(self, args, kwargs, task_id)
+        except LockUnavailable as exc:
+            logger.warning("%s: enqueue de-duplication skipped, Redis unavailable: %s",
+                           self.name, exc)
+            queued = None
+        if queued is not None and queued != task_id:
+            logger.info("%s[%s] not queued: the same call is queued as %s",
+                        self.name, task_id, queued)
+            return self.AsyncResult(queued)
+        return super().apply_async(args, kwargs, task_id=task_id, **options)
 
     def before_start(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         _engine.enter(self, args, kwargs)
