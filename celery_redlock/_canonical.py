@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import functools
 import inspect
 import json
 import uuid
@@ -57,11 +58,16 @@ def _key(key: Any, owner: str, param: str) -> str:
     )
 
 
+@functools.lru_cache(maxsize=1024)
+def _signature(params: tuple[inspect.Parameter, ...]) -> inspect.Signature:
+    return inspect.Signature(params)
+
+
 def bind(
     owner: str, params: list[inspect.Parameter], args: Sequence[Any], kwargs: Mapping[str, Any]
 ) -> dict[str, Any]:
     """Bind a call to ``params`` with defaults applied; TypeError if it does not fit."""
-    signature = inspect.Signature(params)
+    signature = _signature(tuple(params))
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as exc:

@@ -50,6 +50,9 @@ def client_for(url: str, timeout: float | None = None) -> Any:
 
     ``timeout`` sets both socket timeouts (the worker's main process uses 1 s).
     """
+    client = _clients.get((url, timeout))
+    if client is not None:
+        return client
     with _guard:
         client = _clients.get((url, timeout))
         if client is None:

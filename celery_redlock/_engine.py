@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import current_task
+from celery.local import Proxy
 
 from . import _canonical, _keys, _scripts, _worker, metrics, signals
 from ._nodes import nodes_for
@@ -67,7 +68,12 @@ def run_function(task: Any) -> tuple[Any, bool]:
 
 
 def spec_of(task: Any) -> Spec | None:
-    """The lock spec of ``task``, or ``None`` if the task is not locked. Cached per task."""
+    """The lock spec of ``task``, or ``None`` if the task is not locked. Cached per task.
+
+    ``task`` may be the lazy proxy ``@app.task`` returns before the app is finalized.
+    """
+    if isinstance(task, Proxy):
+        task = task._get_current_object()
     cached = task.__dict__.get("_redlock_spec", False)
     if cached is not False:
         return cached  # type: ignore[no-any-return]

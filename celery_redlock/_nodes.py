@@ -28,6 +28,8 @@ majority (the normal case: all live nodes), one node restarting empty cannot let
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -56,12 +58,19 @@ class SingleNode:
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        self.names = (node_name(client),)
+        self._scripts: dict[str, Any] = {}
+
+    @functools.cached_property
+    def names(self) -> tuple[str, ...]:
+        return (node_name(self.client),)
 
     def _run(self, source: str, call: Call, key: str) -> Any:
         keys, args = call
+        script = self._scripts.get(source)
+        if script is None:
+            script = self._scripts[source] = _scripts.script(self.client, source)
         try:
-            return _scripts.script(self.client, source)(keys=keys, args=args)
+            return script(keys=keys, args=args)
         except UNAVAILABLE_ERRORS as exc:
             raise LockUnavailable(
                 f"Redis at {self.names[0]} did not answer for lock {key}: {exc}",
@@ -275,6 +284,9 @@ class Quorum:
 
 Target = Any  # a URL, a client, or a sequence of them
 
+_single: dict[tuple[str, float | None], SingleNode] = {}
+_single_guard = threading.Lock()
+
 
 def nodes_for(redis: Target, timeout: float | None = None) -> SingleNode | Quorum:
     """One node for a URL or a client; a :class:`Quorum` for a list of three or more.
@@ -282,7 +294,11 @@ def nodes_for(redis: Target, timeout: float | None = None) -> SingleNode | Quoru
     ``timeout`` sets the socket timeouts of clients built from URLs.
     """
     if isinstance(redis, str):
-        return SingleNode(client_for(redis, timeout))
+        node = _single.get((redis, timeout))
+        if node is None:
+            with _single_guard:
+                node = _single.setdefault((redis, timeout), SingleNode(client_for(redis, timeout)))
+        return node
     if not isinstance(redis, Sequence):
         return SingleNode(redis)
     clients = [client_for(item, timeout) if isinstance(item, str) else item for item in redis]

@@ -15,6 +15,7 @@ The parent-side release script in :mod:`celery_redlock._scripts` parses the same
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 import socket
@@ -35,9 +36,14 @@ class Owner:
     task_id: str
 
 
+@functools.lru_cache(maxsize=1)
+def _this_host() -> str:
+    return socket.gethostname()
+
+
 def normalize_host(host: str | None) -> str:
     """The host field as stored: the given name (or this machine's) without separators."""
-    return (host or socket.gethostname()).replace(SEPARATOR, "_")
+    return (host or _this_host()).replace(SEPARATOR, "_")
 
 
 def new_token(task_id: str = "", host: str | None = None, pid: int | None = None) -> str:

@@ -50,8 +50,13 @@ class _Watchdog:
     def _schedule(self, item: Renewable, delay: float) -> None:
         seq = next(self._seq)
         self._live[id(item)] = seq
-        heapq.heappush(self._heap, (time.monotonic() + delay, seq, item))
-        self._cond.notify()
+        due = time.monotonic() + delay
+        # Wake the thread only if it sleeps past the new due time (saves a context switch
+        # per task: the heap usually holds an earlier entry).
+        wake = not self._heap or due < self._heap[0][0]
+        heapq.heappush(self._heap, (due, seq, item))
+        if wake:
+            self._cond.notify()
 
     def watch(self, item: Renewable, delay: float) -> None:
         with self._cond:

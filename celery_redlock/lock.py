@@ -183,7 +183,8 @@ class Lock:
             raise LockNotOwned(f"cannot release {self.key}: not acquired", key=self.key)
         if keep < 0:
             raise ValueError(f"keep must be >= 0 seconds, got {keep!r}")
-        _renewal.unwatch(self)
+        if self.auto_renew:
+            _renewal.unwatch(self)
         try:
             released = self.do_release(token, keep)
         finally:
