@@ -459,3 +459,14 @@ def test_single_instance_retry_and_skip(h: Holder, app: Celery, r: redis_py.Redi
         h.gate.set()
         assert first.get(timeout=10) == "holder"
     assert lock_keys(r) == []
+
+
+def test_lock_key_accepts_the_lazy_task_proxy(redis_server: RedisServer) -> None:
+    app = make_app(redis_server)  # not finalized: @app.task returns a PromiseProxy
+
+    @app.task(base=LockedTask, shared=False)
+    def work(a: int, b: int = 2) -> None:
+        pass
+
+    assert type(work).__name__ == "PromiseProxy"
+    assert lock_key(work, 1) == lock_key(work, a=1, b=2) == lock_key(app.tasks[work.name], 1)
