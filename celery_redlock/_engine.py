@@ -209,9 +209,11 @@ def _on_contended(task: Any, spec: Spec, request: Any, lock: Lock, policy: str) 
         ttl=ttl,
     )
     redelivered = bool((request.delivery_info or {}).get("redelivered"))
-    if redelivered:
-        # A redelivered message (acks_late after a lost worker or a visibility timeout) may be
-        # the only copy of this task left: never skip it, come back when the holder's TTL ends.
+    if redelivered or (holder is not None and holder == request.id):
+        # A redelivered message (acks_late after a lost worker or a visibility timeout), or a
+        # retry of one, that finds its own task id holding the key is a duplicate of a live
+        # run and may be the only copy left: never skip it (a skip would store SUCCESS/None
+        # and hide the holder's result); come back when the holder's TTL ends.
         countdown = max(ttl or 0.0, 1.0)
         logger.info(
             "%s[%s] redelivered while %s is held by task %s: retrying in %.1fs",

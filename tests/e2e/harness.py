@@ -6,6 +6,7 @@ task results; never on a guessed sleep.
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import signal
@@ -113,3 +114,64 @@ class WorkerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (Linux ``/proc``)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
+_LOG_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): ", re.MULTILINE)
+
+
+def log_time(worker: WorkerProcess, pattern: str, timeout: float = 10.0) -> float:
+    """Wall-clock time (``time.time()``) of the first log record of ``worker`` matching
+    ``pattern`` (waiting for it up to ``timeout``)."""
+    found = worker.wait_for_log(pattern, timeout)
+    stamps = list(_LOG_STAMP.finditer(worker.text(), 0, found.start() + 1))
+    assert stamps, f"no timestamp before /{pattern}/"
+    stamp = datetime.datetime.strptime(stamps[-1].group(1), "%Y-%m-%d %H:%M:%S,%f")
+    return stamp.timestamp()
+
+
+def wait_for_change(
+    predicate: Callable[[], bool], timeout: float, what: str, interval: float = 0.002
+) -> float:
+    """Poll ``predicate`` tightly until it is true; return the ``time.time()`` it was seen.
+
+    For latency measurements (kill → lock released): 2 ms resolution.
+    """
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+    return time.time()
+
+
+def watch_events(
+    events: dict[str, Callable[[], object]], timeout: float, interval: float = 0.002
+) -> dict[str, float]:
+    """Poll every predicate tightly until all have been true once; return when each first was.
+
+    Times are ``time.time()`` values, 2 ms resolution: for ordering and latency measurements
+    (a child's death versus its lock's release, say).
+    """
+    seen: dict[str, float] = {}
+    deadline = time.monotonic() + timeout
+    while len(seen) < len(events):
+        now = time.time()
+        for name, predicate in events.items():
+            if name not in seen and predicate():
+                seen[name] = now
+        if len(seen) == len(events):
+            break
+        if time.monotonic() > deadline:
+            missing = sorted(set(events) - set(seen))
+            raise AssertionError(f"timed out after {timeout}s waiting for {missing}")
+        time.sleep(interval)
+    return seen

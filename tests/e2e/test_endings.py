@@ -1,0 +1,503 @@
+"""Every way a locked task can end, on real prefork workers: who releases, and how fast.
+
+Each test drives ``tests.e2e.proj.ending`` (or a task sharing its lock) into one ending and
+checks that the lock key is released by the right process, that no code of the ending attempt
+runs after its lock is gone, and that the next execution of the same key then runs.
+
+Latencies are measured against the moment of the kill (or revoke, or signal) with a 2 ms poll
+of the lock key, and printed (run with ``-s`` to see them).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import redis as redis_py
+from celery import Celery, chord, group
+from celery.result import AsyncResult
+
+from celery_redlock.testing import RedisServer
+from tests.conftest import lock_keys
+from tests.e2e.harness import (
+    WorkerProcess,
+    log_time,
+    pid_alive,
+    wait_for_change,
+    wait_until,
+    watch_events,
+)
+
+pytestmark = pytest.mark.slow
+
+PARENT_RELEASE = "released the lock of dead child"
+ACKS_LATE = {"REDLOCK_TEST_ACKS_LATE": "1"}
+#: Celery's periodic maintain_pool: the latest a worker notices a dead child. Measured: ~20 ms,
+#: or this tick, in about half the runs: the child's sentinel pipe becomes readable before the
+#: child can be reaped, asynpool's _event_process_exit then finds no exited process and stops
+#: watching that sentinel.
+MAINTAIN_POOL = 5.0
+#: The main process releases this soon after it noticed (log timestamps have 1 ms resolution).
+MS_AFTER_NOTICE = 0.5
+
+
+@dataclass
+class Env:
+    port: int
+    client: Celery
+    locks: redis_py.Redis  # db 0
+    records: redis_py.Redis  # db 3
+
+    def send(self, name: str = "ending", **kwargs: Any) -> AsyncResult:
+        options = {k: kwargs.pop(k) for k in ("time_limit", "soft_time_limit") if k in kwargs}
+        return self.client.send_task(f"tests.e2e.proj.{name}", kwargs=kwargs, **options)
+
+    def starts(self, key: str) -> list[dict[str, Any]]:
+        return [json.loads(e) for e in self.records.lrange(f"starts:{key}", 0, -1)]
+
+    def exits(self, key: str) -> list[dict[str, Any]]:
+        return [json.loads(e) for e in self.records.lrange(f"exits:{key}", 0, -1)]
+
+    def hooks(self, task_id: str) -> list[str]:
+        return [h.decode() for h in self.records.lrange(f"hooks:{task_id}", 0, -1)]
+
+    def started(self, key: str, count: int = 1, timeout: float = 15.0) -> dict[str, Any]:
+        """Wait until the key's ``count``-th execution has started; return its record."""
+        wait_until(lambda: self.records.llen(f"starts:{key}") >= count, timeout,
+                   f"execution #{count} of {key} to start")
+        return self.starts(key)[count - 1]
+
+    def lock_key(self, task_id: str) -> str:
+        return self.records.get(f"lockkey:{task_id}").decode()  # type: ignore[union-attr]
+
+    def holds(self, lock_key: str, token: str) -> bool:
+        return self.locks.get(lock_key) == token.encode()
+
+    def waiting(self, lock_key: str) -> bool:
+        """Whether some execution is blocked waiting for ``lock_key`` (subscribed to it)."""
+        channel = f"{lock_key}:released"
+        return bool(dict(self.locks.pubsub_numsub(channel)).get(channel.encode()))
+
+    def postrun_seen(self, task_id: str, state: str) -> bool:
+        return any(h.startswith(f"postrun:{state}:") for h in self.hooks(task_id))
+
+    def finished(self, result: AsyncResult, state: str = "SUCCESS", timeout: float = 15.0) -> Any:
+        """Wait for ``result`` and for its attempt's task_postrun (which runs after the release:
+        the package's receivers are connected before the recording ones); return the value."""
+        value = result.get(timeout=timeout, propagate=False)
+        wait_until(lambda: self.postrun_seen(result.id, state), 5.0, f"postrun of {result.id}")
+        return value
+
+
+@pytest.fixture
+def env(proj_client: Celery, redis_server: RedisServer, r: redis_py.Redis) -> Iterator[Env]:
+    records = redis_py.Redis(port=redis_server.port, db=3)
+    yield Env(redis_server.port, proj_client, r, records)
+    records.close()
+
+
+def report(ending: str, **latencies: float) -> None:
+    shown = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in latencies.items())
+    print(f"\n[latency] {ending}: {shown}")
+
+
+def assert_no_unlocked_code(env: Env, key: str) -> None:
+    """Every body exit happened while its lock was still held, and no two bodies overlapped."""
+    for entry in env.exits(key):
+        assert entry["held"], f"{entry['id']} ran code after its lock was released: {entry}"
+    starts = env.starts(key)
+    for previous, following in itertools.pairwise(starts):
+        # The previous execution's body had exited, or its process was dead, at this start.
+        assert following["prev_pid_alive"] in (None, False) or any(
+            (e["id"], e["pid"]) == (previous["id"], previous["pid"]) and e["t"] <= following["t"]
+            for e in env.exits(key)
+        ), f"{following['id']} started while {previous['id']} was still running"
+
+
+# -- ordinary endings: the child releases -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("how", "state", "options"),
+    [
+        ("return", "SUCCESS", {}),
+        ("raise", "FAILURE", {}),
+        ("soft", "FAILURE", {"soft_time_limit": 0.5, "duration": 10.0}),
+    ],
+)
+def test_return_exception_soft_limit_release_in_the_child(
+    env: Env, how: str, state: str, options: dict[str, Any]
+) -> None:
+    key = f"k-{how}"
+    with WorkerProcess(env.port, "w1", concurrency=1) as worker:
+        first = env.send(key=key, how=how, **options)
+        first.get(timeout=15, propagate=False)
+        ready = time.time()
+        lock = env.lock_key(first.id)
+        gone = wait_for_change(lambda: not env.locks.exists(lock), 2.0, f"{lock} released")
+        wait_until(lambda: env.postrun_seen(first.id, state), 5.0, "postrun")
+        second = env.send(key=key)
+        assert env.finished(second) == key  # ran, not skipped
+    report(how, result_to_key_gone=max(gone - ready, 0.0))
+    assert first.state == state
+    child = env.starts(key)[0]["pid"]
+    # Celery behaviour relied on: after_return and postrun run in the child for these endings.
+    assert env.hooks(first.id)[-2:] == [f"after_return:{state}:{child}", f"postrun:{state}:{child}"]
+    assert PARENT_RELEASE not in worker.text()
+    assert_no_unlocked_code(env, key)
+    assert lock_keys(env.locks) == []
+
+
+# -- retries: released before the retry message is published ------------------------------------
+
+
+@pytest.mark.parametrize(("how", "exc"), [("retry", "NoneType"), ("autoretry", "KeyError")])
+def test_retry_is_released_before_publish_and_never_skips_itself(
+    env: Env, how: str, exc: str
+) -> None:
+    key = f"k-{how}"
+    with WorkerProcess(env.port, "w1", concurrency=2):
+        result = env.send(key=key, how=how)
+        assert env.finished(result, timeout=20) == key
+        wait_until(lambda: env.postrun_seen(result.id, "RETRY"), 5.0, "postrun of attempt 1")
+    first, second = env.starts(key)
+    report(how, first_start_to_retry_start=second["t"] - first["t"])
+    assert (first["id"], first["retries"]) == (result.id, 0)
+    assert (second["id"], second["retries"]) == (result.id, 1)
+    assert first["pid"] != second["pid"]  # the retry ran in the other child ...
+    # ... while the first attempt was still inside its on_retry hook, waiting for it:
+    assert env.records.get(f"retry_seen:{result.id}") == b"1"
+    # and the lock was already free when the retry message was published.
+    assert env.records.get(f"lock_at_publish:{result.id}") == b"0"
+    hooks = env.hooks(result.id)
+    p1, p2 = first["pid"], second["pid"]
+    # Celery behaviour relied on: a retried attempt runs on_retry and postrun(RETRY), and no
+    # after_return; the retry attempt ends normally.
+    assert [h for h in hooks if h.endswith(f":{p1}")] == [
+        f"on_retry:{exc}:{p1}", f"postrun:RETRY:{p1}"
+    ]
+    assert [h for h in hooks if h.endswith(f":{p2}")] == [
+        f"after_return:SUCCESS:{p2}", f"postrun:SUCCESS:{p2}"
+    ]
+    assert env.records.get("overlaps") is None
+    assert lock_keys(env.locks) == []
+
+
+# -- Ignore and Reject: released by the postrun backstop ----------------------------------------
+
+
+@pytest.mark.parametrize(("how", "state"), [("ignore", "IGNORED"), ("reject", "REJECTED")])
+def test_ignore_and_reject_release(env: Env, how: str, state: str) -> None:
+    key = f"k-{how}"
+    with WorkerProcess(env.port, "w1", concurrency=1) as worker:
+        first = env.send(key=key, how=how)
+        wait_until(lambda: env.postrun_seen(first.id, state), 15.0, f"postrun({state})")
+        seen = time.time()
+        lock = env.lock_key(first.id)
+        gone = wait_for_change(lambda: not env.locks.exists(lock), 1.0, f"{lock} released")
+        second = env.send(key=key)
+        assert env.finished(second) == key
+    report(how, postrun_to_key_gone=max(gone - seen, 0.0))
+    child = env.starts(key)[0]["pid"]
+    # Celery behaviour relied on: no after_return for IGNORED / REJECTED, postrun runs.
+    assert env.hooks(first.id) == [f"postrun:{state}:{child}"]
+    assert first.state == ("FAILURE" if how == "reject" else "PENDING")
+    assert PARENT_RELEASE not in worker.text()
+    assert_no_unlocked_code(env, key)
+    assert lock_keys(env.locks) == []
+
+
+# -- the child dies: the worker's main process releases -----------------------------------------
+
+
+def hold_with_waiter(
+    env: Env, key: str, how: str = "sleep", name: str = "ending", **options: Any
+) -> tuple[AsyncResult, dict[str, Any], str, AsyncResult]:
+    """Start a long holder of ``key``, then a ``waiter`` blocked on the same lock in the other
+    child: the waiter starts the moment the lock is released. Returns (holder result, its start
+    record, lock key, waiter result)."""
+    holder = env.send(name, key=key, how=how, duration=30.0, **options)
+    start = env.started(key)
+    lock = env.lock_key(holder.id)
+    waiter = env.send("waiter", key=key)
+    wait_until(lambda: env.waiting(lock), 10.0, "the waiter to block on the lock")
+    return holder, start, lock, waiter
+
+
+@pytest.mark.parametrize("how", ["sleep", "sleep_noterm"])
+def test_hard_time_limit_released_by_the_main_process(env: Env, how: str) -> None:
+    key, limit = f"k-hard-{how}", 3.0
+    with WorkerProcess(env.port, "w1", concurrency=2) as worker:
+        holder, start, lock, waiter = hold_with_waiter(env, key, how, time_limit=limit)
+        seen = watch_events({
+            "released": lambda: not env.holds(lock, start["token"]),
+            "child_dead": lambda: not pid_alive(start["pid"]),
+        }, timeout=limit + 5.0)
+        assert env.finished(waiter) == key
+        logged = log_time(worker, r"Hard time limit \(.*\) exceeded")
+    nxt = env.starts(key)[1]
+    report(
+        f"hard limit ({how})",
+        limit_to_release=seen["released"] - (start["t"] + limit),
+        log_to_release=seen["released"] - logged,
+        child_death_to_release=seen["released"] - seen["child_dead"],
+        release_to_next_start=nxt["t"] - seen["released"],
+    )
+    main, child = worker.pid, start["pid"]
+    # Celery 5.7 behaviour relied on: the main process runs on_failure and after_return (with an
+    # empty request: nothing to release there); a child that can unwind on SIGTERM runs postrun.
+    expected = [f"on_failure:TimeLimitExceeded:{main}", f"after_return:FAILURE:{main}"]
+    if how == "sleep":
+        expected.append(f"postrun:None:{child}")
+    assert sorted(env.hooks(holder.id)) == sorted(expected)
+    assert holder.state == "FAILURE"
+    assert seen["released"] - (start["t"] + limit) < 1.0
+    if how == "sleep_noterm":  # the child cannot release: only the main process can
+        assert PARENT_RELEASE in worker.text()
+    assert_no_unlocked_code(env, key)
+
+
+@pytest.mark.parametrize("name", ["ending", "plain_ending"])
+def test_child_sigkill_released_by_the_main_process(env: Env, name: str) -> None:
+    key = f"k-kill-{name}"
+    with WorkerProcess(env.port, "w1", concurrency=2) as worker:
+        holder, start, lock, waiter = hold_with_waiter(env, key, name=name)
+        killed = time.time()
+        os.kill(start["pid"], signal.SIGKILL)
+        seen = watch_events({"released": lambda: not env.holds(lock, start["token"])}, 15.0)
+        assert env.finished(waiter) == key
+        holder.get(timeout=10, propagate=False)
+        noticed = log_time(worker, rf"pid:{start['pid']} exited")
+    nxt = env.starts(key)[1]
+    report(
+        f"child SIGKILL ({name})",
+        kill_to_worker_notices=noticed - killed,
+        notice_to_release=seen["released"] - noticed,
+        kill_to_release=seen["released"] - killed,
+        kill_to_next_start=nxt["t"] - killed,
+    )
+    # The worker notices a dead child at once, or at its next 5 s maintain_pool tick (Celery);
+    # the lock is released as soon as it does.
+    assert seen["released"] - noticed < MS_AFTER_NOTICE
+    assert seen["released"] - killed < MAINTAIN_POOL + 1.0
+    assert f"{PARENT_RELEASE} {start['pid']}" in worker.text()
+    assert holder.state == "FAILURE"
+    assert type(holder.result).__name__ == "WorkerLostError"
+    assert nxt["prev_pid_alive"] is False
+    assert_no_unlocked_code(env, key)
+
+
+def test_child_sigkill_with_acks_late_released_before_the_requeue(env: Env) -> None:
+    key = "k-kill-acks-late"
+    with WorkerProcess(env.port, "w1", concurrency=1, env=ACKS_LATE) as worker:
+        holder = env.send(key=key, how="sleep", duration=30.0)
+        start = env.started(key)
+        lock = env.lock_key(holder.id)
+        killed = time.time()
+        os.kill(start["pid"], signal.SIGKILL)
+        seen = watch_events({
+            "released": lambda: not env.holds(lock, start["token"]),
+            "requeued_run": lambda: env.records.llen(f"starts:{key}") >= 2,
+        }, 15.0)
+        assert env.finished(holder) == key  # the requeued message ran to completion
+        noticed = log_time(worker, rf"pid:{start['pid']} exited")
+    again = env.starts(key)[1]
+    report(
+        "child SIGKILL (acks_late)",
+        kill_to_worker_notices=noticed - killed,
+        notice_to_release=seen["released"] - noticed,
+        kill_to_release=seen["released"] - killed,
+        release_to_requeued_start=again["t"] - seen["released"],
+    )
+    assert seen["released"] - noticed < MS_AFTER_NOTICE
+    assert seen["released"] - killed < MAINTAIN_POOL + 1.0
+    assert f"{PARENT_RELEASE} {start['pid']}" in worker.text()
+    assert (again["id"], again["redelivered"]) == (holder.id, True)
+    assert again["token"] is not None  # it acquired the lock: it did not find its dead self
+    assert again["t"] >= seen["released"] - 0.005
+    assert_no_unlocked_code(env, key)
+    assert lock_keys(env.locks) == []
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_revoke_terminate_releases_within_a_second(env: Env, sig: str) -> None:
+    key = f"k-revoke-{sig}"
+    with WorkerProcess(env.port, "w1", concurrency=2) as worker:
+        holder, start, lock, waiter = hold_with_waiter(env, key)
+        revoked = time.time()
+        env.client.control.revoke(holder.id, terminate=True, signal=sig)
+        seen = watch_events({
+            "released": lambda: not env.holds(lock, start["token"]),
+            "child_dead": lambda: not pid_alive(start["pid"]),
+        }, 10.0)
+        assert env.finished(waiter) == key
+    nxt = env.starts(key)[1]
+    report(
+        f"revoke(terminate, {sig})",
+        revoke_to_release=seen["released"] - revoked,
+        revoke_to_child_dead=seen["child_dead"] - revoked,
+        revoke_to_next_start=nxt["t"] - revoked,
+    )
+    # Celery behaviour relied on: SIGTERM unwinds the child through postrun; SIGKILL runs nothing.
+    assert env.hooks(holder.id) == ([f"postrun:None:{start['pid']}"] if sig == "SIGTERM" else [])
+    assert seen["released"] - revoked < 1.0
+    assert holder.state == "REVOKED"
+    if sig == "SIGKILL":
+        assert f"{PARENT_RELEASE} {start['pid']}" in worker.text()
+    assert_no_unlocked_code(env, key)
+
+
+# -- the worker shuts down or dies --------------------------------------------------------------
+
+
+def test_warm_shutdown_lets_the_task_finish_and_release(env: Env) -> None:
+    key = "k-warm"
+    with WorkerProcess(env.port, "w1", concurrency=1) as worker:
+        holder = env.send(key=key, how="sleep", duration=1.0)
+        start = env.started(key)
+        worker.send(signal.SIGTERM)
+        wait_until(lambda: env.records.llen("shutdowns"), 10.0, "the warm shutdown to begin")
+        worker.send(signal.SIGTERM)  # Celery 5.7: a second SIGTERM is ignored (still warm)
+        assert worker.process is not None
+        assert worker.process.wait(20.0) == 0
+    assert env.records.lrange("shutdowns", 0, -1) == [b"Warm:SIGTERM", b"Warm:SIGTERM"]
+    assert holder.get(timeout=5) == key
+    child = start["pid"]
+    assert env.hooks(holder.id) == [f"after_return:SUCCESS:{child}", f"postrun:SUCCESS:{child}"]
+    assert_no_unlocked_code(env, key)
+    assert lock_keys(env.locks) == []
+
+
+@pytest.mark.parametrize(("how", "acks_late"), [("SIGQUIT", False), ("SIGTERM, SIGQUIT", True)])
+def test_cold_shutdown_releases(env: Env, how: str, acks_late: bool) -> None:
+    key = f"k-cold-{acks_late}"
+    knobs = ACKS_LATE if acks_late else {}
+    with WorkerProcess(env.port, "w1", concurrency=1, env=knobs) as worker:
+        holder = env.send(key=key, how="sleep", duration=30.0)
+        start = env.started(key)
+        lock = env.lock_key(holder.id)
+        if how.startswith("SIGTERM"):  # warm first, then cold
+            worker.send(signal.SIGTERM)
+            wait_until(lambda: env.records.llen("shutdowns"), 10.0, "the warm shutdown")
+        signalled = time.time()
+        worker.send(signal.SIGQUIT)
+        seen = watch_events({
+            "released": lambda: not env.holds(lock, start["token"]),
+            "child_dead": lambda: not pid_alive(start["pid"]),
+        }, 10.0)
+        assert worker.process is not None
+        worker.process.wait(20.0)
+    report(
+        f"cold shutdown ({how})",
+        signal_to_release=seen["released"] - signalled,
+        signal_to_child_dead=seen["child_dead"] - signalled,
+    )
+    # Celery behaviour relied on: cold shutdown SIGTERMs the child, which unwinds through postrun
+    # (and releases there); without acks_late the main process then runs on_retry (task lost).
+    expected = [f"postrun:None:{start['pid']}"]
+    if not acks_late:
+        expected.append(f"on_retry:Retry:{worker.pid}")
+    assert sorted(env.hooks(holder.id)) == sorted(expected)
+    assert env.records.lrange("shutdowns", -1, -1) == [b"Cold:SIGQUIT"]
+    assert seen["released"] - signalled < 1.0
+    assert_no_unlocked_code(env, key)
+    assert lock_keys(env.locks) == []
+    if acks_late:  # the message went back to the queue: the next worker runs it
+        with WorkerProcess(env.port, "w2", concurrency=1, env=knobs):
+            assert env.finished(holder) == key
+        again = env.starts(key)[1]
+        assert (again["id"], again["token"] is not None) == (holder.id, True)
+
+
+@pytest.mark.parametrize("bound_by", ["lease", "time limit"])
+def test_whole_worker_sigkill_key_expires_by_ttl(env: Env, bound_by: str) -> None:
+    key = f"k-worker-kill-{bound_by}"
+    if bound_by == "lease":  # lease 2 s, renewed every 2/3 s; no time limit
+        knobs, options = {"REDLOCK_TEST_LEASE": "2"}, {}
+    else:  # default 30 s lease, but hard limit 1.5 s + margin 0.5 s
+        knobs, options = {"REDLOCK_TEST_TTL_MARGIN": "0.5"}, {"time_limit": 1.5}
+    bound = 2.0
+    doomed = WorkerProcess(env.port, "w1", concurrency=1, env=knobs).start()
+    try:
+        holder = env.send(key=key, how="sleep", duration=30.0, **options)
+        start = env.started(key)
+        lock = env.lock_key(holder.id)
+        if bound_by == "lease":  # kill after a renewal, to show the lease was being extended
+            first, read = env.locks.pttl(lock), time.monotonic()
+
+            def renewed() -> bool:  # the TTL went up instead of running down
+                return env.locks.pttl(lock) > first - (time.monotonic() - read) * 1000 + 100
+
+            wait_until(renewed, 5.0, "a lease renewal")
+        killed = time.time()
+    finally:
+        doomed.kill()
+    with WorkerProcess(env.port, "w2", concurrency=1, env=knobs):
+        seen = watch_events({"released": lambda: not env.locks.exists(lock)}, bound + 5.0)
+        nxt = env.send(key=key)
+        assert env.finished(nxt) == key
+    again = env.starts(key)[1]
+    report(
+        f"whole worker SIGKILL ({bound_by})",
+        kill_to_release=seen["released"] - killed,
+        acquired_to_release=seen["released"] - start["t"],
+        kill_to_next_start=again["t"] - killed,
+    )
+    if bound_by == "lease":  # within one lease of the kill, but later than a fixed 2 s TTL
+        assert bound * 2 / 3 - 0.1 <= seen["released"] - killed <= bound + 0.3
+        assert seen["released"] - start["t"] > bound
+    else:  # T + margin after acquisition, long before the 30 s lease
+        assert bound - 0.1 <= seen["released"] - start["t"] <= bound + 0.3
+    assert again["prev_pid_alive"] is False
+    assert lock_keys(env.locks) == []
+
+
+# -- duplicates of the same task id -------------------------------------------------------------
+
+
+def test_redelivered_message_finding_the_key_held_is_retried_not_skipped(env: Env) -> None:
+    key = "k-redelivered"
+    # The broker redelivers a message unacked for 2 s to the other worker; the lease is 1.5 s.
+    knobs = {**ACKS_LATE, "REDLOCK_TEST_VISIBILITY": "2", "REDLOCK_TEST_LEASE": "1.5"}
+    with WorkerProcess(env.port, "w1", concurrency=1, env=knobs) as w1, \
+            WorkerProcess(env.port, "w2", concurrency=1, env=knobs) as w2:
+        holder = env.send(key=key, how="sleep", duration=5.0)
+        env.started(key)
+        wait_until(lambda: "redelivered while" in w1.text() + w2.text(), 10.0, "the duplicate")
+        assert env.finished(holder, timeout=30) == key
+        logs = w1.text() + w2.text()
+    countdowns = [float(c) for c in re.findall(r"redelivered while .* retrying in ([\d.]+)s", logs)]
+    report("redelivered duplicate", countdown=countdowns[0])
+    assert all(1.0 <= c <= 1.5 for c in countdowns), countdowns  # ~ the holder's remaining TTL
+    starts = env.starts(key)
+    assert {s["id"] for s in starts} == {holder.id}
+    assert starts[0]["redelivered"] is False
+    assert env.records.get("overlaps") is None
+    assert_no_unlocked_code(env, key)
+    assert "skipped" not in logs
+
+
+# -- skipped members of a group or chord --------------------------------------------------------
+
+
+def test_group_and_chord_complete_when_members_are_skipped(env: Env) -> None:
+    key = "k-chord"
+    with WorkerProcess(env.port, "w1", concurrency=2):
+        env.send(key=key, how="sleep", duration=30.0)
+        env.started(key)
+
+        def member(name: str, member_key: str) -> Any:
+            return env.client.signature(f"tests.e2e.proj.{name}", kwargs={"key": member_key})
+
+        members = [member("ending", key), member("plain_ending", key), member("ending", "k-free")]
+        assert group(members).apply_async().get(timeout=15) == [None, None, "k-free"]
+        result = chord(members)(env.client.signature("tests.e2e.proj.collect"))
+        assert result.get(timeout=15) == [None, None, "k-free"]
