@@ -501,3 +501,28 @@ def test_group_and_chord_complete_when_members_are_skipped(env: Env) -> None:
         assert group(members).apply_async().get(timeout=15) == [None, None, "k-free"]
         result = chord(members)(env.client.signature("tests.e2e.proj.collect"))
         assert result.get(timeout=15) == [None, None, "k-free"]
+
+
+# -- the TTL rule ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("pool", "bounded"), [("prefork", True), ("threads", False)])
+def test_worker_time_limit_caps_the_lock_only_where_the_pool_enforces_it(
+    env: Env, pool: str, bounded: bool
+) -> None:
+    """The worker's ``--time-limit`` is invisible in a pool child: it is captured in the main
+    process before the fork. With T = 3 s and margin 1 s the lock can never outlive 4 s after
+    acquisition on prefork; the threads pool enforces no limit, so the 30 s lease applies."""
+    key = f"k-ttl-{pool}"
+    knobs = {"REDLOCK_TEST_LEASE": "30", "REDLOCK_TEST_TTL_MARGIN": "1"}
+    with WorkerProcess(env.port, "w1", pool=pool, concurrency=1, env=knobs,
+                       args=["--time-limit", "3"]):
+        holder = env.send(key=key, how="sleep", duration=1.0)
+        started = env.started(key)
+        pttl = env.locks.pttl(env.lock_key(started["id"]))
+        if bounded:
+            assert 2_500 < pttl <= 4_000
+        else:
+            assert 25_000 < pttl <= 30_000
+        assert env.finished(holder) == key
+    assert lock_keys(env.locks) == []
