@@ -24,7 +24,9 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 import redis as redis_py
+from redis.backoff import NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 #: Schemes accepted by :func:`client_for`.
@@ -33,11 +35,16 @@ SCHEMES = (
     "redis+sentinel://", "rediss+sentinel://", "redis+cluster://", "rediss+cluster://",
 )
 
-#: Errors that mean "this node did not answer": the lock state there is unknown.
+#: Errors that mean "this node did not answer": the lock state there is unknown. For a Redis
+#: Cluster also CLUSTERDOWN / retries exhausted (``ClusterError``) and "no node reachable" or
+#: "slot not covered" (``RedisClusterException``; its other uses are misuse that the keys built
+#: by :mod:`celery_redlock._keys`, one hash tag per lock, cannot cause).
 UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
     redis_py.exceptions.ConnectionError,
     redis_py.exceptions.TimeoutError,
     redis_py.exceptions.BusyLoadingError,
+    redis_py.exceptions.ClusterError,
+    redis_py.exceptions.RedisClusterException,
     OSError,
 )
 
@@ -103,8 +110,13 @@ def _sentinel(url: str, options: dict[str, Any]) -> Any:
     if not path:
         raise ValueError("a redis+sentinel:// URL names the service: .../<service>[/<db>]")
     sentinels = [(host, port or 26379) for host, port in nodes]
-    sentinel_kwargs = {"socket_timeout": options["socket_timeout"],
-                       "socket_connect_timeout": options["socket_connect_timeout"]}
+    # No retries per Sentinel (redis-py's default is 10, with backoff): discover_master already
+    # tries each Sentinel in turn, and a dead one must not cost seconds of every operation.
+    sentinel_kwargs: dict[str, Any] = {
+        "socket_timeout": options["socket_timeout"],
+        "socket_connect_timeout": options["socket_connect_timeout"],
+        "retry": Retry(NoBackoff(), 0),
+    }
     if "sentinel_password" in query:
         sentinel_kwargs["password"] = query.pop("sentinel_password")
     sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs, **options)

@@ -33,6 +33,8 @@ from .config import Settings, TaskLockOptions, parameters_of, settings_for
 from .exceptions import LockContended, LockLost, LockUnavailable
 from .lock import Lock
 
+from . import _checks  # noqa: F401  # isort: skip  (connects the worker_ready checks)
+
 logger = logging.getLogger("celery_redlock.task")
 
 #: Attribute of ``task.request`` holding the :class:`Execution` of the running attempt.
@@ -182,8 +184,12 @@ def enter(task: Any, args: Any, kwargs: Any) -> bool:
     try:
         acquired = lock.acquire(blocking=False)
         if not acquired and policy == "wait" and spec.options.wait_timeout > 0:
-            _emit(task, request.id, "waited")
+            holder = lock.last_holder.task_id if lock.last_holder else None
+            _report_contended(task, request, lock, holder, "waited", policy)
             acquired = lock.acquire(blocking=True, timeout=spec.options.wait_timeout)
+            if not acquired:  # the wait timed out: fail, already reported as contended
+                _emit(task, request.id, "failed")
+                raise _contended_error(task, request, lock)
     except LockUnavailable as exc:
         return _on_unavailable(task, spec, settings, request, exc)
     if acquired:
@@ -198,16 +204,22 @@ def enter(task: Any, args: Any, kwargs: Any) -> bool:
     return _on_contended(task, spec, request, lock, policy)
 
 
-def _on_contended(task: Any, spec: Spec, request: Any, lock: Lock, policy: str) -> bool:
+def _contended_error(task: Any, request: Any, lock: Lock) -> LockContended:
     holder = lock.last_holder.task_id if lock.last_holder else None
     ttl = lock.last_holder_ttl
-    contended = LockContended(
+    return LockContended(
         f"{task.name}[{request.id}]: {lock.key} is held by task {holder} "
         f"(ttl {ttl if ttl is None else round(ttl, 3)}s)",
         key=lock.key,
         holder=holder,
         ttl=ttl,
     )
+
+
+def _on_contended(task: Any, spec: Spec, request: Any, lock: Lock, policy: str) -> bool:
+    holder = lock.last_holder.task_id if lock.last_holder else None
+    ttl = lock.last_holder_ttl
+    contended = _contended_error(task, request, lock)
     redelivered = bool((request.delivery_info or {}).get("redelivered"))
     if redelivered or (holder is not None and holder == request.id):
         # A redelivered message (acks_late after a lost worker or a visibility timeout), or a

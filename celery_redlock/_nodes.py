@@ -44,6 +44,12 @@ from .exceptions import LockUnavailable
 
 Call = tuple[list[str], list[Any]]
 
+#: What makes one node of a quorum fail an operation: no answer, or an error reply (OOM,
+#: READONLY, NOPERM...). Either way that node holds nothing for us; the others still count.
+NODE_ERRORS: tuple[type[BaseException], ...] = (
+    *UNAVAILABLE_ERRORS, redis_py.exceptions.ResponseError,
+)
+
 
 def _connection(pool: Any) -> Any:
     """A connected connection from ``pool`` (redis-py < 5.3 wants a command name)."""
@@ -145,7 +151,7 @@ class Quorum:
             pool = self.clients[i].connection_pool
             try:
                 conn = _connection(pool)
-            except UNAVAILABLE_ERRORS as exc:
+            except NODE_ERRORS as exc:  # also a refused handshake (AUTH, SELECT)
                 out[i] = (None, exc)
                 continue
             try:
@@ -165,7 +171,7 @@ class Quorum:
                 out[i] = (conn.read_response(), None)
             except redis_py.exceptions.NoScriptError:
                 out[i] = self._eval(i, source, call)
-            except UNAVAILABLE_ERRORS as exc:
+            except NODE_ERRORS as exc:  # keep reading: every connection must be read, released
                 out[i] = (None, exc)
             finally:
                 pool.release(conn)
@@ -175,16 +181,21 @@ class Quorum:
         keys, args = call
         try:
             return _scripts.script(self.clients[i], source)(keys=keys, args=args), None
-        except UNAVAILABLE_ERRORS as exc:
+        except NODE_ERRORS as exc:
             return None, exc
 
     def _failed(self, replies: list[tuple[Any, BaseException | None]]) -> list[str]:
         return [self.names[i] for i, (_, err) in enumerate(replies) if err is not None]
 
-    def _unavailable(self, key: str, failed: list[str], what: str) -> LockUnavailable:
+    def _unavailable(
+        self, key: str, failed: list[str], what: str,
+        replies: Sequence[tuple[Any, BaseException | None]] = (),
+    ) -> LockUnavailable:
+        errors = [err for _, err in replies if err is not None]
         return LockUnavailable(
-            f"no quorum for lock {key}: {what}; {len(failed)} of {len(self.names)} nodes did "
-            f"not answer ({', '.join(failed)}), {self.quorum} needed",
+            f"no quorum for lock {key}: {what}; {len(failed)} of {len(self.names)} nodes "
+            f"failed ({', '.join(failed)}), {self.quorum} needed"
+            + (f"; first error: {errors[0]}" if errors else ""),
             key=key, nodes=tuple(failed),
         )
 
@@ -206,7 +217,7 @@ class Quorum:
         self._call_all(_scripts.RELEASE, _scripts.release_call(keys, token))
         failed = self._failed(replies)
         if len(failed) > len(self.clients) - self.quorum:
-            raise self._unavailable(keys.lock, failed, "acquire failed")
+            raise self._unavailable(keys.lock, failed, "acquire failed", replies)
         held = [res for res in results.values() if not res.acquired]
         if not held:  # enough votes but too slow: the validity time ran out
             return AcquireResult(False)
@@ -233,7 +244,11 @@ class Quorum:
     def release_attempt(self, keys: LockKeys, task_id: str, host: str, pid: int) -> bool:
         call = _scripts.release_attempt_call(keys, task_id, host, pid)
         replies = self._call_all(_scripts.RELEASE_ATTEMPT, call)
-        return any(rep for rep, err in replies if err is None)
+        deleted = any(rep for rep, err in replies if err is None)
+        failed = self._failed(replies)
+        if len(failed) > len(self.clients) - self.quorum:
+            raise self._unavailable(keys.lock, failed, "release_attempt failed", replies)
+        return deleted
 
     def _majority(
         self, key: str, replies: list[tuple[Any, BaseException | None]], what: str,
@@ -246,7 +261,7 @@ class Quorum:
         """
         failed = self._failed(replies)
         if len(failed) > len(self.clients) - self.quorum:
-            raise self._unavailable(key, failed, f"{what} failed")
+            raise self._unavailable(key, failed, f"{what} failed", replies)
         ok = sum(1 for rep, err in replies if err is None and rep)
         return ok >= self.quorum if strict else ok + len(failed) >= self.quorum
 

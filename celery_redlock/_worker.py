@@ -132,7 +132,8 @@ def release_for_dead_child(request: Any) -> None:
         settings = settings_for(task.app)
         name = _engine.lock_name_for(task, spec, request.args, request.kwargs)
         released = release_attempt(
-            settings.url, name, settings.prefix, request.id, request.hostname, pid, timeout=1.0
+            settings.url, name, settings.prefix, request.id, request.hostname, pid,
+            limit=spec.options.limit, timeout=1.0,
         )
     except LockUnavailable as exc:
         logger.warning(

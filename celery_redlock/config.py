@@ -276,3 +276,11 @@ def settings_for(app: Any) -> Settings:
     except KeyError:
         settings = _settings[app] = _resolve(app)
         return settings
+
+
+def reset_settings(app: Any) -> None:
+    """Forget ``app``'s resolved settings: the next lock operation reads ``app.conf`` again.
+
+    For tests that change ``redlock_*`` settings after the first lock operation.
+    """
+    _settings.pop(app, None)

@@ -187,11 +187,14 @@ class Lock:
             _renewal.unwatch(self)
         try:
             released = self.do_release(token, keep)
-        finally:
+        except BaseException:
             self._token = None
+            raise
         if not released:
             self._mark_lost("it was no longer held by this owner at release")
+            self._token = None
             raise LockLost(f"lock {self.key} expired or changed owner before release", key=self.key)
+        self._token = None
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the remaining TTL to ``ttl`` seconds (default: the lock's ttl), owner-checked.
@@ -374,15 +377,17 @@ def release_attempt(
     host: str,
     pid: int,
     *,
+    limit: int = 1,
     timeout: float | None = None,
 ) -> bool:
     """Release lock ``name`` only if it was taken by ``owner`` on ``host`` in process ``pid``.
 
     For a supervisor releasing on behalf of a process that died (it never knew the secret
-    part of the token). Returns whether a key was deleted; raises :class:`LockUnavailable`.
-    ``timeout`` sets the socket timeouts of clients built from URLs.
+    part of the token). ``limit`` is the lock's number of slots (all are searched). Returns
+    whether a key was deleted; raises :class:`LockUnavailable`. ``timeout`` sets the socket
+    timeouts of clients built from URLs.
     """
-    keys = _keys.keys_for(prefix, name)
+    keys = _keys.keys_for(prefix, name, limit)
     nodes = nodes_for(redis, timeout)
     return nodes.release_attempt(keys, owner, _owner.normalize_host(host), pid)
 

@@ -24,6 +24,8 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+from celery.signals import worker_process_shutdown
+
 from ._clients import UNAVAILABLE_ERRORS, client_for
 from ._keys import stats_key
 from .config import settings_for
@@ -106,6 +108,12 @@ def flush() -> None:
 atexit.register(flush)
 
 
+@worker_process_shutdown.connect(weak=False)
+def _flush_at_child_exit(**_: Any) -> None:
+    """Prefork children end with ``os._exit`` (no ``atexit``): flush before that."""
+    flush()
+
+
 def read_stats(app: Any) -> dict[str, dict[str, int]]:
     """The counters of every task of ``app``'s lock prefix, summed over all processes."""
     settings = settings_for(app)
@@ -133,7 +141,12 @@ class PrometheusCollector:
         family = CounterMetricFamily(
             "celery_redlock_events", "Lock events of Celery tasks", labels=["task", "event"]
         )
-        for task, counts in sorted(read_stats(self.app).items()):
+        try:
+            stats = read_stats(self.app)
+        except UNAVAILABLE_ERRORS as exc:  # one failing collector must not fail the scrape
+            logger.warning("lock counters unavailable for Prometheus: %s", exc)
+            stats = {}
+        for task, counts in sorted(stats.items()):
             for event, value in sorted(counts.items()):
                 family.add_metric([task, event], value)
         yield family

@@ -14,16 +14,17 @@ Every signal's ``sender`` is the task. Arguments:
 ======================  ====================================================================
 ``lock_acquired``       ``task_id``, ``key``, ``fencing_token``
 ``lock_contended``      ``task_id``, ``key``, ``holder`` (its task id), ``policy`` applied
-                        (``skip``, ``retry``, ``fail``, ``wait``; ``redelivered`` for a
-                        redelivered message retried instead of skipped)
+                        (``skip``, ``retry``, ``fail``, ``wait`` when a wait starts;
+                        ``redelivered`` for a copy of a task retried instead of skipped)
 ``lock_released``       ``task_id``, ``key``, ``by`` (``"task"``, or ``"parent"`` when the
                         worker's main process released for a dead child)
 ``lock_lost``           ``task_id``, ``key``, ``reason``
 ======================  ====================================================================
 
 With task events enabled (``celery worker -E`` or ``worker_send_task_events``), a contended
-task also sends the Celery event ``task-lock-<policy>`` (for example ``task-lock-skipped``)
-with ``key`` and ``holder``, so Flower and other event consumers see skips.
+task also sends a Celery event with ``key`` and ``holder``: ``task-lock-skipped``,
+``task-lock-retried`` (retry, redelivered), ``task-lock-failed`` (fail) or
+``task-lock-waited`` (a wait started), so Flower and other event consumers see them.
 """
 
 from __future__ import annotations

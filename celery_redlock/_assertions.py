@@ -1,0 +1,215 @@
+"""Celery-aware test helpers: record lock signals, assert a call was skipped, hold a task's lock.
+
+Re-exported by :mod:`celery_redlock.pytest_plugin` (import them from there); they need no
+pytest, so a ``unittest`` suite can use them too::
+
+    with record_lock_events() as events, hold_lock(sync_account, 42):
+        result = sync_account.delay(42)        # eager mode or an in-process worker
+    assert_skipped(result)                     # the innermost recording is used
+    assert events.contended(result)[0].holder == HOLDER
+
+Signals are received in the process that runs the task: eager mode (``task_always_eager``,
+``.apply()``) and in-process workers (``celery.contrib.testing.worker.start_worker``) are seen,
+a ``celery worker`` subprocess is not. :mod:`celery_redlock.testing` stays Celery-free; this
+module is where Celery comes in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _engine
+from .config import reset_settings, settings_for
+from .lock import Lock
+from .signals import lock_acquired, lock_contended, lock_lost, lock_released
+
+__all__ = [
+    "HOLDER",
+    "LockEvent",
+    "LockEvents",
+    "assert_acquired",
+    "assert_skipped",
+    "hold_lock",
+    "record_lock_events",
+    "use_redlock_url",
+]
+
+#: The holder task id stored by :func:`hold_lock` (what ``LockContended.holder`` reports).
+HOLDER = "held-by-test"
+
+_SIGNALS = {
+    "acquired": lock_acquired,
+    "contended": lock_contended,
+    "released": lock_released,
+    "lost": lock_lost,
+}
+
+
+@dataclass(frozen=True)
+class LockEvent:
+    """One lock signal: which, for which task and call, and its own arguments."""
+
+    kind: str  #: ``acquired``, ``contended``, ``released`` or ``lost``
+    task: str  #: the task's name
+    task_id: str
+    key: str
+    #: ``fencing_token`` (acquired), ``holder`` and ``policy`` (contended), ``by`` (released),
+    #: ``reason`` (lost).
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def policy(self) -> str | None:
+        return self.fields.get("policy")
+
+    @property
+    def holder(self) -> str | None:
+        return self.fields.get("holder")
+
+
+def _task_id(result_or_id: Any) -> str:
+    return result_or_id if isinstance(result_or_id, str) else str(result_or_id.id)
+
+
+class LockEvents:
+    """The lock signals received while recording, in the order they were sent."""
+
+    def __init__(self) -> None:
+        self.events: list[LockEvent] = []
+        self._guard = threading.Lock()
+
+    def _receive(self, kind: str, sender: Any, task_id: str, key: str, **fields: Any) -> None:
+        fields.pop("signal", None)
+        event = LockEvent(kind, getattr(sender, "name", str(sender)), task_id, key, fields)
+        with self._guard:  # in-process workers send from their pool threads
+            self.events.append(event)
+
+    def of(self, result_or_id: Any, kind: str | None = None) -> list[LockEvent]:
+        """The events of one call (an ``AsyncResult``/``EagerResult`` or a task id)."""
+        task_id = _task_id(result_or_id)
+        with self._guard:
+            return [e for e in self.events
+                    if e.task_id == task_id and (kind is None or e.kind == kind)]
+
+    def acquired(self, result_or_id: Any) -> list[LockEvent]:
+        return self.of(result_or_id, "acquired")
+
+    def contended(self, result_or_id: Any) -> list[LockEvent]:
+        return self.of(result_or_id, "contended")
+
+    def skipped(self, result_or_id: Any) -> bool:
+        """Whether the call found its key held and skipped its body (policy ``skip``)."""
+        return any(e.policy == "skip" for e in self.contended(result_or_id))
+
+    def assert_skipped(self, result_or_id: Any) -> None:
+        assert_skipped(result_or_id, self)
+
+    def assert_acquired(self, result_or_id: Any) -> None:
+        assert_acquired(result_or_id, self)
+
+
+_recording: list[LockEvents] = []
+
+
+@contextlib.contextmanager
+def record_lock_events() -> Iterator[LockEvents]:
+    """Collect every lock signal sent in this process while inside."""
+    events = LockEvents()
+    receivers = []
+    for kind, signal in _SIGNALS.items():
+        def receiver(sender: Any = None, _kind: str = kind, **kwargs: Any) -> None:
+            events._receive(_kind, sender, **kwargs)
+
+        signal.connect(receiver, weak=False)
+        receivers.append((signal, receiver))
+    _recording.append(events)
+    try:
+        yield events
+    finally:
+        _recording.remove(events)
+        for signal, receiver in receivers:
+            signal.disconnect(receiver)
+
+
+def _events(events: LockEvents | None, what: str) -> LockEvents:
+    if events is not None:
+        return events
+    if not _recording:
+        raise RuntimeError(
+            f"{what} needs the lock signals of the call: use the lock_events fixture of "
+            "celery_redlock.pytest_plugin or `with record_lock_events():` around the call"
+        )
+    return _recording[-1]
+
+
+def _describe(events: LockEvents, task_id: str) -> str:
+    seen = events.of(task_id)
+    if seen:
+        return "; its lock events: " + ", ".join(
+            f"{e.kind}({', '.join(f'{k}={v!r}' for k, v in e.fields.items())})" for e in seen
+        )
+    return (
+        "; no lock event was recorded for it (signals are received in the process that ran "
+        "the task: use eager mode or an in-process worker, and make sure the call finished)"
+    )
+
+
+def assert_skipped(result: Any, events: LockEvents | None = None) -> None:
+    """Assert that the call behind ``result`` found its key held and did not run its body.
+
+    ``events``: default, the innermost :func:`record_lock_events` (or the ``lock_events``
+    fixture) active now.
+    """
+    events = _events(events, "assert_skipped")
+    task_id = _task_id(result)
+    if not events.skipped(task_id):
+        raise AssertionError(f"task {task_id} was not skipped{_describe(events, task_id)}")
+    if not isinstance(result, str) and result.ready():
+        assert result.successful() and result.result is None, (
+            f"task {task_id} was skipped but ended {result.state} with {result.result!r}"
+        )
+
+
+def assert_acquired(result: Any, events: LockEvents | None = None) -> None:
+    """Assert that the call behind ``result`` took its lock (so its body ran locked)."""
+    events = _events(events, "assert_acquired")
+    task_id = _task_id(result)
+    if not events.acquired(task_id):
+        raise AssertionError(f"task {task_id} took no lock{_describe(events, task_id)}")
+
+
+@contextlib.contextmanager
+def hold_lock(task: Any, *args: Any, ttl: float = 60.0, **kwargs: Any) -> Iterator[list[Lock]]:
+    """Hold the lock that ``task(*args, **kwargs)`` takes, as another worker running it would.
+
+    Every slot is held for a ``lock_limit`` > 1 task. The holder's task id is :data:`HOLDER`.
+    Raises :class:`RuntimeError` if the key is already held.
+    """
+    spec = _engine.spec_of(task)
+    if spec is None:
+        raise ValueError(f"{task.name} is not a locked task")
+    settings = settings_for(task.app)
+    name = _engine.lock_name_for(task, spec, args, kwargs)
+    held: list[Lock] = []
+    try:
+        for _ in range(spec.options.limit):
+            lock = Lock(settings.url, name, ttl, prefix=settings.prefix, owner=HOLDER,
+                        limit=spec.options.limit)
+            if not lock.acquire(blocking=False):
+                raise RuntimeError(f"cannot hold {lock.key}: it is already held")
+            held.append(lock)
+        yield held
+    finally:
+        for lock in held:
+            with contextlib.suppress(Exception):
+                lock.release()
+
+
+def use_redlock_url(app: Any, url: str) -> Any:
+    """Point ``app``'s locks at ``url``, even if its settings were already resolved."""
+    app.conf.redlock_url = url
+    reset_settings(app)
+    return app

@@ -1,0 +1,441 @@
+"""``celery -A proj redlock ...``: list, inspect and release the locks of an app; show counters.
+
+Installed through the ``celery.commands`` entry point, so Celery's own ``-A`` option picks the
+app (its ``redlock_*`` settings say where the locks are)::
+
+    celery -A proj redlock ls [--json]               every held lock: key, holder, TTL, fence
+    celery -A proj redlock inspect KEY [--json]      one lock, and whether its holder is alive
+    celery -A proj redlock inspect --task-id ID      the locks held by one task id
+    celery -A proj redlock release KEY [--force]     owner-checked release of one lock
+    celery -A proj redlock release --dead            release the locks of workers that are gone
+    celery -A proj redlock stats [--json]            event counters per task
+
+A holder is *alive* when its worker (the node name ``name@host`` stored in the lock's token)
+answers a control ping within ``--timeout`` seconds, *dead* when it does not, and *unknown*
+when the lock was not taken in a worker (a plain :class:`~celery_redlock.Lock`, an eager call):
+then nothing can be pinged, and only ``release KEY --force`` releases it.
+
+Every release is a compare-and-delete of the exact value that was read (the package's release
+script, which also wakes waiters), so a lock that changed owner meanwhile is never deleted:
+
+1. the command reads ``KEY = V`` (held by task T on worker w1);
+2. it pings w1, which does not answer;
+3. V expires and a task on w2 acquires ``KEY = V'``;
+4. the release compares ``V'`` with ``V``, deletes nothing and says so.
+
+Hazard, as a timeline: a live worker that cannot answer a ping in time looks dead.
+
+1. a ``solo`` (or ``eventlet``) worker runs a long task; its event loop, which answers control
+   commands, is blocked until the task ends (equally: remote control disabled, a broker
+   partition between this command and the worker, a ``--timeout`` that is too short);
+2. ``release --dead`` pings it, gets no answer, and deletes its lock;
+3. a second execution of the same key starts beside the first one;
+4. the first holder's renewal finds the key gone within a third of the lease, logs
+   ``lock ... lost`` and sends ``lock_lost``; its body keeps running.
+
+So ``--dead`` is for workers that were killed or lost (SIGKILL, OOM, a host that is gone),
+whose locks otherwise stay until their TTL runs out; use a generous ``--timeout``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import click
+import redis as redis_py
+from redis.exceptions import RedisClusterException
+
+from . import _owner
+from ._checks import where
+from ._clients import UNAVAILABLE_ERRORS, client_for
+from ._keys import is_slot, keys_for, lock_pattern
+from ._nodes import nodes_for
+from .config import Settings, settings_for
+from .exceptions import LockConfigError, LockUnavailable
+from .metrics import EVENTS, read_stats
+
+__all__ = ["HeldLock", "LockStore", "liveness", "redlock"]
+
+T = TypeVar("T")
+
+#: Errors that mean a node cannot be read now (a cluster client may fail while it connects).
+_READ_ERRORS: tuple[type[BaseException], ...] = (
+    *UNAVAILABLE_ERRORS, redis_py.RedisError, RedisClusterException,
+)
+
+#: How a holder's liveness is reported.
+ALIVE, DEAD, UNKNOWN = "alive", "dead", "unknown"
+
+
+@dataclass(frozen=True)
+class HeldLock:
+    """One held lock (one slot of a lock) as read from Redis."""
+
+    key: str
+    #: The name inside the braces: ``<lock_name>:<digest>`` for a task's lock.
+    name: str
+    #: 1 for a lock; 1..``lock_limit`` for the slots of a semaphore.
+    slot: int
+    #: The stored value; ``holder`` is ``None`` when it is not a token of this package.
+    value: str
+    holder: _owner.Owner | None
+    ttl: float | None
+    fencing_token: int | None
+
+    @property
+    def lock_name(self) -> str:
+        """The name without the argument digest: the task's ``lock_name`` for a task lock."""
+        head, _, tail = self.name.rpartition(":")
+        is_digest = len(tail) == 32 and all(c in "0123456789abcdef" for c in tail)
+        return head if head and is_digest else self.name
+
+    def as_dict(self, alive: str | None = None) -> dict[str, Any]:
+        """JSON-ready fields; the token's secret part is never shown, only its first 8 chars."""
+        holder = self.holder
+        out: dict[str, Any] = {
+            "key": self.key,
+            "name": self.name,
+            "lock_name": self.lock_name,
+            "slot": self.slot,
+            "task_id": holder.task_id if holder else None,
+            "host": holder.host if holder else None,
+            "pid": holder.pid if holder else None,
+            "acquired_ms": holder.acquired_ms if holder else None,
+            "acquired_at": _iso(holder.acquired_ms) if holder else None,
+            "ttl": self.ttl,
+            "fencing_token": self.fencing_token,
+            "token_prefix": self.value[:8],
+        }
+        if alive is not None:
+            out["alive"] = alive
+        return out
+
+
+def _iso(ms: int) -> str:
+    moment = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
+    return moment.isoformat(timespec="milliseconds")
+
+
+class LockStore:
+    """The Redis node(s) holding an app's locks: read them, release one owner-checked.
+
+    For a quorum (``redlock_url`` a list of nodes) a lock is shown when a majority of nodes
+    hold the same token; its TTL is the time until fewer than a majority do.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.urls = [settings.url] if isinstance(settings.url, str) else list(settings.url)
+        self.quorum = len(self.urls) // 2 + 1
+
+    def _each(self, call: Callable[[Any], T]) -> list[T | None]:
+        """``call(client)`` on every node; ``None`` for a node that does not answer."""
+        out: list[T | None] = []
+        failed = []
+        for url in self.urls:
+            try:
+                out.append(call(client_for(url)))
+            except _READ_ERRORS as exc:
+                out.append(None)
+                failed.append(f"{where(url)} ({exc})")
+        if len(failed) > len(self.urls) - self.quorum:
+            raise click.ClickException(f"cannot reach the lock Redis: {'; '.join(failed)}")
+        return out
+
+    def keys(self) -> list[str]:
+        """Every slot key present on any node, sorted."""
+        pattern = lock_pattern(self.settings.prefix)
+        found: set[str] = set()
+        for keys in self._each(lambda c: list(c.scan_iter(match=pattern, count=500))):
+            found.update(_text(k) for k in keys or () if is_slot(k))
+        return sorted(found)
+
+    def read(self, key: str) -> HeldLock | None:
+        """The lock at ``key`` (a slot key or a bare name), or ``None`` when nobody holds it."""
+        parsed = self.parse(key)
+        if parsed is None:
+            return None
+        key, name, slot = parsed
+        fence = keys_for(self.settings.prefix, name).fence
+
+        def one(client: Any) -> tuple[Any, ...]:
+            pipe = client.pipeline(transaction=False)
+            pipe.get(key)
+            pipe.pttl(key)
+            pipe.get(fence)
+            return tuple(pipe.execute())
+
+        replies = [r for r in self._each(one) if r is not None and r[0] is not None]
+        values = [_text(r[0]) for r in replies]
+        value = max(set(values), key=values.count) if values else None
+        if value is None or values.count(value) < self.quorum:
+            return None
+        pttls = sorted((int(r[1]) for r in replies if _text(r[0]) == value), reverse=True)
+        pttl = pttls[self.quorum - 1]
+        fences = [int(r[2]) for r in replies if r[2] is not None]
+        return HeldLock(
+            key=key, name=name, slot=slot, value=value, holder=_owner.parse(value),
+            ttl=None if pttl < 0 else pttl / 1000.0,
+            fencing_token=max(fences) if fences else None,
+        )
+
+    def all(self) -> list[HeldLock]:
+        """Every held lock."""
+        return [lock for lock in map(self.read, self.keys()) if lock is not None]
+
+    def parse(self, key: str) -> tuple[str, str, int] | None:
+        """``(slot key, name, slot)`` of a slot key, or of a bare name (its first slot)."""
+        prefix = self.settings.prefix
+        head = f"{prefix}:{{"
+        if not key.startswith(head):
+            try:
+                return keys_for(prefix, key).lock, key, 1
+            except ValueError:
+                return None
+        name, _, tail = key[len(head):].rpartition("}")
+        slot = 1 if tail == "" else int(tail[1:]) if tail[1:].isdigit() else 0
+        try:
+            slots = keys_for(prefix, name, max(slot, 1)).slots
+        except ValueError:
+            return None
+        return (key, name, slot) if slot >= 1 and slots[-1] == key else None
+
+    def release(self, lock: HeldLock) -> bool:
+        """Delete ``lock.key`` only if it still holds ``lock.value``; whether it did."""
+        keys = dataclasses.replace(
+            keys_for(self.settings.prefix, lock.name, lock.slot), slots=(lock.key,)
+        )
+        try:
+            return nodes_for(self.settings.url).release(keys, lock.value)
+        except LockUnavailable as exc:
+            raise click.ClickException(str(exc)) from exc
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def liveness(app: Any, hosts: Iterable[str], timeout: float) -> dict[str, str]:
+    """``alive``/``dead``/``unknown`` per holder host, with one control ping for all workers.
+
+    A worker's node name is ``name@host``; any other host (a lock taken outside a worker, an
+    eager call) is ``unknown``: there is nothing to ping.
+    """
+    hosts = set(hosts)
+    workers = sorted(h for h in hosts if "@" in h)
+    answered: set[str] = set()
+    if workers:
+        try:
+            replies = app.control.ping(destination=workers, timeout=timeout) or []
+        except Exception as exc:
+            raise click.ClickException(
+                f"cannot ping workers through the broker ({exc}); nothing was released"
+            ) from exc
+        for reply in replies:
+            answered.update(reply)
+    return {h: (ALIVE if h in answered else DEAD) if "@" in h else UNKNOWN for h in hosts}
+
+
+def _store(ctx: click.Context) -> LockStore:
+    app = ctx.obj.app
+    try:
+        return LockStore(settings_for(app))
+    except LockConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def _ttl(ttl: float | None) -> str:
+    return "no expiry" if ttl is None else f"{ttl:.1f}s"
+
+
+def _who(lock: HeldLock) -> str:
+    h = lock.holder
+    if h is None:
+        return "a value that is not a celery-redlock token"
+    return f"task {h.task_id or '(none)'} on {h.host}, pid {h.pid}"
+
+
+def _dump(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+
+@click.group(name="redlock")
+@click.pass_context
+def redlock(ctx: click.Context, /, **_: Any) -> None:
+    """Inspect and release celery-redlock locks; show their counters."""
+
+
+@redlock.command(name="ls")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list.")
+@click.pass_context
+def ls(ctx: click.Context, as_json: bool) -> None:
+    """List every held lock: key, lock name, holder, acquired at, TTL, fencing token."""
+    locks = _store(ctx).all()
+    if as_json:
+        _dump([lock.as_dict() for lock in locks])
+        return
+    if not locks:
+        click.echo("no locks held")
+        return
+    rows = [["KEY", "LOCK", "TASK ID", "WORKER", "PID", "ACQUIRED", "TTL", "FENCE"]]
+    for lock in locks:
+        d = lock.as_dict()
+        rows.append([
+            lock.key, lock.lock_name, d["task_id"] or "-", d["host"] or "-",
+            str(d["pid"] or "-"), d["acquired_at"] or "-", _ttl(lock.ttl),
+            str(lock.fencing_token or "-"),
+        ])
+    click.echo(_table(rows))
+
+
+@redlock.command(name="inspect")
+@click.argument("key", required=False)
+@click.option("--task-id", help="Show the locks held by this task id instead.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--timeout", default=1.0, show_default=True, help="Seconds to wait for a ping.")
+@click.pass_context
+def inspect_(ctx: click.Context, key: str | None, task_id: str | None, as_json: bool,
+             timeout: float) -> None:
+    """Show one lock (KEY: the key or its name) and whether its holder is alive."""
+    if (key is None) == (task_id is None):
+        raise click.UsageError("give either KEY or --task-id")
+    store = _store(ctx)
+    if key is not None:
+        lock = store.read(key)
+        locks = [] if lock is None else [lock]
+    else:
+        locks = [lock for lock in store.all() if lock.holder and lock.holder.task_id == task_id]
+    alive = liveness(ctx.obj.app, (lk.holder.host for lk in locks if lk.holder), timeout)
+    state = {lk.key: alive.get(lk.holder.host, UNKNOWN) if lk.holder else UNKNOWN for lk in locks}
+    if as_json:
+        items = [lk.as_dict(state[lk.key]) for lk in locks]
+        _dump(items if key is None else items[0] if items else None)
+    else:
+        for lk in locks:
+            d = lk.as_dict(state[lk.key])
+            click.echo(lk.key)
+            for label, shown in (
+                ("lock", f"{lk.lock_name} (slot {lk.slot})"),
+                ("holder", _who(lk)),
+                ("alive", f"{d['alive']} (control ping, {timeout}s)"),
+                ("acquired", d["acquired_at"] or "-"),
+                ("ttl", _ttl(lk.ttl)),
+                ("fencing", str(lk.fencing_token or "-")),
+                ("token", f"{d['token_prefix']}..."),
+            ):
+                click.echo(f"  {label:<9} {shown}")
+    if not locks:
+        if not as_json:
+            click.echo(f"{key} is not held" if key else f"task {task_id} holds no lock", err=True)
+        ctx.exit(1)
+
+
+@redlock.command(name="release")
+@click.argument("key", required=False)
+@click.option("--force", is_flag=True, help="Release even if the holder is alive.")
+@click.option("--dead", is_flag=True, help="Release every lock whose worker does not answer.")
+@click.option("--dry-run", is_flag=True, help="With --dead: only say what would be released.")
+@click.option("--timeout", default=1.0, show_default=True, help="Seconds to wait for a ping.")
+@click.pass_context
+def release(ctx: click.Context, key: str | None, force: bool, dead: bool, dry_run: bool,
+            timeout: float) -> None:
+    """Release KEY (refused while its holder is alive, unless --force), or with --dead the
+    locks of workers that no longer answer a control ping. Owner-checked: a lock that
+    changed owner since it was read is never deleted."""
+    if dead == (key is not None) or (dead and force) or (dry_run and not dead):
+        raise click.UsageError("use either KEY [--force] or --dead [--dry-run]")
+    store = _store(ctx)
+    if dead:
+        _release_dead(ctx, store, timeout, dry_run)
+        return
+    assert key is not None
+    lock = store.read(key)
+    if lock is None:
+        click.echo(f"{key} is not held: nothing released", err=True)
+        ctx.exit(1)
+        return
+    host = lock.holder.host if lock.holder else ""
+    state = liveness(ctx.obj.app, [host], timeout)[host] if lock.holder else UNKNOWN
+    reason = {
+        ALIVE: f"its worker {host} answers a control ping",
+        DEAD: f"its worker {host} did not answer a control ping within {timeout}s",
+        UNKNOWN: "it was not taken in a worker, so its liveness is unknown",
+    }[state]
+    if state != DEAD and not force:
+        click.echo(
+            f"refused: {lock.key} is held by {_who(lock)}, and {reason}; "
+            "use --force to release it anyway", err=True,
+        )
+        ctx.exit(1)
+        return
+    if store.release(lock):
+        forced = " (forced)" if state != DEAD else ""
+        click.echo(f"released {lock.key}{forced}: it was held by {_who(lock)}; {reason}")
+    else:
+        click.echo(f"not released: {lock.key} expired or changed owner since it was read",
+                   err=True)
+        ctx.exit(1)
+
+
+def _release_dead(ctx: click.Context, store: LockStore, timeout: float, dry_run: bool) -> None:
+    locks = store.all()
+    alive = liveness(ctx.obj.app, (lk.holder.host for lk in locks if lk.holder), timeout)
+    released = kept = 0
+    for lock in locks:
+        state = alive.get(lock.holder.host, UNKNOWN) if lock.holder else UNKNOWN
+        if state != DEAD:
+            kept += 1
+            why = "worker alive" if state == ALIVE else "not a worker's lock, liveness unknown"
+            click.echo(f"kept {lock.key}: {_who(lock)} ({why})")
+        elif dry_run:
+            released += 1
+            click.echo(f"would release {lock.key}: {_who(lock)} (worker does not answer)")
+        elif store.release(lock):
+            released += 1
+            click.echo(f"released {lock.key}: {_who(lock)} (worker does not answer)")
+        else:
+            kept += 1
+            click.echo(f"skipped {lock.key}: it expired or changed owner since it was read")
+    verb = "would release" if dry_run else "released"
+    click.echo(f"{verb} {released} lock(s) of dead workers; kept {kept}")
+
+
+@redlock.command(name="stats")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: {task: {event: count}}.")
+@click.pass_context
+def stats(ctx: click.Context, as_json: bool) -> None:
+    """Lock event counters per task, summed over every worker process."""
+    app = ctx.obj.app
+    try:
+        counts = read_stats(app)
+    except LockConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    except UNAVAILABLE_ERRORS as exc:
+        raise click.ClickException(f"cannot reach the lock Redis: {exc}") from exc
+    events = [*EVENTS, *sorted({e for c in counts.values() for e in c} - set(EVENTS))]
+    table = {task: {e: c.get(e, 0) for e in events} for task, c in sorted(counts.items())}
+    if as_json:
+        _dump(table)
+        return
+    if not table:
+        click.echo("no lock events counted yet")
+        return
+    rows = [["TASK", *events]]
+    rows += [[task, *(str(c[e]) for e in events)] for task, c in table.items()]
+    click.echo(_table(rows))

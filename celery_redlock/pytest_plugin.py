@@ -1,0 +1,83 @@
+"""An opt-in pytest plugin: a throwaway Redis for locks and helpers to assert on lock outcomes.
+
+Enable it in your top-level ``conftest.py`` (it is not loaded automatically)::
+
+    pytest_plugins = ["celery_redlock.pytest_plugin"]
+
+Fixtures:
+
+* ``redlock_server`` (session): a ``redis-server`` on a free loopback port
+  (:class:`celery_redlock.testing.RedisServer`), killed at the end of the session;
+* ``redlock_url``: its URL, the database emptied before each test;
+* ``configure_redlock``: ``configure_redlock(app)`` points an app's locks at ``redlock_url``
+  (also when its settings were already resolved) and returns the app;
+* ``lock_events``: the lock signals sent during the test (:class:`LockEvents`), which also
+  makes :func:`assert_skipped` / :func:`assert_acquired` work without an argument.
+
+Helpers, importable from here: :func:`hold_lock`, :func:`record_lock_events`,
+:func:`assert_skipped`, :func:`assert_acquired` (see :mod:`celery_redlock._assertions`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from ._assertions import (
+    HOLDER,
+    LockEvent,
+    LockEvents,
+    assert_acquired,
+    assert_skipped,
+    hold_lock,
+    record_lock_events,
+    use_redlock_url,
+)
+from .testing import RedisServer
+
+__all__ = [
+    "HOLDER",
+    "LockEvent",
+    "LockEvents",
+    "assert_acquired",
+    "assert_skipped",
+    "configure_redlock",
+    "hold_lock",
+    "lock_events",
+    "record_lock_events",
+    "redlock_server",
+    "redlock_url",
+]
+
+
+@pytest.fixture(scope="session")
+def redlock_server() -> Iterator[RedisServer]:
+    """A throwaway ``redis-server`` for the whole session."""
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture
+def redlock_url(redlock_server: RedisServer) -> str:
+    """The URL of the session's server; its database is emptied before each test."""
+    client = redlock_server.client()
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+    return redlock_server.url
+
+
+@pytest.fixture
+def configure_redlock(redlock_url: str) -> Callable[[Any], Any]:
+    """``configure_redlock(app)``: the app's locks go to ``redlock_url``; returns the app."""
+    return lambda app: use_redlock_url(app, redlock_url)
+
+
+@pytest.fixture
+def lock_events() -> Iterator[LockEvents]:
+    """The lock signals sent in this process during the test."""
+    with record_lock_events() as events:
+        yield events

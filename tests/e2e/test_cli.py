@@ -1,0 +1,252 @@
+"""``celery -A tests.e2e.proj6 redlock ...`` run as a subprocess against real prefork workers.
+
+One redis-server and one worker (``w1``) serve the whole module (each test uses its own keys
+and lets its tasks finish); a test that needs a dead worker starts and SIGKILLs its own.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis as redis_py
+from celery import Celery
+
+from celery_redlock import Lock
+from celery_redlock.cli import LockStore
+from celery_redlock.config import settings_for
+from celery_redlock.metrics import EVENTS, read_stats
+from celery_redlock.testing import RedisServer, free_port
+from tests.conftest import make_app
+from tests.e2e.harness import ROOT, WorkerProcess, wait_until
+
+pytestmark = pytest.mark.slow
+
+HOLD = "tests.e2e.proj6.hold"
+COUNTED = "tests.e2e.proj6.counted"
+HOST = socket.gethostname()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def w1(server: RedisServer) -> Iterator[WorkerProcess]:
+    with WorkerProcess(server.port, "w1", app="tests.e2e.proj6") as worker:
+        yield worker
+
+
+@pytest.fixture
+def client(server: RedisServer) -> Iterator[Celery]:
+    app = make_app(server, name="proj6")
+    yield app
+    app.close()
+
+
+@pytest.fixture
+def records(server: RedisServer) -> Iterator[redis_py.Redis]:
+    r = redis_py.Redis(port=server.port, db=3)
+    yield r
+    r.close()
+
+
+def cli(
+    port: int, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``celery -A tests.e2e.proj6 redlock <args>`` in a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.e2e.proj6", "redlock", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=30, check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "REDLOCK_TEST_PORT": str(port),
+             **(env or {})},
+    )
+
+
+def started(records: redis_py.Redis, key: str) -> dict[str, Any]:
+    raw = wait_until(lambda: records.get(f"started:{key}"), 10, f"hold({key!r}) to start")
+    out: dict[str, Any] = json.loads(raw)  # type: ignore[arg-type]
+    return out
+
+
+def test_the_entry_point_adds_the_redlock_group(server: RedisServer) -> None:
+    done = cli(server.port, "--help")
+    assert done.returncode == 0, done.stderr
+    for command in ("ls", "inspect", "release", "stats"):
+        assert command in done.stdout
+
+
+def test_ls_and_inspect_show_the_holder(
+    server: RedisServer, w1: WorkerProcess, client: Celery, records: redis_py.Redis
+) -> None:
+    before_ms = time.time() * 1000
+    result = client.send_task(HOLD, args=("ls",))
+    holder = started(records, "ls")
+    done = cli(server.port, "ls", "--json")
+    assert done.returncode == 0, done.stderr
+    (lock,) = [item for item in json.loads(done.stdout) if item["task_id"] == result.id]
+    assert lock["key"] == f"redlock:{{{lock['name']}}}"
+    assert lock["lock_name"] == HOLD
+    assert (lock["host"], lock["pid"]) == (f"w1@{HOST}", holder["pid"])  # the pool child
+    assert before_ms <= lock["acquired_ms"] <= time.time() * 1000
+    assert 0 < lock["ttl"] <= 30
+    fence = redis_py.Redis(port=server.port).get(lock["key"] + ":fence")
+    assert lock["fencing_token"] == int(fence or 0) > 0
+    assert len(lock["token_prefix"]) == 8
+
+    text = cli(server.port, "ls").stdout
+    assert lock["key"] in text and result.id in text and f"w1@{HOST}" in text
+
+    by_key = cli(server.port, "inspect", lock["key"], "--json")
+    assert by_key.returncode == 0, by_key.stderr
+    assert json.loads(by_key.stdout) == {**lock, "alive": "alive", "ttl": pytest.approx(
+        lock["ttl"], abs=5)}
+    by_task = cli(server.port, "inspect", "--task-id", result.id)
+    assert by_task.returncode == 0, by_task.stderr
+    assert lock["key"] in by_task.stdout and "alive" in by_task.stdout
+    assert f"pid {holder['pid']}" in by_task.stdout
+
+    records.rpush("go:ls", 1)
+    assert result.get(timeout=10) == "ls"
+    gone = cli(server.port, "inspect", lock["key"])
+    assert gone.returncode == 1 and "is not held" in gone.stderr
+
+
+def test_release_refuses_a_live_holder_unless_forced(
+    server: RedisServer, w1: WorkerProcess, client: Celery, records: redis_py.Redis
+) -> None:
+    result = client.send_task(HOLD, args=("live",))
+    started(records, "live")
+    (lock,) = [i for i in json.loads(cli(server.port, "ls", "--json").stdout)
+               if i["task_id"] == result.id]
+    locks = redis_py.Redis(port=server.port)
+
+    refused = cli(server.port, "release", lock["key"])
+    assert refused.returncode == 1
+    assert "refused" in refused.stderr and "answers a control ping" in refused.stderr
+    assert locks.exists(lock["key"])
+
+    forced = cli(server.port, "release", lock["name"], "--force")  # the bare name works too
+    assert forced.returncode == 0, forced.stderr
+    assert f"released {lock['key']} (forced)" in forced.stdout
+    assert result.id in forced.stdout
+    assert not locks.exists(lock["key"])
+    records.rpush("go:live", 1)
+    assert result.get(timeout=10) == "live"
+
+
+def test_release_dead_releases_only_the_locks_of_workers_that_are_gone(
+    server: RedisServer, w1: WorkerProcess, client: Celery, records: redis_py.Redis
+) -> None:
+    locks = redis_py.Redis(port=server.port)
+    with WorkerProcess(server.port, "gone", app="tests.e2e.proj6", args=["-Q", "gone"]) as gone:
+        lost = client.send_task(HOLD, args=("dead",), queue="gone")
+        started(records, "dead")
+        gone.kill()  # SIGKILL, whole group: nobody releases; the lock stays until its lease ends
+    alive = client.send_task(HOLD, args=("alive",))
+    started(records, "alive")
+    settings = settings_for(client)
+    outside = Lock(settings.url, "outside-any-worker", ttl=30)  # host without "@": unknown
+    assert outside.acquire()
+    by_id = {i["task_id"]: i for i in json.loads(cli(server.port, "ls", "--json").stdout)}
+    dead_key, alive_key = by_id[lost.id]["key"], by_id[alive.id]["key"]
+
+    dry = cli(server.port, "release", "--dead", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert f"would release {dead_key}" in dry.stdout and locks.exists(dead_key)
+
+    done = cli(server.port, "release", "--dead")
+    assert done.returncode == 0, done.stderr
+    assert f"released {dead_key}: task {lost.id} on gone@{HOST}" in done.stdout
+    assert f"kept {alive_key}" in done.stdout and "worker alive" in done.stdout
+    assert f"kept {outside.key}" in done.stdout and "liveness unknown" in done.stdout
+    assert "released 1 lock(s) of dead workers; kept 2" in done.stdout
+    assert not locks.exists(dead_key)
+    assert locks.exists(alive_key) and outside.locked()
+
+    outside.release()
+    records.rpush("go:alive", 1)
+    assert alive.get(timeout=10) == "alive"
+
+
+def test_stats_counts_every_worker_process(
+    server: RedisServer, w1: WorkerProcess, client: Celery, records: redis_py.Redis
+) -> None:
+    first = client.send_task(COUNTED, args=("s",), kwargs={"wait": True})
+    wait_until(lambda: records.get("started:counted:s"), 10, "counted('s') to start")
+    assert client.send_task(COUNTED, args=("s",)).get(timeout=10) is None  # skipped
+    records.rpush("go:counted:s", 1)
+    assert first.get(timeout=10) == "s"
+    assert client.send_task(COUNTED, args=("t",)).get(timeout=10) == "t"
+    expected = {"acquired": 2, "skipped": 1, "released": 2}
+
+    def flushed() -> bool:  # the children flush their counts once a second
+        counts = read_stats(client).get(COUNTED, {})
+        return all(counts.get(k) == v for k, v in expected.items())
+
+    wait_until(flushed, 10, "the counters to reach Redis")
+    done = cli(server.port, "stats", "--json")
+    assert done.returncode == 0, done.stderr
+    row = json.loads(done.stdout)[COUNTED]
+    assert row == {
+        "acquired": 2, "skipped": 1, "retried": 0, "waited": 0, "failed": 0,
+        "unavailable": 0, "lost": 0, "released": 2,
+    }
+    text = cli(server.port, "stats").stdout.splitlines()
+    assert text[0].split() == ["TASK", *EVENTS]
+    assert [COUNTED, *(str(row[e]) for e in EVENTS)] in [line.split() for line in text]
+
+
+def test_an_unreachable_redis_is_a_clear_error_without_the_password(server: RedisServer) -> None:
+    port = free_port()
+    done = cli(server.port, "ls", env={"REDLOCK_TEST_URL": f"redis://:hunter2@127.0.0.1:{port}/0"})
+    assert done.returncode == 1
+    assert f"cannot reach the lock Redis: redis://127.0.0.1:{port}/0" in done.stderr
+    assert "hunter2" not in done.stderr + done.stdout
+    assert "Traceback" not in done.stderr
+
+
+def test_release_never_deletes_a_lock_that_changed_owner(redis_url: str) -> None:
+    app = Celery("cli", set_as_current=False)
+    app.conf.redlock_url = redis_url
+    store = LockStore(settings_for(app))
+    first = Lock(redis_url, "job", ttl=30, owner="first")
+    assert first.acquire()
+    seen = store.read("job")
+    assert seen is not None and seen.holder is not None and seen.holder.task_id == "first"
+    first.release()
+    second = Lock(redis_url, "job", ttl=30, owner="second")
+    assert second.acquire()
+    assert store.release(seen) is False  # compare-and-delete: the value changed
+    assert second.locked()
+    now = store.read(seen.key)
+    assert now is not None and now.holder is not None and now.holder.task_id == "second"
+    assert store.release(now) is True
+    assert not second.locked()
+    app.close()
+
+
+def test_a_quorum_lock_is_listed_while_a_majority_holds_it() -> None:
+    with RedisServer() as a, RedisServer() as b, RedisServer() as c:
+        urls = [a.url, b.url, c.url]
+        app = Celery("cli", set_as_current=False)
+        app.conf.redlock_url = urls
+        store = LockStore(settings_for(app))
+        lock = Lock(urls, "q", ttl=30)
+        assert lock.acquire()
+        (held,) = store.all()
+        assert held.key == lock.key and held.fencing_token == lock.fencing_token
+        a.client().delete(lock.key)
+        assert store.read(lock.key) is not None  # 2 of 3
+        b.client().delete(lock.key)
+        assert store.read(lock.key) is None  # 1 of 3: not held
+        app.close()

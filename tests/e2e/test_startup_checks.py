@@ -1,0 +1,97 @@
+"""What a real ``celery worker`` logs about its lock Redis when it becomes ready.
+
+The checks run on ``worker_ready``, before the worker logs ``ready.``: once
+:meth:`WorkerProcess.start` has returned, their lines are in the log file.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+from celery import Celery
+
+from celery_redlock import LockedTask
+from celery_redlock._checks import run_startup_checks
+from celery_redlock.testing import RedisServer, free_port
+from tests.conftest import make_app
+from tests.e2e.harness import WorkerProcess
+
+pytestmark = pytest.mark.slow
+
+APP = "tests.e2e.proj6"
+
+
+def lines(worker: WorkerProcess, level: str) -> list[str]:
+    """The ``celery_redlock`` messages of ``worker`` logged at ``level``."""
+    return re.findall(rf"{level}/MainProcess\] (celery_redlock: .*)", worker.text())
+
+
+def test_an_evicting_maxmemory_policy_is_a_warning_naming_it() -> None:
+    with RedisServer(args=["--maxmemory-policy", "allkeys-lru"]) as server, \
+            WorkerProcess(server.port, "w1", app=APP) as worker:
+        (warning,) = lines(worker, "WARNING")
+        info = lines(worker, "INFO")
+    assert f"Redis at redis://127.0.0.1:{server.port}/0 has maxmemory-policy allkeys-lru" in warning
+    assert "evict a held lock" in warning and "noeviction" in warning
+    assert any(re.match(r"celery_redlock: locks on Redis \d+\.\d+\.\d+ at redis://", i)
+               for i in info)
+    assert not any("enforces no time limits" in i for i in info)  # prefork enforces them
+
+
+def test_a_threads_pool_worker_says_which_ttl_rule_applies(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    with WorkerProcess(redis_server.port, "w1", app=APP, pool="threads") as worker:
+        info = lines(worker, "INFO")
+        assert lines(worker, "WARNING") == []  # noeviction: nothing to warn about
+    (rule,) = [i for i in info if "time limits" in i]
+    assert rule.startswith("celery_redlock: the threads pool enforces no time limits")
+    assert "redlock_lease=30s" in rule
+
+
+def test_an_unreachable_lock_redis_is_one_error_and_the_worker_still_runs(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    port = free_port()
+    url = f"redis://:hunter2@127.0.0.1:{port}/0"
+    client: Celery = make_app(redis_server, name="proj6")
+    with WorkerProcess(redis_server.port, "w1", app=APP, env={"REDLOCK_TEST_URL": url}) as worker:
+        (error,) = lines(worker, "ERROR")
+        # The worker keeps serving: a task that needs no lock still runs.
+        assert client.control.ping(destination=[f"w1@{worker_host(worker)}"], timeout=5)
+        text = worker.text()
+    client.close()
+    assert error.startswith(
+        f"celery_redlock: cannot reach the lock Redis at redis://127.0.0.1:{port}/0"
+    )
+    assert "redlock_on_unavailable='retry'" in error
+    assert "hunter2" not in text
+
+
+def worker_host(worker: WorkerProcess) -> str:
+    found = re.search(r"INFO/MainProcess\] w1@(\S+) ready\.", worker.text())
+    assert found is not None
+    return found.group(1)
+
+
+def test_volatile_policies_warn_too_and_apps_without_locked_tasks_are_left_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with RedisServer(args=["--maxmemory-policy", "volatile-ttl"]) as server:
+        plain = Celery("plain", set_as_current=False)  # no locked task, no redlock_url
+        locked = make_app(server, name="locked")
+
+        @locked.task(base=LockedTask, shared=False)
+        def work() -> None: ...
+
+        with caplog.at_level(logging.INFO, logger="celery_redlock.worker"):
+            run_startup_checks(plain, pool_enforces_limits=False)
+            assert caplog.messages == []
+            run_startup_checks(locked, pool_enforces_limits=True)
+        plain.close()
+        locked.close()
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "maxmemory-policy volatile-ttl" in warning and "volatile-* evicts them too" in warning
+    assert not any("time limits" in m for m in caplog.messages)

@@ -1,0 +1,109 @@
+"""Event counters: counted where the task runs, summed in Redis, exported to Prometheus."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
+
+import pytest
+import redis as redis_py
+from celery import Celery
+from prometheus_client import CollectorRegistry, generate_latest
+
+from celery_redlock import Lock, LockContended, LockedTask, LockUnavailable, lock_key, metrics
+from celery_redlock.metrics import PrometheusCollector, read_stats
+from celery_redlock.testing import RedisServer
+from tests.conftest import make_app, running_worker
+from tests.e2e.harness import wait_until
+
+
+def counted_as(app: Celery, expected: dict[str, dict[str, int]]) -> Callable[[], bool]:
+    """A predicate: the counters in Redis have reached ``expected`` (absent events = 0)."""
+
+    def reached() -> bool:
+        metrics.flush()  # the flush thread runs once a second; do not wait for it
+        stats = read_stats(app)
+        return all(
+            stats.get(task, {}).get(event, 0) == n
+            for task, counts in expected.items() for event, n in counts.items()
+        )
+
+    return reached
+
+
+def _held(redis_url: str, key: str) -> Lock:
+    holder = Lock(redis_url, key.removeprefix("redlock:{").removesuffix("}"), ttl=30)
+    assert holder.acquire()
+    return holder
+
+
+def test_every_outcome_is_counted_per_task(app: Celery, redis_url: str) -> None:
+    def locked(policy: str, name: str) -> Any:
+        @app.task(base=LockedTask, name=name, lock_by=(), lock_name="m",
+                  lock_on_contention=policy, lock_wait_timeout=0.2, max_retries=0)
+        def task() -> str:
+            return name
+
+        return task
+
+    skipper, failer = locked("skip", "m.skipper"), locked("fail", "m.failer")
+    waiter, retrier = locked("wait", "m.waiter"), locked("retry", "m.retrier")
+    with running_worker(app):
+        assert skipper.delay().get(timeout=10) == "m.skipper"
+        holder = _held(redis_url, lock_key(skipper))
+        try:
+            assert skipper.delay().get(timeout=10) is None
+            for task in (failer, waiter, retrier):
+                with pytest.raises(LockContended):
+                    task.delay().get(timeout=10)
+        finally:
+            holder.release()
+        expected = {
+            "m.skipper": {"acquired": 1, "released": 1, "skipped": 1},
+            "m.failer": {"failed": 1, "acquired": 0},
+            "m.waiter": {"waited": 1, "failed": 1, "acquired": 0},
+            "m.retrier": {"retried": 1, "acquired": 0},
+        }
+        wait_until(counted_as(app, expected), 10, "the counters")
+    stats = read_stats(app)
+    assert set(expected) <= set(stats)
+    assert {event for counts in stats.values() for event in counts} <= set(metrics.EVENTS)
+
+
+def test_counts_made_while_redis_is_down_arrive_when_it_answers(redis_server: RedisServer) -> None:
+    with RedisServer() as locks:
+        app = make_app(redis_server, redlock_url=locks.url, redlock_on_unavailable="fail")
+
+        @app.task(base=LockedTask, name="m.outage")
+        def outage() -> None: ...
+
+        locks.stop()
+        with pytest.raises(LockUnavailable):
+            outage.apply().get()
+        metrics.flush()  # fails: the counts stay in memory
+        locks.start()
+        wait_until(counted_as(app, {"m.outage": {"unavailable": 1}}), 10, "the kept count")
+        app.close()
+
+
+def test_prometheus_collector_exports_the_sums(app: Celery, r: redis_py.Redis) -> None:
+    r.hset("redlock:stats:proj.sync", mapping={"acquired": 5, "skipped": 2})
+    r.hset("redlock:stats:proj.report", mapping={"released": 1})
+    registry = CollectorRegistry()
+    registry.register(PrometheusCollector(app))
+    text = generate_latest(registry).decode()
+    assert "# TYPE celery_redlock_events_total counter" in text
+    assert 'celery_redlock_events_total{event="skipped",task="proj.sync"} 2.0' in text
+    sample = registry.get_sample_value
+    assert sample("celery_redlock_events_total", {"task": "proj.sync", "event": "acquired"}) == 5
+    assert sample("celery_redlock_events_total", {"task": "proj.report", "event": "released"}) == 1
+    r.hincrby("redlock:stats:proj.sync", "skipped", 1)  # read from Redis at every scrape
+    assert sample("celery_redlock_events_total", {"task": "proj.sync", "event": "skipped"}) == 3
+
+
+def test_prometheus_is_an_optional_extra_and_part_of_the_test_extra() -> None:
+    requires = metadata.requires("celery-redlock") or []
+    assert 'prometheus-client>=0.17; extra == "prometheus"' in requires
+    assert 'prometheus-client>=0.17; extra == "test"' in requires
+    assert not any(r.startswith("prometheus") and "extra" not in r for r in requires)

@@ -1,0 +1,169 @@
+"""The opt-in pytest plugin, run by pytester on small test files, and its helpers in-process.
+
+The files under ``EXAMPLE`` are what a user writes; the first test is the README's eager-mode
+example, verbatim.
+"""
+
+from __future__ import annotations
+
+from importlib import metadata
+from typing import Any
+
+import pytest
+import redis as redis_py
+from celery import Celery
+
+from celery_redlock import LockedTask, lock_key
+from celery_redlock.pytest_plugin import (
+    HOLDER,
+    assert_acquired,
+    assert_skipped,
+    hold_lock,
+    record_lock_events,
+)
+from tests.conftest import running_worker
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = 'pytest_plugins = ["celery_redlock.pytest_plugin"]\n'
+
+README_EXAMPLE = '''
+from celery import Celery
+from celery_redlock import LockedTask
+from celery_redlock.pytest_plugin import assert_skipped, hold_lock
+
+app = Celery("proj")
+app.conf.task_always_eager = True  # .delay() runs in the test, through the same lock code
+
+
+@app.task(base=LockedTask, lock_by=["account_id"])
+def sync_account(account_id, full=False):
+    return account_id
+
+
+def test_a_duplicate_call_is_skipped(configure_redlock, lock_events):
+    configure_redlock(app)  # locks on the plugin's throwaway redis-server
+    with hold_lock(sync_account, 42):  # as if a worker were running sync_account(42)
+        assert_skipped(sync_account.delay(42, full=True))
+        assert sync_account.delay(7).get() == 7  # another account is not excluded
+    result = sync_account.delay(42)
+    lock_events.assert_acquired(result)
+    assert result.get() == 42
+'''
+
+MORE = '''
+import pytest
+from celery_redlock import Lock, LockContended, LockedTask
+from celery_redlock.pytest_plugin import (
+    HOLDER, assert_skipped, hold_lock, record_lock_events,
+)
+from test_readme import app
+
+
+@app.task(base=LockedTask, lock_by=(), lock_on_contention="fail")
+def report():
+    return "ran"
+
+
+@app.task(base=LockedTask, lock_by=(), lock_on_contention="retry", max_retries=2)
+def retrying():
+    return "ran"
+
+
+@app.task(base=LockedTask, lock_by=(), lock_on_contention="wait", lock_wait_timeout=0.1)
+def waiting():
+    return "ran"
+
+
+def test_fail_raises_lock_contended_naming_the_holder(configure_redlock):
+    configure_redlock(app)
+    with hold_lock(report), pytest.raises(LockContended) as info:
+        report.delay().get()
+    assert info.value.holder == HOLDER
+
+
+def test_eager_retry_runs_again_at_once_then_fails(configure_redlock, lock_events):
+    configure_redlock(app)
+    with hold_lock(retrying), pytest.raises(LockContended):
+        retrying.delay().get()
+    assert [e.policy for e in lock_events.events if e.kind == "contended"] == ["retry"] * 3
+
+
+def test_wait_gives_up_after_its_timeout(configure_redlock, lock_events):
+    configure_redlock(app)
+    with hold_lock(waiting), pytest.raises(LockContended):
+        waiting.delay().get()
+    assert [e.policy for e in lock_events.events] == ["wait"]
+
+
+def test_leaves_a_lock_behind(redlock_url):
+    assert Lock(redlock_url, "left-behind", ttl=60).acquire()
+
+
+def test_each_test_starts_without_locks(redlock_url):
+    assert not Lock(redlock_url, "left-behind", ttl=60).locked()
+
+
+def test_assert_skipped_fails_for_a_call_that_ran(configure_redlock):
+    configure_redlock(app)
+    with record_lock_events():
+        result = report.delay()
+        with pytest.raises(AssertionError, match="was not skipped; its lock events: acquired"):
+            assert_skipped(result)
+
+
+def test_assert_skipped_needs_a_recording(configure_redlock):
+    configure_redlock(app)
+    with pytest.raises(RuntimeError, match="lock_events fixture"):
+        assert_skipped(report.delay())
+'''
+
+
+def test_the_plugin_in_a_user_test_suite(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest(CONFTEST)
+    pytester.makeini("[pytest]\naddopts = -p no:celery -p no:cacheprovider\n"
+                     "filterwarnings = error\n")
+    pytester.makepyfile(test_readme=README_EXAMPLE, test_more=MORE)
+    result = pytester.runpytest_subprocess("-q", timeout=60)
+    result.assert_outcomes(passed=8)
+
+
+def test_the_plugin_is_opt_in() -> None:
+    plugins = metadata.entry_points(group="pytest11")
+    assert not [ep for ep in plugins if ep.value.startswith("celery_redlock")]
+
+
+def test_helpers_see_an_in_process_worker(app: Celery, r: redis_py.Redis) -> None:
+    @app.task(base=LockedTask, lock_by=(), lock_limit=2)
+    def pair() -> str:
+        return "ran"
+
+    with running_worker(app), record_lock_events() as events:
+        with hold_lock(pair) as held:
+            assert len(held) == 2  # every slot of the semaphore
+            skipped = pair.delay()
+            assert skipped.get(timeout=10) is None
+        ran = pair.delay()
+        assert ran.get(timeout=10) == "ran"
+        assert_skipped(skipped)
+        assert_acquired(ran, events)
+        (contended,) = events.contended(skipped)
+        assert (contended.holder, contended.policy, contended.task) == (HOLDER, "skip", pair.name)
+        assert contended.key in {lock_key(pair), lock_key(pair) + ":2"}
+    assert events.skipped(skipped.id) and not events.skipped(ran)
+    with pytest.raises(AssertionError, match="was not skipped"):
+        assert_skipped(ran, events)
+
+
+def test_hold_lock_refuses_a_key_that_is_held(app: Celery) -> None:
+    @app.task(base=LockedTask, lock_by=["x"])
+    def work(x: int) -> None: ...
+
+    def nested() -> Any:
+        with hold_lock(work, 1), hold_lock(work, x=1):
+            pass
+
+    with pytest.raises(RuntimeError, match="already held"):
+        nested()
+    with hold_lock(work, 1):  # the failed attempt left nothing behind
+        pass

@@ -1,0 +1,147 @@
+"""Django-style settings: ``CELERY_REDLOCK_*`` names read through
+``app.config_from_object("proj.settings", namespace="CELERY")``, without installing Django.
+
+A settings module is registered in ``sys.modules`` under a throwaway name, and read through a
+lazy object like ``django.conf.settings`` (which Celery's Django integration passes as
+``"django.conf:settings"``).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_redlock import Lock, LockContended, LockedTask, current_lock, lock_key
+from celery_redlock.config import settings_for
+
+
+class LazySettings:
+    """Like ``django.conf.settings``: reads its module on first attribute access, and counts."""
+
+    def __init__(self, module: types.ModuleType) -> None:
+        self._module = module
+        self.reads: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        self.reads.append(name)
+        return getattr(self._module, name)
+
+    def __dir__(self) -> list[str]:
+        self.reads.append("__dir__")
+        return dir(self._module)
+
+
+@pytest.fixture
+def settings_path() -> Iterator[tuple[str, types.ModuleType, LazySettings]]:
+    """``("<module>:settings", the settings module, the lazy settings object)``."""
+    name = f"proj_settings_{uuid.uuid4().hex}"
+    module = types.ModuleType(name)
+    holder = types.ModuleType(name + "_conf")
+    lazy = holder.settings = LazySettings(module)  # type: ignore[attr-defined]
+    sys.modules[holder.__name__] = holder
+    yield f"{holder.__name__}:settings", module, lazy
+    del sys.modules[holder.__name__]
+
+
+def app_from(path: str) -> Celery:
+    app = Celery("proj", set_as_current=False)
+    app.config_from_object(path, namespace="CELERY")
+    return app
+
+
+def test_celery_redlock_names_arrive(settings_path: Any) -> None:
+    path, module, _ = settings_path
+    module.CELERY_REDLOCK_URL = "redis://127.0.0.1:1/4"
+    module.CELERY_REDLOCK_LEASE = 12
+    module.CELERY_REDLOCK_ON_CONTENTION = "retry"
+    module.CELERY_REDLOCK_ON_UNAVAILABLE = "fail"
+    module.CELERY_REDLOCK_PREFIX = "myproj"
+    module.CELERY_REDLOCK_TTL_MARGIN = 2
+    settings = settings_for(app_from(path))
+    assert (settings.url, settings.lease, settings.on_contention) == (
+        "redis://127.0.0.1:1/4", 12.0, "retry"
+    )
+    assert (settings.on_unavailable, settings.prefix, settings.ttl_margin) == (
+        "fail", "myproj", 2.0
+    )
+
+
+def test_the_namespaced_name_wins_and_unprefixed_upper_case_is_ignored(
+    settings_path: Any,
+) -> None:
+    path, module, _ = settings_path
+    module.CELERY_REDLOCK_URL = "redis://127.0.0.1:1/4"
+    module.REDLOCK_LEASE = 99  # not CELERY_-prefixed: another setting of the project, ignored
+    module.CELERY_REDLOCK_ON_CONTENTION = "retry"
+    module.redlock_on_contention = "fail"  # Celery's lower-case fallback, below the prefixed
+    settings = settings_for(app_from(path))
+    assert (settings.lease, settings.on_contention) == (30.0, "retry")
+
+
+def test_settings_are_read_at_the_first_lock_operation_not_at_import(settings_path: Any) -> None:
+    path, module, lazy = settings_path
+    module.CELERY_REDLOCK_URL = "redis://127.0.0.1:1/4"
+    app = app_from(path)
+
+    @app.task(base=LockedTask, shared=False, name="proj.sync")
+    def sync(account_id: int) -> None: ...
+
+    assert lazy.reads == []  # a tasks module imported before Django is set up still works
+    assert lock_key(sync, 1).startswith("redlock:{proj.sync:")
+    assert "CELERY_REDLOCK_URL" in lazy.reads
+    app.close()
+
+
+def test_the_redis_broker_is_the_fallback_url(settings_path: Any) -> None:
+    path, module, _ = settings_path
+    module.CELERY_BROKER_URL = "redis://127.0.0.1:1/7"
+    assert settings_for(app_from(path)).url == "redis://127.0.0.1:1/7"
+
+
+def test_app_conf_assigned_in_code_wins_over_the_settings_module(settings_path: Any) -> None:
+    path, module, _ = settings_path
+    module.CELERY_REDLOCK_URL = "redis://127.0.0.1:1/4"
+    module.CELERY_REDLOCK_LEASE = 12
+    app = app_from(path)
+    app.conf.redlock_lease = 5
+    assert settings_for(app).lease == 5.0
+
+
+def test_precedence_task_option_then_setting_then_default(
+    settings_path: Any, redis_url: str
+) -> None:
+    path, module, _ = settings_path
+    module.CELERY_REDLOCK_URL = redis_url
+    module.CELERY_REDLOCK_LEASE = 12
+    module.CELERY_REDLOCK_ON_CONTENTION = "fail"
+    app = app_from(path)
+
+    @app.task(base=LockedTask, shared=False, lazy=False, name="proj.by_setting", lock_by=())
+    def by_setting() -> float:
+        lock = current_lock()
+        assert lock is not None
+        return float(lock.ttl)
+
+    @app.task(base=LockedTask, shared=False, lazy=False, name="proj.by_option", lock_by=(),
+              lock_name="proj.by_setting", lock_on_contention="skip")
+    def by_option() -> str:
+        return "ran"
+
+    assert by_setting.apply().get() == 12.0  # the lease came from CELERY_REDLOCK_LEASE
+    key = lock_key(by_setting)
+    assert key == lock_key(by_option)
+    holder = Lock(redis_url, key.removeprefix("redlock:{").removesuffix("}"), ttl=30)
+    assert holder.acquire()
+    try:
+        with pytest.raises(LockContended):
+            by_setting.apply().get()  # CELERY_REDLOCK_ON_CONTENTION="fail" over the default
+        assert by_option.apply().get() is None  # the task option "skip" over the setting
+    finally:
+        holder.release()
+        app.close()
