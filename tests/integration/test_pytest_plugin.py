@@ -6,7 +6,9 @@ example, verbatim.
 
 from __future__ import annotations
 
+import re
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,29 +29,13 @@ pytest_plugins = ["pytester"]
 
 CONFTEST = 'pytest_plugins = ["celery_redlock.pytest_plugin"]\n'
 
-README_EXAMPLE = '''
-from celery import Celery
-from celery_redlock import LockedTask
-from celery_redlock.pytest_plugin import assert_skipped, hold_lock
-
-app = Celery("proj")
-app.conf.task_always_eager = True  # .delay() runs in the test, through the same lock code
-
-
-@app.task(base=LockedTask, lock_by=["account_id"])
-def sync_account(account_id, full=False):
-    return account_id
-
-
-def test_a_duplicate_call_is_skipped(configure_redlock, lock_events):
-    configure_redlock(app)  # locks on the plugin's throwaway redis-server
-    with hold_lock(sync_account, 42):  # as if a worker were running sync_account(42)
-        assert_skipped(sync_account.delay(42, full=True))
-        assert sync_account.delay(7).get() == 7  # another account is not excluded
-    result = sync_account.delay(42)
-    lock_events.assert_acquired(result)
-    assert result.get() == 42
-'''
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+#: The README's example test for users of the plugin, run as it stands there.
+README_EXAMPLE = next(
+    block
+    for block in re.findall(r"^```python\n(.*?)^```", README, flags=re.S | re.M)
+    if "def test_a_duplicate_call_is_skipped" in block
+)
 
 MORE = '''
 import pytest
