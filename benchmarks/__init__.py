@@ -1,0 +1,1 @@
+"""Benchmarks of celery-redlock (scripts, not tests; see README.md)."""

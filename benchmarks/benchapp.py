@@ -1,0 +1,64 @@
+"""The Celery app that ``bench_core.py`` runs in a real ``celery worker`` subprocess.
+
+Configured from the environment, like ``tests/e2e/proj.py``: ``REDLOCK_BENCH_PORT`` is the
+benchmark's private redis-server (db 0 locks, 1 broker, 2 results). ``REDLOCK_BENCH_VERBOSE=1``
+keeps Celery's per-task INFO lines (``Received task``, ``Task ... succeeded``); by default they
+are silenced so that log formatting does not dilute the difference being measured, while the
+worker's ``ready.`` line (also INFO) stays.
+
+Three no-op tasks, identical except for the lock:
+
+* ``bench.plain``: a plain task, the baseline;
+* ``bench.locked``: ``base=LockedTask``, one lock per ``key`` argument, default settings (a
+  renewed lease: the watchdog thread watches the lock while the body runs);
+* ``bench.locked_ttl``: the same with a fixed ``lock_ttl`` (no watchdog), to separate the
+  renewal bookkeeping from the acquire/release round trips.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery import Celery, signals
+
+from celery_redlock import LockedTask
+
+PORT = int(os.environ["REDLOCK_BENCH_PORT"])
+BASE = f"redis://127.0.0.1:{PORT}"
+
+app = Celery("benchapp", broker=f"{BASE}/1", backend=f"{BASE}/2")
+app.conf.update(
+    redlock_url=f"{BASE}/0",
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=True,
+    # Defaults everywhere else (prefetch multiplier 4, early ack): the common deployment.
+)
+
+#: Loggers that write one INFO line per task; quiet unless REDLOCK_BENCH_VERBOSE=1.
+_PER_TASK_LOGGERS = ("celery.app.trace", "celery.worker.strategy")
+
+
+@signals.after_setup_logger.connect(weak=False)
+def _quiet_per_task_logs(**_: Any) -> None:
+    # Runs in the worker's main process before the consumer builds its strategies and before
+    # the pool forks, so both the "Received task" and the "succeeded" lines are off.
+    if os.environ.get("REDLOCK_BENCH_VERBOSE") != "1":
+        for name in _PER_TASK_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
+@app.task(name="bench.plain")
+def plain(key: str) -> None:
+    return None
+
+
+@app.task(name="bench.locked", base=LockedTask, lock_by=["key"])
+def locked(key: str) -> None:
+    return None
+
+
+@app.task(name="bench.locked_ttl", base=LockedTask, lock_by=["key"], lock_ttl=30)
+def locked_ttl(key: str) -> None:
+    return None
