@@ -29,6 +29,8 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
+from .exceptions import LockUnavailable
+
 #: Schemes accepted by :func:`client_for`.
 SCHEMES = (
     "redis://", "rediss://", "unix://",
@@ -68,8 +70,19 @@ def client_for(url: str, timeout: float | None = None) -> Any:
                 options["socket_timeout"] = timeout or 5.0
             if "socket_connect_timeout=" not in url:
                 options["socket_connect_timeout"] = timeout or 2.0
-            client = _clients[(url, timeout)] = _connect(url, options)
+            try:
+                client = _connect(url, options)
+            except UNAVAILABLE_ERRORS as exc:  # a Cluster client connects when built
+                raise LockUnavailable(
+                    f"Redis at {_redacted(url)} did not answer: {exc}", nodes=(_redacted(url),)
+                ) from exc
+            _clients[(url, timeout)] = client
         return client
+
+
+def _redacted(url: str) -> str:
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://{rest.rpartition('@')[2]}"
 
 
 def _connect(url: str, options: dict[str, Any]) -> Any:

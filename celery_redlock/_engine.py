@@ -179,9 +179,9 @@ def enter(task: Any, args: Any, kwargs: Any) -> bool:
     name = lock_name_for(task, spec, args, kwargs)
     if spec.options.enqueue:
         _clear_queued(task, settings, name, request.id)
-    lock = _make_lock(task, spec, settings, name, request)
     policy = spec.options.on_contention or settings.on_contention
     try:
+        lock = _make_lock(task, spec, settings, name, request)
         acquired = lock.acquire(blocking=False)
         if not acquired and policy == "wait" and spec.options.wait_timeout > 0:
             holder = lock.last_holder.task_id if lock.last_holder else None
@@ -289,11 +289,12 @@ def skipped(request: Any) -> bool:
     return execution is not None and execution.skipped
 
 
-def leave(task: Any, request: Any = None) -> None:
+def leave(task: Any, request: Any = None, *, cooldown: bool = True) -> None:
     """Release the lock of the attempt behind ``request`` (default: the current one).
 
     Idempotent and never raises: a Redis error is a WARNING (the lock then expires by TTL), and
-    the task's result is unchanged. With ``lock_cooldown`` the key is kept that many seconds.
+    the task's result is unchanged. With ``lock_cooldown`` the key is kept that many seconds,
+    unless ``cooldown`` is False (a retry: the execution is not finished).
     """
     request = task.request if request is None else request
     execution = getattr(request, REQUEST_ATTR, None)
@@ -303,7 +304,7 @@ def leave(task: Any, request: Any = None) -> None:
     execution.lock = None
     spec = spec_of(task)
     try:
-        lock.release(keep=spec.options.cooldown if spec is not None else 0)
+        lock.release(keep=spec.options.cooldown if spec is not None and cooldown else 0)
     except LockLost:
         pass  # already logged as an ERROR by Lock.on_lost
     except LockUnavailable as exc:
@@ -342,6 +343,14 @@ def mark_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> str | None:
         return None
     existing = reply[1]
     return existing.decode() if isinstance(existing, bytes) else existing
+
+
+def clear_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> None:
+    """Clear the queued marker of a call that will never start (revoked or expired)."""
+    spec = spec_of(task)
+    if spec is not None and spec.options.enqueue:
+        settings = settings_for(task.app)
+        _clear_queued(task, settings, lock_name_for(task, spec, args, kwargs), task_id)
 
 
 def _clear_queued(task: Any, settings: Settings, name: str, task_id: str) -> None:

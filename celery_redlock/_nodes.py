@@ -299,6 +299,9 @@ class Quorum:
 
 Target = Any  # a URL, a client, or a sequence of them
 
+#: Seconds a quorum node has to answer (socket timeouts of clients built from URLs too).
+QUORUM_NODE_TIMEOUT = 0.5
+
 _single: dict[tuple[str, float | None], SingleNode] = {}
 _single_guard = threading.Lock()
 
@@ -316,7 +319,11 @@ def nodes_for(redis: Target, timeout: float | None = None) -> SingleNode | Quoru
         return node
     if not isinstance(redis, Sequence):
         return SingleNode(redis)
-    clients = [client_for(item, timeout) if isinstance(item, str) else item for item in redis]
-    if len(clients) == 1:
-        return SingleNode(clients[0])
-    return Quorum(clients)
+    if len(redis) == 1:
+        return nodes_for(redis[0], timeout)
+    # One slow node must not stall the quorum for the default 5 s: a node that does not answer
+    # within QUORUM_NODE_TIMEOUT counts as failed (its connect is bounded the same way).
+    node_timeout = min(timeout or QUORUM_NODE_TIMEOUT, QUORUM_NODE_TIMEOUT)
+    clients = [client_for(item, node_timeout) if isinstance(item, str) else item
+               for item in redis]
+    return Quorum(clients, node_timeout=node_timeout)

@@ -186,4 +186,19 @@ def _on_before_task_publish(headers: Any = None, **_: Any) -> None:
     if headers.get("id") != request.id or request.called_directly:
         return
     if int(headers.get("retries") or 0) > int(request.retries or 0):
-        _engine.leave(task, request)
+        _engine.leave(task, request, cooldown=False)
+
+
+@signals.task_revoked.connect(weak=False)
+def _on_task_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """A revoked or expired message never starts: clear its queued marker (lock_enqueue).
+
+    Runs in the worker's main process, which discards such messages before any task hook.
+    ``sender`` is the task, ``request`` the message's context (id, args, kwargs).
+    """
+    if sender is None or request is None:
+        return
+    try:
+        _engine.clear_queued(sender, request.args, request.kwargs, request.id)
+    except Exception:
+        logger.exception("%s[%s]: clearing the queued marker failed", sender.name, request.id)

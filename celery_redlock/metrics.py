@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import redis as redis_py
 from celery.signals import worker_process_shutdown
 
 from ._clients import UNAVAILABLE_ERRORS, client_for
@@ -71,7 +72,7 @@ class _Counters:
                 for event, n in counts.items():
                     pipe.hincrby(key, event, n)
                 pipe.execute()
-            except UNAVAILABLE_ERRORS as exc:
+            except redis_py.exceptions.RedisError as exc:  # also NOPERM: never kill the thread
                 logger.debug("could not flush lock counters to %s: %s", key, exc)
                 with self.lock:  # keep them for the next flush
                     self.pending.setdefault((url, key), Counter()).update(counts)

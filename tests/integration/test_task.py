@@ -470,3 +470,16 @@ def test_lock_key_accepts_the_lazy_task_proxy(redis_server: RedisServer) -> None
 
     assert type(work).__name__ == "PromiseProxy"
     assert lock_key(work, 1) == lock_key(work, a=1, b=2) == lock_key(app.tasks[work.name], 1)
+
+
+def test_a_retry_does_not_find_its_own_cooldown(app: Celery, r: redis_py.Redis) -> None:
+    @app.task(base=LockedTask, bind=True, lock_cooldown=30, max_retries=1)
+    def work(self: Task, key: str) -> int:
+        if self.request.retries == 0:
+            raise self.retry(countdown=0)
+        return self.request.retries
+
+    with running_worker(app):
+        assert work.delay("k").get(timeout=10) == 1  # the retry ran, at once
+        assert r.pttl(lock_key(work, "k")) > 25_000  # the finished run keeps its cooldown
+        assert work.delay("k").get(timeout=10) is None  # a new call inside the window skips

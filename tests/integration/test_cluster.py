@@ -1,0 +1,168 @@
+"""Locks through ``redis+cluster://`` against a real 3-primary Redis Cluster.
+
+Every key one script touches carries the lock's ``{hash tag}``, so each script runs in one slot;
+a CROSSSLOT error would fail these tests.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis as redis_py
+
+from celery_redlock import Lock, LockedTask, LockUnavailable, current_lock, lock_key
+from celery_redlock._keys import keys_for
+from celery_redlock.lock import release_attempt
+from celery_redlock.testing import RedisServer
+from tests.conftest import make_app, running_worker
+from tests.servers import ClusterNodes, client
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ClusterNodes]:
+    with ClusterNodes() as nodes:
+        yield nodes
+
+
+@pytest.fixture
+def rc(cluster: ClusterNodes) -> Iterator[redis_py.RedisCluster]:
+    """A cluster client of the test's own, emptied before the test."""
+    c = redis_py.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    c.flushall(target_nodes=redis_py.RedisCluster.PRIMARIES)
+    yield c
+    c.close()
+
+
+def owner_port(rc: redis_py.RedisCluster, key: str) -> int:
+    node = rc.get_node_from_key(key)
+    assert node is not None
+    return int(node.port)
+
+
+def test_every_script_runs_in_one_slot_on_the_nodes_owning_it(
+    cluster: ClusterNodes, rc: redis_py.RedisCluster
+) -> None:
+    # Names chosen so that their slots spread over all three primaries.
+    names = [f"job-{i}" for i in range(12)]
+    ports = {owner_port(rc, keys_for("redlock", n).lock) for n in names}
+    assert ports == {n.port for n in cluster.nodes}
+    for name in names:
+        keys = keys_for("redlock", name)
+        slots = {rc.keyslot(k) for k in (keys.lock, keys.fence, keys.channel, *keys.slots)}
+        assert len(slots) == 1, (name, slots)
+
+        lock = Lock(cluster.url, name, ttl=10, owner="task-1", host="w1")
+        assert lock.acquire(blocking=False)
+        assert lock.token is not None
+        c = client(owner_port(rc, lock.key))
+        try:
+            assert c.get(lock.key) == lock.token.encode()
+            assert int(c.get(keys.fence) or 0) == lock.fencing_token
+        finally:
+            c.close()
+        assert lock.locked()
+        lock.extend(20)
+        assert 19.0 < (lock.remaining_ttl() or 0) <= 20.0
+        assert not Lock(cluster.url, name, ttl=10).acquire(blocking=False)
+        lock.release()
+        assert rc.exists(lock.key) == 0
+
+    lock = Lock(cluster.url, "job-0", ttl=10, owner="task-1", host="w1")
+    assert lock.acquire(blocking=False)
+    assert release_attempt(cluster.url, "job-0", "redlock", "task-1", "w1", os.getpid())
+    assert rc.exists(lock.key) == 0
+
+
+def test_fencing_tokens_increase(cluster: ClusterNodes, rc: redis_py.RedisCluster) -> None:
+    tokens: list[int] = []
+    for _ in range(5):
+        with Lock(cluster.url, "job", ttl=10) as lock:
+            assert lock.fencing_token is not None
+            tokens.append(lock.fencing_token)
+    assert tokens == sorted(set(tokens))
+
+
+def test_blocking_acquire_is_woken_by_the_release(
+    cluster: ClusterNodes, rc: redis_py.RedisCluster
+) -> None:
+    """The release publishes from the node owning the slot; the waiter is subscribed through
+    whichever node the cluster client picked (Redis Cluster broadcasts PUBLISH)."""
+    for name in ("job-1", "job-2", "job-3"):
+        holder = Lock(cluster.url, name, ttl=30)
+        assert holder.acquire(blocking=False)
+        waiter = Lock(cluster.url, name, ttl=10)
+        releaser = threading.Timer(0.2, holder.release)
+        releaser.start()
+        start = time.monotonic()
+        assert waiter.acquire(timeout=5)
+        assert time.monotonic() - start < 2.0  # the notification, not the 30 s TTL
+        releaser.join()
+        waiter.release()
+
+
+def test_locked_task_with_the_cluster_as_redlock_url(
+    cluster: ClusterNodes, rc: redis_py.RedisCluster, redis_server: RedisServer
+) -> None:
+    """Broker and results on a plain server, locks in the cluster."""
+    redis_server.client().flushall()
+    app = make_app(redis_server, "cluster", redlock_url=cluster.url)
+    entered, gate = threading.Event(), threading.Event()
+
+    @app.task(base=LockedTask, lock_by=["key"], lock_on_contention="skip")
+    def work(key: str, hold: bool = False) -> dict[str, object] | None:
+        lock = current_lock()
+        assert lock is not None
+        if hold:
+            entered.set()
+            assert gate.wait(10)
+        return {"key": lock.key, "token": lock.fencing_token, "value": rc.get(lock.key)}
+
+    with running_worker(app, concurrency=2):
+        first = work.delay("a", hold=True)
+        assert entered.wait(10)
+        assert rc.exists(lock_key(work, "a")) == 1
+        assert work.delay("a").get(timeout=10) is None  # skipped: held in the cluster
+        other = work.delay("b").get(timeout=10)  # another key, maybe another node
+        assert other["key"] == lock_key(work, "b")
+        gate.set()
+        result = first.get(timeout=10)
+        assert result["key"] == lock_key(work, "a")
+        assert result["value"] is not None
+        again = work.delay("a").get(timeout=10)
+        assert again["token"] > result["token"]
+    assert rc.exists(lock_key(work, "a"), lock_key(work, "b")) == 0
+
+
+def test_a_cluster_that_stops_answering_is_unavailable() -> None:
+    """A primary down (its slots: no answer; soon CLUSTERDOWN everywhere, as the cluster requires
+    full coverage by default), then every node down: LockUnavailable, never a bare redis-py
+    cluster error, for acquire, extend and release."""
+    with ClusterNodes() as nodes:
+        rc = redis_py.RedisCluster(host="127.0.0.1", port=nodes.nodes[0].port)
+        try:
+            by_port: dict[int, str] = {}
+            for name in (f"job-{i}" for i in range(12)):
+                by_port.setdefault(owner_port(rc, keys_for("redlock", name).lock), name)
+        finally:
+            rc.close()
+        first, second, third = nodes.nodes
+        held = Lock(nodes.url, by_port[second.port], ttl=10)
+        assert held.acquire(blocking=False)
+
+        first.stop()
+        with pytest.raises(LockUnavailable) as info:
+            Lock(nodes.url, by_port[first.port], ttl=10).acquire(blocking=False)
+        assert f"127.0.0.1:{first.port}" in str(info.value)
+
+        second.stop()
+        third.stop()
+        with pytest.raises(LockUnavailable):
+            Lock(nodes.url, by_port[third.port], ttl=10).acquire(blocking=False)
+        with pytest.raises(LockUnavailable):
+            held.extend()
+        with pytest.raises(LockUnavailable):
+            held.release()

@@ -1,0 +1,271 @@
+"""Enqueue-time de-duplication (``lock_enqueue=True``) on an in-process worker.
+
+A worker started after the calls leaves them waiting in the broker queue (db 1, list
+``celery``), which is how these tests hold a call "queued".
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis as redis_py
+from celery import Celery, Task
+
+from celery_redlock import LockedTask, lock_key
+from celery_redlock.testing import RedisServer, free_port
+from tests.conftest import lock_keys, make_app, running_worker
+from tests.e2e.harness import wait_until
+
+
+class Holder:
+    """Holds an execution inside its body until the test opens the gate."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def hold(self) -> None:
+        self.entered.set()
+        assert self.gate.wait(20), "test never opened the gate"
+
+
+@pytest.fixture
+def h() -> Iterator[Holder]:
+    holder = Holder()
+    yield holder
+    holder.gate.set()  # a failing test must not leave a worker thread blocked
+
+
+@pytest.fixture
+def broker(redis_server: RedisServer, redis_url: str) -> Iterator[redis_py.Redis]:
+    client = redis_py.Redis(port=redis_server.port, db=1)
+    yield client
+    client.close()
+
+
+def queued_key(task: Any, *args: Any) -> str:
+    return lock_key(task, *args) + ":queued"
+
+
+def test_a_queued_call_is_returned_instead_of_queued_again(
+    app: Celery, r: redis_py.Redis, broker: redis_py.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    ran: list[int] = []
+
+    @app.task(base=LockedTask, lock_enqueue=True, lock_by=["account_id"])
+    def sync(account_id: int, full: bool = False) -> int:
+        ran.append(account_id)
+        return account_id
+
+    first = sync.delay(1)
+    with caplog.at_level(logging.INFO, logger="celery_redlock.task"):
+        again = sync.delay(1)
+        also = sync.apply_async((1,), {"full": True})  # lock_by: only account_id counts
+    assert again.id == also.id == first.id
+    assert f"the same call is queued as {first.id}" in caplog.text
+    other = sync.delay(2)  # another key is queued on its own
+    assert other.id != first.id
+    assert broker.llen("celery") == 2
+    marker = queued_key(sync, 1)
+    assert r.get(marker) == first.id.encode()
+    assert 0 < r.pttl(marker) <= 3600 * 1000  # lock_enqueue_ttl, by default an hour
+    with running_worker(app):
+        assert again.get(timeout=10) == 1  # the queued call's result
+        assert other.get(timeout=10) == 2
+        wait_until(lambda: lock_keys(r) == [], 5, "the locks to be released")
+    assert sorted(ran) == [1, 2]
+    assert not r.exists(marker)  # cleared when that execution started
+
+
+def test_one_running_and_one_queued(
+    h: Holder, app: Celery, r: redis_py.Redis, broker: redis_py.Redis
+) -> None:
+    """The marker clears when its execution starts: one call runs while one more waits."""
+    ran: list[str] = []
+
+    @app.task(base=LockedTask, bind=True, lock_enqueue=True)
+    def report(self: Task, key: str) -> str:
+        ran.append(self.request.id)
+        if len(ran) == 1:
+            h.hold()
+        return self.request.id
+
+    running = report.delay("daily")
+    with running_worker(app, concurrency=1):
+        assert h.entered.wait(10)
+        assert not r.exists(queued_key(report, "daily"))  # cleared at start
+        waiting = report.delay("daily")
+        assert waiting.id != running.id  # one more may wait while one runs
+        assert report.delay("daily").id == waiting.id  # but only one
+        assert report.delay("daily").id == waiting.id
+        assert r.get(queued_key(report, "daily")) == waiting.id.encode()
+        h.gate.set()
+        assert running.get(timeout=10) == running.id
+        assert waiting.get(timeout=10) == waiting.id  # ran, not skipped: the holder was done
+        assert not r.exists(queued_key(report, "daily"))
+        assert report.delay("daily").get(timeout=10) is not None  # queued again once started
+    assert len(ran) == 3
+
+
+def test_the_marker_clears_even_when_its_execution_is_skipped(
+    h: Holder, app: Celery, r: redis_py.Redis
+) -> None:
+    @app.task(base=LockedTask, lock_enqueue=True, lock_by=())
+    def job(role: str) -> str:
+        if role == "holder":
+            h.hold()
+        return role
+
+    with running_worker(app, concurrency=2):
+        holder = job.delay("holder")
+        assert h.entered.wait(10)
+        skipped = job.delay("other")
+        assert skipped.get(timeout=10) is None  # started, found the lock held, skipped
+        assert not r.exists(queued_key(job, "other"))  # lock_by=(): one key for all calls
+        assert job.delay("third").id != skipped.id
+        h.gate.set()
+        assert holder.get(timeout=10) == "holder"
+
+
+def test_the_marker_expires_after_lock_enqueue_ttl_and_is_cleared_owner_checked(
+    h: Holder, app: Celery, r: redis_py.Redis, broker: redis_py.Redis
+) -> None:
+    @app.task(base=LockedTask, lock_enqueue=True, lock_enqueue_ttl=0.3, lock_by=())
+    def job(n: int) -> int:
+        if n == 1:
+            h.hold()
+        return n
+
+    first = job.delay(1)
+    marker = queued_key(job, 1)
+    assert r.get(marker) == first.id.encode()
+    wait_until(lambda: not r.exists(marker), 5, "the marker to expire")
+    second = job.delay(2)  # the first never started, but its marker is gone: queued again
+    assert second.id != first.id
+    assert broker.llen("celery") == 2
+    with running_worker(app, concurrency=1):
+        assert h.entered.wait(10)
+        # The first started; it cleared nothing, because the marker now names the second.
+        assert r.get(marker) == second.id.encode()
+        assert job.delay(3).id == second.id
+        h.gate.set()
+        assert first.get(timeout=10) == 1
+        assert second.get(timeout=10) == 2
+
+
+def test_a_retry_is_never_rejected_by_a_marker(
+    h: Holder, app: Celery, r: redis_py.Redis
+) -> None:
+    """Retries publish whatever marker is set: another call's, or the execution's own."""
+    attempts: list[tuple[str, int]] = []
+
+    @app.task(base=LockedTask, bind=True, lock_enqueue=True, lock_by=["key"], max_retries=3)
+    def job(self: Task, key: str, role: str) -> int:
+        attempts.append((role, self.request.retries))
+        if self.request.retries == 0 and role == "first":
+            h.hold()
+            raise self.retry(countdown=0)
+        if self.request.retries == 0 and role == "own":
+            # As if the clear at start had been missed: the marker names this execution.
+            r.set(queued_key(job, key, role), self.request.id)
+            raise self.retry(countdown=0)
+        return self.request.retries
+
+    with running_worker(app, concurrency=1):
+        first = job.delay("k", "first")
+        assert h.entered.wait(10)
+        newcomer = job.delay("k", "newcomer")  # queued while the first runs: the marker is its
+        assert r.get(queued_key(job, "k", "newcomer")) == newcomer.id.encode()
+        h.gate.set()
+        assert first.get(timeout=10) == 1  # the retry was published, not replaced by newcomer
+        assert newcomer.get(timeout=10) == 0
+        own = job.delay("k", "own")
+        assert own.get(timeout=10) == 1  # its own marker did not stop its retry
+    assert ("first", 1) in attempts and ("own", 1) in attempts
+
+
+def test_a_contended_retry_is_never_rejected_by_a_marker(
+    h: Holder, app: Celery, r: redis_py.Redis
+) -> None:
+    @app.task(base=LockedTask, bind=True, lock_enqueue=True, lock_by=(),
+              lock_on_contention="retry", lock_retry_countdown=0.05, max_retries=100)
+    def job(self: Task, role: str) -> int:
+        if role == "holder":
+            h.hold()
+        return self.request.retries
+
+    with running_worker(app, concurrency=2):
+        holder = job.delay("holder")
+        assert h.entered.wait(10)
+        contender = job.delay("contender")  # starts, finds the lock held, retries
+        wait_until(lambda: contender.state == "RETRY", 10, "the contender to retry")
+        late = job.delay("late")  # marks the key while the contender's retries are due
+        wait_until(lambda: late.state == "RETRY", 10, "the late call to retry too")
+        h.gate.set()
+        assert holder.get(timeout=10) == 0
+        assert contender.get(timeout=10) >= 1
+        assert late.get(timeout=10) >= 1
+
+
+def test_send_task_bypasses_markers(
+    app: Celery, r: redis_py.Redis, broker: redis_py.Redis
+) -> None:
+    @app.task(base=LockedTask, lock_enqueue=True, lock_by=())
+    def job() -> None: ...
+
+    first = job.delay()
+    by_name = app.send_task(job.name)
+    assert by_name.id != first.id
+    assert broker.llen("celery") == 2
+    assert r.get(queued_key(job)) == first.id.encode()  # left as it was
+
+
+def test_eager_calls_bypass_markers(app: Celery, r: redis_py.Redis) -> None:
+    app.conf.task_always_eager = True
+
+    @app.task(base=LockedTask, lock_enqueue=True, lock_by=())
+    def job(n: int) -> int:
+        return n
+
+    assert [job.delay(n).get() for n in (1, 2)] == [1, 2]
+    assert r.keys("*queued*") == []
+
+
+def test_an_unreachable_redis_never_drops_a_call(
+    redis_server: RedisServer, redis_url: str, broker: redis_py.Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = make_app(redis_server, redlock_url=f"redis://127.0.0.1:{free_port()}/0")
+
+    @app.task(base=LockedTask, lock_enqueue=True, lock_by=())
+    def job() -> None: ...
+
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.task"):
+        ids = {job.delay().id for _ in range(2)}
+    assert len(ids) == 2
+    assert broker.llen("celery") == 2  # both published
+    assert "enqueue de-duplication skipped, Redis unavailable" in caplog.text
+    app.close()
+
+
+def test_an_expired_queued_call_clears_its_marker(app: Celery, r: redis_py.Redis) -> None:
+    @app.task(base=LockedTask, lock_enqueue=True)
+    def report(day: str) -> str:
+        return day
+
+    first = report.apply_async(("monday",), expires=0.2)
+    marker = queued_key(report, "monday")
+    assert r.get(marker) == first.id.encode()
+    wait_until(lambda: first.state == "PENDING" and r.pttl(marker) > 0, 5, "marker set")
+    time.sleep(0.3)  # the point is elapsed time: the message must be past its expiry
+    with running_worker(app):
+        wait_until(lambda: not r.exists(marker), 10, "the worker to discard it and clear")
+        assert first.state == "REVOKED"
+        second = report.delay("monday")  # not swallowed by the expired call's marker
+        assert second.id != first.id
+        assert second.get(timeout=10) == "monday"

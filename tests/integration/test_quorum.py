@@ -1,0 +1,391 @@
+"""Redlock over five independent ``redis-server`` processes (:class:`celery_redlock._nodes.Quorum`).
+
+Nodes are stopped with SIGKILL and restarted empty (no persistence), as a crashed node would
+be. Every check of what a node holds reads that node directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_redlock import Lock, LockedTask, LockUnavailable, current_lock, lock_key
+from celery_redlock._keys import keys_for
+from celery_redlock._nodes import Quorum
+from celery_redlock.lock import release_attempt
+from celery_redlock.testing import RedisServer
+from tests.conftest import make_app, running_worker
+from tests.servers import DelayProxy, client
+
+N = 5
+
+
+@pytest.fixture
+def nodes() -> Iterator[list[RedisServer]]:
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(RedisServer()) for _ in range(N)]
+
+
+def urls(servers: list[RedisServer]) -> list[str]:
+    return [s.url for s in servers]
+
+
+def name_of(server: RedisServer) -> str:
+    return f"127.0.0.1:{server.port}"
+
+
+def on_node(server: RedisServer, *command: Any) -> Any:
+    c = client(server.port)
+    try:
+        return c.execute_command(*command)
+    finally:
+        c.close()
+
+
+def values(servers: list[RedisServer], key: str) -> list[bytes | None]:
+    """The value of ``key`` on each node (all must be running)."""
+    return [on_node(s, "GET", key) for s in servers]
+
+
+# -- the algorithm on healthy nodes -------------------------------------------------------------
+
+
+def test_acquire_extend_release_reach_every_node(nodes: list[RedisServer]) -> None:
+    lock = Lock(urls(nodes), "job", ttl=10)
+    assert lock.acquire(blocking=False)
+    assert lock.token is not None
+    assert values(nodes, lock.key) == [lock.token.encode()] * N
+    fences = values(nodes, keys_for("redlock", "job").fence)
+    assert fences == [str(lock.fencing_token).encode()] * N  # the quorum agreed on one token
+    assert lock.locked()
+    assert 9.0 < (lock.remaining_ttl() or 0) <= 10.0
+
+    lock.extend(60)
+    assert all(50_000 < on_node(s, "PTTL", lock.key) <= 60_000 for s in nodes)
+    assert 59.0 < (lock.remaining_ttl() or 0) <= 60.0
+
+    lock.release()
+    assert values(nodes, lock.key) == [None] * N
+    assert not lock.locked()
+
+
+def test_acquire_costs_one_round_trip_not_n(nodes: list[RedisServer]) -> None:
+    """Each node sits behind a proxy adding 100 ms each way: one round trip is 200 ms, and a
+    node-after-node acquire would take 5 x 200 ms."""
+    with contextlib.ExitStack() as stack:
+        proxies = [stack.enter_context(DelayProxy(s.port, 0.0)) for s in nodes]
+        targets = [p.url for p in proxies]
+        warm = Lock(targets, "warm", ttl=10)  # connect and load the scripts without delay
+        assert warm.acquire(blocking=False)
+        warm.release()
+        for proxy in proxies:
+            proxy.delay = 0.1
+        acquires, releases = [], []
+        for _ in range(3):
+            lock = Lock(targets, "job", ttl=10)
+            start = time.monotonic()
+            assert lock.acquire(blocking=False)
+            acquires.append(time.monotonic() - start)
+            start = time.monotonic()
+            lock.release()
+            releases.append(time.monotonic() - start)
+    assert 0.2 <= min(acquires) < 0.35, acquires
+    assert 0.2 <= min(releases) < 0.35, releases
+
+
+def test_minority_is_released_everywhere_and_reports_contention(
+    nodes: list[RedisServer],
+) -> None:
+    other = Lock(urls(nodes[:3]), "job", ttl=10, owner="task-A", host="w1")
+    assert other.acquire(blocking=False)  # holds nodes 0, 1, 2 (a quorum of its own)
+
+    lock = Lock(urls(nodes), "job", ttl=10, owner="task-B")
+    assert not lock.acquire(blocking=False)  # wins 3 and 4 only
+    assert lock.last_holder is not None
+    assert (lock.last_holder.task_id, lock.last_holder.host) == ("task-A", "w1")
+    assert lock.last_holder_ttl is not None and 9.0 < lock.last_holder_ttl <= 10.0
+    assert other.token is not None
+    assert values(nodes, lock.key) == [other.token.encode()] * 3 + [None, None]
+    other.release()
+
+
+def test_validity_time_spent_means_not_acquired_and_released_everywhere(
+    nodes: list[RedisServer],
+) -> None:
+    """All nodes grant, but the injected clock says the round took the whole TTL."""
+    ticks = iter([100.0, 130.0])
+    clients = [client(s.port) for s in nodes]
+    try:
+        quorum = Quorum(clients, clock=lambda: next(ticks))
+        result = quorum.acquire(keys_for("redlock", "job"), "token-1", 30_000)
+    finally:
+        for c in clients:
+            c.close()
+    assert not result.acquired
+    assert result.holder is None  # nobody else holds it: the time ran out
+    assert values(nodes, "redlock:{job}") == [None] * N
+
+
+def test_an_error_reply_counts_as_one_failed_node(nodes: list[RedisServer]) -> None:
+    """A node out of memory refuses the script: the other four still make a quorum, and every
+    reply is read, so no connection is left behind with an unread reply."""
+    warm = Lock(urls(nodes), "warm", ttl=10)
+    assert warm.acquire(blocking=False)
+    warm.release()
+    on_node(nodes[1], "CONFIG", "SET", "maxmemory", "1")
+    for _ in range(10):
+        lock = Lock(urls(nodes), "job", ttl=10)
+        assert lock.acquire(blocking=False)
+        assert lock.token is not None
+        held = values(nodes, lock.key)
+        assert held[1] is None and held.count(lock.token.encode()) == N - 1
+        lock.release()
+    for server in nodes:  # the lock's pool plus this check's own connection
+        assert int(on_node(server, "INFO", "clients")["connected_clients"]) <= 3
+
+
+def test_fencing_tokens_increase_through_lagging_and_stopped_nodes(
+    nodes: list[RedisServer],
+) -> None:
+    fence = keys_for("redlock", "job").fence
+    tokens = []
+
+    def take() -> int:
+        lock = Lock(urls(nodes), "job", ttl=10)
+        assert lock.acquire(blocking=False)
+        lock.release()
+        assert lock.fencing_token is not None
+        tokens.append(lock.fencing_token)
+        return lock.fencing_token
+
+    take()
+    # Node 0 saw acquisitions the others did not: its counter is far ahead.
+    on_node(nodes[0], "SET", fence, str(tokens[0] + 10**9))
+    ahead = take()
+    assert ahead == tokens[0] + 10**9 + 1
+    # The quorum wrote the token back to the nodes that returned a smaller one...
+    assert values(nodes, fence) == [str(ahead).encode()] * N
+    # ...so with node 0 gone the next token is still larger,
+    nodes[0].stop()
+    take()
+    # and with node 0 back empty and two others gone, too.
+    nodes[0].start()
+    nodes[1].stop()
+    nodes[2].stop()
+    take()
+    assert tokens == sorted(set(tokens)), tokens
+
+
+# -- failures -----------------------------------------------------------------------------------
+
+
+def test_two_nodes_stopped_everything_works_without_overlap(nodes: list[RedisServer]) -> None:
+    """Node 0 (where a blocking acquire subscribes first) and node 1 are down."""
+    nodes[0].stop()
+    nodes[1].stop()
+    inside, overlaps, runs = [0], [], list[int]()
+    guard = threading.Lock()
+
+    def worker(n: int) -> None:
+        for _ in range(5):
+            with Lock(urls(nodes), "shared", ttl=10, timeout=10) as lock:
+                with guard:
+                    inside[0] += 1
+                    if inside[0] > 1:
+                        overlaps.append(n)
+                    runs.append(lock.fencing_token or 0)
+                lock.extend(10)  # 3 of 5 is a strict majority
+                with guard:
+                    inside[0] -= 1
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    assert overlaps == []
+    assert len(runs) == 20
+    assert runs == sorted(set(runs))  # taken one after the other, tokens increasing
+    assert values(nodes[2:], "redlock:{shared}") == [None] * 3
+
+
+def test_three_nodes_stopped_is_unavailable_naming_them_then_they_rejoin(
+    nodes: list[RedisServer],
+) -> None:
+    held = Lock(urls(nodes), "held", ttl=10, owner="task-1", host="w1")
+    assert held.acquire(blocking=False)
+    down = nodes[:2] + nodes[3:4]
+    for server in down:
+        server.stop()
+    names = [name_of(s) for s in down]
+
+    with pytest.raises(LockUnavailable) as info:
+        Lock(urls(nodes), "job", ttl=10).acquire(blocking=False)
+    assert info.value.key == "redlock:{job}"
+    assert sorted(info.value.nodes) == sorted(names)
+    message = str(info.value)
+    assert "3 of 5 nodes failed" in message and "3 needed" in message
+    assert all(name in message for name in names)
+    assert name_of(nodes[2]) not in message and name_of(nodes[4]) not in message
+
+    with pytest.raises(LockUnavailable):
+        held.extend()
+    with pytest.raises(LockUnavailable):
+        release_attempt(urls(nodes), "held", "redlock", "task-1", "w1", os.getpid())
+    with pytest.raises(LockUnavailable):
+        held.release()
+
+    for server in down:
+        server.start()  # back, empty
+    lock = Lock(urls(nodes), "job", ttl=10)
+    assert lock.acquire(blocking=False)
+    assert lock.token is not None
+    assert values(nodes, lock.key) == [lock.token.encode()] * N  # every node takes part again
+    lock.release()
+    assert values(nodes, lock.key) == [None] * N
+
+
+def test_node_restarted_empty_does_not_let_a_second_holder_in(nodes: list[RedisServer]) -> None:
+    holder = Lock(urls(nodes), "job", ttl=10)
+    assert holder.acquire(blocking=False)
+    nodes[2].restart()  # lost its copy of the lock
+    assert values(nodes, holder.key).count(None) == 1
+
+    second = Lock(urls(nodes), "job", ttl=10)
+    assert not second.acquire(blocking=False)  # got the restarted node only
+    assert not second.held
+    assert values(nodes, holder.key)[2] is None  # and gave it back
+
+    holder.extend()  # 4 of 5 still hold
+    holder.release()
+    assert second.acquire(blocking=False)
+    second.release()
+
+
+def test_renewal_reaches_every_node_and_survives_two_stopped(nodes: list[RedisServer]) -> None:
+    lock = Lock(urls(nodes), "renewed", ttl=0.3, auto_renew=True)
+    assert lock.acquire(blocking=False)
+    assert lock.token is not None
+    token = lock.token.encode()
+    try:
+        for live in (nodes, nodes[2:]):
+            if live is not nodes:
+                nodes[0].stop()
+                nodes[1].stop()
+            start = time.monotonic()
+            # The point is elapsed time: two leases must pass with every live node renewed.
+            while time.monotonic() - start < 0.6:
+                assert values(live, lock.key) == [token] * len(live)
+                assert all(0 < on_node(s, "PTTL", lock.key) <= 300 for s in live)
+                time.sleep(0.01)
+        assert lock.held
+        assert not lock.lost
+    finally:
+        lock.release()
+    assert values(nodes[2:], lock.key) == [None] * 3
+
+
+def test_release_attempt_reaches_every_node(nodes: list[RedisServer]) -> None:
+    """The worker's main process releases for a dead child: owner-checked, on every node."""
+    pid = os.getpid()
+    lock = Lock(urls(nodes), "job", ttl=10, owner="task-1", host="w1")
+    assert lock.acquire(blocking=False)
+    assert not release_attempt(urls(nodes), "job", "redlock", "task-2", "w1", pid)
+    assert values(nodes, lock.key).count(None) == 0
+    assert release_attempt(urls(nodes), "job", "redlock", "task-1", "w1", pid)
+    assert values(nodes, lock.key) == [None] * N
+
+    nodes[0].stop()
+    nodes[4].stop()
+    lock = Lock(urls(nodes), "job", ttl=10, owner="task-1", host="w1")
+    assert lock.acquire(blocking=False)
+    assert release_attempt(urls(nodes), "job", "redlock", "task-1", "w1", pid, timeout=1.0)
+    assert values(nodes[1:4], lock.key) == [None] * 3
+
+
+# -- through Celery -----------------------------------------------------------------------------
+
+
+def test_locked_task_on_five_nodes(nodes: list[RedisServer], redis_server: RedisServer) -> None:
+    """Broker and results on the session server; locks on the five nodes, two then three of
+    them stopped, then all back."""
+    redis_server.client().flushall()
+    app: Celery = make_app(
+        redis_server, "quorum", redlock_url=urls(nodes), redlock_on_unavailable="fail"
+    )
+    inside, overlaps = [0], []
+    guard = threading.Lock()
+
+    @app.task(base=LockedTask, lock_by=[], lock_on_contention="wait", lock_wait_timeout=20)
+    def work(n: int) -> list[bool]:
+        with guard:
+            inside[0] += 1
+            if inside[0] > 1:
+                overlaps.append(n)
+        key = lock_key(work, n)
+        held = [bool(on_node(s, "EXISTS", key)) for s in nodes if s.process is not None]
+        with guard:
+            inside[0] -= 1
+        return held
+
+    with running_worker(app, concurrency=4):
+        nodes[0].stop()
+        nodes[3].stop()
+        results = [work.delay(n) for n in range(8)]
+        assert [r.get(timeout=30) for r in results] == [[True] * 3] * 8  # on every live node
+        assert overlaps == []
+
+        nodes[1].stop()
+        with pytest.raises(LockUnavailable) as info:
+            work.delay(99).get(timeout=30)
+        assert "3 of 5 nodes failed" in str(info.value)
+        for server in (nodes[0], nodes[1], nodes[3]):
+            assert name_of(server) in str(info.value)
+
+        for server in (nodes[0], nodes[1], nodes[3]):
+            server.start()  # back, empty
+        assert work.delay(100).get(timeout=30) == [True] * N
+
+
+@pytest.mark.parametrize("policy", ["fail", "retry", "run"])
+def test_three_stopped_follows_redlock_on_unavailable(
+    nodes: list[RedisServer], redis_server: RedisServer, policy: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Through ``apply()`` (no worker): the engine's decision, not the transport, is tested."""
+    app: Celery = make_app(
+        redis_server, f"unavailable-{policy}", redlock_url=urls(nodes),
+        redlock_on_unavailable=policy,
+    )
+    runs: list[bool] = []
+
+    @app.task(base=LockedTask, max_retries=2, lock_retry_countdown=0)
+    def work(key: str) -> str:
+        runs.append(current_lock() is None)
+        return "ran"
+
+    for server in nodes[1:4]:
+        server.stop()
+    result = work.apply(("k",))
+    if policy == "run":
+        assert result.get() == "ran"
+        assert runs == [True]  # ran, without a lock
+    else:
+        with pytest.raises(LockUnavailable) as info:
+            result.get()
+        assert all(name_of(s) in str(info.value) for s in nodes[1:4])
+        assert runs == []  # never ran unlocked
+        retried = [r for r in caplog.records
+                   if r.name == "celery_redlock.task" and "retrying" in r.getMessage()]
+        if policy == "retry":
+            assert len(retried) >= 2  # max_retries=2, then the error
+        else:
+            assert retried == []

@@ -1,0 +1,93 @@
+"""Locks through ``redis+sentinel://`` against a real Sentinel, primary and replica.
+
+The failover is the Sentinel's own (``SENTINEL FAILOVER``), with the old primary still running.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from celery_redlock import Lock, LockUnavailable
+from celery_redlock.testing import RedisServer, free_port
+from tests.servers import SERVICE, SentinelGroup, client, wait_until
+
+
+@pytest.fixture
+def group() -> Iterator[SentinelGroup]:
+    with SentinelGroup() as g:
+        yield g
+
+
+def get(server: RedisServer, key: str) -> bytes | None:
+    c = client(server.port)
+    try:
+        value = c.get(key)
+    finally:
+        c.close()
+    assert value is None or isinstance(value, bytes)
+    return value
+
+
+def test_lock_through_sentinel_and_across_a_failover(group: SentinelGroup) -> None:
+    url = group.url
+    assert url == f"redis+sentinel://127.0.0.1:{group.port}/{SERVICE}/0"
+    held = Lock(url, "held", ttl=30, owner="task-1", host="w1")
+    assert held.acquire(blocking=False)
+    assert held.token is not None
+    token = held.token.encode()
+    assert get(group.primary, held.key) == token
+    wait_until(lambda: get(group.replica, held.key) == token, 5, "the lock to reach the replica")
+
+    # Every operation, including a blocking acquire woken by a release notification.
+    lock = Lock(url, "job", ttl=10)
+    assert lock.acquire(blocking=False)
+    lock.extend(20)
+    assert 19.0 < (lock.remaining_ttl() or 0) <= 20.0
+    waiter = Lock(url, "job", ttl=10)
+    releaser = threading.Timer(0.2, lock.release)
+    releaser.start()
+    start = time.monotonic()
+    assert waiter.acquire(timeout=5)
+    assert time.monotonic() - start < 2.0  # woken by the release, not by the 20 s TTL
+    releaser.join()
+    waiter.release()
+
+    new, old = group.failover()
+    assert (new.port, old.port) == (group.replica.port, group.primary.port)
+
+    # The lock taken before the failover was replicated: the new primary still refuses it...
+    contender = Lock(url, "held", ttl=30)
+    assert not contender.acquire(blocking=False)
+    assert contender.last_holder is not None
+    assert contender.last_holder.task_id == "task-1"
+    # ...and its holder extends and releases it there.
+    held.extend()
+    held.release()
+    assert get(new, held.key) is None
+
+    # New locks live on the new primary, blocking acquire included.
+    lock = Lock(url, "after", ttl=10)
+    assert lock.acquire(blocking=False)
+    assert lock.token is not None
+    assert get(new, lock.key) == lock.token.encode()
+    waiter = Lock(url, "after", ttl=10)
+    releaser = threading.Timer(0.2, lock.release)
+    releaser.start()
+    assert waiter.acquire(timeout=5)
+    releaser.join()
+    assert waiter.token is not None
+    assert get(new, waiter.key) == waiter.token.encode()
+    waiter.release()
+    assert get(new, waiter.key) is None
+
+
+def test_no_sentinel_answering_is_unavailable_naming_the_service() -> None:
+    url = f"redis+sentinel://127.0.0.1:{free_port()},127.0.0.1:{free_port()}/{SERVICE}/0"
+    with pytest.raises(LockUnavailable) as info:
+        Lock(url, "job", ttl=10).acquire(blocking=False)
+    assert info.value.nodes == (f"sentinel service {SERVICE}",)
+    assert f"sentinel service {SERVICE}" in str(info.value)

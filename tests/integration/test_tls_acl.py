@@ -1,0 +1,213 @@
+"""``rediss://`` with a private CA and client certificates, password auth, and the minimal ACL.
+
+The servers listen on TLS only (``--port 0``) and require a client certificate
+(``--tls-auth-clients yes``). The ``default`` user has a password; the locks use
+:data:`ACL_RULES`, the README's ACL line, which :func:`test_every_rule_of_the_acl_is_needed`
+shows to be minimal: dropping any one rule breaks an operation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis as redis_py
+
+from celery_redlock import Lock, LockedTask, LockUnavailable, current_lock, metrics
+from celery_redlock.lock import release_attempt
+from celery_redlock.testing import RedisServer
+from tests.conftest import make_app, running_worker
+from tests.servers import Certs, TlsServer, make_certs, tls_supported
+
+#: The commands the plugin runs: EVALSHA (every operation; the scripts' own calls are checked
+#: against the same user: GET SET DEL PEXPIRE PTTL TIME PUBLISH), SCRIPT LOAD (after NOSCRIPT),
+#: PTTL (``locked()``, ``remaining_ttl()``), SUBSCRIBE (blocking acquire), PING (a quorum
+#: picks a live node to subscribe on), HINCRBY (the workers' event counters).
+ACL_RULES = (
+    "on >secret resetchannels &redlock:* resetkeys ~redlock:* -@all "
+    "+evalsha +script|load +get +set +del +pexpire +pttl +time +publish +subscribe +ping "
+    "+hincrby"
+)
+#: The line for redis.conf / an ACL file (the README's).
+ACL_LINE = f"user redlock {ACL_RULES}"
+COMMANDS = [rule for rule in ACL_RULES.split() if rule.startswith("+")]
+ADMIN_PASSWORD = "admin-pw"
+
+NO_TLS = tls_supported()
+pytestmark = pytest.mark.skipif(NO_TLS is not None, reason=NO_TLS or "")
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return make_certs(str(tmp_path_factory.mktemp("pki")))
+
+
+@pytest.fixture(scope="module")
+def servers(certs: Certs) -> Iterator[list[TlsServer]]:
+    """Three TLS servers (three independent nodes for the quorum tests), user from the line."""
+    with contextlib.ExitStack() as stack:
+        yield [
+            stack.enter_context(TlsServer(certs, ADMIN_PASSWORD, users=[ACL_LINE.split(" ", 1)[1]]))
+            for _ in range(3)
+        ]
+
+
+@pytest.fixture
+def tls(servers: list[TlsServer]) -> TlsServer:
+    for server in servers:
+        admin = server.admin()
+        try:
+            admin.flushall()
+            admin.script_flush()  # so that SCRIPT LOAD is exercised too
+        finally:
+            admin.close()
+    return servers[0]
+
+
+def operations(target: str | list[str], name: str) -> None:
+    """Every lock operation once: raises on the first one that the server refuses."""
+    holder = Lock(target, name, ttl=10, owner="task-1", host="w1")
+    assert holder.acquire(blocking=False)
+    contender = Lock(target, name, ttl=10)
+    assert not contender.acquire(blocking=False)  # the holder's PTTL, from the script
+    assert contender.last_holder is not None and contender.last_holder.task_id == "task-1"
+    assert holder.locked()
+    assert 9.0 < (holder.remaining_ttl() or 0) <= 10.0
+    holder.extend(20)
+    holder.release()
+
+    holder = Lock(target, name, ttl=10)
+    assert holder.acquire(blocking=False)
+    errors: list[BaseException] = []
+
+    def release() -> None:
+        try:
+            holder.release()
+        except BaseException as exc:  # reported by the waiter below
+            errors.append(exc)
+
+    waiter = Lock(target, name, ttl=10)
+    releaser = threading.Timer(0.05, release)
+    releaser.start()
+    try:
+        start = time.monotonic()
+        acquired = waiter.acquire(timeout=3)
+    finally:
+        releaser.join()
+    if errors:
+        raise errors[0]
+    assert acquired and time.monotonic() - start < 2.0  # woken by the release notification
+    waiter.release()
+
+    lock = Lock(target, name, ttl=10, owner="task-2", host="w1")
+    assert lock.acquire(blocking=False)
+    assert release_attempt(target, name, "redlock", "task-2", "w1", os.getpid())
+    assert not lock.locked()
+
+
+def test_tls_needs_the_ca_the_client_certificate_and_the_password(tls: TlsServer) -> None:
+    operations(tls.url("", ADMIN_PASSWORD), "admin")  # password auth, default user
+
+    bad = {
+        "no client certificate": tls.url("redlock", "secret", client_cert=False),
+        "wrong password": tls.url("redlock", "wrong-pw"),
+        "no password": tls.url(),
+        "plain TCP": f"redis://redlock:secret@127.0.0.1:{tls.port}/0",
+    }
+    for what, url in bad.items():
+        with pytest.raises(LockUnavailable) as info:
+            Lock(url, "job", ttl=10).acquire(blocking=False)
+        assert f"127.0.0.1:{tls.port}" in str(info.value), what
+        assert "secret" not in str(info.value) and "wrong-pw" not in str(info.value), what
+
+    no_ca = f"rediss://redlock:secret@127.0.0.1:{tls.port}/0?ssl_cert_reqs=required"
+    with pytest.raises(LockUnavailable, match="certificate verify failed"):
+        Lock(no_ca, "job", ttl=10).acquire(blocking=False)
+
+
+def test_every_operation_works_with_the_acl_user(
+    tls: TlsServer, servers: list[TlsServer]
+) -> None:
+    operations(tls.url("redlock", "secret"), "single")
+    operations([s.url("redlock", "secret") for s in servers], "quorum")
+
+
+def test_the_acl_user_is_refused_everything_else(tls: TlsServer) -> None:
+    c = tls.connect(username="redlock", password="secret")
+    try:
+        for command in (
+            ("FLUSHALL",), ("GET", "other"), ("SET", "other", "1"), ("DEL", "other"),
+            ("KEYS", "*"), ("SCAN", "0"), ("CONFIG", "GET", "*"), ("SCRIPT", "FLUSH"),
+            ("EVAL", "return 1", "0"), ("PUBLISH", "other", "1"), ("SELECT", "1"),
+            ("ACL", "WHOAMI"), ("INCR", "redlock:{x}"), ("EVALSHA", "0" * 40, "1", "other"),
+        ):
+            with pytest.raises(redis_py.exceptions.NoPermissionError):
+                c.execute_command(*command)
+        pubsub = c.pubsub()
+        try:
+            with pytest.raises(redis_py.exceptions.NoPermissionError):
+                pubsub.subscribe("other")
+                pubsub.get_message(timeout=1)
+        finally:
+            pubsub.close()
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("dropped", COMMANDS)
+def test_every_rule_of_the_acl_is_needed(
+    tls: TlsServer, servers: list[TlsServer], dropped: str
+) -> None:
+    user = f"probe-{dropped.strip('+').replace('|', '-')}"
+    rules = [rule for rule in ACL_RULES.split() if rule != dropped]
+    for server in servers:
+        admin = server.admin()
+        try:
+            admin.execute_command("ACL", "SETUSER", user, "reset", *rules)
+        finally:
+            admin.close()
+    if dropped == "+hincrby":
+        c = tls.connect(username=user, password="secret")
+        try:
+            with pytest.raises(redis_py.exceptions.NoPermissionError):
+                c.hincrby("redlock:stats:task", "acquired", 1)
+        finally:
+            c.close()
+        return
+    with pytest.raises((redis_py.exceptions.ResponseError, LockUnavailable)) as info:
+        operations(tls.url(user, "secret"), "single")
+        operations([s.url(user, "secret") for s in servers], "quorum")
+    assert "permission" in str(info.value) or "can't run this command" in str(info.value)
+
+
+def test_locked_task_over_tls_with_the_acl_user(
+    tls: TlsServer, redis_server: RedisServer
+) -> None:
+    """Broker and results on a plain server; locks and event counters over TLS, ACL user."""
+    redis_server.client().flushall()
+    app = make_app(redis_server, "tls", redlock_url=tls.url("redlock", "secret"))
+
+    @app.task(base=LockedTask)
+    def work(key: str) -> bool:
+        lock = current_lock()
+        assert lock is not None
+        admin = tls.admin()
+        try:
+            return bool(admin.exists(lock.key))
+        finally:
+            admin.close()
+
+    with running_worker(app, concurrency=1):
+        assert work.delay("k").get(timeout=10) is True  # the lock was on the TLS server
+    metrics.flush()  # the event counters, written with HINCRBY as the ACL user
+    admin = tls.admin(decode_responses=True)
+    try:
+        assert int(admin.hget(f"redlock:stats:{work.name}", "acquired") or 0) >= 1
+        keys: list[str] = admin.keys("redlock:{*")  # type: ignore[assignment]
+        assert [k for k in keys if not k.endswith(":fence")] == []
+    finally:
+        admin.close()
