@@ -30,7 +30,6 @@ import cProfile
 import importlib
 import json
 import os
-import platform
 import pstats
 import signal
 import socket
@@ -48,12 +47,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python benchmarks/bench_core.py` puts benchmarks/ first instead
     sys.path.insert(0, str(ROOT))
 
-import celery  # noqa: E402
 import redis  # noqa: E402
 import redis.lock  # noqa: E402
 
+from benchmarks._common import environment  # noqa: E402
 from celery_redlock import Lock, _keys, _owner, _renewal, _scripts, lock_key  # noqa: E402
-from celery_redlock.testing import RedisServer  # noqa: E402
+from celery_redlock.testing import RedisServer, wait_until  # noqa: E402
 
 TARGET_TASK_RATIO = 0.95
 TARGET_PAIR_RATIO = 0.9
@@ -99,29 +98,6 @@ def guarded_costs(pieces: dict[str, Callable[[], object]], quick: bool) -> dict[
             continue
         out[name] = per_call_us(fn, quick)
     return out
-
-
-def git_state() -> str:
-    """Commit of the checkout the package is imported from, ``+dirty`` if it has edits."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                              capture_output=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "celery_redlock"],
-                               cwd=ROOT, text=True, capture_output=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty.strip() else "")
-
-
-def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)  # polling a log file: there is nothing to block on
 
 
 class StubClient:
@@ -742,18 +718,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     results: dict[str, Any] = {"quick": args.quick, "argv": sys.argv[1:] if argv is None else argv}
     with RedisServer() as server:
-        probe = server.client()
-        info = probe.info("server")
-        probe.close()
-        env = results["environment"] = {
-            "python": platform.python_version(),
-            "redis_py": redis.__version__,
-            "celery": celery.__version__,
-            "redis_server": info.get("redis_version"),
-            "cpus": os.cpu_count(),
-            "loadavg_start": os.getloadavg(),
-            "package_commit": git_state(),
-        }
+        env = results["environment"] = environment(server)
         print(
             f"celery-redlock core benchmark: python {env['python']}, redis-py {env['redis_py']}, "
             f"celery {env['celery']}, redis-server {env['redis_server']}, {env['cpus']} CPUs, "

@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -46,11 +45,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python benchmarks/takeover.py` puts benchmarks/ first instead
     sys.path.insert(0, str(ROOT))
 
-import celery  # noqa: E402
 import redis  # noqa: E402
 from celery import Celery  # noqa: E402
 from celery.result import AsyncResult  # noqa: E402
 
+from benchmarks._common import environment  # noqa: E402
 from celery_redlock.testing import RedisServer  # noqa: E402
 from tests.e2e.harness import WorkerProcess, log_time, pid_alive, wait_until  # noqa: E402
 
@@ -79,18 +78,6 @@ ACKS_QUEUE, COLD_QUEUE, KILLED_QUEUE = "takeover-acks", "takeover-cold", "takeov
 def progress(message: str) -> None:
     sys.stdout.flush()
     print(message, file=sys.stderr, flush=True)
-
-
-def git_state() -> str:
-    """Commit of the checkout the package is imported from, ``+dirty`` if it has edits."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, text=True,
-                              capture_output=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "celery_redlock"],
-                               cwd=ROOT, text=True, capture_output=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty.strip() else "")
 
 
 # -- workers --------------------------------------------------------------------------------------
@@ -604,18 +591,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {"quick": args.quick, "argv": sys.argv[1:] if argv is None else argv}
     began = time.monotonic()
     with RedisServer() as server:
-        probe = server.client()
-        info = probe.info("server")
-        probe.close()
-        env = results["environment"] = {
-            "python": platform.python_version(),
-            "redis_py": redis.__version__,
-            "celery": celery.__version__,
-            "redis_server": info.get("redis_version"),
-            "cpus": os.cpu_count(),
-            "loadavg_start": os.getloadavg(),
-            "package_commit": git_state(),
-        }
+        env = results["environment"] = environment(server)
         print(
             f"celery-redlock takeover benchmark: python {env['python']}, celery {env['celery']}, "
             f"redis-server {env['redis_server']}, {env['cpus']} CPUs, load "

@@ -22,12 +22,31 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
+from typing import TypeVar
 
 import redis as redis_py
 
-__all__ = ["RedisServer", "free_port", "redis_server_binary"]
+__all__ = ["RedisServer", "free_port", "redis_server_binary", "wait_until"]
+
+T = TypeVar("T")
+
+
+def wait_until(predicate: Callable[[], T], timeout: float, what: str, poll: float = 0.02) -> T:
+    """Poll ``predicate`` every ``poll`` seconds until it returns a truthy value (returned).
+
+    Raises :class:`AssertionError` naming ``what`` after ``timeout`` seconds. For tests that
+    wait for an event visible only by looking (a key, a log line, a process state).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(poll)
 
 
 def redis_server_binary() -> str:

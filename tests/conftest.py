@@ -8,6 +8,7 @@ what tasks record about themselves.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -72,6 +73,25 @@ def make_app(server: RedisServer, name: str = "t", **conf: Any) -> Celery:
 @pytest.fixture
 def app(redis_url: str, redis_server: RedisServer) -> Celery:
     return make_app(redis_server)
+
+
+class Holder:
+    """Holds a task inside its body until the test opens the gate."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def hold(self) -> None:
+        self.entered.set()
+        assert self.gate.wait(20), "test never opened the gate"
+
+
+@pytest.fixture
+def h() -> Iterator[Holder]:
+    holder = Holder()
+    yield holder
+    holder.gate.set()  # a failing test must not leave a worker thread blocked
 
 
 @contextlib.contextmanager

@@ -31,29 +31,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import redis as redis_py
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_redlock.testing import RedisServer, free_port, redis_server_binary
-
-T = TypeVar("T")
-
-POLL = 0.02  # seconds between two looks at a condition; every loop has a deadline
-
-
-def wait_until(predicate: Callable[[], T], timeout: float, what: str) -> T:
-    """Poll ``predicate`` until it returns a truthy value (returned); fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(POLL)
+from celery_redlock.testing import RedisServer, free_port, redis_server_binary, wait_until
 
 
 def client(port: int, **kwargs: Any) -> redis_py.Redis:

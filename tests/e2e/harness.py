@@ -17,19 +17,11 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from celery_redlock.testing import wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 
-
-def wait_until(predicate: Callable[[], object], timeout: float, what: str) -> object:
-    """Poll ``predicate`` (every 20 ms) until it returns a truthy value; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+__all__ = ["ROOT", "WorkerProcess", "wait_until"]
 
 
 class WorkerProcess:

@@ -7,7 +7,6 @@ A worker started after the calls leaves them waiting in the broker queue (db 1, 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -18,27 +17,8 @@ from celery import Celery, Task
 
 from celery_redlock import LockedTask, lock_key
 from celery_redlock.testing import RedisServer, free_port
-from tests.conftest import lock_keys, make_app, running_worker
+from tests.conftest import Holder, lock_keys, make_app, running_worker
 from tests.e2e.harness import wait_until
-
-
-class Holder:
-    """Holds an execution inside its body until the test opens the gate."""
-
-    def __init__(self) -> None:
-        self.entered = threading.Event()
-        self.gate = threading.Event()
-
-    def hold(self) -> None:
-        self.entered.set()
-        assert self.gate.wait(20), "test never opened the gate"
-
-
-@pytest.fixture
-def h() -> Iterator[Holder]:
-    holder = Holder()
-    yield holder
-    holder.gate.set()  # a failing test must not leave a worker thread blocked
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import pytest
@@ -22,27 +21,8 @@ from celery_redlock import (
     single_instance,
 )
 from celery_redlock.testing import RedisServer, free_port
-from tests.conftest import lock_keys, make_app, running_worker
+from tests.conftest import Holder, lock_keys, make_app, running_worker
 from tests.e2e.harness import wait_until
-
-
-class Holder:
-    """Lets a test hold a task inside its critical section until released."""
-
-    def __init__(self) -> None:
-        self.entered = threading.Event()
-        self.gate = threading.Event()
-
-    def hold(self) -> None:
-        self.entered.set()
-        assert self.gate.wait(20), "test never released the holder"
-
-
-@pytest.fixture
-def h() -> Iterator[Holder]:
-    holder = Holder()
-    yield holder
-    holder.gate.set()  # a failing test must not leave a worker thread blocked
 
 
 def test_skip_returns_none_and_logs_holder(
