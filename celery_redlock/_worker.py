@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import logging
 import signal as signal_module
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from celery import current_task, signals
 from celery.concurrency import get_implementation
-from celery.exceptions import TimeLimitExceeded
 from celery.platforms import signals as _signals
 from kombu.asynchronous import get_event_loop
 from kombu.utils.imports import symbol_by_name
@@ -94,14 +94,9 @@ class ParentReleaseMixin:
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False)\
             -> None:
         if not return_ok:
-            exc = getattr(exc_info, "exception", None)
-            exc = getattr(exc, "exc", exc)  # ExceptionWithTraceback wraps it
-            hub = get_event_loop()
-            if isinstance(exc, TimeLimitExceeded) and hub is not None:
-                # The child is killed after this returns: release once it is dead.
-                hub.call_later(0, release_for_dead_child, self)
-            else:
-                release_for_dead_child(self)
+            # For a hard time limit the child is killed only after this returns (billiard:
+            # on_failure, then SIGTERM, then SIGKILL 0.1 s later): release once it is dead.
+            release_when_dead(self)
         super().on_failure(  # type: ignore[misc]
             exc_info, send_failed_event=send_failed_event, return_ok=return_ok
         )
@@ -116,7 +111,47 @@ class ParentReleaseMixin:
         super().terminate(pool, signal)  # type: ignore[misc]
         killed = _SIGKILL is not None and _signals.signum(signal or "SIGTERM") == _SIGKILL
         if killed and self.time_start:  # time_start: accepted, so the child was signalled
-            release_for_dead_child(self)
+            release_when_dead(self)
+
+
+#: How long the main process waits for a killed child to be gone before releasing anyway.
+DEATH_WAIT = 3.0
+_DEATH_POLL = 0.005
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` can still run code (a zombie cannot)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
+def release_when_dead(request: Any, deadline: float | None = None) -> None:
+    """Release the dead child's lock once the child can no longer run (never before).
+
+    Timeline this prevents: (1) the hard limit fires, Celery calls ``on_failure``; (2) a
+    release here would let the next execution start; (3) the child, which blocks or ignores
+    SIGTERM, still runs its body for 0.1 s until billiard's SIGKILL. So the release waits on
+    the worker's event loop, polling ``/proc`` every 5 ms, until the child is gone. A child
+    still running after ``DEATH_WAIT`` s is left alone: while it runs it holds (and renews)
+    its lock, which its own exit or its lease's expiry frees.
+    """
+    hub = get_event_loop()
+    pid = request.worker_pid
+    if hub is None or not pid or not _running(pid):
+        release_for_dead_child(request)
+        return
+    now = time.monotonic()
+    deadline = now + DEATH_WAIT if deadline is None else deadline
+    if now < deadline:
+        hub.call_later(_DEATH_POLL, release_when_dead, request, deadline)
+    else:
+        logger.info("%s[%s]: child %s still runs %.0fs after it was killed; its lock stays "
+                    "until it exits or its lease expires", request.task.name, request.id, pid,
+                    DEATH_WAIT)
 
 
 def release_for_dead_child(request: Any) -> None:
