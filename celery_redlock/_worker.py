@@ -34,6 +34,7 @@ README's "Guarantees and limits"):
 from __future__ import annotations
 
 import logging
+import os
 import signal as signal_module
 import time
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ from typing import Any
 from celery import current_task, signals
 from celery.concurrency import get_implementation
 from celery.platforms import signals as _signals
+from celery.worker import state as worker_state
 from kombu.asynchronous import get_event_loop
 from kombu.utils.imports import symbol_by_name
 
@@ -101,6 +103,10 @@ class ParentReleaseMixin:
             exc_info, send_failed_event=send_failed_event, return_ok=return_ok
         )
 
+    def on_accepted(self, pid: int, time_accepted: float) -> None:
+        super().on_accepted(pid, time_accepted)  # type: ignore[misc]
+        _start_reaper()
+
     def terminate(self, pool: Any, signal: Any = None) -> None:
         """``revoke(terminate=True)``: with SIGKILL the child is dead once this returns.
 
@@ -114,7 +120,40 @@ class ParentReleaseMixin:
             release_when_dead(self)
 
 
-#: How long the main process waits for a killed child to be gone before releasing anyway.
+#: Seconds between two looks for pool children that died with a locked task.
+REAP_INTERVAL = 0.1
+_reaper_pid: int | None = None
+
+
+def _start_reaper() -> None:
+    """Once per worker main process: look for dead children every ``REAP_INTERVAL``."""
+    global _reaper_pid
+    hub = get_event_loop()
+    if hub is None or _reaper_pid == os.getpid():
+        return
+    _reaper_pid = os.getpid()
+    hub.call_repeatedly(REAP_INTERVAL, _reap_dead_children)
+
+
+def _reap_dead_children() -> None:
+    """Release the locks of executions whose pool child is gone, before Celery notices.
+
+    Celery notices a SIGKILLed (OOM-killed) child either at once or at its next periodic pool
+    check, up to 5 s later (measured); only then does ``on_failure`` run. Meanwhile the key
+    would stay locked by a dead process. The release is owner-checked for the attempt (task
+    id, host, dead child's pid), so a child that finished and released by itself, or a
+    successor, is never touched.
+    """
+    for request in list(worker_state.active_requests):
+        pid = getattr(request, "worker_pid", None)
+        if (not pid or not isinstance(request, ParentReleaseMixin)
+                or request.__dict__.get("_redlock_reaped") or _running(pid)):
+            continue
+        request.__dict__["_redlock_reaped"] = True
+        release_for_dead_child(request)
+
+
+#: How long the main process waits for a killed child to be gone.
 DEATH_WAIT = 3.0
 _DEATH_POLL = 0.005
 

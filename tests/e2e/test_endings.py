@@ -287,7 +287,7 @@ def test_child_sigkill_released_by_the_main_process(env: Env, name: str) -> None
     # The worker notices a dead child at once, or at its next 5 s maintain_pool tick (Celery);
     # the lock is released as soon as it does.
     assert seen["released"] - noticed < MS_AFTER_NOTICE
-    assert seen["released"] - killed < MAINTAIN_POOL + 1.0
+    assert seen["released"] - killed < 1.0  # the main process looks every 0.1 s
     assert f"{PARENT_RELEASE} {start['pid']}" in worker.text()
     assert holder.state == "FAILURE"
     assert type(holder.result).__name__ == "WorkerLostError"
@@ -318,7 +318,7 @@ def test_child_sigkill_with_acks_late_released_before_the_requeue(env: Env) -> N
         release_to_requeued_start=again["t"] - seen["released"],
     )
     assert seen["released"] - noticed < MS_AFTER_NOTICE
-    assert seen["released"] - killed < MAINTAIN_POOL + 1.0
+    assert seen["released"] - killed < 1.0  # the main process looks every 0.1 s
     assert f"{PARENT_RELEASE} {start['pid']}" in worker.text()
     assert (again["id"], again["redelivered"]) == (holder.id, True)
     assert again["token"] is not None  # it acquired the lock: it did not find its dead self
