@@ -23,11 +23,12 @@ README's "Guarantees and limits"):
   2. billiard sends SIGTERM, waits up to 0.1 s, then sends SIGKILL;
   3. only then does the timer callback return.
   Releasing in step 1 would let the next execution start while the child still runs (its
-  ``finally`` blocks, or all of it if it does not die on SIGTERM), so the release is deferred to
-  a timer entry due at once, which the event loop runs right after step 3.
-  For ``revoke(terminate=True, signal="SIGKILL")`` the release happens in
-  :meth:`ParentReleaseMixin.terminate`, right after the kill: the pool may notice that child's
-  death only at its next ``maintain_pool`` tick, up to 5 s later.
+  ``finally`` blocks, or all of it if it does not die on SIGTERM), so :func:`release_when_dead`
+  waits on the event loop until the child can no longer run.
+  Celery itself may notice a SIGKILLed child only at its next ``maintain_pool`` tick, up to
+  5 s later; so the main process also looks for dead children of locked executions every
+  ``REAP_INTERVAL`` (:func:`_reap_dead_children`), and :meth:`ParentReleaseMixin.terminate`
+  releases right after a ``revoke(terminate=True, signal="SIGKILL")``.
 * the whole worker killed: nobody; the TTL frees the key (see :mod:`celery_redlock._engine`).
 """
 
