@@ -33,8 +33,6 @@ from .config import Settings, TaskLockOptions, parameters_of, settings_for
 from .exceptions import LockContended, LockLost, LockUnavailable
 from .lock import Lock
 
-from . import _checks  # noqa: F401  # isort: skip  (connects the worker_ready checks)
-
 logger = logging.getLogger("celery_redlock.task")
 
 #: Attribute of ``task.request`` holding the :class:`Execution` of the running attempt.

@@ -48,7 +48,7 @@ from celery.worker import state as worker_state
 from kombu.asynchronous import get_event_loop
 from kombu.utils.imports import symbol_by_name
 
-from . import _engine
+from . import _checks, _engine  # noqa: F401  (_checks connects its worker_ready receiver)
 from ._keys import keys_for
 from .config import settings_for
 from .exceptions import LockUnavailable
