@@ -235,11 +235,25 @@ class Quorum:
         return self._majority(keys.lock, replies, "release")
 
     def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> bool:
+        """Extend where we hold it; re-assert where the key is missing (repair).
+
+        Only nodes that still held our token count toward the majority: a node where the
+        lock was missing (down at acquisition, or restarted empty) gets it back, so that a
+        later single-node outage does not leave us with a minority, but it does not prove we
+        held the lock meanwhile. Timeline this repairs: (1) node 0 is down, A acquires on 1
+        and 2; (2) node 0 rejoins empty; (3) node 2 goes down: without the repair A holds on
+        node 1 only and is lost although only one node was ever down at a time.
+        """
         start = self.clock()
-        replies = self._call_all(_scripts.EXTEND, _scripts.extend_call(keys, token, ttl_ms))
+        call = _scripts.extend_call(keys, token, ttl_ms, reassert=True)
+        replies = self._call_all(_scripts.EXTEND, call)
         if (self.clock() - start) * 1000 >= ttl_ms:
             return False
-        return self._majority(keys.lock, replies, "extend", strict=True)
+        failed = self._failed(replies)
+        if len(failed) > len(self.clients) - self.quorum:
+            raise self._unavailable(keys.lock, failed, "extend failed", replies)
+        held = sum(1 for rep, err in replies if err is None and int(rep) == 1)
+        return held >= self.quorum
 
     def release_attempt(self, keys: LockKeys, task_id: str, host: str, pid: int) -> bool:
         call = _scripts.release_attempt_call(keys, task_id, host, pid)
@@ -251,19 +265,18 @@ class Quorum:
         return deleted
 
     def _majority(
-        self, key: str, replies: list[tuple[Any, BaseException | None]], what: str,
-        strict: bool = False,
+        self, key: str, replies: list[tuple[Any, BaseException | None]], what: str
     ) -> bool:
-        """Whether the operation held on a majority; LockUnavailable if too few answered.
+        """Whether no majority contradicts the operation; LockUnavailable if too few answered.
 
-        ``strict``: nodes that did not answer count against (extend); otherwise they count as
-        "no evidence of loss" (release: the key there expires by itself).
+        Nodes that did not answer count as "no evidence of loss" (the key there expires by
+        itself).
         """
         failed = self._failed(replies)
         if len(failed) > len(self.clients) - self.quorum:
             raise self._unavailable(key, failed, f"{what} failed", replies)
         ok = sum(1 for rep, err in replies if err is None and rep)
-        return ok >= self.quorum if strict else ok + len(failed) >= self.quorum
+        return ok + len(failed) >= self.quorum
 
     def pttl_ms(self, key: str) -> int:
         """Time until fewer than a majority of nodes hold ``key`` (negative: not held)."""

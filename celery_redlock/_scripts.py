@@ -67,13 +67,23 @@ return 0
 
 EXTEND = """
 -- KEYS[1..n] the lock's slot keys
--- ARGV[1] owner token, ARGV[2] new ttl in ms (> 0)
--- returns 1 extended, 0 not the owner of any slot (expired or taken over)
+-- ARGV[1] owner token, ARGV[2] new ttl in ms (> 0),
+-- ARGV[3] '1': re-assert the lock on this node if no slot exists (a quorum node that was down
+--         at acquisition, or restarted empty), '0': never
+-- returns 1 extended, 2 re-asserted (it was missing here), 0 not the owner (taken over, or
+--         missing without re-assertion)
+local first = redis.call('GET', KEYS[1])
 for i = 1, #KEYS do
-  if redis.call('GET', KEYS[i]) == ARGV[1] then
+  local value = first
+  if i > 1 then value = redis.call('GET', KEYS[i]) end
+  if value == ARGV[1] then
     redis.call('PEXPIRE', KEYS[i], ARGV[2])
     return 1
   end
+end
+if ARGV[3] == '1' and not first then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 2
 end
 return 0
 """
@@ -162,9 +172,11 @@ def release_call(keys: LockKeys, token: str, keep_ms: int = 0) -> tuple[list[str
     return [keys.channel, *keys.slots], [token, keep_ms]
 
 
-def extend_call(keys: LockKeys, token: str, ttl_ms: int) -> tuple[list[str], list[Any]]:
+def extend_call(
+    keys: LockKeys, token: str, ttl_ms: int, reassert: bool = False
+) -> tuple[list[str], list[Any]]:
     """``(KEYS, ARGV)`` of :data:`EXTEND`."""
-    return list(keys.slots), [token, ttl_ms]
+    return list(keys.slots), [token, ttl_ms, "1" if reassert else "0"]
 
 
 def release_attempt_call(
