@@ -65,8 +65,13 @@ def run_startup_checks(app: Any, pool_enforces_limits: bool, *, pool: str | None
         logger.error("celery_redlock: %s; every locked task will fail until it is fixed", exc)
         return
     urls = [settings.url] if isinstance(settings.url, str) else list(settings.url)
-    for url in urls:
-        _check_node(url, settings.on_unavailable)
+    down = [url for url in urls if not _check_node(url, settings.on_unavailable, len(urls) > 1)]
+    if len(urls) > 1 and len(down) > len(urls) // 2:
+        logger.error(
+            "celery_redlock: %d of %d lock Redis nodes do not answer, no quorum; locked tasks "
+            "follow redlock_on_unavailable=%r until a majority answers",
+            len(down), len(urls), settings.on_unavailable,
+        )
     if not pool_enforces_limits:
         logger.info(
             "celery_redlock: the %s pool enforces no time limits, so a lock lives by its "
@@ -76,25 +81,37 @@ def run_startup_checks(app: Any, pool_enforces_limits: bool, *, pool: str | None
         )
 
 
-def _check_node(url: str, on_unavailable: str) -> None:
+def _check_node(url: str, on_unavailable: str, in_quorum: bool) -> bool:
+    """Check one node; return whether it answered.
+
+    A node of a quorum that does not answer is a WARNING (a minority down is tolerated); the
+    caller reports an ERROR when no majority answers.
+    """
     shown = where(url)
     try:
         client = client_for(url, CHECK_TIMEOUT)
         client.ping()
     except Exception as exc:  # any failure here means "not usable now", never fatal
-        logger.error(
-            "celery_redlock: cannot reach the lock Redis at %s (%s: %s); locked tasks follow "
-            "redlock_on_unavailable=%r until it answers",
-            shown, type(exc).__name__, exc, on_unavailable,
-        )
-        return
+        if in_quorum:
+            logger.warning(
+                "celery_redlock: lock Redis node %s does not answer (%s: %s); the quorum "
+                "works while a majority answers", shown, type(exc).__name__, exc,
+            )
+        else:
+            logger.error(
+                "celery_redlock: cannot reach the lock Redis at %s (%s: %s); locked tasks "
+                "follow redlock_on_unavailable=%r until it answers",
+                shown, type(exc).__name__, exc, on_unavailable,
+            )
+        return False
     try:
         infos = _infos(client)
     except redis_py.RedisError as exc:  # e.g. an ACL that denies INFO
         logger.info("celery_redlock: locks on %s; INFO is not readable (%s)", shown, exc)
-        return
+        return True
     for info in infos:
         _check_info(shown, info)
+    return True
 
 
 def _infos(client: Any) -> list[dict[str, Any]]:

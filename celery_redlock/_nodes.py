@@ -135,6 +135,9 @@ class Quorum:
         self.quorum = len(clients) // 2 + 1
         self.node_timeout = node_timeout
         self.clock = clock
+        #: Whether the last extend found the lock on every node; if not, the holder renews
+        #: again soon, to repair the nodes that lost it before another one fails.
+        self.complete = True
 
     # -- fan-out --------------------------------------------------------------------------------
 
@@ -253,6 +256,7 @@ class Quorum:
         if len(failed) > len(self.clients) - self.quorum:
             raise self._unavailable(keys.lock, failed, "extend failed", replies)
         held = sum(1 for rep, err in replies if err is None and int(rep) == 1)
+        self.complete = held == len(self.clients)
         return held >= self.quorum
 
     def release_attempt(self, keys: LockKeys, task_id: str, host: str, pid: int) -> bool:

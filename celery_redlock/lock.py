@@ -333,6 +333,10 @@ class Lock:
             self._mark_lost("renewal found it expired or owned by someone else")
             return None
         self._expires_at = now + ttl
+        if not getattr(self.nodes, "complete", True):
+            # A quorum node lacked it (down, or rejoined empty): renew sooner, so that a node
+            # that comes back gets the lock again before another node can fail.
+            return min(self.ttl / 3, max(DEGRADED_RENEWAL, self.ttl / 30))
         return self.ttl / 3
 
     # -- internals ------------------------------------------------------------------------------
@@ -390,6 +394,11 @@ def release_attempt(
     keys = _keys.keys_for(prefix, name, limit)
     nodes = nodes_for(redis, timeout)
     return nodes.release_attempt(keys, owner, _owner.normalize_host(host), pid)
+
+
+#: Shortest delay until the next renewal after one that found the lock missing on a quorum
+#: node (the delay is lease/30, at least this).
+DEGRADED_RENEWAL = 0.1
 
 
 def _ms(seconds: float) -> int:

@@ -95,3 +95,29 @@ def test_volatile_policies_warn_too_and_apps_without_locked_tasks_are_left_alone
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "maxmemory-policy volatile-ttl" in warning and "volatile-* evicts them too" in warning
     assert not any("time limits" in m for m in caplog.messages)
+
+
+def test_a_quorum_with_a_minority_down_warns_and_without_a_majority_errs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with RedisServer() as a, RedisServer() as b:
+        dead = f"redis://127.0.0.1:{free_port()}/0"
+        tolerant = make_app(a, name="tolerant", redlock_url=[a.url, b.url, dead])
+        broken = make_app(a, name="broken", redlock_url=[a.url, dead, dead.replace("/0", "/1")])
+        for app in (tolerant, broken):
+
+            @app.task(base=LockedTask, shared=False)
+            def work() -> None: ...
+
+        with caplog.at_level(logging.INFO, logger="celery_redlock.worker"):
+            run_startup_checks(tolerant, pool_enforces_limits=True)
+            minority = [(r.levelno, r.getMessage()) for r in caplog.records]
+            caplog.clear()
+            run_startup_checks(broken, pool_enforces_limits=True)
+            majority = [(r.levelno, r.getMessage()) for r in caplog.records]
+        tolerant.close()
+        broken.close()
+    assert [lvl for lvl, _ in minority if lvl >= logging.WARNING] == [logging.WARNING]
+    assert [lvl for lvl, m in majority if lvl == logging.ERROR and "no quorum" in m] == [
+        logging.ERROR
+    ]
