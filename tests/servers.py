@@ -15,6 +15,7 @@ amount of time.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import functools
 import os
@@ -105,7 +106,30 @@ class Process:
 SERVICE = "redlock-primary"
 
 
-class SentinelGroup:
+class _Started(abc.ABC):
+    """A group of servers used as ``with Group(...) as group:``; stopped even if start fails."""
+
+    @abc.abstractmethod
+    def start(self) -> Any: ...
+
+    @abc.abstractmethod
+    def stop(self) -> None: ...
+
+    def __enter__(self) -> Any:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class SentinelGroup(_Started):
     """A primary, one replica and one Sentinel watching them as :data:`SERVICE`.
 
     Diskless replication without delay makes a (re)sync immediate; Sentinel timeouts are short
@@ -189,24 +213,12 @@ class SentinelGroup:
             server.__exit__(None, None, None)
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    def __enter__(self) -> SentinelGroup:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 # -- Cluster ------------------------------------------------------------------------------------
 
 
-class ClusterNodes:
+class ClusterNodes(_Started):
     """Three cluster-enabled primaries joined with ``redis-cli --cluster create``."""
 
     def __init__(self, size: int = 3) -> None:
@@ -238,18 +250,6 @@ class ClusterNodes:
         for node in self.nodes:
             node.__exit__(None, None, None)
 
-    def __enter__(self) -> ClusterNodes:
-        try:
-            return self.start()
-        except BaseException:
-            self.stop()
-            raise
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def cluster_port() -> int:

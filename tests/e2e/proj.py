@@ -18,7 +18,6 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -26,6 +25,7 @@ from celery import Celery, signals
 from celery.exceptions import Ignore, Reject
 
 from celery_redlock import LockedTask, current_lock, single_instance
+from tests.e2e.harness import pid_alive
 
 PORT = int(os.environ["REDLOCK_TEST_PORT"])
 BASE = f"redis://127.0.0.1:{PORT}"
@@ -86,15 +86,6 @@ def critical(self, key: str, duration: float = 0.0) -> str:
 #   hooks:<id>         "<hook>:<state>:<pid>" for after_return, on_failure, on_retry, postrun
 #   retry_seen:<id>    "1" when on_retry of the first attempt saw the retry attempt start
 #   lock_at_publish:<id>  "1"/"0": whether the lock key existed when the retry was published
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie (Linux)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
 
 
 def _start_record(task: Any, key: str, n: int) -> None:
