@@ -21,17 +21,17 @@ import logging
 import os
 from typing import Any
 
-from celery import Celery, signals
+from celery import signals
 
 from celery_redlock import LockedTask
+from tests.e2e.harness import layout_app
 
 PORT = int(os.environ["REDLOCK_BENCH_PORT"])
 BASE = f"redis://127.0.0.1:{PORT}"
 
-app = Celery("benchapp", broker=f"{BASE}/1", backend=f"{BASE}/2")
-app.conf.update(
-    redlock_url=f"{BASE}/0",
-    broker_connection_retry_on_startup=True,
+app = layout_app(
+    "benchapp",
+    BASE,
     worker_hijack_root_logger=True,
     # Defaults everywhere else (prefetch multiplier 4, early ack): the common deployment.
 )

@@ -19,6 +19,7 @@ from celery.contrib.testing.worker import start_worker
 
 from celery_redlock._keys import is_slot, lock_pattern
 from celery_redlock.testing import RedisServer
+from tests.e2e.harness import layout_app
 
 
 @pytest.fixture(autouse=True)
@@ -56,18 +57,14 @@ def lock_keys(client: redis_py.Redis, prefix: str = "redlock") -> list[bytes]:
 
 
 def make_app(server: RedisServer, name: str = "t", **conf: Any) -> Celery:
-    base = f"redis://127.0.0.1:{server.port}"
-    app = Celery(name, broker=f"{base}/1", backend=f"{base}/2", set_as_current=False)
-    app.conf.update(
-        {
-            "redlock_url": f"{base}/0",
-            "broker_connection_retry_on_startup": True,
-            "result_extended": True,
-            "worker_hijack_root_logger": False,  # keep pytest's caplog handler on root
-            **conf,
-        }
+    return layout_app(
+        name,
+        f"redis://127.0.0.1:{server.port}",
+        set_as_current=False,
+        result_extended=True,
+        worker_hijack_root_logger=False,  # keep pytest's caplog handler on root
+        **conf,
     )
-    return app
 
 
 @pytest.fixture

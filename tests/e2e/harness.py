@@ -16,6 +16,9 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
+
+from celery import Celery
 
 from celery_redlock.testing import wait_until
 
@@ -106,6 +109,20 @@ class WorkerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.kill()
+
+
+def layout_app(name: str, base: str, **conf: Any) -> Celery:
+    """A Celery app on one test redis-server at ``base`` (``redis://host:port``).
+
+    Every test and benchmark app uses the same layout: db 0 holds the locks (``redlock_url``
+    unless ``conf`` names another), 1 the broker, 2 the results; tasks record in db 3.
+    """
+    set_as_current = conf.pop("set_as_current", True)
+    app = Celery(name, broker=f"{base}/1", backend=f"{base}/2", set_as_current=set_as_current)
+    app.conf.update(
+        {"redlock_url": f"{base}/0", "broker_connection_retry_on_startup": True, **conf}
+    )
+    return app
 
 
 def pid_alive(pid: int) -> bool:

@@ -21,19 +21,18 @@ import time
 from typing import Any
 
 import redis
-from celery import Celery, signals
+from celery import signals
 from celery.exceptions import Ignore, Reject
 
 from celery_redlock import LockedTask, current_lock, single_instance
-from tests.e2e.harness import pid_alive
+from tests.e2e.harness import layout_app, pid_alive
 
 PORT = int(os.environ["REDLOCK_TEST_PORT"])
 BASE = f"redis://127.0.0.1:{PORT}"
 
-app = Celery("proj", broker=f"{BASE}/1", backend=f"{BASE}/2")
-app.conf.update(
-    redlock_url=f"{BASE}/0",
-    broker_connection_retry_on_startup=True,
+app = layout_app(
+    "proj",
+    BASE,
     worker_prefetch_multiplier=1,
     task_acks_late=os.environ.get("REDLOCK_TEST_ACKS_LATE") == "1",
     task_reject_on_worker_lost=os.environ.get("REDLOCK_TEST_ACKS_LATE") == "1",

@@ -26,19 +26,19 @@ from datetime import timedelta
 from typing import Any
 
 import redis
-from celery import Celery, signals
+from celery import signals
 from celery.schedules import schedule
 
 from celery_redlock import LockedTask, current_lock
 from celery_redlock.signals import lock_contended
+from tests.e2e.harness import layout_app
 
 PORT = int(os.environ["REDLOCK_TEST_PORT"])
 BASE = f"redis://127.0.0.1:{PORT}"
 
-app = Celery("proj5", broker=f"{BASE}/1", backend=f"{BASE}/2")
-app.conf.update(
-    redlock_url=f"{BASE}/0",
-    broker_connection_retry_on_startup=True,
+app = layout_app(
+    "proj5",
+    BASE,
     worker_prefetch_multiplier=1,
     worker_hijack_root_logger=True,
     beat_max_loop_interval=1,

@@ -23,18 +23,18 @@ import os
 from typing import Any
 
 import redis
-from celery import Celery
 
 from celery_redlock import LockedTask
 from celery_redlock.signals import lock_released
+from tests.e2e.harness import layout_app
 
 PORT = int(os.environ["REDLOCK_TEST_PORT"])
 BASE = f"redis://127.0.0.1:{PORT}"
 
-app = Celery("proj6", broker=f"{BASE}/1", backend=f"{BASE}/2")
-app.conf.update(
+app = layout_app(
+    "proj6",
+    BASE,
     redlock_url=os.environ.get("REDLOCK_TEST_URL") or f"{BASE}/0",
-    broker_connection_retry_on_startup=True,
     worker_prefetch_multiplier=1,
     worker_hijack_root_logger=True,
 )

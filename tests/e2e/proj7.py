@@ -23,18 +23,18 @@ import time
 from typing import Any
 
 import redis
-from celery import Celery, signals
+from celery import signals
 
 from celery_redlock import LockedTask, current_lock
+from tests.e2e.harness import layout_app
 
 PORT = int(os.environ["REDLOCK_TEST_PORT"])
 BASE = f"redis://127.0.0.1:{PORT}"
 
-app = Celery("proj7", broker=f"{BASE}/1", backend=f"{BASE}/2")
-app.conf.update(
-    redlock_url=f"{BASE}/0",
+app = layout_app(
+    "proj7",
+    BASE,
     redlock_lease=1.0,
-    broker_connection_retry_on_startup=True,
     worker_prefetch_multiplier=1,
     worker_hijack_root_logger=True,
 )
