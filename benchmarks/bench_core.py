@@ -51,7 +51,11 @@ import redis  # noqa: E402
 import redis.lock  # noqa: E402
 
 from benchmarks._common import environment  # noqa: E402
-from celery_redlock import Lock, _keys, _owner, _renewal, _scripts, lock_key  # noqa: E402
+from celery_redlock import Lock, lock_key  # noqa: E402
+from celery_redlock._redis import keys as _keys  # noqa: E402
+from celery_redlock._redis import owner as _owner  # noqa: E402
+from celery_redlock._redis import renewal as _renewal  # noqa: E402
+from celery_redlock._redis import scripts as _scripts  # noqa: E402
 from celery_redlock.testing import RedisServer, wait_until  # noqa: E402
 
 TARGET_TASK_RATIO = 0.95
@@ -107,8 +111,9 @@ class StubClient:
         def __init__(self, reply: object) -> None:
             self.reply = reply
 
-        def __call__(self, keys: object = None, args: object = None, client: object = None) \
-                -> object:
+        def __call__(
+            self, keys: object = None, args: object = None, client: object = None
+        ) -> object:
             return self.reply
 
     def register_script(self, script: str) -> StubClient.Script:
@@ -127,10 +132,25 @@ class Worker:
         os.close(fd)
         self.log = Path(log)
         self.cmd = [
-            sys.executable, "-m", "celery", "-A", "benchmarks.benchapp", "worker",
-            "-P", pool, "-c", str(concurrency), "-n", "bench@%h", "-l", "INFO",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "--logfile", str(self.log),
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "benchmarks.benchapp",
+            "worker",
+            "-P",
+            pool,
+            "-c",
+            str(concurrency),
+            "-n",
+            "bench@%h",
+            "-l",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "--logfile",
+            str(self.log),
         ]
         self.env = {
             **os.environ,
@@ -145,8 +165,12 @@ class Worker:
 
     def start(self, timeout: float = 60.0) -> Worker:
         self.process = subprocess.Popen(
-            self.cmd, cwd=ROOT, env=self.env, start_new_session=True,
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            self.cmd,
+            cwd=ROOT,
+            env=self.env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
         )
 
         def ready() -> bool:
@@ -208,7 +232,11 @@ def cpu_snapshot(groups: dict[str, list[int]]) -> dict[str, float | None]:
 
 
 def run_batch(
-    app: Any, task: Any, n: int, tag: str, timeout: float,
+    app: Any,
+    task: Any,
+    n: int,
+    tag: str,
+    timeout: float,
     groups: dict[str, list[int]] | None = None,
 ) -> dict[str, Any]:
     """Submit ``n`` calls of ``task`` up front; seconds until submitted and until all ready.
@@ -228,7 +256,9 @@ def run_batch(
     ResultSet(results).get(timeout=timeout, propagate=True, interval=RESULT_POLL_S)
     done = time.perf_counter()
     run: dict[str, Any] = {
-        "submit_s": submitted - start, "wall_s": done - start, "rate": n / (done - start),
+        "submit_s": submitted - start,
+        "wall_s": done - start,
+        "rate": n / (done - start),
         "keys": keys,  # popped by the caller
     }
     if groups:
@@ -242,7 +272,7 @@ def run_batch(
 
 def engine_costs(app: Any, quick: bool) -> dict[str, Any]:
     """Microseconds per call of the Python pieces of a locked task's lock path (no I/O)."""
-    from celery_redlock import _engine
+    from celery_redlock._celery import identity as _identity
 
     task = app.tasks["bench.locked"]
 
@@ -257,16 +287,24 @@ def engine_costs(app: Any, quick: bool) -> dict[str, Any]:
         _renewal.unwatch(item)
 
     name = "bench.locked:0123456789abcdef0123456789abcdef"
-    return guarded_costs({
-        "_engine.spec_of (cached)": lambda: _engine.spec_of(task),
-        "_engine.lock_name_for (bind+json+hash)": lambda: _engine.lock_name_for(
-            task, _engine.spec_of(task), ("r0:1",), {}
-        ),
-        "Lock(..., auto_renew=True)": lambda: Lock(
-            STUB, name, 30.0, owner="id", host="bench@h", auto_renew=True  # type: ignore[arg-type]
-        ),
-        "_renewal.watch + unwatch": watch_unwatch,
-    }, quick)
+    return guarded_costs(
+        {
+            "spec_of (cached)": lambda: _identity.spec_of(task),
+            "lock_name_for (bind+json+hash)": lambda: _identity.lock_name_for(
+                task, _identity.spec_of(task), ("r0:1",), {}
+            ),
+            "Lock(..., auto_renew=True)": lambda: Lock(
+                STUB,
+                name,
+                30.0,
+                owner="id",
+                host="bench@h",
+                auto_renew=True,  # type: ignore[arg-type]
+            ),
+            "_renewal.watch + unwatch": watch_unwatch,
+        },
+        quick,
+    )
 
 
 def eager_costs(app: Any, names: Sequence[str], n: int, rounds: int) -> dict[str, float]:
@@ -293,8 +331,8 @@ def eager_costs(app: Any, names: Sequence[str], n: int, rounds: int) -> dict[str
 def bench_tasks(args: argparse.Namespace, server: RedisServer) -> dict[str, Any]:
     os.environ["REDLOCK_BENCH_PORT"] = str(server.port)  # read when benchapp is imported
     benchapp = sys.modules.get("benchmarks.benchapp")
-    benchapp = importlib.reload(benchapp) if benchapp else importlib.import_module(
-        "benchmarks.benchapp"
+    benchapp = (
+        importlib.reload(benchapp) if benchapp else importlib.import_module("benchmarks.benchapp")
     )
     app = benchapp.app
     variants = ["plain", "locked"] + (["locked_ttl"] if args.fixed_ttl else [])
@@ -315,21 +353,27 @@ def bench_tasks(args: argparse.Namespace, server: RedisServer) -> dict[str, Any]
                     lock_keys.extend(lock_key(task, key) for key in run["keys"])
                 del run["keys"]
                 runs[name].append(run)
-                progress(f"  tasks round {r + 1}/{args.rounds} {name:<10} "
-                         f"{run['rate']:8.1f} tasks/s")
+                progress(
+                    f"  tasks round {r + 1}/{args.rounds} {name:<10} {run['rate']:8.1f} tasks/s"
+                )
         log_problems = [ln for ln in worker.text().splitlines() if "ERROR" in ln or "WARN" in ln]
     finally:
         worker.stop()
     worker.log.unlink()  # kept when the run failed, for the post-mortem
     db0 = server.client()  # every lock must be released once its task's result is ready
-    leftover = sum(db0.exists(*lock_keys[i:i + 1000]) for i in range(0, len(lock_keys), 1000))
+    leftover = sum(db0.exists(*lock_keys[i : i + 1000]) for i in range(0, len(lock_keys), 1000))
     db0_keys = db0.dbsize()
     db0.close()
     rates = {name: median([r["rate"] for r in runs[name]]) for name in variants}
     cpu = {
         name: {
-            role: median([r["cpu_us_per_task"][role] for r in runs[name]
-                          if r["cpu_us_per_task"].get(role) is not None])
+            role: median(
+                [
+                    r["cpu_us_per_task"][role]
+                    for r in runs[name]
+                    if r["cpu_us_per_task"].get(role) is not None
+                ]
+            )
             for role in groups
         }
         for name in variants
@@ -526,8 +570,11 @@ def socket_share(client: redis.Redis, pairs: int) -> float:
     profiler.runcall(loop, pairs)
     stats = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
     total = sum(row[2] for row in stats.values())
-    in_socket = sum(row[2] for (_, _, func), row in stats.items()
-                    if "'_socket.socket'" in func and ("recv" in func or "sendall" in func))
+    in_socket = sum(
+        row[2]
+        for (_, _, func), row in stats.items()
+        if "'_socket.socket'" in func and ("recv" in func or "sendall" in func)
+    )
     return in_socket / total if total else float("nan")
 
 
@@ -541,19 +588,22 @@ def component_costs(client: redis.Redis, quick: bool) -> dict[str, Any]:
         held.acquire(blocking=False)
         held.release()
 
-    return guarded_costs({
-        "Lock(client, name) construction": lambda: Lock(client, "bench-ours", ttl=30),
-        "  _keys.keys_for": lambda: _keys.keys_for("redlock", "bench-ours"),
-        "acquire+release of a Lock, stub client": acquire_release,
-        "  _owner.new_token(host=None)": lambda: _owner.new_token("", None),
-        "  _owner.new_token(host='h')": lambda: _owner.new_token("", "h"),
-        "    socket.gethostname": socket.gethostname,
-        "    secrets.token_hex(16)": lambda: secrets.token_hex(16),
-        "  AcquireResult(True, fencing_token=1)": lambda: _scripts.AcquireResult(
-            True, fencing_token=1
-        ),
-        "  _renewal.unwatch (every release)": lambda: _renewal.unwatch(held),
-    }, quick)
+    return guarded_costs(
+        {
+            "Lock(client, name) construction": lambda: Lock(client, "bench-ours", ttl=30),
+            "  _keys.keys_for": lambda: _keys.keys_for("redlock", "bench-ours"),
+            "acquire+release of a Lock, stub client": acquire_release,
+            "  _owner.new_token(host=None)": lambda: _owner.new_token("", None),
+            "  _owner.new_token(host='h')": lambda: _owner.new_token("", "h"),
+            "    socket.gethostname": socket.gethostname,
+            "    secrets.token_hex(16)": lambda: secrets.token_hex(16),
+            "  AcquireResult(True, fencing_token=1)": lambda: _scripts.AcquireResult(
+                True, fencing_token=1
+            ),
+            "  _renewal.unwatch (every release)": lambda: _renewal.unwatch(held),
+        },
+        quick,
+    )
 
 
 def bench_pairs(args: argparse.Namespace, server: RedisServer) -> dict[str, Any]:
@@ -624,8 +674,7 @@ def print_tasks(res: dict[str, Any]) -> None:
         print(f"   {name:<12}{rate:>10.1f}{rate / plain:>10.3f}   {runs}")
     ratio = res["ratio_locked_plain"]
     paired = " ".join(f"{x:.3f}" for x in res["paired_ratios"])
-    print(f"   locked/plain = {ratio:.3f} {verdict(ratio, res['target'])}; "
-          f"per round: {paired}")
+    print(f"   locked/plain = {ratio:.3f} {verdict(ratio, res['target'])}; per round: {paired}")
     cpu = res["median_cpu_us_per_task"]
     roles = list(cpu["plain"])
     resolution = 1e6 / os.sysconf("SC_CLK_TCK") / res["tasks_per_batch"]
@@ -639,11 +688,14 @@ def print_tasks(res: dict[str, Any]) -> None:
     for line in res["worker_log_problems"]:
         print(f"   worker log: {line}")
     eager = res["eager_apply_us"]
-    print("   in-process task.apply() (real Redis, no broker): "
-          + ", ".join(f"{name} {us:.0f} us" for name, us in eager.items())
-          + f"; the lock adds {eager['locked'] - eager['plain']:.0f} us per execution")
-    print_costs("worker-side lock path, Python pieces (us/call, no I/O):",
-                res["engine_component_us"])
+    print(
+        "   in-process task.apply() (real Redis, no broker): "
+        + ", ".join(f"{name} {us:.0f} us" for name, us in eager.items())
+        + f"; the lock adds {eager['locked'] - eager['plain']:.0f} us per execution"
+    )
+    print_costs(
+        "worker-side lock path, Python pieces (us/call, no I/O):", res["engine_component_us"]
+    )
 
 
 def print_pairs(res: dict[str, Any]) -> None:
@@ -656,29 +708,39 @@ def print_pairs(res: dict[str, Any]) -> None:
     floor = res["median_rate"]["floor"]
     for name, rate in res["median_rate"].items():
         total, server = 1e6 / rate, res["server_us_per_pair"][name]
-        print(f"   {PAIR_LABELS[name]:<30}{rate:>9.0f}{total:>9.1f}{server:>8.1f}"
-              f"{total - server:>8.1f}{rate / floor:>10.3f}")
+        print(
+            f"   {PAIR_LABELS[name]:<30}{rate:>9.0f}{total:>9.1f}{server:>8.1f}"
+            f"{total - server:>8.1f}{rate / floor:>10.3f}"
+        )
     print("   (server: INFO commandstats time of the variant's commands; client: the rest,")
     print("    i.e. redis-py, the kernel and loopback, and our own Python)")
     ratio = res["ratio_ours_floor"]
-    print(f"   ours/floor    = {ratio:.3f} {verdict(ratio, res['target'])}  "
-          f"(reused Lock: {res['ratio_ours_reused_floor']:.3f})")
-    print(f"   ours/redis-py = {res['ratio_ours_redispy']:.3f}  "
-          f"(both reused: {res['ratio_ours_reused_redispy_reused']:.3f})")
+    print(
+        f"   ours/floor    = {ratio:.3f} {verdict(ratio, res['target'])}  "
+        f"(reused Lock: {res['ratio_ours_reused_floor']:.3f})"
+    )
+    print(
+        f"   ours/redis-py = {res['ratio_ours_redispy']:.3f}  "
+        f"(both reused: {res['ratio_ours_reused_redispy_reused']:.3f})"
+    )
     layer = res["lock_layer_us_per_pair"]
     if "error" in layer:
         print(f"   celery_redlock's own Python per pair: n/a ({layer['error']})")
     else:
         bare = layer.get("scripts_only")
-        print(f"   celery_redlock's own Python per pair (stub client, no I/O): "
-              f"{layer['ours_fresh']:.1f} us new Lock, {layer['ours_reused']:.1f} us reused"
-              + (f", {bare:.1f} us bare scripts" if bare is not None else ""))
+        print(
+            f"   celery_redlock's own Python per pair (stub client, no I/O): "
+            f"{layer['ours_fresh']:.1f} us new Lock, {layer['ours_reused']:.1f} us reused"
+            + (f", {bare:.1f} us bare scripts" if bare is not None else "")
+        )
     if any(res["failed_acquires"].values()):
         print(f"   WARNING: failed acquisitions: {res['failed_acquires']}")
     print_costs("component costs (us/call, no I/O):", res["component_us"])
     if "layer_profile" in res:
-        print(f"\n   real client under cProfile: {res['socket_share_under_profile']:.0%} of the "
-              "time is in socket recv/sendall")
+        print(
+            f"\n   real client under cProfile: {res['socket_share_under_profile']:.0%} of the "
+            "time is in socket recv/sendall"
+        )
         print("   cProfile, 'new Lock per pair' on the stub client (inflated by the profiler):")
         if isinstance(res["layer_profile"], str):
             print(f"     {res['layer_profile']}")
@@ -696,17 +758,26 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=50, help="warm-up tasks per variant")
     p.add_argument("--pool", default="prefork")
     p.add_argument("--concurrency", type=int, default=2)
-    p.add_argument("--fixed-ttl", action="store_true",
-                   help="also run a locked task with lock_ttl (no renewal watchdog)")
+    p.add_argument(
+        "--fixed-ttl",
+        action="store_true",
+        help="also run a locked task with lock_ttl (no renewal watchdog)",
+    )
     p.add_argument("--only", choices=["tasks", "pairs"], help="run one benchmark only")
-    p.add_argument("--profile", action="store_true",
-                   help="cProfile our Lock's pair loop (where the Python time goes)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="cProfile our Lock's pair loop (where the Python time goes)",
+    )
     p.add_argument("--profile-pairs", type=int, default=20000)
     p.add_argument("--profile-top", type=int, default=20)
     p.add_argument("--verbose", action="store_true", help="keep the worker's per-task INFO logs")
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: 100 tasks, 500 pairs, 2 rounds, 10 warm-up tasks")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run: 100 tasks, 500 pairs, 2 rounds, 10 warm-up tasks",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.tasks, args.pairs, args.rounds, args.warmup = 100, 500, 2, 10

@@ -113,8 +113,7 @@ def show(title: str, results: dict[str, dict[int, float | None]]) -> None:
         base_mine, base_theirs = results["ours"][1], results["pottery"][1]
         mine_ratio = f"{mine / base_mine:9.2f}" if mine and base_mine else f"{'n/a':>9}"
         theirs_col = f"{theirs:10.0f}" if theirs else f"{'n/a':>10}"
-        theirs_ratio = (f"{theirs / base_theirs:9.2f}" if theirs and base_theirs
-                        else f"{'n/a':>9}")
+        theirs_ratio = f"{theirs / base_theirs:9.2f}" if theirs and base_theirs else f"{'n/a':>9}"
         print(f"   {n:>5}  {mine:9.0f}  {mine_ratio}  {theirs_col}  {theirs_ratio}")
 
 
@@ -128,12 +127,16 @@ def main() -> int:
     servers = [RedisServer().start() for _ in range(max(NODES))]
     try:
         env = environment(servers[0])
-        print(f"celery-redlock quorum benchmark: redis-server {env['redis_server']}, "
-              f"{env['cpus']} CPUs, load {env['loadavg_start'][0]:.2f}, "
-              f"package at {env['package_commit']}")
+        print(
+            f"celery-redlock quorum benchmark: redis-server {env['redis_server']}, "
+            f"{env['cpus']} CPUs, load {env['loadavg_start'][0]:.2f}, "
+            f"package at {env['package_commit']}"
+        )
         loopback = measure([s.url for s in servers], args.pairs)
-        show(f"loopback (all nodes share {env['cpus']} cores): median us per "
-             "acquire+release pair", loopback)
+        show(
+            f"loopback (all nodes share {env['cpus']} cores): median us per acquire+release pair",
+            loopback,
+        )
         with proxies(servers, args.rtt_ms / 1000) as urls:
             network = measure(urls, args.network_pairs)
         show(f"network (round trip {args.rtt_ms} ms per node): median us per pair", network)
@@ -143,8 +146,9 @@ def main() -> int:
     ratio = (network["ours"][5] or 0) / (network["ours"][1] or 1)
     print(f"\nours, 5 nodes vs 1 over the network: {ratio:.2f}x (target <= 1.5)")
     if args.json:
-        args.json.write_text(json.dumps(
-            {"environment": env, "loopback": loopback, "network": network}, indent=2))
+        args.json.write_text(
+            json.dumps({"environment": env, "loopback": loopback, "network": network}, indent=2)
+        )
     return 0
 
 

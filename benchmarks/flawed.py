@@ -156,8 +156,7 @@ class Plain(Pattern):
 
 
 PATTERNS: dict[str, Pattern] = {
-    p.name: p for p in (Plain(), SetnxExpire(), GetsetTimestamp(), DelNoOwnerCheck(),
-                        GetThenDel())
+    p.name: p for p in (Plain(), SetnxExpire(), GetsetTimestamp(), DelNoOwnerCheck(), GetThenDel())
 }
 LABELS = {"ours": "celery-redlock (ours)", **{p.name: p.label for p in PATTERNS.values()}}
 ORDER = ["ours", "plain", "setnx_expire", "getset", "del_no_check", "get_then_del"]
@@ -184,8 +183,10 @@ def table(result: dict[str, Any]) -> str:
         )
     broker = sum(s["broker_lost"] for s in result["patterns"].values())
     if broker:
-        rows.append(f"\n({broker} task(s) never reached a worker: lost by the broker transport "
-                    "when a worker was SIGKILLed, counted in no row)")
+        rows.append(
+            f"\n({broker} task(s) never reached a worker: lost by the broker transport "
+            "when a worker was SIGKILLed, counted in no row)"
+        )
     return "\n".join(rows)
 
 
@@ -194,8 +195,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=120.0, help="chaos phase (default 120)")
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--keys", type=int, default=2, help="keys per pattern (default 2)")
-    p.add_argument("--concurrency", type=int, default=4,
-                   help="pool children per worker (default 4: most of them wait for a lock)")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=4,
+        help="pool children per worker (default 4: most of them wait for a lock)",
+    )
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--json", metavar="F", help="write every figure as JSON to F")
     p.add_argument("-v", "--verbose", action="store_true", help="print each violation")
@@ -210,10 +215,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parse_args(argv)
     config = torture.Config(
-        seconds=args.seconds, workers=args.workers, concurrency=args.concurrency,
-        keys=args.keys, patterns=tuple(ORDER),
-        seed=args.seed, json_path=args.json, verbose=args.verbose,
-        mix=torture.COMPARISON_MIX, skews=(0.0, 1.2, -0.6), keep_logs=True,
+        seconds=args.seconds,
+        workers=args.workers,
+        concurrency=args.concurrency,
+        keys=args.keys,
+        patterns=tuple(ORDER),
+        seed=args.seed,
+        json_path=args.json,
+        verbose=args.verbose,
+        mix=torture.COMPARISON_MIX,
+        skews=(0.0, 1.2, -0.6),
+        keep_logs=True,
     )
     result = torture.run(config)
     print()

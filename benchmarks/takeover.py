@@ -87,8 +87,12 @@ def launch(worker: WorkerProcess) -> WorkerProcess:
     """Start ``worker`` without waiting for it (``WorkerProcess.start`` minus the wait), so that
     several workers boot in parallel; :func:`ready` waits."""
     worker.process = subprocess.Popen(
-        worker.cmd, cwd=ROOT, env=worker.env, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+        worker.cmd,
+        cwd=ROOT,
+        env=worker.env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
     )
     return worker
 
@@ -137,8 +141,9 @@ class Bench:
     def __init__(self, server: RedisServer, args: argparse.Namespace) -> None:
         self.port = server.port
         base = f"redis://127.0.0.1:{server.port}"
-        self.client = Celery("takeover-client", broker=f"{base}/1", backend=f"{base}/2",
-                             set_as_current=False)
+        self.client = Celery(
+            "takeover-client", broker=f"{base}/1", backend=f"{base}/2", set_as_current=False
+        )
         self.client.conf.broker_connection_retry_on_startup = True
         self.locks = redis.Redis(port=server.port, db=0, socket_timeout=5)
         self.records = redis.Redis(port=server.port, db=3, socket_timeout=5)
@@ -158,11 +163,20 @@ class Bench:
         elif role == "cold":
             queue, concurrency = ["-Q", COLD_QUEUE], 1
         elif role == "killed":
-            knobs, queue, concurrency = {"REDLOCK_TEST_LEASE": str(LEASE_S)}, \
-                ["-Q", KILLED_QUEUE], 1
+            knobs, queue, concurrency = (
+                {"REDLOCK_TEST_LEASE": str(LEASE_S)},
+                ["-Q", KILLED_QUEUE],
+                1,
+            )
         self.serial += 1
-        return WorkerProcess(self.port, f"{role}{self.serial}", concurrency=concurrency,
-                             args=queue, env=knobs, app=APP)
+        return WorkerProcess(
+            self.port,
+            f"{role}{self.serial}",
+            concurrency=concurrency,
+            args=queue,
+            env=knobs,
+            app=APP,
+        )
 
     def launch(self, role: str) -> None:
         kill_group(self.workers.get(role))
@@ -181,8 +195,11 @@ class Bench:
             self.launch(role)
         worker = ready(self.workers[role])
         wanted = int(worker.cmd[worker.cmd.index("-c") + 1])
-        wait_until(lambda: sum(map(pid_alive, worker.children())) >= wanted,
-                   MAINTAIN_POOL_S + 10.0, f"{wanted} live pool children in {worker.name}")
+        wait_until(
+            lambda: sum(map(pid_alive, worker.children())) >= wanted,
+            MAINTAIN_POOL_S + 10.0,
+            f"{wanted} live pool children in {worker.name}",
+        )
         return worker
 
     def discard(self, role: str, keep_log: bool) -> None:
@@ -221,8 +238,9 @@ class Bench:
         channel = f"{lock}:released"
         return bool(dict(self.locks.pubsub_numsub(channel)).get(channel.encode()))
 
-    def hold(self, key: str, name: str, queue: str | None = None, waiter: bool = True,
-             **kwargs: Any) -> Holding:
+    def hold(
+        self, key: str, name: str, queue: str | None = None, waiter: bool = True, **kwargs: Any
+    ) -> Holding:
         """Start a holder of ``key``; then (``waiter``) a waiter of the same key on the shared
         worker, and wait until it is blocked on the lock."""
         result = self.send(name, key, queue, **kwargs)
@@ -254,8 +272,9 @@ class Bench:
                 raise TimeoutError(f"{holding.key}: no {missing} within {timeout:.0f}s")
             time.sleep(POLL_S)
 
-    def settle(self, holding: Holding, holder_result: bool = False,
-               child_dies: bool = False) -> None:
+    def settle(
+        self, holding: Holding, holder_result: bool = False, child_dies: bool = False
+    ) -> None:
         """Let the trial's executions finish before the next trial (bounded); with
         ``child_dies``, also wait until the holder's pool child is dead (after a SIGTERM it may
         still be unwinding, and billiard SIGKILLs it 0.1 s later), so that the next trial's
@@ -327,8 +346,12 @@ def hard_limit(how: str) -> Callable[[Bench, str], dict[str, Any]]:
             worker, rf"Hard time limit \([\d.]+s\) exceeded for {ENDING}\[{holding.result.id}\]"
         )
         bench.settle(holding, child_dies=True)
-        return timings(event, seen, waiter_blocked_before_event=blocked <= event,
-                       parent_released=bench.parent_released(worker, holding))
+        return timings(
+            event,
+            seen,
+            waiter_blocked_before_event=blocked <= event,
+            parent_released=bench.parent_released(worker, holding),
+        )
 
     return run
 
@@ -342,8 +365,12 @@ def child_kill(bench: Bench, key: str) -> dict[str, Any]:
     os.kill(pid, signal.SIGKILL)
     seen = bench.observe(holding, MAINTAIN_POOL_S + 10.0)
     bench.settle(holding, child_dies=True)
-    return timings(event, seen, worker_noticed_s=noticed(worker, pid, event),
-                   parent_released=bench.parent_released(worker, holding))
+    return timings(
+        event,
+        seen,
+        worker_noticed_s=noticed(worker, pid, event),
+        parent_released=bench.parent_released(worker, holding),
+    )
 
 
 def child_kill_acks_late(bench: Bench, key: str) -> dict[str, Any]:
@@ -358,8 +385,12 @@ def child_kill_acks_late(bench: Bench, key: str) -> dict[str, Any]:
     if (seen.next_start["id"], seen.next_start["redelivered"]) != (holding.result.id, True):
         raise RuntimeError(f"{key}: the next start is not the redelivery: {seen.next_start}")
     bench.settle(holding, holder_result=True, child_dies=True)
-    return timings(event, seen, worker_noticed_s=noticed(worker, pid, event),
-                   parent_released=bench.parent_released(worker, holding))
+    return timings(
+        event,
+        seen,
+        worker_noticed_s=noticed(worker, pid, event),
+        parent_released=bench.parent_released(worker, holding),
+    )
 
 
 def revoke(sig: str) -> Callable[[Bench, str], dict[str, Any]]:
@@ -370,8 +401,7 @@ def revoke(sig: str) -> Callable[[Bench, str], dict[str, Any]]:
         bench.client.control.revoke(holding.result.id, terminate=True, signal=sig)
         seen = bench.observe(holding, MAINTAIN_POOL_S + 10.0)
         bench.settle(holding, child_dies=True)
-        return timings(event, seen,
-                       parent_released=bench.parent_released(worker, holding))
+        return timings(event, seen, parent_released=bench.parent_released(worker, holding))
 
     return run
 
@@ -418,30 +448,83 @@ class Ending:
 
 
 ENDINGS = [
-    Ending("return", "return", "body returns", "child: after_return",
-           body_ending("return"), quick=True),
-    Ending("exception", "exception", "body raises", "child: after_return",
-           body_ending("raise"), quick=True),
-    Ending("retry", "self.retry()", "retry published", "child: before_task_publish",
-           body_ending("retry"), quick=True),
+    Ending(
+        "return", "return", "body returns", "child: after_return", body_ending("return"), quick=True
+    ),
+    Ending(
+        "exception",
+        "exception",
+        "body raises",
+        "child: after_return",
+        body_ending("raise"),
+        quick=True,
+    ),
+    Ending(
+        "retry",
+        "self.retry()",
+        "retry published",
+        "child: before_task_publish",
+        body_ending("retry"),
+        quick=True,
+    ),
     Ending("ignore", "Ignore", "body raises Ignore", "child: task_postrun", body_ending("ignore")),
-    Ending("hard_limit", "hard time limit", "limit fires (log)", "child: task_postrun",
-           hard_limit("sleep"), quick=True),
-    Ending("hard_limit_noterm", "hard limit, SIGTERM blocked", "limit fires (log)",
-           "main: after the SIGKILL", hard_limit("sleep_noterm")),
-    Ending("child_kill", "child SIGKILL", "kill", "main: dead-child watch",
-           child_kill, quick=True),
-    Ending("child_kill_acks_late", "child SIGKILL, acks_late", "kill",
-           "main: dead-child watch; requeue when Celery notices", child_kill_acks_late, quick=True,
-           roles=("acks",)),
-    Ending("revoke_term", "revoke(terminate) SIGTERM", "revoke sent", "child: task_postrun",
-           revoke("SIGTERM")),
-    Ending("revoke_kill", "revoke(terminate) SIGKILL", "revoke sent", "main: terminate()",
-           revoke("SIGKILL"), quick=True),
-    Ending("cold_shutdown", "cold shutdown (SIGQUIT)", "SIGQUIT", "child: task_postrun",
-           cold_shutdown, roles=("shared", "cold")),
-    Ending("worker_kill", f"worker SIGKILL, lease {LEASE_S:g} s", "kill", "nobody: TTL",
-           worker_kill, quick=True, roles=("shared", "killed")),
+    Ending(
+        "hard_limit",
+        "hard time limit",
+        "limit fires (log)",
+        "child: task_postrun",
+        hard_limit("sleep"),
+        quick=True,
+    ),
+    Ending(
+        "hard_limit_noterm",
+        "hard limit, SIGTERM blocked",
+        "limit fires (log)",
+        "main: after the SIGKILL",
+        hard_limit("sleep_noterm"),
+    ),
+    Ending("child_kill", "child SIGKILL", "kill", "main: dead-child watch", child_kill, quick=True),
+    Ending(
+        "child_kill_acks_late",
+        "child SIGKILL, acks_late",
+        "kill",
+        "main: dead-child watch; requeue when Celery notices",
+        child_kill_acks_late,
+        quick=True,
+        roles=("acks",),
+    ),
+    Ending(
+        "revoke_term",
+        "revoke(terminate) SIGTERM",
+        "revoke sent",
+        "child: task_postrun",
+        revoke("SIGTERM"),
+    ),
+    Ending(
+        "revoke_kill",
+        "revoke(terminate) SIGKILL",
+        "revoke sent",
+        "main: terminate()",
+        revoke("SIGKILL"),
+        quick=True,
+    ),
+    Ending(
+        "cold_shutdown",
+        "cold shutdown (SIGQUIT)",
+        "SIGQUIT",
+        "child: task_postrun",
+        cold_shutdown,
+        roles=("shared", "cold"),
+    ),
+    Ending(
+        "worker_kill",
+        f"worker SIGKILL, lease {LEASE_S:g} s",
+        "kill",
+        "nobody: TTL",
+        worker_kill,
+        quick=True,
+        roles=("shared", "killed"),
+    ),
 ]
 
 NOTES = [
@@ -505,9 +588,11 @@ def run_all(bench: Bench, endings: list[Ending], trials: int) -> None:
             if "error" in result:
                 progress(f"  [{trial + 1}/{trials}] {ending.label}: FAILED {result['error']}")
             else:
-                progress(f"  [{trial + 1}/{trials}] {ending.label:<28} next start "
-                         f"{result['next_start_s'] * 1000:8.1f} ms, released "
-                         f"{result['released_s'] * 1000:8.1f} ms")
+                progress(
+                    f"  [{trial + 1}/{trials}] {ending.label:<28} next start "
+                    f"{result['next_start_s'] * 1000:8.1f} ms, released "
+                    f"{result['released_s'] * 1000:8.1f} ms"
+                )
 
 
 def ms(value: float | None) -> str:
@@ -523,14 +608,18 @@ def by_main(trials: list[dict[str, Any]]) -> str:
 def print_table(endings: list[Ending]) -> None:
     print()
     print(f"{'':<29}{'':<20}{'':>6}{'next start (ms)':>18}{'released (ms)':>18}")
-    print(f"{'ending':<29}{'event (t = 0)':<20}{'ok':>6}{'median':>9}{'max':>9}"
-          f"{'median':>9}{'max':>9}  released by")
+    print(
+        f"{'ending':<29}{'event (t = 0)':<20}{'ok':>6}{'median':>9}{'max':>9}"
+        f"{'median':>9}{'max':>9}  released by"
+    )
     for ending in endings:
         s = summarize(ending.trials)
         n, r = s["next_start_s"], s["released_s"]
-        print(f"{ending.label:<29}{ending.event:<20}{s['ok']:>3}/{s['trials']:<2}"
-              f"{ms(n['median']):>9}{ms(n['max']):>9}{ms(r['median']):>9}{ms(r['max']):>9}"
-              f"  {ending.released_by}{by_main(ending.trials)}")
+        print(
+            f"{ending.label:<29}{ending.event:<20}{s['ok']:>3}/{s['trials']:<2}"
+            f"{ms(n['median']):>9}{ms(n['max']):>9}{ms(r['median']):>9}{ms(r['max']):>9}"
+            f"  {ending.released_by}{by_main(ending.trials)}"
+        )
         if ending.name == "worker_kill" and s["ok"]:
             print(f"{'':<29}  ^ bounded by the lease ({LEASE_S:g} s), not a takeover latency")
     print("\nNotes:")
@@ -540,22 +629,34 @@ def print_table(endings: list[Ending]) -> None:
         extras = [t for t in ending.trials if "error" not in t]
         notices = [t["worker_noticed_s"] for t in extras if t.get("worker_noticed_s") is not None]
         if notices:
-            print(f" * {ending.label}: the worker noticed the dead child after "
-                  + ", ".join(f"{v * 1000:.0f}" for v in notices) + " ms")
+            print(
+                f" * {ending.label}: the worker noticed the dead child after "
+                + ", ".join(f"{v * 1000:.0f}" for v in notices)
+                + " ms"
+            )
         calls = [t["retry_call_to_publish_s"] for t in extras if "retry_call_to_publish_s" in t]
         if calls:
-            print(f" * {ending.label}: self.retry() was called "
-                  f"{statistics.median(calls) * 1000:.1f} ms (median) before the publish ended")
-        ages = [t["acquired_to_released_s"] - t["released_s"] for t in extras
-                if "acquired_to_released_s" in t]
+            print(
+                f" * {ending.label}: self.retry() was called "
+                f"{statistics.median(calls) * 1000:.1f} ms (median) before the publish ended"
+            )
+        ages = [
+            t["acquired_to_released_s"] - t["released_s"]
+            for t in extras
+            if "acquired_to_released_s" in t
+        ]
         if ages:
-            print(f" * {ending.label}: killed {statistics.median(ages) * 1000:.0f} ms (median) "
-                  "after the lock was taken, before its first renewal: the key lived one full "
-                  "lease")
+            print(
+                f" * {ending.label}: killed {statistics.median(ages) * 1000:.0f} ms (median) "
+                "after the lock was taken, before its first renewal: the key lived one full "
+                "lease"
+            )
         late = [t for t in extras if t.get("waiter_blocked_before_event") is False]
         if late:
-            print(f" * {ending.label}: in {len(late)} trial(s) the waiter blocked only after "
-                  "the limit fired")
+            print(
+                f" * {ending.label}: in {len(late)} trial(s) the waiter blocked only after "
+                "the limit fired"
+            )
         for t in ending.trials:
             if "error" in t:
                 print(f" * {ending.label}: a trial failed: {t['error']}")
@@ -563,13 +664,18 @@ def print_table(endings: list[Ending]) -> None:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--trials", type=int, default=None,
-                   help="trials per ending (default 5; 2 with --quick)")
-    p.add_argument("--endings", default=None,
-                   help="comma-separated subset of: " + ", ".join(e.name for e in ENDINGS))
+    p.add_argument(
+        "--trials", type=int, default=None, help="trials per ending (default 5; 2 with --quick)"
+    )
+    p.add_argument(
+        "--endings",
+        default=None,
+        help="comma-separated subset of: " + ", ".join(e.name for e in ENDINGS),
+    )
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
-    p.add_argument("--quick", action="store_true",
-                   help="smoke run: 2 trials of 8 endings, under a minute")
+    p.add_argument(
+        "--quick", action="store_true", help="smoke run: 2 trials of 8 endings, under a minute"
+    )
     args = p.parse_args(argv)
     if args.trials is None:
         args.trials = 2 if args.quick else 5
@@ -608,12 +714,20 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     env["loadavg_end"] = os.getloadavg()
     env["wall_s"] = time.monotonic() - began
     results["settings"] = {
-        "trials": args.trials, "hard_limit_s": LIMIT_S, "lease_s": LEASE_S,
-        "poll_s": POLL_S, "holder_duration_s": HOLD_S,
+        "trials": args.trials,
+        "hard_limit_s": LIMIT_S,
+        "lease_s": LEASE_S,
+        "poll_s": POLL_S,
+        "holder_duration_s": HOLD_S,
     }
     results["endings"] = {
-        e.name: {"label": e.label, "event": e.event, "released_by": e.released_by,
-                 "summary": summarize(e.trials), "trials": e.trials}
+        e.name: {
+            "label": e.label,
+            "event": e.event,
+            "released_by": e.released_by,
+            "summary": summarize(e.trials),
+            "trials": e.trials,
+        }
         for e in endings
     }
     results["notes"] = NOTES

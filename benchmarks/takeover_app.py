@@ -33,8 +33,14 @@ __all__ = ["app", "held"]
 HOLD_TIMEOUT = 60
 
 
-@app.task(base=Recorded, bind=True, lock_by=["key"], lock_name="ending",
-          name="takeover.held", max_retries=3)
+@app.task(
+    base=Recorded,
+    bind=True,
+    lock_by=["key"],
+    lock_name="ending",
+    name="takeover.held",
+    max_retries=3,
+)
 def held(self: Any, key: str, how: str = "return") -> str:
     n = records.incr(f"n:{key}")
     _start_record(self, key, n)

@@ -107,7 +107,7 @@ import redis  # noqa: E402
 from celery import Celery  # noqa: E402
 from kombu.utils.uuid import uuid  # noqa: E402
 
-from celery_redlock import _keys  # noqa: E402
+from celery_redlock._redis import keys as _keys  # noqa: E402
 from celery_redlock.testing import RedisServer  # noqa: E402
 
 #: Seconds between two looks at something the run waits for (results, logs, windows).
@@ -232,10 +232,25 @@ class Worker:
         self.err = logdir / f"{self.name}.stderr"
         self.env = env
         self.cmd = [
-            sys.executable, "-m", "celery", "-A", "benchmarks.torture_app", "worker",
-            "-P", "prefork", "-c", str(concurrency), "-n", f"{self.name}@%h", "-l", "INFO",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "--logfile", str(self.log),
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "benchmarks.torture_app",
+            "worker",
+            "-P",
+            "prefork",
+            "-c",
+            str(concurrency),
+            "-n",
+            f"{self.name}@%h",
+            "-l",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "--logfile",
+            str(self.log),
         ]
         self.process: subprocess.Popen[bytes] | None = None
         self.ready = False
@@ -246,8 +261,12 @@ class Worker:
         self._offset = self.log.stat().st_size if self.log.exists() else 0
         with self.err.open("ab") as err:
             self.process = subprocess.Popen(
-                self.cmd, cwd=ROOT, env=self.env, start_new_session=True,
-                stdout=subprocess.DEVNULL, stderr=err,
+                self.cmd,
+                cwd=ROOT,
+                env=self.env,
+                start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
             )
         self.ready = False
         self.starts += 1
@@ -323,8 +342,14 @@ class Submitted:
 class Producer:
     """Submits tasks, keeping a backlog, and follows their states in the result backend."""
 
-    def __init__(self, config: Config, rng: random.Random, app: Celery,
-                 results: redis.Redis, records: redis.Redis) -> None:
+    def __init__(
+        self,
+        config: Config,
+        rng: random.Random,
+        app: Celery,
+        results: redis.Redis,
+        records: redis.Redis,
+    ) -> None:
         self.config = config
         self.rng = rng
         self.app = app
@@ -368,7 +393,7 @@ class Producer:
         """Move tasks that reached a final state out of ``outstanding``."""
         ids = list(self.outstanding)
         for i in range(0, len(ids), 500):
-            chunk = ids[i:i + 500]
+            chunk = ids[i : i + 500]
             values = self.results.mget([f"celery-task-meta-{t}" for t in chunk])
             for task_id, raw in zip(chunk, values, strict=True):
                 if raw is None:
@@ -390,7 +415,7 @@ class Producer:
         ids = list(self.tasks)
         out: dict[str, dict[str, Any]] = {}
         for i in range(0, len(ids), 500):
-            chunk = ids[i:i + 500]
+            chunk = ids[i : i + 500]
             values = self.results.mget([f"celery-task-meta-{t}" for t in chunk])
             for task_id, raw in zip(chunk, values, strict=True):
                 out[task_id] = json.loads(raw) if raw is not None else {"status": "PENDING"}
@@ -403,8 +428,15 @@ class Producer:
 class Chaos:
     """Picks and performs fault injections; restarts what it stopped when it is due."""
 
-    def __init__(self, config: Config, rng: random.Random, workers: list[Worker],
-                 nodes: list[RedisServer], records: redis.Redis, app: Celery) -> None:
+    def __init__(
+        self,
+        config: Config,
+        rng: random.Random,
+        workers: list[Worker],
+        nodes: list[RedisServer],
+        records: redis.Redis,
+        app: Celery,
+    ) -> None:
         self.config = config
         self.rng = rng
         self.workers = workers
@@ -421,7 +453,8 @@ class Chaos:
         self.last_worker_kill = -1e9
         has_steps = any(p in ("setnx_expire",) for p in config.patterns)
         self.weights = {
-            action: weight for action, weight in config.chaos.items()
+            action: weight
+            for action, weight in config.chaos.items()
             if weight > 0
             and (action != "node_outage" or len(nodes) >= 3)
             and (action != "step_kill" or has_steps)
@@ -431,8 +464,7 @@ class Chaos:
 
     def note(self, action: str, detail: str) -> None:
         self.counts[action] += 1
-        self.log.append((round(time.monotonic() - self.t0, 3), _wall(time.time()), action,
-                         detail))
+        self.log.append((round(time.monotonic() - self.t0, 3), _wall(time.time()), action, detail))
         self.records.xadd("chaos", {"action": action, "detail": detail})
 
     # -- actions ----------------------------------------------------------------------------
@@ -496,8 +528,11 @@ class Chaos:
     def worker_kill(self) -> bool:
         now = time.monotonic()
         ready = [w for w in self.workers if w.is_ready()]
-        if (self.down_workers or len(ready) < 2
-                or now - self.last_worker_kill < self.config.worker_kill_gap):
+        if (
+            self.down_workers
+            or len(ready) < 2
+            or now - self.last_worker_kill < self.config.worker_kill_gap
+        ):
             return False
         worker = self.rng.choice(ready)
         worker.kill()
@@ -525,8 +560,11 @@ class Chaos:
     def node_outage(self) -> bool:
         max_down = (len(self.nodes) - 1) // 2
         up = [i for i in range(len(self.nodes)) if i not in self.down_nodes]
-        if (len(self.down_nodes) >= max_down or not up
-                or time.monotonic() - self.last_rejoin < self.config.rejoin_grace):
+        if (
+            len(self.down_nodes) >= max_down
+            or not up
+            or time.monotonic() - self.last_rejoin < self.config.rejoin_grace
+        ):
             return False
         index = self.rng.choice(up)
         self.nodes[index].stop()
@@ -579,8 +617,16 @@ def read_stream(client: redis.Redis, name: str) -> Iterator[dict[str, str]]:
 def check_sections(records: redis.Redis, config: Config) -> dict[str, dict[str, Any]]:
     """Overlaps and fencing order per pattern, from the ``events`` stream (see the docstring)."""
     stats: dict[str, dict[str, Any]] = {
-        p: {"entries": 0, "exits": 0, "overlaps": 0, "overlaps_within_ttl": 0,
-            "inversions": 0, "unlocked": 0, "ran": set(), "details": []}
+        p: {
+            "entries": 0,
+            "exits": 0,
+            "overlaps": 0,
+            "overlaps_within_ttl": 0,
+            "inversions": 0,
+            "unlocked": 0,
+            "ran": set(),
+            "details": [],
+        }
         for p in config.patterns
     }
     entered: dict[str, dict[str, str]] = {}
@@ -675,8 +721,9 @@ class Messages:
         return not (outstanding & self.in_broker())
 
 
-def check_tasks(producer: Producer, revoked: set[str], ran: dict[str, set[str]],
-                messages: Messages) -> dict[str, dict[str, Any]]:
+def check_tasks(
+    producer: Producer, revoked: set[str], ran: dict[str, set[str]], messages: Messages
+) -> dict[str, dict[str, Any]]:
     """How each pattern's tasks ended; the lost ones with a reason.
 
     A task that never ended, and whose last message (the submission, or its last retry) no
@@ -685,8 +732,7 @@ def check_tasks(producer: Producer, revoked: set[str], ran: dict[str, set[str]],
     in between loses that message. Those are counted apart (``broker_lost``).
     """
     out: dict[str, dict[str, Any]] = defaultdict(
-        lambda: {"tasks": 0, "outcomes": Counter(), "lost": 0, "broker_lost": 0,
-                 "lost_details": []}
+        lambda: {"tasks": 0, "outcomes": Counter(), "lost": 0, "broker_lost": 0, "lost_details": []}
     )
     in_broker = messages.in_broker()
     for task_id, meta in producer.final_states().items():
@@ -752,9 +798,11 @@ def locks_left(config: Config, nodes: list[RedisServer]) -> dict[str, list[str]]
                     if pattern in flawed.PATTERNS:
                         impl = flawed.PATTERNS[pattern]
                         left[pattern] += [
-                            flawed.lock_key(pattern, f"k{i}") for i in range(config.keys)
-                            if impl.still_held(client, flawed.lock_key(pattern, f"k{i}"),
-                                               time.time())
+                            flawed.lock_key(pattern, f"k{i}")
+                            for i in range(config.keys)
+                            if impl.still_held(
+                                client, flawed.lock_key(pattern, f"k{i}"), time.time()
+                            )
                         ]
         finally:
             client.close()
@@ -762,8 +810,13 @@ def locks_left(config: Config, nodes: list[RedisServer]) -> dict[str, list[str]]
 
 
 #: ERROR lines the chaos causes by design (killed children, hard time limits).
-EXPECTED_ERRORS = ("WorkerLostError", "TimeLimitExceeded", "exited with 'signal",
-                   "Hard time limit", " lost (token ")
+EXPECTED_ERRORS = (
+    "WorkerLostError",
+    "TimeLimitExceeded",
+    "exited with 'signal",
+    "Hard time limit",
+    " lost (token ",
+)
 
 
 def worker_log_counts(workers: list[Worker]) -> dict[str, int]:
@@ -828,8 +881,12 @@ def run(config: Config) -> dict[str, Any]:
             "TORTURE_VISIBILITY": str(visibility(config)),
         }
         workers = [
-            Worker(i, config.concurrency,
-                   {**env, "TORTURE_CLOCK_SKEW": str(config.skews[i % len(config.skews)])}, logdir)
+            Worker(
+                i,
+                config.concurrency,
+                {**env, "TORTURE_CLOCK_SKEW": str(config.skews[i % len(config.skews)])},
+                logdir,
+            )
             for i in range(config.workers)
         ]
         stack.callback(lambda: [w.kill() for w in workers])
@@ -841,9 +898,11 @@ def run(config: Config) -> dict[str, Any]:
         stack.callback(app.close)
         producer = Producer(config, rng, app, results, records)
         chaos = Chaos(config, rng, workers, nodes, records, app)
-        progress(f"torture: {config.workers} workers ready after "
-                 f"{time.monotonic() - started:.1f}s; chaos for {config.seconds:.0f}s "
-                 f"(seed {seed}, logs in {logdir}, kept on failure)")
+        progress(
+            f"torture: {config.workers} workers ready after "
+            f"{time.monotonic() - started:.1f}s; chaos for {config.seconds:.0f}s "
+            f"(seed {seed}, logs in {logdir}, kept on failure)"
+        )
 
         # 1. load and chaos
         target = config.backlog * config.workers * config.concurrency
@@ -882,8 +941,10 @@ def run(config: Config) -> dict[str, Any]:
                 stranded_since = None
             if config.verbose and time.monotonic() >= next_report:
                 next_report += 5.0
-                progress(f"  drain: {len(producer.outstanding)} tasks not ended: "
-                         + ", ".join(producer.describe(t) for t in sorted(producer.outstanding)))
+                progress(
+                    f"  drain: {len(producer.outstanding)} tasks not ended: "
+                    + ", ".join(producer.describe(t) for t in sorted(producer.outstanding))
+                )
             time.sleep(0.25)
         drained = not producer.outstanding
         t_stop = time.monotonic()
@@ -897,15 +958,19 @@ def run(config: Config) -> dict[str, Any]:
         # 3. every lease runs out, then no lock may be left
         expiry = config.lease + max(abs(s) for s in config.skews) + 0.5
         with contextlib.suppress(TimeoutError):
-            wait_for(lambda: not any(locks_left(config, nodes).values()), expiry,
-                     "every lock key to expire")
+            wait_for(
+                lambda: not any(locks_left(config, nodes).values()),
+                expiry,
+                "every lock key to expire",
+            )
         left = locks_left(config, nodes)
 
         # 4. check
         sections = check_sections(records, config)
         messages.refresh()
-        tasks = check_tasks(producer, chaos.revoked,
-                            {p: s["ran"] for p, s in sections.items()}, messages)
+        tasks = check_tasks(
+            producer, chaos.revoked, {p: s["ran"] for p, s in sections.items()}, messages
+        )
         dump_records(records, logdir / "records.jsonl")
         logs = worker_log_counts(workers)
         t_checked = time.monotonic()
@@ -935,8 +1000,9 @@ def run(config: Config) -> dict[str, Any]:
             "left_keys": left[p][:50],
         }
     ours = patterns.get("ours", {})
-    violations = sum(ours.get(k, 0) for k in ("overlaps", "inversions", "lost", "locks_left",
-                                               "unlocked"))
+    violations = sum(
+        ours.get(k, 0) for k in ("overlaps", "inversions", "lost", "locks_left", "unlocked")
+    )
     ok = violations == 0
     c = chaos.counts
     time_limits = sum(pt["outcomes"].get("time-limit", 0) for pt in patterns.values())
@@ -1001,24 +1067,41 @@ def run(config: Config) -> dict[str, Any]:
 
 def parse_args(argv: Sequence[str] | None) -> Config:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--long", action="store_true",
-                   help="3 workers, 480 s of chaos (default: 2 workers, 25 s)")
-    p.add_argument("--quorum", action="store_true",
-                   help="locks on a quorum of independent nodes that chaos stops and restarts")
+    p.add_argument(
+        "--long", action="store_true", help="3 workers, 480 s of chaos (default: 2 workers, 25 s)"
+    )
+    p.add_argument(
+        "--quorum",
+        action="store_true",
+        help="locks on a quorum of independent nodes that chaos stops and restarts",
+    )
     p.add_argument("--nodes", type=int, default=3, help="quorum size with --quorum (3 or 5)")
-    p.add_argument("--rejoin-grace", type=float, default=0.0, metavar="S",
-                   help="with --quorum: no node goes down within S seconds of another's rejoin")
+    p.add_argument(
+        "--rejoin-grace",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="with --quorum: no node goes down within S seconds of another's rejoin",
+    )
     p.add_argument("--seconds", type=float, help="seconds of chaos")
     p.add_argument("--workers", type=int, help="prefork workers (-c 2 each)")
     p.add_argument("--seed", type=int, help="random seed (printed at the start)")
     p.add_argument("--json", metavar="F", help="write every figure as JSON to F")
-    p.add_argument("-v", "--verbose", action="store_true",
-                   help="print each violation, and the tasks the drain waits for")
-    p.add_argument("--keep-logs", action="store_true",
-                   help="keep the worker logs and records dump (kept anyway on failure)")
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="print each violation, and the tasks the drain waits for",
+    )
+    p.add_argument(
+        "--keep-logs",
+        action="store_true",
+        help="keep the worker logs and records dump (kept anyway on failure)",
+    )
     args = p.parse_args(argv)
-    config = Config(seed=args.seed, json_path=args.json, verbose=args.verbose,
-                    keep_logs=args.keep_logs)
+    config = Config(
+        seed=args.seed, json_path=args.json, verbose=args.verbose, keep_logs=args.keep_logs
+    )
     if args.long:
         config.seconds, config.workers, config.drain = 480.0, 3, 120.0
         config.mix = default_mix(config.lease, longest=6.0)

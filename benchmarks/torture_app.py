@@ -213,9 +213,20 @@ def enter(pattern: str, key: str, task_id: str, token: int, acquired: float) -> 
     pid = os.getpid()
     att = f"{pid}.{own_start()}.{token}.{secrets.token_hex(3)}"
     process = json.dumps({"pid": pid, "start": own_start(), "tid": task_id})
-    _enter(keys=[inside, "events"], args=[
-        att, process, json.dumps(verdicts), pattern, key, task_id, token, pid, f"{acquired:.6f}",
-    ])
+    _enter(
+        keys=[inside, "events"],
+        args=[
+            att,
+            process,
+            json.dumps(verdicts),
+            pattern,
+            key,
+            task_id,
+            token,
+            pid,
+            f"{acquired:.6f}",
+        ],
+    )
     return att
 
 
@@ -229,8 +240,10 @@ def leave(att: str, pattern: str, key: str, task_id: str, token: int, lost: bool
     interrupted: BaseException | None = None
     for _ in range(5):
         try:
-            _exit(keys=[f"inside:{pattern}:{key}", "events"],
-                  args=[att, pattern, key, task_id, token, os.getpid(), int(lost)])
+            _exit(
+                keys=[f"inside:{pattern}:{key}", "events"],
+                args=[att, pattern, key, task_id, token, os.getpid(), int(lost)],
+            )
             break
         except SystemExit as exc:
             interrupted = exc
@@ -251,8 +264,15 @@ def window(name: str, seconds: float = WINDOW) -> None:
     records.delete(marker)
 
 
-def critical(pattern: str, key: str, task_id: str, token: int, acquired: float,
-             duration: float, lost: Callable[[], bool]) -> None:
+def critical(
+    pattern: str,
+    key: str,
+    task_id: str,
+    token: int,
+    acquired: float,
+    duration: float,
+    lost: Callable[[], bool],
+) -> None:
     """The critical section: windows around a recorded sleep of ``duration`` seconds."""
     window("gen:after-acquire")
     att = enter(pattern, key, task_id, token, acquired)
@@ -279,20 +299,42 @@ class WaitThenRetry(LockedTask):
 def _ours(task: Any, key: str, duration: float) -> str:
     lock = current_lock()
     token = -1 if lock is None else int(lock.fencing_token or -1)  # -1: ran unlocked (a bug)
-    critical("ours", key, task.request.id, token, time.time(), duration,
-             lambda: bool(lock is not None and lock.lost))
+    critical(
+        "ours",
+        key,
+        task.request.id,
+        token,
+        time.time(),
+        duration,
+        lambda: bool(lock is not None and lock.lost),
+    )
     return key
 
 
-@app.task(base=LockedTask, bind=True, name="torture.ours_retry", lock_name="ours",
-          lock_by=["key"], lock_on_contention="retry", lock_retry_countdown=0.3,
-          max_retries=None)
+@app.task(
+    base=LockedTask,
+    bind=True,
+    name="torture.ours_retry",
+    lock_name="ours",
+    lock_by=["key"],
+    lock_on_contention="retry",
+    lock_retry_countdown=0.3,
+    max_retries=None,
+)
 def ours_retry(self: Any, key: str, duration: float, seq: int) -> str:
     return _ours(self, key, duration)
 
 
-@app.task(base=WaitThenRetry, bind=True, name="torture.ours_wait", lock_name="ours",
-          lock_by=["key"], lock_on_contention="wait", lock_wait_timeout=3.0, max_retries=None)
+@app.task(
+    base=WaitThenRetry,
+    bind=True,
+    name="torture.ours_wait",
+    lock_name="ours",
+    lock_by=["key"],
+    lock_on_contention="wait",
+    lock_wait_timeout=3.0,
+    max_retries=None,
+)
 def ours_wait(self: Any, key: str, duration: float, seq: int) -> str:
     return _ours(self, key, duration)
 

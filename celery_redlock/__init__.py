@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._redis.lock import Lock
 from .exceptions import (
     LockConfigError,
     LockContended,
@@ -18,10 +19,10 @@ from .exceptions import (
     LockUnavailable,
     RedlockError,
 )
-from .lock import Lock
 
 if TYPE_CHECKING:
-    from ._engine import current_lock, lock_key
+    from ._celery.engine import current_lock
+    from ._celery.identity import lock_key
     from .decorators import single_instance
     from .task import LockedTask
 
@@ -44,8 +45,8 @@ __version__ = "0.1.0"
 _CELERY_LAYER = {
     "LockedTask": "celery_redlock.task",
     "single_instance": "celery_redlock.decorators",
-    "current_lock": "celery_redlock._engine",
-    "lock_key": "celery_redlock._engine",
+    "current_lock": "celery_redlock._celery.engine",
+    "lock_key": "celery_redlock._celery.identity",
 }
 
 

@@ -50,12 +50,11 @@ import click
 import redis as redis_py
 from redis.exceptions import RedisClusterException
 
-from . import _owner
-from ._checks import where
-from ._clients import UNAVAILABLE_ERRORS, client_for
-from ._keys import is_slot, keys_for, lock_pattern
-from ._nodes import nodes_for
-from .config import Settings, settings_for
+from ._celery.options import Settings, quorum_size, settings_for
+from ._redis import owner as _owner
+from ._redis.clients import UNAVAILABLE_ERRORS, client_for, redact
+from ._redis.keys import is_slot, keys_for, lock_pattern
+from ._redis.nodes import nodes_for
 from .exceptions import LockConfigError, LockUnavailable
 from .metrics import EVENTS, read_stats
 
@@ -65,7 +64,9 @@ T = TypeVar("T")
 
 #: Errors that mean a node cannot be read now (a cluster client may fail while it connects).
 _READ_ERRORS: tuple[type[BaseException], ...] = (
-    *UNAVAILABLE_ERRORS, redis_py.RedisError, RedisClusterException,
+    *UNAVAILABLE_ERRORS,
+    redis_py.RedisError,
+    RedisClusterException,
 )
 
 #: How a holder's liveness is reported.
@@ -131,7 +132,7 @@ class LockStore:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.urls = [settings.url] if isinstance(settings.url, str) else list(settings.url)
-        self.quorum = len(self.urls) // 2 + 1
+        self.quorum = quorum_size(settings)
 
     def _each(self, call: Callable[[Any], T]) -> list[T | None]:
         """``call(client)`` on every node; ``None`` for a node that does not answer."""
@@ -142,7 +143,7 @@ class LockStore:
                 out.append(call(client_for(url)))
             except _READ_ERRORS as exc:
                 out.append(None)
-                failed.append(f"{where(url)} ({exc})")
+                failed.append(f"{redact(url)} ({redact(exc)})")
         if len(failed) > len(self.urls) - self.quorum:
             raise click.ClickException(f"cannot reach the lock Redis: {'; '.join(failed)}")
         return out
@@ -179,7 +180,11 @@ class LockStore:
         pttl = pttls[self.quorum - 1]
         fences = [int(r[2]) for r in replies if r[2] is not None]
         return HeldLock(
-            key=key, name=name, slot=slot, value=value, holder=_owner.parse(value),
+            key=key,
+            name=name,
+            slot=slot,
+            value=value,
+            holder=_owner.parse(value),
             ttl=None if pttl < 0 else pttl / 1000.0,
             fencing_token=max(fences) if fences else None,
         )
@@ -197,7 +202,7 @@ class LockStore:
                 return keys_for(prefix, key).lock, key, 1
             except ValueError:
                 return None
-        name, _, tail = key[len(head):].rpartition("}")
+        name, _, tail = key[len(head) :].rpartition("}")
         slot = 1 if tail == "" else int(tail[1:]) if tail[1:].isdigit() else 0
         try:
             slots = keys_for(prefix, name, max(slot, 1)).slots
@@ -296,11 +301,18 @@ def ls(ctx: click.Context, as_json: bool) -> None:
     rows = [["KEY", "LOCK", "TASK ID", "WORKER", "PID", "ACQUIRED", "TTL", "FENCE"]]
     for lock in locks:
         d = lock.as_dict()
-        rows.append([
-            lock.key, lock.lock_name, d["task_id"] or "-", d["host"] or "-",
-            str(d["pid"] or "-"), d["acquired_at"] or "-", _ttl(lock.ttl),
-            str(lock.fencing_token or "-"),
-        ])
+        rows.append(
+            [
+                lock.key,
+                lock.lock_name,
+                d["task_id"] or "-",
+                d["host"] or "-",
+                str(d["pid"] or "-"),
+                d["acquired_at"] or "-",
+                _ttl(lock.ttl),
+                str(lock.fencing_token or "-"),
+            ]
+        )
     click.echo(_table(rows))
 
 
@@ -310,8 +322,9 @@ def ls(ctx: click.Context, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--timeout", default=1.0, show_default=True, help="Seconds to wait for a ping.")
 @click.pass_context
-def inspect_(ctx: click.Context, key: str | None, task_id: str | None, as_json: bool,
-             timeout: float) -> None:
+def inspect_(
+    ctx: click.Context, key: str | None, task_id: str | None, as_json: bool, timeout: float
+) -> None:
     """Show one lock (KEY: the key or its name) and whether its holder is alive."""
     if (key is None) == (task_id is None):
         raise click.UsageError("give either KEY or --task-id")
@@ -353,8 +366,9 @@ def inspect_(ctx: click.Context, key: str | None, task_id: str | None, as_json: 
 @click.option("--dry-run", is_flag=True, help="With --dead: only say what would be released.")
 @click.option("--timeout", default=1.0, show_default=True, help="Seconds to wait for a ping.")
 @click.pass_context
-def release(ctx: click.Context, key: str | None, force: bool, dead: bool, dry_run: bool,
-            timeout: float) -> None:
+def release(
+    ctx: click.Context, key: str | None, force: bool, dead: bool, dry_run: bool, timeout: float
+) -> None:
     """Release KEY (refused while its holder is alive, unless --force), or with --dead the
     locks of workers that no longer answer a control ping. Owner-checked: a lock that
     changed owner since it was read is never deleted."""
@@ -380,7 +394,8 @@ def release(ctx: click.Context, key: str | None, force: bool, dead: bool, dry_ru
     if state != DEAD and not force:
         click.echo(
             f"refused: {lock.key} is held by {_who(lock)}, and {reason}; "
-            "use --force to release it anyway", err=True,
+            "use --force to release it anyway",
+            err=True,
         )
         ctx.exit(1)
         return
@@ -388,8 +403,7 @@ def release(ctx: click.Context, key: str | None, force: bool, dead: bool, dry_ru
         forced = " (forced)" if state != DEAD else ""
         click.echo(f"released {lock.key}{forced}: it was held by {_who(lock)}; {reason}")
     else:
-        click.echo(f"not released: {lock.key} expired or changed owner since it was read",
-                   err=True)
+        click.echo(f"not released: {lock.key} expired or changed owner since it was read", err=True)
         ctx.exit(1)
 
 

@@ -27,9 +27,9 @@ from typing import Any
 import redis as redis_py
 from celery.signals import worker_process_shutdown
 
-from ._clients import UNAVAILABLE_ERRORS, client_for
-from ._keys import stats_key
-from .config import settings_for
+from ._celery.options import settings_for
+from ._redis.clients import UNAVAILABLE_ERRORS, client_for
+from ._redis.keys import stats_key
 
 __all__ = ["EVENTS", "PrometheusCollector", "count", "flush", "read_stats"]
 
@@ -37,7 +37,14 @@ logger = logging.getLogger("celery_redlock.metrics")
 
 #: The events counted.
 EVENTS = (
-    "acquired", "skipped", "retried", "waited", "failed", "unavailable", "lost", "released",
+    "acquired",
+    "skipped",
+    "retried",
+    "waited",
+    "failed",
+    "unavailable",
+    "lost",
+    "released",
 )
 
 FLUSH_INTERVAL = 1.0
@@ -124,7 +131,7 @@ def read_stats(app: Any) -> dict[str, dict[str, int]]:
     for key in client.scan_iter(match=prefix + "*"):
         name = key.decode() if isinstance(key, bytes) else key
         values = client.hgetall(key)
-        out[name[len(prefix):]] = {
+        out[name[len(prefix) :]] = {
             (k.decode() if isinstance(k, bytes) else k): int(v) for k, v in values.items()
         }
     return out

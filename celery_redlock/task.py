@@ -5,28 +5,35 @@
     @app.task(base=LockedTask, lock_by=["account_id"], lock_on_contention="retry")
     def sync_account(account_id, full=False): ...
 
-The lock is taken in ``before_start`` and released in ``after_return``; the receivers in
-:mod:`celery_redlock._worker` release it on the endings that skip ``after_return`` (retry,
-``Ignore``, ``Reject``, ``SystemExit``) and when the pool child dies.
+Each execution runs through the one engine path shared with ``@single_instance``
+(:func:`celery_redlock._celery.engine.execute`): the lock is taken when the tracer calls the
+task, and released as soon as the body returns or raises, *before* Celery stores the result and
+sends callbacks. ``after_return`` and the worker receivers are idempotent backstops.
 
 Options are class attributes (Celery turns ``@app.task(lock_...=...)`` keywords into class
-attributes) and are validated when Celery builds the task class: at decoration time for a
-finalized app or ``lazy=False``, otherwise when the app finalizes (worker start, the first
-``delay()``, or ``app.finalize()``). Every name starting with ``lock_`` is reserved.
+attributes), one per row of :data:`celery_redlock._celery.options.OPTIONS`, and are validated
+when Celery builds the task class: at decoration time for a finalized app or ``lazy=False``,
+otherwise when the app finalizes (worker start, the first ``delay()``, or ``app.finalize()``).
+Combinations with the app's settings that cannot work (``lock_limit`` > 1 over a quorum) are
+rejected when the task is bound to its app. Every name starting with ``lock_`` is reserved.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, ClassVar
+from typing import Any
 
 from celery import Task
 from kombu.utils.uuid import uuid
 
-from . import _engine
-from .config import LockBy, Policy, parameters_of, validate_options
-from .exceptions import LockContended, LockUnavailable
+from ._celery import (
+    engine,
+    wiring,  # noqa: F401  (importing it connects the worker receivers)
+)
+from ._celery.identity import OPTIONS_ATTR, spec_of
+from ._celery.options import OPTIONS, cross_check, parameters_of, resolve, validate_options
+from .exceptions import LockConfigError, LockUnavailable
 
 __all__ = ["LockedTask"]
 
@@ -34,39 +41,14 @@ logger = logging.getLogger("celery_redlock.task")
 
 
 class LockedTask(Task):  # type: ignore[misc]
-    """Base class for tasks that take a Redis lock before their body runs."""
+    """Base class for tasks that take a Redis lock before their body runs.
 
-    #: Parameters forming the lock identity: ``None`` all, ``()`` one lock per task name, a
-    #: list of parameter names, or a callable ``(args, kwargs) -> str``.
-    lock_by: ClassVar[LockBy] = None
-    #: Name part of the key (default: the task's name); tasks sharing it exclude each other.
-    lock_name: ClassVar[str | None] = None
-    #: Fixed TTL in seconds, never renewed; ``None`` derives it from the time limits.
-    lock_ttl: ClassVar[float | None] = None
-    #: ``"skip"``, ``"retry"``, ``"fail"`` or ``"wait"``; ``None`` = ``redlock_on_contention``.
-    lock_on_contention: ClassVar[Policy | None] = None
-    #: Seconds (plus up to 20% jitter) before a retry under ``"retry"``.
-    lock_retry_countdown: ClassVar[float] = 5.0
-    #: Seconds to wait for the holder under ``"wait"``.
-    lock_wait_timeout: ClassVar[float] = 30.0
-    #: How many executions may hold the key at once (a counting semaphore of owner-checked,
-    #: expiring slots). Needs a single Redis deployment, not a list of nodes.
-    lock_limit: ClassVar[int] = 1
-    #: Seconds the key stays held after the run finishes: calls in that window contend, which
-    #: makes a beat job run at most once per window even with two beat processes.
-    lock_cooldown: ClassVar[float] = 0.0
-    #: De-duplicate at enqueue time (see :meth:`apply_async`).
-    lock_enqueue: ClassVar[bool] = False
-    #: Seconds a queued marker lives if its task never starts.
-    lock_enqueue_ttl: ClassVar[float] = 3600.0
-
-    #: Contention failures are expected outcomes: logged without a traceback.
-    throws: ClassVar[tuple[type[BaseException], ...]] = (LockContended,)
+    The ``lock_*`` attributes are the task options of ``docs/configuration.md``, each with its
+    default.
+    """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if LockContended not in cls.throws:
-            cls.throws = (*cls.throws, LockContended)
         raw = {name: getattr(cls, name) for name in dir(cls) if name.startswith("lock_")}
         run = inspect.getattr_static(cls, "run")
         params = None
@@ -74,7 +56,23 @@ class LockedTask(Task):  # type: ignore[misc]
             fun = run.__func__ if isinstance(run, staticmethod) else run
             params = parameters_of(fun, bound=not isinstance(run, staticmethod))
         owner = f"task {cls.__dict__.get('name') or cls.__qualname__}"
-        setattr(cls, _engine.OPTIONS_ATTR, validate_options(owner, raw, params))
+        setattr(cls, OPTIONS_ATTR, validate_options(owner, raw, params))
+
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        """When the task is bound to ``app`` (the app finalizes): cross-check the options.
+
+        Settings that do not resolve yet (``redlock_url`` set later, say) are not an error
+        here: they are checked at worker start and at the first lock operation.
+        """
+        super().on_bound(app)
+        if cls.__dict__.get("name") is None:
+            return  # an abstract base, not a task
+        try:
+            settings = resolve(app)
+        except LockConfigError:
+            return
+        cross_check(f"task {cls.name}", getattr(cls, OPTIONS_ATTR), settings)
 
     def apply_async(
         self,
@@ -97,7 +95,7 @@ class LockedTask(Task):  # type: ignore[misc]
         4. If Redis does not answer, the call is published anyway (never dropped); the lock
            still guarantees exclusion when it runs.
         """
-        spec = _engine.spec_of(self)
+        spec = spec_of(self)
         if (
             spec is None
             or not spec.options.enqueue
@@ -107,27 +105,24 @@ class LockedTask(Task):  # type: ignore[misc]
             return super().apply_async(args, kwargs, task_id=task_id, **options)
         task_id = task_id or uuid()
         try:
-            queued = _engine.mark_queued(self, args, kwargs, task_id)
+            queued = engine.mark_queued(self, args, kwargs, task_id)
         except LockUnavailable as exc:
-            logger.warning("%s: enqueue de-duplication skipped, Redis unavailable: %s",
-                           self.name, exc)
+            logger.warning(
+                "%s: enqueue de-duplication skipped, Redis unavailable: %s", self.name, exc
+            )
             queued = None
         if queued is not None and queued != task_id:
-            logger.info("%s[%s] not queued: the same call is queued as %s",
-                        self.name, task_id, queued)
+            logger.info(
+                "%s[%s] not queued: the same call is queued as %s", self.name, task_id, queued
+            )
             return self.AsyncResult(queued)
         return super().apply_async(args, kwargs, task_id=task_id, **options)
-
-    def before_start(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        _engine.enter(self, args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request_stack.top
         if request is None or request.called_directly:
             return super().__call__(*args, **kwargs)
-        if _engine.skipped(request):
-            return None
-        return self.run(*args, **kwargs)
+        return engine.execute(self, args, kwargs, lambda: self.run(*args, **kwargs))
 
     def after_return(
         self,
@@ -138,4 +133,9 @@ class LockedTask(Task):  # type: ignore[misc]
         kwargs: dict[str, Any],
         einfo: Any,
     ) -> None:
-        _engine.leave(self)
+        """Backstop (idempotent): the engine released when the body returned."""
+        engine.leave(self)
+
+
+for _option in OPTIONS.values():
+    setattr(LockedTask, _option.attr, _option.default)

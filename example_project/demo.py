@@ -51,8 +51,12 @@ class Service:
         self.descendants: set[int] = set()
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, *args], cwd=ROOT, env=env, start_new_session=True,
-                stdout=out, stderr=subprocess.STDOUT,
+                [sys.executable, *args],
+                cwd=ROOT,
+                env=env,
+                start_new_session=True,
+                stdout=out,
+                stderr=subprocess.STDOUT,
             )
 
     def text(self) -> str:
@@ -103,8 +107,7 @@ def alive(pid: int) -> bool:
 
 def lock_keys(server: RedisServer) -> list[bytes]:
     """Lock slots and queued markers in the lock database (fencing counters excluded)."""
-    return [k for k in server.client().scan_iter(match="redlock:{*}*")
-            if not k.endswith(b":fence")]
+    return [k for k in server.client().scan_iter(match="redlock:{*}*") if not k.endswith(b":fence")]
 
 
 def summary(server: RedisServer, seconds: float) -> tuple[list[str], dict[str, int]]:
@@ -118,12 +121,17 @@ def summary(server: RedisServer, seconds: float) -> tuple[list[str], dict[str, i
     lines = [f"ran {seconds:.0f}s: 2 prefork workers x 2 processes, celery beat, a producer"]
     for task in ("refresh_report", "sync_account"):
         lines.append(f"  {task:15s} runs {runs.get(task, 0):4d}   skipped {skips.get(task, 0):4d}")
-    lines.append("maximum concurrent executions per key (must be 1): " + ", ".join(
-        f"{label}={n}" for label, n in sorted(max_inside.items())))
-    lines.append(f"cache stampede guard: {cache.get('requests', 0)} reads, "
-                 f"{cache.get('rebuilds', 0)} rebuilds")
-    events = [{k.decode(): v.decode() for k, v in fields.items()}
-              for _, fields in data.xrange("timeline")]
+    lines.append(
+        "maximum concurrent executions per key (must be 1): "
+        + ", ".join(f"{label}={n}" for label, n in sorted(max_inside.items()))
+    )
+    lines.append(
+        f"cache stampede guard: {cache.get('requests', 0)} reads, "
+        f"{cache.get('rebuilds', 0)} rebuilds"
+    )
+    events = [
+        {k.decode(): v.decode() for k, v in fields.items()} for _, fields in data.xrange("timeline")
+    ]
     report = [e for e in events if labels.get(e["key"]) == "report"][:TIMELINE_LINES]
     lines.append(f"lock timeline of the beat job (key 'report', first {len(report)} events):")
     start = float(report[0]["t"]) if report else 0.0
@@ -155,23 +163,60 @@ def main() -> int:
         celery = ["-m", "celery", "-A", APP]
         try:
             for name in ("worker1", "worker2"):
-                services.append(Service(name, [
-                    *celery, "worker", "-P", "prefork", "-c", "2", "-n", f"{name}@%h",
-                    "-l", "INFO", "--without-gossip", "--without-mingle", "--without-heartbeat",
-                ], env, logs))
-            services.append(Service("beat", [
-                *celery, "beat", "-l", "INFO", "-s", str(logs / "beat-schedule"),
-            ], env, logs))
+                services.append(
+                    Service(
+                        name,
+                        [
+                            *celery,
+                            "worker",
+                            "-P",
+                            "prefork",
+                            "-c",
+                            "2",
+                            "-n",
+                            f"{name}@%h",
+                            "-l",
+                            "INFO",
+                            "--without-gossip",
+                            "--without-mingle",
+                            "--without-heartbeat",
+                        ],
+                        env,
+                        logs,
+                    )
+                )
+            services.append(
+                Service(
+                    "beat",
+                    [
+                        *celery,
+                        "beat",
+                        "-l",
+                        "INFO",
+                        "-s",
+                        str(logs / "beat-schedule"),
+                    ],
+                    env,
+                    logs,
+                )
+            )
             for service in services[:2]:
                 service.wait_log(r"ready\.")
             services[2].wait_log(r"beat: Starting")
             print(f"demo: redis-server on port {server.port}, logs in {logs}", flush=True)
-            producer = Service("producer", [
-                "-m", "example_project.producer", "--seconds", str(args.seconds),
-            ], env, logs)
+            producer = Service(
+                "producer",
+                [
+                    "-m",
+                    "example_project.producer",
+                    "--seconds",
+                    str(args.seconds),
+                ],
+                env,
+                logs,
+            )
             services.append(producer)
-            wait_for("the producer", lambda: producer.process.poll() is not None,
-                     args.seconds + 60)
+            wait_for("the producer", lambda: producer.process.poll() is not None, args.seconds + 60)
         finally:
             for service in reversed(services):  # producer and beat first: no new work
                 service.terminate()

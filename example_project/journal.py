@@ -57,20 +57,28 @@ def _event(event: str, sender: Any, task_id: str, key: str, **fields: Any) -> No
 
 
 @lock_acquired.connect(weak=False)
-def _on_acquired(sender: Any = None, task_id: str = "", key: str = "",
-                 fencing_token: int | None = None, **_: Any) -> None:
+def _on_acquired(
+    sender: Any = None, task_id: str = "", key: str = "", fencing_token: int | None = None, **_: Any
+) -> None:
     _event("acquired", sender, task_id, key, token=fencing_token)
 
 
 @lock_contended.connect(weak=False)
-def _on_contended(sender: Any = None, task_id: str = "", key: str = "",
-                  holder: str | None = None, policy: str = "", **_: Any) -> None:
+def _on_contended(
+    sender: Any = None,
+    task_id: str = "",
+    key: str = "",
+    holder: str | None = None,
+    policy: str = "",
+    **_: Any,
+) -> None:
     if policy == "skip":
         client.hincrby("skips", _short(sender), 1)
     _event(policy, sender, task_id, key, holder=holder or "")
 
 
 @lock_released.connect(weak=False)
-def _on_released(sender: Any = None, task_id: str = "", key: str = "", by: str = "",
-                 **_: Any) -> None:
+def _on_released(
+    sender: Any = None, task_id: str = "", key: str = "", by: str = "", **_: Any
+) -> None:
     _event("released", sender, task_id, key, by=by)

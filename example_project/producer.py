@@ -66,9 +66,12 @@ def main(argv: list[str] | None = None) -> int:
         rounds += 1
         stop.wait(min(1.0, max(deadline - time.monotonic(), 0.0)))  # pacing, not syncing
     cache = {k.decode(): int(v) for k, v in data.hgetall("cache").items()}
-    print(f"producer: {calls} sync_account calls submitted; dashboard cache: "
-          f"{cache.get('requests', 0)} reads, {cache.get('rebuilds', 0)} rebuilds "
-          f"in {(rounds + 1) // 2} stampedes", flush=True)
+    print(
+        f"producer: {calls} sync_account calls submitted; dashboard cache: "
+        f"{cache.get('requests', 0)} reads, {cache.get('rebuilds', 0)} rebuilds "
+        f"in {(rounds + 1) // 2} stampedes",
+        flush=True,
+    )
     app.close()
     return 0
 

@@ -17,7 +17,7 @@ import redis as redis_py
 from celery import Celery, _state
 from celery.contrib.testing.worker import start_worker
 
-from celery_redlock._keys import is_slot, lock_pattern
+from celery_redlock._redis.keys import is_slot, lock_pattern
 from celery_redlock.testing import RedisServer
 from tests.e2e.harness import layout_app
 

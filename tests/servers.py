@@ -44,8 +44,12 @@ from celery_redlock.testing import RedisServer, free_port, redis_server_binary, 
 def client(port: int, **kwargs: Any) -> redis_py.Redis:
     """A plain client for a test server, failing fast (no retries) when it is down."""
     return redis_py.Redis(
-        host="127.0.0.1", port=port, socket_timeout=2, socket_connect_timeout=2,
-        retry=Retry(NoBackoff(), 0), **kwargs,
+        host="127.0.0.1",
+        port=port,
+        socket_timeout=2,
+        socket_connect_timeout=2,
+        retry=Retry(NoBackoff(), 0),
+        **kwargs,
     )
 
 
@@ -71,7 +75,9 @@ class Process:
     def start(self, timeout: float = 10.0) -> Process:
         self.process = subprocess.Popen(
             [redis_server_binary(), *self.args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
 
         def ready() -> bool:
@@ -123,7 +129,9 @@ class _Started(abc.ABC):
             raise
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self.stop()
@@ -156,7 +164,8 @@ class SentinelGroup(_Started):
         self.replica.start()
         wait_until(
             lambda: info_field(self.replica.port, "replication", "master_link_status") == "up",
-            10, "the replica to sync",
+            10,
+            "the replica to sync",
         )
         (Path(self._dir) / "sentinel.conf").write_text(
             f"port {self.port}\nbind 127.0.0.1\ndir {self._dir}\n"
@@ -177,9 +186,7 @@ class SentinelGroup(_Started):
 
     def _replica_known(self) -> bool:
         replicas = self._sentinel_call("SENTINEL", "REPLICAS", SERVICE)
-        return any(
-            r["flags"] == "slave" and r["master-link-status"] == "ok" for r in replicas
-        )
+        return any(r["flags"] == "slave" and r["master-link-status"] == "ok" for r in replicas)
 
     def primary_port(self) -> int:
         """The primary's port according to the Sentinel."""
@@ -199,11 +206,15 @@ class SentinelGroup(_Started):
         new = self.replica if old is self.primary else self.primary
         assert self._sentinel_call("SENTINEL", "FAILOVER", SERVICE) == "OK"
         wait_until(lambda: self.primary_port() == new.port, timeout, "the Sentinel to switch")
-        wait_until(lambda: info_field(new.port, "replication", "role") == "master",
-                   timeout, "the new primary to take the role")
+        wait_until(
+            lambda: info_field(new.port, "replication", "role") == "master",
+            timeout,
+            "the new primary to take the role",
+        )
         wait_until(
             lambda: info_field(old.port, "replication", "master_link_status") == "up",
-            timeout, "the old primary to become a synced replica",
+            timeout,
+            "the old primary to become a synced replica",
         )
         return new, old
 
@@ -214,7 +225,6 @@ class SentinelGroup(_Started):
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-
 # -- Cluster ------------------------------------------------------------------------------------
 
 
@@ -222,8 +232,14 @@ class ClusterNodes(_Started):
     """Three cluster-enabled primaries joined with ``redis-cli --cluster create``."""
 
     def __init__(self, size: int = 3) -> None:
-        args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                "--cluster-node-timeout", "2000"]
+        args = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "2000",
+        ]
         self.nodes = [RedisServer(port=cluster_port(), args=args) for _ in range(size)]
 
     @property
@@ -237,9 +253,19 @@ class ClusterNodes(_Started):
         if cli is None:
             raise RuntimeError("redis-cli is needed to create a Redis Cluster")
         subprocess.run(
-            [cli, "--cluster", "create", *(f"127.0.0.1:{n.port}" for n in self.nodes),
-             "--cluster-replicas", "0", "--cluster-yes"],
-            check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30,
+            [
+                cli,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{n.port}" for n in self.nodes),
+                "--cluster-replicas",
+                "0",
+                "--cluster-yes",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=30,
         )
         for node in self.nodes:
             ok = functools.partial(cluster_ok, node.port)
@@ -249,7 +275,6 @@ class ClusterNodes(_Started):
     def stop(self) -> None:
         for node in self.nodes:
             node.__exit__(None, None, None)
-
 
 
 def cluster_port() -> int:
@@ -309,26 +334,66 @@ def make_certs(directory: str) -> Certs:
         subprocess.run([openssl, *args], check=True, capture_output=True, timeout=30)
 
     key_opts = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    run("req", "-x509", *key_opts, "-keyout", str(d / "ca.key"), "-out", str(d / "ca.crt"),
-        "-days", "1", "-subj", "/CN=celery-redlock test CA",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-    for name, usage, san in (("server", "serverAuth", "IP:127.0.0.1"),
-                             ("client", "clientAuth", "DNS:redlock-client")):
+    run(
+        "req",
+        "-x509",
+        *key_opts,
+        "-keyout",
+        str(d / "ca.key"),
+        "-out",
+        str(d / "ca.crt"),
+        "-days",
+        "1",
+        "-subj",
+        "/CN=celery-redlock test CA",
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
+    )
+    for name, usage, san in (
+        ("server", "serverAuth", "IP:127.0.0.1"),
+        ("client", "clientAuth", "DNS:redlock-client"),
+    ):
         ext = d / f"{name}.ext"
         ext.write_text(
             "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
             f"extendedKeyUsage={usage}\nsubjectAltName={san}\n"
             "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n"
         )
-        run("req", *key_opts, "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"),
-            "-subj", f"/CN={san.split(':', 1)[1]}")
-        run("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / "ca.crt"),
-            "-CAkey", str(d / "ca.key"), "-CAcreateserial", "-days", "1",
-            "-extfile", str(ext), "-out", str(d / f"{name}.crt"))
+        run(
+            "req",
+            *key_opts,
+            "-keyout",
+            str(d / f"{name}.key"),
+            "-out",
+            str(d / f"{name}.csr"),
+            "-subj",
+            f"/CN={san.split(':', 1)[1]}",
+        )
+        run(
+            "x509",
+            "-req",
+            "-in",
+            str(d / f"{name}.csr"),
+            "-CA",
+            str(d / "ca.crt"),
+            "-CAkey",
+            str(d / "ca.key"),
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            str(ext),
+            "-out",
+            str(d / f"{name}.crt"),
+        )
     return Certs(
-        ca=str(d / "ca.crt"), server_cert=str(d / "server.crt"), server_key=str(d / "server.key"),
-        client_cert=str(d / "client.crt"), client_key=str(d / "client.key"),
+        ca=str(d / "ca.crt"),
+        server_cert=str(d / "server.crt"),
+        server_key=str(d / "server.key"),
+        client_cert=str(d / "client.crt"),
+        client_key=str(d / "client.key"),
     )
 
 
@@ -346,11 +411,28 @@ class TlsServer:
         self.port = free_port()
         self._dir = tempfile.mkdtemp(prefix="redlock-tls-")
         args = [
-            "--port", "0", "--tls-port", str(self.port), "--bind", "127.0.0.1",
-            "--save", "", "--appendonly", "no", "--dir", self._dir,
-            "--tls-cert-file", certs.server_cert, "--tls-key-file", certs.server_key,
-            "--tls-ca-cert-file", certs.ca, "--tls-auth-clients", "yes",
-            "--requirepass", admin_password,
+            "--port",
+            "0",
+            "--tls-port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self._dir,
+            "--tls-cert-file",
+            certs.server_cert,
+            "--tls-key-file",
+            certs.server_key,
+            "--tls-ca-cert-file",
+            certs.ca,
+            "--tls-auth-clients",
+            "yes",
+            "--requirepass",
+            admin_password,
         ]
         for line in users:
             args += ["--user", *line.split()]
@@ -371,9 +453,15 @@ class TlsServer:
     def connect(self, **kwargs: Any) -> redis_py.Redis:
         """A client over TLS with the client certificate; ``kwargs`` add credentials."""
         return redis_py.Redis(
-            host="127.0.0.1", port=self.port, socket_timeout=2, socket_connect_timeout=2,
-            ssl=True, ssl_ca_certs=self.certs.ca, ssl_certfile=self.certs.client_cert,
-            ssl_keyfile=self.certs.client_key, **kwargs,
+            host="127.0.0.1",
+            port=self.port,
+            socket_timeout=2,
+            socket_connect_timeout=2,
+            ssl=True,
+            ssl_ca_certs=self.certs.ca,
+            ssl_certfile=self.certs.client_cert,
+            ssl_keyfile=self.certs.client_key,
+            **kwargs,
         )
 
     def __enter__(self) -> TlsServer:
@@ -381,7 +469,9 @@ class TlsServer:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self.process.stop()
@@ -391,9 +481,20 @@ class TlsServer:
 def tls_supported() -> str | None:
     """``None`` if ``redis-server`` was built with TLS, else the reason it was not."""
     out = subprocess.run(
-        [redis_server_binary(), "--port", "0", "--tls-port", str(free_port()),
-         "--tls-cert-file", "/nonexistent", "--tls-key-file", "/nonexistent"],
-        capture_output=True, text=True, timeout=10,
+        [
+            redis_server_binary(),
+            "--port",
+            "0",
+            "--tls-port",
+            str(free_port()),
+            "--tls-cert-file",
+            "/nonexistent",
+            "--tls-key-file",
+            "/nonexistent",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=10,
     ).stdout
     if "not supported" in out or "Bad directive" in out:
         return f"{redis_server_binary()} was built without TLS support: {out.strip()[-200:]}"
@@ -477,7 +578,9 @@ class DelayProxy:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self.close()

@@ -43,10 +43,26 @@ class WorkerProcess:
         self.name = name
         self.log = Path(tempfile.mkstemp(prefix=f"worker-{name}-", suffix=".log")[1])
         self.cmd = [
-            sys.executable, "-m", "celery", "-A", app, "worker",
-            "-P", pool, "-c", str(concurrency), "-n", f"{name}@%h", "-l", "INFO",
-            "--without-gossip", "--without-mingle", "--without-heartbeat", "--logfile",
-            str(self.log), *args,
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            app,
+            "worker",
+            "-P",
+            pool,
+            "-c",
+            str(concurrency),
+            "-n",
+            f"{name}@%h",
+            "-l",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "--logfile",
+            str(self.log),
+            *args,
         ]
         self.env = {
             **os.environ,
@@ -58,8 +74,12 @@ class WorkerProcess:
 
     def start(self, timeout: float = 30.0) -> WorkerProcess:
         self.process = subprocess.Popen(
-            self.cmd, cwd=ROOT, env=self.env, start_new_session=True,
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            self.cmd,
+            cwd=ROOT,
+            env=self.env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
         )
         self.wait_for_log(r"ready\.", timeout)
         return self

@@ -96,7 +96,11 @@ def _start_record(task: Any, key: str, n: int) -> None:
         prev_pid = json.loads(previous[0])["pid"]
         prev_alive = pid_alive(prev_pid) if prev_pid != os.getpid() else None
     entry = {
-        "id": request.id, "task": task.name, "pid": os.getpid(), "n": n, "t": time.time(),
+        "id": request.id,
+        "task": task.name,
+        "pid": os.getpid(),
+        "n": n,
+        "t": time.time(),
         "retries": request.retries,
         "redelivered": bool((request.delivery_info or {}).get("redelivered")),
         "prev_pid_alive": prev_alive,
@@ -144,9 +148,10 @@ def run_ending(task: Any, key: str, how: str, duration: float) -> str:
     finally:
         token = lock.token if lock is not None else None
         held = token is not None and locks.get(lock.key) == token.encode()  # type: ignore[union-attr]
-        records.rpush(f"exits:{key}", json.dumps(
-            {"id": task.request.id, "pid": os.getpid(), "t": time.time(), "held": held}
-        ))
+        records.rpush(
+            f"exits:{key}",
+            json.dumps({"id": task.request.id, "pid": os.getpid(), "t": time.time(), "held": held}),
+        )
         records.decr(f"active:{key}")
 
 
@@ -158,8 +163,9 @@ def _hook(task_id: str | None, what: str) -> None:
 class Recorded(LockedTask):
     """LockedTask recording which of its hooks ran, with what state, in which process."""
 
-    def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any,
-                     einfo: Any) -> None:
+    def after_return(
+        self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
         _hook(task_id, f"after_return:{status}")
         super().after_return(status, retval, task_id, args, kwargs, einfo)
 
@@ -177,14 +183,27 @@ class Recorded(LockedTask):
             records.set(f"retry_seen:{task_id}", int(records.llen(f"starts:{key}") >= 2))
 
 
-@app.task(base=Recorded, bind=True, lock_by=["key"], lock_name="ending",
-          autoretry_for=(KeyError,), retry_kwargs={"countdown": 0}, max_retries=3)
+@app.task(
+    base=Recorded,
+    bind=True,
+    lock_by=["key"],
+    lock_name="ending",
+    autoretry_for=(KeyError,),
+    retry_kwargs={"countdown": 0},
+    max_retries=3,
+)
 def ending(self: Any, key: str, how: str = "return", duration: float = 0.0) -> str:
     return run_ending(self, key, how, duration)
 
 
-@app.task(base=Recorded, bind=True, lock_by=["key"], lock_name="ending",
-          lock_on_contention="wait", lock_wait_timeout=20.0)
+@app.task(
+    base=Recorded,
+    bind=True,
+    lock_by=["key"],
+    lock_name="ending",
+    lock_on_contention="wait",
+    lock_wait_timeout=20.0,
+)
 def waiter(self: Any, key: str, how: str = "return", duration: float = 0.0) -> str:
     """Same lock as ``ending``, but waits for it: starts the moment the holder releases."""
     return run_ending(self, key, how, duration)

@@ -56,8 +56,12 @@ def body(task: Any, name: str, duration: float = 0.0, hold: float = 0.0) -> None
     ``hold`` seconds."""
     lock = current_lock()
     entry = {
-        "task": task.name, "id": task.request.id, "pid": os.getpid(), "name": name,
-        "retries": task.request.retries or 0, "slot": lock.key if lock is not None else "",
+        "task": task.name,
+        "id": task.request.id,
+        "pid": os.getpid(),
+        "name": name,
+        "retries": task.request.retries or 0,
+        "slot": lock.key if lock is not None else "",
     }
     inside = records.incr(f"active:{name}")
     records.zadd("max_active", {name: inside}, gt=True)
@@ -84,8 +88,14 @@ def slow_job(self: Any, duration: float) -> None:
     body(self, "slow_job", duration)
 
 
-@app.task(base=LockedTask, bind=True, lock_by=(), lock_on_contention="retry",
-          lock_retry_countdown=0.2, max_retries=50)
+@app.task(
+    base=LockedTask,
+    bind=True,
+    lock_by=(),
+    lock_on_contention="retry",
+    lock_retry_countdown=0.2,
+    max_retries=50,
+)
 def slow_retry_job(self: Any, duration: float) -> None:
     """The same job under the ``retry`` policy: a send finding it running comes back later."""
     body(self, "slow_retry_job", duration)
@@ -128,18 +138,32 @@ def limited(self: Any, key: str, duration: float = 0.0, hold: float = 0.0) -> st
 SCHEDULES: dict[str, dict[str, dict[str, Any]]] = {
     # Run 1.5 s every 1 s; expires = interval, time_limit bounds a run (the recommended setup).
     "overlap": {
-        "slow": {"task": "tests.e2e.proj5.slow_job", "schedule": 1.0, "args": (1.5,),
-                 "options": {"expires": 1.0, "time_limit": 10}},
-        "slow-retry": {"task": "tests.e2e.proj5.slow_retry_job", "schedule": 1.0, "args": (1.5,),
-                       "options": {"expires": 3.0, "time_limit": 10}},
+        "slow": {
+            "task": "tests.e2e.proj5.slow_job",
+            "schedule": 1.0,
+            "args": (1.5,),
+            "options": {"expires": 1.0, "time_limit": 10},
+        },
+        "slow-retry": {
+            "task": "tests.e2e.proj5.slow_retry_job",
+            "schedule": 1.0,
+            "args": (1.5,),
+            "options": {"expires": 3.0, "time_limit": 10},
+        },
     },
     # Both beats send both entries on the same whole seconds; expires <= lock_cooldown. The
     # control goes to its own queue (and worker), so it never delays tick_job.
     "ticks": {
-        "tick": {"task": "tests.e2e.proj5.tick_job", "schedule": EVERY_SECOND,
-                 "options": {"expires": 0.7, "time_limit": 10}},
-        "tick-plain": {"task": "tests.e2e.proj5.tick_plain", "schedule": EVERY_SECOND,
-                       "options": {"expires": 0.7, "time_limit": 10, "queue": "plain"}},
+        "tick": {
+            "task": "tests.e2e.proj5.tick_job",
+            "schedule": EVERY_SECOND,
+            "options": {"expires": 0.7, "time_limit": 10},
+        },
+        "tick-plain": {
+            "task": "tests.e2e.proj5.tick_plain",
+            "schedule": EVERY_SECOND,
+            "options": {"expires": 0.7, "time_limit": 10, "queue": "plain"},
+        },
     },
     "enqueue": {
         "queued": {"task": "tests.e2e.proj5.queued_job", "schedule": 0.5},
@@ -159,11 +183,26 @@ def _record_beat_publish(headers: Any = None, **_: Any) -> None:
 
 
 @lock_contended.connect(weak=False)
-def _record_contended(sender: Any = None, task_id: str = "", key: str = "",
-                      holder: str | None = None, policy: str = "", **_: Any) -> None:
+def _record_contended(
+    sender: Any = None,
+    task_id: str = "",
+    key: str = "",
+    holder: str | None = None,
+    policy: str = "",
+    **_: Any,
+) -> None:
     request = sender.request
-    records.xadd("events", {
-        "ev": "contended", "t": time.time(), "task": sender.name, "id": task_id,
-        "pid": os.getpid(), "retries": request.retries or 0, "holder": holder or "",
-        "policy": policy, "key": key,
-    })
+    records.xadd(
+        "events",
+        {
+            "ev": "contended",
+            "t": time.time(),
+            "task": sender.name,
+            "id": task_id,
+            "pid": os.getpid(),
+            "retries": request.retries or 0,
+            "holder": holder or "",
+            "policy": policy,
+            "key": key,
+        },
+    )

@@ -60,8 +60,10 @@ def counted(self: Any, key: str, wait: bool = False) -> str:
 
 
 @lock_released.connect(weak=False)
-def _record_release(sender: Any = None, task_id: str = "", key: str = "", by: str = "",
-                    **_: Any) -> None:
-    records.rpush("released", json.dumps(
-        {"task": sender.name, "id": task_id, "key": key, "by": by, "pid": os.getpid()}
-    ))
+def _record_release(
+    sender: Any = None, task_id: str = "", key: str = "", by: str = "", **_: Any
+) -> None:
+    records.rpush(
+        "released",
+        json.dumps({"task": sender.name, "id": task_id, "key": key, "by": by, "pid": os.getpid()}),
+    )

@@ -69,16 +69,22 @@ def wait_for(predicate: Any, timeout: float) -> bool:
     return True
 
 
-@app.task(base=LockedTask, bind=True, lock_by=["key"], lock_on_contention="wait",
-          lock_wait_timeout=20.0)
+@app.task(
+    base=LockedTask, bind=True, lock_by=["key"], lock_on_contention="wait", lock_wait_timeout=20.0
+)
 def fenced_write(self: Any, key: str, role: str) -> int:
     lock = current_lock()
     assert lock is not None
     me = f"holder:{role}"
-    records.hset(me, mapping={
-        "pid": os.getpid(), "fence": str(lock.fencing_token), "lock_key": lock.key,
-        "lock_token": lock.token or "",
-    })
+    records.hset(
+        me,
+        mapping={
+            "pid": os.getpid(),
+            "fence": str(lock.fencing_token),
+            "lock_key": lock.key,
+            "lock_token": lock.token or "",
+        },
+    )
     if role == "stale":
         wait_for(lambda: records.exists("resumed"), 30.0)  # frozen in here by the test
         wait_for(lambda: lock.lost, 10.0)  # the overdue renewal runs first thing on resume

@@ -28,17 +28,32 @@ class BeatProcess(WorkerProcess):
     """``celery -A tests.e2e.proj5 beat`` with its own schedule file, logging to a file."""
 
     def __init__(self, port: int, name: str, schedule_dir: Path, schedule: str) -> None:
-        super().__init__(port, name, app=APP,
-                         env={"REDLOCK_TEST_SCHEDULE": schedule, "REDLOCK_TEST_BEAT": name})
+        super().__init__(
+            port, name, app=APP, env={"REDLOCK_TEST_SCHEDULE": schedule, "REDLOCK_TEST_BEAT": name}
+        )
         self.cmd = [
-            sys.executable, "-m", "celery", "-A", APP, "beat", "-l", "INFO",
-            "-s", str(schedule_dir / f"schedule-{name}"), "--logfile", str(self.log),
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            APP,
+            "beat",
+            "-l",
+            "INFO",
+            "-s",
+            str(schedule_dir / f"schedule-{name}"),
+            "--logfile",
+            str(self.log),
         ]
 
     def start(self, timeout: float = 30.0) -> BeatProcess:
         self.process = subprocess.Popen(
-            self.cmd, cwd=ROOT, env=self.env, start_new_session=True,
-            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+            self.cmd,
+            cwd=ROOT,
+            env=self.env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
         )
         self.wait_for_log(r"beat: Starting", timeout)
         return self
@@ -49,8 +64,10 @@ class BeatProcess(WorkerProcess):
 
 
 def events(records: redis_py.Redis) -> list[dict[str, str]]:
-    return [{k.decode(): v.decode() for k, v in fields.items()}
-            for _, fields in records.xrange("events")]
+    return [
+        {k.decode(): v.decode() for k, v in fields.items()}
+        for _, fields in records.xrange("events")
+    ]
 
 
 def of(evs: list[dict[str, str]], task: str, ev: str) -> list[dict[str, str]]:
@@ -60,8 +77,9 @@ def of(evs: list[dict[str, str]], task: str, ev: str) -> list[dict[str, str]]:
 def runs(evs: list[dict[str, str]], task: str) -> list[tuple[float, float]]:
     """(enter, exit) times of the finished runs of ``task``, by start."""
     exits = {e["id"]: float(e["t"]) for e in of(evs, task, "exit")}
-    return sorted((float(e["t"]), exits[e["id"]]) for e in of(evs, task, "enter")
-                  if e["id"] in exits)
+    return sorted(
+        (float(e["t"]), exits[e["id"]]) for e in of(evs, task, "enter") if e["id"] in exits
+    )
 
 
 @pytest.fixture
@@ -77,8 +95,12 @@ def test_a_running_job_is_never_overlapped_by_its_next_tick(
     def enough() -> bool:
         evs = events(records)
         retried_runs = [e for e in of(evs, "slow_retry_job", "enter") if int(e["retries"])]
-        return (len(runs(evs, "slow_job")) >= 2 and len(of(evs, "slow_job", "contended")) >= 1
-                and len(runs(evs, "slow_retry_job")) >= 2 and bool(retried_runs))
+        return (
+            len(runs(evs, "slow_job")) >= 2
+            and len(of(evs, "slow_job", "contended")) >= 1
+            and len(runs(evs, "slow_retry_job")) >= 2
+            and bool(retried_runs)
+        )
 
     with WorkerProcess(redis_server.port, "w1", concurrency=3, app=APP) as worker:
         with BeatProcess(redis_server.port, "b1", tmp_path, "overlap"):
@@ -128,19 +150,27 @@ def test_two_beats_sending_the_same_tick_run_it_once(
         for task_id, (_, name, tick) in msgs.items():
             if name == task:
                 ticks.setdefault(tick, []).append(task_id)
-        return {tick: (len(ids), len(ran & set(ids))) for tick, ids in ticks.items()
-                if all(i in executed for i in ids)}
+        return {
+            tick: (len(ids), len(ran & set(ids)))
+            for tick, ids in ticks.items()
+            if all(i in executed for i in ids)
+        }
 
     def enough() -> bool:
         guarded = per_tick("tick_job").values()
         plain = per_tick("tick_plain").values()
         return sum(1 for n in guarded if n == (2, 1)) >= 3 and (2, 2) in plain
 
-    with WorkerProcess(redis_server.port, "w1", concurrency=1, app=APP) as worker, \
-            WorkerProcess(redis_server.port, "w2", concurrency=1, app=APP,
-                          args=["-Q", "plain"]) as plain_worker:
-        with BeatProcess(redis_server.port, "b1", tmp_path, "ticks") as b1, \
-                BeatProcess(redis_server.port, "b2", tmp_path, "ticks") as b2:
+    with (
+        WorkerProcess(redis_server.port, "w1", concurrency=1, app=APP) as worker,
+        WorkerProcess(
+            redis_server.port, "w2", concurrency=1, app=APP, args=["-Q", "plain"]
+        ) as plain_worker,
+    ):
+        with (
+            BeatProcess(redis_server.port, "b1", tmp_path, "ticks") as b1,
+            BeatProcess(redis_server.port, "b2", tmp_path, "ticks") as b2,
+        ):
             wait_until(enough, 15, "three ticks sent twice and run once")
             assert b1.sends("tick") >= 3 and b2.sends("tick") >= 3
         # Warm shutdowns: a running task finishes and releases.
@@ -172,11 +202,17 @@ def test_beat_goes_through_enqueue_deduplication(
         assert r.get(marker) == published[0]
         with WorkerProcess(redis_server.port, "w1", concurrency=1, app=APP):
             first = published[0].decode()
-            wait_until(lambda: [e for e in of(events(records), "queued_job", "exit")
-                                if e["id"] == first], 10, "the queued send to run")
+            wait_until(
+                lambda: [e for e in of(events(records), "queued_job", "exit") if e["id"] == first],
+                10,
+                "the queued send to run",
+            )
             # It cleared the marker when it started: the next tick is queued again, and runs.
-            wait_until(lambda: len(of(events(records), "queued_job", "exit")) >= 2, 10,
-                       "a later tick to be queued and run")
+            wait_until(
+                lambda: len(of(events(records), "queued_job", "exit")) >= 2,
+                10,
+                "a later tick to be queued and run",
+            )
     assert len(records.hkeys("sent")) >= 2
     ran = [e["id"] for e in of(events(records), "queued_job", "enter")]
     assert len(ran) == len(set(ran))

@@ -20,8 +20,8 @@ import redis as redis_py
 from celery import Celery
 
 from celery_redlock import Lock
+from celery_redlock._celery.options import settings_for
 from celery_redlock.cli import LockStore
-from celery_redlock.config import settings_for
 from celery_redlock.metrics import EVENTS, read_stats
 from celery_redlock.testing import RedisServer, free_port
 from tests.conftest import make_app
@@ -66,9 +66,12 @@ def cli(
     """``celery -A tests.e2e.proj6 redlock <args>`` in a subprocess."""
     return subprocess.run(
         [sys.executable, "-m", "celery", "-A", "tests.e2e.proj6", "redlock", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=30, check=False,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "REDLOCK_TEST_PORT": str(port),
-             **(env or {})},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "REDLOCK_TEST_PORT": str(port), **(env or {})},
     )
 
 
@@ -108,8 +111,11 @@ def test_ls_and_inspect_show_the_holder(
 
     by_key = cli(server.port, "inspect", lock["key"], "--json")
     assert by_key.returncode == 0, by_key.stderr
-    assert json.loads(by_key.stdout) == {**lock, "alive": "alive", "ttl": pytest.approx(
-        lock["ttl"], abs=5)}
+    assert json.loads(by_key.stdout) == {
+        **lock,
+        "alive": "alive",
+        "ttl": pytest.approx(lock["ttl"], abs=5),
+    }
     by_task = cli(server.port, "inspect", "--task-id", result.id)
     assert by_task.returncode == 0, by_task.stderr
     assert lock["key"] in by_task.stdout and "alive" in by_task.stdout
@@ -126,8 +132,9 @@ def test_release_refuses_a_live_holder_unless_forced(
 ) -> None:
     result = client.send_task(HOLD, args=("live",))
     started(records, "live")
-    (lock,) = [i for i in json.loads(cli(server.port, "ls", "--json").stdout)
-               if i["task_id"] == result.id]
+    (lock,) = [
+        i for i in json.loads(cli(server.port, "ls", "--json").stdout) if i["task_id"] == result.id
+    ]
     locks = redis_py.Redis(port=server.port)
 
     refused = cli(server.port, "release", lock["key"])
@@ -198,8 +205,14 @@ def test_stats_counts_every_worker_process(
     assert done.returncode == 0, done.stderr
     row = json.loads(done.stdout)[COUNTED]
     assert row == {
-        "acquired": 2, "skipped": 1, "retried": 0, "waited": 0, "failed": 0,
-        "unavailable": 0, "lost": 0, "released": 2,
+        "acquired": 2,
+        "skipped": 1,
+        "retried": 0,
+        "waited": 0,
+        "failed": 0,
+        "unavailable": 0,
+        "lost": 0,
+        "released": 2,
     }
     text = cli(server.port, "stats").stdout.splitlines()
     assert text[0].split() == ["TASK", *EVENTS]

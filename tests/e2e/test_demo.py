@@ -55,7 +55,11 @@ def test_demo_summary_and_nothing_left_behind() -> None:
     try:
         done = subprocess.run(
             [sys.executable, "example_project/demo.py", "--seconds", "6"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         survivors = carrying(marker.encode())
     finally:
@@ -69,15 +73,20 @@ def test_demo_summary_and_nothing_left_behind() -> None:
     assert port is not None, out
     assert redis_servers_on(int(port.group(1))) == []
 
-    counts = {task: (int(runs), int(skips)) for task, runs, skips in
-              re.findall(r"^  (\w+) +runs +(\d+) +skipped +(\d+)$", out, re.MULTILINE)}
+    counts = {
+        task: (int(runs), int(skips))
+        for task, runs, skips in re.findall(
+            r"^  (\w+) +runs +(\d+) +skipped +(\d+)$", out, re.MULTILINE
+        )
+    }
     report_runs, report_skips = counts["refresh_report"]
     assert report_runs >= 1 and report_skips >= 1  # a 3 s run every 1 s: ticks were skipped
     account_runs, account_skips = counts["sync_account"]
     assert account_runs >= 1 and account_skips >= 1
 
-    concurrency = re.search(r"^maximum concurrent executions per key \(must be 1\): (.*)$", out,
-                            re.MULTILINE)
+    concurrency = re.search(
+        r"^maximum concurrent executions per key \(must be 1\): (.*)$", out, re.MULTILINE
+    )
     assert concurrency is not None, out
     per_key = dict(item.split("=") for item in concurrency.group(1).split(", "))
     assert set(per_key) == {"report", "account:1", "account:2", "account:3"}

@@ -71,8 +71,11 @@ class Env:
 
     def started(self, key: str, count: int = 1, timeout: float = 15.0) -> dict[str, Any]:
         """Wait until the key's ``count``-th execution has started; return its record."""
-        wait_until(lambda: self.records.llen(f"starts:{key}") >= count, timeout,
-                   f"execution #{count} of {key} to start")
+        wait_until(
+            lambda: self.records.llen(f"starts:{key}") >= count,
+            timeout,
+            f"execution #{count} of {key} to start",
+        )
         return self.starts(key)[count - 1]
 
     def lock_key(self, task_id: str) -> str:
@@ -182,10 +185,12 @@ def test_retry_is_released_before_publish_and_never_skips_itself(
     # Celery behaviour relied on: a retried attempt runs on_retry and postrun(RETRY), and no
     # after_return; the retry attempt ends normally.
     assert [h for h in hooks if h.endswith(f":{p1}")] == [
-        f"on_retry:{exc}:{p1}", f"postrun:RETRY:{p1}"
+        f"on_retry:{exc}:{p1}",
+        f"postrun:RETRY:{p1}",
     ]
     assert [h for h in hooks if h.endswith(f":{p2}")] == [
-        f"after_return:SUCCESS:{p2}", f"postrun:SUCCESS:{p2}"
+        f"after_return:SUCCESS:{p2}",
+        f"postrun:SUCCESS:{p2}",
     ]
     assert env.records.get("overlaps") is None
     assert lock_keys(env.locks) == []
@@ -237,10 +242,13 @@ def test_hard_time_limit_released_by_the_main_process(env: Env, how: str) -> Non
     key, limit = f"k-hard-{how}", 3.0
     with WorkerProcess(env.port, "w1", concurrency=2) as worker:
         holder, start, lock, waiter = hold_with_waiter(env, key, how, time_limit=limit)
-        seen = watch_events({
-            "released": lambda: not env.holds(lock, start["token"]),
-            "child_dead": lambda: not pid_alive(start["pid"]),
-        }, timeout=limit + 5.0)
+        seen = watch_events(
+            {
+                "released": lambda: not env.holds(lock, start["token"]),
+                "child_dead": lambda: not pid_alive(start["pid"]),
+            },
+            timeout=limit + 5.0,
+        )
         assert env.finished(waiter) == key
         logged = log_time(worker, r"Hard time limit \(.*\) exceeded")
     nxt = env.starts(key)[1]
@@ -303,10 +311,13 @@ def test_child_sigkill_with_acks_late_released_before_the_requeue(env: Env) -> N
         lock = env.lock_key(holder.id)
         killed = time.time()
         os.kill(start["pid"], signal.SIGKILL)
-        seen = watch_events({
-            "released": lambda: not env.holds(lock, start["token"]),
-            "requeued_run": lambda: env.records.llen(f"starts:{key}") >= 2,
-        }, 15.0)
+        seen = watch_events(
+            {
+                "released": lambda: not env.holds(lock, start["token"]),
+                "requeued_run": lambda: env.records.llen(f"starts:{key}") >= 2,
+            },
+            15.0,
+        )
         assert env.finished(holder) == key  # the requeued message ran to completion
         noticed = log_time(worker, rf"pid:{start['pid']} exited")
     again = env.starts(key)[1]
@@ -334,10 +345,13 @@ def test_revoke_terminate_releases_within_a_second(env: Env, sig: str) -> None:
         holder, start, lock, waiter = hold_with_waiter(env, key)
         revoked = time.time()
         env.client.control.revoke(holder.id, terminate=True, signal=sig)
-        seen = watch_events({
-            "released": lambda: not env.holds(lock, start["token"]),
-            "child_dead": lambda: not pid_alive(start["pid"]),
-        }, 10.0)
+        seen = watch_events(
+            {
+                "released": lambda: not env.holds(lock, start["token"]),
+                "child_dead": lambda: not pid_alive(start["pid"]),
+            },
+            10.0,
+        )
         assert env.finished(waiter) == key
     nxt = env.starts(key)[1]
     report(
@@ -389,10 +403,13 @@ def test_cold_shutdown_releases(env: Env, how: str, acks_late: bool) -> None:
             wait_until(lambda: env.records.llen("shutdowns"), 10.0, "the warm shutdown")
         signalled = time.time()
         worker.send(signal.SIGQUIT)
-        seen = watch_events({
-            "released": lambda: not env.holds(lock, start["token"]),
-            "child_dead": lambda: not pid_alive(start["pid"]),
-        }, 10.0)
+        seen = watch_events(
+            {
+                "released": lambda: not env.holds(lock, start["token"]),
+                "child_dead": lambda: not pid_alive(start["pid"]),
+            },
+            10.0,
+        )
         assert worker.process is not None
         worker.process.wait(20.0)
     report(
@@ -467,8 +484,10 @@ def test_redelivered_message_finding_the_key_held_is_retried_not_skipped(env: En
     key = "k-redelivered"
     # The broker redelivers a message unacked for 2 s to the other worker; the lease is 1.5 s.
     knobs = {**ACKS_LATE, "REDLOCK_TEST_VISIBILITY": "2", "REDLOCK_TEST_LEASE": "1.5"}
-    with WorkerProcess(env.port, "w1", concurrency=1, env=knobs) as w1, \
-            WorkerProcess(env.port, "w2", concurrency=1, env=knobs) as w2:
+    with (
+        WorkerProcess(env.port, "w1", concurrency=1, env=knobs) as w1,
+        WorkerProcess(env.port, "w2", concurrency=1, env=knobs) as w2,
+    ):
         holder = env.send(key=key, how="sleep", duration=5.0)
         env.started(key)
         wait_until(lambda: "redelivered while" in w1.text() + w2.text(), 10.0, "the duplicate")
@@ -515,8 +534,9 @@ def test_worker_time_limit_caps_the_lock_only_where_the_pool_enforces_it(
     acquisition on prefork; the threads pool enforces no limit, so the 30 s lease applies."""
     key = f"k-ttl-{pool}"
     knobs = {"REDLOCK_TEST_LEASE": "30", "REDLOCK_TEST_TTL_MARGIN": "1"}
-    with WorkerProcess(env.port, "w1", pool=pool, concurrency=1, env=knobs,
-                       args=["--time-limit", "3"]):
+    with WorkerProcess(
+        env.port, "w1", pool=pool, concurrency=1, env=knobs, args=["--time-limit", "3"]
+    ):
         holder = env.send(key=key, how="sleep", duration=1.0)
         started = env.started(key)
         pttl = env.locks.pttl(env.lock_key(started["id"]))

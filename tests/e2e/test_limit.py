@@ -43,8 +43,10 @@ def test_never_more_than_three_at_once_across_two_workers(
     client: Celery, redis_server: RedisServer, r: redis_py.Redis
 ) -> None:
     records = redis_py.Redis(port=redis_server.port, db=3)
-    with WorkerProcess(redis_server.port, "w1", concurrency=3, app="tests.e2e.proj5"), \
-            WorkerProcess(redis_server.port, "w2", concurrency=3, app="tests.e2e.proj5"):
+    with (
+        WorkerProcess(redis_server.port, "w1", concurrency=3, app="tests.e2e.proj5"),
+        WorkerProcess(redis_server.port, "w2", concurrency=3, app="tests.e2e.proj5"),
+    ):
         results = [client.send_task(TASK, args=("k", 0.15)) for _ in range(36)]
         values = [res.get(timeout=30) for res in results]
         # A result is stored before after_return releases: wait for the last releases.
@@ -80,8 +82,11 @@ def test_the_slot_of_a_killed_child_comes_back(
         assert sorted(k.decode() for k in lock_keys(r)) == sorted(set(held) - {victim_slot})
 
         newcomer = client.send_task(TASK, args=("kk",), kwargs={"hold": 20})
-        wait_until(lambda: any(e["id"] == newcomer.id for e in entries(records, "enter")), 10,
-                   "a new execution to take the free slot")
+        wait_until(
+            lambda: any(e["id"] == newcomer.id for e in entries(records, "enter")),
+            10,
+            "a new execution to take the free slot",
+        )
         taken = next(e for e in entries(records, "enter") if e["id"] == newcomer.id)
         assert taken["slot"] == victim_slot
         assert records.zscore("max_active", "kk") == 3  # never more than three, even now

@@ -52,8 +52,11 @@ def test_frozen_holder_loses_its_lock_and_its_late_write_is_fenced_off(
             # 1. Right after the freeze the key is still stale's: nobody else can enter yet.
             assert r.get(key) == stale["lock_token"].encode()
             # 2. The freeze outlasts the lease: poll until the key is gone (expired).
-            wait_until(lambda: r.get(key) != stale["lock_token"].encode(), 5 * LEASE,
-                       "stale's lease to run out")
+            wait_until(
+                lambda: r.get(key) != stale["lock_token"].encode(),
+                5 * LEASE,
+                "stale's lease to run out",
+            )
             expired_after = time.monotonic() - frozen_at
             new_result = proj_client.send_task(TASK, args=("acct", "new"))
             wait_until(lambda: holder("new").get("written"), 20, "new to write")
@@ -84,5 +87,7 @@ def test_frozen_holder_loses_its_lock_and_its_late_write_is_fenced_off(
     assert f"lock {key} lost (token {stale['lock_token'][:8]}" in log
     assert "renewal found it expired or owned by someone else" in log
     assert lock_keys(r) == []
-    print(f"\npause: stale frozen, lease ran out {expired_after:.2f}s into the freeze; "
-          f"fencing tokens stale={stale['fence']} new={new['fence']}; late write rejected")
+    print(
+        f"\npause: stale frozen, lease ran out {expired_after:.2f}s into the freeze; "
+        f"fencing tokens stale={stale['fence']} new={new['fence']}; late write rejected"
+    )

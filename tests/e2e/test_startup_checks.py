@@ -13,7 +13,7 @@ import pytest
 from celery import Celery
 
 from celery_redlock import LockedTask
-from celery_redlock._checks import run_startup_checks
+from celery_redlock._celery.checks import run_startup_checks
 from celery_redlock.testing import RedisServer, free_port
 from tests.conftest import make_app
 from tests.e2e.harness import WorkerProcess
@@ -29,14 +29,17 @@ def lines(worker: WorkerProcess, level: str) -> list[str]:
 
 
 def test_an_evicting_maxmemory_policy_is_a_warning_naming_it() -> None:
-    with RedisServer(args=["--maxmemory-policy", "allkeys-lru"]) as server, \
-            WorkerProcess(server.port, "w1", app=APP) as worker:
+    with (
+        RedisServer(args=["--maxmemory-policy", "allkeys-lru"]) as server,
+        WorkerProcess(server.port, "w1", app=APP) as worker,
+    ):
         (warning,) = lines(worker, "WARNING")
         info = lines(worker, "INFO")
     assert f"Redis at redis://127.0.0.1:{server.port}/0 has maxmemory-policy allkeys-lru" in warning
     assert "evict a held lock" in warning and "noeviction" in warning
-    assert any(re.match(r"celery_redlock: locks on Redis \d+\.\d+\.\d+ at redis://", i)
-               for i in info)
+    assert any(
+        re.match(r"celery_redlock: locks on Redis \d+\.\d+\.\d+ at redis://", i) for i in info
+    )
     assert not any("enforces no time limits" in i for i in info)  # prefork enforces them
 
 

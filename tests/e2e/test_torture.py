@@ -32,7 +32,10 @@ def test_short_torture_run_finds_no_violation(tmp_path: Path) -> None:
     report = tmp_path / "torture.json"
     run = subprocess.run(
         [sys.executable, "benchmarks/torture.py", "--json", str(report)],
-        cwd=ROOT, capture_output=True, text=True, timeout=90,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
     )
     summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else ""
     print(f"\n{summary}")

@@ -15,8 +15,8 @@ import pytest
 import redis as redis_py
 
 from celery_redlock import Lock, LockedTask, LockUnavailable, current_lock, lock_key
-from celery_redlock._keys import keys_for
-from celery_redlock.lock import release_attempt
+from celery_redlock._redis.keys import keys_for
+from celery_redlock._redis.lock import release_attempt
 from celery_redlock.testing import RedisServer
 from tests.conftest import make_app, running_worker
 from tests.servers import ClusterNodes, client

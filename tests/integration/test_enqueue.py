@@ -138,9 +138,7 @@ def test_the_marker_expires_after_lock_enqueue_ttl_and_is_cleared_owner_checked(
         assert second.get(timeout=10) == 2
 
 
-def test_a_retry_is_never_rejected_by_a_marker(
-    h: Holder, app: Celery, r: redis_py.Redis
-) -> None:
+def test_a_retry_is_never_rejected_by_a_marker(h: Holder, app: Celery, r: redis_py.Redis) -> None:
     """Retries publish whatever marker is set: another call's, or the execution's own."""
     attempts: list[tuple[str, int]] = []
 
@@ -172,8 +170,15 @@ def test_a_retry_is_never_rejected_by_a_marker(
 def test_a_contended_retry_is_never_rejected_by_a_marker(
     h: Holder, app: Celery, r: redis_py.Redis
 ) -> None:
-    @app.task(base=LockedTask, bind=True, lock_enqueue=True, lock_by=(),
-              lock_on_contention="retry", lock_retry_countdown=0.05, max_retries=100)
+    @app.task(
+        base=LockedTask,
+        bind=True,
+        lock_enqueue=True,
+        lock_by=(),
+        lock_on_contention="retry",
+        lock_retry_countdown=0.05,
+        max_retries=100,
+    )
     def job(self: Task, role: str) -> int:
         if role == "holder":
             h.hold()
@@ -192,9 +197,7 @@ def test_a_contended_retry_is_never_rejected_by_a_marker(
         assert late.get(timeout=10) >= 1
 
 
-def test_send_task_bypasses_markers(
-    app: Celery, r: redis_py.Redis, broker: redis_py.Redis
-) -> None:
+def test_send_task_bypasses_markers(app: Celery, r: redis_py.Redis, broker: redis_py.Redis) -> None:
     @app.task(base=LockedTask, lock_enqueue=True, lock_by=())
     def job() -> None: ...
 
@@ -217,7 +220,9 @@ def test_eager_calls_bypass_markers(app: Celery, r: redis_py.Redis) -> None:
 
 
 def test_an_unreachable_redis_never_drops_a_call(
-    redis_server: RedisServer, redis_url: str, broker: redis_py.Redis,
+    redis_server: RedisServer,
+    redis_url: str,
+    broker: redis_py.Redis,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     app = make_app(redis_server, redlock_url=f"redis://127.0.0.1:{free_port()}/0")

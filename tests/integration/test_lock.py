@@ -20,8 +20,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from celery_redlock import Lock, LockContended, LockLost, LockNotOwned, LockUnavailable
-from celery_redlock._owner import parse
-from celery_redlock.lock import release_attempt
+from celery_redlock._redis.lock import release_attempt
+from celery_redlock._redis.owner import parse
 from celery_redlock.testing import RedisServer
 
 POLL = 0.01  # poll interval while waiting on Redis state; every poll loop has a deadline

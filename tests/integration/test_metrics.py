@@ -26,7 +26,8 @@ def counted_as(app: Celery, expected: dict[str, dict[str, int]]) -> Callable[[],
         stats = read_stats(app)
         return all(
             stats.get(task, {}).get(event, 0) == n
-            for task, counts in expected.items() for event, n in counts.items()
+            for task, counts in expected.items()
+            for event, n in counts.items()
         )
 
     return reached
@@ -40,8 +41,15 @@ def _held(redis_url: str, key: str) -> Lock:
 
 def test_every_outcome_is_counted_per_task(app: Celery, redis_url: str) -> None:
     def locked(policy: str, name: str) -> Any:
-        @app.task(base=LockedTask, name=name, lock_by=(), lock_name="m",
-                  lock_on_contention=policy, lock_wait_timeout=0.2, max_retries=0)
+        @app.task(
+            base=LockedTask,
+            name=name,
+            lock_by=(),
+            lock_name="m",
+            lock_on_contention=policy,
+            lock_wait_timeout=0.2,
+            max_retries=0,
+        )
         def task() -> str:
             return name
 

@@ -16,7 +16,7 @@ import redis as redis_py
 from celery import Celery
 
 from celery_redlock import LockedTask, lock_key
-from celery_redlock.pytest_plugin import (
+from celery_redlock.testing import (
     HOLDER,
     assert_acquired,
     assert_skipped,
@@ -27,7 +27,7 @@ from tests.conftest import running_worker
 
 pytest_plugins = ["pytester"]
 
-CONFTEST = 'pytest_plugins = ["celery_redlock.pytest_plugin"]\n'
+CONFTEST = 'pytest_plugins = ["celery_redlock.testing.pytest_plugin"]\n'
 
 README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
 #: The README's example test for users of the plugin, run as it stands there.
@@ -37,10 +37,10 @@ README_EXAMPLE = next(
     if "def test_a_duplicate_call_is_skipped" in block
 )
 
-MORE = '''
+MORE = """
 import pytest
 from celery_redlock import Lock, LockContended, LockedTask
-from celery_redlock.pytest_plugin import (
+from celery_redlock.testing import (
     HOLDER, assert_skipped, hold_lock, record_lock_events,
 )
 from test_readme import app
@@ -102,13 +102,14 @@ def test_assert_skipped_needs_a_recording(configure_redlock):
     configure_redlock(app)
     with pytest.raises(RuntimeError, match="lock_events fixture"):
         assert_skipped(report.delay())
-'''
+"""
 
 
 def test_the_plugin_in_a_user_test_suite(pytester: pytest.Pytester) -> None:
     pytester.makeconftest(CONFTEST)
-    pytester.makeini("[pytest]\naddopts = -p no:celery -p no:cacheprovider\n"
-                     "filterwarnings = error\n")
+    pytester.makeini(
+        "[pytest]\naddopts = -p no:celery -p no:cacheprovider\nfilterwarnings = error\n"
+    )
     pytester.makepyfile(test_readme=README_EXAMPLE, test_more=MORE)
     result = pytester.runpytest_subprocess("-q", timeout=60)
     result.assert_outcomes(passed=8)

@@ -1,4 +1,5 @@
-"""Redlock over five independent ``redis-server`` processes (:class:`celery_redlock._nodes.Quorum`).
+"""Redlock over five independent ``redis-server`` processes (the quorum of
+:class:`celery_redlock._redis.nodes.Quorum`).
 
 Nodes are stopped with SIGKILL and restarted empty (no persistence), as a crashed node would
 be. Every check of what a node holds reads that node directly.
@@ -17,9 +18,9 @@ import pytest
 from celery import Celery
 
 from celery_redlock import Lock, LockedTask, LockUnavailable, current_lock, lock_key
-from celery_redlock._keys import keys_for
-from celery_redlock._nodes import Quorum
-from celery_redlock.lock import release_attempt
+from celery_redlock._redis.keys import keys_for
+from celery_redlock._redis.lock import release_attempt
+from celery_redlock._redis.nodes import Quorum
 from celery_redlock.testing import RedisServer
 from tests.conftest import make_app, running_worker
 from tests.servers import DelayProxy, client
@@ -357,12 +358,16 @@ def test_locked_task_on_five_nodes(nodes: list[RedisServer], redis_server: Redis
 
 @pytest.mark.parametrize("policy", ["fail", "retry", "run"])
 def test_three_stopped_follows_redlock_on_unavailable(
-    nodes: list[RedisServer], redis_server: RedisServer, policy: str,
+    nodes: list[RedisServer],
+    redis_server: RedisServer,
+    policy: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Through ``apply()`` (no worker): the engine's decision, not the transport, is tested."""
     app: Celery = make_app(
-        redis_server, f"unavailable-{policy}", redlock_url=urls(nodes),
+        redis_server,
+        f"unavailable-{policy}",
+        redlock_url=urls(nodes),
         redlock_on_unavailable=policy,
     )
     runs: list[bool] = []
@@ -383,8 +388,11 @@ def test_three_stopped_follows_redlock_on_unavailable(
             result.get()
         assert all(name_of(s) in str(info.value) for s in nodes[1:4])
         assert runs == []  # never ran unlocked
-        retried = [r for r in caplog.records
-                   if r.name == "celery_redlock.task" and "retrying" in r.getMessage()]
+        retried = [
+            r
+            for r in caplog.records
+            if r.name == "celery_redlock.task" and "retrying" in r.getMessage()
+        ]
         if policy == "retry":
             assert len(retried) >= 2  # max_retries=2, then the error
         else:

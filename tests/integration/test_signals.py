@@ -58,18 +58,26 @@ def test_acquired_then_released_by_the_task(app: Celery, r: redis_py.Redis) -> N
     def work(x: int) -> int:
         return x
 
-    with captured(lock_acquired) as acquired, captured(lock_released) as released, \
-            running_worker(app):
+    with (
+        captured(lock_acquired) as acquired,
+        captured(lock_released) as released,
+        running_worker(app),
+    ):
         result = work.delay(7)
         assert result.get(timeout=10) == 7
         wait_until(lambda: released, 10, "lock_released")  # sent after the result is stored
     key = lock_key(work, 7)
     assert only(acquired, result.id) == {
-        "sender": work, "task_id": result.id, "key": key,
+        "sender": work,
+        "task_id": result.id,
+        "key": key,
         "fencing_token": int(r.get(key + ":fence") or 0),
     }
     assert only(released, result.id) == {
-        "sender": work, "task_id": result.id, "key": key, "by": "task",
+        "sender": work,
+        "task_id": result.id,
+        "key": key,
+        "by": "task",
     }
 
 
@@ -95,7 +103,10 @@ def test_contended_names_the_holder_and_the_policy(
     finally:
         holder.release()
     assert only(contended, result.id) == {
-        "sender": work, "task_id": result.id, "key": key, "holder": "the-holder",
+        "sender": work,
+        "task_id": result.id,
+        "key": key,
+        "holder": "the-holder",
         "policy": policy,
     }
 
@@ -198,8 +209,10 @@ def test_a_skip_sends_task_lock_skipped_with_task_events_on(
 ) -> None:
     records = redis_py.Redis(port=redis_server.port, db=3)
     client = make_app(redis_server, name="proj6")
-    with WorkerProcess(redis_server.port, "w1", app="tests.e2e.proj6", args=["-E"]), \
-            EventTap(client) as tap:
+    with (
+        WorkerProcess(redis_server.port, "w1", app="tests.e2e.proj6", args=["-E"]),
+        EventTap(client) as tap,
+    ):
         first = client.send_task(HOLD, args=("e",))
         wait_until(lambda: records.get("started:e"), 10, "hold('e') to start")
         second = client.send_task(HOLD, args=("e",))

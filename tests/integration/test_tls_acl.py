@@ -18,7 +18,7 @@ import pytest
 import redis as redis_py
 
 from celery_redlock import Lock, LockedTask, LockUnavailable, current_lock, metrics
-from celery_redlock.lock import release_attempt
+from celery_redlock._redis.lock import release_attempt
 from celery_redlock.testing import RedisServer
 from tests.conftest import make_app, running_worker
 from tests.servers import Certs, TlsServer, make_certs, tls_supported
@@ -129,9 +129,7 @@ def test_tls_needs_the_ca_the_client_certificate_and_the_password(tls: TlsServer
         Lock(no_ca, "job", ttl=10).acquire(blocking=False)
 
 
-def test_every_operation_works_with_the_acl_user(
-    tls: TlsServer, servers: list[TlsServer]
-) -> None:
+def test_every_operation_works_with_the_acl_user(tls: TlsServer, servers: list[TlsServer]) -> None:
     operations(tls.url("redlock", "secret"), "single")
     operations([s.url("redlock", "secret") for s in servers], "quorum")
 
@@ -140,10 +138,20 @@ def test_the_acl_user_is_refused_everything_else(tls: TlsServer) -> None:
     c = tls.connect(username="redlock", password="secret")
     try:
         for command in (
-            ("FLUSHALL",), ("GET", "other"), ("SET", "other", "1"), ("DEL", "other"),
-            ("KEYS", "*"), ("SCAN", "0"), ("CONFIG", "GET", "*"), ("SCRIPT", "FLUSH"),
-            ("EVAL", "return 1", "0"), ("PUBLISH", "other", "1"), ("SELECT", "1"),
-            ("ACL", "WHOAMI"), ("INCR", "redlock:{x}"), ("EVALSHA", "0" * 40, "1", "other"),
+            ("FLUSHALL",),
+            ("GET", "other"),
+            ("SET", "other", "1"),
+            ("DEL", "other"),
+            ("KEYS", "*"),
+            ("SCAN", "0"),
+            ("CONFIG", "GET", "*"),
+            ("SCRIPT", "FLUSH"),
+            ("EVAL", "return 1", "0"),
+            ("PUBLISH", "other", "1"),
+            ("SELECT", "1"),
+            ("ACL", "WHOAMI"),
+            ("INCR", "redlock:{x}"),
+            ("EVALSHA", "0" * 40, "1", "other"),
         ):
             with pytest.raises(redis_py.exceptions.NoPermissionError):
                 c.execute_command(*command)
@@ -184,9 +192,7 @@ def test_every_rule_of_the_acl_is_needed(
     assert "permission" in str(info.value) or "can't run this command" in str(info.value)
 
 
-def test_locked_task_over_tls_with_the_acl_user(
-    tls: TlsServer, redis_server: RedisServer
-) -> None:
+def test_locked_task_over_tls_with_the_acl_user(tls: TlsServer, redis_server: RedisServer) -> None:
     """Broker and results on a plain server; locks and event counters over TLS, ACL user."""
     redis_server.client().flushall()
     app = make_app(redis_server, "tls", redlock_url=tls.url("redlock", "secret"))

@@ -58,8 +58,15 @@ def app_info(services: dict[str, dict[str, Any]]) -> dict[str, Any]:
         **services["worker1"]["environment"],
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
-    done = subprocess.run([sys.executable, "-c", INSPECT], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", INSPECT],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
 

@@ -13,7 +13,7 @@ from celery import Celery
 
 from celery_redlock import Lock, LockConfigError, LockContended, LockedTask, single_instance
 from celery_redlock import lock_key as lock_key_of
-from celery_redlock.config import Settings, settings_for, validate_options
+from celery_redlock._celery.options import Settings, settings_for, validate_options
 
 OWNER = "task proj.sync_account"
 LOCK_URL = "redis://127.0.0.1:1/0"  # never connected to: settings only

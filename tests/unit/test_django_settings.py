@@ -18,7 +18,7 @@ import pytest
 from celery import Celery
 
 from celery_redlock import Lock, LockContended, LockedTask, current_lock, lock_key
-from celery_redlock.config import settings_for
+from celery_redlock._celery.options import settings_for
 
 
 class LazySettings:
@@ -65,10 +65,14 @@ def test_celery_redlock_names_arrive(settings_path: Any) -> None:
     module.CELERY_REDLOCK_TTL_MARGIN = 2
     settings = settings_for(app_from(path))
     assert (settings.url, settings.lease, settings.on_contention) == (
-        "redis://127.0.0.1:1/4", 12.0, "retry"
+        "redis://127.0.0.1:1/4",
+        12.0,
+        "retry",
     )
     assert (settings.on_unavailable, settings.prefix, settings.ttl_margin) == (
-        "fail", "myproj", 2.0
+        "fail",
+        "myproj",
+        2.0,
     )
 
 
@@ -128,8 +132,15 @@ def test_precedence_task_option_then_setting_then_default(
         assert lock is not None
         return float(lock.ttl)
 
-    @app.task(base=LockedTask, shared=False, lazy=False, name="proj.by_option", lock_by=(),
-              lock_name="proj.by_setting", lock_on_contention="skip")
+    @app.task(
+        base=LockedTask,
+        shared=False,
+        lazy=False,
+        name="proj.by_option",
+        lock_by=(),
+        lock_name="proj.by_setting",
+        lock_on_contention="skip",
+    )
     def by_option() -> str:
         return "ran"
 

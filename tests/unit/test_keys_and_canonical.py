@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from redis.crc import key_slot
 
-from celery_redlock import _keys
-from celery_redlock._canonical import encode_call
+from celery_redlock._celery.identity import encode_call
+from celery_redlock._redis import keys as _keys
 
 OWNER = "tests.sync_account"
 

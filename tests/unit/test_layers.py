@@ -3,11 +3,13 @@ pinned, and every exception fits the one hierarchy (and survives Celery's result
 
 from __future__ import annotations
 
+import ast
 import json
 import pickle
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import celery
 import pytest
@@ -16,17 +18,103 @@ from celery.backends.base import Backend
 import celery_redlock
 from celery_redlock import exceptions
 
-REDIS_LAYER = (
-    "celery_redlock.lock",
-    "celery_redlock._scripts",
-    "celery_redlock._keys",
-    "celery_redlock._owner",
-    "celery_redlock._renewal",
-    "celery_redlock._clients",
-    "celery_redlock._nodes",
-    "celery_redlock.exceptions",
-    "celery_redlock.testing",
+PACKAGE = Path(celery_redlock.__file__).resolve().parent
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the package, by dotted name, read from the tree."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+MODULES = _modules()
+#: The Redis layer: the ``_redis`` subpackage and the exceptions it raises.
+REDIS_LAYER = sorted(
+    m for m in MODULES if m.startswith("celery_redlock._redis") or m.endswith(".exceptions")
 )
+#: The Celery layer's internals.
+CELERY_LAYER = sorted(m for m in MODULES if m.startswith("celery_redlock._celery"))
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _imports(name: str) -> set[str]:
+    """The modules ``name`` imports, anywhere in its body (``TYPE_CHECKING`` blocks aside)."""
+    tree = ast.parse(MODULES[name].read_text())
+    package = name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
+    skip = {id(n) for node in ast.walk(tree) if _is_type_checking(node) for n in ast.walk(node)}
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in MODULES)
+    return out
+
+
+def test_the_tree_shows_the_layers() -> None:
+    assert REDIS_LAYER and CELERY_LAYER
+    public = {m for m in MODULES if not any(p.startswith("_") for p in m.split(".")[1:])}
+    assert "celery_redlock._redis.lock" in REDIS_LAYER
+    assert {"celery_redlock.task", "celery_redlock.decorators", "celery_redlock.cli"} <= public
+
+
+@pytest.mark.parametrize("name", REDIS_LAYER)
+def test_redis_layer_imports_only_the_redis_layer(name: str) -> None:
+    ours = {m for m in _imports(name) if m.startswith("celery_redlock")}
+    assert ours <= {*REDIS_LAYER, "celery_redlock", "celery_redlock._redis"}, name
+    assert not {m for m in _imports(name) if m.split(".")[0] in ("celery", "kombu")}, name
+
+
+@pytest.mark.parametrize("name", CELERY_LAYER)
+def test_celery_layer_internals_never_import_the_public_adapters(name: str) -> None:
+    adapters = {"celery_redlock.task", "celery_redlock.decorators", "celery_redlock.cli"}
+    assert not _imports(name) & adapters
+    assert not {m for m in _imports(name) if m.startswith("celery_redlock.testing")}
+
+
+def test_no_import_cycle_inside_the_package() -> None:
+    graph = {m: {i for i in _imports(m) if i in MODULES and i != m} for m in MODULES}
+    # Depth-first search for a back edge; report the cycle it closes.
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(module: str) -> None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                cycle = [*path[path.index(target) :], target]
+                raise AssertionError("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target)
+        path.pop()
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module)
+
+
+def test_the_cli_does_not_load_the_worker_wiring() -> None:
+    code = "import celery_redlock.cli\n"
+    loaded = _celery_modules_after(code, prefix="celery_redlock")
+    assert "celery_redlock._celery.wiring" not in loaded
+    assert "celery_redlock._celery.engine" not in loaded
+
 
 PUBLIC = {
     "Lock",
@@ -51,13 +139,13 @@ ALL_EXCEPTIONS = (
 )
 
 
-def _celery_modules_after(code: str) -> list[str]:
-    """Run ``code`` in a fresh interpreter; return the ``celery*`` modules it left loaded."""
+def _celery_modules_after(code: str, prefix: str = "celery") -> list[str]:
+    """Run ``code`` in a fresh interpreter; return the ``<prefix>*`` modules it left loaded."""
     probe = code + textwrap.dedent(
-        """
+        f"""
         import json, sys
         print(json.dumps(sorted(
-            m for m in sys.modules if m == "celery" or m.startswith("celery.")
+            m for m in sys.modules if m == {prefix!r} or m.startswith({prefix!r} + ".")
         )))
         """
     )
@@ -86,7 +174,7 @@ def test_redis_layer_modules_do_not_import_celery() -> None:
 
 
 def test_importing_redis_layer_does_not_import_celery() -> None:
-    code = "".join(f"import {name}\n" for name in REDIS_LAYER)
+    code = "".join(f"import {name}\n" for name in REDIS_LAYER) + "from celery_redlock import Lock\n"
     assert _celery_modules_after(code) == []
 
 

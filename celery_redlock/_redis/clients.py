@@ -14,11 +14,15 @@ URL forms:
 Socket timeouts default to 5 s (reads) and 2 s (connect) unless the URL sets them, so an
 unreachable server fails an operation instead of hanging a task.
 
+:func:`redact` is the one function that hides credentials in anything this package prints:
+messages, logs, exceptions and the startup checks.
+
 This module never imports Celery.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -29,12 +33,17 @@ from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
-from .exceptions import LockUnavailable
+from ..exceptions import LockUnavailable
 
 #: Schemes accepted by :func:`client_for`.
 SCHEMES = (
-    "redis://", "rediss://", "unix://",
-    "redis+sentinel://", "rediss+sentinel://", "redis+cluster://", "rediss+cluster://",
+    "redis://",
+    "rediss://",
+    "unix://",
+    "redis+sentinel://",
+    "rediss+sentinel://",
+    "redis+cluster://",
+    "rediss+cluster://",
 )
 
 #: Errors that mean "this node did not answer": the lock state there is unknown. For a Redis
@@ -74,15 +83,47 @@ def client_for(url: str, timeout: float | None = None) -> Any:
                 client = _connect(url, options)
             except UNAVAILABLE_ERRORS as exc:  # a Cluster client connects when built
                 raise LockUnavailable(
-                    f"Redis at {_redacted(url)} did not answer: {exc}", nodes=(_redacted(url),)
+                    f"Redis at {redact(url)} did not answer: {exc}", nodes=(redact(url),)
                 ) from exc
             _clients[(url, timeout)] = client
         return client
 
 
-def _redacted(url: str) -> str:
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://{rest.rpartition('@')[2]}"
+#: ``user:password@`` after a ``/`` or ``:`` (also in malformed URLs such as ``redis//u:p@h``).
+_USERINFO = re.compile(r"(?<=[/:])[^\s/@]*@")
+#: ``password=...`` (``sentinel_password=`` too) in a query string or a message.
+_PASSWORD_PARAM = re.compile(r"(password=)[^&\s'\"]*", re.IGNORECASE)
+
+
+def redact(text: Any) -> str:
+    """``text`` (a URL, a list of them, a message) with anything like credentials hidden.
+
+    ``redis://user:secret@host:6379/0`` becomes ``redis://***@host:6379/0``; so do malformed
+    forms (``redis//u:pw@h``, ``redis:/u:pw@h``), and ``password=`` query values become ``***``.
+    """
+    return _PASSWORD_PARAM.sub(r"\1***", _USERINFO.sub("***@", str(text)))
+
+
+_LOCALHOST = {"localhost": "127.0.0.1", "::1": "127.0.0.1", "[::1]": "127.0.0.1"}
+
+
+def node_identity(url: str) -> tuple[Any, ...]:
+    """What makes two URLs the same Redis database: scheme family, hosts, ports, database.
+
+    Parses ``url`` as :func:`client_for` would, without connecting; raises :class:`ValueError`
+    for a URL that no client could be built from (a port that is not a number, say).
+    """
+    scheme = url.partition("://")[0]
+    if scheme.endswith(("+sentinel", "+cluster")):
+        _, nodes, path, _ = _split(url)
+        hosts = tuple(sorted((_LOCALHOST.get(h.lower(), h.lower()), p) for h, p in nodes))
+        return (scheme.rpartition("+")[2], hosts, *path)
+    kwargs = redis_py.connection.parse_url(url)
+    db = int(kwargs.get("db") or 0)
+    if "path" in kwargs:
+        return ("unix", kwargs["path"], db)
+    host = str(kwargs.get("host") or "localhost").lower()
+    return ("tcp", _LOCALHOST.get(host, host), int(kwargs.get("port") or 6379), db)
 
 
 def _connect(url: str, options: dict[str, Any]) -> Any:

@@ -6,7 +6,7 @@ on its own, for example to let one process rebuild a cache entry while the other
     with Lock("redis://localhost:6379/0", "rebuild:homepage", ttl=10, timeout=5):
         rebuild_homepage()
 
-Each operation is one Lua script (:mod:`celery_redlock._scripts`): acquire is ``SET NX PX``
+Each operation is one Lua script (:mod:`celery_redlock._redis.scripts`): acquire is ``SET NX PX``
 plus a fencing counter, release and extend compare the owner token before touching the key.
 The token is unguessable and fresh for every acquisition, so only the holder can release.
 
@@ -37,11 +37,13 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-from . import _keys, _owner, _renewal
-from ._clients import UNAVAILABLE_ERRORS
-from ._nodes import Quorum, Target, nodes_for
-from ._scripts import AcquireResult
-from .exceptions import LockContended, LockLost, LockNotOwned, LockUnavailable
+from ..exceptions import LockContended, LockLost, LockNotOwned, LockUnavailable
+from . import keys as _keys
+from . import owner as _owner
+from . import renewal as _renewal
+from .clients import UNAVAILABLE_ERRORS
+from .nodes import Extended, Target, nodes_for
+from .scripts import AcquireResult
 
 __all__ = ["Clock", "Lock", "release_attempt"]
 
@@ -50,11 +52,12 @@ logger = logging.getLogger("celery_redlock.lock")
 #: A monotonic clock in seconds; injectable so expiry paths can be tested without sleeping.
 Clock = Callable[[], float]
 
+
 class Lock:
     """An expiring Redis lock that only its holder can release.
 
     :param redis: a Redis URL or client; or a list of 3, 5, ... URLs or clients of independent
-        nodes, for the Redlock quorum (:mod:`celery_redlock._nodes`).
+        nodes, for the Redlock quorum (:mod:`celery_redlock._redis.nodes`).
     :param name: the lock's name; the key is ``<prefix>:{<name>}``. Must not contain braces.
     :param ttl: seconds the lock lives unless extended (the lease, with ``auto_renew``).
     :param prefix: key prefix shared with the other locks of an application.
@@ -97,7 +100,7 @@ class Lock:
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise ValueError(f"Lock limit must be an integer >= 1, got {limit!r}")
         self.nodes = nodes_for(redis)
-        if limit > 1 and isinstance(self.nodes, Quorum):
+        if limit > 1 and len(self.nodes.names) > 1:
             raise ValueError(
                 "a Lock with limit > 1 needs a single Redis deployment (a node, Sentinel or "
                 "Cluster): over a quorum of independent nodes, more than `limit` owners could "
@@ -209,7 +212,7 @@ class Lock:
         if ttl <= 0:
             raise ValueError(f"extend ttl must be positive, got {ttl!r}")
         start = self.clock()
-        if not self.do_extend(token, ttl):
+        if not self.do_extend(token, ttl).held:
             self._mark_lost("extend found it expired or owned by someone else")
             raise LockLost(f"lock {self.key} was lost before extend", key=self.key)
         self._expires_at = start + ttl
@@ -259,8 +262,9 @@ class Lock:
         """Owner-checked delete (or expiry in ``keep`` s); False when it was not ours any more."""
         return self.nodes.release(self.keys, token, _ms(keep) if keep > 0 else 0)
 
-    def do_extend(self, token: str, ttl: float) -> bool:
-        """Owner-checked ``PEXPIRE``; False when the key was not ours any more."""
+    def do_extend(self, token: str, ttl: float) -> Extended:
+        """Owner-checked ``PEXPIRE``: whether the key is still ours (``held``), and whether every
+        node has it (``complete``; a quorum re-asserts it where it was missing)."""
         return self.nodes.extend(self.keys, token, _ms(ttl))
 
     def do_wait(self, timeout: float | None) -> bool:
@@ -329,11 +333,11 @@ class Lock:
                 return None
             logger.warning("lock %s: renewal failed, retrying: %s", self.key, exc)
             return min(self.ttl / 3, max(self._expires_at - now, 0.0) / 2, 1.0)
-        if not extended:
+        if not extended.held:
             self._mark_lost("renewal found it expired or owned by someone else")
             return None
         self._expires_at = now + ttl
-        if not getattr(self.nodes, "complete", True):
+        if not extended.complete:
             # A quorum node lacked it (down, or rejoined empty): renew sooner, so that a node
             # that comes back gets the lock again before another node can fail.
             return min(self.ttl / 3, max(DEGRADED_RENEWAL, self.ttl / 30))

@@ -19,7 +19,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from ._keys import FENCE_TTL_MS, LockKeys
+from .keys import FENCE_TTL_MS, LockKeys
 
 ACQUIRE = """
 -- KEYS[1] fencing counter key, KEYS[2..n] the lock's slot keys (one, or lock_limit of them)

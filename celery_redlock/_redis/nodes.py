@@ -1,7 +1,10 @@
 """Where a lock lives: one Redis node, or a quorum of independent nodes (Redlock).
 
-Both classes run the scripts of :mod:`celery_redlock._scripts` and answer in decoded results;
-a node that does not answer becomes :class:`~celery_redlock.LockUnavailable` naming it.
+:class:`Nodes` is the one interface a :class:`~celery_redlock.Lock` talks to; :class:`SingleNode`
+and :class:`Quorum` implement it. Both run the scripts of :mod:`celery_redlock._redis.scripts` and
+answer in decoded results; a node that does not answer becomes
+:class:`~celery_redlock.LockUnavailable` naming it. The majority rule lives in
+:func:`majority` only.
 
 :class:`Quorum` implements the Redlock algorithm over N independent nodes (N odd, >= 3):
 
@@ -32,22 +35,61 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import redis as redis_py
 
-from . import _scripts
-from ._clients import UNAVAILABLE_ERRORS, client_for, node_name
-from ._keys import LockKeys
-from ._scripts import AcquireResult
-from .exceptions import LockUnavailable
+from ..exceptions import LockUnavailable
+from . import scripts as _scripts
+from .clients import UNAVAILABLE_ERRORS, client_for, node_name
+from .keys import LockKeys
+from .scripts import AcquireResult
 
 Call = tuple[list[str], list[Any]]
+
+
+def majority(nodes: int) -> int:
+    """How many of ``nodes`` independent nodes make a majority (1 for a single node)."""
+    return nodes // 2 + 1
+
+
+class Extended(NamedTuple):
+    """What an extend found: whether the lock is still ours, and whether every node has it."""
+
+    #: The owner token was found (on the node, or on a majority of a quorum's nodes).
+    held: bool
+    #: Every node holds the lock now. Always equal to ``held`` for a single node; False for a
+    #: quorum with a node that is down or that had to get the lock back (repair).
+    complete: bool
+
+
+class Nodes(Protocol):
+    """Where a lock lives: the operations :class:`~celery_redlock.Lock` needs, one call each."""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """``host:port`` of each node, for messages (never with credentials)."""
+
+    def acquire(self, keys: LockKeys, token: str, ttl_ms: int) -> AcquireResult: ...
+
+    def release(self, keys: LockKeys, token: str, keep_ms: int = 0) -> bool: ...
+
+    def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> Extended: ...
+
+    def release_attempt(self, keys: LockKeys, task_id: str, host: str, pid: int) -> bool: ...
+
+    def pttl_ms(self, key: str) -> int: ...
+
+    def pubsub_client(self) -> Any: ...
+
+    def run(self, source: str, call: Call, key: str) -> Any: ...
+
 
 #: What makes one node of a quorum fail an operation: no answer, or an error reply (OOM,
 #: READONLY, NOPERM...). Either way that node holds nothing for us; the others still count.
 NODE_ERRORS: tuple[type[BaseException], ...] = (
-    *UNAVAILABLE_ERRORS, redis_py.exceptions.ResponseError,
+    *UNAVAILABLE_ERRORS,
+    redis_py.exceptions.ResponseError,
 )
 
 
@@ -64,7 +106,6 @@ class SingleNode:
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        self._scripts: dict[str, Any] = {}
 
     @functools.cached_property
     def names(self) -> tuple[str, ...]:
@@ -72,15 +113,13 @@ class SingleNode:
 
     def _run(self, source: str, call: Call, key: str) -> Any:
         keys, args = call
-        script = self._scripts.get(source)
-        if script is None:
-            script = self._scripts[source] = _scripts.script(self.client, source)
         try:
-            return script(keys=keys, args=args)
+            return _scripts.script(self.client, source)(keys=keys, args=args)
         except UNAVAILABLE_ERRORS as exc:
             raise LockUnavailable(
                 f"Redis at {self.names[0]} did not answer for lock {key}: {exc}",
-                key=key, nodes=self.names,
+                key=key,
+                nodes=self.names,
             ) from exc
 
     def acquire(self, keys: LockKeys, token: str, ttl_ms: int) -> AcquireResult:
@@ -91,9 +130,10 @@ class SingleNode:
         call = _scripts.release_call(keys, token, keep_ms)
         return bool(self._run(_scripts.RELEASE, call, keys.lock))
 
-    def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> bool:
+    def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> Extended:
         call = _scripts.extend_call(keys, token, ttl_ms)
-        return bool(self._run(_scripts.EXTEND, call, keys.lock))
+        held = bool(self._run(_scripts.EXTEND, call, keys.lock))
+        return Extended(held, held)
 
     def release_attempt(self, keys: LockKeys, task_id: str, host: str, pid: int) -> bool:
         call = _scripts.release_attempt_call(keys, task_id, host, pid)
@@ -106,7 +146,8 @@ class SingleNode:
         except UNAVAILABLE_ERRORS as exc:
             raise LockUnavailable(
                 f"Redis at {self.names[0]} did not answer for lock {key}: {exc}",
-                key=key, nodes=self.names,
+                key=key,
+                nodes=self.names,
             ) from exc
 
     def pubsub_client(self) -> Any:
@@ -132,12 +173,9 @@ class Quorum:
             )
         self.clients = list(clients)
         self.names = tuple(node_name(c) for c in clients)
-        self.quorum = len(clients) // 2 + 1
+        self.quorum = majority(len(clients))
         self.node_timeout = node_timeout
         self.clock = clock
-        #: Whether the last extend found the lock on every node; if not, the holder renews
-        #: again soon, to repair the nodes that lost it before another one fails.
-        self.complete = True
 
     # -- fan-out --------------------------------------------------------------------------------
 
@@ -191,7 +229,10 @@ class Quorum:
         return [self.names[i] for i, (_, err) in enumerate(replies) if err is not None]
 
     def _unavailable(
-        self, key: str, failed: list[str], what: str,
+        self,
+        key: str,
+        failed: list[str],
+        what: str,
         replies: Sequence[tuple[Any, BaseException | None]] = (),
     ) -> LockUnavailable:
         errors = [err for _, err in replies if err is not None]
@@ -199,7 +240,8 @@ class Quorum:
             f"no quorum for lock {key}: {what}; {len(failed)} of {len(self.names)} nodes "
             f"failed ({', '.join(failed)}), {self.quorum} needed"
             + (f"; first error: {errors[0]}" if errors else ""),
-            key=key, nodes=tuple(failed),
+            key=key,
+            nodes=tuple(failed),
         )
 
     # -- operations -----------------------------------------------------------------------------
@@ -209,8 +251,9 @@ class Quorum:
         replies = self._call_all(_scripts.ACQUIRE, _scripts.acquire_call(keys, token, ttl_ms))
         elapsed_ms = (self.clock() - start) * 1000
         validity_ms = ttl_ms - elapsed_ms - (ttl_ms * 0.01 + 2)
-        results = {i: _scripts.decode_acquire(rep) for i, (rep, err) in enumerate(replies)
-                   if err is None}
+        results = {
+            i: _scripts.decode_acquire(rep) for i, (rep, err) in enumerate(replies) if err is None
+        }
         won = [i for i, res in results.items() if res.acquired]
         if len(won) >= self.quorum and validity_ms > 0:
             fencing = max(results[i].fencing_token or 0 for i in won)
@@ -218,9 +261,7 @@ class Quorum:
             if not lagging or self._raise_fence(keys, fencing, lagging, len(won)):
                 return AcquireResult(True, fencing_token=fencing)
         self._call_all(_scripts.RELEASE, _scripts.release_call(keys, token))
-        failed = self._failed(replies)
-        if len(failed) > len(self.clients) - self.quorum:
-            raise self._unavailable(keys.lock, failed, "acquire failed", replies)
+        self._check_answered(keys.lock, replies, "acquire failed")
         held = [res for res in results.values() if not res.acquired]
         if not held:  # enough votes but too slow: the validity time ran out
             return AcquireResult(False)
@@ -237,7 +278,7 @@ class Quorum:
         replies = self._call_all(_scripts.RELEASE, _scripts.release_call(keys, token, keep_ms))
         return self._majority(keys.lock, replies, "release")
 
-    def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> bool:
+    def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> Extended:
         """Extend where we hold it; re-assert where the key is missing (repair).
 
         Only nodes that still held our token count toward the majority: a node where the
@@ -251,22 +292,16 @@ class Quorum:
         call = _scripts.extend_call(keys, token, ttl_ms, reassert=True)
         replies = self._call_all(_scripts.EXTEND, call)
         if (self.clock() - start) * 1000 >= ttl_ms:
-            return False
-        failed = self._failed(replies)
-        if len(failed) > len(self.clients) - self.quorum:
-            raise self._unavailable(keys.lock, failed, "extend failed", replies)
+            return Extended(False, False)
+        self._check_answered(keys.lock, replies, "extend failed")
         held = sum(1 for rep, err in replies if err is None and int(rep) == 1)
-        self.complete = held == len(self.clients)
-        return held >= self.quorum
+        return Extended(held >= self.quorum, held == len(self.clients))
 
     def release_attempt(self, keys: LockKeys, task_id: str, host: str, pid: int) -> bool:
         call = _scripts.release_attempt_call(keys, task_id, host, pid)
         replies = self._call_all(_scripts.RELEASE_ATTEMPT, call)
-        deleted = any(rep for rep, err in replies if err is None)
-        failed = self._failed(replies)
-        if len(failed) > len(self.clients) - self.quorum:
-            raise self._unavailable(keys.lock, failed, "release_attempt failed", replies)
-        return deleted
+        self._check_answered(keys.lock, replies, "release_attempt failed")
+        return any(rep for rep, err in replies if err is None)
 
     def _majority(
         self, key: str, replies: list[tuple[Any, BaseException | None]], what: str
@@ -276,11 +311,18 @@ class Quorum:
         Nodes that did not answer count as "no evidence of loss" (the key there expires by
         itself).
         """
-        failed = self._failed(replies)
-        if len(failed) > len(self.clients) - self.quorum:
-            raise self._unavailable(key, failed, f"{what} failed", replies)
+        failed = self._check_answered(key, replies, f"{what} failed")
         ok = sum(1 for rep, err in replies if err is None and rep)
         return ok + len(failed) >= self.quorum
+
+    def _check_answered(
+        self, key: str, replies: list[tuple[Any, BaseException | None]], what: str
+    ) -> list[str]:
+        """The failed nodes; :class:`LockUnavailable` when too few answered for a majority."""
+        failed = self._failed(replies)
+        if len(self.clients) - len(failed) < self.quorum:
+            raise self._unavailable(key, failed, what, replies)
+        return failed
 
     def pttl_ms(self, key: str) -> int:
         """Time until fewer than a majority of nodes hold ``key`` (negative: not held)."""
@@ -323,7 +365,7 @@ _single: dict[tuple[str, float | None], SingleNode] = {}
 _single_guard = threading.Lock()
 
 
-def nodes_for(redis: Target, timeout: float | None = None) -> SingleNode | Quorum:
+def nodes_for(redis: Target, timeout: float | None = None) -> Nodes:
     """One node for a URL or a client; a :class:`Quorum` for a list of three or more.
 
     ``timeout`` sets the socket timeouts of clients built from URLs.
@@ -341,6 +383,5 @@ def nodes_for(redis: Target, timeout: float | None = None) -> SingleNode | Quoru
     # One slow node must not stall the quorum for the default 5 s: a node that does not answer
     # within QUORUM_NODE_TIMEOUT counts as failed (its connect is bounded the same way).
     node_timeout = min(timeout or QUORUM_NODE_TIMEOUT, QUORUM_NODE_TIMEOUT)
-    clients = [client_for(item, node_timeout) if isinstance(item, str) else item
-               for item in redis]
+    clients = [client_for(item, node_timeout) if isinstance(item, str) else item for item in redis]
     return Quorum(clients, node_timeout=node_timeout)

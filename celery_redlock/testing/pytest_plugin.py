@@ -2,7 +2,7 @@
 
 Enable it in your top-level ``conftest.py`` (it is not loaded automatically)::
 
-    pytest_plugins = ["celery_redlock.pytest_plugin"]
+    pytest_plugins = ["celery_redlock.testing.pytest_plugin"]
 
 Fixtures:
 
@@ -14,8 +14,8 @@ Fixtures:
 * ``lock_events``: the lock signals sent during the test (:class:`LockEvents`), which also
   makes :func:`assert_skipped` / :func:`assert_acquired` work without an argument.
 
-Helpers, importable from here: :func:`hold_lock`, :func:`record_lock_events`,
-:func:`assert_skipped`, :func:`assert_acquired` (see :mod:`celery_redlock._assertions`).
+Helpers, importable from :mod:`celery_redlock.testing`: :func:`hold_lock`,
+:func:`record_lock_events`, :func:`assert_skipped`, :func:`assert_acquired`.
 """
 
 from __future__ import annotations
@@ -25,31 +25,10 @@ from typing import Any
 
 import pytest
 
-from ._assertions import (
-    HOLDER,
-    LockEvent,
-    LockEvents,
-    assert_acquired,
-    assert_skipped,
-    hold_lock,
-    record_lock_events,
-    use_redlock_url,
-)
-from .testing import RedisServer
+from ._assertions import LockEvents, record_lock_events, use_redlock_url
+from ._server import RedisServer
 
-__all__ = [
-    "HOLDER",
-    "LockEvent",
-    "LockEvents",
-    "assert_acquired",
-    "assert_skipped",
-    "configure_redlock",
-    "hold_lock",
-    "lock_events",
-    "record_lock_events",
-    "redlock_server",
-    "redlock_url",
-]
+__all__ = ["configure_redlock", "lock_events", "redlock_server", "redlock_url"]
 
 
 @pytest.fixture(scope="session")

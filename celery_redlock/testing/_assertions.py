@@ -1,7 +1,7 @@
 """Celery-aware test helpers: record lock signals, assert a call was skipped, hold a task's lock.
 
-Re-exported by :mod:`celery_redlock.pytest_plugin` (import them from there); they need no
-pytest, so a ``unittest`` suite can use them too::
+Exported by :mod:`celery_redlock.testing`; they need no pytest, so a ``unittest`` suite can
+use them too::
 
     with record_lock_events() as events, hold_lock(sync_account, 42):
         result = sync_account.delay(42)        # eager mode or an in-process worker
@@ -10,8 +10,7 @@ pytest, so a ``unittest`` suite can use them too::
 
 Signals are received in the process that runs the task: eager mode (``task_always_eager``,
 ``.apply()``) and in-process workers (``celery.contrib.testing.worker.start_worker``) are seen,
-a ``celery worker`` subprocess is not. :mod:`celery_redlock.testing` stays Celery-free; this
-module is where Celery comes in.
+a ``celery worker`` subprocess is not.
 """
 
 from __future__ import annotations
@@ -22,10 +21,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _engine
-from .config import reset_settings, settings_for
-from .lock import Lock
-from .signals import lock_acquired, lock_contended, lock_lost, lock_released
+from .._celery.identity import lock_name_for, spec_of
+from .._celery.options import reset_settings, settings_for
+from .._redis.lock import Lock
+from ..signals import lock_acquired, lock_contended, lock_lost, lock_released
 
 __all__ = [
     "HOLDER",
@@ -91,8 +90,9 @@ class LockEvents:
         """The events of one call (an ``AsyncResult``/``EagerResult`` or a task id)."""
         task_id = _task_id(result_or_id)
         with self._guard:
-            return [e for e in self.events
-                    if e.task_id == task_id and (kind is None or e.kind == kind)]
+            return [
+                e for e in self.events if e.task_id == task_id and (kind is None or e.kind == kind)
+            ]
 
     def acquired(self, result_or_id: Any) -> list[LockEvent]:
         return self.of(result_or_id, "acquired")
@@ -116,10 +116,11 @@ _recording: list[LockEvents] = []
 
 @contextlib.contextmanager
 def record_lock_events() -> Iterator[LockEvents]:
-    """Collect every lock signal sent in this process while inside."""
+    """Collect every lock signal sent in this process while inside (see the module doc)."""
     events = LockEvents()
     receivers = []
     for kind, signal in _SIGNALS.items():
+
         def receiver(sender: Any = None, _kind: str = kind, **kwargs: Any) -> None:
             events._receive(_kind, sender, **kwargs)
 
@@ -188,16 +189,22 @@ def hold_lock(task: Any, *args: Any, ttl: float = 60.0, **kwargs: Any) -> Iterat
     Every slot is held for a ``lock_limit`` > 1 task. The holder's task id is :data:`HOLDER`.
     Raises :class:`RuntimeError` if the key is already held.
     """
-    spec = _engine.spec_of(task)
+    spec = spec_of(task)
     if spec is None:
         raise ValueError(f"{task.name} is not a locked task")
     settings = settings_for(task.app)
-    name = _engine.lock_name_for(task, spec, args, kwargs)
+    name = lock_name_for(task, spec, args, kwargs)
     held: list[Lock] = []
     try:
         for _ in range(spec.options.limit):
-            lock = Lock(settings.url, name, ttl, prefix=settings.prefix, owner=HOLDER,
-                        limit=spec.options.limit)
+            lock = Lock(
+                settings.url,
+                name,
+                ttl,
+                prefix=settings.prefix,
+                owner=HOLDER,
+                limit=spec.options.limit,
+            )
             if not lock.acquire(blocking=False):
                 raise RuntimeError(f"cannot hold {lock.key}: it is already held")
             held.append(lock)

@@ -1,0 +1,208 @@
+"""A call's lock identity: which task options apply, and the canonical encoding of its arguments.
+
+:func:`spec_of` finds a task's validated options (set by ``LockedTask`` on the class or by
+``@single_instance`` on the function) and the parameters its calls bind to;
+:func:`lock_name_for` turns one call into its lock name, ``<lock_name>:<digest>``.
+
+The canonical encoding is the input of the digest.
+
+Two calls get the same encoding exactly when they bind to the same parameter values:
+``f(1, b=2)``, ``f(a=1, b=2)`` and ``f(b=2, a=1)`` agree (arguments are bound to the signature,
+defaults applied), while ``f(1)``, ``f("1")``, ``f(True)`` and ``f(1.0)`` all differ.
+
+Values are encoded as they survive Celery's JSON serializer, so the key computed by the caller
+(``lock_key``) equals the one the worker computes: tuples and lists are the same sequence, and
+``datetime``, ``date``, ``time``, ``UUID``, ``Decimal`` and ``bytes`` (which kombu's JSON carries)
+are tagged with their type. Every container is tagged too (``["L", ...]``, ``["D", ...]``), so
+no user value can imitate another's encoding. Anything else raises :class:`TypeError` naming
+the parameter: a silent ``repr()`` fallback would give keys that differ between processes. So do
+a mapping whose keys collide once encoded (``{1: "a", "1": 2}``: JSON has string keys only) and
+values nested deeper than :data:`MAX_DEPTH`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import functools
+import inspect
+import json
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from celery.local import Proxy
+
+from .._redis import keys as _keys
+from ..exceptions import LockConfigError, LockContended
+from .options import TaskLockOptions, parameters_of, settings_for
+
+_SCALARS = (str, int, float, type(None))
+
+#: How deeply containers may nest in an argument that is part of a lock identity.
+MAX_DEPTH = 64
+
+
+def _encode(value: Any, owner: str, param: str, depth: int = 0) -> Any:
+    if isinstance(value, _SCALARS):
+        return value
+    if depth >= MAX_DEPTH and isinstance(value, (list, tuple, Mapping)):
+        raise TypeError(
+            f"{owner}: argument {param!r} nests containers deeper than {MAX_DEPTH} levels, "
+            "which has no canonical encoding for the lock key; choose the identity with lock_by"
+        )
+    if isinstance(value, (list, tuple)):
+        return ["L", *(_encode(v, owner, param, depth + 1) for v in value)]
+    if isinstance(value, Mapping):
+        items = {}
+        for k, v in value.items():
+            encoded = _key(k, owner, param)
+            if encoded in items:
+                raise TypeError(
+                    f"{owner}: argument {param!r} is a mapping whose keys collide once encoded "
+                    f"(a {type(k).__name__} key and another that both become {encoded!r} in "
+                    "JSON), which has no canonical encoding for the lock key"
+                )
+            items[encoded] = _encode(v, owner, param, depth + 1)
+        return ["D", *([k, items[k]] for k in sorted(items))]
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return ["T", type(value).__name__, value.isoformat()]
+    if isinstance(value, (uuid.UUID, decimal.Decimal)):
+        return ["T", type(value).__name__, str(value)]
+    if isinstance(value, (bytes, bytearray)):
+        return ["T", "bytes", bytes(value).hex()]
+    raise TypeError(
+        f"{owner}: argument {param!r} has type {type(value).__name__}, which has no canonical "
+        "encoding for the lock key; pass JSON-compatible values, or choose the identity with "
+        "lock_by (parameter names or a callable returning a string)"
+    )
+
+
+def _key(key: Any, owner: str, param: str) -> str:
+    if isinstance(key, str):
+        return key
+    if isinstance(key, _SCALARS):
+        return json.dumps(key)  # what Celery's JSON serializer turns a non-string key into
+    raise TypeError(
+        f"{owner}: argument {param!r} is a mapping with a {type(key).__name__} key, which has "
+        "no canonical encoding for the lock key"
+    )
+
+
+@functools.lru_cache(maxsize=1024)
+def _signature(params: tuple[inspect.Parameter, ...]) -> inspect.Signature:
+    return inspect.Signature(params)
+
+
+def bind(
+    owner: str, params: list[inspect.Parameter], args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Bind a call to ``params`` with defaults applied; TypeError if it does not fit."""
+    signature = _signature(tuple(params))
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{owner}: arguments do not match the task's signature: {exc}") from None
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def encode_call(
+    owner: str,
+    params: list[inspect.Parameter],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    by: Callable[[tuple[Any, ...], dict[str, Any]], str] | Sequence[str] | None,
+) -> bytes:
+    """The canonical bytes identifying one call of the task called ``owner``.
+
+    ``by`` selects the identity: ``None`` all parameters, a sequence some of them (in the given
+    order), a callable a string computed from ``(args, kwargs)``.
+    """
+    if callable(by):
+        try:
+            ident = by(tuple(args), dict(kwargs))
+        except Exception as exc:
+            raise LockConfigError(
+                f"{owner}: the lock_by callable raised {type(exc).__name__} (see the chained "
+                "exception); it must return a string for every call of the task"
+            ) from exc
+        if not isinstance(ident, str):
+            raise TypeError(
+                f"{owner}: lock_by callable returned {type(ident).__name__}; expected str"
+            )
+        return json.dumps(["C", ident], ensure_ascii=False).encode()
+    arguments = bind(owner, params, args, kwargs)
+    names = [p.name for p in params] if by is None else list(by)
+    encoded = [[name, _encode(arguments[name], owner, name)] for name in names]
+    return json.dumps(["A", *encoded], ensure_ascii=False, separators=(",", ":")).encode()
+
+
+#: Attribute set by ``@single_instance`` on the function it wraps, and by ``LockedTask`` on
+#: each subclass: the validated :class:`~celery_redlock._celery.options.TaskLockOptions`.
+OPTIONS_ATTR = "_redlock_options"
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A task's validated lock options plus the parameters its calls bind to."""
+
+    options: TaskLockOptions
+    params: list[inspect.Parameter]
+    bound: bool
+    #: ``"task <name>"``: how messages name the task.
+    owner: str
+
+
+def run_function(task: Any) -> tuple[Any, bool]:
+    """The function behind ``task.run`` and whether it takes ``self`` (``bind=True``)."""
+    run = inspect.getattr_static(type(task), "run")
+    if isinstance(run, staticmethod):
+        return run.__func__, False
+    return run, True
+
+
+def spec_of(task: Any) -> Spec | None:
+    """The lock spec of ``task``, or ``None`` if the task is not locked. Cached per task.
+
+    ``task`` may be the lazy proxy ``@app.task`` returns before the app is finalized. The
+    first call also makes :class:`~celery_redlock.LockContended` an expected outcome of the
+    task (``task.throws``), so Celery logs a contention failure at INFO without a traceback,
+    under both APIs.
+    """
+    if isinstance(task, Proxy):
+        task = task._get_current_object()
+    cached = task.__dict__.get("_redlock_spec", False)
+    if cached is not False:
+        return cached  # type: ignore[no-any-return]
+    fun, bound = run_function(task)
+    options = getattr(fun, OPTIONS_ATTR, None) or getattr(type(task), OPTIONS_ATTR, None)
+    spec = None
+    if options is not None:
+        spec = Spec(options, parameters_of(fun, bound), bound, f"task {task.name}")
+        if LockContended not in task.throws:
+            task.throws = (*task.throws, LockContended)
+    task.__dict__["_redlock_spec"] = spec
+    return spec
+
+
+def lock_name_for(task: Any, spec: Spec, args: Any, kwargs: Any) -> str:
+    """The lock name (``<lock_name>:<digest>``) of one call of ``task``."""
+    canonical = encode_call(task.name, spec.params, args or (), kwargs or {}, spec.options.by)
+    return _keys.task_lock_name(spec.options.name or task.name, canonical)
+
+
+def lock_key(task: Any, *args: Any, **kwargs: Any) -> str:
+    """The Redis key that calling ``task(*args, **kwargs)`` would lock.
+
+    Raises :class:`TypeError` when an argument has no canonical encoding, and
+    :class:`ValueError` when ``task`` is not a locked task.
+    """
+    spec = spec_of(task)
+    if spec is None:
+        raise ValueError(
+            f"{task.name} is not a locked task (use base=LockedTask or @single_instance)"
+        )
+    settings = settings_for(task.app)
+    return _keys.keys_for(settings.prefix, lock_name_for(task, spec, args, kwargs)).lock

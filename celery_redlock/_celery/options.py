@@ -1,0 +1,427 @@
+"""The ``lock_*`` task options and the ``redlock_*`` app settings: declared once, validated once.
+
+:data:`OPTIONS` is the one table of task options. Each row gives the option's default, its type,
+its validation and its documentation line; ``LockedTask``'s class attributes, the keywords of
+``@single_instance`` (the name without ``lock_``) and the options table in
+``docs/configuration.md`` all come from it (a test pins the last two).
+
+Precedence is *task option > app setting > default*. App settings are read lazily (at the first
+lock operation, not at import) and resolved once per app into a frozen :class:`Settings`; task
+options are validated when the task is declared, so a typo fails at registration.
+:func:`cross_check` then rejects the combinations of options and settings that cannot work
+(``lock_limit`` > 1 over a quorum); it runs when a ``LockedTask`` is bound to its app (the app
+finalizes) and, for every locked task, when a worker starts, which then refuses to start.
+
+With ``config_from_object(obj, namespace="CELERY")`` the settings are spelled
+``CELERY_REDLOCK_URL`` and so on; Celery strips the prefix, and they arrive here as
+``redlock_url``.
+
+``redlock_url`` missing: if the broker is Redis (``redis://``, ``rediss://``, ``unix://``) its
+URL is used, with one INFO log line saying so; otherwise the first lock operation raises
+:class:`~celery_redlock.LockConfigError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import logging
+import math
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .._redis.clients import SCHEMES, node_identity, redact
+from .._redis.nodes import majority
+from ..exceptions import LockConfigError
+
+__all__ = ["OPTIONS", "Option", "Settings", "TaskLockOptions", "settings_for"]
+
+logger = logging.getLogger("celery_redlock.config")
+
+Policy = Literal["skip", "retry", "fail", "wait"]
+UnavailablePolicy = Literal["retry", "fail", "run"]
+LockBy = Callable[[tuple[Any, ...], dict[str, Any]], str] | Sequence[str] | None
+
+POLICIES: tuple[str, ...] = ("skip", "retry", "fail", "wait")
+UNAVAILABLE_POLICIES: tuple[str, ...] = ("retry", "fail", "run")
+
+#: The largest number of seconds any option or setting accepts (ten years): Redis keeps TTLs
+#: in milliseconds, and a larger value only ever means a mistake.
+MAX_SECONDS = 10 * 365 * 24 * 3600.0
+
+Params = list[inspect.Parameter] | None
+Check = Callable[[str, str, Any, Params], Any]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One task option: ``lock_<name>`` on a task, ``<name>=`` on ``@single_instance``."""
+
+    name: str
+    default: Any
+    #: The accepted values, as shown in the docs.
+    kind: str
+    doc: str
+    #: ``check(owner, option, value, params)`` returns the validated value or raises.
+    check: Check
+
+    @property
+    def attr(self) -> str:
+        """The task attribute (and ``@app.task`` keyword): ``lock_<name>``."""
+        return f"lock_{self.name}"
+
+
+def _invalid(owner: str, option: str, value: Any, expected: str) -> LockConfigError:
+    what = "setting" if option.startswith("redlock_") else "option"
+    return LockConfigError(f"{owner}: {what} {option}={value!r} is invalid; expected {expected}")
+
+
+def seconds(*, none: bool = False, zero: bool = False) -> Check:
+    """A check for a finite number of seconds in ``(0, MAX_SECONDS]`` (or ``[0, ...]``)."""
+
+    def check(owner: str, option: str, value: Any, _: Params = None) -> float | None:
+        if value is None and none:
+            return None
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        positive = ok and (value > 0 or (zero and value == 0))
+        if positive and math.isfinite(value) and value <= MAX_SECONDS:
+            return float(value)
+        expected = f"a number of seconds {'>= 0' if zero else '> 0'} and <= {MAX_SECONDS:.0f}"
+        raise _invalid(owner, option, value, expected + (" or None" if none else ""))
+
+    return check
+
+
+def choice(choices: tuple[str, ...], *, none: bool = False) -> Check:
+    """A check for one of ``choices`` (with a "did you mean" hint)."""
+
+    def check(owner: str, option: str, value: Any, _: Params = None) -> str | None:
+        if value is None and none:
+            return None
+        if value in choices:
+            return str(value)
+        hint = difflib.get_close_matches(str(value), choices, n=1)
+        did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
+        expected = f"one of {', '.join(map(repr, choices))}{' or None' if none else ''}"
+        raise _invalid(owner, option, value, expected + did_you_mean)
+
+    return check
+
+
+def _by(owner: str, option: str, value: Any, params: Params) -> LockBy:
+    expected = "a list of parameter names, (), None or a callable (args, kwargs) -> str"
+    if isinstance(value, str):
+        raise _invalid(owner, option, value, f"{expected} (write {option}=[{value!r}])")
+    if value is None or callable(value):
+        return value  # type: ignore[no-any-return]
+    if not isinstance(value, Sequence) or not all(isinstance(n, str) for n in value):
+        raise _invalid(owner, option, value, expected)
+    if params is not None:
+        check_unknown(owner, list(value), [p.name for p in params], f"{option} parameter")
+    return tuple(value)
+
+
+def _name(owner: str, option: str, value: Any, _: Params) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or set(value) & set("{}") or not value.isprintable():
+        raise _invalid(
+            owner, option, value, "a non-empty string without '{', '}' or control characters"
+        )
+    return value
+
+
+def _limit(owner: str, option: str, value: Any, _: Params) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1000:
+        raise _invalid(owner, option, value, "an integer from 1 to 1000")
+    return value
+
+
+def _flag(owner: str, option: str, value: Any, _: Params) -> bool:
+    if not isinstance(value, bool):
+        raise _invalid(owner, option, value, "a bool")
+    return value
+
+
+#: The task options, in the order the docs list them.
+OPTIONS: dict[str, Option] = {
+    o.name: o
+    for o in (
+        Option(
+            "by",
+            None,
+            "list of parameter names, (), None or callable",
+            "Parameters forming the lock identity: None all of them, () one lock per task, or "
+            "a callable (args, kwargs) -> str.",
+            _by,
+        ),
+        Option(
+            "name",
+            None,
+            "str or None",
+            "Name part of the key (default: the task's name); tasks sharing it exclude each other.",
+            _name,
+        ),
+        Option(
+            "ttl",
+            None,
+            "seconds or None",
+            "A fixed TTL, never renewed; None derives the lock's life from the lease and the "
+            "time limits.",
+            seconds(none=True),
+        ),
+        Option(
+            "on_contention",
+            None,
+            "'skip', 'retry', 'fail', 'wait' or None",
+            "What a call does when its key is held; None uses redlock_on_contention.",
+            choice(POLICIES, none=True),
+        ),
+        Option(
+            "retry_countdown",
+            5.0,
+            "seconds",
+            "Delay (plus up to 20 % jitter) before a retry under 'retry'.",
+            seconds(zero=True),
+        ),
+        Option(
+            "wait_timeout",
+            30.0,
+            "seconds",
+            "How long a call waits for the holder under 'wait'.",
+            seconds(zero=True),
+        ),
+        Option(
+            "limit",
+            1,
+            "int, 1 to 1000",
+            "How many executions may hold the key at once (a semaphore); needs one Redis "
+            "deployment, not a quorum.",
+            _limit,
+        ),
+        Option(
+            "cooldown",
+            0.0,
+            "seconds",
+            "The key stays held this long after the run: at most one run per window.",
+            seconds(zero=True),
+        ),
+        Option(
+            "enqueue",
+            False,
+            "bool",
+            "De-duplicate at enqueue time: a call whose key is queued returns the queued "
+            "call's AsyncResult (LockedTask only).",
+            _flag,
+        ),
+        Option(
+            "enqueue_ttl",
+            3600.0,
+            "seconds",
+            "How long a queued marker lives if its task never starts.",
+            seconds(),
+        ),
+    )
+}
+
+
+@dataclass(frozen=True)
+class TaskLockOptions:
+    """The validated ``lock_*`` options of one task (``None`` = use the app setting).
+
+    Its fields are the rows of :data:`OPTIONS`, in order (checked at import).
+    """
+
+    by: LockBy
+    name: str | None
+    ttl: float | None
+    on_contention: Policy | None
+    retry_countdown: float
+    wait_timeout: float
+    limit: int
+    cooldown: float
+    enqueue: bool
+    enqueue_ttl: float
+
+
+if [f.name for f in dataclasses.fields(TaskLockOptions)] != list(OPTIONS):
+    raise AssertionError("TaskLockOptions must list the rows of OPTIONS, in order")
+
+
+def check_unknown(owner: str, names: Sequence[str], known: Sequence[str], what: str) -> None:
+    """Raise for any name not in ``known``, with a "did you mean" hint."""
+    for name in names:
+        if name not in known:
+            hint = difflib.get_close_matches(name, known, n=1)
+            did_you_mean = f"; did you mean {hint[0]!r}?" if hint else ""
+            raise LockConfigError(
+                f"{owner}: unknown {what} {name!r}{did_you_mean} "
+                f"(known: {', '.join(sorted(known))})"
+            )
+
+
+def parameters_of(fun: Callable[..., Any], bound: bool) -> list[inspect.Parameter]:
+    """The parameters a caller passes to ``fun`` (without ``self`` for a bound task)."""
+    params = list(inspect.signature(fun).parameters.values())
+    return params[1:] if bound and params else params
+
+
+def validate_options(owner: str, raw: Mapping[str, Any], params: Params) -> TaskLockOptions:
+    """Validate raw ``lock_*`` options of the task called ``owner``.
+
+    ``params`` are the task's parameters, to check ``lock_by`` names against (``None`` when the
+    task body is not known yet, as for an abstract base class).
+    """
+    attrs = {option.attr: option for option in OPTIONS.values()}
+    check_unknown(owner, [k for k in raw if k.startswith("lock_")], list(attrs), "option")
+    values = {
+        option.name: option.check(owner, attr, raw.get(attr, option.default), params)
+        for attr, option in attrs.items()
+    }
+    return TaskLockOptions(**values)
+
+
+def cross_check(owner: str, options: TaskLockOptions, settings: Settings) -> None:
+    """Reject task options that cannot work with the app's settings (LockConfigError)."""
+    if options.limit > 1 and isinstance(settings.url, tuple):
+        raise LockConfigError(
+            f"{owner}: option lock_limit={options.limit} is invalid with a Redlock quorum "
+            f"(redlock_url lists {len(settings.url)} independent nodes); expected lock_limit=1, "
+            "or a single Redis deployment (a node, Sentinel or Cluster): over independent "
+            "nodes, more than lock_limit owners could each win a majority of slots"
+        )
+
+
+# -- app settings ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The ``redlock_*`` settings of one app, validated."""
+
+    #: One URL, or a tuple of 3, 5, ... URLs of independent nodes (the Redlock quorum).
+    url: str | tuple[str, ...]
+    prefix: str
+    lease: float
+    ttl_margin: float
+    on_contention: Policy
+    on_unavailable: UnavailablePolicy
+
+
+#: App settings and their defaults.
+SETTING_DEFAULTS: dict[str, Any] = {
+    "redlock_url": None,
+    "redlock_prefix": "redlock",
+    "redlock_lease": 30.0,
+    "redlock_ttl_margin": 5.0,
+    "redlock_on_contention": "skip",
+    "redlock_on_unavailable": "retry",
+}
+
+_REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def _urls(owner: str, url: Any) -> list[str]:
+    urls = [url] if isinstance(url, str) else url
+    expected = (
+        f"a Redis URL ({', '.join(s.rstrip('/') for s in SCHEMES)}) or a list of 3, 5, ... of them"
+    )
+    if not isinstance(urls, (list, tuple)) or not all(
+        isinstance(u, str) and u.startswith(SCHEMES) for u in urls
+    ):
+        raise LockConfigError(
+            f"{owner}: setting redlock_url={redact(repr(url))} is invalid; expected {expected}"
+        )
+    if len(urls) != 1 and (len(urls) < 3 or len(urls) % 2 == 0):
+        raise LockConfigError(
+            f"{owner}: setting redlock_url lists {len(urls)} nodes; a Redlock quorum needs an "
+            "odd number of independent nodes, at least 3"
+        )
+    seen: dict[tuple[Any, ...], str] = {}
+    for item in urls:
+        try:
+            identity = node_identity(item)
+        except ValueError as exc:
+            raise LockConfigError(
+                f"{owner}: setting redlock_url={redact(repr(item))} is invalid ({redact(exc)}); "
+                f"expected {expected}"
+            ) from None
+        if identity in seen:
+            raise LockConfigError(
+                f"{owner}: setting redlock_url names the same node twice ({redact(seen[identity])}"
+                f" and {redact(item)}); a Redlock quorum needs independent nodes, each once"
+            )
+        seen[identity] = item
+    return list(urls)
+
+
+def resolve(app: Any) -> Settings:
+    """Read and validate ``app``'s ``redlock_*`` settings (uncached: see :func:`settings_for`)."""
+    conf = app.conf
+    owner = f"app {app.main or app!r}"
+    values = {k: conf.get(k, d) for k, d in SETTING_DEFAULTS.items()}
+    url = values["redlock_url"]
+    if url is None:
+        broker = conf.get("broker_url") or ""
+        if isinstance(broker, str) and broker.startswith(_REDIS_SCHEMES):
+            url = broker
+            logger.info("redlock_url is not set; using the Redis broker's URL for locks")
+        else:
+            raise LockConfigError(
+                f"{owner}: setting redlock_url is missing; expected a Redis URL such as "
+                "'redis://localhost:6379/0' (the broker is not Redis, so it cannot be reused)"
+            )
+    urls = _urls(owner, url)
+    prefix = values["redlock_prefix"]
+    if (
+        not isinstance(prefix, str)
+        or not prefix
+        or set(prefix) & set("{}")
+        or not prefix.isprintable()
+    ):
+        raise LockConfigError(
+            f"{owner}: setting redlock_prefix={prefix!r} is invalid; expected a non-empty "
+            "string without '{', '}' or control characters"
+        )
+    return Settings(
+        url=urls[0] if len(urls) == 1 else tuple(urls),
+        prefix=prefix,
+        lease=seconds()(owner, "redlock_lease", values["redlock_lease"], None),
+        ttl_margin=seconds(zero=True)(
+            owner, "redlock_ttl_margin", values["redlock_ttl_margin"], None
+        ),
+        on_contention=choice(POLICIES)(
+            owner, "redlock_on_contention", values["redlock_on_contention"], None
+        ),
+        on_unavailable=choice(UNAVAILABLE_POLICIES)(
+            owner, "redlock_on_unavailable", values["redlock_on_unavailable"], None
+        ),
+    )
+
+
+_settings: weakref.WeakKeyDictionary[Any, Settings] = weakref.WeakKeyDictionary()
+
+
+def settings_for(app: Any) -> Settings:
+    """The resolved settings of ``app``, computed on first use and then cached."""
+    try:
+        return _settings[app]
+    except KeyError:
+        settings = _settings[app] = resolve(app)
+        return settings
+
+
+def reset_settings(app: Any) -> None:
+    """Forget ``app``'s resolved settings: the next lock operation reads ``app.conf`` again.
+
+    For tests that change ``redlock_*`` settings after the first lock operation.
+    """
+    _settings.pop(app, None)
+
+
+def quorum_size(settings: Settings) -> int:
+    """How many of the settings' nodes must answer (1 for a single deployment)."""
+    return 1 if isinstance(settings.url, str) else majority(len(settings.url))

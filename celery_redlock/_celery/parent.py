@@ -1,0 +1,239 @@
+"""Parent-side release: the worker's main process frees the lock of a pool child that died.
+
+For a hard time limit, a child SIGKILL/OOM and ``revoke(terminate=True)`` the child never
+returns to :func:`celery_redlock._celery.engine.execute`, so the worker's main process
+releases in :meth:`ParentReleaseMixin.on_failure`, which Celery runs before any requeue
+(``task_reject_on_worker_lost``). The release is owner-checked for that attempt (task id,
+host, child pid): it can never delete a successor's lock. For a hard time limit, billiard calls
+``on_failure`` *before* it kills the child:
+
+1. the limit's timer fires on the event loop; billiard calls ``Request.on_failure``;
+2. billiard sends SIGTERM, waits up to 0.1 s, then sends SIGKILL;
+3. only then does the timer callback return.
+
+Releasing in step 1 would let the next execution start while the child still runs (its
+``finally`` blocks, or all of it if it does not die on SIGTERM), so :func:`release_when_dead`
+waits on the event loop until the child can no longer run. Celery itself may notice a
+SIGKILLed child only at its next ``maintain_pool`` tick, up to 5 s later; so the main process
+also looks for dead children of locked executions every ``REAP_INTERVAL``
+(:func:`_reap_dead_children`), and :meth:`ParentReleaseMixin.terminate` releases right after a
+``revoke(terminate=True, signal="SIGKILL")``.
+
+Liveness is decided by :func:`process_state`, which answers ``gone`` only when it is sure:
+from ``/proc/<pid>/stat`` where it exists (Linux: a zombie is gone), otherwise from
+``os.kill(pid, 0)`` (a process that no longer exists is gone; one that exists may be a zombie,
+so it is ``unknown``). The early paths release only a child that is ``gone``. Timeline this
+prevents, on a system without ``/proc`` if "cannot tell" meant "dead": (1) a child takes its
+lock and runs; (2) the reaper cannot read its state and releases; (3) a second execution of the
+same key starts beside the first. Where the state stays ``unknown`` (macOS, a hard limit whose
+zombie billiard has not reaped within ``DEATH_WAIT``), the lock is left to its lease, which
+the dead child no longer renews.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal as signal_module
+import time
+from typing import Any, Literal
+
+from celery.platforms import signals as _signals
+from celery.worker import state as worker_state
+from kombu.asynchronous import get_event_loop
+
+from .. import signals
+from .._redis.keys import keys_for
+from .._redis.lock import release_attempt
+from ..exceptions import LockUnavailable
+from .events import emit
+from .identity import lock_name_for, spec_of
+from .options import settings_for
+
+logger = logging.getLogger("celery_redlock.worker")
+
+_SIGKILL: int | None = getattr(signal_module, "SIGKILL", None)  # not on Windows
+
+#: Where process states are read (Linux). Elsewhere, or when it cannot be read, liveness
+#: falls back to ``os.kill(pid, 0)``.
+PROC = "/proc"
+
+
+class ParentReleaseMixin:
+    """Mixed into a locked task's Request class in the worker's main process.
+
+    ``on_failure`` with ``return_ok=False`` is how the main process learns that a child died
+    with the task (hard time limit, SIGKILL/OOM, ``revoke(terminate=True)``); it runs on the
+    worker's event loop before a requeue, so the release uses a client with 1 s timeouts and
+    never raises.
+    """
+
+    id: str
+    args: Any
+    kwargs: Any
+    task: Any
+    hostname: str
+    worker_pid: int | None
+    time_start: float | None
+
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> None:
+        if not return_ok:
+            # For a hard time limit the child is killed only after this returns (billiard:
+            # on_failure, then SIGTERM, then SIGKILL 0.1 s later): release once it is dead.
+            release_when_dead(self)
+        super().on_failure(  # type: ignore[misc]
+            exc_info, send_failed_event=send_failed_event, return_ok=return_ok
+        )
+
+    def on_accepted(self, pid: int, time_accepted: float) -> None:
+        super().on_accepted(pid, time_accepted)  # type: ignore[misc]
+        _start_reaper()
+
+    def terminate(self, pool: Any, signal: Any = None) -> None:
+        """``revoke(terminate=True)``: with SIGKILL the child is dead once this returns.
+
+        The pool may notice that death only at its next ``maintain_pool`` tick (measured: up
+        to 5 s later), and ``on_failure(Terminated)`` waits for that: release now instead.
+        Other signals let the child unwind and release by itself.
+        """
+        super().terminate(pool, signal)  # type: ignore[misc]
+        killed = _SIGKILL is not None and _signals.signum(signal or "SIGTERM") == _SIGKILL
+        if killed and self.time_start:  # time_start: accepted, so the child was signalled
+            release_when_dead(self)
+
+
+#: Seconds between two looks for pool children that died with a locked task.
+REAP_INTERVAL = 0.1
+_reaper_pid: int | None = None
+
+
+def _start_reaper() -> None:
+    """Once per worker main process: look for dead children every ``REAP_INTERVAL``."""
+    global _reaper_pid
+    hub = get_event_loop()
+    if hub is None or _reaper_pid == os.getpid():
+        return
+    _reaper_pid = os.getpid()
+    hub.call_repeatedly(REAP_INTERVAL, _reap_dead_children)
+
+
+def _reap_dead_children() -> None:
+    """Release the locks of executions whose pool child is gone, before Celery notices.
+
+    Celery notices a SIGKILLed (OOM-killed) child either at once or at its next periodic pool
+    check, up to 5 s later (measured); only then does ``on_failure`` run. Meanwhile the key
+    would stay locked by a dead process. The release is owner-checked for the attempt (task
+    id, host, dead child's pid), so a child that finished and released by itself, or a
+    successor, is never touched.
+    """
+    for request in list(worker_state.active_requests):
+        pid = getattr(request, "worker_pid", None)
+        if (
+            not pid
+            or not isinstance(request, ParentReleaseMixin)
+            or request.__dict__.get("_redlock_reaped")
+            or process_state(pid) != "gone"
+        ):
+            continue
+        request.__dict__["_redlock_reaped"] = True
+        release_for_dead_child(request)
+
+
+#: How long the main process waits for a killed child to be gone.
+DEATH_WAIT = 3.0
+_DEATH_POLL = 0.005
+
+
+def process_state(pid: int) -> Literal["running", "gone", "unknown"]:
+    """Whether process ``pid`` can still run code: ``gone`` only when that is certain."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+        return "gone" if fields[0] in (b"Z", b"X") else "running"
+    except FileNotFoundError:
+        if os.path.isdir(PROC):  # /proc is there and the process is not: gone
+            return "gone"
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "gone"
+    except OSError:  # PermissionError: it exists under another user
+        return "running"
+    return "unknown"  # it exists, but a zombie exists too until it is reaped
+
+
+def release_when_dead(request: Any, deadline: float | None = None) -> None:
+    """Release the dead child's lock once the child can no longer run (never before).
+
+    Timeline this prevents: (1) the hard limit fires, Celery calls ``on_failure``; (2) a
+    release here would let the next execution start; (3) the child, which blocks or ignores
+    SIGTERM, still runs its body for 0.1 s until billiard's SIGKILL. So the release waits on
+    the worker's event loop, polling :func:`process_state` every 5 ms, until the child is
+    gone. A child that is not known to be gone after ``DEATH_WAIT`` s is left alone: while it
+    runs it holds (and renews) its lock, which its own exit or its lease's expiry frees.
+    """
+    hub = get_event_loop()
+    pid = request.worker_pid
+    if not pid or process_state(pid) == "gone":
+        release_for_dead_child(request)
+        return
+    if hub is None:
+        return  # no event loop to wait on: the lease frees the lock
+    now = time.monotonic()
+    deadline = now + DEATH_WAIT if deadline is None else deadline
+    if now < deadline:
+        hub.call_later(_DEATH_POLL, release_when_dead, request, deadline)
+    else:
+        logger.info(
+            "%s[%s]: child %s is not known to be gone %.0fs after it was killed; its "
+            "lock stays until it exits or its lease expires",
+            request.task.name,
+            request.id,
+            pid,
+            DEATH_WAIT,
+        )
+
+
+def release_for_dead_child(request: Any) -> None:
+    """Release the lock a dead pool child took for ``request`` (owner-checked, never raises)."""
+    pid = request.worker_pid
+    if not pid:
+        return  # never accepted by a child: it cannot have taken a lock
+    task = request.task
+    try:
+        spec = spec_of(task)
+        if spec is None:
+            return
+        settings = settings_for(task.app)
+        name = lock_name_for(task, spec, request.args, request.kwargs)
+        released = release_attempt(
+            settings.url,
+            name,
+            settings.prefix,
+            request.id,
+            request.hostname,
+            pid,
+            limit=spec.options.limit,
+            timeout=1.0,
+        )
+    except LockUnavailable as exc:
+        logger.warning(
+            "%s[%s]: child %s died; could not release its lock, it will expire by TTL: %s",
+            task.name,
+            request.id,
+            pid,
+            exc,
+        )
+    except Exception:
+        logger.exception(
+            "%s[%s]: releasing the lock of dead child %s failed", task.name, request.id, pid
+        )
+    else:
+        if released:
+            logger.info("%s[%s]: released the lock of dead child %s", task.name, request.id, pid)
+            key = keys_for(settings.prefix, name).lock
+            emit(task, request.id, "released", signals.lock_released, key=key, by="parent")

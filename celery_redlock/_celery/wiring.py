@@ -1,0 +1,135 @@
+"""Worker wiring: the one module that connects the receivers releasing locks on every ending.
+
+Imported by ``LockedTask`` and ``@single_instance``, never by the CLI. Which process releases,
+for each way an attempt ends (measured on Celery 5.7, see ``docs/guide.md``):
+
+* return, exception, soft time limit, ``Ignore``, ``Reject``, ``SystemExit`` (SIGTERM from
+  revoke/hard limit/cold shutdown): the pool child, in
+  :func:`celery_redlock._celery.engine.execute`, before the result is stored; ``after_return``
+  (``LockedTask``) and the ``task_postrun`` receiver below are idempotent backstops;
+* ``self.retry()``: the child, from the ``before_task_publish`` receiver, because Celery
+  publishes the retry message *before* the body's ``Retry`` reaches ``execute``:
+
+  1. the body calls ``self.retry()``;
+  2. Celery publishes the retry message (our receiver releases here);
+  3. another worker may receive and start the retry at once;
+  4. only now does ``Retry`` propagate out of the body.
+
+  Releasing in step 4 would let the retry find its own earlier attempt's lock and skip itself.
+* hard time limit, child SIGKILL/OOM, ``revoke(terminate=True)``: the worker's main process
+  (:mod:`celery_redlock._celery.parent`);
+* the whole worker killed: nobody; the TTL frees the key (see the engine's TTL rule).
+
+At worker start the options of every locked task are cross-checked against the app's
+settings (:func:`celery_redlock._celery.options.cross_check`): a combination that cannot work,
+or settings that are invalid, stop the worker before it consumes anything, so no task fails
+one execution at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import bootsteps, current_task, signals
+from celery.concurrency import get_implementation
+from kombu.utils.imports import symbol_by_name
+
+from . import checks
+from .engine import clear_queued, leave
+from .identity import spec_of
+from .options import cross_check, settings_for
+from .parent import ParentReleaseMixin
+from .state import state
+
+logger = logging.getLogger("celery_redlock.worker")
+
+#: Pools that enforce a task's hard time limit by killing it.
+_ENFORCING_POOLS = ("celery.concurrency.prefork", "celery.concurrency.gevent")
+
+
+def _install_request_class(task: Any) -> None:
+    current = symbol_by_name(task.Request)
+    if issubclass(current, ParentReleaseMixin):
+        return
+    task.Request = type(f"Locked{current.__name__}", (ParentReleaseMixin, current), {})
+
+
+class CrossCheck(bootsteps.Step):  # type: ignore[misc]
+    """A worker bootstep whose construction fails when a locked task cannot work.
+
+    Added to the worker's blueprint from ``worker_init``; raising here stops the worker at
+    start with the :class:`~celery_redlock.LockConfigError`, before it consumes a message.
+    """
+
+    name = "celery_redlock.CrossCheck"
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        check_app(parent.app)
+
+
+def check_app(app: Any) -> None:
+    """Raise :class:`~celery_redlock.LockConfigError` for invalid settings or option mixes."""
+    specs = [spec for spec in map(spec_of, app.tasks.values()) if spec is not None]
+    if specs:
+        settings = settings_for(app)
+        for spec in specs:
+            cross_check(spec.owner, spec.options, settings)
+
+
+@signals.worker_init.connect(weak=False)
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    """In the worker's main process, before the pool forks."""
+    pool_cls = get_implementation(sender.pool_cls)
+    state.enforces_limits = pool_cls.__module__ in _ENFORCING_POOLS
+    state.time_limit = float(sender.time_limit) if sender.time_limit else None
+    state.task_events = bool(sender.task_events)
+    sender.app.steps["worker"].add(CrossCheck)
+    for task in sender.app.tasks.values():
+        if spec_of(task) is not None:
+            _install_request_class(task)
+
+
+@signals.worker_ready.connect(weak=False)
+def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+    """In the worker's main process, once the consumer is ready (before ``ready.`` is logged)."""
+    try:
+        checks.run_startup_checks(sender.app, state.enforces_limits, pool=checks.pool_name(sender))
+    except Exception:
+        logger.exception("celery_redlock: the startup checks failed")
+
+
+@signals.task_postrun.connect(weak=False)
+def _on_task_postrun(sender: Any = None, **_: Any) -> None:
+    """Backstop: an attempt whose body never returned to ``execute`` (idempotent)."""
+    if sender is not None:
+        leave(sender)
+
+
+@signals.before_task_publish.connect(weak=False)
+def _on_before_task_publish(headers: Any = None, **_: Any) -> None:
+    """Release before a retry of the running attempt is published (see the module docstring)."""
+    task = current_task._get_current_object()
+    if task is None or not headers:
+        return
+    request = task.request
+    if headers.get("id") != request.id or request.called_directly:
+        return
+    if int(headers.get("retries") or 0) > int(request.retries or 0):
+        leave(task, request, cooldown=False)
+
+
+@signals.task_revoked.connect(weak=False)
+def _on_task_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+    """A revoked or expired message never starts: clear its queued marker (lock_enqueue).
+
+    Runs in the worker's main process, which discards such messages before any task hook.
+    ``sender`` is the task, ``request`` the message's context (id, args, kwargs).
+    """
+    if sender is None or request is None:
+        return
+    try:
+        clear_queued(sender, request.args, request.kwargs, request.id)
+    except Exception:
+        logger.exception("%s[%s]: clearing the queued marker failed", sender.name, request.id)
