@@ -18,6 +18,7 @@ test: lint
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
 bench: $(VENV)/.installed

@@ -223,7 +223,7 @@ def test_an_unreachable_redis_is_a_clear_error_without_the_password(server: Redi
     port = free_port()
     done = cli(server.port, "ls", env={"REDLOCK_TEST_URL": f"redis://:hunter2@127.0.0.1:{port}/0"})
     assert done.returncode == 1
-    assert f"cannot reach the lock Redis: redis://127.0.0.1:{port}/0" in done.stderr
+    assert f"cannot reach the lock Redis: redis://***@127.0.0.1:{port}/0" in done.stderr
     assert "hunter2" not in done.stderr + done.stdout
     assert "Traceback" not in done.stderr
 

@@ -78,7 +78,7 @@ def test_the_slot_of_a_killed_child_comes_back(
         wait_until(lambda: not pid_alive(int(victim["pid"])), 5, "the child to die")
         records.decr("active:kk")  # the dead child cannot count itself out
         wait_until(lambda: not r.exists(victim_slot), 12, "the main process to free slot 2")
-        assert "released the lock of dead child" in worker.text()
+        worker.wait_for_log("released the lock of dead child", 5)
         assert sorted(k.decode() for k in lock_keys(r)) == sorted(set(held) - {victim_slot})
 
         newcomer = client.send_task(TASK, args=("kk",), kwargs={"hold": 20})

@@ -1,0 +1,485 @@
+"""The asyncio :class:`celery_redlock.asyncio.Lock` against real ``redis-server`` processes.
+
+Each test drives its coroutine with ``asyncio.run`` (no pytest-asyncio). Waits are on Redis
+state (``PUBSUB NUMSUB``, keys) or on the lock's own state, always with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
+
+import pytest
+import redis as redis_py
+import redis.asyncio as aioredis
+
+import celery_redlock
+from celery_redlock import LockContended, LockLost, LockNotOwned
+from celery_redlock._redis.keys import keys_for
+from celery_redlock._redis.nodes import Extended
+from celery_redlock._redis.owner import parse
+from celery_redlock._redis.scripts import AcquireResult
+from celery_redlock.asyncio import Lock
+from celery_redlock.testing import RedisServer
+from tests.conftest import lock_keys
+
+NAME = "aio"
+KEY = keys_for("redlock", NAME).lock
+CHANNEL = keys_for("redlock", NAME).channel
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(asyncio.wait_for(coro, 60))
+
+
+async def until(condition: Callable[[], Any], timeout: float = 10.0) -> None:
+    """Poll ``condition`` without blocking the loop; AssertionError after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        await asyncio.sleep(0.01)
+
+
+def subscribers(r: redis_py.Redis, channel: str = CHANNEL) -> int:
+    return int(dict(r.pubsub_numsub(channel)).get(channel.encode(), 0))
+
+
+class Counting(Lock):
+    """Counts completed acquisition attempts and renewals through the override points."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.attempts = 0
+        self.extends = 0
+
+    async def do_acquire(self, token: str, ttl: float) -> AcquireResult:
+        result = await super().do_acquire(token, ttl)
+        self.attempts += 1
+        return result
+
+    async def do_extend(self, token: str, ttl: float) -> Extended:
+        self.extends += 1
+        return await super().do_extend(token, ttl)
+
+
+# -- acquire / release / extend ------------------------------------------------------------------
+
+
+def test_acquire_extend_release(redis_url: str, r: redis_py.Redis) -> None:
+    async def main() -> None:
+        lock = Lock(redis_url, NAME, ttl=5, owner="job-1")
+        assert await lock.acquire(blocking=False)
+        assert lock.held and lock.key == KEY and lock.fencing_token
+        assert r.get(KEY) == lock.token.encode()  # type: ignore[union-attr]
+        assert parse(lock.token).task_id == "job-1"  # type: ignore[union-attr]
+        with pytest.raises(RuntimeError, match="already acquired"):
+            await lock.acquire()
+        await lock.extend(60)
+        assert r.pttl(KEY) > 5000
+        assert await lock.locked()
+        await lock.release()
+        assert not lock.held and r.get(KEY) is None and not await lock.locked()
+        with pytest.raises(LockNotOwned):
+            await lock.release()
+        with pytest.raises(LockNotOwned):
+            await lock.extend()
+
+    run(main())
+
+
+def test_release_of_a_lock_taken_over_raises_lost_and_leaves_it(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    async def main() -> None:
+        lock = Lock(redis_url, NAME, ttl=5)
+        assert await lock.acquire(blocking=False)
+        r.set(KEY, "someone-else")
+        with pytest.raises(LockLost):
+            await lock.release()
+        assert lock.lost and r.get(KEY) == b"someone-else"
+
+    run(main())
+
+
+def test_limit_above_one_needs_a_single_deployment() -> None:
+    with pytest.raises(ValueError, match="limit > 1"):
+        Lock(["redis://127.0.0.1:1", "redis://127.0.0.1:2", "redis://127.0.0.1:3"], "x", limit=2)
+
+
+def test_semaphore_slots_shared_with_the_sync_lock(redis_url: str) -> None:
+    async def main() -> None:
+        first = Lock(redis_url, NAME, limit=2)
+        assert await first.acquire(blocking=False)
+        sync = celery_redlock.Lock(redis_url, NAME, limit=2)
+        assert sync.acquire(blocking=False)
+        third = Lock(redis_url, NAME, limit=2)
+        assert not await third.acquire(blocking=False)
+        assert {first.key, sync.key} == set(keys_for("redlock", NAME, 2).slots)
+        await first.release()
+        sync.release()
+
+    run(main())
+
+
+# -- one lock for asyncio, threads and tasks -----------------------------------------------------
+
+
+def test_async_holder_excludes_a_sync_lock(redis_url: str) -> None:
+    async def main() -> None:
+        async with Lock(redis_url, NAME, ttl=30, owner="async-holder") as held:
+            sync = celery_redlock.Lock(redis_url, NAME)
+            assert not sync.acquire(blocking=False)
+            assert sync.last_holder is not None
+            assert sync.last_holder.token == held.token
+            assert sync.last_holder.task_id == "async-holder"
+        assert sync.acquire(blocking=False)
+        sync.release()
+
+    run(main())
+
+
+def test_sync_holder_excludes_an_async_lock(redis_url: str) -> None:
+    sync = celery_redlock.Lock(redis_url, NAME, ttl=30, owner="sync-holder")
+    assert sync.acquire(blocking=False)
+
+    async def main() -> None:
+        lock = Lock(redis_url, NAME, timeout=0)
+        assert not await lock.acquire()
+        assert lock.last_holder is not None and lock.last_holder.task_id == "sync-holder"
+        assert lock.last_holder_ttl is not None and 0 < lock.last_holder_ttl <= 30
+        with pytest.raises(LockContended) as caught:
+            async with lock:
+                raise AssertionError("entered a held lock")
+        assert caught.value.holder == "sync-holder" and caught.value.key == KEY
+        sync.release()
+        assert await lock.acquire(blocking=False)
+        await lock.release()
+
+    run(main())
+
+
+def test_fencing_tokens_increase_across_sync_and_async_acquisitions(redis_url: str) -> None:
+    async def main() -> list[int | None]:
+        tokens: list[int | None] = []
+        for i in range(6):
+            if i % 2:
+                sync = celery_redlock.Lock(redis_url, NAME)
+                assert sync.acquire(blocking=False)
+                tokens.append(sync.fencing_token)
+                sync.release()
+            else:
+                async with Lock(redis_url, NAME) as lock:
+                    tokens.append(lock.fencing_token)
+        return tokens
+
+    tokens = run(main())
+    assert all(isinstance(t, int) for t in tokens)
+    assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
+
+
+# -- blocking acquire ----------------------------------------------------------------------------
+
+
+def test_blocking_acquire_is_woken_by_a_sync_release(redis_url: str, r: redis_py.Redis) -> None:
+    holder = celery_redlock.Lock(redis_url, NAME, ttl=60)
+    assert holder.acquire(blocking=False)
+
+    async def main() -> None:
+        waiter = Counting(redis_url, NAME, ttl=10)
+        task = asyncio.create_task(waiter.acquire(timeout=None))
+        # Two failed attempts: before subscribing, and once the subscription was confirmed.
+        await until(lambda: waiter.attempts == 2)
+        assert subscribers(r) == 1
+        holder.release()
+        # The holder's TTL has ~60 s left: only the notification can wake the waiter by now.
+        assert await asyncio.wait_for(task, 30)
+        assert waiter.attempts == 3 and waiter.held  # one more, on the notification: no polling
+        assert r.get(KEY) == waiter.token.encode()  # type: ignore[union-attr]
+        await until(lambda: subscribers(r) == 0)  # the waiter's pub/sub connection is closed
+        await waiter.release()
+
+    run(main())
+
+
+def test_several_waiters_one_winner_per_release(redis_url: str, r: redis_py.Redis) -> None:
+    async def main() -> None:
+        holder = Lock(redis_url, NAME, ttl=60)
+        assert await holder.acquire(blocking=False)
+        inside = 0
+        most = 0
+        wins: list[int] = []
+
+        async def waiter() -> None:
+            nonlocal inside, most
+            async with Lock(redis_url, NAME, ttl=60) as lock:
+                inside += 1
+                most = max(most, inside)
+                assert lock.fencing_token is not None
+                wins.append(lock.fencing_token)
+                await asyncio.sleep(0)  # let the others run while we hold
+                assert r.get(KEY) == lock.token.encode()  # type: ignore[union-attr]
+                inside -= 1
+
+        tasks = [asyncio.create_task(waiter()) for _ in range(5)]
+        await until(lambda: subscribers(r) == 5)
+        await holder.release()
+        # Each winner's release wakes the next; TTLs are 60 s, so a missed wake-up would hang.
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        assert most == 1 and len(wins) == 5 and wins == sorted(wins)
+        assert lock_keys(r) == []
+
+    run(main())
+
+
+# -- cancellation --------------------------------------------------------------------------------
+
+
+def test_cancelled_waiter_gives_up_cleanly(redis_url: str, r: redis_py.Redis) -> None:
+    holder = celery_redlock.Lock(redis_url, NAME, ttl=60)
+    assert holder.acquire(blocking=False)
+
+    async def main() -> None:
+        waiter = Lock(redis_url, NAME)
+        task = asyncio.create_task(waiter.acquire())
+        await until(lambda: subscribers(r) == 1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not waiter.held and waiter.token is None
+        assert r.get(KEY) == holder.token.encode()  # type: ignore[union-attr]
+        await until(lambda: subscribers(r) == 0)
+        holder.release()
+        assert lock_keys(r) == []
+
+    run(main())
+
+
+class ReplyInFlight(Lock):
+    """The acquire script runs on Redis, then the reply "stays in flight" until cancelled."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent = asyncio.Event()
+
+    async def do_acquire(self, token: str, ttl: float) -> AcquireResult:
+        result = await super().do_acquire(token, ttl)
+        self.sent.set()
+        await asyncio.Event().wait()
+        return result
+
+
+def test_cancel_while_the_acquire_reply_is_in_flight_releases(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    async def main() -> None:
+        lock = ReplyInFlight(redis_url, NAME, ttl=60)
+        task = asyncio.create_task(lock.acquire())
+        await lock.sent.wait()
+        assert r.exists(KEY)  # the script won on the server
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not lock.held and lock_keys(r) == []
+
+    run(main())
+
+
+class WonThenCancelled(Lock):
+    """A blocking acquire that wins, then is cancelled before returning (closing pub/sub)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.won = asyncio.Event()
+
+    async def do_wait(self, timeout: float | None) -> bool:
+        assert await super().do_wait(timeout)
+        self.won.set()
+        await asyncio.Event().wait()
+        return True
+
+
+def test_cancel_after_winning_before_returning_releases(redis_url: str, r: redis_py.Redis) -> None:
+    async def main() -> None:
+        lock = WonThenCancelled(redis_url, NAME, ttl=60)
+        task = asyncio.create_task(lock.acquire())
+        await lock.won.wait()
+        assert r.get(KEY) == lock.token.encode()  # type: ignore[union-attr]
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not lock.held and lock_keys(r) == []
+
+    run(main())
+
+
+def test_cancelled_holder_releases(redis_url: str, r: redis_py.Redis) -> None:
+    async def main() -> None:
+        lock = Lock(redis_url, NAME, ttl=60, auto_renew=True)
+        entered = asyncio.Event()
+
+        async def work() -> None:
+            async with lock:
+                entered.set()
+                await asyncio.Event().wait()
+
+        task = asyncio.create_task(work())
+        await entered.wait()
+        assert r.exists(KEY)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not lock.held and lock_keys(r) == []
+        assert lock._renewer is None
+
+    run(main())
+
+
+# -- renewal -------------------------------------------------------------------------------------
+
+
+def test_auto_renew_keeps_the_key_past_its_ttl(redis_url: str, r: redis_py.Redis) -> None:
+    async def main() -> None:
+        lock = Counting(redis_url, NAME, ttl=0.6, auto_renew=True)
+        start = time.monotonic()
+        assert await lock.acquire(blocking=False)
+        await until(lambda: lock.extends >= 4 and time.monotonic() - start > 1.5)
+        assert lock.held and r.get(KEY) == lock.token.encode()  # type: ignore[union-attr]
+        await lock.release()
+        assert lock_keys(r) == []
+
+    run(main())
+
+
+def test_renewal_ends_with_its_loop_and_the_lease_expires(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    lock = Counting(redis_url, NAME, ttl=0.6, auto_renew=True)
+
+    async def main() -> None:
+        assert await lock.acquire(blocking=False)
+        await until(lambda: lock.extends >= 1)  # renewal was running
+
+    run(main())  # the loop ends with the lock still held
+    extends = lock.extends
+    deadline = time.monotonic() + 10
+    while r.exists(KEY):
+        assert time.monotonic() < deadline, "the lease never expired"
+        time.sleep(0.01)
+    assert lock.extends == extends
+
+
+def test_renewal_detects_a_key_deleted_by_someone_else(
+    redis_url: str, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.ERROR, logger="celery_redlock.lock")
+
+    async def main() -> None:
+        lock = Lock(redis_url, NAME, ttl=0.6, auto_renew=True)
+        assert await lock.acquire(blocking=False)
+        r.delete(KEY)
+        await until(lambda: lock.lost)
+        assert not lock.held
+        with pytest.raises(LockLost):
+            await lock.release()
+
+    run(main())
+    lost = [rec for rec in caplog.records if rec.name == "celery_redlock.lock"]
+    assert len(lost) == 1 and lost[0].levelno == logging.ERROR
+    assert "lost" in lost[0].getMessage() and KEY in lost[0].getMessage()
+
+
+def test_renewal_marks_the_lock_lost_once_redis_stays_down_past_the_lease(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR, logger="celery_redlock.lock")
+    server = RedisServer().start()
+    try:
+
+        async def main() -> None:
+            lock = Counting(server.url, NAME, ttl=1.0, auto_renew=True)
+            assert await lock.acquire(blocking=False)
+            await until(lambda: lock.extends >= 1)
+            server.stop()
+            await until(lambda: lock.lost)
+            assert not lock.held
+
+        run(main())
+    finally:
+        server.stop()
+    errors = [rec.getMessage() for rec in caplog.records if rec.name == "celery_redlock.lock"]
+    assert len(errors) == 1 and "lease ran out" in errors[0]
+
+
+# -- quorum --------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def nodes() -> Iterator[list[RedisServer]]:
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(RedisServer()) for _ in range(3)]
+
+
+def test_quorum_of_three_acquire_release(nodes: list[RedisServer]) -> None:
+    urls = [s.url for s in nodes]
+    direct = [s.client() for s in nodes]
+
+    async def main() -> None:
+        clients = [aioredis.Redis.from_url(url) for url in urls]
+        try:
+            lock = Lock(clients, NAME, ttl=30)
+            assert await lock.acquire(blocking=False)
+            assert [c.get(KEY) for c in direct] == [lock.token.encode()] * 3  # type: ignore[union-attr]
+            sync = celery_redlock.Lock(urls, NAME)
+            assert not sync.acquire(blocking=False)
+            await lock.release()
+            assert [c.get(KEY) for c in direct] == [None] * 3
+            assert sync.acquire(blocking=False)
+            other = Lock(urls, NAME)  # URLs: clients of this loop
+            assert not await other.acquire(blocking=False)
+            sync.release()
+            nodes[2].stop()  # a minority down: still a majority
+            async with other:
+                assert [c.get(KEY) for c in direct[:2]] == [other.token.encode()] * 2  # type: ignore[union-attr]
+                assert other.fencing_token is not None
+                assert sync.fencing_token is not None
+                assert other.fencing_token > sync.fencing_token
+            assert [c.get(KEY) for c in direct[:2]] == [None] * 2
+        finally:
+            for client in clients:
+                await client.aclose()
+
+    try:
+        run(main())
+    finally:
+        for c in direct:
+            c.close()
+
+
+# -- layers --------------------------------------------------------------------------------------
+
+
+def test_importing_the_asyncio_lock_loads_no_celery() -> None:
+    code = textwrap.dedent(
+        """
+        import json, sys
+        from celery_redlock.asyncio import Lock
+        assert Lock.__module__ == "celery_redlock._redis.aiolock"
+        import celery_redlock.asyncio as public
+        assert public.__all__ == ["Lock"]
+        print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("celery", "kombu"))))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
