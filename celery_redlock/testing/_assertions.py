@@ -141,7 +141,7 @@ def _events(events: LockEvents | None, what: str) -> LockEvents:
     if not _recording:
         raise RuntimeError(
             f"{what} needs the lock signals of the call: use the lock_events fixture of "
-            "celery_redlock.pytest_plugin or `with record_lock_events():` around the call"
+            "celery_redlock.testing.pytest_plugin or `with record_lock_events():` around the call"
         )
     return _recording[-1]
 

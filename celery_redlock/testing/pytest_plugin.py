@@ -16,6 +16,14 @@ Fixtures:
 
 Helpers, importable from :mod:`celery_redlock.testing`: :func:`hold_lock`,
 :func:`record_lock_events`, :func:`assert_skipped`, :func:`assert_acquired`.
+
+With Celery's classic fixtures (``celery_app``, ``celery_worker`` from
+``celery.contrib.pytest``), return ``redlock_url`` as ``broker_url``, ``result_backend`` and
+``redlock_url`` from a function-scoped ``celery_config`` fixture (or ``redlock_server.url`` from
+a session-scoped one). pytest-celery 1.x loads the classic fixtures but shadows
+``celery_worker`` with its Docker worker: import ``celery_worker`` from
+``celery.contrib.pytest`` in ``conftest.py`` to get the in-process one back. The recipe is in
+``docs/testing.md``.
 """
 
 from __future__ import annotations

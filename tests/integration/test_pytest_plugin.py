@@ -1,7 +1,7 @@
 """The opt-in pytest plugin, run by pytester on small test files, and its helpers in-process.
 
-The files under ``EXAMPLE`` are what a user writes; the first test is the README's eager-mode
-example, verbatim.
+The files under ``EXAMPLE`` are what a user writes; the first test is the eager-mode example
+of docs/testing.md, verbatim.
 """
 
 from __future__ import annotations
@@ -29,11 +29,11 @@ pytest_plugins = ["pytester"]
 
 CONFTEST = 'pytest_plugins = ["celery_redlock.testing.pytest_plugin"]\n'
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-#: The README's example test for users of the plugin, run as it stands there.
-README_EXAMPLE = next(
+TESTING_DOC = (Path(__file__).resolve().parents[2] / "docs" / "testing.md").read_text()
+#: The docs' example test for users of the plugin, run as it stands there.
+DOC_EXAMPLE = next(
     block
-    for block in re.findall(r"^```python\n(.*?)^```", README, flags=re.S | re.M)
+    for block in re.findall(r"^```python\n(.*?)^```", TESTING_DOC, flags=re.S | re.M)
     if "def test_a_duplicate_call_is_skipped" in block
 )
 
@@ -110,7 +110,7 @@ def test_the_plugin_in_a_user_test_suite(pytester: pytest.Pytester) -> None:
     pytester.makeini(
         "[pytest]\naddopts = -p no:celery -p no:cacheprovider\nfilterwarnings = error\n"
     )
-    pytester.makepyfile(test_readme=README_EXAMPLE, test_more=MORE)
+    pytester.makepyfile(test_readme=DOC_EXAMPLE, test_more=MORE)
     result = pytester.runpytest_subprocess("-q", timeout=60)
     result.assert_outcomes(passed=8)
 

@@ -1,0 +1,77 @@
+"""The "classic fixtures" recipe of docs/testing.md, run as written by pytester.
+
+A user's ``conftest.py`` is the recipe's loading block plus its fixtures block, and the test
+module is its test block, verbatim: Celery's in-process ``celery_app`` and ``celery_worker``
+(a real worker, threads pool) with our plugin's throwaway Redis as broker, result backend and
+lock store. It runs both ways the docs describe: with pytest-celery 1.x enabled (which shadows
+the in-process ``celery_worker``, taken back by the recipe's import) and without it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+TESTING = (Path(__file__).resolve().parents[2] / "docs" / "testing.md").read_text()
+BLOCKS = re.findall(r"^```python\n(.*?)^```", TESTING, flags=re.S | re.M)
+
+
+def block_with(text: str) -> str:
+    (block,) = [b for b in BLOCKS if text in b]
+    return block
+
+
+WITH_PYTEST_CELERY = block_with("from celery.contrib.pytest import celery_worker")
+WITHOUT_PYTEST_CELERY = block_with('pytest_plugins = ["celery.contrib.pytest",')
+FIXTURES = block_with("def celery_config(redlock_url)")
+TEST = block_with("def test_a_duplicate_is_skipped(celery_app, celery_worker, lock_events)")
+
+INI = """[pytest]
+addopts = -p no:cacheprovider {flags}
+filterwarnings =
+    error
+    ignore:Call to deprecated setex:DeprecationWarning
+    ignore:Exception ignored in. <function AsyncResult:pytest.PytestUnraisableExceptionWarning
+    ignore:unclosed <socket.socket:ResourceWarning
+    ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning
+"""
+
+
+@pytest.mark.parametrize(
+    ("loading", "flags"),
+    [
+        pytest.param(WITH_PYTEST_CELERY, "", id="pytest-celery enabled"),
+        pytest.param(WITHOUT_PYTEST_CELERY, "-p no:celery", id="without pytest-celery"),
+    ],
+)
+def test_the_classic_fixtures_recipe(pytester: pytest.Pytester, loading: str, flags: str) -> None:
+    if not flags:
+        pytest.importorskip("pytest_celery")
+    pytester.makeini(INI.format(flags=flags))
+    pytester.makeconftest(loading + "\n" + FIXTURES)
+    pytester.makepyfile(test_tasks=TEST)
+    result = pytester.runpytest_subprocess("-q", timeout=60)
+    result.assert_outcomes(passed=1)
+
+
+def test_with_pytest_celery_its_worker_shadows_the_in_process_one(
+    pytester: pytest.Pytester,
+) -> None:
+    """Why the recipe imports ``celery_worker``: without it, pytest-celery's Docker worker."""
+    pytest.importorskip("pytest_celery")
+    pytester.makeini(INI.format(flags=""))
+    pytester.makeconftest(FIXTURES)
+    pytester.makepyfile(
+        test_which="""
+        def test_which(request):
+            # pytest has no public lookup of the fixture a name resolves to
+            definitions = request._fixturemanager.getfixturedefs("celery_worker", request.node)
+            assert definitions[-1].func.__module__ == "pytest_celery.fixtures.worker"
+        """
+    )
+    result = pytester.runpytest_subprocess("-q", timeout=60)
+    result.assert_outcomes(passed=1)
