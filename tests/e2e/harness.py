@@ -204,3 +204,38 @@ def watch_events(
             raise AssertionError(f"timed out after {timeout}s waiting for {missing}")
         time.sleep(interval)
     return seen
+
+
+#: The two public APIs, and the task of ``tests.e2e.proj`` playing each role under each: a test
+#: parametrized over ``API_TASKS`` picks its task by role (the twins share one lock).
+API_TASKS: dict[str, dict[str, str]] = {
+    "task": {"ending": "ending", "waiter": "waiter", "critical": "critical"},
+    "decorator": {"ending": "plain_ending", "waiter": "plain_waiter", "critical": "plain_critical"},
+}
+
+
+def run_to_exit(worker: WorkerProcess, timeout: float = 30.0) -> tuple[int, str]:
+    """Run ``worker`` until it exits by itself (a worker that refuses to start); return its
+    exit status and everything it printed, its log file included.
+
+    Raises :class:`AssertionError` (after killing its process group) if it still runs after
+    ``timeout`` seconds.
+    """
+    process = subprocess.Popen(
+        worker.cmd,
+        cwd=ROOT,
+        env=worker.env,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        raise AssertionError(
+            f"worker {worker.name} still runs after {timeout}s:\n{output[-3000:]}"
+        ) from None
+    return process.returncode, output + worker.text()

@@ -5,7 +5,12 @@ Configured from the environment: ``REDLOCK_TEST_PORT`` is the test's private red
 with ``task_reject_on_worker_lost``, ``REDLOCK_TEST_LEASE`` / ``REDLOCK_TEST_TTL_MARGIN`` set
 ``redlock_lease`` / ``redlock_ttl_margin``, and ``REDLOCK_TEST_VISIBILITY`` sets the Redis
 transport's ``visibility_timeout`` (with a 0.2 s restore sweep, so that a message held longer is
-redelivered to another worker quickly).
+redelivered to another worker quickly), and ``REDLOCK_TEST_NO_PROC=1`` makes every read of a pool
+child's state under ``/proc`` fail in the worker, as on a system without ``/proc`` (macOS).
+
+Each locked task has a twin under the other API, sharing its lock
+(:data:`tests.e2e.harness.API_TASKS`), so the end-to-end tests prove every behaviour for
+``LockedTask`` and for ``@single_instance``.
 
 Every critical section records itself in db 3: ``active:<key>`` counts executions inside it
 right now, ``overlaps`` counts entries that found another execution inside, and the stream
@@ -21,10 +26,11 @@ import time
 from typing import Any
 
 import redis
-from celery import signals
+from celery import Task, signals
 from celery.exceptions import Ignore, Reject
 
 from celery_redlock import LockedTask, current_lock, single_instance
+from celery_redlock._celery import parent
 from tests.e2e.harness import layout_app, pid_alive
 
 PORT = int(os.environ["REDLOCK_TEST_PORT"])
@@ -50,6 +56,9 @@ if os.environ.get("REDLOCK_TEST_VISIBILITY"):
     }
 
 records = redis.Redis.from_url(f"{BASE}/3")
+if os.environ.get("REDLOCK_TEST_NO_PROC") == "1":
+    parent.PROC = "/nonexistent"
+    records.set("proc", parent.PROC)  # the test checks that the switch took effect
 locks = redis.Redis.from_url(f"{BASE}/0")
 
 
@@ -69,6 +78,14 @@ def section(task_id: str, key: str, duration: float) -> None:
 
 @app.task(base=LockedTask, bind=True, lock_by=["key"])
 def critical(self, key: str, duration: float = 0.0) -> str:
+    section(self.request.id, key, duration)
+    return key
+
+
+@app.task(bind=True)
+@single_instance(by=["key"], name="tests.e2e.proj.critical")
+def plain_critical(self: Any, key: str, duration: float = 0.0) -> str:
+    """``critical`` through ``@single_instance``, on the same lock (its lock name)."""
     section(self.request.id, key, duration)
     return key
 
@@ -160,8 +177,8 @@ def _hook(task_id: str | None, what: str) -> None:
         records.rpush(f"hooks:{task_id}", f"{what}:{os.getpid()}")
 
 
-class Recorded(LockedTask):
-    """LockedTask recording which of its hooks ran, with what state, in which process."""
+class _RecordHooks:
+    """Records which of a task's hooks ran, with what state, in which process."""
 
     def after_return(
         self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any
@@ -181,6 +198,14 @@ class Recorded(LockedTask):
             while records.llen(f"starts:{key}") < 2 and time.monotonic() < deadline:
                 time.sleep(0.01)
             records.set(f"retry_seen:{task_id}", int(records.llen(f"starts:{key}") >= 2))
+
+
+class Recorded(_RecordHooks, LockedTask):
+    """LockedTask recording its hooks."""
+
+
+class RecordedPlain(_RecordHooks, Task):
+    """A plain Task recording its hooks (locked by ``@single_instance``)."""
 
 
 @app.task(
@@ -209,10 +234,23 @@ def waiter(self: Any, key: str, how: str = "return", duration: float = 0.0) -> s
     return run_ending(self, key, how, duration)
 
 
-@app.task(bind=True)
+@app.task(
+    base=RecordedPlain,
+    bind=True,
+    autoretry_for=(KeyError,),
+    retry_kwargs={"countdown": 0},
+    max_retries=3,
+)
 @single_instance(by=["key"], name="ending")
 def plain_ending(self: Any, key: str, how: str = "return", duration: float = 0.0) -> str:
-    """Same lock as ``ending`` through ``@single_instance`` on a plain Task."""
+    """``ending`` through ``@single_instance`` on a plain Task, on the same lock."""
+    return run_ending(self, key, how, duration)
+
+
+@app.task(base=RecordedPlain, bind=True)
+@single_instance(by=["key"], name="ending", on_contention="wait", wait_timeout=20.0)
+def plain_waiter(self: Any, key: str, how: str = "return", duration: float = 0.0) -> str:
+    """``waiter`` through ``@single_instance``."""
     return run_ending(self, key, how, duration)
 
 

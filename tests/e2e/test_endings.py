@@ -4,19 +4,26 @@ Each test drives ``tests.e2e.proj.ending`` (or a task sharing its lock) into one
 checks that the lock key is released by the right process, that no code of the ending attempt
 runs after its lock is gone, and that the next execution of the same key then runs.
 
+Every ending is proved under both APIs: ``api`` is ``"task"`` (``LockedTask``) or
+``"decorator"`` (``@single_instance``), and picks the tasks by role
+(:data:`tests.e2e.harness.API_TASKS`). The two variants of a test run one after the other
+against the same worker subprocesses (:meth:`Env.worker`); the endings that stop the worker
+(shutdowns, the whole worker killed) run both APIs side by side in one worker instead.
+
 Latencies are measured against the moment of the kill (or revoke, or signal) with a 2 ms poll
 of the lock key, and printed (run with ``-s`` to see them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import re
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,8 +33,9 @@ from celery import Celery, chord, group
 from celery.result import AsyncResult
 
 from celery_redlock.testing import RedisServer
-from tests.conftest import lock_keys
+from tests.conftest import lock_keys, make_app
 from tests.e2e.harness import (
+    API_TASKS,
     WorkerProcess,
     log_time,
     pid_alive,
@@ -37,6 +45,10 @@ from tests.e2e.harness import (
 )
 
 pytestmark = pytest.mark.slow
+
+APIS = tuple(API_TASKS)
+#: The outermost parametrize: pytest varies it fastest, so a test's API variants run in a row.
+over_apis = pytest.mark.parametrize("api", APIS)
 
 PARENT_RELEASE = "released the lock of dead child"
 ACKS_LATE = {"REDLOCK_TEST_ACKS_LATE": "1"}
@@ -49,16 +61,48 @@ MAINTAIN_POOL = 5.0
 MS_AFTER_NOTICE = 0.5
 
 
+#: Worker subprocesses kept between the two API variants of one test, by (test, worker).
+_shared: dict[tuple[Any, ...], WorkerProcess] = {}
+
+
 @dataclass
 class Env:
     port: int
     client: Celery
     locks: redis_py.Redis  # db 0
     records: redis_py.Redis  # db 3
+    #: The test's parameters but the API: the variants sharing a worker.
+    variant: tuple[Any, ...] = ()
+    api: str = APIS[0]
+    #: Whether another API variant of the test follows (it reuses the workers).
+    followed: bool = False
 
-    def send(self, name: str = "ending", **kwargs: Any) -> AsyncResult:
+    def send(self, role: str = "ending", api: str | None = None, **kwargs: Any) -> AsyncResult:
+        """Call the task playing ``role`` under ``api`` (default: the test's)."""
         options = {k: kwargs.pop(k) for k in ("time_limit", "soft_time_limit") if k in kwargs}
+        name = API_TASKS[api or self.api][role]
         return self.client.send_task(f"tests.e2e.proj.{name}", kwargs=kwargs, **options)
+
+    @contextlib.contextmanager
+    def worker(self, name: str = "w1", **options: Any) -> Iterator[WorkerProcess]:
+        """A running worker; the test's next API variant gets the same one (same options).
+
+        Killed at the end of the last variant, or at once if a variant fails, so that the next
+        variant starts clean.
+        """
+        shared = (self.variant, name, repr(sorted(options.items())))
+        worker = _shared.pop(shared, None)
+        if worker is None or worker.process is None or worker.process.poll() is not None:
+            worker = WorkerProcess(self.port, name, **options).start()
+        keep = False
+        try:
+            yield worker
+            keep = self.followed
+        finally:
+            if keep:
+                _shared[shared] = worker
+            else:
+                worker.kill()
 
     def starts(self, key: str) -> list[dict[str, Any]]:
         return [json.loads(e) for e in self.records.lrange(f"starts:{key}", 0, -1)]
@@ -100,11 +144,36 @@ class Env:
         return value
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _kill_shared_workers() -> Iterator[None]:
+    yield
+    while _shared:
+        _shared.popitem()[1].kill()
+
+
 @pytest.fixture
-def env(proj_client: Celery, redis_server: RedisServer, r: redis_py.Redis) -> Iterator[Env]:
+def env(request: pytest.FixtureRequest, redis_server: RedisServer) -> Iterator[Env]:
+    """The test's clients; Redis is emptied unless the previous API variant left its workers.
+
+    Emptying it under a running worker would delete the broker's bindings (revoke would reach
+    no one), so a following variant keeps the data and uses keys of its own (``k-...-<api>``).
+    """
+    callspec = getattr(request.node, "callspec", None)
+    params = dict(callspec.params) if callspec is not None else {}
+    followed = "api" in params and params["api"] != APIS[-1]
+    api = params.pop("api", APIS[0])
+    variant = (request.node.originalname, repr(sorted(params.items())))
+    for shared in [s for s in _shared if s[0] != variant]:
+        _shared.pop(shared).kill()
+    if not _shared:
+        redis_server.client().flushall()
+    client = make_app(redis_server, name="proj")
+    locks = redis_py.Redis(port=redis_server.port, db=0)
     records = redis_py.Redis(port=redis_server.port, db=3)
-    yield Env(redis_server.port, proj_client, r, records)
+    yield Env(redis_server.port, client, locks, records, variant, api, followed)
     records.close()
+    locks.close()
+    client.close()
 
 
 def report(ending: str, **latencies: float) -> None:
@@ -128,6 +197,7 @@ def assert_no_unlocked_code(env: Env, key: str) -> None:
 # -- ordinary endings: the child releases -------------------------------------------------------
 
 
+@over_apis
 @pytest.mark.parametrize(
     ("how", "state", "options"),
     [
@@ -137,24 +207,28 @@ def assert_no_unlocked_code(env: Env, key: str) -> None:
     ],
 )
 def test_return_exception_soft_limit_release_in_the_child(
-    env: Env, how: str, state: str, options: dict[str, Any]
+    env: Env, api: str, how: str, state: str, options: dict[str, Any]
 ) -> None:
-    key = f"k-{how}"
-    with WorkerProcess(env.port, "w1", concurrency=1) as worker:
+    key = f"k-{how}-{api}"
+    with env.worker("w1", concurrency=1) as worker:
         first = env.send(key=key, how=how, **options)
         first.get(timeout=15, propagate=False)
         ready = time.time()
         lock = env.lock_key(first.id)
+        # Released before the result was stored: already gone when the caller sees it.
+        held_at_result = bool(env.locks.exists(lock))
         gone = wait_for_change(lambda: not env.locks.exists(lock), 2.0, f"{lock} released")
         wait_until(lambda: env.postrun_seen(first.id, state), 5.0, "postrun")
         second = env.send(key=key)
         assert env.finished(second) == key  # ran, not skipped
-    report(how, result_to_key_gone=max(gone - ready, 0.0))
+        text = worker.text()
+    report(f"{how} ({api})", result_to_key_gone=max(gone - ready, 0.0))
+    assert not held_at_result, "the lock was still held when the result was stored"
     assert first.state == state
     child = env.starts(key)[0]["pid"]
     # Celery behaviour relied on: after_return and postrun run in the child for these endings.
     assert env.hooks(first.id)[-2:] == [f"after_return:{state}:{child}", f"postrun:{state}:{child}"]
-    assert PARENT_RELEASE not in worker.text()
+    assert PARENT_RELEASE not in text
     assert_no_unlocked_code(env, key)
     assert lock_keys(env.locks) == []
 
@@ -162,17 +236,18 @@ def test_return_exception_soft_limit_release_in_the_child(
 # -- retries: released before the retry message is published ------------------------------------
 
 
+@over_apis
 @pytest.mark.parametrize(("how", "exc"), [("retry", "NoneType"), ("autoretry", "KeyError")])
 def test_retry_is_released_before_publish_and_never_skips_itself(
-    env: Env, how: str, exc: str
+    env: Env, api: str, how: str, exc: str
 ) -> None:
-    key = f"k-{how}"
-    with WorkerProcess(env.port, "w1", concurrency=2):
+    key = f"k-{how}-{api}"
+    with env.worker("w1", concurrency=2):
         result = env.send(key=key, how=how)
         assert env.finished(result, timeout=20) == key
         wait_until(lambda: env.postrun_seen(result.id, "RETRY"), 5.0, "postrun of attempt 1")
     first, second = env.starts(key)
-    report(how, first_start_to_retry_start=second["t"] - first["t"])
+    report(f"{how} ({api})", first_start_to_retry_start=second["t"] - first["t"])
     assert (first["id"], first["retries"]) == (result.id, 0)
     assert (second["id"], second["retries"]) == (result.id, 1)
     assert first["pid"] != second["pid"]  # the retry ran in the other child ...
@@ -199,10 +274,11 @@ def test_retry_is_released_before_publish_and_never_skips_itself(
 # -- Ignore and Reject: released by the postrun backstop ----------------------------------------
 
 
+@over_apis
 @pytest.mark.parametrize(("how", "state"), [("ignore", "IGNORED"), ("reject", "REJECTED")])
-def test_ignore_and_reject_release(env: Env, how: str, state: str) -> None:
-    key = f"k-{how}"
-    with WorkerProcess(env.port, "w1", concurrency=1) as worker:
+def test_ignore_and_reject_release(env: Env, api: str, how: str, state: str) -> None:
+    key = f"k-{how}-{api}"
+    with env.worker("w1", concurrency=1) as worker:
         first = env.send(key=key, how=how)
         wait_until(lambda: env.postrun_seen(first.id, state), 15.0, f"postrun({state})")
         seen = time.time()
@@ -210,12 +286,13 @@ def test_ignore_and_reject_release(env: Env, how: str, state: str) -> None:
         gone = wait_for_change(lambda: not env.locks.exists(lock), 1.0, f"{lock} released")
         second = env.send(key=key)
         assert env.finished(second) == key
-    report(how, postrun_to_key_gone=max(gone - seen, 0.0))
+        text = worker.text()
+    report(f"{how} ({api})", postrun_to_key_gone=max(gone - seen, 0.0))
     child = env.starts(key)[0]["pid"]
     # Celery behaviour relied on: no after_return for IGNORED / REJECTED, postrun runs.
     assert env.hooks(first.id) == [f"postrun:{state}:{child}"]
     assert first.state == ("FAILURE" if how == "reject" else "PENDING")
-    assert PARENT_RELEASE not in worker.text()
+    assert PARENT_RELEASE not in text
     assert_no_unlocked_code(env, key)
     assert lock_keys(env.locks) == []
 
@@ -224,12 +301,12 @@ def test_ignore_and_reject_release(env: Env, how: str, state: str) -> None:
 
 
 def hold_with_waiter(
-    env: Env, key: str, how: str = "sleep", name: str = "ending", **options: Any
+    env: Env, key: str, how: str = "sleep", **options: Any
 ) -> tuple[AsyncResult, dict[str, Any], str, AsyncResult]:
-    """Start a long holder of ``key``, then a ``waiter`` blocked on the same lock in the other
+    """Start a long holder of ``key``, then a waiter blocked on the same lock in the other
     child: the waiter starts the moment the lock is released. Returns (holder result, its start
     record, lock key, waiter result)."""
-    holder = env.send(name, key=key, how=how, duration=30.0, **options)
+    holder = env.send(key=key, how=how, duration=30.0, **options)
     start = env.started(key)
     lock = env.lock_key(holder.id)
     waiter = env.send("waiter", key=key)
@@ -237,10 +314,11 @@ def hold_with_waiter(
     return holder, start, lock, waiter
 
 
+@over_apis
 @pytest.mark.parametrize("how", ["sleep", "sleep_noterm"])
-def test_hard_time_limit_released_by_the_main_process(env: Env, how: str) -> None:
-    key, limit = f"k-hard-{how}", 3.0
-    with WorkerProcess(env.port, "w1", concurrency=2) as worker:
+def test_hard_time_limit_released_by_the_main_process(env: Env, api: str, how: str) -> None:
+    key, limit = f"k-hard-{how}-{api}", 3.0
+    with env.worker("w1", concurrency=2) as worker:
         holder, start, lock, waiter = hold_with_waiter(env, key, how, time_limit=limit)
         seen = watch_events(
             {
@@ -250,10 +328,11 @@ def test_hard_time_limit_released_by_the_main_process(env: Env, how: str) -> Non
             timeout=limit + 5.0,
         )
         assert env.finished(waiter) == key
-        logged = log_time(worker, r"Hard time limit \(.*\) exceeded")
+        logged = log_time(worker, rf"Hard time limit \(.*\) exceeded for .*\[{holder.id}\]")
+        text = worker.text()
     nxt = env.starts(key)[1]
     report(
-        f"hard limit ({how})",
+        f"hard limit ({how}, {api})",
         limit_to_release=seen["released"] - (start["t"] + limit),
         log_to_release=seen["released"] - logged,
         child_death_to_release=seen["released"] - seen["child_dead"],
@@ -269,24 +348,25 @@ def test_hard_time_limit_released_by_the_main_process(env: Env, how: str) -> Non
     assert holder.state == "FAILURE"
     assert seen["released"] - (start["t"] + limit) < 1.0
     if how == "sleep_noterm":  # the child cannot release: only the main process can
-        assert PARENT_RELEASE in worker.text()
+        assert f"{PARENT_RELEASE} {child}" in text
     assert_no_unlocked_code(env, key)
 
 
-@pytest.mark.parametrize("name", ["ending", "plain_ending"])
-def test_child_sigkill_released_by_the_main_process(env: Env, name: str) -> None:
-    key = f"k-kill-{name}"
-    with WorkerProcess(env.port, "w1", concurrency=2) as worker:
-        holder, start, lock, waiter = hold_with_waiter(env, key, name=name)
+@over_apis
+def test_child_sigkill_released_by_the_main_process(env: Env, api: str) -> None:
+    key = f"k-kill-{api}"
+    with env.worker("w1", concurrency=2) as worker:
+        holder, start, lock, waiter = hold_with_waiter(env, key)
         killed = time.time()
         os.kill(start["pid"], signal.SIGKILL)
         seen = watch_events({"released": lambda: not env.holds(lock, start["token"])}, 15.0)
         assert env.finished(waiter) == key
         holder.get(timeout=10, propagate=False)
         noticed = log_time(worker, rf"pid:{start['pid']} exited")
+        text = worker.text()
     nxt = env.starts(key)[1]
     report(
-        f"child SIGKILL ({name})",
+        f"child SIGKILL ({api})",
         kill_to_worker_notices=noticed - killed,
         notice_to_release=seen["released"] - noticed,
         kill_to_release=seen["released"] - killed,
@@ -296,16 +376,17 @@ def test_child_sigkill_released_by_the_main_process(env: Env, name: str) -> None
     # the lock is released as soon as it does.
     assert seen["released"] - noticed < MS_AFTER_NOTICE
     assert seen["released"] - killed < 1.0  # the main process looks every 0.1 s
-    assert f"{PARENT_RELEASE} {start['pid']}" in worker.text()
+    assert f"{PARENT_RELEASE} {start['pid']}" in text
     assert holder.state == "FAILURE"
     assert type(holder.result).__name__ == "WorkerLostError"
     assert nxt["prev_pid_alive"] is False
     assert_no_unlocked_code(env, key)
 
 
-def test_child_sigkill_with_acks_late_released_before_the_requeue(env: Env) -> None:
-    key = "k-kill-acks-late"
-    with WorkerProcess(env.port, "w1", concurrency=1, env=ACKS_LATE) as worker:
+@over_apis
+def test_child_sigkill_with_acks_late_released_before_the_requeue(env: Env, api: str) -> None:
+    key = f"k-kill-acks-late-{api}"
+    with env.worker("w1", concurrency=1, env=ACKS_LATE) as worker:
         holder = env.send(key=key, how="sleep", duration=30.0)
         start = env.started(key)
         lock = env.lock_key(holder.id)
@@ -320,9 +401,10 @@ def test_child_sigkill_with_acks_late_released_before_the_requeue(env: Env) -> N
         )
         assert env.finished(holder) == key  # the requeued message ran to completion
         noticed = log_time(worker, rf"pid:{start['pid']} exited")
+        text = worker.text()
     again = env.starts(key)[1]
     report(
-        "child SIGKILL (acks_late)",
+        f"child SIGKILL (acks_late, {api})",
         kill_to_worker_notices=noticed - killed,
         notice_to_release=seen["released"] - noticed,
         kill_to_release=seen["released"] - killed,
@@ -330,7 +412,7 @@ def test_child_sigkill_with_acks_late_released_before_the_requeue(env: Env) -> N
     )
     assert seen["released"] - noticed < MS_AFTER_NOTICE
     assert seen["released"] - killed < 1.0  # the main process looks every 0.1 s
-    assert f"{PARENT_RELEASE} {start['pid']}" in worker.text()
+    assert f"{PARENT_RELEASE} {start['pid']}" in text
     assert (again["id"], again["redelivered"]) == (holder.id, True)
     assert again["token"] is not None  # it acquired the lock: it did not find its dead self
     assert again["t"] >= seen["released"] - 0.005
@@ -338,10 +420,11 @@ def test_child_sigkill_with_acks_late_released_before_the_requeue(env: Env) -> N
     assert lock_keys(env.locks) == []
 
 
+@over_apis
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
-def test_revoke_terminate_releases_within_a_second(env: Env, sig: str) -> None:
-    key = f"k-revoke-{sig}"
-    with WorkerProcess(env.port, "w1", concurrency=2) as worker:
+def test_revoke_terminate_releases_within_a_second(env: Env, api: str, sig: str) -> None:
+    key = f"k-revoke-{sig}-{api}"
+    with env.worker("w1", concurrency=2) as worker:
         holder, start, lock, waiter = hold_with_waiter(env, key)
         revoked = time.time()
         env.client.control.revoke(holder.id, terminate=True, signal=sig)
@@ -353,9 +436,10 @@ def test_revoke_terminate_releases_within_a_second(env: Env, sig: str) -> None:
             10.0,
         )
         assert env.finished(waiter) == key
+        text = worker.text()
     nxt = env.starts(key)[1]
     report(
-        f"revoke(terminate, {sig})",
+        f"revoke(terminate, {sig}, {api})",
         revoke_to_release=seen["released"] - revoked,
         revoke_to_child_dead=seen["child_dead"] - revoked,
         revoke_to_next_start=nxt["t"] - revoked,
@@ -365,28 +449,57 @@ def test_revoke_terminate_releases_within_a_second(env: Env, sig: str) -> None:
     assert seen["released"] - revoked < 1.0
     assert holder.state == "REVOKED"
     if sig == "SIGKILL":
-        assert f"{PARENT_RELEASE} {start['pid']}" in worker.text()
+        assert f"{PARENT_RELEASE} {start['pid']}" in text
     assert_no_unlocked_code(env, key)
 
 
-# -- the worker shuts down or dies --------------------------------------------------------------
+# -- the worker shuts down or dies: both APIs side by side in one worker ------------------------
+
+
+def hold_both(
+    env: Env, key: str, duration: float, **options: Any
+) -> dict[str, tuple[AsyncResult, dict[str, Any], str]]:
+    """One holder per API, each of its own key ``<key>-<api>``, running at once; by API:
+    (result, start record, lock key)."""
+    held = {}
+    for api in APIS:
+        holder = env.send(api=api, key=f"{key}-{api}", how="sleep", duration=duration, **options)
+        start = env.started(f"{key}-{api}")
+        held[api] = (holder, start, env.lock_key(holder.id))
+    return held
+
+
+def assert_each(apis: Iterable[str], check: Any) -> None:
+    """Run ``check(api)`` for every API, naming the API that fails."""
+    for api in apis:
+        try:
+            check(api)
+        except AssertionError as exc:
+            raise AssertionError(f"[{api}] {exc}") from exc
 
 
 def test_warm_shutdown_lets_the_task_finish_and_release(env: Env) -> None:
     key = "k-warm"
-    with WorkerProcess(env.port, "w1", concurrency=1) as worker:
-        holder = env.send(key=key, how="sleep", duration=1.0)
-        start = env.started(key)
+    with env.worker("w1", concurrency=2) as worker:
+        held = hold_both(env, key, duration=1.0)
         worker.send(signal.SIGTERM)
         wait_until(lambda: env.records.llen("shutdowns"), 10.0, "the warm shutdown to begin")
         worker.send(signal.SIGTERM)  # Celery 5.7: a second SIGTERM is ignored (still warm)
         assert worker.process is not None
         assert worker.process.wait(20.0) == 0
     assert env.records.lrange("shutdowns", 0, -1) == [b"Warm:SIGTERM", b"Warm:SIGTERM"]
-    assert holder.get(timeout=5) == key
-    child = start["pid"]
-    assert env.hooks(holder.id) == [f"after_return:SUCCESS:{child}", f"postrun:SUCCESS:{child}"]
-    assert_no_unlocked_code(env, key)
+
+    def check(api: str) -> None:
+        holder, start, _ = held[api]
+        assert holder.get(timeout=5) == f"{key}-{api}"
+        child = start["pid"]
+        assert env.hooks(holder.id) == [
+            f"after_return:SUCCESS:{child}",
+            f"postrun:SUCCESS:{child}",
+        ]
+        assert_no_unlocked_code(env, f"{key}-{api}")
+
+    assert_each(APIS, check)
     assert lock_keys(env.locks) == []
 
 
@@ -394,44 +507,53 @@ def test_warm_shutdown_lets_the_task_finish_and_release(env: Env) -> None:
 def test_cold_shutdown_releases(env: Env, how: str, acks_late: bool) -> None:
     key = f"k-cold-{acks_late}"
     knobs = ACKS_LATE if acks_late else {}
-    with WorkerProcess(env.port, "w1", concurrency=1, env=knobs) as worker:
-        holder = env.send(key=key, how="sleep", duration=30.0)
-        start = env.started(key)
-        lock = env.lock_key(holder.id)
+    with env.worker("w1", concurrency=2, env=knobs) as worker:
+        held = hold_both(env, key, duration=30.0)
         if how.startswith("SIGTERM"):  # warm first, then cold
             worker.send(signal.SIGTERM)
             wait_until(lambda: env.records.llen("shutdowns"), 10.0, "the warm shutdown")
         signalled = time.time()
         worker.send(signal.SIGQUIT)
-        seen = watch_events(
-            {
-                "released": lambda: not env.holds(lock, start["token"]),
-                "child_dead": lambda: not pid_alive(start["pid"]),
-            },
-            10.0,
-        )
+        events = {}
+        for api, (_, start, lock) in held.items():
+            token = start["token"]
+            events[f"released {api}"] = lambda lock=lock, token=token: not env.holds(lock, token)
+            events[f"child_dead {api}"] = lambda pid=start["pid"]: not pid_alive(pid)
+        seen = watch_events(events, 10.0)
         assert worker.process is not None
         worker.process.wait(20.0)
-    report(
-        f"cold shutdown ({how})",
-        signal_to_release=seen["released"] - signalled,
-        signal_to_child_dead=seen["child_dead"] - signalled,
-    )
-    # Celery behaviour relied on: cold shutdown SIGTERMs the child, which unwinds through postrun
-    # (and releases there); without acks_late the main process then runs on_retry (task lost).
-    expected = [f"postrun:None:{start['pid']}"]
-    if not acks_late:
-        expected.append(f"on_retry:Retry:{worker.pid}")
-    assert sorted(env.hooks(holder.id)) == sorted(expected)
+    for api in APIS:
+        report(
+            f"cold shutdown ({how}, {api})",
+            signal_to_release=seen[f"released {api}"] - signalled,
+            signal_to_child_dead=seen[f"child_dead {api}"] - signalled,
+        )
     assert env.records.lrange("shutdowns", -1, -1) == [b"Cold:SIGQUIT"]
-    assert seen["released"] - signalled < 1.0
-    assert_no_unlocked_code(env, key)
+
+    def check(api: str) -> None:
+        holder, start, _ = held[api]
+        # Celery behaviour relied on: cold shutdown SIGTERMs the child, which unwinds through
+        # postrun (and releases there); without acks_late the main process then runs on_retry
+        # (task lost).
+        expected = [f"postrun:None:{start['pid']}"]
+        if not acks_late:
+            expected.append(f"on_retry:Retry:{worker.pid}")
+        assert sorted(env.hooks(holder.id)) == sorted(expected)
+        assert seen[f"released {api}"] - signalled < 1.0
+        assert_no_unlocked_code(env, f"{key}-{api}")
+
+    assert_each(APIS, check)
     assert lock_keys(env.locks) == []
-    if acks_late:  # the message went back to the queue: the next worker runs it
-        with WorkerProcess(env.port, "w2", concurrency=1, env=knobs):
-            assert env.finished(holder) == key
-        again = env.starts(key)[1]
-        assert (again["id"], again["token"] is not None) == (holder.id, True)
+    if acks_late:  # the messages went back to the queue: the next worker runs them
+        with env.worker("w2", concurrency=2, env=knobs):
+            for api in APIS:
+                assert env.finished(held[api][0]) == f"{key}-{api}"
+
+        def check_again(api: str) -> None:
+            again = env.starts(f"{key}-{api}")[1]
+            assert (again["id"], again["token"] is not None) == (held[api][0].id, True)
+
+        assert_each(APIS, check_again)
 
 
 @pytest.mark.parametrize("bound_by", ["lease", "time limit"])
@@ -442,59 +564,70 @@ def test_whole_worker_sigkill_key_expires_by_ttl(env: Env, bound_by: str) -> Non
     else:  # default 30 s lease, but hard limit 1.5 s + margin 0.5 s
         knobs, options = {"REDLOCK_TEST_TTL_MARGIN": "0.5"}, {"time_limit": 1.5}
     bound = 2.0
-    doomed = WorkerProcess(env.port, "w1", concurrency=1, env=knobs).start()
-    try:
-        holder = env.send(key=key, how="sleep", duration=30.0, **options)
-        start = env.started(key)
-        lock = env.lock_key(holder.id)
+    with env.worker("w1", concurrency=2, env=knobs):
+        held = hold_both(env, key, duration=30.0, **options)
         if bound_by == "lease":  # kill after a renewal, to show the lease was being extended
-            first, read = env.locks.pttl(lock), time.monotonic()
+            for _, _, lock in held.values():
+                first, read = env.locks.pttl(lock), time.monotonic()
 
-            def renewed() -> bool:  # the TTL went up instead of running down
-                return env.locks.pttl(lock) > first - (time.monotonic() - read) * 1000 + 100
+                def renewed(lock: str = lock, first: int = first, read: float = read) -> bool:
+                    # The TTL went up instead of running down.
+                    return env.locks.pttl(lock) > first - (time.monotonic() - read) * 1000 + 100
 
-            wait_until(renewed, 5.0, "a lease renewal")
+                wait_until(renewed, 5.0, "a lease renewal")
         killed = time.time()
-    finally:
-        doomed.kill()
-    with WorkerProcess(env.port, "w2", concurrency=1, env=knobs):
-        seen = watch_events({"released": lambda: not env.locks.exists(lock)}, bound + 5.0)
-        nxt = env.send(key=key)
-        assert env.finished(nxt) == key
-    again = env.starts(key)[1]
-    report(
-        f"whole worker SIGKILL ({bound_by})",
-        kill_to_release=seen["released"] - killed,
-        acquired_to_release=seen["released"] - start["t"],
-        kill_to_next_start=again["t"] - killed,
+    # Watched before the next worker starts: its start-up must not delay what is seen.
+    seen = watch_events(
+        {api: lambda lock=lock: not env.locks.exists(lock) for api, (_, _, lock) in held.items()},
+        bound + 5.0,
     )
-    if bound_by == "lease":  # within one lease of the kill, but later than a fixed 2 s TTL
-        assert bound * 2 / 3 - 0.1 <= seen["released"] - killed <= bound + 0.3
-        assert seen["released"] - start["t"] > bound
-    else:  # T + margin after acquisition, long before the 30 s lease
-        assert bound - 0.1 <= seen["released"] - start["t"] <= bound + 0.3
-    assert again["prev_pid_alive"] is False
+    with env.worker("w2", concurrency=2, env=knobs):
+        for api in APIS:
+            assert env.finished(env.send(api=api, key=f"{key}-{api}")) == f"{key}-{api}"
+
+    def check(api: str) -> None:
+        start = held[api][1]
+        released = seen[api]
+        again = env.starts(f"{key}-{api}")[1]
+        report(
+            f"whole worker SIGKILL ({bound_by}, {api})",
+            kill_to_release=released - killed,
+            acquired_to_release=released - start["t"],
+            kill_to_next_start=again["t"] - killed,
+        )
+        if bound_by == "lease":  # within one lease of the kill, but later than a fixed 2 s TTL
+            assert bound * 2 / 3 - 0.1 <= released - killed <= bound + 0.3
+            assert released - start["t"] > bound
+        else:  # T + margin after acquisition, long before the 30 s lease
+            assert bound - 0.1 <= released - start["t"] <= bound + 0.3
+        assert again["prev_pid_alive"] is False
+
+    assert_each(APIS, check)
     assert lock_keys(env.locks) == []
 
 
 # -- duplicates of the same task id -------------------------------------------------------------
 
 
-def test_redelivered_message_finding_the_key_held_is_retried_not_skipped(env: Env) -> None:
-    key = "k-redelivered"
+@over_apis
+def test_redelivered_message_finding_the_key_held_is_retried_not_skipped(
+    env: Env, api: str
+) -> None:
+    key = f"k-redelivered-{api}"
     # The broker redelivers a message unacked for 2 s to the other worker; the lease is 1.5 s.
     knobs = {**ACKS_LATE, "REDLOCK_TEST_VISIBILITY": "2", "REDLOCK_TEST_LEASE": "1.5"}
     with (
-        WorkerProcess(env.port, "w1", concurrency=1, env=knobs) as w1,
-        WorkerProcess(env.port, "w2", concurrency=1, env=knobs) as w2,
+        env.worker("w1", concurrency=1, env=knobs) as w1,
+        env.worker("w2", concurrency=1, env=knobs) as w2,
     ):
         holder = env.send(key=key, how="sleep", duration=5.0)
         env.started(key)
-        wait_until(lambda: "redelivered while" in w1.text() + w2.text(), 10.0, "the duplicate")
+        mine = rf"\[{holder.id}\] redelivered while .* retrying in ([\d.]+)s"
+        wait_until(lambda: re.search(mine, w1.text() + w2.text()), 10.0, "the duplicate")
         assert env.finished(holder, timeout=30) == key
         logs = w1.text() + w2.text()
-    countdowns = [float(c) for c in re.findall(r"redelivered while .* retrying in ([\d.]+)s", logs)]
-    report("redelivered duplicate", countdown=countdowns[0])
+    countdowns = [float(c) for c in re.findall(mine, logs)]
+    report(f"redelivered duplicate ({api})", countdown=countdowns[0])
     assert all(1.0 <= c <= 1.5 for c in countdowns), countdowns  # ~ the holder's remaining TTL
     starts = env.starts(key)
     assert {s["id"] for s in starts} == {holder.id}
@@ -509,34 +642,37 @@ def test_redelivered_message_finding_the_key_held_is_retried_not_skipped(env: En
 
 def test_group_and_chord_complete_when_members_are_skipped(env: Env) -> None:
     key = "k-chord"
-    with WorkerProcess(env.port, "w1", concurrency=2):
+    with env.worker("w1", concurrency=2):
         env.send(key=key, how="sleep", duration=30.0)
         env.started(key)
 
-        def member(name: str, member_key: str) -> Any:
+        def member(api: str, member_key: str) -> Any:
+            name = API_TASKS[api]["ending"]
             return env.client.signature(f"tests.e2e.proj.{name}", kwargs={"key": member_key})
 
-        members = [member("ending", key), member("plain_ending", key), member("ending", "k-free")]
-        assert group(members).apply_async().get(timeout=15) == [None, None, "k-free"]
+        # A member of each API is skipped (the key is held), another runs.
+        members = [member("task", key), member("decorator", key), member("task", "k-free")]
+        members.append(member("decorator", "k-free-2"))
+        expected = [None, None, "k-free", "k-free-2"]
+        assert group(members).apply_async().get(timeout=15) == expected
         result = chord(members)(env.client.signature("tests.e2e.proj.collect"))
-        assert result.get(timeout=15) == [None, None, "k-free"]
+        assert result.get(timeout=15) == expected
 
 
 # -- the TTL rule ------------------------------------------------------------------------------
 
 
+@over_apis
 @pytest.mark.parametrize(("pool", "bounded"), [("prefork", True), ("threads", False)])
 def test_worker_time_limit_caps_the_lock_only_where_the_pool_enforces_it(
-    env: Env, pool: str, bounded: bool
+    env: Env, api: str, pool: str, bounded: bool
 ) -> None:
     """The worker's ``--time-limit`` is invisible in a pool child: it is captured in the main
     process before the fork. With T = 3 s and margin 1 s the lock can never outlive 4 s after
     acquisition on prefork; the threads pool enforces no limit, so the 30 s lease applies."""
-    key = f"k-ttl-{pool}"
+    key = f"k-ttl-{pool}-{api}"
     knobs = {"REDLOCK_TEST_LEASE": "30", "REDLOCK_TEST_TTL_MARGIN": "1"}
-    with WorkerProcess(
-        env.port, "w1", pool=pool, concurrency=1, env=knobs, args=["--time-limit", "3"]
-    ):
+    with env.worker("w1", pool=pool, concurrency=1, env=knobs, args=["--time-limit", "3"]):
         holder = env.send(key=key, how="sleep", duration=1.0)
         started = env.started(key)
         pttl = env.locks.pttl(env.lock_key(started["id"]))

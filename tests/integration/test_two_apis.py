@@ -1,0 +1,127 @@
+"""``LockedTask`` and ``@single_instance`` behave alike, on an in-process worker (threads pool).
+
+Each test runs once per API: ``api`` is ``"task"`` (``base=LockedTask`` with ``lock_*``
+options) or ``"decorator"`` (``@single_instance`` with the same keywords on a plain task).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis as redis_py
+from celery import Celery, Task
+
+from celery_redlock import LockContended, LockedTask, single_instance
+from tests.conftest import Holder, lock_keys, running_worker
+from tests.e2e.harness import wait_until
+
+APIS = ("task", "decorator")
+
+
+def locked(
+    app: Celery,
+    api: str,
+    fun: Callable[..., Any],
+    mixin: type | None = None,
+    task_options: dict[str, Any] | None = None,
+    **options: Any,
+) -> Any:
+    """Register ``fun`` on ``app`` as a locked task under ``api``.
+
+    ``options`` are the decorator's keywords (``lock_<name>`` on ``LockedTask``); ``mixin``
+    adds hooks to the task class; ``task_options`` are plain ``@app.task`` options.
+    """
+    task_options = {"shared": False, **(task_options or {})}
+    if api == "task":
+        base = type("Base", (mixin, LockedTask) if mixin else (LockedTask,), {})
+        lock_options = {f"lock_{name}": value for name, value in options.items()}
+        return app.task(base=base, **task_options, **lock_options)(fun)
+    base = type("Base", (mixin, Task) if mixin else (Task,), {})
+    return app.task(base=base, **task_options)(single_instance(**options)(fun))
+
+
+# -- the release moment ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_the_lock_is_released_before_the_result_is_stored(
+    app: Celery, r: redis_py.Redis, api: str
+) -> None:
+    """A caller holding the result can call again at once, and the call runs.
+
+    Celery's tracer stores the result, then runs ``on_success``, ``task_success`` and
+    ``after_return``. Here the first call's ``on_success`` waits until the second call is over:
+    had the lock been released after the result (in ``after_return``), the second call would
+    find the key held and be skipped (``None``).
+    """
+    proceed = threading.Event()
+
+    class Gated:
+        def on_success(self, retval: Any, task_id: str, args: Any, kwargs: Any) -> None:
+            if kwargs.get("gated"):
+                proceed.wait(10)
+
+    def work(key: str, gated: bool = False) -> str:
+        return key
+
+    task = locked(app, api, work, mixin=Gated, by=["key"])
+    with running_worker(app):
+        try:
+            assert task.delay("k", gated=True).get(timeout=10) == "k"
+            assert task.delay("k").get(timeout=10) == "k", "the second call was skipped"
+        finally:
+            proceed.set()
+        for _ in range(5):  # and back to back, without any hook
+            assert task.delay("k").get(timeout=10) == "k"
+    assert lock_keys(r) == []
+
+
+# -- contention is an expected outcome under both APIs ------------------------------------------
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("policy", ["fail", "wait", "retry"])
+def test_contention_is_logged_as_expected_at_info_without_a_traceback(
+    h: Holder, app: Celery, api: str, policy: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``fail``, a ``wait`` that times out and a ``retry`` out of retries all end the call with
+    ``LockContended``: Celery logs it as ``raised expected`` at INFO, not as an ERROR with a
+    traceback."""
+    options: dict[str, Any] = {"by": (), "on_contention": policy}
+    task_options: dict[str, Any] = {}
+    if policy == "wait":
+        options["wait_timeout"] = 0.2
+    if policy == "retry":
+        options["retry_countdown"] = 0
+        task_options["max_retries"] = 0
+
+    def work(role: str) -> str:
+        if role == "holder":
+            h.hold()
+        return role
+
+    task = locked(app, api, work, task_options=task_options, **options)
+    with running_worker(app), caplog.at_level(logging.INFO):
+        holder = task.delay("holder")
+        assert h.entered.wait(10)
+        contended = task.delay("contender")
+        with pytest.raises(LockContended):
+            contended.get(timeout=10)
+
+        def traced() -> list[logging.LogRecord]:
+            return [
+                record
+                for record in caplog.records
+                if record.name == "celery.app.trace" and contended.id in record.getMessage()
+            ]
+
+        (record,) = wait_until(traced, 5.0, "the tracer's log line of the contended call")
+        h.gate.set()
+        assert holder.get(timeout=10) == "holder"
+    assert record.levelno == logging.INFO, record.getMessage()
+    assert "raised expected: LockContended(" in record.getMessage()
+    assert record.exc_info is None and record.exc_text is None  # no traceback

@@ -1,0 +1,89 @@
+"""The options table is the one declaration: both APIs take exactly its rows, and the
+combinations of options and settings that cannot work are refused when the app finalizes.
+
+No Redis is contacted: the URLs name free-looking ports that are never connected to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_redlock import LockConfigError, LockedTask, single_instance
+from celery_redlock._celery.options import OPTIONS
+from celery_redlock.decorators import InstanceOptions
+
+QUORUM = [f"redis://127.0.0.1:{port}/0" for port in (1, 2, 3)]
+
+
+def test_decorator_keywords_are_the_rows_of_the_options_table() -> None:
+    assert list(InstanceOptions.__annotations__) == list(OPTIONS)
+
+
+@pytest.mark.parametrize("name", list(OPTIONS))
+def test_locked_task_has_each_option_with_its_default(name: str) -> None:
+    option = OPTIONS[name]
+    assert option.attr == f"lock_{name}"
+    assert getattr(LockedTask, option.attr) == option.default
+
+
+def test_enqueue_on_the_decorator_is_refused_at_decoration_naming_the_alternative() -> None:
+    def work(key: str) -> None: ...
+
+    with pytest.raises(LockConfigError) as info:
+        single_instance(enqueue=True)(work)
+    message = str(info.value)
+    assert "enqueue=True" in message and "work" in message
+    assert "base=LockedTask" in message and "lock_enqueue=True" in message
+
+
+@pytest.fixture
+def quorum_app() -> Iterator[Celery]:
+    app = Celery("crosscheck", set_as_current=False)
+    app.conf.redlock_url = QUORUM
+    yield app
+    app.close()
+
+
+def _limited_task(app: Celery) -> Any:
+    # shared=False: a shared task would be built again by every app finalized later.
+    @app.task(base=LockedTask, shared=False, lock_limit=2)
+    def limited(key: str) -> None: ...
+
+    return limited
+
+
+def test_lock_limit_over_a_quorum_is_refused_when_the_app_finalizes(quorum_app: Celery) -> None:
+    _limited_task(quorum_app)
+    with pytest.raises(LockConfigError) as info:
+        quorum_app.finalize()
+    message = str(info.value)
+    assert "limited" in message  # the task ...
+    assert "lock_limit=2" in message  # ... and the option
+    assert "quorum" in message
+
+
+def test_lock_limit_over_a_quorum_is_refused_at_the_first_tasks_access(quorum_app: Celery) -> None:
+    _limited_task(quorum_app)
+    with pytest.raises(LockConfigError, match=r"limited.*lock_limit=2"):
+        _ = quorum_app.tasks
+
+
+def test_lock_limit_over_one_node_and_limit_one_over_a_quorum_are_accepted() -> None:
+    one_node = Celery("one", set_as_current=False)
+    one_node.conf.redlock_url = QUORUM[0]
+    quorum = Celery("quorum", set_as_current=False)
+    quorum.conf.redlock_url = QUORUM
+    _limited_task(one_node)
+
+    @quorum.task(base=LockedTask, shared=False)
+    def exclusive(key: str) -> None: ...
+
+    one_node.finalize()
+    quorum.finalize()
+    assert "tests.unit.test_options_table.limited" in one_node.tasks
+    one_node.close()
+    quorum.close()
