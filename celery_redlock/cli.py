@@ -13,7 +13,13 @@ app (its ``redlock_*`` settings say where the locks are)::
 A holder is *alive* when its worker (the node name ``name@host`` stored in the lock's token)
 answers a control ping within ``--timeout`` seconds, *dead* when it does not, and *unknown*
 when the lock was not taken in a worker (a plain :class:`~celery_redlock.Lock`, an eager call):
-then nothing can be pinged, and only ``release KEY --force`` releases it.
+then nothing can be pinged, and only ``release KEY --force`` releases it. A holder that does not
+answer under its stored name while a live worker answers under a similar one (the same name
+with ``|`` stored as ``_`` by an older version) is *unknown* too:
+``dead`` is said only when no live worker could be the holder.
+
+Text output escapes control characters (``\n`` in a lock name that a plain ``Lock`` user
+chose, say), so each lock stays one row; ``--json`` escapes them as JSON does.
 
 Every release is a compare-and-delete of the exact value that was read (the package's release
 script, which also wakes waiters), so a lock that changed owner meanwhile is never deleted:
@@ -225,25 +231,57 @@ def _text(value: str | bytes) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
+def _ping(app: Any, destination: list[str] | None, timeout: float) -> set[str]:
+    """Node names of the workers that answer a control ping (``None``: every worker)."""
+    try:
+        replies = app.control.ping(destination=destination, timeout=timeout) or []
+    except Exception as exc:
+        raise click.ClickException(
+            f"cannot ping workers through the broker ({redact(exc)}); nothing was released"
+        ) from exc
+    answered: set[str] = set()
+    for reply in replies:
+        answered.update(reply)
+    return answered
+
+
+def _spelling(name: str) -> str:
+    """What two spellings of one worker name have in common (older tokens stored ``|``
+    as ``_``)."""
+    return name.replace("|", "_")
+
+
 def liveness(app: Any, hosts: Iterable[str], timeout: float) -> dict[str, str]:
     """``alive``/``dead``/``unknown`` per holder host, with one control ping for all workers.
 
     A worker's node name is ``name@host``; any other host (a lock taken outside a worker, an
-    eager call) is ``unknown``: there is nothing to ping.
+    eager call) is ``unknown``: there is nothing to ping. A worker that does not answer is
+    ``dead`` only if no live worker answers under a similar name (:func:`_spelling`): when
+    one with ``_`` in its stored name (perhaps a ``|`` stored by an older version) did not
+    answer, every worker is pinged once more, and a look-alike makes it ``unknown``. Never
+    ``dead`` when unsure.
     """
     hosts = set(hosts)
     workers = sorted(h for h in hosts if "@" in h)
-    answered: set[str] = set()
-    if workers:
-        try:
-            replies = app.control.ping(destination=workers, timeout=timeout) or []
-        except Exception as exc:
-            raise click.ClickException(
-                f"cannot ping workers through the broker ({exc}); nothing was released"
-            ) from exc
-        for reply in replies:
-            answered.update(reply)
-    return {h: (ALIVE if h in answered else DEAD) if "@" in h else UNKNOWN for h in hosts}
+    answered = _ping(app, workers, timeout) if workers else set()
+    silent = [h for h in workers if h not in answered and "_" in h]
+    lookalikes: set[str] = set()
+    if silent:
+        everyone = {_spelling(name) for name in _ping(app, None, timeout)}
+        lookalikes = {h for h in silent if _spelling(h) in everyone}
+    return {
+        h: ALIVE if h in answered else UNKNOWN if "@" not in h or h in lookalikes else DEAD
+        for h in hosts
+    }
+
+
+def _safe(value: Any) -> str:
+    """``value`` as text with control characters escaped (``\n``, ``\x1b``): one row stays
+    one line, and a terminal never interprets a lock name."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
 def _store(ctx: click.Context) -> LockStore:
@@ -255,6 +293,7 @@ def _store(ctx: click.Context) -> LockStore:
 
 
 def _table(rows: Sequence[Sequence[str]]) -> str:
+    rows = [[_safe(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
@@ -270,7 +309,7 @@ def _who(lock: HeldLock) -> str:
     h = lock.holder
     if h is None:
         return "a value that is not a celery-redlock token"
-    return f"task {h.task_id or '(none)'} on {h.host}, pid {h.pid}"
+    return _safe(f"task {h.task_id or '(none)'} on {h.host}, pid {h.pid}")
 
 
 def _dump(data: Any) -> None:
@@ -342,9 +381,9 @@ def inspect_(
     else:
         for lk in locks:
             d = lk.as_dict(state[lk.key])
-            click.echo(lk.key)
+            click.echo(_safe(lk.key))
             for label, shown in (
-                ("lock", f"{lk.lock_name} (slot {lk.slot})"),
+                ("lock", f"{_safe(lk.lock_name)} (slot {lk.slot})"),
                 ("holder", _who(lk)),
                 ("alive", f"{d['alive']} (control ping, {timeout}s)"),
                 ("acquired", d["acquired_at"] or "-"),
@@ -355,7 +394,8 @@ def inspect_(
                 click.echo(f"  {label:<9} {shown}")
     if not locks:
         if not as_json:
-            click.echo(f"{key} is not held" if key else f"task {task_id} holds no lock", err=True)
+            missing = f"{key} is not held" if key else f"task {task_id} holds no lock"
+            click.echo(_safe(missing), err=True)
         ctx.exit(1)
 
 
@@ -381,7 +421,7 @@ def release(
     assert key is not None
     lock = store.read(key)
     if lock is None:
-        click.echo(f"{key} is not held: nothing released", err=True)
+        click.echo(f"{_safe(key)} is not held: nothing released", err=True)
         ctx.exit(1)
         return
     host = lock.holder.host if lock.holder else ""
@@ -389,11 +429,17 @@ def release(
     reason = {
         ALIVE: f"its worker {host} answers a control ping",
         DEAD: f"its worker {host} did not answer a control ping within {timeout}s",
-        UNKNOWN: "it was not taken in a worker, so its liveness is unknown",
+        UNKNOWN: (
+            f"its worker {host} did not answer under that name, but a live worker answers "
+            "under a similar one, so its liveness is unknown"
+            if "@" in host
+            else "it was not taken in a worker, so its liveness is unknown"
+        ),
     }[state]
+    shown = _safe(lock.key)
     if state != DEAD and not force:
         click.echo(
-            f"refused: {lock.key} is held by {_who(lock)}, and {reason}; "
+            f"refused: {shown} is held by {_who(lock)}, and {_safe(reason)}; "
             "use --force to release it anyway",
             err=True,
         )
@@ -401,9 +447,9 @@ def release(
         return
     if store.release(lock):
         forced = " (forced)" if state != DEAD else ""
-        click.echo(f"released {lock.key}{forced}: it was held by {_who(lock)}; {reason}")
+        click.echo(f"released {shown}{forced}: it was held by {_who(lock)}; {_safe(reason)}")
     else:
-        click.echo(f"not released: {lock.key} expired or changed owner since it was read", err=True)
+        click.echo(f"not released: {shown} expired or changed owner since it was read", err=True)
         ctx.exit(1)
 
 
@@ -413,19 +459,20 @@ def _release_dead(ctx: click.Context, store: LockStore, timeout: float, dry_run:
     released = kept = 0
     for lock in locks:
         state = alive.get(lock.holder.host, UNKNOWN) if lock.holder else UNKNOWN
+        shown = _safe(lock.key)
         if state != DEAD:
             kept += 1
-            why = "worker alive" if state == ALIVE else "not a worker's lock, liveness unknown"
-            click.echo(f"kept {lock.key}: {_who(lock)} ({why})")
+            why = "worker alive" if state == ALIVE else "liveness unknown"
+            click.echo(f"kept {shown}: {_who(lock)} ({why})")
         elif dry_run:
             released += 1
-            click.echo(f"would release {lock.key}: {_who(lock)} (worker does not answer)")
+            click.echo(f"would release {shown}: {_who(lock)} (worker does not answer)")
         elif store.release(lock):
             released += 1
-            click.echo(f"released {lock.key}: {_who(lock)} (worker does not answer)")
+            click.echo(f"released {shown}: {_who(lock)} (worker does not answer)")
         else:
             kept += 1
-            click.echo(f"skipped {lock.key}: it expired or changed owner since it was read")
+            click.echo(f"skipped {shown}: it expired or changed owner since it was read")
     verb = "would release" if dry_run else "released"
     click.echo(f"{verb} {released} lock(s) of dead workers; kept {kept}")
 

@@ -4,6 +4,9 @@ Every process counts in memory and a daemon thread adds the counts to a Redis ha
 (``<prefix>:stats:<task name>``, see the README's key table) once a second, so counting costs
 no round trip on the task's path and ``celery redlock stats`` sees the sum over all workers.
 Counts still in memory when a process is SIGKILLed are lost (at most one second's worth).
+A flush that fails for any reason (Redis down, a Cluster that cannot be reached, an ACL
+without ``HINCRBY``) keeps the counts for the next flush and logs once per outage: the thread
+never ends from an exception.
 
 With ``prometheus_client`` installed, :class:`PrometheusCollector` exposes the same sums::
 
@@ -24,11 +27,10 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-import redis as redis_py
 from celery.signals import worker_process_shutdown
 
 from ._celery.options import settings_for
-from ._redis.clients import UNAVAILABLE_ERRORS, client_for
+from ._redis.clients import UNAVAILABLE_ERRORS, client_for, redact
 from ._redis.keys import stats_key
 
 __all__ = ["EVENTS", "PrometheusCollector", "count", "flush", "read_stats"]
@@ -55,6 +57,8 @@ class _Counters:
         self.pid = os.getpid()
         self.lock = threading.Lock()
         self.pending: dict[tuple[str, str], Counter[str]] = {}
+        #: URLs whose last flush failed (their next failure is logged at DEBUG only).
+        self.failing: set[str] = set()
         self.wake = threading.Event()
         self.thread = threading.Thread(target=self._run, name="celery-redlock-metrics")
         self.thread.daemon = True
@@ -68,9 +72,13 @@ class _Counters:
         while True:
             self.wake.wait(FLUSH_INTERVAL)
             self.wake.clear()
-            self.flush()
+            try:
+                self.flush()
+            except Exception:  # a bug, not Redis: flush() keeps the counts itself
+                logger.exception("lock counters: unexpected error while flushing; retrying")
 
-    def flush(self) -> None:
+    def flush(self, quiet: bool = False) -> None:
+        """Write the pending counts; a failure keeps them and logs (at DEBUG if ``quiet``)."""
         with self.lock:
             pending, self.pending = self.pending, {}
         for (url, key), counts in pending.items():
@@ -79,10 +87,19 @@ class _Counters:
                 for event, n in counts.items():
                     pipe.hincrby(key, event, n)
                 pipe.execute()
-            except redis_py.exceptions.RedisError as exc:  # also NOPERM: never kill the thread
-                logger.debug("could not flush lock counters to %s: %s", key, exc)
+            except Exception as exc:  # RedisError, RedisClusterException, LockUnavailable...
                 with self.lock:  # keep them for the next flush
                     self.pending.setdefault((url, key), Counter()).update(counts)
+                    failing = url in self.failing
+                    self.failing.add(url)
+                log = logger.debug if failing or quiet else logger.warning
+                log("could not flush lock counters to %s, keeping them: %s", key, redact(exc))
+            else:
+                with self.lock:
+                    recovered = url in self.failing
+                    self.failing.discard(url)
+                if recovered:
+                    logger.info("lock counters flushed again to %s", key)
 
 
 _counters: _Counters | None = None
@@ -113,13 +130,16 @@ def flush() -> None:
         _counters.flush()
 
 
-atexit.register(flush)
+def _flush_at_exit(**_: Any) -> None:
+    """The last flush of a process: a Redis that is gone by then is no news (DEBUG)."""
+    if _counters is not None and _counters.pid == os.getpid():
+        _counters.flush(quiet=True)
 
 
-@worker_process_shutdown.connect(weak=False)
-def _flush_at_child_exit(**_: Any) -> None:
-    """Prefork children end with ``os._exit`` (no ``atexit``): flush before that."""
-    flush()
+atexit.register(_flush_at_exit)
+
+#: Prefork children end with ``os._exit`` (no ``atexit``): flush before that.
+worker_process_shutdown.connect(_flush_at_exit, weak=False)
 
 
 def read_stats(app: Any) -> dict[str, dict[str, int]]:

@@ -188,9 +188,11 @@ def spec_of(task: Any) -> Spec | None:
 
 
 def lock_name_for(task: Any, spec: Spec, args: Any, kwargs: Any) -> str:
-    """The lock name (``<lock_name>:<digest>``) of one call of ``task``."""
+    """The lock name (``<lock_name>:<digest>``) of one call of ``task``; the digest is keyed
+    with ``redlock_key_secret`` when the app sets one."""
     canonical = encode_call(task.name, spec.params, args or (), kwargs or {}, spec.options.by)
-    return _keys.task_lock_name(spec.options.name or task.name, canonical)
+    secret = settings_for(task.app).key_secret
+    return _keys.task_lock_name(spec.options.name or task.name, canonical, secret)
 
 
 def lock_key(task: Any, *args: Any, **kwargs: Any) -> str:

@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .._redis import keys as _keys
 from .._redis.clients import SCHEMES, node_identity, redact
 from .._redis.nodes import majority
 from ..exceptions import LockConfigError
@@ -309,6 +310,8 @@ class Settings:
     ttl_margin: float
     on_contention: Policy
     on_unavailable: UnavailablePolicy
+    #: Keys the argument digest (a MAC); ``None``: a plain hash. Never shown in a repr.
+    key_secret: bytes | None = dataclasses.field(default=None, repr=False)
 
 
 #: App settings and their defaults.
@@ -319,6 +322,7 @@ SETTING_DEFAULTS: dict[str, Any] = {
     "redlock_ttl_margin": 5.0,
     "redlock_on_contention": "skip",
     "redlock_on_unavailable": "retry",
+    "redlock_key_secret": None,
 }
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -386,6 +390,13 @@ def resolve(app: Any) -> Settings:
             f"{owner}: setting redlock_prefix={prefix!r} is invalid; expected a non-empty "
             "string without '{', '}' or control characters"
         )
+    secret = values["redlock_key_secret"]
+    if secret is not None and (not isinstance(secret, (str, bytes)) or not secret):
+        shown = "***" if isinstance(secret, (str, bytes)) else type(secret).__name__
+        raise LockConfigError(
+            f"{owner}: setting redlock_key_secret={shown} is invalid; expected a non-empty "
+            "str or bytes, or None"
+        )
     return Settings(
         url=urls[0] if len(urls) == 1 else tuple(urls),
         prefix=prefix,
@@ -399,6 +410,7 @@ def resolve(app: Any) -> Settings:
         on_unavailable=choice(UNAVAILABLE_POLICIES)(
             owner, "redlock_on_unavailable", values["redlock_on_unavailable"], None
         ),
+        key_secret=None if secret is None else _keys.secret_key(secret),
     )
 
 

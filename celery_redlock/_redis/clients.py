@@ -59,6 +59,32 @@ UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
 )
 
+#: Error replies by which a node refuses lock operations for now, by prefix: a script runs too
+#: long (``BUSY``), the disk is failing (``MISCONF``), the node is a replica after a failover
+#: (``READONLY``) or has lost its replicas (``MASTERDOWN``, ``NOREPLICAS``), memory is full
+#: under ``noeviction`` (``OOM``), or the ACL user lacks a permission (``NOPERM``, and inside a
+#: script "The user executing the script can't ..."). Like no answer, the lock state there is
+#: unknown: :func:`refused` tells them apart from error replies that are bugs.
+REFUSED_REPLIES = ("BUSY", "MISCONF", "READONLY", "MASTERDOWN", "NOREPLICAS", "OOM", "NOPERM")
+
+#: redis-py's classes for the refusals whose prefix it strips from the message.
+_REFUSED_CLASSES = (
+    redis_py.exceptions.OutOfMemoryError,
+    redis_py.exceptions.ReadOnlyError,
+    redis_py.exceptions.NoPermissionError,
+)
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether ``exc`` is an error reply of :data:`REFUSED_REPLIES` (see there)."""
+    if not isinstance(exc, redis_py.exceptions.ResponseError):
+        return False
+    if isinstance(exc, _REFUSED_CLASSES):
+        return True
+    text = str(exc)
+    return text.split(" ", 1)[0] in REFUSED_REPLIES or "user executing the script" in text
+
+
 _clients: dict[tuple[str, float | None], Any] = {}
 _guard = threading.Lock()
 

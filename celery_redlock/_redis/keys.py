@@ -12,6 +12,13 @@ one Redis Cluster slot::
 
 For a task, ``<name>`` is ``<lock_name>:<digest>`` where the digest is a fixed-length hash of the
 task's canonical arguments: argument values never appear in a key.
+
+The digest is unsalted by default, so anyone who can read the keys can test guesses of
+low-entropy arguments (an account number is found by enumeration in under a second). With a
+secret (``redlock_key_secret``) it is a keyed BLAKE2b MAC instead, which cannot be tested
+without the secret. The trade-off: the key of a call then depends on the secret, so apps (and
+deployments during a rotation) with different secrets compute different keys for the same
+call and do not exclude each other.
 """
 
 from __future__ import annotations
@@ -65,14 +72,24 @@ def stats_key(prefix: str, task_name: str) -> str:
     return f"{prefix}:stats:{task_name}"
 
 
-def digest(canonical: bytes) -> str:
-    """Fixed-length (32 hex characters, 128 bits) digest of a canonical argument encoding."""
-    return hashlib.blake2b(canonical, digest_size=16).hexdigest()
+def secret_key(secret: str | bytes) -> bytes:
+    """The BLAKE2b key for ``secret``: its UTF-8 bytes, hashed to 64 bytes when longer."""
+    raw = secret.encode() if isinstance(secret, str) else bytes(secret)
+    if len(raw) > hashlib.blake2b.MAX_KEY_SIZE:
+        raw = hashlib.blake2b(raw, person=b"redlock-secret").digest()
+    return raw
 
 
-def task_lock_name(lock_name: str, canonical: bytes) -> str:
+def digest(canonical: bytes, secret: str | bytes | None = None) -> str:
+    """Fixed-length (32 hex characters, 128 bits) digest of a canonical argument encoding;
+    keyed (a MAC) with ``secret``."""
+    key = b"" if secret is None else secret_key(secret)
+    return hashlib.blake2b(canonical, digest_size=16, key=key).hexdigest()
+
+
+def task_lock_name(lock_name: str, canonical: bytes, secret: str | bytes | None = None) -> str:
     """The lock name of one task call: its ``lock_name`` and the digest of its arguments."""
-    return f"{lock_name}:{digest(canonical)}"
+    return f"{lock_name}:{digest(canonical, secret)}"
 
 
 def lock_pattern(prefix: str) -> str:

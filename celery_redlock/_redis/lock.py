@@ -20,9 +20,17 @@ Hazards, as timelines:
    marks A's lock lost, but A's *other* side effects are not stopped by Redis: pass
    :attr:`Lock.fencing_token` to the storage you write to and let it reject stale tokens.
 2. Renewal races expiry. With ``auto_renew`` the watchdog extends every ``ttl / 3``; if a
-   renewal fails with a connection error it retries, and once the last confirmed expiry has
-   passed the lock is marked lost, because from then on another owner may exist.
-3. Blocking acquire. (a) A holds; (b) B subscribes to the release channel, then tries again;
+   renewal fails (no answer, or an error reply such as ``BUSY``, ``OOM``, ``READONLY``,
+   ``MISCONF``, ``NOPERM``) it retries, and once the last confirmed expiry has passed the lock
+   is marked lost, because from then on another owner may exist.
+3. A server that does not answer at all. (a) A holds a 2 s lease; (b) the server is paused
+   (``CLIENT PAUSE 5000``) or the network stalls, and the renewal's reply never comes; (c) at
+   2 s the key may expire on the server, and B may acquire after the pause. A judges by its own
+   clock: :attr:`Lock.lost` is true from the lease's end (the last confirmed expiry, measured
+   from before the confirming call was sent), and renewal calls wait for their reply only
+   until then, so the loss is reported (ERROR, :meth:`Lock.on_lost`) at the lease's end, not
+   after the socket timeout.
+4. Blocking acquire. (a) A holds; (b) B subscribes to the release channel, then tries again;
    (c) A releases and the release script publishes; (d) B wakes and tries again. Subscribing
    before the retry means a release between B's two attempts is never missed; a holder that
    dies without releasing wakes B when the key's TTL runs out.
@@ -31,6 +39,7 @@ Hazards, as timelines:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -149,12 +158,16 @@ class Lock:
     @property
     def held(self) -> bool:
         """True between a successful acquire and release, unless the lock was lost."""
-        return self._token is not None and not self._lost
+        return self._token is not None and not self.lost
 
     @property
     def lost(self) -> bool:
-        """True once the lock was found expired or owned by someone else while held."""
-        return self._lost
+        """True once the lock was found expired or owned by someone else while held, and from
+        the end of the last confirmed lease on (by :attr:`clock`), even while Redis does not
+        answer: from then on another owner may exist."""
+        if self._lost:
+            return True
+        return self._token is not None and self.clock() >= self._expires_at
 
     def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """Take the lock; return whether it was taken.
@@ -315,24 +328,43 @@ class Lock:
 
         Returns the delay until the next renewal, or ``None`` when renewal should stop (released,
         lost, or the ``max_hold`` cap reached: the key then expires on its own at the cap).
+        A failed renewal (Redis unavailable or refusing, or any other error) is retried, at the
+        latest when the lease ends; the watchdog waits for the call only until then (a call
+        that hangs, on a paused server or a stalled connection, finishes in the background),
+        and a renewal that finds the lease ended marks the lock lost.
         """
         token = self._token
         if token is None or self._lost:
             return None
         now = self.clock()
+        left = self._expires_at - now
+        if left <= 0:
+            self._mark_lost("the lease ran out before a renewal was confirmed")
+            return None
         ttl = self.ttl
         if self.max_hold is not None:
             ttl = min(ttl, self._acquired_at + self.max_hold - now)
             if ttl <= 0.001:
                 return None
         try:
-            extended = self.do_extend(token, ttl)
-        except LockUnavailable as exc:
-            if now >= self._expires_at:
-                self._mark_lost(f"Redis unreachable until the lease ran out ({exc})")
+            extended = _within(left, functools.partial(self.do_extend, token, ttl))
+        except Exception as exc:
+            left = self._expires_at - self.clock()
+            if left <= 0:
+                self._mark_lost(f"no renewal was confirmed before the lease ran out ({exc})")
                 return None
-            logger.warning("lock %s: renewal failed, retrying: %s", self.key, exc)
-            return min(self.ttl / 3, max(self._expires_at - now, 0.0) / 2, 1.0)
+            unexpected = not isinstance(exc, LockUnavailable)
+            logger.warning(
+                "lock %s: renewal failed, retrying (lease ends in %.1fs): %s",
+                self.key,
+                left,
+                exc,
+                exc_info=unexpected,
+            )
+            # Half the time left, so that a retry still fits in the lease; the last one at
+            # the lease's end, which then marks the lock lost (no retries in a tight loop).
+            delay = min(self.ttl / 3, 1.0, left / 2)
+            return delay if delay >= MIN_RETRY else left
         if not extended.held:
             self._mark_lost("renewal found it expired or owned by someone else")
             return None
@@ -356,12 +388,12 @@ class Lock:
             self.last_holder_ttl = None if pttl is None or pttl < 0 else pttl / 1000.0
             return False
         with self._state:
+            self._acquired_at = start
+            self._expires_at = start + ttl  # before the token: `lost` reads both unlocked
+            self._lost = False
             self._token = token
             self._slot = self.keys.slots[(result.slot or 1) - 1]
             self._fencing_token = result.fencing_token
-            self._acquired_at = start
-            self._expires_at = start + ttl
-            self._lost = False
             self.last_holder = None
             self.last_holder_ttl = None
         if self.auto_renew:
@@ -390,15 +422,53 @@ def release_attempt(
 ) -> bool:
     """Release lock ``name`` only if it was taken by ``owner`` on ``host`` in process ``pid``.
 
-    For a supervisor releasing on behalf of a process that died (it never knew the secret
-    part of the token). ``limit`` is the lock's number of slots (all are searched). Returns
-    whether a key was deleted; raises :class:`LockUnavailable`. ``timeout`` sets the socket
-    timeouts of clients built from URLs.
+    **This bypasses the owner secret.** Task id, host and pid are stored in clear text in the
+    token (anyone who can read the key sees them, and a pid is guessable), so whoever can call
+    this can release a *live* lock. It is a supervisor tool, for the worker's main process
+    releasing on behalf of a pool child that died (it never knew the secret part of the
+    token), and it is private on purpose: the public way to release someone else's lock is
+    ``celery redlock release``, which checks the holder's liveness and compares the exact
+    stored token.
+
+    ``limit`` is the lock's number of slots (all are searched). Returns whether a key was
+    deleted; raises :class:`LockUnavailable`. ``timeout`` sets the socket timeouts of clients
+    built from URLs.
     """
     keys = _keys.keys_for(prefix, name, limit)
     nodes = nodes_for(redis, timeout)
     return nodes.release_attempt(keys, owner, _owner.normalize_host(host), pid)
 
+
+def _within(seconds: float, call: Callable[[], Extended]) -> Extended:
+    """``call()`` in a helper thread, waited for at most ``seconds``.
+
+    Raises :class:`TimeoutError` when it has not returned by then: the call then finishes in
+    the background (at its socket timeout) and its outcome is dropped. So the one watchdog
+    thread is never held past a lease's end by a server that does not answer; the socket
+    timeout alone could hold it for seconds, and a reconnect's handshake as long again.
+    """
+    outcome: list[Extended] = []
+    failure: list[BaseException] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as exc:  # handed to the waiting thread
+            failure.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="celery-redlock-renew-call", daemon=True).start()
+    if not done.wait(seconds):
+        raise TimeoutError(f"no reply from Redis within {seconds:.2f}s")
+    if failure:
+        raise failure[0]
+    return outcome[0]
+
+
+#: Shortest delay between two renewal attempts after a failure (unless the lease ends sooner).
+MIN_RETRY = 0.05
 
 #: Shortest delay until the next renewal after one that found the lock missing on a quorum
 #: node (the delay is lease/30, at least this).

@@ -22,6 +22,11 @@ answer in decoded results; a node that does not answer becomes
 
 Release, extend and the parent-side release go to every node. Extend succeeds with a majority.
 
+Error replies by which a node refuses for now (``BUSY``, ``OOM``, ``READONLY``, ``MISCONF``,
+``NOPERM``: :func:`~celery_redlock._redis.clients.refused`) count like no answer: on a single
+node they raise :class:`~celery_redlock.LockUnavailable` naming the reply, so a task follows
+``redlock_on_unavailable`` and renewal retries.
+
 Hazard, as a timeline (the delayed-restart rule): (a) A holds on nodes 1, 2, 3 of 5 while 4
 and 5 are down; (b) node 3 crashes and restarts empty (no persistence); (c) 4 and 5 return;
 (d) B acquires on 3, 4, 5: two holders. A node without fsync'd persistence must therefore stay
@@ -32,6 +37,7 @@ majority (the normal case: all live nodes), one node restarting empty cannot let
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -41,11 +47,26 @@ import redis as redis_py
 
 from ..exceptions import LockUnavailable
 from . import scripts as _scripts
-from .clients import UNAVAILABLE_ERRORS, client_for, node_name
+from .clients import UNAVAILABLE_ERRORS, client_for, node_name, refused
 from .keys import LockKeys
 from .scripts import AcquireResult
 
 Call = tuple[list[str], list[Any]]
+
+logger = logging.getLogger("celery_redlock.lock")
+
+
+def _notified(reply: Any, key: str, nodes: Sequence[str]) -> bool:
+    """Decode a release reply (:data:`~celery_redlock._redis.scripts.RELEASE`); WARNING on 2."""
+    if reply is not None and int(reply) == _scripts.RELEASED_NOT_NOTIFIED:
+        logger.warning(
+            "lock %s released on %s, but waiters were not notified (PUBLISH was refused, is "
+            "it missing from the ACL user's permissions?); they try again when the old lease "
+            "would have ended",
+            key,
+            ", ".join(nodes),
+        )
+    return bool(reply)
 
 
 def majority(nodes: int) -> int:
@@ -121,6 +142,14 @@ class SingleNode:
                 key=key,
                 nodes=self.names,
             ) from exc
+        except redis_py.exceptions.ResponseError as exc:
+            if not refused(exc):
+                raise
+            raise LockUnavailable(
+                f"Redis at {self.names[0]} refused lock {key}: {exc}",
+                key=key,
+                nodes=self.names,
+            ) from exc
 
     def acquire(self, keys: LockKeys, token: str, ttl_ms: int) -> AcquireResult:
         reply = self._run(_scripts.ACQUIRE, _scripts.acquire_call(keys, token, ttl_ms), keys.lock)
@@ -128,7 +157,7 @@ class SingleNode:
 
     def release(self, keys: LockKeys, token: str, keep_ms: int = 0) -> bool:
         call = _scripts.release_call(keys, token, keep_ms)
-        return bool(self._run(_scripts.RELEASE, call, keys.lock))
+        return _notified(self._run(_scripts.RELEASE, call, keys.lock), keys.lock, self.names)
 
     def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> Extended:
         call = _scripts.extend_call(keys, token, ttl_ms)
@@ -137,7 +166,8 @@ class SingleNode:
 
     def release_attempt(self, keys: LockKeys, task_id: str, host: str, pid: int) -> bool:
         call = _scripts.release_attempt_call(keys, task_id, host, pid)
-        return bool(self._run(_scripts.RELEASE_ATTEMPT, call, keys.lock))
+        reply = self._run(_scripts.RELEASE_ATTEMPT, call, keys.lock)
+        return _notified(reply, keys.lock, self.names)
 
     def pttl_ms(self, key: str) -> int:
         """PTTL of ``key`` (negative when missing or without expiry)."""
@@ -276,6 +306,13 @@ class Quorum:
 
     def release(self, keys: LockKeys, token: str, keep_ms: int = 0) -> bool:
         replies = self._call_all(_scripts.RELEASE, _scripts.release_call(keys, token, keep_ms))
+        refused_publish = [
+            self.names[i]
+            for i, (rep, err) in enumerate(replies)
+            if err is None and rep is not None and int(rep) == _scripts.RELEASED_NOT_NOTIFIED
+        ]
+        if refused_publish:
+            _notified(_scripts.RELEASED_NOT_NOTIFIED, keys.lock, refused_publish)
         return self._majority(keys.lock, replies, "release")
 
     def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> Extended:

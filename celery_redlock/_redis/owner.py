@@ -10,13 +10,20 @@ A token is ``<secret>|<pid>|<acquired_ms>|<host>|<task_id>``:
   decide expiry: expiry is Redis' own ``PX`` TTL);
 * ``task_id`` last, so that it may contain any character.
 
-The parent-side release script in :mod:`celery_redlock._scripts` parses the same layout.
+The host field escapes ``%`` as ``%25`` and ``|`` as ``%7C`` (:func:`normalize_host`), and
+:func:`parse` gives the real name back: a worker named ``w|x@host`` is stored as ``w%7Cx@host``
+and pinged as ``w|x@host``. (Replacing ``|`` by ``_`` lost the name, and ``celery redlock
+release`` then pinged ``w_x@host``, heard nothing and called a live worker dead.)
+
+The parent-side release script in :mod:`celery_redlock._redis.scripts` parses the same layout
+and compares the host field as stored, escaped.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import re
 import secrets
 import socket
 import time
@@ -42,8 +49,16 @@ def _this_host() -> str:
 
 
 def normalize_host(host: str | None) -> str:
-    """The host field as stored: the given name (or this machine's) without separators."""
-    return (host or _this_host()).replace(SEPARATOR, "_")
+    """The host field as stored: the given name (or this machine's), ``%`` and ``|`` escaped."""
+    return (host or _this_host()).replace("%", "%25").replace(SEPARATOR, "%7C")
+
+
+_ESCAPED = re.compile("%(25|7C)")
+
+
+def unescape_host(field: str) -> str:
+    """The host name stored as ``field`` by :func:`normalize_host`."""
+    return _ESCAPED.sub(lambda m: "%" if m.group(1) == "25" else SEPARATOR, field)
 
 
 def new_token(task_id: str = "", host: str | None = None, pid: int | None = None) -> str:
@@ -63,4 +78,4 @@ def parse(token: str | bytes | None) -> Owner | None:
     parts = token.split(SEPARATOR, 4)
     if len(parts) != 5 or not parts[1].isdigit() or not parts[2].isdigit():
         return None
-    return Owner(token, int(parts[1]), int(parts[2]), parts[3], parts[4])
+    return Owner(token, int(parts[1]), int(parts[2]), unescape_host(parts[3]), parts[4])

@@ -10,6 +10,11 @@ None of the known broken patterns appear here: no ``SETNX`` followed by ``EXPIRE
 between leaves an immortal key), no client-clock timestamps compared with ``GETSET``, no ``DEL``
 without checking the owner, no ``GET`` then ``DEL`` as two commands (the key can change owner in
 between).
+
+A script stops at the first ``redis.call`` that fails, and what it wrote before stays written
+(Redis has no rollback). So the notification after a delete is a ``redis.pcall``: an ACL user
+without ``PUBLISH`` (Redis 7 refuses it inside the script too) gets "released, waiters not
+notified" (reply 2) instead of an error reply for a release that did happen.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ RELEASE = """
 -- KEYS[1] release channel, KEYS[2..n] the lock's slot keys
 -- ARGV[1] owner token, ARGV[2] keep in ms (0: delete now; > 0: keep the slot that long)
 -- returns 1 released (deleted and a notification published, or kept until expiry),
+--         2 released (deleted) but PUBLISH was refused: waiters were not notified,
 --         0 not the owner of any slot (expired or taken over)
 for i = 2, #KEYS do
   if redis.call('GET', KEYS[i]) == ARGV[1] then
@@ -57,7 +63,8 @@ for i = 2, #KEYS do
       redis.call('PEXPIRE', KEYS[i], ARGV[2])
     else
       redis.call('DEL', KEYS[i])
-      redis.call('PUBLISH', KEYS[1], '1')
+      local published = redis.pcall('PUBLISH', KEYS[1], '1')
+      if type(published) == 'table' and published.err then return 2 end
     end
     return 1
   end
@@ -92,15 +99,18 @@ RELEASE_ATTEMPT = """
 -- KEYS[1] release channel, KEYS[2..n] the lock's slot keys
 -- ARGV[1] task id, ARGV[2] host, ARGV[3] pid
 -- Deletes the slot taken by that attempt: the token layout is
--- secret|pid|acquired_ms|host|task_id (see celery_redlock._owner).
--- returns 1 deleted, 0 no slot owned by that attempt
+-- secret|pid|acquired_ms|host|task_id (see celery_redlock._redis.owner); host is compared as
+-- stored, with '%' and '|' escaped (ARGV[2] comes from owner.normalize_host, escaped alike).
+-- returns 1 deleted, 2 deleted but PUBLISH was refused (waiters not notified),
+--         0 no slot owned by that attempt
 for i = 2, #KEYS do
   local value = redis.call('GET', KEYS[i])
   if value then
     local pid, host, task_id = string.match(value, '^[^|]*|([^|]*)|[^|]*|([^|]*)|(.*)$')
     if task_id == ARGV[1] and host == ARGV[2] and pid == ARGV[3] then
       redis.call('DEL', KEYS[i])
-      redis.call('PUBLISH', KEYS[1], '1')
+      local published = redis.pcall('PUBLISH', KEYS[1], '1')
+      if type(published) == 'table' and published.err then return 2 end
       return 1
     end
   end
@@ -139,6 +149,10 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+
+
+#: Reply of :data:`RELEASE` and :data:`RELEASE_ATTEMPT`: deleted, but ``PUBLISH`` was refused.
+RELEASED_NOT_NOTIFIED = 2
 
 
 @dataclass(frozen=True)

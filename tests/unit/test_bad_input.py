@@ -1,0 +1,187 @@
+"""Bad input ends in a clear error naming what to fix, at registration or at the first settings
+read, never per execution and never with a password in it (issue 14, rows 3 to 9 and 14, 15).
+
+No Redis is contacted: every URL here is only parsed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_redlock import LockConfigError, LockedTask, lock_key
+from celery_redlock._celery.options import MAX_SECONDS, reset_settings, settings_for
+from celery_redlock._redis import keys as _keys
+
+LOCK_URL = "redis://127.0.0.1:1/0"  # never connected to
+PASSWORD = "hunter2"
+#: URLs that are not URLs, with a password in them (a missing ':' or '/').
+MALFORMED = [f"redis//u:{PASSWORD}@h:6379/0", f"redis:/u:{PASSWORD}@h/0"]
+
+
+@pytest.fixture
+def app() -> Iterator[Celery]:
+    app = Celery("bad", set_as_current=False)
+    app.conf.redlock_url = LOCK_URL
+    yield app
+    app.close()
+
+
+def declare(app: Celery, **options: Any) -> Any:
+    @app.task(base=LockedTask, name="bad.task", lazy=False, **options)
+    def task(account_id: Any = None) -> None:
+        """A locked task."""
+
+    return task
+
+
+# -- row 4: numbers that no Redis TTL can hold ----------------------------------------------------
+
+
+@pytest.mark.parametrize("option", ["lock_ttl", "lock_enqueue_ttl", "lock_cooldown"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 1e17])
+def test_a_non_finite_or_huge_task_option_is_refused_at_registration(
+    app: Celery, option: str, value: float
+) -> None:
+    with pytest.raises(LockConfigError) as info:
+        declare(app, **{option: value})
+    message = str(info.value)
+    assert "bad.task" in message and option in message
+    assert f"<= {MAX_SECONDS:.0f}" in message  # the largest accepted value
+
+
+@pytest.mark.parametrize("value", [float("inf"), 1e17])
+def test_a_non_finite_or_huge_lease_is_refused_at_the_settings_read(
+    app: Celery, value: float
+) -> None:
+    app.conf.redlock_lease = value
+    with pytest.raises(LockConfigError, match=f"redlock_lease.*<= {MAX_SECONDS:.0f}"):
+        settings_for(app)
+
+
+# -- rows 5 and 3: URLs that no client can be built from ------------------------------------------
+
+
+def test_a_url_with_a_bad_port_is_refused_at_the_settings_read(app: Celery) -> None:
+    app.conf.redlock_url = "redis://:badport"
+    with pytest.raises(LockConfigError, match="redlock_url"):
+        settings_for(app)
+
+
+@pytest.mark.parametrize("url", MALFORMED)
+def test_a_malformed_url_is_refused_without_its_password(app: Celery, url: str) -> None:
+    app.conf.redlock_url = url
+    with pytest.raises(LockConfigError) as info:
+        settings_for(app)
+    assert "redlock_url" in str(info.value)
+    assert PASSWORD not in str(info.value) and PASSWORD not in repr(info.value)
+
+
+@pytest.mark.parametrize("url", MALFORMED)
+def test_a_failed_call_does_not_show_the_password_in_its_result(app: Celery, url: str) -> None:
+    task = declare(app)
+    app.conf.redlock_url = url
+    result = task.apply(args=(1,))
+    assert result.failed()
+    assert isinstance(result.result, LockConfigError)
+    assert PASSWORD not in str(result.result)
+    assert PASSWORD not in (result.traceback or "")
+
+
+# -- row 6: the same node twice in a quorum -------------------------------------------------------
+
+
+def test_a_quorum_naming_one_node_three_times_is_refused(app: Celery) -> None:
+    app.conf.redlock_url = [
+        "redis://127.0.0.1:7001/0",
+        "redis://localhost:7001/0",
+        "redis://127.0.0.1:7001",
+    ]
+    with pytest.raises(LockConfigError, match="same node twice"):
+        settings_for(app)
+
+
+# -- rows 8 and 9: arguments without a canonical encoding, a lock_by that raises ------------------
+
+
+def nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("argument", "expected"),
+    [({1: "a", "1": 2}, "collide"), (nested(500), "nests containers deeper")],
+)
+def test_an_argument_without_a_canonical_encoding_is_a_type_error_naming_it(
+    app: Celery, argument: Any, expected: str
+) -> None:
+    task = declare(app)
+    with pytest.raises(TypeError) as info:
+        lock_key(task, argument)
+    assert "account_id" in str(info.value) and expected in str(info.value)
+    assert "bad.task" in str(info.value)
+
+
+def test_a_lock_by_callable_that_raises_names_the_task_and_lock_by(app: Celery) -> None:
+    def by(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        return str(kwargs["missing"])
+
+    task = declare(app, lock_by=by)
+    with pytest.raises(LockConfigError) as info:
+        lock_key(task, 1)
+    assert "bad.task" in str(info.value) and "lock_by" in str(info.value)
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+# -- row 14: the keyed digest ---------------------------------------------------------------------
+
+
+def test_a_key_secret_changes_every_key_and_keys_by_the_secret(app: Celery) -> None:
+    task = declare(app)
+    plain = lock_key(task, 48213)
+    other = Celery("bad", set_as_current=False)
+    other.conf.update(redlock_url=LOCK_URL, redlock_key_secret="s3cret")
+    keyed_task = declare(other)
+    keyed = lock_key(keyed_task, 48213)
+    assert keyed != plain and keyed.rsplit(":", 1)[0] == plain.rsplit(":", 1)[0]
+    assert lock_key(keyed_task, 48213) == keyed  # stable
+    other.conf.redlock_key_secret = b"s3cret"  # bytes and str of the same secret agree
+    reset_settings(other)
+    assert lock_key(keyed_task, 48213) == keyed
+    other.conf.redlock_key_secret = "another"
+    reset_settings(other)
+    assert lock_key(keyed_task, 48213) not in (plain, keyed)
+    assert "s3cret" not in repr(settings_for(other)) and "another" not in repr(settings_for(other))
+    other.close()
+
+
+def test_a_long_secret_is_accepted_and_digests_stay_32_hex_characters() -> None:
+    canonical = b'["A",["account_id",48213]]'
+    digest = _keys.digest(canonical, "x" * 200)
+    assert len(digest) == 32 and digest != _keys.digest(canonical, "x" * 199)
+    assert _keys.digest(canonical) != _keys.digest(canonical, "x")
+
+
+@pytest.mark.parametrize("secret", ["", b"", 12345, ["s"]])
+def test_an_invalid_key_secret_is_refused_without_showing_it(app: Celery, secret: Any) -> None:
+    app.conf.redlock_key_secret = secret
+    with pytest.raises(LockConfigError, match="redlock_key_secret"):
+        settings_for(app)
+
+
+# -- row 15: control characters in names ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["a\nb", "tab\there", "esc\x1b[31m"])
+def test_a_lock_name_or_prefix_with_a_control_character_is_refused(app: Celery, name: str) -> None:
+    with pytest.raises(LockConfigError, match="control characters"):
+        declare(app, lock_name=name)
+    app.conf.redlock_prefix = name
+    with pytest.raises(LockConfigError, match="control characters"):
+        settings_for(app)
