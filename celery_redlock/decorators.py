@@ -39,7 +39,15 @@ from ._celery import (
     wiring,  # noqa: F401  (importing it connects the worker receivers)
 )
 from ._celery.identity import OPTIONS_ATTR, run_function, spec_of
-from ._celery.options import OPTIONS, LockBy, Policy, check_unknown, parameters_of, validate_options
+from ._celery.options import (
+    OPTIONS,
+    EnqueueMode,
+    LockBy,
+    Policy,
+    check_unknown,
+    parameters_of,
+    validate_options,
+)
 from .exceptions import LockConfigError
 
 if TYPE_CHECKING:
@@ -61,8 +69,12 @@ class InstanceOptions(TypedDict, total=False):
     wait_timeout: float
     limit: int
     cooldown: float
-    enqueue: bool
+    enqueue: bool | EnqueueMode
     enqueue_ttl: float
+    debounce: float | None
+    debounce_max: float | None
+    rate: str | None
+    retry_for: float
 
 
 _WRONG_ORDER = (
@@ -93,10 +105,11 @@ def _decorate(fun: Any, options: dict[str, Any]) -> Any:
         raise TypeError(_WRONG_ORDER.format(name=label or "my_task"))
     owner = f"task function {fun.__module__}.{fun.__qualname__}"
     check_unknown(owner, list(options), list(OPTIONS), "@single_instance keyword")
-    if options.get("enqueue"):
+    if options.get("enqueue") in (True, "keep"):
         raise LockConfigError(
-            f"{owner}: keyword enqueue=True is not supported by @single_instance; expected "
-            "base=LockedTask with lock_enqueue=True (de-duplication changes what delay() "
+            f"{owner}: keyword enqueue={options['enqueue']!r} is not supported by "
+            "@single_instance; expected base=LockedTask with lock_enqueue='keep' "
+            "(keeping the queued call changes what delay() "
             "returns, which only the task class can do)"
         )
     raw = {OPTIONS[name].attr: value for name, value in options.items()}

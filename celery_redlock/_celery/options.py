@@ -43,11 +43,13 @@ __all__ = ["OPTIONS", "Option", "Settings", "TaskLockOptions", "settings_for"]
 logger = logging.getLogger("celery_redlock.config")
 
 Policy = Literal["skip", "retry", "fail", "wait"]
+EnqueueMode = Literal["keep", "replace"] | None
 UnavailablePolicy = Literal["retry", "fail", "run"]
 LockBy = Callable[[tuple[Any, ...], dict[str, Any]], str] | Sequence[str] | None
 
 POLICIES: tuple[str, ...] = ("skip", "retry", "fail", "wait")
 UNAVAILABLE_POLICIES: tuple[str, ...] = ("retry", "fail", "run")
+ENQUEUE_MODES: tuple[str, ...] = ("keep", "replace")
 
 #: The largest number of seconds any option or setting accepts (ten years): Redis keeps TTLs
 #: in milliseconds, and a larger value only ever means a mistake.
@@ -141,10 +143,40 @@ def _limit(owner: str, option: str, value: Any, _: Params) -> int:
     return value
 
 
-def _flag(owner: str, option: str, value: Any, _: Params) -> bool:
-    if not isinstance(value, bool):
-        raise _invalid(owner, option, value, "a bool")
-    return value
+def _enqueue(owner: str, option: str, value: Any, _: Params) -> EnqueueMode:
+    if value is False or value is None:
+        return None
+    if value is True:
+        return "keep"
+    return choice(ENQUEUE_MODES)(owner, option, value, None)  # type: ignore[no-any-return]
+
+
+#: The periods of a rate (Celery's ``rate_limit`` syntax), in seconds.
+RATE_PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A validated ``lock_rate``: at most ``count`` starts per ``period`` seconds."""
+
+    count: int
+    period: float
+
+    def __str__(self) -> str:
+        unit = next(u for u, p in RATE_PERIODS.items() if p == self.period)
+        return f"{self.count}/{unit}"
+
+
+def _rate(owner: str, option: str, value: Any, _: Params) -> Rate | None:
+    if value is None:
+        return None
+    expected = "a rate 'N/s', 'N/m' or 'N/h' with N an integer from 1 to 1000000, or None"
+    if not isinstance(value, str):
+        raise _invalid(owner, option, value, expected)
+    count, _sep, unit = value.strip().partition("/")
+    if not count.isdigit() or not 1 <= int(count) <= 1_000_000 or unit not in RATE_PERIODS:
+        raise _invalid(owner, option, value, expected)
+    return Rate(int(count), RATE_PERIODS[unit])
 
 
 #: The task options, in the order the docs list them.
@@ -213,16 +245,49 @@ OPTIONS: dict[str, Option] = {
         Option(
             "enqueue",
             False,
-            "bool",
-            "De-duplicate at enqueue time: a call whose key is queued returns the queued "
-            "call's AsyncResult (LockedTask only).",
-            _flag,
+            "False, True ('keep') or 'replace'",
+            "De-duplicate at enqueue time: 'keep' (True) returns the queued call's AsyncResult "
+            "(LockedTask only); 'replace' publishes the new call and the queued one ends like "
+            "a skip.",
+            _enqueue,
         ),
         Option(
             "enqueue_ttl",
             3600.0,
             "seconds",
             "How long a queued marker lives if its task never starts.",
+            seconds(),
+        ),
+        Option(
+            "debounce",
+            None,
+            "seconds or None",
+            "Calls of one key less than this apart collapse into one run, this long after the "
+            "last call, with the last call's arguments.",
+            seconds(none=True),
+        ),
+        Option(
+            "debounce_max",
+            None,
+            "seconds or None",
+            "With lock_debounce: a key under a steady stream of calls still runs at least once "
+            "this often.",
+            seconds(none=True),
+        ),
+        Option(
+            "rate",
+            None,
+            "'N/s', 'N/m', 'N/h' or None",
+            "At most N starts per period per lock identity across all workers; a call over the "
+            "limit is retried when its slot comes (single Redis deployment).",
+            _rate,
+        ),
+        Option(
+            "retry_for",
+            3600.0,
+            "seconds",
+            "How long requeues caused by the lock (contention, redelivery, rate) may go on, "
+            "from the call's first attempt; they never count against max_retries.",
             seconds(),
         ),
     )
@@ -244,8 +309,12 @@ class TaskLockOptions:
     wait_timeout: float
     limit: int
     cooldown: float
-    enqueue: bool
+    enqueue: EnqueueMode
     enqueue_ttl: float
+    debounce: float | None
+    debounce_max: float | None
+    rate: Rate | None
+    retry_for: float
 
 
 if [f.name for f in dataclasses.fields(TaskLockOptions)] != list(OPTIONS):

@@ -37,7 +37,7 @@ def test_enqueue_on_the_decorator_is_refused_at_decoration_naming_the_alternativ
         single_instance(enqueue=True)(work)
     message = str(info.value)
     assert "enqueue=True" in message and "work" in message
-    assert "base=LockedTask" in message and "lock_enqueue=True" in message
+    assert "base=LockedTask" in message and "lock_enqueue='keep'" in message
 
 
 @pytest.fixture
