@@ -528,10 +528,35 @@ TOP_LEVEL_COMMANDS = {
 }
 
 
-def server_usec(client: redis.Redis, commands: Sequence[str]) -> float:
-    """Microseconds the server spent in ``commands`` since the last ``CONFIG RESETSTAT``."""
-    stats = client.info("commandstats")
-    return float(sum(stats.get(f"cmdstat_{name}", {}).get("usec", 0) for name in commands))
+def commandstats(client: redis.Redis) -> dict[str, dict[str, float]]:
+    """``INFO commandstats`` by command name (``set``, ``evalsha``...), since the last reset."""
+    return {
+        name.removeprefix("cmdstat_"): {k: float(v) for k, v in fields.items()}
+        for name, fields in client.info("commandstats").items()
+        if name not in ("cmdstat_info", "cmdstat_config")
+    }
+
+
+def run_pair_loops(
+    client: redis.Redis, loops: dict[str, Loop], pairs: int, rounds: int
+) -> dict[str, Any]:
+    """Run every loop of ``pairs`` pairs once per round, interleaved (ABBA).
+
+    Returns ``runs`` (pairs/s per round), ``failed`` (acquires that failed) and
+    ``commandstats`` (per round, the server's :func:`commandstats` of that run alone).
+    """
+    runs: dict[str, list[float]] = {name: [] for name in loops}
+    stats: dict[str, list[dict[str, dict[str, float]]]] = {name: [] for name in loops}
+    failed = dict.fromkeys(loops, 0)
+    for r, order in enumerate(interleaved(list(loops), rounds)):
+        for name in order:
+            client.config_resetstat()
+            start = time.perf_counter()
+            failed[name] += loops[name](pairs)
+            runs[name].append(pairs / (time.perf_counter() - start))
+            stats[name].append(commandstats(client))
+        progress(f"  pairs round {r + 1}/{rounds} done")
+    return {"runs": runs, "failed": failed, "commandstats": stats}
 
 
 def lock_layer_us(pairs: int) -> dict[str, Any]:
@@ -611,17 +636,15 @@ def bench_pairs(args: argparse.Namespace, server: RedisServer) -> dict[str, Any]
     variants = pair_variants(client)
     for loop in variants.values():  # warm-up: connection, SCRIPT LOAD, code paths
         loop(min(args.pairs, 500))
-    runs: dict[str, list[float]] = {name: [] for name in variants}
-    server_us: dict[str, list[float]] = {name: [] for name in variants}
-    failures = dict.fromkeys(variants, 0)
-    for r, order in enumerate(interleaved(list(variants), args.rounds)):
-        for name in order:
-            client.config_resetstat()
-            start = time.perf_counter()
-            failures[name] += variants[name](args.pairs)
-            runs[name].append(args.pairs / (time.perf_counter() - start))
-            server_us[name].append(server_usec(client, TOP_LEVEL_COMMANDS[name]) / args.pairs)
-        progress(f"  pairs round {r + 1}/{args.rounds} done")
+    measured = run_pair_loops(client, variants, args.pairs, args.rounds)
+    runs, failures = measured["runs"], measured["failed"]
+    server_us = {
+        name: [
+            sum(stats.get(cmd, {}).get("usec", 0) for cmd in TOP_LEVEL_COMMANDS[name]) / args.pairs
+            for stats in measured["commandstats"][name]
+        ]
+        for name in variants
+    }
     rates = {name: median(values) for name, values in runs.items()}
     result: dict[str, Any] = {
         "pairs_per_run": args.pairs,

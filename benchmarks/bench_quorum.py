@@ -8,7 +8,7 @@ Two settings, each measured in this run:
   machine's cores, so the figure shows CPU cost (N servers each run the script), not network
   latency.
 * **network**: each node sits behind a TCP proxy that delays every chunk by ``rtt/2`` (from
-  ``tests/servers.py``), as nodes on other hosts would. Here the N nodes are asked in parallel,
+  ``support/servers.py``), as nodes on other hosts would. Here the N nodes are asked in parallel,
   so a quorum should cost about one round trip, like one node.
 
 The ratio to one node is the figure the issue targets (<= 1.5 at 5 nodes). pottery's Redlock
@@ -36,7 +36,7 @@ import redis  # noqa: E402
 from benchmarks._common import environment  # noqa: E402
 from celery_redlock import Lock  # noqa: E402
 from celery_redlock.testing import RedisServer  # noqa: E402
-from tests.servers import DelayProxy  # noqa: E402
+from support.servers import DelayProxy  # noqa: E402
 
 NODES = (1, 3, 5)
 
@@ -53,11 +53,11 @@ def timed_pairs(pair: Callable[[], None], pairs: int) -> float:
     return statistics.median(samples)
 
 
-def ours(urls: list[str]) -> Callable[[], None]:
+def ours(urls: list[str], tag: str = "") -> Callable[[], None]:
     target: Any = urls[0] if len(urls) == 1 else urls
 
     def pair() -> None:
-        lock = Lock(target, "bench", ttl=10)
+        lock = Lock(target, f"bench{tag}", ttl=10)
         if not lock.acquire(blocking=False):
             raise RuntimeError("benchmark lock contended")
         lock.release()
@@ -65,7 +65,7 @@ def ours(urls: list[str]) -> Callable[[], None]:
     return pair
 
 
-def pottery(urls: list[str]) -> Callable[[], None] | None:
+def pottery(urls: list[str], tag: str = "") -> Callable[[], None] | None:
     try:
         from pottery import Redlock
     except ImportError:
@@ -73,7 +73,7 @@ def pottery(urls: list[str]) -> Callable[[], None] | None:
     masters = {redis.Redis.from_url(url) for url in urls}
 
     def pair() -> None:
-        lock = Redlock(key="bench-pottery", masters=masters, auto_release_time=10)
+        lock = Redlock(key=f"bench-pottery{tag}", masters=masters, auto_release_time=10)
         if not lock.acquire(blocking=False):
             raise RuntimeError("pottery lock contended")
         lock.release()
@@ -91,16 +91,30 @@ def proxies(servers: list[RedisServer], rtt: float) -> Iterator[list[str]]:
             front.close()
 
 
-def measure(urls: list[str], pairs: int) -> dict[str, dict[int, float | None]]:
+def measure(urls: list[str], pairs: int, tag: str = "") -> dict[str, dict[int, float | None]]:
+    """Median us per pair for each node count; ``tag`` makes the lock names of a round its own
+    (a pottery lock left behind by a failed release in another round cannot contend)."""
     out: dict[str, dict[int, float | None]] = {"ours": {}, "pottery": {}}
     for n in NODES:
-        out["ours"][n] = timed_pairs(ours(urls[:n]), pairs)
-        other = pottery(urls[:n])
+        out["ours"][n] = timed_pairs(ours(urls[:n], f"{tag}-{n}"), pairs)
+        other = pottery(urls[:n], f"{tag}-{n}")
         try:
             out["pottery"][n] = timed_pairs(other, pairs) if other else None
         except RuntimeError as exc:  # pottery gave up acquiring a free lock: report it
             print(f"   pottery, {n} node(s): {exc}")
             out["pottery"][n] = None
+    return out
+
+
+def measure_rounds(urls: list[str], pairs: int, rounds: int) -> dict[str, dict[int, float | None]]:
+    """:func:`measure` ``rounds`` times; the median per contender and node count."""
+    runs = [measure(urls, pairs, f"-r{r}") for r in range(rounds)]
+    out: dict[str, dict[int, float | None]] = {}
+    for who in runs[0]:
+        out[who] = {}
+        for n in NODES:
+            values = [run[who][n] for run in runs if run[who][n] is not None]
+            out[who][n] = statistics.median(values) if values else None  # type: ignore[type-var]
     return out
 
 

@@ -6,13 +6,22 @@ keeps Celery's per-task INFO lines (``Received task``, ``Task ... succeeded``); 
 are silenced so that log formatting does not dilute the difference being measured, while the
 worker's ``ready.`` line (also INFO) stays.
 
-Three no-op tasks, identical except for the lock:
+``REDLOCK_BENCH_LOCK_PORT`` (default: the same server) puts every lock, ours and the peers',
+on another redis-server, so that its ``INFO commandstats`` counts lock commands only.
+
+No-op tasks, identical except for the lock:
 
 * ``bench.plain``: a plain task, the baseline;
 * ``bench.locked``: ``base=LockedTask``, one lock per ``key`` argument, default settings (a
   renewed lease: the watchdog thread watches the lock while the body runs);
 * ``bench.locked_ttl``: the same with a fixed ``lock_ttl`` (no watchdog), to separate the
-  renewal bookkeeping from the acquire/release round trips.
+  renewal bookkeeping from the acquire/release round trips;
+* ``bench.once``: celery-once's ``QueueOnce`` (locks in ``apply_async``, unlocks in
+  ``after_return``);
+* ``bench.singleton``: celery-singleton's ``Singleton`` (locks in ``apply_async``, unlocks in
+  ``on_success``);
+* ``bench.redispy``: redis-py's ``Lock`` taken around the body by a small base task
+  (:class:`RedisPyLockTask`), the do-it-yourself way.
 """
 
 from __future__ import annotations
@@ -21,17 +30,23 @@ import logging
 import os
 from typing import Any
 
-from celery import signals
+import redis
+import redis.lock
+from celery import Task, signals
 
 from celery_redlock import LockedTask
-from tests.e2e.harness import layout_app
+from support.apps import layout_app
 
 PORT = int(os.environ["REDLOCK_BENCH_PORT"])
 BASE = f"redis://127.0.0.1:{PORT}"
+LOCKS = f"redis://127.0.0.1:{os.environ.get('REDLOCK_BENCH_LOCK_PORT') or PORT}/0"
 
 app = layout_app(
     "benchapp",
     BASE,
+    redlock_url=LOCKS,
+    ONCE={"backend": "celery_once.backends.Redis", "settings": {"url": LOCKS}},
+    singleton_backend_url=LOCKS,
     worker_hijack_root_logger=True,
     # Defaults everywhere else (prefetch multiplier 4, early ack): the common deployment.
 )
@@ -61,4 +76,44 @@ def locked(key: str) -> None:
 
 @app.task(name="bench.locked_ttl", base=LockedTask, lock_by=["key"], lock_ttl=30)
 def locked_ttl(key: str) -> None:
+    return None
+
+
+try:  # the peers come from the bench extra; without it, only our tasks exist
+    from celery_once import QueueOnce
+    from celery_singleton import Singleton
+except ImportError:
+    pass
+else:
+
+    @app.task(name="bench.once", base=QueueOnce)
+    def once(key: str) -> None:
+        return None
+
+    @app.task(name="bench.singleton", base=Singleton)
+    def singleton(key: str) -> None:
+        return None
+
+
+_lock_client: redis.Redis | None = None
+
+
+class RedisPyLockTask(Task):  # type: ignore[misc]
+    """redis-py's ``Lock`` around the body, non-blocking; a call whose key is held is skipped."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        global _lock_client
+        if _lock_client is None:
+            _lock_client = redis.Redis.from_url(LOCKS)
+        lock = redis.lock.Lock(_lock_client, f"rpl:{self.name}:{args}", timeout=30)
+        if not lock.acquire(blocking=False):
+            return None
+        try:
+            return self.run(*args, **kwargs)
+        finally:
+            lock.release()
+
+
+@app.task(name="bench.redispy", base=RedisPyLockTask)
+def redispy(key: str) -> None:
     return None

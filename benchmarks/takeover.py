@@ -28,12 +28,10 @@ Timings are printed, never asserted.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -50,8 +48,9 @@ from celery import Celery  # noqa: E402
 from celery.result import AsyncResult  # noqa: E402
 
 from benchmarks._common import environment  # noqa: E402
-from celery_redlock.testing import RedisServer  # noqa: E402
-from tests.e2e.harness import WorkerProcess, log_time, pid_alive, wait_until  # noqa: E402
+from celery_redlock.testing import RedisServer, wait_until  # noqa: E402
+from support.procfs import pid_alive  # noqa: E402
+from support.workers import WorkerProcess  # noqa: E402
 
 APP = "benchmarks.takeover_app"
 ENDING = "tests.e2e.proj.ending"
@@ -78,42 +77,6 @@ ACKS_QUEUE, COLD_QUEUE, KILLED_QUEUE = "takeover-acks", "takeover-cold", "takeov
 def progress(message: str) -> None:
     sys.stdout.flush()
     print(message, file=sys.stderr, flush=True)
-
-
-# -- workers --------------------------------------------------------------------------------------
-
-
-def launch(worker: WorkerProcess) -> WorkerProcess:
-    """Start ``worker`` without waiting for it (``WorkerProcess.start`` minus the wait), so that
-    several workers boot in parallel; :func:`ready` waits."""
-    worker.process = subprocess.Popen(
-        worker.cmd,
-        cwd=ROOT,
-        env=worker.env,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    return worker
-
-
-def ready(worker: WorkerProcess, timeout: float = 60.0) -> WorkerProcess:
-    worker.wait_for_log(r"ready\.", timeout)
-    return worker
-
-
-def kill_group(worker: WorkerProcess | None) -> None:
-    """SIGKILL the worker's whole process group (main process and pool children).
-
-    Only while the main process is not reaped yet: until then its pid, hence the group id,
-    cannot belong to anybody else. (Pool children die with their main process anyway.)
-    """
-    if worker is None or worker.process is None or worker.process.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(worker.process.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        worker.process.wait(10)
 
 
 # -- one trial ------------------------------------------------------------------------------------
@@ -179,8 +142,11 @@ class Bench:
         )
 
     def launch(self, role: str) -> None:
-        kill_group(self.workers.get(role))
-        self.workers[role] = launch(self.make(role))
+        """Start a worker of ``role`` without waiting, so that several boot in parallel."""
+        previous = self.workers.get(role)
+        if previous is not None:
+            previous.kill()
+        self.workers[role] = self.make(role).launch()
 
     def worker(self, role: str) -> WorkerProcess:
         """The worker of ``role``, ready (launched now if there is none or it died), with all
@@ -191,10 +157,10 @@ class Bench:
         would leave no child for the waiter.
         """
         worker = self.workers.get(role)
-        if worker is None or worker.process is None or worker.process.poll() is not None:
+        if worker is None or not worker.alive:
             self.launch(role)
-        worker = ready(self.workers[role])
-        wanted = int(worker.cmd[worker.cmd.index("-c") + 1])
+        worker = self.workers[role].ready(60.0)
+        wanted = worker.concurrency
         wait_until(
             lambda: sum(map(pid_alive, worker.children())) >= wanted,
             MAINTAIN_POOL_S + 10.0,
@@ -204,8 +170,8 @@ class Bench:
 
     def discard(self, role: str, keep_log: bool) -> None:
         worker = self.workers.pop(role, None)
-        kill_group(worker)
         if worker is not None:
+            worker.kill()
             if keep_log:
                 self.failed_logs.append(str(worker.log))
             else:
@@ -304,7 +270,7 @@ def timings(event: float, seen: Seen, **extra: float | bool | str | None) -> dic
 def noticed(worker: WorkerProcess, pid: int, killed: float) -> float | None:
     """Seconds from the kill until the worker logged the child's exit (None if not logged)."""
     try:
-        return log_time(worker, rf"pid:{pid} exited", timeout=MAINTAIN_POOL_S + 1.0) - killed
+        return worker.log_time(rf"pid:{pid} exited", timeout=MAINTAIN_POOL_S + 1.0) - killed
     except AssertionError:
         return None
 
@@ -342,8 +308,8 @@ def hard_limit(how: str) -> Callable[[Bench, str], dict[str, Any]]:
         holding = bench.hold(key, ENDING, how=how, duration=HOLD_S, time_limit=LIMIT_S)
         blocked = time.time()
         seen = bench.observe(holding, LIMIT_S + 15.0)
-        event = log_time(  # logged by the main process as the limit fires (1 ms resolution)
-            worker, rf"Hard time limit \([\d.]+s\) exceeded for {ENDING}\[{holding.result.id}\]"
+        event = worker.log_time(  # logged by the main process as the limit fires (1 ms resolution)
+            rf"Hard time limit \([\d.]+s\) exceeded for {ENDING}\[{holding.result.id}\]"
         )
         bench.settle(holding, child_dies=True)
         return timings(
@@ -428,7 +394,7 @@ def worker_kill(bench: Bench, key: str) -> dict[str, Any]:
     doomed = bench.worker("killed")
     holding = bench.hold(key, ENDING, KILLED_QUEUE, how="sleep", duration=HOLD_S)
     event = time.time()
-    kill_group(doomed)
+    doomed.kill()
     seen = bench.observe(holding, LEASE_S + 15.0)
     bench.discard("killed", keep_log=False)
     bench.settle(holding)

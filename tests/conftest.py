@@ -19,7 +19,7 @@ from celery.contrib.testing.worker import start_worker
 
 from celery_redlock._redis.keys import is_slot, lock_pattern
 from celery_redlock.testing import RedisServer
-from tests.e2e.harness import layout_app
+from support.apps import layout_app
 
 
 @pytest.fixture(autouse=True)

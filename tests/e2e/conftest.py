@@ -1,3 +1,8 @@
+"""Fixtures of the end-to-end tests, and the roles the tasks of :mod:`tests.e2e.proj` play.
+
+The worker subprocesses themselves come from :mod:`support.workers`.
+"""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -7,6 +12,13 @@ from celery import Celery
 
 from celery_redlock.testing import RedisServer
 from tests.conftest import make_app
+
+#: The two public APIs, and the task of :mod:`tests.e2e.proj` playing each role under each: a
+#: test parametrized over ``API_TASKS`` picks its task by role (the twins share one lock).
+API_TASKS: dict[str, dict[str, str]] = {
+    "task": {"ending": "ending", "waiter": "waiter", "critical": "critical"},
+    "decorator": {"ending": "plain_ending", "waiter": "plain_waiter", "critical": "plain_critical"},
+}
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from celery_redlock import LockedTask, single_instance
-from tests.e2e.harness import layout_app
+from support.apps import layout_app
 
 PORT = int(os.environ["REDLOCK_TEST_PORT"])
 BASE = f"redis://127.0.0.1:{PORT}"

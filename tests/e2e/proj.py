@@ -9,7 +9,7 @@ redelivered to another worker quickly), and ``REDLOCK_TEST_NO_PROC=1`` makes eve
 child's state under ``/proc`` fail in the worker, as on a system without ``/proc`` (macOS).
 
 Each locked task has a twin under the other API, sharing its lock
-(:data:`tests.e2e.harness.API_TASKS`), so the end-to-end tests prove every behaviour for
+(:data:`tests.e2e.conftest.API_TASKS`), so the end-to-end tests prove every behaviour for
 ``LockedTask`` and for ``@single_instance``.
 
 Every critical section records itself in db 3: ``active:<key>`` counts executions inside it
@@ -31,7 +31,8 @@ from celery.exceptions import Ignore, Reject
 
 from celery_redlock import LockedTask, current_lock, single_instance
 from celery_redlock._celery import parent
-from tests.e2e.harness import layout_app, pid_alive
+from support.apps import layout_app
+from support.procfs import pid_alive
 
 PORT = int(os.environ["REDLOCK_TEST_PORT"])
 BASE = f"redis://127.0.0.1:{PORT}"

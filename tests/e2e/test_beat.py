@@ -1,62 +1,56 @@
 """Periodic locked tasks sent by real ``celery beat`` subprocesses to prefork workers.
 
-The app is :mod:`tests.e2e.proj5`; every test waits on the records its tasks and beats write
-(bounded by a deadline), never on a guessed sleep.
+The app is :mod:`tests.e2e.beat_limit_app`; every test waits on the records its tasks and beats
+write (bounded by a deadline), never on a guessed sleep.
 """
 
 from __future__ import annotations
 
 import itertools
-import subprocess
 import sys
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import redis as redis_py
 
-from celery_redlock.testing import RedisServer
+from celery_redlock.testing import RedisServer, wait_until
+from support.workers import WorkerProcess
 from tests.conftest import lock_keys
-from tests.e2e.harness import ROOT, WorkerProcess, wait_until
 
 pytestmark = pytest.mark.slow
 
-APP = "tests.e2e.proj5"
+APP = "tests.e2e.beat_limit_app"
 
 
 class BeatProcess(WorkerProcess):
-    """``celery -A tests.e2e.proj5 beat`` with its own schedule file, logging to a file."""
+    """``celery -A tests.e2e.beat_limit_app beat`` with its own schedule file, logging to a
+    file."""
+
+    READY = r"beat: Starting"
 
     def __init__(self, port: int, name: str, schedule_dir: Path, schedule: str) -> None:
+        self.schedule_file = schedule_dir / f"schedule-{name}"
         super().__init__(
             port, name, app=APP, env={"REDLOCK_TEST_SCHEDULE": schedule, "REDLOCK_TEST_BEAT": name}
         )
-        self.cmd = [
+
+    def command(self, pool: str, concurrency: int, args: Sequence[str]) -> list[str]:
+        return [
             sys.executable,
             "-m",
             "celery",
             "-A",
-            APP,
+            self.app,
             "beat",
             "-l",
             "INFO",
             "-s",
-            str(schedule_dir / f"schedule-{name}"),
+            str(self.schedule_file),
             "--logfile",
             str(self.log),
         ]
-
-    def start(self, timeout: float = 30.0) -> BeatProcess:
-        self.process = subprocess.Popen(
-            self.cmd,
-            cwd=ROOT,
-            env=self.env,
-            start_new_session=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-        )
-        self.wait_for_log(r"beat: Starting", timeout)
-        return self
 
     def sends(self, entry: str) -> int:
         """How many times this beat sent ``entry`` (its log lines)."""

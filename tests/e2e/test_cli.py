@@ -1,4 +1,4 @@
-"""``celery -A tests.e2e.proj6 redlock ...`` run as a subprocess against real prefork workers.
+"""``celery -A tests.e2e.tooling_app redlock ...`` run against real prefork workers.
 
 One redis-server and one worker (``w1``) serve the whole module (each test uses its own keys
 and lets its tasks finish); a test that needs a dead worker starts and SIGKILLs its own.
@@ -23,14 +23,16 @@ from celery_redlock import Lock
 from celery_redlock._celery.options import settings_for
 from celery_redlock.cli import LockStore
 from celery_redlock.metrics import EVENTS, read_stats
-from celery_redlock.testing import RedisServer, free_port
+from celery_redlock.testing import RedisServer, free_port, wait_until
+from support import ROOT
+from support.workers import WorkerProcess
 from tests.conftest import make_app
-from tests.e2e.harness import ROOT, WorkerProcess, wait_until
 
 pytestmark = pytest.mark.slow
 
-HOLD = "tests.e2e.proj6.hold"
-COUNTED = "tests.e2e.proj6.counted"
+APP = "tests.e2e.tooling_app"
+HOLD = f"{APP}.hold"
+COUNTED = f"{APP}.counted"
 HOST = socket.gethostname()
 
 
@@ -42,13 +44,13 @@ def server() -> Iterator[RedisServer]:
 
 @pytest.fixture(scope="module")
 def w1(server: RedisServer) -> Iterator[WorkerProcess]:
-    with WorkerProcess(server.port, "w1", app="tests.e2e.proj6") as worker:
+    with WorkerProcess(server.port, "w1", app=APP) as worker:
         yield worker
 
 
 @pytest.fixture
 def client(server: RedisServer) -> Iterator[Celery]:
-    app = make_app(server, name="proj6")
+    app = make_app(server, name="tooling_app")
     yield app
     app.close()
 
@@ -63,9 +65,9 @@ def records(server: RedisServer) -> Iterator[redis_py.Redis]:
 def cli(
     port: int, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """``celery -A tests.e2e.proj6 redlock <args>`` in a subprocess."""
+    """``celery -A tests.e2e.tooling_app redlock <args>`` in a subprocess."""
     return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.e2e.proj6", "redlock", *args],
+        [sys.executable, "-m", "celery", "-A", APP, "redlock", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -155,7 +157,7 @@ def test_release_dead_releases_only_the_locks_of_workers_that_are_gone(
     server: RedisServer, w1: WorkerProcess, client: Celery, records: redis_py.Redis
 ) -> None:
     locks = redis_py.Redis(port=server.port)
-    with WorkerProcess(server.port, "gone", app="tests.e2e.proj6", args=["-Q", "gone"]) as gone:
+    with WorkerProcess(server.port, "gone", app=APP, args=["-Q", "gone"]) as gone:
         lost = client.send_task(HOLD, args=("dead",), queue="gone")
         started(records, "dead")
         gone.kill()  # SIGKILL, whole group: nobody releases; the lock stays until its lease ends

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from celery_redlock.testing import RedisServer, free_port
-from tests.e2e.harness import WorkerProcess, run_to_exit
+from support.workers import WorkerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ TASK = "tests.e2e.crosscheck_app.limited"
 def refusal(port: int, api: str, url: str, limit: int) -> str:
     """Start the worker; assert it exits non-zero without becoming ready; return its output."""
     knobs = {"REDLOCK_TEST_API": api, "REDLOCK_TEST_URL": url, "REDLOCK_TEST_LIMIT": str(limit)}
-    status, output = run_to_exit(WorkerProcess(port, "w1", app=APP, env=knobs))
+    status, output = WorkerProcess(port, "w1", app=APP, env=knobs).run_to_exit()
     assert status != 0, output[-3000:]
     assert "ready." not in output
     return output

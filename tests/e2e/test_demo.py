@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.harness import ROOT
+from support import ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ runs after its lock is gone, and that the next execution of the same key then ru
 
 Every ending is proved under both APIs: ``api`` is ``"task"`` (``LockedTask``) or
 ``"decorator"`` (``@single_instance``), and picks the tasks by role
-(:data:`tests.e2e.harness.API_TASKS`). The two variants of a test run one after the other
+(:data:`tests.e2e.conftest.API_TASKS`). The two variants of a test run one after the other
 against the same worker subprocesses (:meth:`Env.worker`); the endings that stop the worker
 (shutdowns, the whole worker killed) run both APIs side by side in one worker instead.
 
@@ -32,17 +32,12 @@ import redis as redis_py
 from celery import Celery, chord, group
 from celery.result import AsyncResult
 
-from celery_redlock.testing import RedisServer
+from celery_redlock.testing import RedisServer, wait_until
+from support.polling import wait_for_change, watch_events
+from support.procfs import pid_alive
+from support.workers import WorkerProcess
 from tests.conftest import lock_keys, make_app
-from tests.e2e.harness import (
-    API_TASKS,
-    WorkerProcess,
-    log_time,
-    pid_alive,
-    wait_for_change,
-    wait_until,
-    watch_events,
-)
+from tests.e2e.conftest import API_TASKS
 
 pytestmark = pytest.mark.slow
 
@@ -93,7 +88,7 @@ class Env:
         shared = (self.variant, name, repr(sorted(options.items())))
         worker = _shared.pop(shared, None)
         if worker is None or worker.process is None or worker.process.poll() is not None:
-            worker = WorkerProcess(self.port, name, **options).start()
+            worker = WorkerProcess(self.port, name, app="tests.e2e.proj", **options).start()
         keep = False
         try:
             yield worker
@@ -328,7 +323,7 @@ def test_hard_time_limit_released_by_the_main_process(env: Env, api: str, how: s
             timeout=limit + 5.0,
         )
         assert env.finished(waiter) == key
-        logged = log_time(worker, rf"Hard time limit \(.*\) exceeded for .*\[{holder.id}\]")
+        logged = worker.log_time(rf"Hard time limit \(.*\) exceeded for .*\[{holder.id}\]")
         text = worker.text()
     nxt = env.starts(key)[1]
     report(
@@ -362,7 +357,7 @@ def test_child_sigkill_released_by_the_main_process(env: Env, api: str) -> None:
         seen = watch_events({"released": lambda: not env.holds(lock, start["token"])}, 15.0)
         assert env.finished(waiter) == key
         holder.get(timeout=10, propagate=False)
-        noticed = log_time(worker, rf"pid:{start['pid']} exited")
+        noticed = worker.log_time(rf"pid:{start['pid']} exited")
         text = worker.text()
     nxt = env.starts(key)[1]
     report(
@@ -400,7 +395,7 @@ def test_child_sigkill_with_acks_late_released_before_the_requeue(env: Env, api:
             15.0,
         )
         assert env.finished(holder) == key  # the requeued message ran to completion
-        noticed = log_time(worker, rf"pid:{start['pid']} exited")
+        noticed = worker.log_time(rf"pid:{start['pid']} exited")
         text = worker.text()
     again = env.starts(key)[1]
     report(

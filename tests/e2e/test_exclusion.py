@@ -9,9 +9,9 @@ import pytest
 import redis as redis_py
 from celery import Celery
 
-from celery_redlock.testing import RedisServer
+from celery_redlock.testing import RedisServer, wait_until
+from support.workers import WorkerProcess
 from tests.conftest import lock_keys
-from tests.e2e.harness import WorkerProcess, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,10 @@ def test_duplicates_across_two_prefork_workers_never_overlap(
 ) -> None:
     records = redis_py.Redis(port=redis_server.port, db=3)
     rng = random.Random(7)
-    with WorkerProcess(redis_server.port, "w1"), WorkerProcess(redis_server.port, "w2"):
+    with (
+        WorkerProcess(redis_server.port, "w1", app="tests.e2e.proj"),
+        WorkerProcess(redis_server.port, "w2", app="tests.e2e.proj"),
+    ):
         results = [
             proj_client.send_task(
                 "tests.e2e.proj.critical", args=(rng.choice(KEYS), rng.uniform(0.0, 0.03))

@@ -1,7 +1,8 @@
 """``lock_limit=3`` end to end: a counting semaphore of owner-checked slots on prefork workers.
 
-The task is :func:`tests.e2e.proj5.limited`; its body counts itself in and out of ``active:<key>``
-with atomic ``INCR``/``DECR`` and keeps the highest count in ``max_active`` (``ZADD GT``).
+The task is :func:`tests.e2e.beat_limit_app.limited`; its body counts itself in and out of
+``active:<key>`` with atomic ``INCR``/``DECR`` and keeps the highest count in ``max_active``
+(``ZADD GT``).
 """
 
 from __future__ import annotations
@@ -15,18 +16,20 @@ import redis as redis_py
 from celery import Celery
 from celery.exceptions import WorkerLostError
 
-from celery_redlock.testing import RedisServer
+from celery_redlock.testing import RedisServer, wait_until
+from support.procfs import pid_alive
+from support.workers import WorkerProcess
 from tests.conftest import lock_keys, make_app
-from tests.e2e.harness import WorkerProcess, pid_alive, wait_until
 
 pytestmark = pytest.mark.slow
 
-TASK = "tests.e2e.proj5.limited"
+APP = "tests.e2e.beat_limit_app"
+TASK = f"{APP}.limited"
 
 
 @pytest.fixture
 def client(redis_url: str, redis_server: RedisServer) -> Iterator[Celery]:
-    app = make_app(redis_server, name="proj5")
+    app = make_app(redis_server, name="beat_limit_app")
     yield app
     app.close()
 
@@ -44,8 +47,8 @@ def test_never_more_than_three_at_once_across_two_workers(
 ) -> None:
     records = redis_py.Redis(port=redis_server.port, db=3)
     with (
-        WorkerProcess(redis_server.port, "w1", concurrency=3, app="tests.e2e.proj5"),
-        WorkerProcess(redis_server.port, "w2", concurrency=3, app="tests.e2e.proj5"),
+        WorkerProcess(redis_server.port, "w1", concurrency=3, app=APP),
+        WorkerProcess(redis_server.port, "w2", concurrency=3, app=APP),
     ):
         results = [client.send_task(TASK, args=("k", 0.15)) for _ in range(36)]
         values = [res.get(timeout=30) for res in results]
@@ -65,7 +68,7 @@ def test_the_slot_of_a_killed_child_comes_back(
     """SIGKILL the child holding slot 2: the worker's main process releases that slot, owner-
     checked, and the next execution takes it while the other two holders still run."""
     records = redis_py.Redis(port=redis_server.port, db=3)
-    with WorkerProcess(redis_server.port, "w1", concurrency=4, app="tests.e2e.proj5") as worker:
+    with WorkerProcess(redis_server.port, "w1", concurrency=4, app=APP) as worker:
         holders = [client.send_task(TASK, args=("kk",), kwargs={"hold": 20}) for _ in range(3)]
         wait_until(lambda: len(entries(records, "enter")) == 3, 10, "three holders")
         held = {e["slot"]: e for e in entries(records, "enter")}

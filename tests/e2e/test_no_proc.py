@@ -26,8 +26,10 @@ import redis as redis_py
 from celery import Celery
 from celery.result import AsyncResult
 
-from celery_redlock.testing import RedisServer
-from tests.e2e.harness import API_TASKS, WorkerProcess, wait_until, watch_events
+from celery_redlock.testing import RedisServer, wait_until
+from support.polling import watch_events
+from support.workers import WorkerProcess
+from tests.e2e.conftest import API_TASKS
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +55,9 @@ def test_without_proc_duplicates_never_overlap_and_a_killed_child_is_still_freed
     proj_client: Celery, redis_server: RedisServer, r: redis_py.Redis
 ) -> None:
     records = redis_py.Redis(port=redis_server.port, db=3)
-    with WorkerProcess(redis_server.port, "w1", concurrency=2, env=NO_PROC) as worker:
+    with WorkerProcess(
+        redis_server.port, "w1", concurrency=2, env=NO_PROC, app="tests.e2e.proj"
+    ) as worker:
         assert records.get("proc") == b"/nonexistent"  # the worker reads no /proc
         ran = {}
         for api in API_TASKS:  # one wave of duplicates per API, all of one key

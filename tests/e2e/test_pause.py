@@ -1,6 +1,6 @@
 """A holder paused longer than its TTL: the documented limit, and what fencing does about it.
 
-Timeline, on one prefork worker with a 1 s lease (``tests/e2e/proj7.py``):
+Timeline, on one prefork worker with a 1 s lease (``tests/e2e/pause_app.py``):
 
 1. ``stale`` takes the lock of ``acct`` (fencing token F1) and is frozen with SIGSTOP (its pool
    child, watchdog thread included);
@@ -24,12 +24,13 @@ import redis as redis_py
 from celery import Celery
 
 from celery_redlock.testing import RedisServer, wait_until
+from support.procfs import pid_alive
+from support.workers import WorkerProcess
 from tests.conftest import lock_keys
-from tests.e2e.harness import WorkerProcess, pid_alive
 
 pytestmark = pytest.mark.slow
 
-TASK = "tests.e2e.proj7.fenced_write"
+TASK = "tests.e2e.pause_app.fenced_write"
 LEASE = 1.0
 
 
@@ -41,7 +42,7 @@ def test_frozen_holder_loses_its_lock_and_its_late_write_is_fenced_off(
     def holder(role: str) -> dict[str, str]:
         return records.hgetall(f"holder:{role}")  # type: ignore[return-value]
 
-    with WorkerProcess(redis_server.port, "p1", app="tests.e2e.proj7") as worker:
+    with WorkerProcess(redis_server.port, "p1", app="tests.e2e.pause_app") as worker:
         stale_result = proj_client.send_task(TASK, args=("acct", "stale"))
         wait_until(lambda: holder("stale").get("pid"), 20, "stale to take the lock")
         stale = holder("stale")
@@ -81,11 +82,11 @@ def test_frozen_holder_loses_its_lock_and_its_late_write_is_fenced_off(
         records.set("finish", 1)
         assert new_result.get(timeout=20) == 1
         assert stale_result.get(timeout=20) == 0
-        # The result is stored before after_return releases: wait for the release.
+        # Wait for the release (postrun marks the end of the attempt).
         wait_until(lambda: records.get("postrun:new"), 20, "new to finish and release")
         log = worker.text()
     assert f"lock {key} lost (token {stale['lock_token'][:8]}" in log
-    assert "renewal found it expired or owned by someone else" in log
+    assert "the lease ran out before a renewal was confirmed" in log
     assert lock_keys(r) == []
     print(
         f"\npause: stale frozen, lease ran out {expired_after:.2f}s into the freeze; "

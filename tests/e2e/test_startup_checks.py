@@ -15,12 +15,12 @@ from celery import Celery
 from celery_redlock import LockedTask
 from celery_redlock._celery.checks import run_startup_checks
 from celery_redlock.testing import RedisServer, free_port
+from support.workers import WorkerProcess
 from tests.conftest import make_app
-from tests.e2e.harness import WorkerProcess
 
 pytestmark = pytest.mark.slow
 
-APP = "tests.e2e.proj6"
+APP = "tests.e2e.tooling_app"
 
 
 def lines(worker: WorkerProcess, level: str) -> list[str]:
@@ -59,7 +59,7 @@ def test_an_unreachable_lock_redis_is_one_error_and_the_worker_still_runs(
 ) -> None:
     port = free_port()
     url = f"redis://:hunter2@127.0.0.1:{port}/0"
-    client: Celery = make_app(redis_server, name="proj6")
+    client: Celery = make_app(redis_server, name="tooling_app")
     with WorkerProcess(redis_server.port, "w1", app=APP, env={"REDLOCK_TEST_URL": url}) as worker:
         (error,) = lines(worker, "ERROR")
         # The worker keeps serving: a task that needs no lock still runs.
@@ -67,7 +67,7 @@ def test_an_unreachable_lock_redis_is_one_error_and_the_worker_still_runs(
         text = worker.text()
     client.close()
     assert error.startswith(
-        f"celery_redlock: cannot reach the lock Redis at redis://127.0.0.1:{port}/0"
+        f"celery_redlock: cannot reach the lock Redis at redis://***@127.0.0.1:{port}/0"
     )
     assert "redlock_on_unavailable='retry'" in error
     assert "hunter2" not in text

@@ -1,9 +1,9 @@
-"""The fault-injection run of ``benchmarks/torture.py``, short mode, as a test.
+"""The fault-injection run of ``python -m chaos.torture``, short mode, as a test.
 
 Two prefork workers (``-c 2``), 8 keys and a hundred or more tasks, 25 s of chaos: SIGKILLed pool
 children (also aimed right after an acquire and right before a release), whole workers
 SIGKILLed and restarted, ``revoke(terminate=True)`` with SIGTERM and SIGKILL, tasks overrunning
-a 1 s hard time limit. The run's checker (see the module docstring of ``benchmarks/torture.py``)
+a 1 s hard time limit. The run's checker (see the module docstring of :mod:`chaos.torture`)
 must find no overlap, no fencing-token inversion, no lost task and no lock left.
 
 The run is a subprocess: its workers, servers and process groups are its own, and it stops
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from celery_redlock.testing import RedisServer, wait_until
-from tests.e2e.harness import ROOT
+from support import ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 def test_short_torture_run_finds_no_violation(tmp_path: Path) -> None:
     report = tmp_path / "torture.json"
     run = subprocess.run(
-        [sys.executable, "benchmarks/torture.py", "--json", str(report)],
+        [sys.executable, "-m", "chaos.torture", "--json", str(report)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -18,8 +18,8 @@ from celery_redlock import Lock, LockedTask, LockUnavailable, current_lock, lock
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.lock import release_attempt
 from celery_redlock.testing import RedisServer
+from support.servers import ClusterNodes, client
 from tests.conftest import make_app, running_worker
-from tests.servers import ClusterNodes, client
 
 
 @pytest.fixture(scope="module")

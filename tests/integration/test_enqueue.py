@@ -16,9 +16,8 @@ import redis as redis_py
 from celery import Celery, Task
 
 from celery_redlock import LockedTask, lock_key
-from celery_redlock.testing import RedisServer, free_port
+from celery_redlock.testing import RedisServer, free_port, wait_until
 from tests.conftest import Holder, lock_keys, make_app, running_worker
-from tests.e2e.harness import wait_until
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 
 from celery_redlock import Lock, LockUnavailable
-from celery_redlock.testing import RedisServer, free_port
-from tests.servers import SERVICE, SentinelGroup, client, wait_until
+from celery_redlock.testing import RedisServer, free_port, wait_until
+from support.servers import SERVICE, SentinelGroup, client
 
 
 @pytest.fixture

@@ -1,18 +1,14 @@
-"""The lock signals fire with their documented arguments, and a skip is a Celery event.
+"""The lock signals fire with their documented arguments, on in-process workers (threads pool).
 
-In-process workers (threads pool) for the signals sent where the task runs; ``celery worker``
-subprocesses for the release done by the worker's main process and for the event, which a
-receiver bound to the broker must see.
+The signal sent by a worker's main process and the Celery event are proved with ``celery worker``
+subprocesses, in ``tests/e2e/test_worker_signals.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import queue
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,11 +18,8 @@ from celery.utils.dispatch import Signal
 
 from celery_redlock import Lock, LockContended, LockedTask, current_lock, lock_key
 from celery_redlock.signals import lock_acquired, lock_contended, lock_lost, lock_released
-from celery_redlock.testing import RedisServer
+from celery_redlock.testing import RedisServer, wait_until
 from tests.conftest import make_app, running_worker
-from tests.e2e.harness import WorkerProcess, wait_until
-
-HOLD = "tests.e2e.proj6.hold"
 
 
 @contextlib.contextmanager
@@ -140,88 +133,3 @@ def test_lost_when_renewal_finds_the_key_gone(
     call = only(lost, result.id)
     assert call.pop("reason") == "renewal found it expired or owned by someone else"
     assert call == {"sender": work, "task_id": result.id, "key": lock_key(work, 3)}
-
-
-@pytest.mark.slow
-def test_released_by_the_parent_for_a_killed_child(
-    redis_server: RedisServer, redis_url: str
-) -> None:
-    records = redis_py.Redis(port=redis_server.port, db=3)
-    client = make_app(redis_server, name="proj6")
-    with WorkerProcess(redis_server.port, "w1", app="tests.e2e.proj6") as worker:
-        result = client.send_task(HOLD, args=("p",))
-        wait_until(lambda: records.get("started:p"), 10, "hold('p') to start")
-        client.control.revoke(result.id, terminate=True, signal="SIGKILL")
-        raw = wait_until(lambda: records.lrange("released", 0, -1), 10, "lock_released")
-        entries = [json.loads(e) for e in raw]  # type: ignore[attr-defined]
-    client.close()
-    key = entries[0]["key"]
-    assert entries == [
-        {"task": HOLD, "id": result.id, "key": key, "by": "parent", "pid": worker.pid}
-    ]
-    assert key.startswith("redlock:{tests.e2e.proj6.hold:")
-    assert not redis_py.Redis(port=redis_server.port).exists(key)
-
-
-class EventTap:
-    """A Celery event receiver on the broker, running in a thread while inside.
-
-    Entering returns once the receiver provably gets events (a probe it sent came back), so
-    nothing sent afterwards can be missed.
-    """
-
-    def __init__(self, app: Celery) -> None:
-        self.app = app
-        self.events: queue.Queue[dict[str, Any]] = queue.Queue()
-        self.connection = app.connection_for_read()
-        self.receiver = app.events.Receiver(self.connection, handlers={"*": self.events.put})
-        self.thread = threading.Thread(
-            target=self.receiver.capture, kwargs={"wakeup": False}, daemon=True
-        )
-
-    def __enter__(self) -> EventTap:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        with self.app.events.default_dispatcher() as dispatcher:
-            while True:
-                dispatcher.send("test-probe")
-                with contextlib.suppress(queue.Empty):
-                    if self.events.get(timeout=0.05)["type"] == "test-probe":
-                        return self
-                assert time.monotonic() < deadline, "the event receiver never got a probe"
-
-    def wait_for(self, match: Callable[[dict[str, Any]], bool], timeout: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while True:
-            event = self.events.get(timeout=max(deadline - time.monotonic(), 0.001))
-            if match(event):
-                return event
-
-    def __exit__(self, *exc: object) -> None:
-        self.receiver.should_stop = True
-        self.thread.join(5)
-        self.connection.release()
-
-
-@pytest.mark.slow
-def test_a_skip_sends_task_lock_skipped_with_task_events_on(
-    redis_server: RedisServer, redis_url: str
-) -> None:
-    records = redis_py.Redis(port=redis_server.port, db=3)
-    client = make_app(redis_server, name="proj6")
-    with (
-        WorkerProcess(redis_server.port, "w1", app="tests.e2e.proj6", args=["-E"]),
-        EventTap(client) as tap,
-    ):
-        first = client.send_task(HOLD, args=("e",))
-        wait_until(lambda: records.get("started:e"), 10, "hold('e') to start")
-        second = client.send_task(HOLD, args=("e",))
-        assert second.get(timeout=10) is None
-        event = tap.wait_for(lambda e: e["type"] == "task-lock-skipped", 10)
-        records.rpush("go:e", 1)
-        assert first.get(timeout=10) == "e"
-    client.close()
-    assert event["uuid"] == second.id
-    assert event["holder"] == first.id
-    assert event["key"].startswith("redlock:{tests.e2e.proj6.hold:")
-    assert event["hostname"].startswith("w1@")

@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from tests.e2e.harness import ROOT
+from support import ROOT
 
 
 def test_one_request_rebuilds_the_others_are_served_from_the_cache(redis_url: str) -> None:

@@ -20,9 +20,8 @@ from celery_redlock import (
     lock_key,
     single_instance,
 )
-from celery_redlock.testing import RedisServer, free_port
+from celery_redlock.testing import RedisServer, free_port, wait_until
 from tests.conftest import Holder, lock_keys, make_app, running_worker
-from tests.e2e.harness import wait_until
 
 
 def test_skip_returns_none_and_logs_holder(

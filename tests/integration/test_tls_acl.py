@@ -9,6 +9,7 @@ shows to be minimal: dropping any one rule breaks an operation.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -20,8 +21,8 @@ import redis as redis_py
 from celery_redlock import Lock, LockedTask, LockUnavailable, current_lock, metrics
 from celery_redlock._redis.lock import release_attempt
 from celery_redlock.testing import RedisServer
+from support.servers import Certs, TlsServer, make_certs, tls_supported
 from tests.conftest import make_app, running_worker
-from tests.servers import Certs, TlsServer, make_certs, tls_supported
 
 #: The commands the plugin runs: EVALSHA (every operation; the scripts' own calls are checked
 #: against the same user: GET SET DEL PEXPIRE PTTL TIME PUBLISH), SCRIPT LOAD (after NOSCRIPT),
@@ -168,7 +169,7 @@ def test_the_acl_user_is_refused_everything_else(tls: TlsServer) -> None:
 
 @pytest.mark.parametrize("dropped", COMMANDS)
 def test_every_rule_of_the_acl_is_needed(
-    tls: TlsServer, servers: list[TlsServer], dropped: str
+    tls: TlsServer, servers: list[TlsServer], dropped: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     user = f"probe-{dropped.strip('+').replace('|', '-')}"
     rules = [rule for rule in ACL_RULES.split() if rule != dropped]
@@ -185,6 +186,15 @@ def test_every_rule_of_the_acl_is_needed(
                 c.hincrby("redlock:stats:task", "acquired", 1)
         finally:
             c.close()
+        return
+    if dropped == "+publish":
+        # The release deletes the key but cannot wake the waiters: it says exactly that.
+        holder = Lock(tls.url(user, "secret"), "single", ttl=10)
+        assert holder.acquire(blocking=False)
+        with caplog.at_level(logging.WARNING, logger="celery_redlock.lock"):
+            holder.release()
+        assert not holder.locked()
+        assert "released on" in caplog.text and "waiters were not notified" in caplog.text
         return
     with pytest.raises((redis_py.exceptions.ResponseError, LockUnavailable)) as info:
         operations(tls.url(user, "secret"), "single")

@@ -16,8 +16,8 @@ import redis as redis_py
 from celery import Celery, Task
 
 from celery_redlock import LockContended, LockedTask, single_instance
+from celery_redlock.testing import wait_until
 from tests.conftest import Holder, lock_keys, running_worker
-from tests.e2e.harness import wait_until
 
 APIS = ("task", "decorator")
 

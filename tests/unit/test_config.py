@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_redlock import Lock, LockConfigError, LockContended, LockedTask, single_instance
+from celery_redlock import LockConfigError, LockedTask, single_instance
 from celery_redlock import lock_key as lock_key_of
 from celery_redlock._celery.options import Settings, settings_for, validate_options
 
@@ -242,42 +242,6 @@ def test_lock_name_option_and_prefix_setting_shape_the_key(bare_app: Celery) -> 
 
     assert lock_key_of(a).startswith("myapp:{proj.a:")
     assert lock_key_of(b).startswith("myapp:{shared:")
-
-
-def test_task_policy_overrides_the_app_policy(redis_url: str) -> None:
-    app = Celery("cfg", set_as_current=False)
-    app.conf.update(redlock_url=redis_url, redlock_on_contention="fail")
-    ran: list[str] = []
-
-    @app.task(base=LockedTask, shared=False, lazy=False, name="proj.app_policy", lock_name="j")
-    def app_policy(x: int) -> None:
-        ran.append("app_policy")
-
-    @app.task(
-        base=LockedTask,
-        shared=False,
-        lazy=False,
-        name="proj.task_policy",
-        lock_name="j",
-        lock_on_contention="skip",
-    )
-    def task_policy(x: int) -> None:
-        ran.append("task_policy")
-
-    assert lock_key_of(app_policy, 1) == lock_key_of(task_policy, 1)
-    key = lock_key_of(app_policy, 1)
-    holder = Lock(redis_url, key.removeprefix("redlock:{").removesuffix("}"), ttl=30)
-    assert holder.key == key
-    assert holder.acquire(blocking=False)
-    try:
-        skipped = task_policy.apply(args=(1,))
-        failed = app_policy.apply(args=(1,))
-    finally:
-        holder.release()
-        app.close()
-    assert skipped.successful()
-    assert isinstance(failed.result, LockContended)
-    assert ran == []
 
 
 # -- options are checked when the task class is built -------------------------------------------

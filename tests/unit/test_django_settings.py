@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_redlock import Lock, LockContended, LockedTask, current_lock, lock_key
+from celery_redlock import LockedTask, lock_key
 from celery_redlock._celery.options import settings_for
 
 
@@ -115,44 +115,3 @@ def test_app_conf_assigned_in_code_wins_over_the_settings_module(settings_path: 
     app = app_from(path)
     app.conf.redlock_lease = 5
     assert settings_for(app).lease == 5.0
-
-
-def test_precedence_task_option_then_setting_then_default(
-    settings_path: Any, redis_url: str
-) -> None:
-    path, module, _ = settings_path
-    module.CELERY_REDLOCK_URL = redis_url
-    module.CELERY_REDLOCK_LEASE = 12
-    module.CELERY_REDLOCK_ON_CONTENTION = "fail"
-    app = app_from(path)
-
-    @app.task(base=LockedTask, shared=False, lazy=False, name="proj.by_setting", lock_by=())
-    def by_setting() -> float:
-        lock = current_lock()
-        assert lock is not None
-        return float(lock.ttl)
-
-    @app.task(
-        base=LockedTask,
-        shared=False,
-        lazy=False,
-        name="proj.by_option",
-        lock_by=(),
-        lock_name="proj.by_setting",
-        lock_on_contention="skip",
-    )
-    def by_option() -> str:
-        return "ran"
-
-    assert by_setting.apply().get() == 12.0  # the lease came from CELERY_REDLOCK_LEASE
-    key = lock_key(by_setting)
-    assert key == lock_key(by_option)
-    holder = Lock(redis_url, key.removeprefix("redlock:{").removesuffix("}"), ttl=30)
-    assert holder.acquire()
-    try:
-        with pytest.raises(LockContended):
-            by_setting.apply().get()  # CELERY_REDLOCK_ON_CONTENTION="fail" over the default
-        assert by_option.apply().get() is None  # the task option "skip" over the setting
-    finally:
-        holder.release()
-        app.close()

@@ -1,14 +1,13 @@
-"""The package's architecture: the Redis layer stands without Celery, the public surface is
-pinned, and every exception fits the one hierarchy (and survives Celery's result backend)."""
+"""The package's architecture, read from the source tree: the Redis layer stands without Celery,
+the public surface is pinned, and every exception fits the one hierarchy (and survives Celery's
+result backend). The same layers checked in a fresh interpreter: ``tests/integration/
+test_fresh_imports.py``."""
 
 from __future__ import annotations
 
 import ast
 import json
 import pickle
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import celery
@@ -109,13 +108,6 @@ def test_no_import_cycle_inside_the_package() -> None:
             visit(module)
 
 
-def test_the_cli_does_not_load_the_worker_wiring() -> None:
-    code = "import celery_redlock.cli\n"
-    loaded = _celery_modules_after(code, prefix="celery_redlock")
-    assert "celery_redlock._celery.wiring" not in loaded
-    assert "celery_redlock._celery.engine" not in loaded
-
-
 PUBLIC = {
     "Lock",
     "LockConfigError",
@@ -137,45 +129,6 @@ ALL_EXCEPTIONS = (
     exceptions.LockNotOwned,
     exceptions.LockUnavailable,
 )
-
-
-def _celery_modules_after(code: str, prefix: str = "celery") -> list[str]:
-    """Run ``code`` in a fresh interpreter; return the ``<prefix>*`` modules it left loaded."""
-    probe = code + textwrap.dedent(
-        f"""
-        import json, sys
-        print(json.dumps(sorted(
-            m for m in sys.modules if m == {prefix!r} or m.startswith({prefix!r} + ".")
-        )))
-        """
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert done.returncode == 0, done.stderr
-    return list(json.loads(done.stdout.strip().splitlines()[-1]))
-
-
-def test_redis_layer_modules_do_not_import_celery() -> None:
-    # The modules themselves, with the package __init__ (the public surface, which includes
-    # the Celery layer) bypassed: none of them may reach for celery, directly or indirectly.
-    code = textwrap.dedent(
-        f"""
-        import importlib, importlib.util, sys, types
-        spec = importlib.util.find_spec("celery_redlock")
-        package = types.ModuleType("celery_redlock")
-        package.__path__ = list(spec.submodule_search_locations)
-        sys.modules["celery_redlock"] = package
-        for name in {REDIS_LAYER!r}:
-            importlib.import_module(name)
-        """
-    )
-    assert _celery_modules_after(code) == []
-
-
-def test_importing_redis_layer_does_not_import_celery() -> None:
-    code = "".join(f"import {name}\n" for name in REDIS_LAYER) + "from celery_redlock import Lock\n"
-    assert _celery_modules_after(code) == []
 
 
 def test_public_surface_is_pinned() -> None:

@@ -2,15 +2,15 @@
 
 Run from the repository root::
 
-    python benchmarks/flawed.py                  # about 3 minutes; prints the table
-    python benchmarks/flawed.py --seconds 30     # shorter; --json F writes every figure
+    python -m chaos.flawed                  # about 3 minutes; prints the table
+    python -m chaos.flawed --seconds 30     # shorter; --json F writes every figure
 
-It runs :mod:`benchmarks.torture` once, with every pattern below and celery-redlock side by
+It runs :mod:`chaos.torture` once, with every pattern below and celery-redlock side by
 side: the same workers, the same task mix, the same chaos (child and worker SIGKILLs, revokes,
 hard time limits), each pattern on its own keys, and prints each one's violations. Each
 pattern gets 2 keys (``--keys``), not the torture run's 8: six patterns share the workers, and
 a failure mode needs a second caller of the same key at the wrong moment. This module is also
-imported by the workers (``benchmarks/torture_app.py``) for the patterns themselves; it never
+imported by the workers (:mod:`chaos.torture_app`) for the patterns themselves; it never
 runs in the package.
 
 The patterns, and the chaos that makes each one fail:
@@ -54,7 +54,6 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -191,7 +190,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m chaos.flawed", description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=120.0, help="chaos phase (default 120)")
     p.add_argument("--workers", type=int, default=3)
     p.add_argument("--keys", type=int, default=2, help="keys per pattern (default 2)")
@@ -208,10 +207,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    root = Path(__file__).resolve().parents[1]
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    from benchmarks import torture
+    from chaos import torture  # not at the top: torture (and every worker) imports this module
 
     args = parse_args(argv)
     config = torture.Config(

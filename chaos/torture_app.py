@@ -1,19 +1,21 @@
-"""The Celery app that ``benchmarks/torture.py`` runs in its ``celery worker`` subprocesses.
+"""The Celery app that ``python -m chaos.torture`` runs in its ``celery worker`` subprocesses.
 
-Configured from the environment (set by ``torture.py``; every server is private to the run):
+Configured from the environment, in the ``REDLOCK_TEST_*`` convention of :mod:`support.apps`
+(set by :mod:`chaos.torture`; every server is private to the run):
 
-=========================  ===================================================================
-``TORTURE_BROKER``         broker URL (a server that chaos never stops)
-``TORTURE_BACKEND``        result backend URL (same server, another database)
-``TORTURE_RECORDS``        the record server: where critical sections record themselves
-``TORTURE_LOCKS``          lock server URL, or comma-separated URLs of 3 or 5 quorum nodes
-``TORTURE_LEASE``          ``redlock_lease`` in seconds (also the TTL of the flawed patterns)
-``TORTURE_MARGIN``         ``redlock_ttl_margin`` in seconds
-``TORTURE_VISIBILITY``     the Redis transport's ``visibility_timeout``: how long a message of
-                           a SIGKILLed worker stays invisible before it is redelivered
-``TORTURE_CLOCK_SKEW``     seconds added to this worker's clock, seen by the GETSET pattern only
-``TORTURE_WINDOW``         seconds of each kill window (see :func:`window`)
-=========================  ===================================================================
+============================  ================================================================
+``REDLOCK_TEST_BROKER``       broker URL (a server that chaos never stops)
+``REDLOCK_TEST_BACKEND``      result backend URL (same server, another database)
+``REDLOCK_TEST_RECORDS``      the record server: where critical sections record themselves
+``REDLOCK_TEST_URL``          lock server URL, or comma-separated URLs of 3 or 5 quorum nodes
+``REDLOCK_TEST_LEASE``        ``redlock_lease`` in seconds (also the TTL of the flawed patterns)
+``REDLOCK_TEST_TTL_MARGIN``   ``redlock_ttl_margin`` in seconds
+``REDLOCK_TEST_VISIBILITY``   the Redis transport's ``visibility_timeout``: how long a message
+                              of a SIGKILLed worker stays invisible before it is redelivered
+``REDLOCK_TEST_CLOCK_SKEW``   seconds added to this worker's clock, seen by the GETSET pattern
+                              only
+``REDLOCK_TEST_WINDOW``       seconds of each kill window (see :func:`window`)
+============================  ================================================================
 
 Tasks, all with ``acks_late`` and ``task_reject_on_worker_lost`` (a task whose child is killed
 is redelivered), each taking ``(key, duration, seq)``:
@@ -22,10 +24,10 @@ is redelivered), each taking ``(key, duration, seq)``:
 * ``torture.ours_wait``: ``LockedTask``, ``lock_on_contention="wait"``; when the wait times
   out the call is retried, never dropped. Both share ``lock_name="ours"``: one lock per key.
 * ``torture.flawed``: a plain task locking with one of the patterns of
-  :mod:`benchmarks.flawed` (its first argument names it), polling for the lock, then retrying.
+  :mod:`chaos.flawed` (its first argument names it), polling for the lock, then retrying.
 
 Every critical section records itself on the record server (:func:`enter`, :func:`leave`);
-``torture.py`` explains how those records are checked. Before and after its section a task
+:mod:`chaos.torture` explains how those records are checked. Before and after its section a task
 sleeps in a *kill window* that it announces on the record server (``window:<pid>``), so that
 the chaos loop can aim SIGKILLs at the moments between two steps of a lock protocol.
 """
@@ -39,35 +41,43 @@ import random
 import secrets
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import redis
 from celery import Celery, signals
 
-from benchmarks import flawed
 from celery_redlock import LockContended, LockedTask, current_lock
+from chaos import flawed
+from support.apps import env
+from support.procfs import pid_alive, sigkill_pending, start_time
 
-ENV = os.environ
-LOCK_URLS = ENV["TORTURE_LOCKS"].split(",")
-LEASE = float(ENV.get("TORTURE_LEASE", "2"))
-WINDOW = float(ENV.get("TORTURE_WINDOW", "0.03"))
-SKEW = float(ENV.get("TORTURE_CLOCK_SKEW", "0"))
+
+def _required(name: str) -> str:
+    value = env(name)
+    if value is None:
+        raise RuntimeError(f"REDLOCK_TEST_{name} is not set: run python -m chaos.torture")
+    return value
+
+
+LOCK_URLS = _required("URL").split(",")
+LEASE = float(env("LEASE") or 2)
+WINDOW = float(env("WINDOW") or 0.03)
+SKEW = float(env("CLOCK_SKEW") or 0)
 #: Seconds between two acquisition attempts of a flawed pattern, and how long it polls.
 POLL, POLL_FOR = 0.05, 2.0
 
-app = Celery("torture", broker=ENV["TORTURE_BROKER"], backend=ENV["TORTURE_BACKEND"])
+app = Celery("torture", broker=_required("BROKER"), backend=_required("BACKEND"))
 app.conf.update(
     redlock_url=LOCK_URLS[0] if len(LOCK_URLS) == 1 else LOCK_URLS,
     redlock_prefix="torture",
     redlock_lease=LEASE,
-    redlock_ttl_margin=float(ENV.get("TORTURE_MARGIN", "1.5")),
+    redlock_ttl_margin=float(env("TTL_MARGIN") or 1.5),
     task_acks_late=True,
     task_reject_on_worker_lost=True,
     worker_prefetch_multiplier=1,
     broker_connection_retry_on_startup=True,
     broker_transport_options={
-        "visibility_timeout": float(ENV.get("TORTURE_VISIBILITY", "10")),
+        "visibility_timeout": float(env("VISIBILITY") or 10),
         "unacked_restore_interval": 0.5,
         "unacked_restore_throttle": 1,
         # A worker SIGKILLed inside a restore sweep leaves this mutex behind (default 300 s).
@@ -76,7 +86,7 @@ app.conf.update(
     worker_hijack_root_logger=True,
 )
 
-records = redis.Redis.from_url(ENV["TORTURE_RECORDS"], socket_timeout=10)
+records = redis.Redis.from_url(_required("RECORDS"), socket_timeout=10)
 #: The flawed patterns lock on the first lock server (they know nothing of quorums).
 flawed_locks = redis.Redis.from_url(LOCK_URLS[0], socket_timeout=5, socket_connect_timeout=2)
 
@@ -157,16 +167,6 @@ _enter = records.register_script(ENTER)
 _exit = records.register_script(EXIT)
 
 
-def start_time(pid: int) -> str | None:
-    """Field 22 of ``/proc/<pid>/stat`` (start time in clock ticks): with the pid, it names a
-    process uniquely, so a pid reused by a new process is never mistaken for the old one."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rpartition(")")[2].split()[19]
-
-
 _own: dict[int, str] = {}
 
 
@@ -185,19 +185,15 @@ def verdict(process: dict[str, Any]) -> str:
     ``revoke(terminate=True, signal="SIGKILL")`` release its lock right after sending SIGKILL).
     """
     pid = int(process["pid"])
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
+    started = start_time(pid)
+    if started is None:
         return "dead:gone"
-    fields = stat.rpartition(")")[2].split()
-    if fields[19] != process["start"]:
+    if started != process["start"]:
         return "dead:pid-reused"
-    if fields[0] in ("Z", "X"):
+    if not pid_alive(pid):
         return "dead:zombie"
-    for line in status.splitlines():
-        if line.startswith(("SigPnd:", "ShdPnd:")) and int(line.split()[1], 16) & (1 << 8):
-            return "dead:sigkill-pending"
+    if sigkill_pending(pid):
+        return "dead:sigkill-pending"
     return "alive"
 
 
@@ -289,10 +285,10 @@ def critical(
 class WaitThenRetry(LockedTask):
     """``lock_on_contention="wait"``; a wait that times out becomes a retry, never a failure."""
 
-    def before_start(self, task_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
-            super().before_start(task_id, args, kwargs)
-        except LockContended as exc:
+            return super().__call__(*args, **kwargs)
+        except LockContended as exc:  # the wait ran out; the body never started
             raise self.retry(countdown=random.uniform(0.1, 0.4), exc=exc) from None
 
 

@@ -1,4 +1,4 @@
-"""Redis topologies for the integration tests, all on free ports of 127.0.0.1.
+"""Redis topologies for tests and benchmarks, all on free ports of 127.0.0.1.
 
 Beyond the single throwaway server of :class:`celery_redlock.testing.RedisServer`:
 

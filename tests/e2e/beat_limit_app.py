@@ -31,13 +31,13 @@ from celery.schedules import schedule
 
 from celery_redlock import LockedTask, current_lock
 from celery_redlock.signals import lock_contended
-from tests.e2e.harness import layout_app
+from support.apps import layout_app
 
 PORT = int(os.environ["REDLOCK_TEST_PORT"])
 BASE = f"redis://127.0.0.1:{PORT}"
 
 app = layout_app(
-    "proj5",
+    "beat_limit_app",
     BASE,
     worker_prefetch_multiplier=1,
     worker_hijack_root_logger=True,
@@ -139,13 +139,13 @@ SCHEDULES: dict[str, dict[str, dict[str, Any]]] = {
     # Run 1.5 s every 1 s; expires = interval, time_limit bounds a run (the recommended setup).
     "overlap": {
         "slow": {
-            "task": "tests.e2e.proj5.slow_job",
+            "task": "tests.e2e.beat_limit_app.slow_job",
             "schedule": 1.0,
             "args": (1.5,),
             "options": {"expires": 1.0, "time_limit": 10},
         },
         "slow-retry": {
-            "task": "tests.e2e.proj5.slow_retry_job",
+            "task": "tests.e2e.beat_limit_app.slow_retry_job",
             "schedule": 1.0,
             "args": (1.5,),
             "options": {"expires": 3.0, "time_limit": 10},
@@ -155,18 +155,18 @@ SCHEDULES: dict[str, dict[str, dict[str, Any]]] = {
     # control goes to its own queue (and worker), so it never delays tick_job.
     "ticks": {
         "tick": {
-            "task": "tests.e2e.proj5.tick_job",
+            "task": "tests.e2e.beat_limit_app.tick_job",
             "schedule": EVERY_SECOND,
             "options": {"expires": 0.7, "time_limit": 10},
         },
         "tick-plain": {
-            "task": "tests.e2e.proj5.tick_plain",
+            "task": "tests.e2e.beat_limit_app.tick_plain",
             "schedule": EVERY_SECOND,
             "options": {"expires": 0.7, "time_limit": 10, "queue": "plain"},
         },
     },
     "enqueue": {
-        "queued": {"task": "tests.e2e.proj5.queued_job", "schedule": 0.5},
+        "queued": {"task": "tests.e2e.beat_limit_app.queued_job", "schedule": 0.5},
     },
 }
 

@@ -26,13 +26,13 @@ import redis
 
 from celery_redlock import LockedTask
 from celery_redlock.signals import lock_released
-from tests.e2e.harness import layout_app
+from support.apps import layout_app
 
 PORT = int(os.environ["REDLOCK_TEST_PORT"])
 BASE = f"redis://127.0.0.1:{PORT}"
 
 app = layout_app(
-    "proj6",
+    "tooling_app",
     BASE,
     redlock_url=os.environ.get("REDLOCK_TEST_URL") or f"{BASE}/0",
     worker_prefetch_multiplier=1,

@@ -3,17 +3,17 @@ Redis outages, with a checker for mutual exclusion, fencing order, lost work and
 
 Run from the repository root::
 
-    python benchmarks/torture.py                     # short: 2 workers, 25 s of chaos
-    python benchmarks/torture.py --long              # 3 workers, 480 s: thousands of tasks
-    python benchmarks/torture.py --quorum            # locks on 3 nodes that chaos restarts
-    python benchmarks/torture.py --seconds 60 --json torture.json
+    python -m chaos.torture                     # short: 2 workers, 25 s of chaos
+    python -m chaos.torture --long              # 3 workers, 480 s: thousands of tasks
+    python -m chaos.torture --quorum            # locks on 3 nodes that chaos restarts
+    python -m chaos.torture --seconds 60 --json torture.json
 
 It prints one summary line and exits non-zero on any violation. Everything runs on private
 ``redis-server`` processes on free ports (:class:`celery_redlock.testing.RedisServer`): the lock
 server (or 3 or 5 quorum nodes), a broker (db 1, results in db 2), and a separate *record
-server* that chaos never touches. The workers are ``celery -A benchmarks.torture_app worker
--P prefork -c 2``, each in its own process group; see :mod:`benchmarks.torture_app` for the
-tasks.
+server* that chaos never touches. The workers are ``celery -A chaos.torture_app worker
+-P prefork -c 2`` (:class:`support.workers.WorkerProcess`), each in its own process group; see
+:mod:`chaos.torture_app` for the tasks.
 
 **Load.** A producer keeps a backlog of tasks on 8 keys (random key, random duration: mostly
 short, some close to the lease, some longer than it or several leases long, and some submitted
@@ -76,8 +76,8 @@ The checker then reads the stream and results and reports:
 After a failing run the worker logs and a dump of both streams (``records.jsonl``) stay in the
 temporary directory named at the start (``--keep-logs`` keeps them after any run).
 
-The same run can host the flawed patterns of :mod:`benchmarks.flawed` beside ours (each on its
-own keys): that is what ``benchmarks/flawed.py`` does.
+The same run can host the flawed patterns of :mod:`chaos.flawed` beside ours (each on its
+own keys): that is what ``python -m chaos.flawed`` does.
 """
 
 from __future__ import annotations
@@ -89,26 +89,24 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python benchmarks/torture.py` puts benchmarks/ first instead
-    sys.path.insert(0, str(ROOT))
+import redis
+from celery import Celery
+from kombu.utils.uuid import uuid
 
-import redis  # noqa: E402
-from celery import Celery  # noqa: E402
-from kombu.utils.uuid import uuid  # noqa: E402
-
-from celery_redlock._redis import keys as _keys  # noqa: E402
-from celery_redlock.testing import RedisServer  # noqa: E402
+from celery_redlock._redis import keys as _keys
+from celery_redlock.testing import RedisServer, wait_until
+from chaos import flawed
+from support.procfs import start_time
+from support.workers import WorkerProcess
 
 #: Seconds between two looks at something the run waits for (results, logs, windows).
 POLL = 0.05
@@ -214,118 +212,18 @@ def _wall(at: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at * 1000) % 1000:03d}"
 
 
-def start_time(pid: int) -> str | None:
-    """Start time of process ``pid`` (``/proc``); with the pid it names one process."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-class Worker:
-    """``celery -A benchmarks.torture_app worker -P prefork`` in its own process group."""
-
-    def __init__(self, index: int, concurrency: int, env: dict[str, str], logdir: Path) -> None:
-        self.index = index
-        self.name = f"torture{index}"
-        self.log = logdir / f"{self.name}.log"
-        self.err = logdir / f"{self.name}.stderr"
-        self.env = env
-        self.cmd = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "benchmarks.torture_app",
-            "worker",
-            "-P",
-            "prefork",
-            "-c",
-            str(concurrency),
-            "-n",
-            f"{self.name}@%h",
-            "-l",
-            "INFO",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "--logfile",
-            str(self.log),
-        ]
-        self.process: subprocess.Popen[bytes] | None = None
-        self.ready = False
-        self.starts = 0
-        self._offset = 0
-
-    def start(self) -> None:
-        self._offset = self.log.stat().st_size if self.log.exists() else 0
-        with self.err.open("ab") as err:
-            self.process = subprocess.Popen(
-                self.cmd,
-                cwd=ROOT,
-                env=self.env,
-                start_new_session=True,
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-            )
-        self.ready = False
-        self.starts += 1
-
-    @property
-    def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
-
-    def is_ready(self) -> bool:
-        if not self.ready and self.alive and self.log.exists():
-            with self.log.open("rb") as f:
-                f.seek(self._offset)
-                self.ready = b" ready." in f.read()
-        return self.ready and self.alive
-
-    def children(self) -> list[int]:
-        if not self.alive:
-            return []
-        assert self.process is not None
-        path = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
-        try:
-            return [int(p) for p in path.read_text().split()]
-        except OSError:
-            return []
-
-    def kill(self) -> None:
-        """SIGKILL the whole process group (main process and pool children)."""
-        if self.process is not None and self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        self.ready = False
-
-    def terminate(self) -> None:
-        """Ask for a warm shutdown (SIGTERM); :meth:`join` waits for it."""
-        if self.alive:
-            assert self.process is not None
-            os.kill(self.process.pid, signal.SIGTERM)
-
-    def join(self, timeout: float = 20.0) -> bool:
-        """Wait for the worker to exit; SIGKILL the group after ``timeout``. True if warm."""
-        if self.process is None:
-            return True
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return False
-        with contextlib.suppress(ProcessLookupError):  # a child left behind, if any
-            os.killpg(self.process.pid, signal.SIGKILL)
-        return True
-
-
-def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(POLL)
+def make_worker(index: int, concurrency: int, env: dict[str, str], logdir: Path) -> WorkerProcess:
+    """``celery -A chaos.torture_app worker -P prefork`` logging to ``logdir``; launched later."""
+    name = f"torture{index}"
+    return WorkerProcess(
+        None,
+        name,
+        concurrency,
+        env=env,
+        app="chaos.torture_app",
+        log=logdir / f"{name}.log",
+        stderr=logdir / f"{name}.stderr",
+    )
 
 
 # -- load -----------------------------------------------------------------------------------------
@@ -432,7 +330,7 @@ class Chaos:
         self,
         config: Config,
         rng: random.Random,
-        workers: list[Worker],
+        workers: list[WorkerProcess],
         nodes: list[RedisServer],
         records: redis.Redis,
         app: Celery,
@@ -537,7 +435,7 @@ class Chaos:
         worker = self.rng.choice(ready)
         worker.kill()
         self.last_worker_kill = now
-        self.down_workers[worker.index] = now + self.rng.uniform(0.2, 1.0)
+        self.down_workers[self.workers.index(worker)] = now + self.rng.uniform(0.2, 1.0)
         self.note("worker_kill", worker.name)
         return True
 
@@ -580,7 +478,7 @@ class Chaos:
         now = time.monotonic()
         for index, due in list(self.down_workers.items()):
             if force_workers or now >= due:
-                self.workers[index].start()
+                self.workers[index].launch()
                 del self.down_workers[index]
         for index, due in list(self.down_nodes.items()):
             if now >= due:
@@ -792,8 +690,6 @@ def locks_left(config: Config, nodes: list[RedisServer]) -> dict[str, list[str]]
                     if _keys.is_slot(k)
                 ]
             if node is nodes[0]:
-                from benchmarks import flawed
-
                 for pattern in config.patterns:
                     if pattern in flawed.PATTERNS:
                         impl = flawed.PATTERNS[pattern]
@@ -819,10 +715,10 @@ EXPECTED_ERRORS = (
 )
 
 
-def worker_log_counts(workers: list[Worker]) -> dict[str, int]:
+def worker_log_counts(workers: list[WorkerProcess]) -> dict[str, int]:
     counts: Counter[str] = Counter()
     for worker in workers:
-        for path in (worker.log, worker.err):
+        for path in filter(None, (worker.log, worker.stderr)):
             text = path.read_text(errors="replace") if path.exists() else ""
             counts["lock lost (ERROR)"] += text.count(" lost (token ")
             counts["parent releases"] += text.count("released the lock of dead child")
@@ -870,29 +766,28 @@ def run(config: Config) -> dict[str, Any]:
         results = redis.Redis(port=broker_server.port, db=2, socket_timeout=10)
         broker = redis.Redis(port=broker_server.port, db=1, socket_timeout=10)
         env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-            "TORTURE_BROKER": f"{base}/1",
-            "TORTURE_BACKEND": f"{base}/2",
-            "TORTURE_RECORDS": records_server.url,
-            "TORTURE_LOCKS": ",".join(n.url for n in nodes),
-            "TORTURE_LEASE": str(config.lease),
-            "TORTURE_MARGIN": str(config.margin),
-            "TORTURE_VISIBILITY": str(visibility(config)),
+            "REDLOCK_TEST_BROKER": f"{base}/1",
+            "REDLOCK_TEST_BACKEND": f"{base}/2",
+            "REDLOCK_TEST_RECORDS": records_server.url,
+            "REDLOCK_TEST_URL": ",".join(n.url for n in nodes),
+            "REDLOCK_TEST_LEASE": str(config.lease),
+            "REDLOCK_TEST_TTL_MARGIN": str(config.margin),
+            "REDLOCK_TEST_VISIBILITY": str(visibility(config)),
         }
         workers = [
-            Worker(
+            make_worker(
                 i,
                 config.concurrency,
-                {**env, "TORTURE_CLOCK_SKEW": str(config.skews[i % len(config.skews)])},
+                {**env, "REDLOCK_TEST_CLOCK_SKEW": str(config.skews[i % len(config.skews)])},
                 logdir,
             )
             for i in range(config.workers)
         ]
-        stack.callback(lambda: [w.kill() for w in workers])
         for worker in workers:
-            worker.start()
-        wait_for(lambda: all(w.is_ready() for w in workers), 60, "the workers' 'ready.'")
+            stack.callback(worker.kill)
+        for worker in workers:
+            worker.launch()
+        wait_until(lambda: all(w.is_ready() for w in workers), 60, "the workers' 'ready.'", POLL)
         t_ready = time.monotonic()
         app = Celery("torture-client", broker=f"{base}/1", set_as_current=False)
         stack.callback(app.close)
@@ -951,17 +846,18 @@ def run(config: Config) -> dict[str, Any]:
         # Warm shutdown; a worker still busy after 5 s runs a duplicate of a finished task
         # (redelivered after the visibility timeout): SIGKILL it, its lease then runs out.
         for worker in workers:
-            worker.terminate()
+            worker.send(signal.SIGTERM)
         warm = [w.join(timeout=5.0) for w in workers]
         t_stopped = time.monotonic()
 
         # 3. every lease runs out, then no lock may be left
         expiry = config.lease + max(abs(s) for s in config.skews) + 0.5
-        with contextlib.suppress(TimeoutError):
-            wait_for(
+        with contextlib.suppress(AssertionError):
+            wait_until(
                 lambda: not any(locks_left(config, nodes).values()),
                 expiry,
                 "every lock key to expire",
+                POLL,
             )
         left = locks_left(config, nodes)
 
@@ -1066,7 +962,9 @@ def run(config: Config) -> dict[str, Any]:
 
 
 def parse_args(argv: Sequence[str] | None) -> Config:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m chaos.torture", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument(
         "--long", action="store_true", help="3 workers, 480 s of chaos (default: 2 workers, 25 s)"
     )
