@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test bench lint
+.PHONY: demo test test-lowest bench lint
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -16,10 +16,15 @@ demo: $(VENV)/.installed
 test: lint
 	$(PY) -m pytest
 
+# The oldest celery, kombu and redis-py that pyproject.toml accepts (noxfile.py).
+test-lowest: $(VENV)/.installed
+	$(PY) -m nox -s lowest
+
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
 bench: $(VENV)/.installed
-	$(PY) benchmarks/bench_core.py
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) -m benchmarks

@@ -186,6 +186,10 @@ class SentinelGroup(_Started):
 
     def _replica_known(self) -> bool:
         replicas = self._sentinel_call("SENTINEL", "REPLICAS", SERVICE)
+        # redis-py < 8 leaves this reply unparsed: a flat [field, value, ...] list per replica.
+        replicas = [
+            r if isinstance(r, dict) else dict(zip(r[::2], r[1::2], strict=True)) for r in replicas
+        ]
         return any(r["flags"] == "slave" and r["master-link-status"] == "ok" for r in replicas)
 
     def primary_port(self) -> int:

@@ -5,6 +5,7 @@ The worker subprocesses themselves come from :mod:`support.workers`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -19,6 +20,16 @@ API_TASKS: dict[str, dict[str, str]] = {
     "task": {"ending": "ending", "waiter": "waiter", "critical": "critical"},
     "decorator": {"ending": "plain_ending", "waiter": "plain_waiter", "critical": "plain_critical"},
 }
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Soak tests (marker ``soak``, a minute or more) run only with ``REDLOCK_SOAK=1``."""
+    if os.environ.get("REDLOCK_SOAK") == "1":
+        return
+    skip = pytest.mark.skip(reason="soak test: run with REDLOCK_SOAK=1")
+    for item in items:
+        if item.get_closest_marker("soak") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture

@@ -27,6 +27,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import celery
+import kombu
 import pytest
 import redis as redis_py
 from celery import Celery, chord, group
@@ -47,6 +49,10 @@ over_apis = pytest.mark.parametrize("api", APIS)
 
 PARENT_RELEASE = "released the lock of dead child"
 ACKS_LATE = {"REDLOCK_TEST_ACKS_LATE": "1"}
+CELERY_57 = tuple(map(int, celery.__version__.split(".")[:2])) >= (5, 7)
+#: kombu < 5.7 has no ``unacked_restore_interval``: it sweeps for unacked messages every 10 s
+#: and scans on one sweep in 10, so a redelivery comes only minutes after the visibility timeout.
+KOMBU_57 = tuple(map(int, kombu.__version__.split(".")[:2])) >= (5, 7)
 #: Celery's periodic maintain_pool: the latest a worker notices a dead child. Measured: ~20 ms,
 #: or this tick, in about half the runs: the child's sentinel pipe becomes readable before the
 #: child can be reaped, asynpool's _event_process_exit then finds no exited process and stops
@@ -286,7 +292,8 @@ def test_ignore_and_reject_release(env: Env, api: str, how: str, state: str) -> 
     child = env.starts(key)[0]["pid"]
     # Celery behaviour relied on: no after_return for IGNORED / REJECTED, postrun runs.
     assert env.hooks(first.id) == [f"postrun:{state}:{child}"]
-    assert first.state == ("FAILURE" if how == "reject" else "PENDING")
+    # Celery 5.7 stores FAILURE for Reject(requeue=False); earlier versions store nothing.
+    assert first.state == ("FAILURE" if how == "reject" and CELERY_57 else "PENDING")
     assert PARENT_RELEASE not in text
     assert_no_unlocked_code(env, key)
     assert lock_keys(env.locks) == []
@@ -337,6 +344,8 @@ def test_hard_time_limit_released_by_the_main_process(env: Env, api: str, how: s
     # Celery 5.7 behaviour relied on: the main process runs on_failure and after_return (with an
     # empty request: nothing to release there); a child that can unwind on SIGTERM runs postrun.
     expected = [f"on_failure:TimeLimitExceeded:{main}", f"after_return:FAILURE:{main}"]
+    if not CELERY_57:  # before 5.7 the main process runs no hook: the reaper releases
+        expected = []
     if how == "sleep":
         expected.append(f"postrun:None:{child}")
     assert sorted(env.hooks(holder.id)) == sorted(expected)
@@ -531,7 +540,7 @@ def test_cold_shutdown_releases(env: Env, how: str, acks_late: bool) -> None:
         # postrun (and releases there); without acks_late the main process then runs on_retry
         # (task lost).
         expected = [f"postrun:None:{start['pid']}"]
-        if not acks_late:
+        if not acks_late and CELERY_57:  # Celery < 5.7 runs no hook in the main process
             expected.append(f"on_retry:Retry:{worker.pid}")
         assert sorted(env.hooks(holder.id)) == sorted(expected)
         assert seen[f"released {api}"] - signalled < 1.0
@@ -605,6 +614,7 @@ def test_whole_worker_sigkill_key_expires_by_ttl(env: Env, bound_by: str) -> Non
 
 
 @over_apis
+@pytest.mark.skipif(not KOMBU_57, reason="kombu < 5.7 cannot redeliver within seconds")
 def test_redelivered_message_finding_the_key_held_is_retried_not_skipped(
     env: Env, api: str
 ) -> None:

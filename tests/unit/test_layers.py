@@ -116,6 +116,7 @@ PUBLIC = {
     "LockNotOwned",
     "LockUnavailable",
     "LockedTask",
+    "RateLimited",
     "RedlockError",
     "current_lock",
     "lock_key",
@@ -128,6 +129,7 @@ ALL_EXCEPTIONS = (
     exceptions.LockLost,
     exceptions.LockNotOwned,
     exceptions.LockUnavailable,
+    exceptions.RateLimited,
 )
 
 
