@@ -116,6 +116,9 @@ class StubClient:
         ) -> object:
             return self.reply
 
+    def set(self, *args: object, **kwargs: object) -> None:
+        return None  # SET NX ... GET: the key was free
+
     def register_script(self, script: str) -> StubClient.Script:
         # acquire: {1, fencing_token, slot}; every other script: 1 (success)
         return self.Script([1, 1, 1] if script == _scripts.ACQUIRE else 1)

@@ -17,6 +17,7 @@ from .exceptions import (
     LockLost,
     LockNotOwned,
     LockUnavailable,
+    RateLimited,
     RedlockError,
 )
 
@@ -34,6 +35,7 @@ __all__ = [
     "LockNotOwned",
     "LockUnavailable",
     "LockedTask",
+    "RateLimited",
     "RedlockError",
     "current_lock",
     "lock_key",

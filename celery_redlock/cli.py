@@ -4,7 +4,8 @@ Installed through the ``celery.commands`` entry point, so Celery's own ``-A`` op
 app (its ``redlock_*`` settings say where the locks are)::
 
     celery -A proj redlock ls [--json]               every held lock: key, holder, TTL, fence
-    celery -A proj redlock inspect KEY [--json]      one lock, and whether its holder is alive
+    celery -A proj redlock inspect KEY [--json]      one lock, whether its holder is alive, and
+                                                     the per-call overrides it was taken with
     celery -A proj redlock inspect --task-id ID      the locks held by one task id
     celery -A proj redlock release KEY [--force]     owner-checked release of one lock
     celery -A proj redlock release --dead            release the locks of workers that are gone
@@ -48,18 +49,20 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import click
 import redis as redis_py
+from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
 from ._celery.options import Settings, quorum_size, settings_for
 from ._redis import owner as _owner
+from ._redis import scripts as _scripts
 from ._redis.clients import UNAVAILABLE_ERRORS, client_for, redact
-from ._redis.keys import is_slot, keys_for, lock_pattern
+from ._redis.keys import call_key, fence_of, is_slot, keys_for, lock_pattern
 from ._redis.nodes import nodes_for
 from .exceptions import LockConfigError, LockUnavailable
 from .metrics import EVENTS, read_stats
@@ -93,12 +96,14 @@ class HeldLock:
     holder: _owner.Owner | None
     ttl: float | None
     fencing_token: int | None
+    #: The per-call overrides the holder took it with (``apply_async(..., lock_ttl=...)``).
+    overrides: dict[str, Any] | None = None
 
     @property
     def lock_name(self) -> str:
         """The name without the argument digest: the task's ``lock_name`` for a task lock."""
         head, _, tail = self.name.rpartition(":")
-        is_digest = len(tail) == 32 and all(c in "0123456789abcdef" for c in tail)
+        is_digest = len(tail) == 32 and _HEX.issuperset(tail)
         return head if head and is_digest else self.name
 
     def as_dict(self, alive: str | None = None) -> dict[str, Any]:
@@ -117,6 +122,7 @@ class HeldLock:
             "ttl": self.ttl,
             "fencing_token": self.fencing_token,
             "token_prefix": self.value[:8],
+            "overrides": self.overrides,
         }
         if alive is not None:
             out["alive"] = alive
@@ -126,6 +132,12 @@ class HeldLock:
 def _iso(ms: int) -> str:
     moment = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
     return moment.isoformat(timespec="milliseconds")
+
+
+_HEX = frozenset("0123456789abcdef")
+
+#: Keys per ``SCAN`` step and per pipelined read of :meth:`LockStore.pages`.
+PAGE = 1000
 
 
 class LockStore:
@@ -165,19 +177,49 @@ class LockStore:
     def read(self, key: str) -> HeldLock | None:
         """The lock at ``key`` (a slot key or a bare name), or ``None`` when nobody holds it."""
         parsed = self.parse(key)
-        if parsed is None:
-            return None
-        key, name, slot = parsed
-        fence = keys_for(self.settings.prefix, name).fence
+        return None if parsed is None else self._read_page([parsed])[0]
 
-        def one(client: Any) -> tuple[Any, ...]:
+    def _read_page(self, parsed: Sequence[tuple[str, str, int]]) -> list[HeldLock | None]:
+        """The lock at each ``(slot key, name, slot)``: one pipelined round trip per node."""
+        keys = [key for key, _, _ in parsed]
+        fences = [fence_of(key) for key in keys]
+        records = [call_key(key) for key in keys]
+
+        def many(client: Any) -> list[tuple[Any, ...]]:
             pipe = client.pipeline(transaction=False)
-            pipe.get(key)
-            pipe.pttl(key)
-            pipe.get(fence)
-            return tuple(pipe.execute())
+            if isinstance(client, RedisCluster):  # keys of other slots: one GET each
+                for key, fence, record in zip(keys, fences, records, strict=True):
+                    pipe.get(key)
+                    pipe.get(fence)
+                    pipe.get(record)
+            else:  # three MGETs and a PTTL script: four commands for the whole page
+                pipe.mget(keys)
+                pipe.mget(fences)
+                pipe.mget(records)
+                _scripts.script(client, _scripts.PTTLS)(keys=keys, client=pipe)
+            if isinstance(client, RedisCluster):
+                for key in keys:
+                    pipe.pttl(key)
+            flat = pipe.execute()
+            if isinstance(client, RedisCluster):
+                n = 3 * len(keys)
+                values, fenced, recorded = flat[0:n:3], flat[1:n:3], flat[2:n:3]
+                pttls = flat[n:]
+            else:
+                values, fenced, recorded, pttls = flat
+            return list(zip(values, pttls, fenced, recorded, strict=True))
 
-        replies = [r for r in self._each(one) if r is not None and r[0] is not None]
+        per_node = self._each(many)
+        return [
+            self._held(key, name, slot, [node[i] for node in per_node if node is not None])
+            for i, (key, name, slot) in enumerate(parsed)
+        ]
+
+    def _held(
+        self, key: str, name: str, slot: int, replies: Sequence[tuple[Any, ...]]
+    ) -> HeldLock | None:
+        """What the nodes' ``(value, pttl, fence, call record)`` replies say about ``key``."""
+        replies = [r for r in replies if r[0] is not None]
         values = [_text(r[0]) for r in replies]
         value = max(set(values), key=values.count) if values else None
         if value is None or values.count(value) < self.quorum:
@@ -193,11 +235,44 @@ class LockStore:
             holder=_owner.parse(value),
             ttl=None if pttl < 0 else pttl / 1000.0,
             fencing_token=max(fences) if fences else None,
+            overrides=_overrides(value, [r[3] for r in replies]),
         )
 
+    def pages(self) -> Iterator[list[HeldLock]]:
+        """Every held lock, a page at a time: a ``SCAN`` step of up to :data:`PAGE` keys, read
+        with one pipelined round trip per node. One node is streamed (memory stays flat);
+        a quorum's key names are gathered from every node first."""
+        if len(self.urls) == 1:
+            pattern = lock_pattern(self.settings.prefix)
+            try:
+                found: Iterable[Any] = client_for(self.urls[0]).scan_iter(match=pattern, count=PAGE)
+                yield from self._pages_of(found)
+            except _READ_ERRORS as exc:
+                url = redact(self.urls[0])
+                message = f"cannot reach the lock Redis: {url} ({redact(exc)})"
+                raise click.ClickException(message) from exc
+            return
+        yield from self._pages_of(self.keys())
+
+    def _pages_of(self, keys: Iterable[Any]) -> Iterator[list[HeldLock]]:
+        seen: set[str] = set()  # SCAN may return a key twice
+        page: list[tuple[str, str, int]] = []
+        for raw in keys:
+            key = _text(raw)
+            parsed = self.parse(key) if is_slot(key) and key not in seen else None
+            if parsed is None:
+                continue
+            seen.add(key)
+            page.append(parsed)
+            if len(page) == PAGE:
+                yield [lock for lock in self._read_page(page) if lock is not None]
+                page = []
+        if page:
+            yield [lock for lock in self._read_page(page) if lock is not None]
+
     def all(self) -> list[HeldLock]:
-        """Every held lock."""
-        return [lock for lock in map(self.read, self.keys()) if lock is not None]
+        """Every held lock, sorted by key."""
+        return sorted((lock for page in self.pages() for lock in page), key=lambda lk: lk.key)
 
     def parse(self, key: str) -> tuple[str, str, int] | None:
         """``(slot key, name, slot)`` of a slot key, or of a bare name (its first slot)."""
@@ -225,6 +300,26 @@ class LockStore:
             return nodes_for(self.settings.url).release(keys, lock.value)
         except LockUnavailable as exc:
             raise click.ClickException(str(exc)) from exc
+
+
+def _overrides(token: str, records: Sequence[Any]) -> dict[str, Any] | None:
+    """The overrides in the first record written by the holder of ``token`` (see
+    :func:`celery_redlock._celery.engine._record_overrides`); ``None`` when none is."""
+    for record in records:
+        try:
+            data = json.loads(record) if record is not None else None
+        except ValueError:
+            continue
+        if isinstance(data, dict) and data.get("token") == token:
+            overrides = data.get("overrides")
+            return dict(overrides) if isinstance(overrides, dict) else None
+    return None
+
+
+def _shown_overrides(overrides: dict[str, Any] | None) -> str:
+    if not overrides:
+        return "none"
+    return ", ".join(f"lock_{name}={value!r}" for name, value in sorted(overrides.items()))
 
 
 def _text(value: str | bytes) -> str:
@@ -330,10 +425,17 @@ def redlock(ctx: click.Context, /, **_: Any) -> None:
 @click.pass_context
 def ls(ctx: click.Context, as_json: bool) -> None:
     """List every held lock: key, lock name, holder, acquired at, TTL, fencing token."""
-    locks = _store(ctx).all()
-    if as_json:
-        _dump([lock.as_dict() for lock in locks])
+    store = _store(ctx)
+    if as_json:  # streamed a page at a time, in SCAN order: a JSON list, one lock per line
+        opened = False
+        for page in store.pages():
+            if page:
+                items = ",\n ".join(json.dumps(lock.as_dict(), sort_keys=True) for lock in page)
+                click.echo(("," if opened else "[") + "\n " + items, nl=False)
+                opened = True
+        click.echo("\n]" if opened else "[]")
         return
+    locks = store.all()
     if not locks:
         click.echo("no locks held")
         return
@@ -390,6 +492,7 @@ def inspect_(
                 ("ttl", _ttl(lk.ttl)),
                 ("fencing", str(lk.fencing_token or "-")),
                 ("token", f"{d['token_prefix']}..."),
+                ("overrides", _shown_overrides(lk.overrides)),
             ):
                 click.echo(f"  {label:<9} {shown}")
     if not locks:

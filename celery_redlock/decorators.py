@@ -18,10 +18,18 @@ cannot work are rejected when a worker starts (and at the first lock operation e
 
 Called outside a worker (a direct call, or the plain function), the function runs unlocked.
 
-``enqueue`` is refused at decoration: enqueue-time de-duplication changes what ``delay()`` and
+Per-call options (``task.apply_async(..., lock_ttl=5)``, ``lock_bypass=True``) work as for
+``LockedTask``, with one difference: ``apply_async`` is the task class's, not ours, so the
+options are validated in the ``before_task_publish`` receiver, which cannot make the publish
+fail. A bad value is logged at ERROR by the caller, and the worker fails the call with
+:class:`~celery_redlock.LockConfigError` without running the body
+(:mod:`celery_redlock._celery.calls`).
+
+``enqueue=True`` (``"keep"``) is refused at decoration: it changes what ``delay()`` and
 ``apply_async()`` return (the queued call's ``AsyncResult``), and a decorator on the function
 cannot change the methods of the task class that ``@app.task`` builds around it. Use
-``base=LockedTask`` for it.
+``base=LockedTask`` for it. ``enqueue="replace"`` and ``debounce`` work here as with
+``LockedTask``: they act when the message is published (:mod:`celery_redlock._celery.supersede`).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ anything this package raises on purpose::
 
     RedlockError
      ├── LockContended      another owner holds the key and we could not get it in time
+     │    └── RateLimited   the key's lock_rate is used up until a later slot
      ├── LockUnavailable    Redis could not be reached (or no quorum of nodes answered)
      ├── LockLost           the lock expired or changed owner while we believed we held it
      ├── LockNotOwned       release() or extend() of a lock this object does not hold
@@ -23,6 +24,7 @@ __all__ = [
     "LockLost",
     "LockNotOwned",
     "LockUnavailable",
+    "RateLimited",
     "RedlockError",
 ]
 
@@ -56,6 +58,21 @@ class LockContended(RedlockError):
         super().__init__(message, key=key)
         self.holder = holder
         self.ttl = ttl
+
+
+class RateLimited(LockContended):
+    """The key's ``lock_rate`` is used up: no start is allowed before a later slot.
+
+    A task call over its rate is retried with this as the reason (never failed for it);
+    ``retry_after`` is the number of seconds until the slot promised to it, ``None`` when
+    unknown (an exception rebuilt by the result backend).
+    """
+
+    def __init__(
+        self, message: str = "", *, key: str | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message, key=key)
+        self.retry_after = retry_after
 
 
 class LockUnavailable(RedlockError):

@@ -41,12 +41,15 @@ logger = logging.getLogger("celery_redlock.metrics")
 EVENTS = (
     "acquired",
     "skipped",
+    "superseded",
     "retried",
+    "rate_limited",
     "waited",
     "failed",
     "unavailable",
     "lost",
     "released",
+    "bypassed",
 )
 
 FLUSH_INTERVAL = 1.0
@@ -66,7 +69,10 @@ class _Counters:
 
     def add(self, url: str, key: str, event: str) -> None:
         with self.lock:
-            self.pending.setdefault((url, key), Counter())[event] += 1
+            counts = self.pending.get((url, key))
+            if counts is None:
+                counts = self.pending[url, key] = Counter()
+            counts[event] += 1
 
     def _run(self) -> None:
         while True:
@@ -121,7 +127,12 @@ def _stats_url(app: Any) -> str:
 
 def count(app: Any, task_name: str, event: str) -> None:
     """Count one ``event`` of the task called ``task_name`` (flushed within a second)."""
-    _current().add(_stats_url(app), stats_key(settings_for(app).prefix, task_name), event)
+    counters = _counters
+    if counters is None or counters.pid != os.getpid():
+        counters = _current()
+    settings = settings_for(app)
+    url = settings.url if isinstance(settings.url, str) else settings.url[0]
+    counters.add(url, stats_key(settings.prefix, task_name), event)
 
 
 def flush() -> None:
@@ -148,13 +159,34 @@ def read_stats(app: Any) -> dict[str, dict[str, int]]:
     client = client_for(_stats_url(app))
     prefix = stats_key(settings.prefix, "")
     out: dict[str, dict[str, int]] = {}
-    for key in client.scan_iter(match=prefix + "*"):
-        name = key.decode() if isinstance(key, bytes) else key
-        values = client.hgetall(key)
-        out[name[len(prefix) :]] = {
-            (k.decode() if isinstance(k, bytes) else k): int(v) for k, v in values.items()
-        }
+    for page in _pages(client, prefix + "*"):
+        pipe = client.pipeline(transaction=False)
+        for key in page:
+            pipe.hgetall(key)
+        for key, values in zip(page, pipe.execute(), strict=True):
+            name = key.decode() if isinstance(key, bytes) else key
+            out[name[len(prefix) :]] = {
+                (k.decode() if isinstance(k, bytes) else k): int(v) for k, v in values.items()
+            }
     return out
+
+
+#: Keys a ``SCAN`` step looks at: the counters share the keyspace with every held lock, so a
+#: small step (redis-py's default is 10) costs one round trip per ten locks.
+SCAN_COUNT = 1000
+
+
+def _pages(client: Any, pattern: str) -> Iterator[list[Any]]:
+    """The keys matching ``pattern``, in pages of up to :data:`SCAN_COUNT` (never all in
+    memory; a Cluster client scans every node)."""
+    page: list[Any] = []
+    for key in client.scan_iter(match=pattern, count=SCAN_COUNT):
+        page.append(key)
+        if len(page) == SCAN_COUNT:
+            yield page
+            page = []
+    if page:
+        yield page
 
 
 class PrometheusCollector:

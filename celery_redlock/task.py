@@ -28,6 +28,7 @@ from celery import Task
 from kombu.utils.uuid import uuid
 
 from ._celery import (
+    calls,
     engine,
     wiring,  # noqa: F401  (importing it connects the worker receivers)
 )
@@ -83,7 +84,9 @@ class LockedTask(Task):  # type: ignore[misc]
     ) -> Any:
         """Publish the call; with ``lock_enqueue``, not if a call of the same key is queued.
 
-        De-duplication, when ``lock_enqueue=True``:
+        De-duplication, when ``lock_enqueue=True`` (``"keep"``; ``"replace"`` and
+        ``lock_debounce`` are handled when the message is published, for both APIs, in
+        :mod:`celery_redlock._celery.supersede`):
 
         1. ``delay()``/``apply_async()`` sets the key's queued marker to the new task id,
            unless a marker exists: then it returns that queued task's ``AsyncResult`` instead
@@ -94,12 +97,17 @@ class LockedTask(Task):  # type: ignore[misc]
            rejected by a marker. ``app.send_task()`` never looks at markers.
         4. If Redis does not answer, the call is published anyway (never dropped); the lock
            still guarantees exclusion when it runs.
+
+        Per-call options (``lock_on_contention``, ``lock_wait_timeout``, ``lock_ttl``,
+        ``lock_retry_countdown``, ``lock_bypass``) are validated here, raising
+        :class:`~celery_redlock.LockConfigError`, and travel in the message's ``redlock`` header.
         """
+        calls.put(options, calls.take(f"task {self.name}", options))
         spec = spec_of(self)
         if (
             spec is None
-            or not spec.options.enqueue
-            or options.get("retries")
+            or spec.options.enqueue != "keep"  # 'replace' and debounce: see _celery.supersede
+            or options.get("retries") is not None  # a retry (lock retries keep retries at 0)
             or self.app.conf.task_always_eager
         ):
             return super().apply_async(args, kwargs, task_id=task_id, **options)

@@ -1,5 +1,5 @@
-"""The example project's Celery app: a beat job that never overlaps itself, and a per-account
-task that never runs twice at once for one account.
+"""The example project's Celery app: a beat job that never overlaps itself, a per-account
+task that never runs twice at once for one account, and a reindex where the newest edit wins.
 
 Redis is configured in :mod:`example_project.settings` (``EXAMPLE_REDIS_URL``).
 
@@ -63,3 +63,16 @@ def sync_account(account_id: int, full: bool = False) -> int:
     with journal.inside(f"account:{account_id}", current_lock()):
         time.sleep(0.3)
     return account_id
+
+
+@app.task(base=LockedTask, lock_by=["doc_id"], lock_enqueue="replace", lock_on_contention="wait")
+def reindex(doc_id: int, version: int) -> int:
+    """Sent on every edit of a document: only the newest queued edit of a document runs.
+
+    An older call still waiting when a newer one is sent ends as superseded (SUCCESS,
+    ``None``, an INFO line naming the newer call); a reindex already running finishes, and the
+    newest waits for it (``lock_on_contention="wait"``).
+    """
+    with journal.inside(f"doc:{doc_id}", current_lock()):
+        time.sleep(0.2)
+    return version

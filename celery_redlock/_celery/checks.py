@@ -199,6 +199,8 @@ def dry_run(client: Any, prefix: str) -> dict[str, str]:
         "release_attempt": (_scripts.RELEASE_ATTEMPT, [lock.channel, lock.lock], ["", "", 0]),
         "mark_queued": (_scripts.MARK_QUEUED, [lock.queued], [token, ttl_ms]),
         "clear_queued": (_scripts.CLEAR_QUEUED, [lock.queued], [token]),
+        "mark_newest": (_scripts.MARK_NEWEST, [lock.newest], [token, 0, 0, ttl_ms]),
+        "check_newest": (_scripts.CHECK_NEWEST, [lock.newest], [token]),
     }
     for name, (source, keys, args) in scripts.items():
         if attempt("SCRIPT LOAD", functools.partial(client.script_load, source)) is None:

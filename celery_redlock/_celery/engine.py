@@ -31,21 +31,25 @@ TTL rule, decided in :func:`_make_lock` for each execution:
 
 from __future__ import annotations
 
+import json
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from celery import current_task
-from celery.exceptions import Retry
+from celery.exceptions import Reject, Retry
 
 from .. import signals
 from .._redis import keys as _keys
 from .._redis import scripts as _scripts
+from .._redis.clients import client_for, redact
 from .._redis.lock import Lock
-from .._redis.nodes import nodes_for
-from ..exceptions import LockContended, LockLost, LockUnavailable
+from .._redis.nodes import Extended, nodes_for
+from ..exceptions import LockContended, LockLost, LockUnavailable, RateLimited
+from . import calls, supersede
 from .events import emit
 from .identity import Spec, lock_name_for, spec_of
 from .options import Settings, cross_check, settings_for
@@ -94,8 +98,10 @@ def execute(task: Any, args: Any, kwargs: Any, body: Callable[[], T]) -> T | Non
 def _hard_limit(task: Any, request: Any) -> float | None:
     if not state.enforces_limits:
         return None
-    # Celery < 5.4 has no request.time_limit attribute unless the message sets a limit.
-    limit = getattr(request, "time_limit", None) or task.time_limit or state.time_limit
+    # request.timelimit, (hard, soft) as sent with the call, exists in every Celery version;
+    # request.time_limit only from 5.7 (reading it would drop a per-call limit before that).
+    per_call = (getattr(request, "timelimit", None) or (None, None))[0]
+    limit = per_call or task.time_limit or state.time_limit
     return float(limit) if limit else None
 
 
@@ -103,11 +109,47 @@ class TaskLock(Lock):
     """The lock of one task execution: reports a loss through signals and counters too."""
 
     task: Any = None
+    #: ``(url, key)`` of the per-call overrides record written at acquisition, if any.
+    call_record: tuple[str, str] | None = None
 
     def on_lost(self, reason: str) -> None:
         super().on_lost(reason)
         if self.task is not None:
             emit(self.task, self.owner, "lost", signals.lock_lost, key=self.key, reason=reason)
+
+    def do_extend(self, token: str, ttl: float) -> Extended:
+        """Extend the lock, and the overrides record with it (advisory: errors are ignored)."""
+        extended = super().do_extend(token, ttl)
+        if extended.held and self.call_record is not None:
+            url, key = self.call_record
+            try:
+                client_for(url).pexpire(key, max(1, int(ttl * 1000)))
+            except Exception as error:
+                logger.debug("could not extend the overrides record %s: %s", key, redact(error))
+        return extended
+
+
+def _record_overrides(settings: Settings, lock: TaskLock, request: Any) -> None:
+    """Store the call's overrides beside the slot it holds, for ``celery redlock inspect``.
+
+    One ``SET PX`` with the lock's TTL (renewal extends it), on the first node that answers;
+    it names the holder's token, so a record outliving its lock is never shown for another
+    holder. Advisory: a failure is logged at DEBUG and the task runs on.
+    """
+    overrides = calls.overrides_of(request)
+    if not overrides or lock.token is None:
+        return
+    key = _keys.call_key(lock.key)
+    value = json.dumps({"token": lock.token, "task_id": request.id, "overrides": overrides})
+    urls = [settings.url] if isinstance(settings.url, str) else list(settings.url)
+    for url in urls:
+        try:
+            client_for(url).set(key, value, px=max(1, int(lock.ttl * 1000)))
+        except Exception as error:
+            logger.debug("could not write the overrides record %s: %s", key, redact(error))
+            continue
+        lock.call_record = (url, key)
+        return
 
 
 def _make_lock(task: Any, spec: Spec, settings: Settings, name: str, request: Any) -> TaskLock:
@@ -138,11 +180,17 @@ def enter(task: Any, args: Any, kwargs: Any) -> bool:
     request = task.request
     spec = spec_of(task)
     assert spec is not None
+    spec = calls.call_spec(spec, request)  # this call's overrides (LockConfigError if invalid)
     settings = settings_for(task.app)
     cross_check(spec.owner, spec.options, settings)
     name = lock_name_for(task, spec, args, kwargs)
-    if spec.options.enqueue:
+    if spec.options.enqueue == "keep":
         _clear_queued(task, settings, name, request.id)
+    if calls.bypassed(request):
+        return _bypass(task, settings, name, request)
+    if supersede.superseded(task, spec, settings, name, request):
+        setattr(request, REQUEST_ATTR, Execution(None, skipped=True))
+        return False
     policy = spec.options.on_contention or settings.on_contention
     try:
         lock = _make_lock(task, spec, settings, name, request)
@@ -156,24 +204,36 @@ def enter(task: Any, args: Any, kwargs: Any) -> bool:
     except LockUnavailable as exc:
         return _on_unavailable(task, spec, settings, request, exc)
     if acquired:
+        _check_rate(task, spec, settings, request, lock)
         setattr(request, REQUEST_ATTR, Execution(lock))
-        logger.debug(
-            "%s[%s] acquired %s (fencing token %s)",
-            task.name,
-            request.id,
-            lock.key,
-            lock.fencing_token,
-        )
+        _record_overrides(settings, lock, request)
+        logger.debug("%s[%s] acquired %s", task.name, request.id, lock.key)
+        # A single-node lock reads its fencing token on first use (one round trip): only
+        # when someone listens for it.
+        fencing = lock.fencing_token if signals.lock_acquired.receivers else None
         emit(
             task,
             request.id,
             "acquired",
             signals.lock_acquired,
             key=lock.key,
-            fencing_token=lock.fencing_token,
+            fencing_token=fencing,
         )
         return True
     return _on_contended(task, spec, request, lock, policy)
+
+
+def _bypass(task: Any, settings: Settings, name: str, request: Any) -> bool:
+    """Run this call without the lock, as ``apply_async(..., lock_bypass=True)`` asked."""
+    logger.warning(
+        "%s[%s] runs WITHOUT the lock %s (lock_bypass=True): it does not exclude other calls",
+        task.name,
+        request.id,
+        _keys.keys_for(settings.prefix, name).lock,
+    )
+    setattr(request, REQUEST_ATTR, Execution(None))
+    emit(task, request.id, "bypassed")
+    return True
 
 
 def _holder(lock: Lock) -> str | None:
@@ -193,7 +253,6 @@ def _contended_error(task: Any, request: Any, lock: Lock) -> LockContended:
 
 def _on_contended(task: Any, spec: Spec, request: Any, lock: Lock, policy: str) -> bool:
     holder = _holder(lock)
-    contended = _contended_error(task, request, lock)
     redelivered = bool((request.delivery_info or {}).get("redelivered"))
     if redelivered or (holder is not None and holder == request.id):
         # A redelivered message (acks_late after a lost worker or a visibility timeout), or a
@@ -201,16 +260,21 @@ def _on_contended(task: Any, spec: Spec, request: Any, lock: Lock, policy: str) 
         # run and may be the only copy left: never skip it (a skip would store SUCCESS/None
         # and hide the holder's result); come back when the holder's TTL ends.
         countdown = max(lock.last_holder_ttl or 0.0, 1.0)
-        logger.info(
-            "%s[%s] redelivered while %s is held by task %s: retrying in %.1fs",
-            task.name,
-            request.id,
-            lock.key,
-            holder,
-            countdown,
-        )
-        _report_contended(task, request, lock, "retried", "redelivered")
-        raise task.retry(countdown=countdown, exc=contended)
+
+        def redelivered_report(event: str) -> None:
+            if event == "retried":
+                logger.info(
+                    "%s[%s] redelivered while %s is held by task %s: retrying in %.1fs",
+                    task.name,
+                    request.id,
+                    lock.key,
+                    holder,
+                    countdown,
+                )
+            _report_contended(task, request, lock, event, "redelivered")
+
+        contended = _contended_error(task, request, lock)
+        lock_retry(task, request, spec, countdown, contended, redelivered_report)
     if policy == "skip":
         setattr(request, REQUEST_ATTR, Execution(None, skipped=True))
         logger.info(
@@ -220,18 +284,22 @@ def _on_contended(task: Any, spec: Spec, request: Any, lock: Lock, policy: str) 
         return False
     if policy == "retry":
         countdown = _jittered(spec.options.retry_countdown)
-        logger.info(
-            "%s[%s] contended: %s is held by task %s; retrying in %.1fs",
-            task.name,
-            request.id,
-            lock.key,
-            holder,
-            countdown,
-        )
-        _report_contended(task, request, lock, "retried", policy)
-        raise task.retry(countdown=countdown, exc=contended)
+
+        def report(event: str) -> None:
+            if event == "retried":
+                logger.info(
+                    "%s[%s] contended: %s is held by task %s; retrying in %.1fs",
+                    task.name,
+                    request.id,
+                    lock.key,
+                    holder,
+                    countdown,
+                )
+            _report_contended(task, request, lock, event, policy)
+
+        lock_retry(task, request, spec, countdown, _contended_error(task, request, lock), report)
     _report_contended(task, request, lock, "failed", policy)
-    raise contended
+    raise _contended_error(task, request, lock)
 
 
 def _report_contended(task: Any, request: Any, lock: Lock, event: str, policy: str) -> None:
@@ -244,6 +312,65 @@ def _report_contended(task: Any, request: Any, lock: Lock, event: str, policy: s
         holder=_holder(lock),
         policy=policy,
     )
+
+
+def lock_retry(
+    task: Any,
+    request: Any,
+    spec: Spec,
+    countdown: float,
+    exc: BaseException,
+    report: Callable[[str], None] | None = None,
+) -> NoReturn:
+    """Requeue the call behind ``request`` because of the lock; raise ``Retry``.
+
+    Every requeue caused by the lock goes through here (the ``retry`` policy, a redelivered
+    duplicate, the rate limit). It publishes the retry as ``self.retry()`` does, with the same
+    ``Retry`` (state RETRY, the worker's ``Retry in Ns`` line, ``on_retry``), but leaves
+    ``request.retries`` unchanged: ``max_retries`` and ``autoretry_for`` count only the task's
+    own failures. Its own bound is ``lock_retry_for``, from the call's first attempt (carried
+    in the message, see :mod:`celery_redlock._celery.calls`); past it the call fails with
+    :class:`LockContended` (``exc`` itself when it is one), an expected outcome that Celery
+    logs at INFO. ``report(event)`` reports the outcome: ``"retried"`` just before the retry is
+    published, ``"failed"`` when the call gives up (without it, the event is only counted).
+
+    A lock held by this attempt is released first, without cooldown. An eager call
+    (``apply()``, ``task_always_eager``) retries through ``task.retry``, which counts.
+    """
+    leave(task, request, cooldown=False)
+    report = report or (lambda event: emit(task, request.id, event))
+    if request.is_eager:
+        report("retried")
+        raise task.retry(countdown=countdown, exc=exc)
+    now = time.time()
+    first = calls.first_attempt(request, now)
+    if now - first >= spec.options.retry_for:
+        logger.info(
+            "%s[%s] gives up: requeued by the lock for %.1fs (lock_retry_for=%ss)",
+            task.name,
+            request.id,
+            now - first,
+            spec.options.retry_for,
+        )
+        report("failed")
+        if isinstance(exc, LockContended):
+            raise exc
+        raise LockContended(
+            f"{task.name}[{request.id}]: requeued by the lock for longer than "
+            f"lock_retry_for={spec.options.retry_for}s: {exc}",
+            key=getattr(exc, "key", None),
+        ) from exc
+    report("retried")
+    headers = dict(request.headers or {})
+    headers[calls.HEADER] = {**calls.header_of(request), "first": first}
+    signature = task.signature_from_request(
+        request, countdown=countdown, retries=request.retries or 0, headers=headers
+    )
+    try:
+        signature.apply_async()
+    except Exception as error:
+        raise Reject(error, requeue=False) from error
+    raise Retry(exc=exc, when=countdown, sig=signature)
 
 
 def _on_unavailable(
@@ -309,6 +436,97 @@ def leave(task: Any, request: Any = None, *, cooldown: bool = True) -> None:
         emit(task, request.id, "released", signals.lock_released, key=lock.key, by="task")
 
 
+# -- distributed rate limit (lock_rate) ----------------------------------------------------------
+
+#: Attribute of ``task.request``: the Redis server time, in microseconds, at which ``lock_rate``
+#: admitted this attempt's start (absent for a task without ``lock_rate``).
+RATE_ATTR = "redlock_rate_start"
+
+
+def _check_rate(task: Any, spec: Spec, settings: Settings, request: Any, lock: Lock) -> None:
+    """Admit this attempt's start under ``lock_rate``, or requeue it for its slot.
+
+    Runs right after the lock (or a ``lock_limit`` slot) is taken and before the body, so the
+    start recorded by the rate script is the start of a body that runs: a call that finds the
+    key held never uses up a slot. Checked before the lock instead, a recorded start could
+    precede the real one by a whole wait (``lock_rate="1/m"``):
+
+    1. A passes the rate at 0 s, finds the key held and waits (``on_contention="wait"``);
+    2. A gets the lock and its body starts at 50 s;
+    3. B passes the rate at 61 s (A's record, at 0 s, left the window) and starts:
+       two starts within 11 s.
+
+    A refused call releases what it took (quietly: it was never reported as acquired) and is
+    requeued through :func:`lock_retry` with a countdown equal to the time until the slot the
+    script promised it; ``request.retries`` is left unchanged.
+    """
+    rate = spec.options.rate
+    if rate is None:
+        return
+    call = _scripts.rate_call(lock.keys, rate.count, rate.period)
+    try:
+        decision = _scripts.decode_rate(
+            nodes_for(settings.url).run(_scripts.RATE, call, lock.keys.rate)
+        )
+    except LockUnavailable as exc:
+        if settings.on_unavailable == "run":
+            logger.warning(
+                "%s[%s] runs WITHOUT its rate limit because Redis is unavailable "
+                "(redlock_on_unavailable='run'): %s",
+                task.name,
+                request.id,
+                exc,
+            )
+            emit(task, request.id, "unavailable")
+            return
+        _release_unstarted(task, request, lock)
+        _on_unavailable(task, spec, settings, request, exc)
+        raise  # not reached: the policy is 'retry' or 'fail', which raise
+    if decision.admitted:
+        setattr(request, RATE_ATTR, decision.start_us)
+        return
+    _release_unstarted(task, request, lock)
+    countdown = decision.wait
+
+    def report(event: str) -> None:
+        if event == "retried":
+            logger.info(
+                "%s[%s] over its rate (%s) on %s: retrying in %.3fs",
+                task.name,
+                request.id,
+                rate,
+                lock.keys.lock,
+                countdown,
+            )
+            event = "rate_limited"
+        emit(task, request.id, event)
+
+    limited = RateLimited(
+        f"{task.name}[{request.id}]: {lock.keys.lock} is over its rate ({rate}); "
+        f"next slot in {countdown:.3f}s",
+        key=lock.keys.lock,
+        retry_after=countdown,
+    )
+    lock_retry(task, request, spec, countdown, limited, report)
+
+
+def _release_unstarted(task: Any, request: Any, lock: Lock) -> None:
+    """Release the lock of an attempt that will not start (never reported as acquired)."""
+    try:
+        lock.release()
+    except LockLost:
+        pass  # already logged as an ERROR by Lock.on_lost
+    except LockUnavailable as exc:
+        logger.warning(
+            "%s[%s]: could not release %s, it will expire within %.0fs: %s",
+            task.name,
+            request.id,
+            lock.key,
+            lock.ttl,
+            exc,
+        )
+
+
 # -- enqueue-time de-duplication -----------------------------------------------------------------
 
 
@@ -333,7 +551,7 @@ def mark_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> str | None:
 def clear_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> None:
     """Clear the queued marker of a call that will never start (revoked or expired)."""
     spec = spec_of(task)
-    if spec is not None and spec.options.enqueue:
+    if spec is not None and spec.options.enqueue == "keep":
         settings = settings_for(task.app)
         _clear_queued(task, settings, lock_name_for(task, spec, args, kwargs), task_id)
 

@@ -95,10 +95,46 @@ def _signature(params: tuple[inspect.Parameter, ...]) -> inspect.Signature:
     return inspect.Signature(params)
 
 
+def _bind_plain(
+    params: list[inspect.Parameter], args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> dict[str, Any] | None:
+    """What ``Signature.bind`` + ``apply_defaults`` give, for the usual parameters (positional
+    or keyword, keyword-only) and a call that fits them; ``None`` otherwise, and ``inspect``
+    binds (and words the error). A few microseconds instead of some twenty per execution."""
+    if len(args) > len(params):
+        return None
+    out: dict[str, Any] = {}
+    taken = 0
+    for i, param in enumerate(params):
+        if param.kind is _POSITIONAL_OR_KEYWORD:
+            if i < len(args):
+                if param.name in kwargs:
+                    return None
+                out[param.name] = args[i]
+                continue
+        elif param.kind is not _KEYWORD_ONLY or i < len(args):
+            return None
+        if param.name in kwargs:
+            out[param.name] = kwargs[param.name]
+            taken += 1
+        elif param.default is not param.empty:
+            out[param.name] = param.default
+        else:
+            return None
+    return out if taken == len(kwargs) else None
+
+
+_POSITIONAL_OR_KEYWORD = inspect.Parameter.POSITIONAL_OR_KEYWORD
+_KEYWORD_ONLY = inspect.Parameter.KEYWORD_ONLY
+
+
 def bind(
     owner: str, params: list[inspect.Parameter], args: Sequence[Any], kwargs: Mapping[str, Any]
 ) -> dict[str, Any]:
     """Bind a call to ``params`` with defaults applied; TypeError if it does not fit."""
+    plain = _bind_plain(params, args, kwargs)
+    if plain is not None:
+        return plain
     signature = _signature(tuple(params))
     try:
         bound = signature.bind(*args, **kwargs)

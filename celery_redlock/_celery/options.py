@@ -9,8 +9,9 @@ Precedence is *task option > app setting > default*. App settings are read lazil
 lock operation, not at import) and resolved once per app into a frozen :class:`Settings`; task
 options are validated when the task is declared, so a typo fails at registration.
 :func:`cross_check` then rejects the combinations of options and settings that cannot work
-(``lock_limit`` > 1 over a quorum); it runs when a ``LockedTask`` is bound to its app (the app
-finalizes) and, for every locked task, when a worker starts, which then refuses to start.
+(``lock_limit`` > 1 or ``lock_rate`` over a quorum); it runs when a ``LockedTask`` is bound to
+its app (the app finalizes) and, for every locked task, when a worker starts, which then refuses
+to start.
 
 With ``config_from_object(obj, namespace="CELERY")`` the settings are spelled
 ``CELERY_REDLOCK_URL`` and so on; Celery strips the prefix, and they arrive here as
@@ -255,7 +256,8 @@ OPTIONS: dict[str, Option] = {
             "enqueue_ttl",
             3600.0,
             "seconds",
-            "How long a queued marker lives if its task never starts.",
+            "How long an enqueue marker lives: with 'keep', if its task never starts; with "
+            "'replace' or lock_debounce, after its call is due.",
             seconds(),
         ),
         Option(
@@ -263,23 +265,24 @@ OPTIONS: dict[str, Option] = {
             None,
             "seconds or None",
             "Calls of one key less than this apart collapse into one run, this long after the "
-            "last call, with the last call's arguments.",
+            "last call, with the last call's arguments; the others end like a skip.",
             seconds(none=True),
         ),
         Option(
             "debounce_max",
             None,
             "seconds or None",
-            "With lock_debounce: a key under a steady stream of calls still runs at least once "
-            "this often.",
+            "With lock_debounce (and >= it): a key under a steady stream of calls still runs, "
+            "with the newest arguments, at least once this often.",
             seconds(none=True),
         ),
         Option(
             "rate",
             None,
             "'N/s', 'N/m', 'N/h' or None",
-            "At most N starts per period per lock identity across all workers; a call over the "
-            "limit is retried when its slot comes (single Redis deployment).",
+            "At most N starts in any sliding window of the period, per lock identity, across "
+            "all workers; a call over it is retried when its slot comes (single Redis "
+            "deployment).",
             _rate,
         ),
         Option(
@@ -351,7 +354,23 @@ def validate_options(owner: str, raw: Mapping[str, Any], params: Params) -> Task
         option.name: option.check(owner, attr, raw.get(attr, option.default), params)
         for attr, option in attrs.items()
     }
+    _check_debounce(owner, values)
     return TaskLockOptions(**values)
+
+
+def _check_debounce(owner: str, values: Mapping[str, Any]) -> None:
+    """Reject option mixes a debounce cannot honour."""
+    debounce, cap = values["debounce"], values["debounce_max"]
+    if cap is not None and (debounce is None or cap < debounce):
+        raise _invalid(
+            owner, "lock_debounce_max", cap, f"None or >= lock_debounce (which is {debounce!r})"
+        )
+    if debounce is not None and values["enqueue"] == "keep":
+        raise LockConfigError(
+            f"{owner}: option lock_debounce={debounce!r} is invalid with lock_enqueue='keep' "
+            "(a debounce runs the last call, 'keep' the first); expected lock_enqueue=False or "
+            "'replace'"
+        )
 
 
 def cross_check(owner: str, options: TaskLockOptions, settings: Settings) -> None:
@@ -362,6 +381,13 @@ def cross_check(owner: str, options: TaskLockOptions, settings: Settings) -> Non
             f"(redlock_url lists {len(settings.url)} independent nodes); expected lock_limit=1, "
             "or a single Redis deployment (a node, Sentinel or Cluster): over independent "
             "nodes, more than lock_limit owners could each win a majority of slots"
+        )
+    if options.rate is not None and isinstance(settings.url, tuple):
+        raise LockConfigError(
+            f"{owner}: option lock_rate={str(options.rate)!r} is invalid with a Redlock quorum "
+            f"(redlock_url lists {len(settings.url)} independent nodes); expected lock_rate=None, "
+            "or a single Redis deployment (a node, Sentinel or Cluster): the start log of a "
+            "rate lives on one server, and independent nodes would each count their own"
         )
 
 

@@ -35,7 +35,7 @@ from celery import bootsteps, current_task, signals
 from celery.concurrency import get_implementation
 from kombu.utils.imports import symbol_by_name
 
-from . import checks
+from . import calls, checks, supersede
 from .engine import clear_queued, leave
 from .identity import spec_of
 from .options import cross_check, settings_for
@@ -108,8 +108,14 @@ def _on_task_postrun(sender: Any = None, **_: Any) -> None:
 
 
 @signals.before_task_publish.connect(weak=False)
-def _on_before_task_publish(headers: Any = None, **_: Any) -> None:
-    """Release before a retry of the running attempt is published (see the module docstring)."""
+def _on_before_task_publish(
+    sender: Any = None, headers: Any = None, properties: Any = None, **_: Any
+) -> None:
+    """Move per-call ``lock_*`` options into the message's header (``@single_instance``,
+    ``send_task``); release before a retry of the running attempt is published (see the
+    module docstring). A retry published by the lock keeps ``retries``: it holds no lock."""
+    if headers is not None and properties:
+        calls.move_from_properties(sender, headers, properties)
     task = current_task._get_current_object()
     if task is None or not headers:
         return
@@ -118,6 +124,13 @@ def _on_before_task_publish(headers: Any = None, **_: Any) -> None:
         return
     if int(headers.get("retries") or 0) > int(request.retries or 0):
         leave(task, request, cooldown=False)
+
+
+@signals.before_task_publish.connect(weak=False)
+def _on_publish_newest(headers: Any = None, body: Any = None, **_: Any) -> None:
+    """``lock_enqueue='replace'``, ``lock_debounce``: mark the call as its key's newest (and
+    delay it), or stamp a requeue of the running call as never superseded."""
+    supersede.on_publish(headers, body)
 
 
 @signals.task_revoked.connect(weak=False)

@@ -7,7 +7,15 @@ one Redis Cluster slot::
     <prefix>:{<name>}:<i>        slot i = 2..lock_limit of a semaphore, like slot 1
     <prefix>:{<name>}:fence      fencing counter (string: integer), TTL = FENCE_TTL_MS
     <prefix>:{<name>}:queued     task id of the queued call (lock_enqueue), TTL = its own
+    <prefix>:{<name>}:newest     newest call published (lock_enqueue='replace', lock_debounce):
+                                 hash of id and first (debounce window start, server ms), TTL =
+                                 the call's delay + lock_enqueue_ttl
+    <prefix>:{<name>}:rate       server times of the last lock_rate starts (list), TTL = period
+    <prefix>:{<name>}:rate:next  next slot promised to a call over the rate (string), TTL = until
+                                 that slot has passed
     <prefix>:{<name>}:released   pub/sub channel a release publishes on (not a stored key)
+    <slot key>:call              per-call overrides the holder of a slot took it with (JSON
+                                 string, written only when there are some), TTL = the lock's
     <prefix>:stats:<task name>   event counters of a task (hash), no TTL
 
 For a task, ``<name>`` is ``<lock_name>:<digest>`` where the digest is a fixed-length hash of the
@@ -41,6 +49,11 @@ class LockKeys:
     fence: str
     channel: str
     queued: str
+    #: ``lock_enqueue='replace'`` and ``lock_debounce``: the newest call published (a hash).
+    newest: str
+    #: ``lock_rate``: the start times (a list) and the next promised slot (a string).
+    rate: str
+    rate_next: str
     #: Slot keys: ``(lock,)`` for a lock, ``lock_limit`` keys for a semaphore.
     slots: tuple[str, ...]
 
@@ -63,6 +76,9 @@ def keys_for(prefix: str, name: str, limit: int = 1) -> LockKeys:
         fence=f"{base}:fence",
         channel=f"{base}:released",
         queued=f"{base}:queued",
+        newest=f"{base}:newest",
+        rate=f"{base}:rate",
+        rate_next=f"{base}:rate:next",
         slots=slots,
     )
 
@@ -106,3 +122,13 @@ def is_slot(key: str | bytes) -> bool:
         key = key.decode("utf-8", "replace")
     tail = key.rpartition("}")[2]
     return tail == "" or (tail.startswith(":") and tail[1:].isdigit())
+
+
+def fence_of(slot: str) -> str:
+    """The fencing counter key of the lock whose slot key is ``slot`` (any slot of it)."""
+    return f"{slot[: slot.rindex('}') + 1]}:fence"
+
+
+def call_key(slot: str) -> str:
+    """The record of the per-call overrides the holder of the slot key ``slot`` took it with."""
+    return f"{slot}:call"

@@ -135,8 +135,8 @@ class Lock:
         self._lost = False
         #: The holder seen by the last failed attempt (``None`` if it was not contended).
         self.last_holder: _owner.Owner | None = None
-        #: Remaining TTL in seconds of that holder's lock, when the attempt failed.
-        self.last_holder_ttl: float | None = None
+        self._holder_ttl: float | None = None
+        self._holder_ttl_pending = False
 
     # -- public API: validate, then delegate to do_* ------------------------------------------
 
@@ -147,8 +147,38 @@ class Lock:
 
     @property
     def fencing_token(self) -> int | None:
-        """Strictly increasing number of the current acquisition (``None`` if not held)."""
+        """Strictly increasing number of the current acquisition (``None`` if not held).
+
+        A single-node lock reads it on first use: one owner-checked round trip
+        (:data:`~celery_redlock._redis.scripts.FENCE`), then cached; an acquisition whose token
+        nobody reads costs nothing for it and leaves no counter key. Read after the lock was
+        lost, it is ``None`` and the lock is marked lost. The tokens of one name increase as
+        long as the Redis server's clock does not step backwards. Raises
+        :class:`LockUnavailable` when Redis does not answer.
+        """
+        token = self._token
+        if self._fencing_token is None and token is not None and not self._lost:
+            value = self.nodes.fence(self.keys, self.key, token)
+            if value is None:
+                self._mark_lost("its fencing token was read after it expired or changed owner")
+            with self._state:
+                if value is not None and self._token == token and self._fencing_token is None:
+                    self._fencing_token = value
         return self._fencing_token
+
+    @property
+    def last_holder_ttl(self) -> float | None:
+        """Remaining TTL in seconds of :attr:`last_holder`'s lock, seen by the last failed
+        attempt (``None`` if it was not contended, or that key is gone or never expires).
+
+        A single-node attempt does not return it: the first read asks Redis (``PTTL``, one
+        round trip), so a caller that only needs the holder pays nothing for it.
+        """
+        if self._holder_ttl_pending:
+            self._holder_ttl_pending = False
+            pttl = self.nodes.pttl_ms(self.key)
+            self._holder_ttl = None if pttl < 0 else pttl / 1000.0
+        return self._holder_ttl
 
     @property
     def token(self) -> str | None:
@@ -283,6 +313,11 @@ class Lock:
     def do_wait(self, timeout: float | None) -> bool:
         """Blocking acquire: retry on each release notification or holder expiry.
 
+        The waiter subscribes to the lock's release channel and waits for the server's
+        confirmation before it tries, so a release after that try is never missed. Then it
+        blocks in a socket read, never polling, until a notification arrives, the holder's TTL
+        ends (a holder that dies without releasing publishes nothing) or the deadline passes.
+        A release wakes every waiter, and each tries once: one wins, the others read again.
         If the node carrying the notifications stops answering, subscribe again (to another
         node of a quorum); a single node that is down raises :class:`LockUnavailable` from the
         next attempt.
@@ -293,19 +328,26 @@ class Lock:
                 return True
             if deadline is not None and deadline <= self.clock():
                 return False
-            pubsub = self.nodes.pubsub_client().pubsub(ignore_subscribe_messages=True)
+            pubsub = self.nodes.pubsub_client().pubsub()
             try:
                 pubsub.subscribe(self.keys.channel)
+                subscribed = False
                 while True:
-                    if self._attempt():
-                        return True
-                    wait = self.last_holder_ttl if self.last_holder_ttl is not None else 1.0
+                    wait = 1.0  # until the subscription is confirmed, or a key without expiry
+                    if subscribed:
+                        if self._attempt():
+                            return True
+                        holder_ttl = self.last_holder_ttl
+                        if holder_ttl is not None:
+                            wait = holder_ttl
                     if deadline is not None:
                         left = deadline - self.clock()
                         if left <= 0:
                             return False
                         wait = min(wait, left)
-                    pubsub.get_message(timeout=max(wait, 0.001))
+                    message = pubsub.get_message(timeout=max(wait, 0.001))
+                    if message is not None and message["type"] == "subscribe":
+                        subscribed = True
             except UNAVAILABLE_ERRORS:
                 continue
             finally:
@@ -385,7 +427,8 @@ class Lock:
         if not result.acquired:
             self.last_holder = _owner.parse(result.holder)
             pttl = result.pttl_ms
-            self.last_holder_ttl = None if pttl is None or pttl < 0 else pttl / 1000.0
+            self._holder_ttl_pending = pttl is None and result.holder is not None
+            self._holder_ttl = None if pttl is None or pttl < 0 else pttl / 1000.0
             return False
         with self._state:
             self._acquired_at = start
@@ -395,7 +438,8 @@ class Lock:
             self._slot = self.keys.slots[(result.slot or 1) - 1]
             self._fencing_token = result.fencing_token
             self.last_holder = None
-            self.last_holder_ttl = None
+            self._holder_ttl = None
+            self._holder_ttl_pending = False
         if self.auto_renew:
             _renewal.watch(self, self.ttl / 3)
         return True

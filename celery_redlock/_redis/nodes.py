@@ -93,6 +93,9 @@ class Nodes(Protocol):
 
     def acquire(self, keys: LockKeys, token: str, ttl_ms: int) -> AcquireResult: ...
 
+    def fence(self, keys: LockKeys, slot: str, token: str) -> int | None:
+        """The fencing token of a lock whose acquire returned none; ``None`` if not held."""
+
     def release(self, keys: LockKeys, token: str, keep_ms: int = 0) -> bool: ...
 
     def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> Extended: ...
@@ -127,6 +130,8 @@ class SingleNode:
 
     def __init__(self, client: Any) -> None:
         self.client = client
+        #: ``SET ... NX PX ... GET`` works here (Redis >= 7.0); False once the server refused it.
+        self.set_get = True
 
     @functools.cached_property
     def names(self) -> tuple[str, ...]:
@@ -134,8 +139,13 @@ class SingleNode:
 
     def _run(self, source: str, call: Call, key: str) -> Any:
         keys, args = call
+        script = _scripts.script(self.client, source)
+        return self._guarded(key, lambda: script(keys=keys, args=args))
+
+    def _guarded(self, key: str, call: Callable[[], Any]) -> Any:
+        """``call()``; no answer, or a refusal (``OOM``, ``NOPERM``...), as LockUnavailable."""
         try:
-            return _scripts.script(self.client, source)(keys=keys, args=args)
+            return call()
         except UNAVAILABLE_ERRORS as exc:
             raise LockUnavailable(
                 f"Redis at {self.names[0]} did not answer for lock {key}: {exc}",
@@ -152,12 +162,39 @@ class SingleNode:
             ) from exc
 
     def acquire(self, keys: LockKeys, token: str, ttl_ms: int) -> AcquireResult:
-        reply = self._run(_scripts.ACQUIRE, _scripts.acquire_call(keys, token, ttl_ms), keys.lock)
-        return _scripts.decode_acquire(reply)
+        """A lock: one ``SET key token NX PX ttl GET``, no script and no fencing counter (the
+        token is read on first use, :meth:`fence`); the holder's TTL is left for the caller
+        to ask. A semaphore, or a server older than 7.0 (no ``NX`` with ``GET``), runs the
+        acquire script."""
+        if self.set_get and len(keys.slots) == 1:
+            lock = keys.lock
+            try:
+                holder = self._guarded(
+                    lock, lambda: self.client.set(lock, token, nx=True, px=ttl_ms, get=True)
+                )
+            except redis_py.exceptions.ResponseError as exc:
+                if "syntax" not in str(exc).lower():
+                    raise
+                self.set_get = False
+            else:
+                if holder is None:
+                    return AcquireResult(True)
+                if isinstance(holder, bytes):
+                    holder = holder.decode("utf-8", "replace")
+                return AcquireResult(False, holder=holder or None)
+        call = _scripts.acquire_call(keys, token, ttl_ms, exact_time=True)
+        return _scripts.decode_acquire(self._run(_scripts.ACQUIRE, call, keys.lock))
+
+    def fence(self, keys: LockKeys, slot: str, token: str) -> int | None:
+        reply = self._run(_scripts.FENCE, _scripts.fence_call(keys, slot, token), slot)
+        return None if reply is None else int(reply)
 
     def release(self, keys: LockKeys, token: str, keep_ms: int = 0) -> bool:
         call = _scripts.release_call(keys, token, keep_ms)
-        return _notified(self._run(_scripts.RELEASE, call, keys.lock), keys.lock, self.names)
+        reply = self._run(_scripts.RELEASE, call, keys.lock)
+        if reply != _scripts.RELEASED_NOT_NOTIFIED:  # the names are built only for the warning
+            return bool(reply)
+        return _notified(reply, keys.lock, self.names)
 
     def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> Extended:
         call = _scripts.extend_call(keys, token, ttl_ms)
@@ -296,6 +333,10 @@ class Quorum:
         if not held:  # enough votes but too slow: the validity time ran out
             return AcquireResult(False)
         return held[0]
+
+    def fence(self, keys: LockKeys, slot: str, token: str) -> int | None:
+        """Not needed: a quorum's acquire returns the fencing token (from its counters)."""
+        return None
 
     def _raise_fence(self, keys: LockKeys, token: int, lagging: list[int], won: int) -> bool:
         replies = self._call_all(

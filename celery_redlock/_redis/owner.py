@@ -2,8 +2,9 @@
 
 A token is ``<secret>|<pid>|<acquired_ms>|<host>|<task_id>``:
 
-* ``secret``: 32 hex characters from :mod:`secrets`, fresh for every acquisition attempt, so a
-  token cannot be guessed and two attempts of the same task id never share one;
+* ``secret``: 32 hex characters from ``os.urandom`` (what :mod:`secrets` uses), fresh for
+  every acquisition attempt, so a token cannot be guessed and two attempts of the same task id
+  never share one;
 * ``pid`` and ``host``: the process that acquired (for a Celery task, the pool child and the
   worker's node name), so the worker's main process can release the lock of a child that died;
 * ``acquired_ms``: wall-clock milliseconds, informational only (shown by tooling, never used to
@@ -24,7 +25,6 @@ from __future__ import annotations
 import functools
 import os
 import re
-import secrets
 import socket
 import time
 from dataclasses import dataclass
@@ -48,6 +48,7 @@ def _this_host() -> str:
     return socket.gethostname()
 
 
+@functools.lru_cache(maxsize=256)
 def normalize_host(host: str | None) -> str:
     """The host field as stored: the given name (or this machine's), ``%`` and ``|`` escaped."""
     return (host or _this_host()).replace("%", "%25").replace(SEPARATOR, "%7C")
@@ -66,7 +67,7 @@ def new_token(task_id: str = "", host: str | None = None, pid: int | None = None
     host = normalize_host(host)
     pid = os.getpid() if pid is None else pid
     acquired_ms = int(time.time() * 1000)
-    return SEPARATOR.join((secrets.token_hex(16), str(pid), str(acquired_ms), host, task_id))
+    return SEPARATOR.join((os.urandom(16).hex(), str(pid), str(acquired_ms), host, task_id))
 
 
 def parse(token: str | bytes | None) -> Owner | None:

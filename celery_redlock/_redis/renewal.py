@@ -138,6 +138,9 @@ _guard = threading.Lock()
 
 def _current() -> _Watchdog:
     global _watchdog
+    watchdog = _watchdog
+    if watchdog is not None and watchdog.pid == os.getpid():
+        return watchdog  # the usual case, without taking the guard
     with _guard:
         if _watchdog is None or _watchdog.pid != os.getpid():
             _watchdog = _Watchdog()

@@ -28,15 +28,19 @@ from .keys import FENCE_TTL_MS, LockKeys
 
 ACQUIRE = """
 -- KEYS[1] fencing counter key, KEYS[2..n] the lock's slot keys (one, or lock_limit of them)
--- ARGV[1] owner token, ARGV[2] ttl in ms (> 0), ARGV[3] fencing counter ttl in ms
+-- ARGV[1] owner token, ARGV[2] ttl in ms (> 0), ARGV[3] fencing counter ttl in ms,
+-- ARGV[4] '1': the server time in microseconds, else in whole seconds * 10^6
 -- returns {1, fencing_token, slot}     acquired the first free slot (1-based)
 --         {0, holder_token, pttl_ms}   every slot held; the holder of the one freeing first
--- The fencing token is max(counter + 1, server time in whole seconds * 10^6): it keeps
--- increasing after the counter itself expires, as long as the server clock does not step
--- backwards; whole seconds make independent nodes (quorum) usually agree on the token.
+-- The fencing token is max(counter + 1, server time): it keeps increasing after the counter
+-- itself expires, as long as the server clock does not step backwards. Whole seconds make
+-- independent nodes (quorum) usually agree on the token; microseconds keep a single node's
+-- tokens above those read lazily by FENCE (which writes no counter).
 for i = 2, #KEYS do
   if redis.call('SET', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    local token = tonumber(redis.call('TIME')[1]) * 1000000
+    local now = redis.call('TIME')
+    local token = tonumber(now[1]) * 1000000
+    if ARGV[4] == '1' then token = token + tonumber(now[2]) end
     local last = tonumber(redis.call('GET', KEYS[1]) or '0')
     if last + 1 > token then token = last + 1 end
     redis.call('SET', KEYS[1], string.format('%d', token), 'PX', ARGV[3])
@@ -118,6 +122,33 @@ end
 return 0
 """
 
+PTTLS = """
+-- KEYS[1..n] any keys (of one node; read only)
+-- returns the PTTL of each, in order: one command for a page of keys instead of one each
+local out = {}
+for i = 1, #KEYS do out[i] = redis.call('PTTL', KEYS[i]) end
+return out
+"""
+
+
+FENCE = """
+-- KEYS[1] the held slot key, KEYS[2] fencing counter key (if any: the acquire script writes
+--         one, FENCE never does)
+-- ARGV[1] owner token
+-- returns the fencing token, max(server time in microseconds, counter + 1), while ARGV[1]
+--         holds KEYS[1]; false when it does not (expired or taken over)
+-- Read on first use by a single-node lock, which acquired with a plain SET NX PX. Tokens of
+-- one name strictly increase: the next holder's SET runs after this key is gone, so after
+-- this read, and its own read comes at least one round trip after its SET; so its server
+-- time is later, unless the server clock steps backwards (see the guide's fencing section).
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
+local now = redis.call('TIME')
+local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+if last + 1 > token then token = last + 1 end
+return token
+"""
+
 RAISE_FENCE = """
 -- KEYS[1] fencing counter key
 -- ARGV[1] fencing token, ARGV[2] fencing counter ttl in ms
@@ -150,6 +181,78 @@ end
 return 0
 """
 
+MARK_NEWEST = """
+-- KEYS[1] newest-call marker (hash: id = the newest call's task id, first = server time in ms
+--         of the first call of the open debounce window)
+-- ARGV[1] task id, ARGV[2] debounce in ms (0: none), ARGV[3] debounce_max in ms (0: none),
+-- ARGV[4] ms the marker outlives the moment the call is due
+-- returns the delay in ms until the call is due: the debounce, capped so that the call is due
+--         at most debounce_max after the first call of the window (0 without a debounce)
+-- A window opens with a call that finds no 'first' field, and closes when its newest call
+-- starts (CHECK_NEWEST deletes 'first').
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local first = tonumber(redis.call('HGET', KEYS[1], 'first') or now)
+local delay, cap = tonumber(ARGV[2]), tonumber(ARGV[3])
+if delay > 0 and cap > 0 and first + cap - now < delay then
+  delay = math.max(first + cap - now, 0)
+end
+redis.call('HSET', KEYS[1], 'id', ARGV[1], 'first', string.format('%d', first))
+redis.call('PEXPIRE', KEYS[1], delay + tonumber(ARGV[4]))
+return delay
+"""
+
+CHECK_NEWEST = """
+-- KEYS[1] newest-call marker (see MARK_NEWEST)
+-- ARGV[1] task id of a call about to start
+-- returns {0}          no marker (expired, or never written): the call runs
+--         {1}          the call is the newest: it runs, and its debounce window closes
+--         {2, task_id} the call is superseded by that newer call
+local newest = redis.call('HGET', KEYS[1], 'id')
+if not newest then return {0} end
+if newest == ARGV[1] then
+  redis.call('HDEL', KEYS[1], 'first')
+  return {1}
+end
+return {2, newest}
+"""
+
+
+RATE = """
+-- KEYS[1] start log (list: server times in microseconds of the last starts, oldest first),
+-- KEYS[2] next promised slot (string: server time in microseconds)
+-- ARGV[1] count N >= 1, ARGV[2] period P in microseconds, ARGV[3] P / N in microseconds
+-- returns {1, now_us}   admitted: a start at server time now_us, appended to the log
+--         {0, wait_us}  refused: come back in wait_us (> 0), the slot promised to this call
+-- Exact sliding window: a call is admitted at server time t only if the log holds fewer than
+-- N starts in (t - P, t], i.e. its N-th newest entry is <= t - P; so no interval of length P
+-- holds more than N admitted starts. The log keeps the N newest starts and expires P after
+-- the newest. A refused call is promised max(next, the time a start leaves the window) and
+-- next moves P / N further, so a crowd of refused calls comes back spread out, not at once.
+-- A server clock that steps backwards is clamped to the newest start (the log stays sorted).
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local n, period, step = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local len = redis.call('LLEN', KEYS[1])
+if len > 0 then
+  local newest = tonumber(redis.call('LINDEX', KEYS[1], -1))
+  if newest > now then now = newest end
+end
+local free = now
+if len >= n then free = tonumber(redis.call('LINDEX', KEYS[1], len - n)) + period end
+if free <= now then
+  redis.call('RPUSH', KEYS[1], string.format('%d', now))
+  redis.call('LTRIM', KEYS[1], -n, -1)
+  redis.call('PEXPIRE', KEYS[1], math.ceil(period / 1000))
+  return {1, now}
+end
+local slot = tonumber(redis.call('GET', KEYS[2]) or '0')
+if slot < free then slot = free end
+local later = slot + step
+redis.call('SET', KEYS[2], string.format('%d', later), 'PX', math.ceil((later - now) / 1000))
+return {0, slot - now}
+"""
+
 
 #: Reply of :data:`RELEASE` and :data:`RELEASE_ATTEMPT`: deleted, but ``PUBLISH`` was refused.
 RELEASED_NOT_NOTIFIED = 2
@@ -176,9 +279,40 @@ def decode_acquire(reply: Any) -> AcquireResult:
     return AcquireResult(False, holder=holder or None, pttl_ms=int(reply[2]))
 
 
-def acquire_call(keys: LockKeys, token: str, ttl_ms: int) -> tuple[list[str], list[Any]]:
-    """``(KEYS, ARGV)`` of :data:`ACQUIRE`."""
-    return [keys.fence, *keys.slots], [token, ttl_ms, FENCE_TTL_MS]
+@dataclass(frozen=True)
+class RateDecision:
+    """Decoded reply of :data:`RATE`."""
+
+    admitted: bool
+    #: Admitted: the server time of the start, in microseconds.
+    start_us: int | None = None
+    #: Refused: seconds until the slot promised to the call.
+    wait: float = 0.0
+
+
+def decode_rate(reply: Any) -> RateDecision:
+    """Decode a reply of :data:`RATE`."""
+    if int(reply[0]) == 1:
+        return RateDecision(True, start_us=int(reply[1]))
+    return RateDecision(False, wait=int(reply[1]) / 1e6)
+
+
+def rate_call(keys: LockKeys, count: int, period: float) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of :data:`RATE` for at most ``count`` starts per ``period`` seconds."""
+    period_us = round(period * 1e6)
+    return [keys.rate, keys.rate_next], [count, period_us, period_us // count]
+
+
+def acquire_call(
+    keys: LockKeys, token: str, ttl_ms: int, exact_time: bool = False
+) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of :data:`ACQUIRE`; ``exact_time``: a single node's microseconds."""
+    return [keys.fence, *keys.slots], [token, ttl_ms, FENCE_TTL_MS, "1" if exact_time else "0"]
+
+
+def fence_call(keys: LockKeys, slot: str, token: str) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of :data:`FENCE` for the held ``slot``."""
+    return [slot, keys.fence], [token]
 
 
 def release_call(keys: LockKeys, token: str, keep_ms: int = 0) -> tuple[list[str], list[Any]]:
@@ -203,6 +337,26 @@ def release_attempt_call(
 def raise_fence_call(keys: LockKeys, token: int) -> tuple[list[str], list[Any]]:
     """``(KEYS, ARGV)`` of :data:`RAISE_FENCE`."""
     return [keys.fence], [token, FENCE_TTL_MS]
+
+
+def mark_newest_call(
+    keys: LockKeys, task_id: str, debounce_ms: int, debounce_max_ms: int, ttl_ms: int
+) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of :data:`MARK_NEWEST`."""
+    return [keys.newest], [task_id, debounce_ms, debounce_max_ms, ttl_ms]
+
+
+def check_newest_call(keys: LockKeys, task_id: str) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of :data:`CHECK_NEWEST`."""
+    return [keys.newest], [task_id]
+
+
+def decode_check_newest(reply: Any) -> str | None:
+    """Decode a reply of :data:`CHECK_NEWEST`: the superseding task id, or ``None`` (run)."""
+    if int(reply[0]) != 2:
+        return None
+    newest = reply[1]
+    return newest.decode("utf-8", "replace") if isinstance(newest, bytes) else str(newest)
 
 
 def sha1(source: str) -> str:

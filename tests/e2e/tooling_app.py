@@ -39,7 +39,8 @@ app = layout_app(
     worker_hijack_root_logger=True,
 )
 
-records = redis.Redis.from_url(f"{BASE}/3")
+# No socket timeout: hold() blocks on this client for as long as a test keeps the lock held.
+records = redis.Redis.from_url(f"{BASE}/3", socket_timeout=None)
 
 
 @app.task(base=LockedTask, bind=True, lock_by=["key"])

@@ -1,0 +1,5 @@
+"""``python -m benchmarks``: the one benchmark command (:mod:`benchmarks.bench`)."""
+
+from benchmarks.bench import main
+
+main()

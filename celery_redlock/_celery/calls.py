@@ -1,0 +1,174 @@
+"""What one call carries in its message: per-call overrides, the bypass, its first attempt.
+
+A locked call may carry one message header, ``redlock`` (:data:`HEADER`), a small JSON object:
+
+* ``overrides``: options given to ``apply_async`` for this call only
+  (``lock_on_contention``, ``lock_wait_timeout``, ``lock_ttl``, ``lock_retry_countdown``),
+  stored without their ``lock_`` prefix;
+* ``bypass``: ``true`` when ``apply_async(..., lock_bypass=True)`` asked to run this call
+  without the lock;
+* ``first``: the wall-clock time (epoch seconds) of the call's first attempt, set by the first
+  requeue caused by the lock (:func:`celery_redlock._celery.engine.lock_retry`), so that
+  ``lock_retry_for`` is measured from it.
+
+Celery copies a message's custom headers into every retry it publishes (``self.retry()``,
+``autoretry_for``) on 5.3 through 5.7, so the header lives as long as the call.
+
+Where it is written:
+
+* ``LockedTask.apply_async`` takes the ``lock_*`` keywords out of the options, validates them
+  (a bad value raises :class:`~celery_redlock.LockConfigError` there) and sets the header;
+* any other publish (``@single_instance``, whose task class is not ours, and
+  ``app.send_task``) passes unknown keywords on as message properties: the
+  ``before_task_publish`` receiver moves them into the header (:func:`move_from_properties`).
+  A receiver cannot make the publish fail (Celery's ``Signal.send`` logs what it raises), so
+  an invalid value is logged at ERROR in the caller and the worker fails the call with
+  ``LockConfigError`` without running its body.
+
+The worker validates the header again (:func:`call_spec`), whoever published it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+from ..exceptions import LockConfigError
+from .identity import Spec
+from .options import OPTIONS, check_unknown
+
+logger = logging.getLogger("celery_redlock.task")
+
+#: The message header of a call's lock data.
+HEADER = "redlock"
+
+#: The task options one call may override.
+OVERRIDABLE: tuple[str, ...] = ("on_contention", "wait_timeout", "ttl", "retry_countdown")
+
+#: The ``apply_async`` keyword that runs one call without the lock.
+BYPASS = "lock_bypass"
+
+
+def _validated(owner: str, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """``raw`` (names without ``lock_``) validated like the task options; JSON-ready."""
+    check_unknown(owner, list(raw), list(OVERRIDABLE), "per-call option (without lock_)")
+    return {
+        name: OPTIONS[name].check(owner, f"lock_{name}", value, None) for name, value in raw.items()
+    }
+
+
+def _bypass(owner: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise LockConfigError(
+            f"{owner}: option {BYPASS}={value!r} is invalid; expected True or False"
+        )
+    return value
+
+
+def take(owner: str, options: MutableMapping[str, Any]) -> dict[str, Any] | None:
+    """Take the ``lock_*`` keywords out of ``options``; the header value, or ``None``.
+
+    Raises :class:`~celery_redlock.LockConfigError` for an unknown name (with a "did you mean"
+    hint), an option that cannot be overridden per call, or an invalid value.
+    """
+    names = [name for name in options if isinstance(name, str) and name.startswith("lock_")]
+    if not names:
+        return None
+    raw = {name: options.pop(name) for name in names}
+    bypass = _bypass(owner, raw.pop(BYPASS, False))
+    for name in raw:
+        if name[len("lock_") :] in OPTIONS and name[len("lock_") :] not in OVERRIDABLE:
+            raise LockConfigError(
+                f"{owner}: option {name} cannot be given per call; expected one of "
+                f"{', '.join(f'lock_{n}' for n in OVERRIDABLE)} or {BYPASS}"
+            )
+    known = [f"lock_{n}" for n in OVERRIDABLE] + [BYPASS]
+    check_unknown(owner, list(raw), known, "per-call option")
+    header: dict[str, Any] = {}
+    overrides = _validated(owner, {name[len("lock_") :]: value for name, value in raw.items()})
+    if overrides:
+        header["overrides"] = overrides
+    if bypass:
+        header["bypass"] = True
+    return header or None
+
+
+def put(options: MutableMapping[str, Any], value: Mapping[str, Any] | None) -> None:
+    """Merge ``value`` into the ``headers`` option of an ``apply_async`` call."""
+    if value:
+        headers = dict(options.get("headers") or {})
+        headers[HEADER] = {**(headers.get(HEADER) or {}), **value}
+        options["headers"] = headers
+
+
+def move_from_properties(
+    sender: Any, headers: MutableMapping[str, Any], properties: MutableMapping[str, Any]
+) -> None:
+    """In ``before_task_publish``: move ``lock_*`` message properties into :data:`HEADER`.
+
+    Never raises: an invalid value is logged at ERROR and travels as given, so the worker
+    fails the call with :class:`~celery_redlock.LockConfigError`.
+    """
+    if not any(isinstance(n, str) and n.startswith("lock_") for n in properties):
+        return
+    owner = f"task {sender}"
+    raw = {n: properties[n] for n in list(properties) if str(n).startswith("lock_")}
+    try:
+        value = take(owner, properties)
+    except LockConfigError as exc:
+        for name in raw:
+            properties.pop(name, None)
+        logger.error("%s[%s]: %s; the worker will fail this call", sender, headers.get("id"), exc)
+        value = {"invalid": {name[len("lock_") :]: raw[name] for name in raw}}
+    current = headers.get(HEADER)
+    headers[HEADER] = {**(current if isinstance(current, Mapping) else {}), **(value or {})}
+
+
+def header_of(request: Any) -> Mapping[str, Any]:
+    """The :data:`HEADER` value of the message behind ``request`` (empty if none)."""
+    value = (getattr(request, "headers", None) or {}).get(HEADER)
+    return value if isinstance(value, Mapping) else {}
+
+
+def overrides_of(request: Any) -> dict[str, Any]:
+    """The per-call overrides of ``request``'s message, as sent (not validated)."""
+    overrides = header_of(request).get("overrides")
+    return dict(overrides) if isinstance(overrides, Mapping) else {}
+
+
+def call_spec(spec: Spec, request: Any) -> Spec:
+    """``spec`` with the per-call overrides of ``request`` applied (validated again here).
+
+    Raises :class:`~celery_redlock.LockConfigError` when the message carries an invalid
+    override (one that ``before_task_publish`` could only log).
+    """
+    header = header_of(request)
+    invalid = header.get("invalid")
+    if isinstance(invalid, Mapping):
+        raw = {f"lock_{name}": value for name, value in invalid.items()}
+        take(spec.owner, raw)  # raises the same error the caller logged
+    overrides = overrides_of(request)
+    if not overrides:
+        return spec
+    options = dataclasses.replace(spec.options, **_validated(spec.owner, overrides))
+    return dataclasses.replace(spec, options=options)
+
+
+def bypassed(request: Any) -> bool:
+    """Whether ``request``'s message asked to run without the lock."""
+    return header_of(request).get("bypass") is True
+
+
+def first_attempt(request: Any, now: float) -> float:
+    """When the call behind ``request`` first ran (epoch seconds); ``now`` on its first.
+
+    Measured on each worker's wall clock: workers whose clocks disagree by D seconds end a
+    call's lock retries up to D seconds early or late.
+    """
+    first = header_of(request).get("first")
+    if isinstance(first, (int, float)) and not isinstance(first, bool) and math.isfinite(first):
+        return float(first)
+    return now

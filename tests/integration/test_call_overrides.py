@@ -1,0 +1,241 @@
+"""Per-call overrides (``apply_async(..., lock_<option>=...)``) and ``lock_bypass``.
+
+In-process worker (threads pool), real Redis, both APIs. ``LockedTask`` validates the
+overrides in ``apply_async``; ``@single_instance`` (whose task class is not ours) can only
+validate them in the ``before_task_publish`` receiver, which cannot fail the publish: there an
+invalid value is logged at ERROR by the caller and the worker fails the call with
+``LockConfigError`` without running its body.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis as redis_py
+from celery import Celery, Task
+
+from celery_redlock import (
+    Lock,
+    LockConfigError,
+    LockContended,
+    LockedTask,
+    current_lock,
+    lock_key,
+    metrics,
+    single_instance,
+)
+from celery_redlock._celery.options import settings_for
+from celery_redlock._redis.keys import call_key
+from celery_redlock.cli import LockStore
+from celery_redlock.metrics import read_stats
+from celery_redlock.testing import wait_until
+from tests.conftest import running_worker
+
+APIS = ("task", "decorator")
+
+
+def locked(
+    app: Celery,
+    api: str,
+    fun: Callable[..., Any],
+    task_options: dict[str, Any] | None = None,
+    **options: Any,
+) -> Any:
+    """``fun`` as a bound locked task under ``api`` (``lock_*`` options / decorator keywords)."""
+    task_options = {"bind": True, "shared": False, **(task_options or {})}
+    if api == "task":
+        lock_options = {f"lock_{name}": value for name, value in options.items()}
+        return app.task(base=LockedTask, **task_options, **lock_options)(fun)
+    return app.task(**task_options)(single_instance(**options)(fun))
+
+
+def hold(redis_url: str, task: Any, *args: Any) -> Lock:
+    """Hold the key of ``task(*args)`` from outside, as another owner would."""
+    name = lock_key(task, *args).removeprefix("redlock:{").removesuffix("}")
+    lock = Lock(redis_url, name, ttl=60, owner="the-holder")
+    assert lock.acquire()
+    return lock
+
+
+def subscribers(r: redis_py.Redis, key: str) -> int:
+    channel = f"{key}:released"
+    return int(dict(r.pubsub_numsub(channel)).get(channel.encode(), 0))
+
+
+def lock_state(self: Task) -> dict[str, Any]:
+    """What the body sees of its lock: TTL, renewal, the overrides record in Redis and what
+    ``celery redlock inspect`` reads of it."""
+    lock = current_lock()
+    assert lock is not None
+    record = lock.nodes.client.get(call_key(lock.key))  # type: ignore[attr-defined]
+    held = LockStore(settings_for(self.app)).read(lock.key)
+    assert held is not None
+    return {
+        "ttl": lock.ttl,
+        "auto_renew": lock.auto_renew,
+        "record": json.loads(record) if record else None,
+        "inspected": held.overrides,
+        "token": lock.token,
+        "retries": self.request.retries,
+    }
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_wait_overrides_fail_for_one_call(
+    app: Celery, redis_url: str, r: redis_py.Redis, api: str
+) -> None:
+    """A task that fails under contention waits for one call given
+    ``lock_on_contention='wait', lock_wait_timeout=...``, and runs when the holder releases."""
+
+    def work(self: Task) -> str:
+        return "ran"
+
+    task = locked(app, api, work, by=(), on_contention="fail")
+    holder = hold(redis_url, task)
+    with running_worker(app):
+        try:
+            with pytest.raises(LockContended):
+                task.delay().get(timeout=10)
+            waiting = task.apply_async(lock_on_contention="wait", lock_wait_timeout=20)
+            wait_until(lambda: subscribers(r, holder.key) > 0, 10, "the call to wait")
+        finally:
+            holder.release()
+        assert waiting.get(timeout=10) == "ran"
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_ttl_override_is_used_recorded_and_survives_a_retry(
+    app: Celery, redis_url: str, api: str
+) -> None:
+    """``lock_ttl=50`` gives this call a fixed TTL, never renewed, on its retry too (the
+    header travels with ``self.retry()``); the overrides record names the holder's token."""
+    seen: list[dict[str, Any]] = []
+
+    def work(self: Task, again: bool) -> None:
+        seen.append(lock_state(self))
+        if again and self.request.retries == 0:
+            raise self.retry(countdown=0)
+
+    task = locked(app, api, work, {"max_retries": 1}, by=())
+    with running_worker(app):
+        task.apply_async((True,), lock_ttl=50).get(timeout=10)
+        task.delay(False).get(timeout=10)
+    first, retry, plain = seen
+    for state in (first, retry):
+        assert (state["ttl"], state["auto_renew"]) == (50.0, False)
+        assert state["record"]["token"] == state["token"]
+        assert state["record"]["overrides"] == state["inspected"] == {"ttl": 50.0}
+    assert retry["retries"] == 1
+    # The next call has no override: the old record (it lives as long as the lock did) names
+    # another holder, and inspect does not show it.
+    assert (plain["auto_renew"], plain["inspected"]) == (True, None)
+    assert plain["record"] is None or plain["record"]["token"] != plain["token"]
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_retry_countdown_override(
+    app: Celery, redis_url: str, api: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``lock_on_contention='retry', lock_retry_countdown=0.05`` on one call of a task whose
+    own countdown is an hour: Celery's retry line shows the call's countdown."""
+
+    def work(self: Task) -> str:
+        return "ran"
+
+    task = locked(app, api, work, by=(), on_contention="fail", retry_countdown=3600)
+    holder = hold(redis_url, task)
+    with running_worker(app), caplog.at_level(logging.INFO):
+        try:
+            result = task.apply_async(lock_on_contention="retry", lock_retry_countdown=0.05)
+
+            def retry_lines() -> list[str]:
+                return [
+                    rec.getMessage()
+                    for rec in caplog.records
+                    if rec.name == "celery.app.trace" and result.id in rec.getMessage()
+                ]
+
+            wait_until(lambda: len(retry_lines()) >= 2, 10, "two retries")
+            lines = retry_lines()
+        finally:
+            holder.release()
+        assert result.get(timeout=10) == "ran"
+    countdowns = [float(m) for line in lines for m in re.findall(r"Retry in ([0-9.]+)s", line)]
+    assert countdowns and all(0.05 <= c <= 0.06 for c in countdowns)
+
+
+def test_locked_task_rejects_bad_overrides_at_apply_async(app: Celery) -> None:
+    def work(self: Task) -> None:
+        pass
+
+    task = locked(app, "task", work, by=())
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"lock_on_contention": "wiat"}, "did you mean 'wait'"),
+        ({"lock_wait_timout": 5}, "did you mean 'lock_wait_timeout'"),
+        ({"lock_wait_timeout": -1}, "lock_wait_timeout=-1"),
+        ({"lock_ttl": "5"}, "lock_ttl='5'"),
+        ({"lock_limit": 2}, "cannot be given per call"),
+        ({"lock_bypass": "yes"}, "lock_bypass='yes'"),
+    ]
+    for options, message in bad:
+        with pytest.raises(LockConfigError, match=re.escape(message)):
+            task.apply_async(**options)
+
+
+def test_single_instance_fails_a_bad_override_in_the_worker(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The decorator's task class is not ours: the publish goes ahead, the caller logs an
+    ERROR, and the worker fails the call with ``LockConfigError`` before the body runs."""
+    runs: list[int] = []
+
+    def work(self: Task) -> None:
+        runs.append(1)
+
+    task = locked(app, "decorator", work, by=())
+    with running_worker(app), caplog.at_level(logging.INFO):
+        result = task.apply_async(lock_on_contention="wiat")
+        with pytest.raises(LockConfigError, match="did you mean 'wait'"):
+            result.get(timeout=10)
+    assert runs == []
+    logged = [rec for rec in caplog.records if rec.levelno == logging.ERROR]
+    assert any(result.id in rec.getMessage() and "wiat" in rec.getMessage() for rec in logged)
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_bypass_runs_without_the_lock_warns_and_counts(
+    app: Celery, redis_url: str, api: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``lock_bypass=True`` runs while another owner holds the key: no lock in the body, a
+    WARNING with the task id, and ``bypassed`` in the counters."""
+
+    def work(self: Task) -> bool:
+        return current_lock() is None
+
+    task = locked(app, api, work, by=(), on_contention="fail")
+    holder = hold(redis_url, task)
+    try:
+        with running_worker(app), caplog.at_level(logging.INFO):
+            result = task.apply_async(lock_bypass=True)
+            assert result.get(timeout=10) is True
+            with pytest.raises(LockContended):  # the next call is locked again
+                task.delay().get(timeout=10)
+    finally:
+        holder.release()
+    warned = [
+        rec
+        for rec in caplog.records
+        if rec.levelno == logging.WARNING and "WITHOUT the lock" in rec.getMessage()
+    ]
+    assert [result.id in rec.getMessage() for rec in warned] == [True]
+
+    def counted() -> bool:
+        metrics.flush()
+        return read_stats(app).get(task.name, {}).get("bypassed") == 1
+
+    wait_until(counted, 10, "the bypassed counter")

@@ -1,0 +1,254 @@
+"""Newest wins (``lock_enqueue="replace"``) and debounce (``lock_debounce``, ``lock_debounce_max``)
+on an in-process worker, under both APIs (``api`` is ``"task"`` for ``base=LockedTask``,
+``"decorator"`` for ``@single_instance``).
+
+A superseded call ends like a skip: state SUCCESS, result ``None``, and an INFO line naming the
+task id of the newer call. The debounce tests publish calls a set interval apart (the input
+pattern under test) and report the delay they measure; they assert orders, not durations.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis as redis_py
+from celery import Celery, Task
+
+from celery_redlock import LockedTask, lock_key, single_instance
+from celery_redlock.testing import RedisServer, free_port, record_lock_events, wait_until
+from tests.conftest import Holder, make_app, running_worker
+
+APIS = ("task", "decorator")
+
+
+def define(app: Celery, api: str, fun: Callable[..., Any], **options: Any) -> Any:
+    """Register ``fun`` (which takes ``self``) as a bound locked task under ``api``."""
+    if api == "task":
+        lock_options = {f"lock_{name}": value for name, value in options.items()}
+        return app.task(base=LockedTask, bind=True, shared=False, **lock_options)(fun)
+    return app.task(bind=True, shared=False)(single_instance(**options)(fun))
+
+
+def superseded_by(text: str, result: Any) -> str | None:
+    """The task id the INFO line of a superseded ``result`` names, if there is one."""
+    found = re.search(rf"\[{result.id}\] superseded by (\S+): ", text)
+    return found.group(1) if found else None
+
+
+def assert_superseded_by_newer(text: str, calls: list[Any]) -> None:
+    """Every call but the last names a later call (the newest when it started)."""
+    ids = [c.id for c in calls]
+    for index, old in enumerate(calls[:-1]):
+        newer = superseded_by(text, old)
+        assert newer in ids[index + 1 :], f"call {index} is not superseded by a later call"
+    assert superseded_by(text, calls[-1]) is None
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_replace_runs_only_the_newest_queued_call(
+    h: Holder, app: Celery, r: redis_py.Redis, api: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Five calls queued while the key is held (the one pool thread runs the holder, so they
+    wait in the worker): the running call finishes untouched, the first four end as superseded
+    by the fifth, and only the fifth runs."""
+    ran: list[int] = []
+
+    def reindex(self: Task, doc: str, version: int) -> int:
+        ran.append(version)
+        if version == 0:
+            h.hold()
+        return version
+
+    task = define(app, api, reindex, by=["doc"], enqueue="replace")
+    with (
+        caplog.at_level(logging.INFO, logger="celery_redlock.task"),
+        running_worker(app, concurrency=1),
+    ):
+        running = task.delay("d", 0)
+        assert h.entered.wait(10)
+        calls = [task.delay("d", v) for v in range(1, 6)]
+        newest = calls[-1]
+        marker = lock_key(task, "d", 0) + ":newest"
+        assert r.hget(marker, "id") == newest.id.encode()  # under the lock's hash tag
+        h.gate.set()
+        assert running.get(timeout=10) == 0  # the running call is never affected
+        assert [c.get(timeout=10) for c in calls] == [None, None, None, None, 5]
+    assert [c.state for c in calls] == ["SUCCESS"] * 5
+    assert [superseded_by(caplog.text, c) for c in calls] == [newest.id] * 4 + [None]
+    assert ran == [0, 5]
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_retry_of_a_started_call_is_never_superseded(
+    app: Celery, r: redis_py.Redis, api: str
+) -> None:
+    """A newer call published while the first runs does not supersede the first's retry:
+    Celery copies the marked header into the retry, and the publish receiver unmarks it."""
+    attempts: list[tuple[str, int]] = []
+
+    def reindex(self: Task, doc: str, role: str) -> int:
+        attempts.append((role, self.request.retries))
+        if role == "first" and self.request.retries == 0:
+            newer = task.delay(doc, "newer")  # the newest call of the key from now on
+            assert r.hget(lock_key(task, doc, role) + ":newest", "id") == newer.id.encode()
+            raise self.retry(countdown=0, max_retries=3)
+        return int(self.request.retries)
+
+    task = define(app, api, reindex, by=["doc"], enqueue="replace", on_contention="wait")
+    with running_worker(app, concurrency=2):
+        first = task.delay("d", "first")
+        assert first.get(timeout=10) == 1  # the retry ran, although "newer" is the newest
+        wait_until(lambda: ("newer", 0) in attempts, 10, "the newer call to run")
+    assert sorted(attempts) == [("first", 0), ("first", 1), ("newer", 0)]
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_debounce_collapses_a_burst_into_one_run_with_the_last_arguments(
+    app: Celery, r: redis_py.Redis, api: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    runs: list[tuple[int, float, Any]] = []
+
+    def save(self: Task, doc: str, version: int) -> int:
+        runs.append((version, time.monotonic(), self.request.eta))
+        return version
+
+    task = define(app, api, save, by=["doc"], debounce=0.5)
+    with caplog.at_level(logging.INFO, logger="celery_redlock.task"), running_worker(app):
+        calls = []
+        for version in range(1, 6):
+            calls.append(task.delay("d", version))
+            last_call = time.monotonic()
+            if version < 5:
+                time.sleep(0.1)  # the input under test: calls 0.1 s apart
+        results = [c.get(timeout=10) for c in calls]
+    assert results == [None, None, None, None, 5]
+    assert [c.state for c in calls] == ["SUCCESS"] * 5
+    assert_superseded_by_newer(caplog.text, calls)
+    assert len(runs) == 1
+    version, started, eta = runs[0]
+    assert version == 5 and eta is not None  # the last call's arguments, held until its ETA
+    delay = started - last_call
+    print(f"debounce 0.5 s: the run started {delay:.3f} s after the last call")
+    assert started > last_call
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_debounce_max_runs_a_steady_stream_at_least_every_max(app: Celery, api: str) -> None:
+    """Calls every 0.1 s for 3 x debounce_max: each window is capped, so the key runs during
+    the stream (at least twice), always with the newest arguments of its window."""
+    runs: list[tuple[int, float]] = []
+
+    def save(self: Task, doc: str, version: int) -> int:
+        runs.append((version, time.monotonic()))
+        return version
+
+    task = define(app, api, save, by=["doc"], debounce=0.3, debounce_max=0.6)
+    with running_worker(app):
+        calls = []
+        stream_end = time.monotonic() + 3 * 0.6
+        while time.monotonic() < stream_end:
+            calls.append(task.delay("d", len(calls)))
+            last_call = time.monotonic()
+            time.sleep(0.1)  # the input under test: a steady stream, closer than the debounce
+        results = [c.get(timeout=10) for c in calls]
+    during = [t for _, t in runs if t < last_call]
+    print(
+        f"debounce 0.3 s, max 0.6 s, {len(calls)} calls over 1.8 s: {len(runs)} runs, "
+        f"{len(during)} during the stream"
+    )
+    assert len(during) >= 2
+    versions = [v for v, _ in runs]
+    assert versions == sorted(versions) and versions[-1] == len(calls) - 1
+    assert [v for v, res in enumerate(results) if res is not None] == versions
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_collapsed_run_never_overlaps_a_running_one(h: Holder, app: Celery, api: str) -> None:
+    """The collapsed execution goes through the run-time lock: it waits for the running call
+    of its key (``on_contention="wait"``) and starts after it ends."""
+    spans: dict[int, list[float]] = {}
+
+    def save(self: Task, doc: str, version: int) -> int:
+        spans[version] = [time.monotonic()]
+        if version == 1:
+            h.hold()
+        spans[version].append(time.monotonic())
+        return version
+
+    task = define(app, api, save, by=["doc"], debounce=0.2, on_contention="wait", wait_timeout=20)
+    with record_lock_events() as events, running_worker(app, concurrency=2):
+        first = task.delay("d", 1)
+        assert h.entered.wait(10)  # ran after its debounce, and holds the key
+        later = [task.delay("d", v) for v in (2, 3, 4)]
+        wait_until(lambda: events.contended(later[-1]), 10, "the collapsed run to wait")
+        assert 4 not in spans  # waiting for the lock, not running
+        h.gate.set()
+        assert first.get(timeout=10) == 1
+        assert [c.get(timeout=10) for c in later] == [None, None, 4]
+    assert sorted(spans) == [1, 4]
+    assert spans[1][1] <= spans[4][0]  # no overlap: the collapsed run began after the first
+
+
+def test_redis_unavailable_at_publish_never_drops_a_call(
+    redis_server: RedisServer, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without Redis the calls are published unstamped (they will run, never superseded), a
+    debounced one still with its delay."""
+    app = make_app(redis_server, redlock_url=f"redis://127.0.0.1:{free_port()}/0")
+
+    @app.task(base=LockedTask, lock_enqueue="replace", lock_by=(), shared=False)
+    def replaced() -> None: ...
+
+    @app.task(shared=False)
+    @single_instance(debounce=30, by=())
+    def debounced() -> None: ...
+
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.task"):
+        ids = {replaced.delay().id for _ in range(2)} | {debounced.delay().id}
+    assert len(ids) == 3
+    queued = redis_py.Redis(port=redis_server.port, db=1)
+    messages = [json.loads(m)["headers"] for m in queued.lrange("celery", 0, -1)]
+    queued.close()
+    assert len(messages) == 3  # all published
+    assert [m["redlock_newest"] for m in messages] == [False] * 3
+    assert [m["eta"] is not None for m in messages] == [True, False, False]  # LPUSH: newest first
+    assert caplog.text.count("published without the newest-call marker") == 3
+    app.close()
+
+
+def test_calls_published_concurrently_keep_exactly_one_newest(
+    app: Celery, r: redis_py.Redis
+) -> None:
+    """Eight threads publish at once: exactly one call runs, whichever the marker names."""
+    ran: list[str] = []
+
+    @app.task(base=LockedTask, bind=True, lock_enqueue="replace", lock_by=(), shared=False)
+    def job(self: Task, n: int) -> int:
+        ran.append(self.request.id)
+        return n
+
+    results: list[Any] = []
+    barrier = threading.Barrier(8)
+
+    def publish(n: int) -> None:
+        barrier.wait(5)
+        results.append(job.delay(n))
+
+    threads = [threading.Thread(target=publish, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    newest = r.hget(lock_key(job, 0) + ":newest", "id")  # lock_by=(): one key
+    assert newest is not None and len(results) == 8
+    with running_worker(app):
+        outcomes = {res.id: res.get(timeout=10) for res in results}
+    assert ran == [newest.decode()]
+    assert sum(value is not None for value in outcomes.values()) == 1

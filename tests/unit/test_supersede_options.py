@@ -1,0 +1,55 @@
+"""``lock_enqueue="replace"``, ``lock_debounce`` and ``lock_debounce_max``: accepted by both APIs,
+and the mixes a debounce cannot honour refused at registration. No Redis is contacted."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_redlock import LockConfigError, LockedTask, single_instance
+from celery_redlock._celery.identity import spec_of
+from celery_redlock._celery.supersede import supersedes
+
+
+def work(doc: str) -> None: ...
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"enqueue": "replace"}, {"debounce": 0.5}, {"debounce": 0.5, "debounce_max": 2}],
+)
+def test_both_apis_accept_replace_and_debounce(options: dict[str, Any]) -> None:
+    app = Celery("supersede", set_as_current=False)
+    lock_options = {f"lock_{name}": value for name, value in options.items()}
+    by_class = app.task(base=LockedTask, shared=False, name="a", **lock_options)(work)
+    by_decorator = app.task(shared=False, name="b")(single_instance(**options)(work))
+    for task in (by_class, by_decorator):
+        spec = spec_of(task)
+        assert spec is not None and supersedes(spec.options)
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"debounce_max": 2}, "lock_debounce_max=2.0 is invalid"),
+        ({"debounce": 3, "debounce_max": 2}, "None or >= lock_debounce (which is 3.0)"),
+        ({"debounce": 1, "enqueue": "keep"}, "expected lock_enqueue=False or 'replace'"),
+        ({"debounce": 1, "enqueue": "replce"}, "did you mean 'replace'?"),
+    ],
+)
+def test_mixes_a_debounce_cannot_honour_are_refused(options: dict[str, Any], expected: str) -> None:
+    if options.get("enqueue") != "keep":  # which the decorator refuses on its own (below)
+        with pytest.raises(LockConfigError, match=re.escape(expected)):
+            single_instance(**options)(work)
+    with pytest.raises(LockConfigError, match=re.escape(expected)):
+        lock_options = {f"lock_{name}": value for name, value in options.items()}
+        type("Debounced", (LockedTask,), lock_options)
+
+
+def test_keep_is_still_refused_by_the_decorator() -> None:
+    for value in (True, "keep"):
+        with pytest.raises(LockConfigError, match="base=LockedTask"):
+            single_instance(enqueue=value)(work)
