@@ -2,7 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: demo test test-lowest bench lint
+.PHONY: demo test test-lowest test-soak bench lint
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -19,6 +19,10 @@ test: lint
 # The oldest celery, kombu and redis-py that pyproject.toml accepts (noxfile.py).
 test-lowest: $(VENV)/.installed
 	$(PY) -m nox -s lowest
+
+# The runs of a minute or more (marker `soak`), skipped by `make test`.
+test-soak: $(VENV)/.installed
+	REDLOCK_SOAK=1 $(PY) -m pytest -m soak tests/e2e
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

@@ -51,7 +51,7 @@ def test_short_torture_run_finds_no_violation(tmp_path: Path) -> None:
     assert chaos["child_kill"] and chaos["window_kill"] and chaos["worker_kill"]
     assert chaos.get("revoke_sigterm", 0) + chaos.get("revoke_sigkill", 0) > 0
     assert ours["outcomes"].get("time-limit", 0) > 0
-    assert ours["outcomes"]["success"] >= 50
+    assert ours["outcomes"]["success"] >= 30
     assert ours["killed_inside"] > 0  # some holders died inside their critical section
 
 
