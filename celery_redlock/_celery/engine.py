@@ -416,10 +416,18 @@ def leave(task: Any, request: Any = None, *, cooldown: bool = True) -> None:
     lock = execution.lock
     execution.lock = None
     spec = spec_of(task)
+    keep = spec.options.cooldown if spec is not None and cooldown else 0
+    if _release(task, request, lock, keep):
+        logger.debug("%s[%s] released %s", task.name, request.id, lock.key)
+        emit(task, request.id, "released", signals.lock_released, key=lock.key, by="task")
+
+
+def _release(task: Any, request: Any, lock: Lock, keep: float = 0) -> bool:
+    """Release ``lock``; whether it was released. Never raises (see :func:`leave`)."""
     try:
-        lock.release(keep=spec.options.cooldown if spec is not None and cooldown else 0)
+        lock.release(keep=keep)
     except LockLost:
-        pass  # already logged as an ERROR by Lock.on_lost
+        return False  # already logged as an ERROR by Lock.on_lost
     except LockUnavailable as exc:
         logger.warning(
             "%s[%s]: could not release %s, it will expire within %.0fs: %s",
@@ -429,11 +437,11 @@ def leave(task: Any, request: Any = None, *, cooldown: bool = True) -> None:
             lock.ttl,
             exc,
         )
+        return False
     except Exception:
         logger.exception("%s[%s]: unexpected error releasing %s", task.name, request.id, lock.key)
-    else:
-        logger.debug("%s[%s] released %s", task.name, request.id, lock.key)
-        emit(task, request.id, "released", signals.lock_released, key=lock.key, by="task")
+        return False
+    return True
 
 
 # -- distributed rate limit (lock_rate) ----------------------------------------------------------
@@ -479,13 +487,13 @@ def _check_rate(task: Any, spec: Spec, settings: Settings, request: Any, lock: L
             )
             emit(task, request.id, "unavailable")
             return
-        _release_unstarted(task, request, lock)
+        _release(task, request, lock)  # quietly: never reported as acquired
         _on_unavailable(task, spec, settings, request, exc)
         raise  # not reached: the policy is 'retry' or 'fail', which raise
     if decision.admitted:
         setattr(request, RATE_ATTR, decision.start_us)
         return
-    _release_unstarted(task, request, lock)
+    _release(task, request, lock)  # quietly: never reported as acquired
     countdown = decision.wait
 
     def report(event: str) -> None:
@@ -508,23 +516,6 @@ def _check_rate(task: Any, spec: Spec, settings: Settings, request: Any, lock: L
         retry_after=countdown,
     )
     lock_retry(task, request, spec, countdown, limited, report)
-
-
-def _release_unstarted(task: Any, request: Any, lock: Lock) -> None:
-    """Release the lock of an attempt that will not start (never reported as acquired)."""
-    try:
-        lock.release()
-    except LockLost:
-        pass  # already logged as an ERROR by Lock.on_lost
-    except LockUnavailable as exc:
-        logger.warning(
-            "%s[%s]: could not release %s, it will expire within %.0fs: %s",
-            task.name,
-            request.id,
-            lock.key,
-            lock.ttl,
-            exc,
-        )
 
 
 # -- enqueue-time de-duplication -----------------------------------------------------------------

@@ -47,7 +47,7 @@ from . import keys as _keys
 from . import owner as _owner
 from .aionodes import nodes_for
 from .clients import UNAVAILABLE_ERRORS
-from .lock import DEGRADED_RENEWAL, Clock
+from .lock import DEGRADED_RENEWAL, Clock, check_arguments, check_limit
 from .nodes import Extended, Target
 from .scripts import AcquireResult
 
@@ -99,21 +99,9 @@ class Lock:
         limit: int = 1,
         clock: Clock = time.monotonic,
     ) -> None:
-        if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or ttl <= 0:
-            raise ValueError(f"Lock ttl must be a positive number of seconds, got {ttl!r}")
-        if max_hold is not None and max_hold <= 0:
-            raise ValueError(f"Lock max_hold must be positive seconds, got {max_hold!r}")
-        if timeout is not None and timeout < 0:
-            raise ValueError(f"Lock timeout must be >= 0 seconds or None, got {timeout!r}")
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise ValueError(f"Lock limit must be an integer >= 1, got {limit!r}")
+        check_arguments(ttl, max_hold, timeout, limit)
         self.nodes = nodes_for(redis)
-        if limit > 1 and len(self.nodes.names) > 1:
-            raise ValueError(
-                "a Lock with limit > 1 needs a single Redis deployment (a node, Sentinel or "
-                "Cluster): over a quorum of independent nodes, more than `limit` owners could "
-                "each win a majority of slots"
-            )
+        check_limit(limit, self.nodes.names)
         self.name = name
         self.limit = limit
         self.keys = _keys.keys_for(prefix, name, limit)

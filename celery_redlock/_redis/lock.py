@@ -45,6 +45,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
+from typing import Any
 
 from ..exceptions import LockContended, LockLost, LockNotOwned, LockUnavailable
 from . import keys as _keys
@@ -100,21 +101,9 @@ class Lock:
         limit: int = 1,
         clock: Clock = time.monotonic,
     ) -> None:
-        if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or ttl <= 0:
-            raise ValueError(f"Lock ttl must be a positive number of seconds, got {ttl!r}")
-        if max_hold is not None and max_hold <= 0:
-            raise ValueError(f"Lock max_hold must be positive seconds, got {max_hold!r}")
-        if timeout is not None and timeout < 0:
-            raise ValueError(f"Lock timeout must be >= 0 seconds or None, got {timeout!r}")
-        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-            raise ValueError(f"Lock limit must be an integer >= 1, got {limit!r}")
+        check_arguments(ttl, max_hold, timeout, limit)
         self.nodes = nodes_for(redis)
-        if limit > 1 and len(self.nodes.names) > 1:
-            raise ValueError(
-                "a Lock with limit > 1 needs a single Redis deployment (a node, Sentinel or "
-                "Cluster): over a quorum of independent nodes, more than `limit` owners could "
-                "each win a majority of slots"
-            )
+        check_limit(limit, self.nodes.names)
         self.name = name
         self.limit = limit
         self.keys = _keys.keys_for(prefix, name, limit)
@@ -451,6 +440,28 @@ class Lock:
             self._lost = True
         _renewal.unwatch(self)
         self.on_lost(reason)
+
+
+def check_arguments(ttl: Any, max_hold: Any, timeout: Any, limit: Any) -> None:
+    """Raise :class:`ValueError` for lock arguments out of range (shared by the asyncio lock)."""
+    if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or ttl <= 0:
+        raise ValueError(f"Lock ttl must be a positive number of seconds, got {ttl!r}")
+    if max_hold is not None and max_hold <= 0:
+        raise ValueError(f"Lock max_hold must be positive seconds, got {max_hold!r}")
+    if timeout is not None and timeout < 0:
+        raise ValueError(f"Lock timeout must be >= 0 seconds or None, got {timeout!r}")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise ValueError(f"Lock limit must be an integer >= 1, got {limit!r}")
+
+
+def check_limit(limit: int, nodes: tuple[str, ...]) -> None:
+    """Raise :class:`ValueError` for ``limit`` > 1 over a quorum of independent nodes."""
+    if limit > 1 and len(nodes) > 1:
+        raise ValueError(
+            "a Lock with limit > 1 needs a single Redis deployment (a node, Sentinel or "
+            "Cluster): over a quorum of independent nodes, more than `limit` owners could "
+            "each win a majority of slots"
+        )
 
 
 def release_attempt(
