@@ -97,5 +97,5 @@ def test_demo_summary_and_nothing_left_behind() -> None:
         assert re.search(rf"^  \+ *\d+\.\d\ds  {event} ", timeline, re.MULTILINE), out
     rebuilds = re.search(r"cache stampede guard: (\d+) reads, (\d+) rebuilds", out)
     assert rebuilds is not None and 0 < int(rebuilds.group(2)) < int(rebuilds.group(1))
-    assert "left behind: 0 processes, 0 lock keys" in out
+    assert "left behind: 0 processes, 0 keys written by the package" in out
     assert "OK:" in out
