@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .keys import FENCE_TTL_MS, LockKeys
 
@@ -258,9 +258,8 @@ return {0, slot - now}
 RELEASED_NOT_NOTIFIED = 2
 
 
-@dataclass(frozen=True)
-class AcquireResult:
-    """Decoded reply of :data:`ACQUIRE`."""
+class AcquireResult(NamedTuple):
+    """Decoded reply of an acquisition: a plain tuple, what ``Lock.do_acquire`` returns."""
 
     acquired: bool
     fencing_token: int | None = None
