@@ -1,4 +1,5 @@
-"""Shared fixtures: a private redis-server per session and Celery apps pointed at it.
+"""Shared fixtures: a private redis-server per session, Celery apps pointed at it, and
+Django-style settings modules made without Django.
 
 Tests never touch 127.0.0.1:6379 (a shared server on developer machines): every server is
 started here on a free loopback port. Database 0 holds locks, 1 the broker, 2 the results, 3
@@ -9,7 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import sys
 import threading
+import types
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -113,3 +117,40 @@ def running_worker(app: Celery, pool: str = "threads", concurrency: int = 4) -> 
         # kombu < 5.6.1 keeps a stopped worker's hub as the global event loop, and the next
         # in-process worker would put its ETA (countdown, retry) messages on that dead hub.
         set_event_loop(None)
+
+
+# -- Django-style settings modules, without Django ---------------------------------------------
+
+
+class LazySettings:
+    """Like ``django.conf.settings``: reads its module on first attribute access, and counts."""
+
+    def __init__(self, module: types.ModuleType) -> None:
+        self._module = module
+        self.reads: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        self.reads.append(name)
+        return getattr(self._module, name)
+
+    def __dir__(self) -> list[str]:
+        self.reads.append("__dir__")
+        return dir(self._module)
+
+
+@pytest.fixture
+def settings_path() -> Iterator[tuple[str, types.ModuleType, LazySettings]]:
+    """``("<module>:settings", the settings module, the lazy settings object)``."""
+    name = f"proj_settings_{uuid.uuid4().hex}"
+    module = types.ModuleType(name)
+    holder = types.ModuleType(name + "_conf")
+    lazy = holder.settings = LazySettings(module)  # type: ignore[attr-defined]
+    sys.modules[holder.__name__] = holder
+    yield f"{holder.__name__}:settings", module, lazy
+    del sys.modules[holder.__name__]
+
+
+def app_from(path: str) -> Celery:
+    app = Celery("proj", set_as_current=False)
+    app.config_from_object(path, namespace="CELERY")
+    return app

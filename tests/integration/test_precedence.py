@@ -7,10 +7,6 @@ The validation and resolution of options and settings, which need no Redis, are 
 
 from __future__ import annotations
 
-import sys
-import types
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,19 +14,7 @@ from celery import Celery
 
 from celery_redlock import Lock, LockContended, LockedTask, current_lock
 from celery_redlock import lock_key as lock_key_of
-from tests.unit.test_django_settings import LazySettings, app_from
-
-
-@pytest.fixture
-def settings_path() -> Iterator[tuple[str, types.ModuleType, LazySettings]]:
-    """``("<module>:settings", the settings module, the lazy settings object)``."""
-    name = f"proj_settings_{uuid.uuid4().hex}"
-    module = types.ModuleType(name)
-    holder = types.ModuleType(name + "_conf")
-    lazy = holder.settings = LazySettings(module)  # type: ignore[attr-defined]
-    sys.modules[holder.__name__] = holder
-    yield f"{holder.__name__}:settings", module, lazy
-    del sys.modules[holder.__name__]
+from tests.conftest import app_from
 
 
 def test_task_policy_overrides_the_app_policy(redis_url: str) -> None:

@@ -8,52 +8,14 @@ lazy object like ``django.conf.settings`` (which Celery's Django integration pas
 
 from __future__ import annotations
 
-import sys
-import types
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import celery
 import pytest
-from celery import Celery
 
 from celery_redlock import LockedTask, lock_key
 from celery_redlock._celery.options import settings_for
-
-
-class LazySettings:
-    """Like ``django.conf.settings``: reads its module on first attribute access, and counts."""
-
-    def __init__(self, module: types.ModuleType) -> None:
-        self._module = module
-        self.reads: list[str] = []
-
-    def __getattr__(self, name: str) -> Any:
-        self.reads.append(name)
-        return getattr(self._module, name)
-
-    def __dir__(self) -> list[str]:
-        self.reads.append("__dir__")
-        return dir(self._module)
-
-
-@pytest.fixture
-def settings_path() -> Iterator[tuple[str, types.ModuleType, LazySettings]]:
-    """``("<module>:settings", the settings module, the lazy settings object)``."""
-    name = f"proj_settings_{uuid.uuid4().hex}"
-    module = types.ModuleType(name)
-    holder = types.ModuleType(name + "_conf")
-    lazy = holder.settings = LazySettings(module)  # type: ignore[attr-defined]
-    sys.modules[holder.__name__] = holder
-    yield f"{holder.__name__}:settings", module, lazy
-    del sys.modules[holder.__name__]
-
-
-def app_from(path: str) -> Celery:
-    app = Celery("proj", set_as_current=False)
-    app.config_from_object(path, namespace="CELERY")
-    return app
+from tests.conftest import app_from
 
 
 def test_celery_redlock_names_arrive(settings_path: Any) -> None:

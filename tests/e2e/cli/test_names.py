@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import json
 import secrets
-import socket
 import time
-from collections.abc import Iterator
 
 import pytest
 import redis as redis_py
@@ -20,32 +18,9 @@ from celery import Celery
 from celery_redlock import Lock
 from celery_redlock.testing import RedisServer
 from support.workers import WorkerProcess
-from tests.conftest import make_app
-from tests.e2e.test_cli import HOLD, cli, started
+from tests.e2e.cli.tooling import HOLD, HOST, cli, started
 
 pytestmark = pytest.mark.slow
-
-HOST = socket.gethostname()
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-def client(server: RedisServer) -> Iterator[Celery]:
-    app = make_app(server, name="tooling_app")
-    yield app
-    app.close()
-
-
-@pytest.fixture
-def records(server: RedisServer) -> Iterator[redis_py.Redis]:
-    r = redis_py.Redis(port=server.port, db=3)
-    yield r
-    r.close()
 
 
 def test_a_worker_named_with_a_pipe_is_alive_and_its_lock_is_kept(

@@ -7,13 +7,7 @@ and lets its tasks finish); a test that needs a dead worker starts and SIGKILLs 
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import redis as redis_py
@@ -24,63 +18,10 @@ from celery_redlock._celery.options import settings_for
 from celery_redlock.cli import LockStore
 from celery_redlock.metrics import EVENTS, read_stats
 from celery_redlock.testing import RedisServer, free_port, wait_until
-from support import ROOT
 from support.workers import WorkerProcess
-from tests.conftest import make_app
+from tests.e2e.cli.tooling import APP, COUNTED, HOLD, HOST, cli, started
 
 pytestmark = pytest.mark.slow
-
-APP = "tests.e2e.tooling_app"
-HOLD = f"{APP}.hold"
-COUNTED = f"{APP}.counted"
-HOST = socket.gethostname()
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def w1(server: RedisServer) -> Iterator[WorkerProcess]:
-    with WorkerProcess(server.port, "w1", app=APP) as worker:
-        yield worker
-
-
-@pytest.fixture
-def client(server: RedisServer) -> Iterator[Celery]:
-    app = make_app(server, name="tooling_app")
-    yield app
-    app.close()
-
-
-@pytest.fixture
-def records(server: RedisServer) -> Iterator[redis_py.Redis]:
-    r = redis_py.Redis(port=server.port, db=3)
-    yield r
-    r.close()
-
-
-def cli(
-    port: int, *args: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """``celery -A tests.e2e.tooling_app redlock <args>`` in a subprocess."""
-    return subprocess.run(
-        [sys.executable, "-m", "celery", "-A", APP, "redlock", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "REDLOCK_TEST_PORT": str(port), **(env or {})},
-    )
-
-
-def started(records: redis_py.Redis, key: str) -> dict[str, Any]:
-    raw = wait_until(lambda: records.get(f"started:{key}"), 10, f"hold({key!r}) to start")
-    out: dict[str, Any] = json.loads(raw)  # type: ignore[arg-type]
-    return out
 
 
 def test_the_entry_point_adds_the_redlock_group(server: RedisServer) -> None:

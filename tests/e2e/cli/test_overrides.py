@@ -7,7 +7,6 @@ options; the CLI runs in a subprocess like an operator's.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 import redis as redis_py
@@ -16,36 +15,9 @@ from celery import Celery
 import celery_redlock.task  # noqa: F401  (connects the publish receiver for send_task)
 from celery_redlock.testing import RedisServer
 from support.workers import WorkerProcess
-from tests.conftest import make_app
-from tests.e2e.test_cli import APP, HOLD, cli, started
+from tests.e2e.cli.tooling import HOLD, cli, started
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    with RedisServer() as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def w1(server: RedisServer) -> Iterator[WorkerProcess]:
-    with WorkerProcess(server.port, "w1", app=APP) as worker:
-        yield worker
-
-
-@pytest.fixture
-def client(server: RedisServer) -> Iterator[Celery]:
-    app = make_app(server, name="tooling_app")
-    yield app
-    app.close()
-
-
-@pytest.fixture
-def records(server: RedisServer) -> Iterator[redis_py.Redis]:
-    r = redis_py.Redis(port=server.port, db=3)
-    yield r
-    r.close()
 
 
 def held_key(port: int, task_id: str) -> str:
