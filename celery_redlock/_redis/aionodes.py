@@ -38,7 +38,7 @@ from ..exceptions import LockUnavailable
 from . import scripts as _scripts
 from .clients import UNAVAILABLE_ERRORS, node_name, redact
 from .keys import LockKeys
-from .nodes import NODE_ERRORS, QUORUM_NODE_TIMEOUT, Call, Extended, majority
+from .nodes import NODE_ERRORS, QUORUM_NODE_TIMEOUT, Call, Extended, count_votes, majority
 from .scripts import AcquireResult
 
 Replies = list[tuple[Any, BaseException | None]]
@@ -235,21 +235,14 @@ class Quorum:
         loop = asyncio.get_running_loop()
         start = loop.time()
         replies = await self._call_all(_scripts.ACQUIRE, _scripts.acquire_call(keys, token, ttl_ms))
-        elapsed_ms = (loop.time() - start) * 1000
-        validity_ms = ttl_ms - elapsed_ms - (ttl_ms * 0.01 + 2)
-        results = {
-            i: _scripts.decode_acquire(rep) for i, (rep, err) in enumerate(replies) if err is None
-        }
-        won = [i for i, res in results.items() if res.acquired]
-        if len(won) >= self.quorum and validity_ms > 0:
-            fencing = max(results[i].fencing_token or 0 for i in won)
-            lagging = [i for i in won if results[i].fencing_token != fencing]
-            if not lagging or await self._raise_fence(keys, fencing, lagging, len(won)):
-                return AcquireResult(True, fencing_token=fencing)
+        vote = count_votes(replies, ttl_ms, (loop.time() - start) * 1000, self.quorum)
+        if vote.fencing is not None and (
+            not vote.lagging or await self._raise_fence(keys, vote.fencing, vote.lagging, vote.won)
+        ):
+            return AcquireResult(True, fencing_token=vote.fencing)
         await self._call_all(_scripts.RELEASE, _scripts.release_call(keys, token))
         self._check_answered(keys.lock, replies, "acquire failed")
-        held = [res for res in results.values() if not res.acquired]
-        return held[0] if held else AcquireResult(False)
+        return vote.refusal
 
     async def _raise_fence(self, keys: LockKeys, token: int, lagging: list[int], won: int) -> bool:
         call = _scripts.raise_fence_call(keys, token)

@@ -84,6 +84,42 @@ class Extended(NamedTuple):
     complete: bool
 
 
+class Vote(NamedTuple):
+    """What a quorum's acquisition replies decide (:func:`count_votes`)."""
+
+    #: The fencing token when a majority granted the lock within its validity time, else None.
+    fencing: int | None
+    #: How many nodes granted it, and those whose counter is below ``fencing`` (write-back).
+    won: int
+    lagging: list[int]
+    #: What a failed attempt reports: a holder seen by a node, or a bare refusal (no holder
+    #: seen: enough votes, but the validity time ran out).
+    refusal: AcquireResult
+
+
+def count_votes(
+    replies: Sequence[tuple[Any, BaseException | None]], ttl_ms: int, elapsed_ms: float, quorum: int
+) -> Vote:
+    """The Redlock rule, in one place for the sync and asyncio quorums.
+
+    The lock is held when at least ``quorum`` nodes granted it and the validity time, ``ttl``
+    minus the elapsed time minus a clock-drift allowance (1 % of ttl + 2 ms), is positive; its
+    fencing token is the largest one granted.
+    """
+    results = {
+        i: _scripts.decode_acquire(rep) for i, (rep, err) in enumerate(replies) if err is None
+    }
+    won = [i for i, res in results.items() if res.acquired]
+    held = [res for res in results.values() if not res.acquired]
+    refusal = held[0] if held else AcquireResult(False)
+    validity_ms = ttl_ms - elapsed_ms - (ttl_ms * 0.01 + 2)
+    if len(won) < quorum or validity_ms <= 0:
+        return Vote(None, len(won), [], refusal)
+    fencing = max(results[i].fencing_token or 0 for i in won)
+    lagging = [i for i in won if results[i].fencing_token != fencing]
+    return Vote(fencing, len(won), lagging, refusal)
+
+
 class Nodes(Protocol):
     """Where a lock lives: the operations :class:`~celery_redlock.Lock` needs, one call each."""
 
@@ -316,23 +352,14 @@ class Quorum:
     def acquire(self, keys: LockKeys, token: str, ttl_ms: int) -> AcquireResult:
         start = self.clock()
         replies = self._call_all(_scripts.ACQUIRE, _scripts.acquire_call(keys, token, ttl_ms))
-        elapsed_ms = (self.clock() - start) * 1000
-        validity_ms = ttl_ms - elapsed_ms - (ttl_ms * 0.01 + 2)
-        results = {
-            i: _scripts.decode_acquire(rep) for i, (rep, err) in enumerate(replies) if err is None
-        }
-        won = [i for i, res in results.items() if res.acquired]
-        if len(won) >= self.quorum and validity_ms > 0:
-            fencing = max(results[i].fencing_token or 0 for i in won)
-            lagging = [i for i in won if results[i].fencing_token != fencing]
-            if not lagging or self._raise_fence(keys, fencing, lagging, len(won)):
-                return AcquireResult(True, fencing_token=fencing)
+        vote = count_votes(replies, ttl_ms, (self.clock() - start) * 1000, self.quorum)
+        if vote.fencing is not None and (
+            not vote.lagging or self._raise_fence(keys, vote.fencing, vote.lagging, vote.won)
+        ):
+            return AcquireResult(True, fencing_token=vote.fencing)
         self._call_all(_scripts.RELEASE, _scripts.release_call(keys, token))
         self._check_answered(keys.lock, replies, "acquire failed")
-        held = [res for res in results.values() if not res.acquired]
-        if not held:  # enough votes but too slow: the validity time ran out
-            return AcquireResult(False)
-        return held[0]
+        return vote.refusal
 
     def fence(self, keys: LockKeys, slot: str, token: str) -> int | None:
         """Not needed: a quorum's acquire returns the fencing token (from its counters)."""
