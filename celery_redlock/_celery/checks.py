@@ -147,7 +147,8 @@ def dry_run(client: Any, prefix: str) -> dict[str, str]:
 
     The commands: ``SET``, ``GET``, ``PTTL``, ``PEXPIRE``, ``DEL``, ``TIME`` (the scripts'
     own), ``SCRIPT LOAD`` and ``EVALSHA`` of each script, ``PUBLISH`` and ``SUBSCRIBE`` (release
-    notifications), ``SCAN`` (``celery redlock ls``), ``HINCRBY`` and ``HGETALL`` (counters).
+    notifications), ``ZADD``, ``ZREM`` and ``ZPOPMIN`` (the queue of blocking waiters), ``SCAN``
+    (``celery redlock ls``), ``HINCRBY`` and ``HGETALL`` (counters).
     An ACL user may lack any of them (``NOPERM``), and a command refused inside a script stops
     the script half-way, where Redis 7 does not name the command: the direct calls do. A full
     ``noeviction`` node is reported under the name ``"OOM"``. The keys live a second at most;
@@ -186,6 +187,9 @@ def dry_run(client: Any, prefix: str) -> dict[str, str]:
     attempt("TIME", client.time)
     attempt("PUBLISH", lambda: client.publish(lock.channel, "0"))
     attempt("SUBSCRIBE", subscribe)
+    attempt("ZADD", lambda: client.zadd(lock.waiters, {lock.channel: 0}))
+    attempt("ZREM", lambda: client.zrem(lock.waiters, lock.channel))
+    attempt("ZPOPMIN", lambda: client.zpopmin(lock.waiters))
     attempt("SCAN", lambda: next(iter(client.scan_iter(match=lock_pattern(prefix))), None))
     attempt("HINCRBY", lambda: client.hincrby(counters, "check", 0))
     attempt("HGETALL", lambda: client.hgetall(counters))
@@ -195,8 +199,18 @@ def dry_run(client: Any, prefix: str) -> dict[str, str]:
         "acquire": (_scripts.ACQUIRE, [lock.fence, lock.lock], [token, ttl_ms, ttl_ms]),
         "extend": (_scripts.EXTEND, [lock.lock], [token, ttl_ms, "0"]),
         "raise_fence": (_scripts.RAISE_FENCE, [lock.fence], [0, ttl_ms]),
-        "release": (_scripts.RELEASE, [lock.channel, lock.lock], [token, 0]),
-        "release_attempt": (_scripts.RELEASE_ATTEMPT, [lock.channel, lock.lock], ["", "", 0]),
+        "wait": (
+            _scripts.WAIT,
+            [lock.lock, lock.waiters],
+            [token, ttl_ms, _scripts.queue_member(lock.channel, token, ttl_ms), 0, "check"],
+        ),
+        "leave": (_scripts.LEAVE, [lock.lock, lock.waiters], [lock.channel, "check", "0"]),
+        "release": (_scripts.RELEASE, [lock.channel, lock.waiters, lock.lock], [token, 0, "0"]),
+        "release_attempt": (
+            _scripts.RELEASE_ATTEMPT,
+            [lock.channel, lock.waiters, lock.lock],
+            ["", "", 0, "0"],
+        ),
         "mark_queued": (_scripts.MARK_QUEUED, [lock.queued], [token, ttl_ms]),
         "clear_queued": (_scripts.CLEAR_QUEUED, [lock.queued], [token]),
         "mark_newest": (_scripts.MARK_NEWEST, [lock.newest], [token, 0, 0, ttl_ms]),
@@ -226,7 +240,26 @@ def _reply(exc: BaseException) -> str:
     return str(exc).partition(" script: ")[0].strip()
 
 
+#: Refusals that only cost the queue of blocking waiters (the lock works without it).
+QUEUE_REFUSALS = (
+    "ZADD",
+    "ZREM",
+    "ZPOPMIN",
+    "a command in the wait script",
+    "a command in the leave script",
+)
+
+
 def _report_dry_run(shown: str, refusals: dict[str, str], on_unavailable: str) -> None:
+    queue = {name: refusals.pop(name) for name in QUEUE_REFUSALS if name in refusals}
+    if queue:
+        logger.warning(
+            "celery_redlock: the lock Redis at %s refuses the commands of the queue of blocking "
+            "waiters: %s; a release then wakes every waiter of a lock, and each tries, instead "
+            "of handing the lock to the first one (grant +zadd +zrem +zpopmin to the ACL user)",
+            shown,
+            "; ".join(f"{name}: {reply}" for name, reply in queue.items()),
+        )
     oom = refusals.pop("OOM", None)
     if oom is not None:
         logger.error(

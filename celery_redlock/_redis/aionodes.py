@@ -168,7 +168,11 @@ class SingleNode:
         return _scripts.decode_acquire(await self._run(_scripts.ACQUIRE, call, keys.lock))
 
     async def release(self, keys: LockKeys, token: str, keep_ms: int = 0) -> bool:
-        call = _scripts.release_call(keys, token, keep_ms)
+        """Owner-checked release; the lock passes to a queued (sync) waiter as in
+        :data:`~celery_redlock._redis.scripts.RELEASE`, except on a Cluster."""
+        client = self.node.client()
+        handoff = not isinstance(client, aioredis.RedisCluster)
+        call = _scripts.release_call(keys, token, keep_ms, handoff)
         return bool(await self._run(_scripts.RELEASE, call, keys.lock))
 
     async def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> Extended:

@@ -13,7 +13,12 @@ one Redis Cluster slot::
     <prefix>:{<name>}:rate       server times of the last lock_rate starts (list), TTL = period
     <prefix>:{<name>}:rate:next  next slot promised to a call over the rate (string), TTL = until
                                  that slot has passed
+    <prefix>:{<name>}:waiters    blocking waiters queued for the lock (sorted set: each waiter's
+                                 channel, by arrival), only while some wait; TTL = the holder's
+                                 remaining TTL + 5 s
     <prefix>:{<name>}:released   pub/sub channel a release publishes on (not a stored key)
+    <prefix>:{<name>}:released:<id>  one queued waiter's channel: a release wakes only the first
+                                 waiter of the queue (not a stored key)
     <slot key>:call              per-call overrides the holder of a slot took it with (JSON
                                  string, written only when there are some), TTL = the lock's
     <prefix>:stats:<task name>   event counters of a task (hash), no TTL
@@ -43,19 +48,50 @@ FENCE_TTL_MS = 24 * 3600 * 1000
 
 @dataclass(frozen=True)
 class LockKeys:
-    """The Redis names belonging to one lock."""
+    """The Redis names belonging to one lock.
+
+    Only the slot keys are stored; the other names are derived from :attr:`lock` when read
+    (a lock built per task execution reads two or three of them).
+    """
 
     lock: str
-    fence: str
-    channel: str
-    queued: str
-    #: ``lock_enqueue='replace'`` and ``lock_debounce``: the newest call published (a hash).
-    newest: str
-    #: ``lock_rate``: the start times (a list) and the next promised slot (a string).
-    rate: str
-    rate_next: str
     #: Slot keys: ``(lock,)`` for a lock, ``lock_limit`` keys for a semaphore.
     slots: tuple[str, ...]
+
+    @property
+    def fence(self) -> str:
+        """The fencing counter (an integer)."""
+        return f"{self.lock}:fence"
+
+    @property
+    def channel(self) -> str:
+        """The pub/sub channel a release publishes on."""
+        return f"{self.lock}:released"
+
+    @property
+    def waiters(self) -> str:
+        """Blocking waiters queued for the lock (a sorted set of their channels)."""
+        return f"{self.lock}:waiters"
+
+    @property
+    def queued(self) -> str:
+        """``lock_enqueue``: the task id of the queued call."""
+        return f"{self.lock}:queued"
+
+    @property
+    def newest(self) -> str:
+        """``lock_enqueue='replace'`` and ``lock_debounce``: the newest call published."""
+        return f"{self.lock}:newest"
+
+    @property
+    def rate(self) -> str:
+        """``lock_rate``: the start times (a list)."""
+        return f"{self.lock}:rate"
+
+    @property
+    def rate_next(self) -> str:
+        """``lock_rate``: the next promised slot (a string)."""
+        return f"{self.lock}:rate:next"
 
 
 def validate_name(name: str) -> None:
@@ -70,17 +106,14 @@ def keys_for(prefix: str, name: str, limit: int = 1) -> LockKeys:
     """Return the keys of the lock called ``name`` under ``prefix`` (``limit`` slots)."""
     validate_name(name)
     base = f"{prefix}:{{{name}}}"
-    slots = (base, *(f"{base}:{i}" for i in range(2, limit + 1)))
-    return LockKeys(
-        lock=base,
-        fence=f"{base}:fence",
-        channel=f"{base}:released",
-        queued=f"{base}:queued",
-        newest=f"{base}:newest",
-        rate=f"{base}:rate",
-        rate_next=f"{base}:rate:next",
-        slots=slots,
-    )
+    if limit == 1:
+        return LockKeys(base, (base,))
+    return LockKeys(base, (base, *(f"{base}:{i}" for i in range(2, limit + 1))))
+
+
+def waiter_channel(keys: LockKeys, waiter: str) -> str:
+    """The channel of one queued waiter (``waiter``: a fresh random id per wait)."""
+    return f"{keys.channel}:{waiter}"
 
 
 def stats_key(prefix: str, task_name: str) -> str:
@@ -99,8 +132,9 @@ def secret_key(secret: str | bytes) -> bytes:
 def digest(canonical: bytes, secret: str | bytes | None = None) -> str:
     """Fixed-length (32 hex characters, 128 bits) digest of a canonical argument encoding;
     keyed (a MAC) with ``secret``."""
-    key = b"" if secret is None else secret_key(secret)
-    return hashlib.blake2b(canonical, digest_size=16, key=key).hexdigest()
+    if secret is None:
+        return hashlib.blake2b(canonical, digest_size=16).hexdigest()
+    return hashlib.blake2b(canonical, digest_size=16, key=secret_key(secret)).hexdigest()
 
 
 def task_lock_name(lock_name: str, canonical: bytes, secret: str | bytes | None = None) -> str:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -51,8 +52,9 @@ from ..exceptions import LockContended, LockLost, LockNotOwned, LockUnavailable
 from . import keys as _keys
 from . import owner as _owner
 from . import renewal as _renewal
+from . import scripts as _scripts
 from .clients import UNAVAILABLE_ERRORS
-from .nodes import Extended, Target, nodes_for
+from .nodes import Extended, SingleNode, Target, nodes_for
 from .scripts import AcquireResult
 
 __all__ = ["Clock", "Lock", "release_attempt"]
@@ -302,14 +304,31 @@ class Lock:
     def do_wait(self, timeout: float | None) -> bool:
         """Blocking acquire: retry on each release notification or holder expiry.
 
-        The waiter subscribes to the lock's release channel and waits for the server's
-        confirmation before it tries, so a release after that try is never missed. Then it
-        blocks in a socket read, never polling, until a notification arrives, the holder's TTL
-        ends (a holder that dies without releasing publishes nothing) or the deadline passes.
-        A release wakes every waiter, and each tries once: one wins, the others read again.
-        If the node carrying the notifications stops answering, subscribe again (to another
-        node of a quorum); a single node that is down raises :class:`LockUnavailable` from the
-        next attempt.
+        The waiter subscribes to a release channel and waits for the server's confirmation
+        before it tries, so a release after that try is never missed. Then it blocks in a
+        socket read, never polling, until a notification arrives, the holder's TTL ends (a
+        holder that dies without releasing publishes nothing) or the deadline passes.
+
+        On a single node, the waiters of a lock queue (:data:`~._scripts.WAIT`), each on a
+        channel of its own, and a release hands the lock straight to the first of them: the
+        key goes from the old holder's token to the waiter's in one script, never free, and the
+        waiter learns it from its channel, with no round trip of its own. The other waiters
+        sleep on. (On a Cluster the first waiter is only woken, and tries.) A handoff is never
+        lost to a waiter that gives up:
+
+        1. W1 and W2 are queued; A releases, which hands the lock to W1 and publishes it;
+        2. W1's deadline passes before it reads the message;
+        3. W1 leaves (:data:`~._scripts.LEAVE`), which finds it holding the lock: W1 returns
+           True, holding it (and W2's turn comes with W1's release).
+
+        A waiter handed the lock counts its lease from before its last try, the latest moment
+        it knows the handoff had not yet happened; if that was more than half a lease ago, it
+        extends the lock first. A waiter that dies after being handed the lock holds it until
+        the lease ends, like any holder that dies. A semaphore, a quorum, or an ACL user
+        without the queue's commands waits on the lock's shared release channel instead: a
+        release wakes every waiter, each tries once, one wins. If the node carrying the
+        notifications stops answering, subscribe again (to another node of a quorum); a single
+        node that is down raises :class:`LockUnavailable` from the next attempt.
         """
         deadline = None if timeout is None else self.clock() + timeout
         while True:
@@ -317,28 +336,54 @@ class Lock:
                 return True
             if deadline is not None and deadline <= self.clock():
                 return False
-            pubsub = self.nodes.pubsub_client().pubsub()
+            nodes = self.nodes
+            queue = nodes if isinstance(nodes, SingleNode) and nodes.queues(self.keys) else None
+            channel = self.keys.channel
+            if queue is not None:
+                channel = _keys.waiter_channel(self.keys, os.urandom(8).hex())
+                wait = _Wait(channel, _owner.new_token(self.owner, self.host), self._lease())
+            pubsub = nodes.pubsub_client().pubsub()
             try:
-                pubsub.subscribe(self.keys.channel)
+                pubsub.subscribe(channel)
                 subscribed = False
                 while True:
-                    wait = 1.0  # until the subscription is confirmed, or a key without expiry
+                    sleep = 1.0  # until the subscription is confirmed, or a key without expiry
                     if subscribed:
-                        if self._attempt():
-                            return True
+                        if queue is None:
+                            if self._attempt():
+                                return True
+                        else:
+                            won = self._queued_attempt(queue, wait)
+                            if won is None:  # the queue was refused: use the release channel
+                                break
+                            if won:
+                                return True
                         holder_ttl = self.last_holder_ttl
                         if holder_ttl is not None:
-                            wait = holder_ttl
+                            sleep = holder_ttl
                     if deadline is not None:
                         left = deadline - self.clock()
                         if left <= 0:
-                            return False
-                        wait = min(wait, left)
-                    message = pubsub.get_message(timeout=max(wait, 0.001))
-                    if message is not None and message["type"] == "subscribe":
+                            return queue is not None and self._leave(queue, wait)
+                        sleep = min(sleep, left)
+                    message = pubsub.get_message(timeout=max(sleep, 0.001))
+                    if message is None:
+                        continue
+                    if message["type"] == "subscribe":
                         subscribed = True
+                    elif queue is not None and self._handed(wait, message["data"]):
+                        return True
             except UNAVAILABLE_ERRORS:
+                # The channel is gone; a handoff may have come before: take it, or wait anew.
+                if queue is not None and self._leave(queue, wait, quietly=True):
+                    return True
                 continue
+            except BaseException:
+                # Interrupted (SystemExit from a revoke or time limit, KeyboardInterrupt): give
+                # back a lock handed over meanwhile, or it would sit out its lease unused.
+                if queue is not None:
+                    self._abandon(queue, wait)
+                raise
             finally:
                 pubsub.close()
 
@@ -408,9 +453,13 @@ class Lock:
 
     # -- internals ------------------------------------------------------------------------------
 
+    def _lease(self) -> float:
+        """The ttl of one acquisition: the lock's, capped by ``max_hold``."""
+        return self.ttl if self.max_hold is None else min(self.ttl, self.max_hold)
+
     def _attempt(self) -> bool:
         token = _owner.new_token(self.owner, self.host)
-        ttl = self.ttl if self.max_hold is None else min(self.ttl, self.max_hold)
+        ttl = self._lease()
         start = self.clock()
         result = self.do_acquire(token, ttl)
         if not result.acquired:
@@ -419,19 +468,80 @@ class Lock:
             self._holder_ttl_pending = pttl is None and result.holder is not None
             self._holder_ttl = None if pttl is None or pttl < 0 else pttl / 1000.0
             return False
+        self._hold(token, start, ttl, result.slot or 1, result.fencing_token)
+        return True
+
+    def _queued_attempt(self, queue: SingleNode, wait: _Wait) -> bool | None:
+        """A queued waiter's try (``None``: the queue was refused)."""
+        token = _owner.new_token(self.owner, self.host)
+        start = self.clock()
+        reply = queue.wait_attempt(self.keys, token, _ms(wait.ttl), wait.member, wait.secret)
+        if reply is None:
+            return None
+        if reply.held is None:
+            wait.tried_at = start
+            self.last_holder = _owner.parse(reply.holder)
+            pttl = reply.pttl_ms
+            self._holder_ttl_pending = False
+            self._holder_ttl = None if pttl is None or pttl < 0 else pttl / 1000.0
+            return False
+        if reply.held == token:  # taken now
+            self._hold(token, start, wait.ttl)
+            return True
+        return self._handed(wait, reply.held)  # handed over before this try
+
+    def _handed(self, wait: _Wait, data: Any) -> bool:
+        """Whether ``data``, a message on the waiter's channel, handed the lock to it (then held).
+
+        The handoff happened after the waiter's last try began (that try found the lock held
+        by someone else), so the lease counts from then; after more than half a lease, the
+        lock is extended first, and if it is no longer ours (the lease ended before this
+        waiter read the message), the waiter waits on.
+        """
+        token = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+        if not token.startswith(wait.secret + _owner.SEPARATOR):
+            return False
+        since = wait.tried_at
+        if self.clock() - since > wait.ttl / 2:
+            since = self.clock()
+            if not self.do_extend(token, wait.ttl).held:
+                return False
+        self._hold(token, since, wait.ttl)
+        return True
+
+    def _leave(self, queue: SingleNode, wait: _Wait, quietly: bool = False) -> bool:
+        """Leave the queue (the deadline passed, or the channel broke); True if the lock was
+        handed over meanwhile (then held). ``quietly``: Redis errors mean False."""
+        try:
+            held = queue.leave(self.keys, wait.member, wait.secret)
+        except _NO_ANSWER:
+            if not quietly:
+                raise
+            return False
+        return held is not None and self._handed(wait, held)
+
+    def _abandon(self, queue: SingleNode, wait: _Wait) -> None:
+        """An interrupted wait: leave the queue, releasing a lock handed over meanwhile."""
+        with contextlib.suppress(Exception):
+            held = queue.leave(self.keys, wait.member, wait.secret)
+            if held is not None:
+                self.do_release(held)
+
+    def _hold(
+        self, token: str, start: float, ttl: float, slot: int = 1, fencing: int | None = None
+    ) -> None:
         with self._state:
             self._acquired_at = start
             self._expires_at = start + ttl  # before the token: `lost` reads both unlocked
             self._lost = False
             self._token = token
-            self._slot = self.keys.slots[(result.slot or 1) - 1]
-            self._fencing_token = result.fencing_token
+            self._slot = self.keys.slots[slot - 1]
+            self._fencing_token = fencing
             self.last_holder = None
             self._holder_ttl = None
             self._holder_ttl_pending = False
         if self.auto_renew:
             _renewal.watch(self, self.ttl / 3)
-        return True
 
     def _mark_lost(self, reason: str) -> None:
         with self._state:
@@ -440,6 +550,18 @@ class Lock:
             self._lost = True
         _renewal.unwatch(self)
         self.on_lost(reason)
+
+
+class _Wait:
+    """One blocking wait in the queue: its channel, and the owner token and ttl a release
+    hands the lock over with (:func:`~._scripts.queue_member`)."""
+
+    def __init__(self, channel: str, token: str, ttl: float) -> None:
+        self.ttl = ttl
+        self.secret = token.partition(_owner.SEPARATOR)[0]
+        self.member = _scripts.queue_member(channel, token, _ms(ttl))
+        #: When the last try began (it found the lock held): a handoff came after it.
+        self.tried_at = 0.0
 
 
 def check_arguments(ttl: Any, max_hold: Any, timeout: Any, limit: Any) -> None:
@@ -521,6 +643,9 @@ def _within(seconds: float, call: Callable[[], Extended]) -> Extended:
         raise failure[0]
     return outcome[0]
 
+
+#: What a call to a node that does not answer raises, wrapped by us or not.
+_NO_ANSWER: tuple[type[BaseException], ...] = (LockUnavailable, *UNAVAILABLE_ERRORS)
 
 #: Shortest delay between two renewal attempts after a failure (unless the lease ends sooner).
 MIN_RETRY = 0.05

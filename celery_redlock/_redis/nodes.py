@@ -40,6 +40,7 @@ import functools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -49,7 +50,7 @@ from ..exceptions import LockUnavailable
 from . import scripts as _scripts
 from .clients import UNAVAILABLE_ERRORS, client_for, node_name, refused
 from .keys import LockKeys
-from .scripts import AcquireResult
+from .scripts import AcquireResult, WaitReply
 
 Call = tuple[list[str], list[Any]]
 
@@ -161,6 +162,32 @@ def _connection(pool: Any) -> Any:
         return pool.get_connection("EVALSHA")
 
 
+_subscribers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_subscribers_guard = threading.Lock()
+
+
+def subscriber_of(client: Any) -> Any:
+    """A client like ``client`` on a connection pool of its own, for subscriptions.
+
+    Closing a subscription disconnects its connection and hands it back to its pool. In the
+    lock's own pool the next command, the waiter's release once it has run, would then
+    connect again (a TCP connect and the handshake: round trips on the path to the next
+    waiter). Plain pools (TCP, TLS, Unix socket) are copied; any other (Sentinel) is used as
+    it is.
+    """
+    pool = getattr(client, "connection_pool", None)
+    if type(pool) is not redis_py.ConnectionPool:
+        return client
+    with _subscribers_guard:
+        subscriber = _subscribers.get(client)
+        if subscriber is None:
+            own = redis_py.ConnectionPool(
+                connection_class=pool.connection_class, **pool.connection_kwargs
+            )
+            subscriber = _subscribers[client] = redis_py.Redis(connection_pool=own)
+        return subscriber
+
+
 class SingleNode:
     """A lock on one Redis server (or one Sentinel-managed primary, or a Cluster)."""
 
@@ -168,6 +195,11 @@ class SingleNode:
         self.client = client
         #: ``SET ... NX PX ... GET`` works here (Redis >= 7.0); False once the server refused it.
         self.set_get = True
+        #: Blocking waiters queue here; False once the user was refused the queue's commands.
+        self.queue_allowed = True
+        #: A release hands the lock to the first queued waiter (see ``scripts.RELEASE``): on a
+        #: plain node, not a Cluster, whose PUBLISH counts the subscribers of one node only.
+        self.handoff = not isinstance(client, redis_py.RedisCluster)
 
     @functools.cached_property
     def names(self) -> tuple[str, ...]:
@@ -221,12 +253,44 @@ class SingleNode:
         call = _scripts.acquire_call(keys, token, ttl_ms, exact_time=True)
         return _scripts.decode_acquire(self._run(_scripts.ACQUIRE, call, keys.lock))
 
+    def queues(self, keys: LockKeys) -> bool:
+        """Whether blocking waiters of this lock queue (:data:`~._scripts.WAIT`), so that a
+        release wakes one of them: a lock (one slot) whose user may run the queue commands."""
+        return self.queue_allowed and len(keys.slots) == 1
+
+    def wait_attempt(
+        self, keys: LockKeys, token: str, ttl_ms: int, member: str, secret: str
+    ) -> WaitReply | None:
+        """A queued waiter's attempt: held (taken now, or handed over), or queued.
+
+        ``None`` when the user may not run the queue's commands (``NOPERM``: an ACL written
+        before the queue existed); the waiter then waits on the broadcast channel, and this
+        node stops queueing (:meth:`queues`).
+        """
+        script = _scripts.script(self.client, _scripts.WAIT)
+        keys_, args = _scripts.wait_call(keys, token, ttl_ms, member, secret)
+        try:
+            reply = self._guarded(keys.lock, lambda: script(keys=keys_, args=args))
+        except LockUnavailable as exc:
+            text = str(exc.__cause__)
+            if "NOPERM" not in text and "user executing the script" not in text:
+                raise
+            self.queue_allowed = False
+            return None
+        return _scripts.decode_wait(reply)
+
+    def leave(self, keys: LockKeys, member: str, secret: str) -> str | None:
+        """A queued waiter gives up: leave the queue, passing on a wake-up it may have missed.
+        Returns the token it holds the lock with if a release handed it over meanwhile."""
+        call = _scripts.leave_call(keys, member, secret, self.handoff)
+        return _scripts.decode_wait(self._run(_scripts.LEAVE, call, keys.lock)).held
+
     def fence(self, keys: LockKeys, slot: str, token: str) -> int | None:
         reply = self._run(_scripts.FENCE, _scripts.fence_call(keys, slot, token), slot)
         return None if reply is None else int(reply)
 
     def release(self, keys: LockKeys, token: str, keep_ms: int = 0) -> bool:
-        call = _scripts.release_call(keys, token, keep_ms)
+        call = _scripts.release_call(keys, token, keep_ms, self.handoff)
         reply = self._run(_scripts.RELEASE, call, keys.lock)
         if reply != _scripts.RELEASED_NOT_NOTIFIED:  # the names are built only for the warning
             return bool(reply)
@@ -238,7 +302,7 @@ class SingleNode:
         return Extended(held, held)
 
     def release_attempt(self, keys: LockKeys, task_id: str, host: str, pid: int) -> bool:
-        call = _scripts.release_attempt_call(keys, task_id, host, pid)
+        call = _scripts.release_attempt_call(keys, task_id, host, pid, self.handoff)
         reply = self._run(_scripts.RELEASE_ATTEMPT, call, keys.lock)
         return _notified(reply, keys.lock, self.names)
 
@@ -254,7 +318,8 @@ class SingleNode:
             ) from exc
 
     def pubsub_client(self) -> Any:
-        return self.client
+        """The client blocking waiters subscribe with: :func:`subscriber_of` the lock's."""
+        return subscriber_of(self.client)
 
     def run(self, source: str, call: Call, key: str) -> Any:
         """Run another script of :mod:`celery_redlock._scripts` (queued markers)."""

@@ -55,26 +55,130 @@ end
 return {0, redis.call('GET', KEYS[first]), first_ttl}
 """
 
-RELEASE = """
--- KEYS[1] release channel, KEYS[2..n] the lock's slot keys
--- ARGV[1] owner token, ARGV[2] keep in ms (0: delete now; > 0: keep the slot that long)
--- returns 1 released (deleted and a notification published, or kept until expiry),
+#: Lua: the next queued waiter gets the lock, or is woken (a release's notification).
+_HAND_ON = """
+-- Pops waiters of the queue, earliest first, until one is still there (its channel has a
+-- subscriber); waiters that are gone are dropped on the way. A queue member is
+-- '<ttl ms>:<channel length>:<channel><owner token>' (see WAIT). With handoff (a single-slot
+-- lock on a plain node), that waiter gets the lock: it is set to the waiter's token, with
+-- the server time as acquisition time, for the waiter's ttl, and the token is published to
+-- the waiter; the lock is never free in between. Without handoff the waiter is sent '1' and
+-- tries itself. Returns 2 handed over, 1 woken, 0 nobody queued, -1 PUBLISH refused. A user
+-- without ZPOPMIN (an ACL written before the queue) has no queue: 0.
+local function hand_on(queue, lock, handoff)
+  while true do
+    local popped = redis.pcall('ZPOPMIN', queue)
+    if type(popped) ~= 'table' or popped.err or #popped == 0 then return 0 end
+    local ttl, n, rest = string.match(popped[1], '^(%d+):(%d+):(.*)$')
+    if ttl then
+      local channel = string.sub(rest, 1, tonumber(n))
+      local secret, pid, tail = string.match(
+        string.sub(rest, tonumber(n) + 1), '^([^|]*)|([^|]*)|[^|]*|(.*)$')
+      local message = '1'
+      if handoff and secret then
+        local t = redis.call('TIME')
+        local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+        message = secret .. '|' .. pid .. '|' .. string.format('%d', now) .. '|' .. tail
+      end
+      local got = redis.pcall('PUBLISH', channel, message)
+      if type(got) == 'table' then return -1 end
+      if got > 0 then
+        if message == '1' then return 1 end
+        redis.call('SET', lock, message, 'PX', ttl)
+        return 2
+      end
+    end
+  end
+end
+"""
+
+RELEASE = (
+    _HAND_ON
+    + """
+-- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3..n] the lock's slot keys
+-- ARGV[1] owner token, ARGV[2] keep in ms (0: delete now; > 0: keep the slot that long),
+-- ARGV[3] '1': hand a single-slot lock over to the first queued waiter (a plain node, where
+--         PUBLISH counts every subscriber; not a Cluster, where it counts one node's)
+-- returns 1 released (handed over, or deleted and the waiters notified, or kept until expiry),
 --         2 released (deleted) but PUBLISH was refused: waiters were not notified,
 --         0 not the owner of any slot (expired or taken over)
-for i = 2, #KEYS do
+-- When the lock is not handed over, every subscriber of the release channel (quorum,
+-- semaphore and asyncio waiters) and the first queued waiter are notified.
+for i = 3, #KEYS do
   if redis.call('GET', KEYS[i]) == ARGV[1] then
     if tonumber(ARGV[2]) > 0 then
       redis.call('PEXPIRE', KEYS[i], ARGV[2])
-    else
-      redis.call('DEL', KEYS[i])
-      local published = redis.pcall('PUBLISH', KEYS[1], '1')
-      if type(published) == 'table' and published.err then return 2 end
+      return 1
     end
+    local handed = hand_on(KEYS[2], KEYS[i], ARGV[3] == '1' and #KEYS == 3)
+    if handed == 2 then return 1 end
+    redis.call('DEL', KEYS[i])
+    local published = redis.pcall('PUBLISH', KEYS[1], '1')
+    if type(published) == 'table' and published.err then return 2 end
+    if handed == -1 then return 2 end
     return 1
   end
 end
 return 0
 """
+)
+
+WAIT = """
+-- KEYS[1] the lock (a single slot), KEYS[2] its waiter queue (sorted set: member -> server ms
+--         of the waiter's first registration)
+-- ARGV[1] owner token for this try, ARGV[2] ttl in ms (> 0), ARGV[3] this waiter's queue
+--         member, '<ttl ms>:<channel length>:<channel><owner token of the wait>' (the same
+--         for the whole wait), ARGV[4] ms the queue outlives the holder's expiry,
+-- ARGV[5] the secret of the wait's owner token (its first field)
+-- returns {1, token}             held: handed over to this waiter since its last try (token:
+--                                 what the release set), or taken now (token: ARGV[1]);
+--                                 either way this waiter left the queue
+--         {0, holder, pttl_ms}   held by holder; this waiter is queued, keeping its first
+--                                 place, until a release pops it
+-- A blocking waiter runs this once subscribed to its channel, so a release that pops it
+-- always finds a subscriber. The queue outlives the holder's expiry by ARGV[4] ms, longer
+-- than a waiter sleeps without trying again (it wakes at the holder's expiry at the latest),
+-- so a live waiter's entry never expires; a dead waiter's entry is dropped by the release
+-- that pops it (no subscriber), or expires.
+-- Nothing is written before a command the user may lack (ZADD) could stop the script, and
+-- the ZREMs after a write are pcalls: a script stopped half-way must not leave the lock set
+-- to a token its waiter never learns.
+local held = redis.call('GET', KEYS[1])
+if held and string.sub(held, 1, #ARGV[5] + 1) == ARGV[5] .. '|' then
+  redis.pcall('ZREM', KEYS[2], ARGV[3])
+  return {1, held}
+end
+if not held then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  redis.pcall('ZREM', KEYS[2], ARGV[3])
+  return {1, ARGV[1]}
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[2], 'NX', now, ARGV[3])
+local pttl = redis.call('PTTL', KEYS[1])
+local keep = math.max(pttl, 0) + tonumber(ARGV[4])
+if redis.call('PTTL', KEYS[2]) < keep then redis.call('PEXPIRE', KEYS[2], keep) end
+return {0, held, pttl}
+"""
+
+LEAVE = (
+    _HAND_ON
+    + """
+-- KEYS[1] the lock, KEYS[2] its waiter queue
+-- ARGV[1] the queue member of a waiter that gives up (its deadline passed), ARGV[2] the
+--         secret of its wait's owner token, ARGV[3] '1': handoff (as in RELEASE)
+-- returns {1}         it left the queue
+--         {2, token}  a release handed the lock to it meanwhile: it holds the lock
+--         {0}         it was no longer queued: a release popped it and its notification may
+--                     be unread, so when the lock is free the next waiter gets its turn
+if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then return {1} end
+local held = redis.call('GET', KEYS[1])
+if held and string.sub(held, 1, #ARGV[2] + 1) == ARGV[2] .. '|' then return {2, held} end
+if not held then hand_on(KEYS[2], KEYS[1], ARGV[3] == '1') end
+return {0}
+"""
+)
 
 EXTEND = """
 -- KEYS[1..n] the lock's slot keys
@@ -99,28 +203,35 @@ end
 return 0
 """
 
-RELEASE_ATTEMPT = """
--- KEYS[1] release channel, KEYS[2..n] the lock's slot keys
--- ARGV[1] task id, ARGV[2] host, ARGV[3] pid
--- Deletes the slot taken by that attempt: the token layout is
+RELEASE_ATTEMPT = (
+    _HAND_ON
+    + """
+-- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3..n] the lock's slot keys
+-- ARGV[1] task id, ARGV[2] host, ARGV[3] pid, ARGV[4] '1': handoff (as in RELEASE)
+-- Releases the slot taken by that attempt: the token layout is
 -- secret|pid|acquired_ms|host|task_id (see celery_redlock._redis.owner); host is compared as
 -- stored, with '%' and '|' escaped (ARGV[2] comes from owner.normalize_host, escaped alike).
--- returns 1 deleted, 2 deleted but PUBLISH was refused (waiters not notified),
+-- returns 1 released (handed over to the first queued waiter, or deleted),
+--         2 deleted but PUBLISH was refused (waiters not notified),
 --         0 no slot owned by that attempt
-for i = 2, #KEYS do
+for i = 3, #KEYS do
   local value = redis.call('GET', KEYS[i])
   if value then
     local pid, host, task_id = string.match(value, '^[^|]*|([^|]*)|[^|]*|([^|]*)|(.*)$')
     if task_id == ARGV[1] and host == ARGV[2] and pid == ARGV[3] then
+      local handed = hand_on(KEYS[2], KEYS[i], ARGV[4] == '1' and #KEYS == 3)
+      if handed == 2 then return 1 end
       redis.call('DEL', KEYS[i])
       local published = redis.pcall('PUBLISH', KEYS[1], '1')
       if type(published) == 'table' and published.err then return 2 end
+      if handed == -1 then return 2 end
       return 1
     end
   end
 end
 return 0
 """
+)
 
 PTTLS = """
 -- KEYS[1..n] any keys (of one node; read only)
@@ -268,6 +379,32 @@ class AcquireResult(NamedTuple):
     pttl_ms: int | None = None
 
 
+class WaitReply(NamedTuple):
+    """Decoded reply of :data:`WAIT` and :data:`LEAVE`."""
+
+    #: The owner token this waiter holds the lock with now (``None``: it does not hold it).
+    held: str | None
+    #: Not held: the holder's token seen (``None`` if the lock just expired), and its PTTL.
+    holder: str | None = None
+    pttl_ms: int | None = None
+
+
+def decode_wait(reply: Any) -> WaitReply:
+    """Decode a reply of :data:`WAIT` or :data:`LEAVE`."""
+    kind = int(reply[0])
+    if kind == 0 and len(reply) == 3:
+        return WaitReply(None, _text(reply[1]), int(reply[2]))
+    if kind in (1, 2) and len(reply) == 2:
+        return WaitReply(_text(reply[1]))
+    return WaitReply(None)
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return value or None
+
+
 def decode_acquire(reply: Any) -> AcquireResult:
     """Decode a reply of :data:`ACQUIRE`."""
     if int(reply[0]) == 1:
@@ -314,9 +451,34 @@ def fence_call(keys: LockKeys, slot: str, token: str) -> tuple[list[str], list[A
     return [slot, keys.fence], [token]
 
 
-def release_call(keys: LockKeys, token: str, keep_ms: int = 0) -> tuple[list[str], list[Any]]:
-    """``(KEYS, ARGV)`` of :data:`RELEASE`."""
-    return [keys.channel, *keys.slots], [token, keep_ms]
+def release_call(
+    keys: LockKeys, token: str, keep_ms: int = 0, handoff: bool = False
+) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of :data:`RELEASE`; ``handoff``: only for a plain node (see there)."""
+    return [keys.channel, keys.waiters, *keys.slots], [token, keep_ms, "1" if handoff else "0"]
+
+
+#: How long a waiter queue outlives its holder's expiry (see :data:`WAIT`), in ms.
+QUEUE_GRACE_MS = 5000
+
+
+def queue_member(channel: str, token: str, ttl_ms: int) -> str:
+    """A waiter's member of the queue (see :data:`WAIT`): its ttl, channel and owner token."""
+    return f"{ttl_ms}:{len(channel)}:{channel}{token}"
+
+
+def wait_call(
+    keys: LockKeys, token: str, ttl_ms: int, member: str, secret: str
+) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of :data:`WAIT` for the waiter queued as ``member``."""
+    return [keys.lock, keys.waiters], [token, ttl_ms, member, QUEUE_GRACE_MS, secret]
+
+
+def leave_call(
+    keys: LockKeys, member: str, secret: str, handoff: bool
+) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of :data:`LEAVE` for the waiter queued as ``member``."""
+    return [keys.lock, keys.waiters], [member, secret, "1" if handoff else "0"]
 
 
 def extend_call(
@@ -327,10 +489,11 @@ def extend_call(
 
 
 def release_attempt_call(
-    keys: LockKeys, task_id: str, host: str, pid: int
+    keys: LockKeys, task_id: str, host: str, pid: int, handoff: bool = False
 ) -> tuple[list[str], list[Any]]:
     """``(KEYS, ARGV)`` of :data:`RELEASE_ATTEMPT`."""
-    return [keys.channel, *keys.slots], [task_id, host, str(pid)]
+    argv = [task_id, host, str(pid), "1" if handoff else "0"]
+    return [keys.channel, keys.waiters, *keys.slots], argv
 
 
 def raise_fence_call(keys: LockKeys, token: int) -> tuple[list[str], list[Any]]:

@@ -130,9 +130,8 @@ class Env:
         return self.locks.get(lock_key) == token.encode()
 
     def waiting(self, lock_key: str) -> bool:
-        """Whether some execution is blocked waiting for ``lock_key`` (subscribed to it)."""
-        channel = f"{lock_key}:released"
-        return bool(dict(self.locks.pubsub_numsub(channel)).get(channel.encode()))
+        """Whether some execution is blocked waiting for ``lock_key`` (subscribed, queued)."""
+        return bool(self.locks.zcard(f"{lock_key}:waiters"))
 
     def postrun_seen(self, task_id: str, state: str) -> bool:
         return any(h.startswith(f"postrun:{state}:") for h in self.hooks(task_id))

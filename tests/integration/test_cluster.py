@@ -52,7 +52,9 @@ def test_every_script_runs_in_one_slot_on_the_nodes_owning_it(
     assert ports == {n.port for n in cluster.nodes}
     for name in names:
         keys = keys_for("redlock", name)
-        slots = {rc.keyslot(k) for k in (keys.lock, keys.fence, keys.channel, *keys.slots)}
+        slots = {
+            rc.keyslot(k) for k in (keys.lock, keys.fence, keys.channel, keys.waiters, *keys.slots)
+        }
         assert len(slots) == 1, (name, slots)
 
         lock = Lock(cluster.url, name, ttl=10, owner="task-1", host="w1")

@@ -208,6 +208,7 @@ def test_a_host_with_a_pipe_or_percent_is_stored_recoverably(r: redis_py.Redis) 
 ACL_USERS = {
     "noevalsha": "~* +@all allchannels -evalsha",
     "nopublish": "~* +@all allchannels -publish",
+    "noqueue": "~* +@all allchannels -zadd -zrem -zpopmin",
     "admin2": "~* +@all allchannels",
 }
 PASSWORD = "s3cr3t-acl-pw"
@@ -254,6 +255,16 @@ def test_the_startup_check_names_a_command_the_acl_user_lacks(
 
     app = make_app(redis_server, "acl-ok", redlock_url=user_url(acl_server, "admin2"))
     assert startup_errors(app, caplog) == []
+
+
+def test_an_acl_user_without_the_waiter_queue_is_warned_about_not_refused(
+    acl_server: RedisServer, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = make_app(redis_server, "acl-noqueue", redlock_url=user_url(acl_server, "noqueue"))
+    assert startup_errors(app, caplog) == []
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert "queue of blocking waiters" in warning and "ZADD" in warning
+    assert PASSWORD not in warning
 
 
 def test_a_release_without_publish_says_exactly_what_happened(

@@ -112,8 +112,9 @@ def test_a_locked_execution_costs_two_round_trips_and_a_skipped_one_one(
     r.config_resetstat()
     for user_id in range(n):
         sync_account.apply(args=(user_id,))
-    # Sent: SET NX PX GET (acquire) and EVALSHA (release); GET, DEL and PUBLISH run inside it.
-    assert commands(r) == {"set": n, "evalsha": n, "get": n, "del": n, "publish": n}
+    # Sent: SET NX PX GET (acquire) and EVALSHA (release); GET, DEL, PUBLISH and ZPOPMIN (the
+    # queue of blocking waiters, empty here) run inside it.
+    assert commands(r) == {"set": n, "evalsha": n, "get": n, "del": n, "publish": n, "zpopmin": n}
 
     r.set(lock_key(sync_account, 7), "someone else", px=60_000)
     r.config_resetstat()
@@ -127,7 +128,6 @@ def test_a_release_wakes_exactly_one_of_several_waiters_and_nobody_polls(
 ) -> None:
     holder = Lock(r, "queue", ttl=30)
     assert holder.acquire(blocking=False)
-    channel = holder.keys.channel
     waiters = 3
     won: queue.Queue[Lock] = queue.Queue()
 
@@ -141,22 +141,25 @@ def test_a_release_wakes_exactly_one_of_several_waiters_and_nobody_polls(
     for thread in threads:
         thread.start()
 
-    def settled(blocked: int, sets: int, pttls: int) -> bool:
-        """``blocked`` waiters subscribed, ``sets`` SETs and ``pttls`` PTTLs sent so far."""
+    def scripts_run() -> int:
+        """Scripts run (queued tries, releases): each NOSCRIPT reply was followed by a load."""
         sent = commands(r)
-        subscribed = r.pubsub_numsub(channel)[0][1]
-        return subscribed == blocked and sent.get("set") == sets and sent.get("pttl") == pttls
+        return sent.get("evalsha", 0) - sent.get("script|load", 0)
 
-    # Each waiter: a SET; SUBSCRIBE, confirmed; a SET and a PTTL (how long to block); a read.
-    wait_until(lambda: settled(waiters, 2 * waiters, waiters), 10, "every waiter blocked")
+    def settled(queued: int, scripts: int) -> bool:
+        """``queued`` waiters in the queue, ``scripts`` scripts run so far."""
+        return r.zcard(holder.keys.waiters) == queued and scripts_run() == scripts
+
+    # Each waiter: a SET; SUBSCRIBE to its own channel, confirmed; one queued try (EVALSHA:
+    # SET NX, then ZADD into the queue and the holder's PTTL in the same script); a read.
+    wait_until(lambda: settled(waiters, waiters), 10, "every waiter queued and blocked")
     assert_nobody_polls(r)
 
     holder.release()
     winner = won.get(timeout=10)
-    # Each waiter tried once; the two losers asked the new holder's TTL and read again.
-    wait_until(
-        lambda: settled(waiters - 1, 3 * waiters, 2 * waiters - 1), 10, "the losers blocked again"
-    )
+    # The release handed the lock to the first waiter (no round trip of its own); the others
+    # were not woken.
+    wait_until(lambda: settled(waiters - 1, waiters + 1), 10, "the others still queued")
     assert won.empty()  # exactly one winner
     assert_nobody_polls(r)
     assert winner.held and r.get(winner.key) == (winner.token or "").encode()
@@ -168,4 +171,8 @@ def test_a_release_wakes_exactly_one_of_several_waiters_and_nobody_polls(
     for thread in threads:
         thread.join(10)
     assert won.empty()
+    # Every waiter tried once, to queue, and was handed the lock in its turn: a waiter woken
+    # by a release it then lost would have tried again (another EVALSHA, another ZADD).
+    assert scripts_run() == waiters + (waiters + 1)
+    assert commands(r)["zadd"] == waiters
     assert keys_left(r) == []

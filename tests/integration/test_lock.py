@@ -278,8 +278,7 @@ def test_blocking_acquire_wakes_on_release_notification(r: redis_py.Redis) -> No
 
     def release_once_subscribed() -> None:
         try:
-            channel = holder.keys.channel
-            wait_until(lambda: dict(r.pubsub_numsub(channel)).get(channel.encode(), 0) == 1)
+            wait_until(lambda: r.zcard(holder.keys.waiters) == 1)  # subscribed and queued
             holder.release()
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)

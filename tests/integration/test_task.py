@@ -129,7 +129,7 @@ def test_wait_policy_is_woken_by_release_not_ttl(h: Holder, app: Celery, r: redi
         waiter = work.delay("k", "waiter")
         # The waiter subscribes to the release channel of its key: wait for that, then release.
         key = lock_key(work, "k", "waiter")
-        wait_until(lambda: r.pubsub_numsub(key + ":released")[0][1] == 1, 10, "waiter subscribed")
+        wait_until(lambda: r.zcard(key + ":waiters") == 1, 10, "waiter subscribed and queued")
         released_at = time.monotonic()
         h.gate.set()
         assert first.get(timeout=10) == "holder"
