@@ -19,10 +19,13 @@ cannot work are rejected when a worker starts (and at the first lock operation e
 Called outside a worker (a direct call, or the plain function), the function runs unlocked.
 
 Per-call options (``task.apply_async(..., lock_ttl=5)``, ``lock_bypass=True``) work as for
-``LockedTask``, with one difference: ``apply_async`` is the task class's, not ours, so the
-options are validated in the ``before_task_publish`` receiver, which cannot make the publish
-fail. A bad value is logged at ERROR by the caller, and the worker fails the call with
-:class:`~celery_redlock.LockConfigError` without running the body
+``LockedTask``. ``apply_async`` is the task class's, not ours, so the options are validated by
+the router that every app gets when it finalizes (:mod:`celery_redlock._celery.routing`): a
+bad value raises :class:`~celery_redlock.LockConfigError` in ``apply_async`` and nothing is
+published. In a caller whose app never finalized (``@app.task`` and ``delay()`` do not finalize
+it; ``shared_task``, a worker and ``app.finalize()`` do) only the ``before_task_publish``
+receiver sees them, and it cannot make the publish fail: a bad value is logged at ERROR by the
+caller, and the worker fails the call without running the body
 (:mod:`celery_redlock._celery.calls`).
 
 ``enqueue=True`` (``"keep"``) is refused at decoration: it changes what ``delay()`` and

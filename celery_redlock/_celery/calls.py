@@ -19,11 +19,14 @@ Where it is written:
 * ``LockedTask.apply_async`` takes the ``lock_*`` keywords out of the options, validates them
   (a bad value raises :class:`~celery_redlock.LockConfigError` there) and sets the header;
 * any other publish (``@single_instance``, whose task class is not ours, and
-  ``app.send_task``) passes unknown keywords on as message properties: the
-  ``before_task_publish`` receiver moves them into the header (:func:`move_from_properties`).
-  A receiver cannot make the publish fail (Celery's ``Signal.send`` logs what it raises), so
-  an invalid value is logged at ERROR in the caller and the worker fails the call with
-  ``LockConfigError`` without running its body.
+  ``app.send_task``) passes unknown keywords on as message properties. The app's router
+  validates them first (:mod:`celery_redlock._celery.routing`): a bad value raises in
+  ``apply_async``/``send_task`` and nothing is published. Then the ``before_task_publish``
+  receiver moves them into the header (:func:`move_from_properties`).
+* a publish that does not ask the app's router (a ``router=`` argument, an app never
+  finalized in the caller) reaches only the receiver, which cannot make the publish fail
+  (Celery's ``Signal.send`` logs what it raises): an invalid value is logged at ERROR in the
+  caller and the worker fails the call with ``LockConfigError`` without running its body.
 
 The worker validates the header again (:func:`call_spec`), whoever published it.
 """
@@ -130,45 +133,51 @@ def move_from_properties(
 def header_of(request: Any) -> Mapping[str, Any]:
     """The :data:`HEADER` value of the message behind ``request`` (empty if none)."""
     value = (getattr(request, "headers", None) or {}).get(HEADER)
+    if value is None:  # the usual call (spares the ABC check of a Mapping)
+        return {}
     return value if isinstance(value, Mapping) else {}
 
 
-def overrides_of(request: Any) -> dict[str, Any]:
-    """The per-call overrides of ``request``'s message, as sent (not validated)."""
-    overrides = header_of(request).get("overrides")
+def overrides_of(header: Mapping[str, Any]) -> dict[str, Any]:
+    """The per-call overrides in a message's ``header`` (:func:`header_of`), as sent (not
+    validated)."""
+    overrides = header.get("overrides")
     return dict(overrides) if isinstance(overrides, Mapping) else {}
 
 
-def call_spec(spec: Spec, request: Any) -> Spec:
-    """``spec`` with the per-call overrides of ``request`` applied (validated again here).
+def call_spec(spec: Spec, header: Mapping[str, Any]) -> Spec:
+    """``spec`` with the per-call overrides in ``header`` (:func:`header_of`) applied,
+    validated again here.
 
     Raises :class:`~celery_redlock.LockConfigError` when the message carries an invalid
     override (one that ``before_task_publish`` could only log).
     """
-    header = header_of(request)
+    if not header:  # the usual call: no overrides
+        return spec
     invalid = header.get("invalid")
     if isinstance(invalid, Mapping):
         raw = {f"lock_{name}": value for name, value in invalid.items()}
         take(spec.owner, raw)  # raises the same error the caller logged
-    overrides = overrides_of(request)
+    overrides = overrides_of(header)
     if not overrides:
         return spec
     options = dataclasses.replace(spec.options, **_validated(spec.owner, overrides))
     return dataclasses.replace(spec, options=options)
 
 
-def bypassed(request: Any) -> bool:
-    """Whether ``request``'s message asked to run without the lock."""
-    return header_of(request).get("bypass") is True
+def bypassed(header: Mapping[str, Any]) -> bool:
+    """Whether a message's ``header`` (:func:`header_of`) asks to run without the lock."""
+    return header.get("bypass") is True
 
 
-def first_attempt(request: Any, now: float) -> float:
-    """When the call behind ``request`` first ran (epoch seconds); ``now`` on its first.
+def first_attempt(header: Mapping[str, Any], now: float) -> float:
+    """When the call whose message carries ``header`` (:func:`header_of`) first ran (epoch
+    seconds); ``now`` on its first.
 
     Measured on each worker's wall clock: workers whose clocks disagree by D seconds end a
     call's lock retries up to D seconds early or late.
     """
-    first = header_of(request).get("first")
+    first = header.get("first")
     if isinstance(first, (int, float)) and not isinstance(first, bool) and math.isfinite(first):
         return float(first)
     return now

@@ -20,6 +20,11 @@ for each way an attempt ends (measured on Celery 5.7, see ``docs/guide.md``):
   (:mod:`celery_redlock._celery.parent`);
 * the whole worker killed: nobody; the TTL frees the key (see the engine's TTL rule).
 
+In every process, each app's router checks per-call ``lock_*`` options before a call is
+published, so that a bad value raises in the caller for ``@single_instance`` tasks and
+``send_task`` too (:mod:`celery_redlock._celery.routing`, installed below when an app finalizes);
+the ``before_task_publish`` receiver here moves them into the message's header.
+
 At worker start the options of every locked task are cross-checked against the app's
 settings (:func:`celery_redlock._celery.options.cross_check`): a combination that cannot work,
 or settings that are invalid, stop the worker before it consumes anything, so no task fails
@@ -32,10 +37,11 @@ import logging
 from typing import Any
 
 from celery import bootsteps, current_task, signals
+from celery._state import _get_active_apps, connect_on_app_finalize
 from celery.concurrency import get_implementation
 from kombu.utils.imports import symbol_by_name
 
-from . import calls, checks, supersede
+from . import calls, checks, routing, supersede
 from .engine import clear_queued, leave
 from .identity import spec_of
 from .options import cross_check, settings_for
@@ -76,6 +82,13 @@ def check_app(app: Any) -> None:
         settings = settings_for(app)
         for spec in specs:
             cross_check(spec.owner, spec.options, settings)
+
+
+# As shared_task does: every app at its finalize, and the apps finalized before this import.
+connect_on_app_finalize(routing.install)
+for _app in _get_active_apps():
+    if _app.finalized:
+        routing.install(_app)
 
 
 @signals.worker_init.connect(weak=False)

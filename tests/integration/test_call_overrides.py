@@ -1,10 +1,7 @@
 """Per-call overrides (``apply_async(..., lock_<option>=...)``) and ``lock_bypass``.
 
-In-process worker (threads pool), real Redis, both APIs. ``LockedTask`` validates the
-overrides in ``apply_async``; ``@single_instance`` (whose task class is not ours) can only
-validate them in the ``before_task_publish`` receiver, which cannot fail the publish: there an
-invalid value is logged at ERROR by the caller and the worker fails the call with
-``LockConfigError`` without running its body.
+In-process worker (threads pool), real Redis, both APIs. A bad value raises in the caller
+for both APIs: ``tests/integration/test_call_routing.py``.
 """
 
 from __future__ import annotations
@@ -62,9 +59,9 @@ def hold(redis_url: str, task: Any, *args: Any) -> Lock:
     return lock
 
 
-def subscribers(r: redis_py.Redis, key: str) -> int:
-    channel = f"{key}:released"
-    return int(dict(r.pubsub_numsub(channel)).get(channel.encode(), 0))
+def waiters(r: redis_py.Redis, key: str) -> int:
+    """How many blocking waiters are queued for ``key`` (subscribed, then queued)."""
+    return int(r.zcard(f"{key}:waiters"))
 
 
 def lock_state(self: Task) -> dict[str, Any]:
@@ -102,7 +99,7 @@ def test_wait_overrides_fail_for_one_call(
             with pytest.raises(LockContended):
                 task.delay().get(timeout=10)
             waiting = task.apply_async(lock_on_contention="wait", lock_wait_timeout=20)
-            wait_until(lambda: subscribers(r, holder.key) > 0, 10, "the call to wait")
+            wait_until(lambda: waiters(r, holder.key) > 0, 10, "the call to wait")
         finally:
             holder.release()
         assert waiting.get(timeout=10) == "ran"
@@ -185,26 +182,6 @@ def test_locked_task_rejects_bad_overrides_at_apply_async(app: Celery) -> None:
     for options, message in bad:
         with pytest.raises(LockConfigError, match=re.escape(message)):
             task.apply_async(**options)
-
-
-def test_single_instance_fails_a_bad_override_in_the_worker(
-    app: Celery, caplog: pytest.LogCaptureFixture
-) -> None:
-    """The decorator's task class is not ours: the publish goes ahead, the caller logs an
-    ERROR, and the worker fails the call with ``LockConfigError`` before the body runs."""
-    runs: list[int] = []
-
-    def work(self: Task) -> None:
-        runs.append(1)
-
-    task = locked(app, "decorator", work, by=())
-    with running_worker(app), caplog.at_level(logging.INFO):
-        result = task.apply_async(lock_on_contention="wiat")
-        with pytest.raises(LockConfigError, match="did you mean 'wait'"):
-            result.get(timeout=10)
-    assert runs == []
-    logged = [rec for rec in caplog.records if rec.levelno == logging.ERROR]
-    assert any(result.id in rec.getMessage() and "wiat" in rec.getMessage() for rec in logged)
 
 
 @pytest.mark.parametrize("api", APIS)

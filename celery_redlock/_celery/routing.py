@@ -1,0 +1,87 @@
+"""A bad per-call ``lock_*`` option raises in the caller, for every task: a task router.
+
+``LockedTask.apply_async`` validates its per-call options itself. ``@single_instance`` tasks
+(whose ``apply_async`` is their task class's) and ``app.send_task`` pass them on to Celery as
+message properties, and the ``before_task_publish`` receiver that moves them into the message's
+header cannot fail the publish: Celery's ``Signal.send`` logs what a receiver raises. A router
+can. On Celery 5.3 through 5.7, ``Celery.send_task`` asks ``app.amqp.router`` for the call's
+route before it builds the message, and the router calls each entry of its ``routes`` list as
+``route(name, args, kwargs, options, task=task_type)``, letting what it raises through
+``apply_async``, ``delay`` and ``send_task``. :func:`check_lock_options` is such an entry: it
+validates the ``lock_*`` keys of ``options`` with :func:`celery_redlock._celery.calls.take`
+(on a copy: the receiver still moves them) and returns ``None``, so every call is routed as
+without it, by the ``task_routes`` setting. It must come first: the lookup stops at the first
+entry that returns a route.
+
+:func:`install` puts it there when the app finalizes (``wiring`` connects it, and installs it
+on the apps finalized before the import): in a worker, at the first call of a ``shared_task``,
+at ``app.tasks`` or ``app.finalize()``; not at the first ``delay()`` of an ``@app.task`` task,
+whose proxy builds the task without finalizing its app. Celery caches the router and builds a
+new one when ``task_routes`` changes, so :func:`install` also puts the check back then:
+
+1. the app finalizes: :func:`install` builds ``app.amqp.router`` (Celery would at the first
+   publish), puts the check first in its ``routes``, and observes ``app.conf`` after Celery's
+   own observer (``AMQP`` binds it when the app first uses ``app.amqp``, here at the latest);
+2. ``app.conf.update(task_routes=...)``: Celery's observer builds a new router, without the
+   check (Celery 5.3 does it for every app with a router, whichever app was updated);
+3. ours, next, puts the check first in the new router, before any publish can use it.
+
+Hazards:
+
+* the router is built when the app finalizes, not at its first publish: ``task_routes`` and
+  ``task_queues`` assigned (``app.conf.task_queues = ...``) between the two are not seen (after
+  the first publish Celery does not see them either; ``app.conf.update(task_routes=...)`` still
+  applies, step 2);
+* a publish from an app that never finalized in this process (a client calling
+  ``@app.task`` tasks, or ``send_task`` by name), or that does not ask ``app.amqp.router``
+  (``send_task(..., router=...)``, a router assigned to ``app.amqp.router`` by hand) is
+  checked only by the ``before_task_publish`` receiver: the bad value is logged at ERROR and
+  the worker fails the call (:mod:`celery_redlock._celery.calls`).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from . import calls
+
+#: The apps :func:`install` has seen (an app is installed once).
+_installed: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def check_lock_options(
+    name: str, args: Any, kwargs: Any, options: dict[str, Any], task: Any = None, **_: Any
+) -> None:
+    """A router that routes nothing: raise :class:`~celery_redlock.LockConfigError` for a bad
+    per-call ``lock_*`` option in ``options`` (naming the task, the option and what was
+    expected), return ``None`` otherwise."""
+    raw = {n: v for n, v in options.items() if isinstance(n, str) and n.startswith("lock_")}
+    if raw:
+        calls.take(f"task {name}", raw)
+
+
+def _put_first(router: Any) -> None:
+    """Make :func:`check_lock_options` the first entry of ``router.routes``."""
+    routes = router.routes
+    if routes and routes[0] is check_lock_options:
+        return
+    if isinstance(routes, list):  # the list of app.amqp.routes: keep sharing it
+        routes.insert(0, check_lock_options)
+    else:  # () when task_routes is unset
+        router.routes = [check_lock_options, *routes]
+
+
+def install(app: Any) -> None:
+    """Put :func:`check_lock_options` first in ``app``'s router, now and whenever Celery
+    builds a new one (see the module docstring). Once per app: later calls do nothing."""
+    if app in _installed:
+        return
+    _installed.add(app)
+    amqp = app.amqp
+
+    def on_conf_update(*_: Any, **__: Any) -> None:
+        _put_first(amqp.router)
+
+    _put_first(amqp.router)
+    app.conf.bind_to(on_conf_update)
