@@ -1,0 +1,122 @@
+"""``celery redlock ls --json`` and :class:`~celery_redlock.cli.LockStore` over more locks than
+one page (:data:`~celery_redlock.cli.PAGE`), on a real Redis.
+
+Every lock is listed once, with its fencing counter and its per-call overrides where it has
+them: a page reads those only when some of its locks have some, so here pages with and without
+them are mixed, and single reads (a page of one) take each way. A Redis Cluster reads each key
+with commands of its own slot.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import redis as redis_py
+from celery import Celery
+from click.testing import CliRunner
+
+from celery_redlock import Lock
+from celery_redlock._celery.options import settings_for
+from celery_redlock._redis.keys import call_key
+from celery_redlock.cli import PAGE, LockStore, redlock
+from support.servers import ClusterNodes
+
+
+@pytest.fixture
+def app(redis_url: str) -> Iterator[Celery]:
+    app = Celery("listing", set_as_current=False)
+    app.conf.redlock_url = redis_url
+    yield app
+    app.close()
+
+
+def ls_json(app: Celery) -> str:
+    done = CliRunner().invoke(redlock, ["ls", "--json"], obj=SimpleNamespace(app=app))
+    assert done.exit_code == 0, done.output
+    return done.output
+
+
+def record(
+    r: redis_py.Redis | redis_py.RedisCluster,
+    lock: Lock,
+    token: str | None,
+    overrides: dict[str, Any],
+) -> None:
+    """A call record as the engine writes it beside the slot: the holder's token names it."""
+    value = {"token": token, "task_id": lock.owner, "overrides": overrides}
+    r.set(call_key(lock.key), json.dumps(value), px=60_000)
+
+
+def test_every_lock_is_listed_once_with_its_counter_and_overrides(
+    app: Celery, redis_url: str, r: redis_py.Redis
+) -> None:
+    assert ls_json(app) == "[]\n"
+    plain = [
+        Lock(redis_url, f"plain-{i}", ttl=60, owner=f"t-{i}", host="w1@h")
+        for i in range(2 * PAGE + 10)
+    ]
+    for lock in plain:
+        assert lock.acquire(blocking=False)
+    # A semaphore's acquire script keeps a fencing counter; a plain single-node lock does not.
+    slots = [Lock(redis_url, "sem", ttl=60, limit=2, owner=f"s-{i}") for i in range(2)]
+    for lock in slots:
+        assert lock.acquire(blocking=False)
+    counter = int(r.get(slots[0].keys.fence) or 0)
+    assert counter == slots[1].fencing_token
+    overridden, foreign = plain[7], plain[8]
+    record(r, overridden, overridden.token, {"wait_timeout": 5.0, "ttl": 60.0})
+    record(r, foreign, "the token of a holder before", {"ttl": 1.0})
+
+    store = LockStore(settings_for(app))
+    held = store.all()
+    by_key = {lock.key: lock for lock in held}
+    assert len(held) == len(by_key) == len(plain) + len(slots)
+    assert by_key[overridden.key].overrides == {"wait_timeout": 5.0, "ttl": 60.0}
+    assert by_key[foreign.key].overrides is None  # not this holder's record
+    assert [by_key[lock.key].fencing_token for lock in slots] == [counter, counter]
+    assert {by_key[lock.key].fencing_token for lock in plain} == {None}
+    task_ids = {lock.key: lock.holder.task_id for lock in held if lock.holder is not None}
+    assert [task_ids[lock.key] for lock in plain] == [lock.owner for lock in plain]
+
+    for lock, fence, overrides in [
+        (plain[0], None, None),
+        (overridden, None, {"wait_timeout": 5.0, "ttl": 60.0}),
+        (slots[1], counter, None),
+    ]:
+        one = store.read(lock.key)
+        assert one is not None and (one.fencing_token, one.overrides) == (fence, overrides)
+
+    out = ls_json(app)
+    lines = out.splitlines()
+    assert (lines[0], lines[-1], len(lines)) == ("[", "]", len(held) + 2)  # one lock a line
+    listed = sorted(json.loads(out), key=lambda item: item["key"])
+    expected = [lock.as_dict() for lock in held]
+    for item, want in zip(listed, expected, strict=True):
+        assert item == {**want, "ttl": pytest.approx(want["ttl"], abs=5)}
+
+
+def test_a_cluster_lists_every_lock_with_its_counter_and_overrides() -> None:
+    with ClusterNodes() as cluster:
+        app = Celery("listing", set_as_current=False)
+        app.conf.redlock_url = cluster.url
+        plain = [Lock(cluster.url, f"job-{i}", ttl=60, owner=f"t-{i}") for i in range(30)]
+        slots = [Lock(cluster.url, "sem", ttl=60, limit=2, owner=f"s-{i}") for i in range(2)]
+        for lock in plain + slots:
+            assert lock.acquire(blocking=False)
+        rc = redis_py.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+        try:
+            record(rc, plain[3], plain[3].token, {"ttl": 60.0})
+            counter = int(rc.get(slots[0].keys.fence) or 0)
+        finally:
+            rc.close()
+
+        held = {lock.key: lock for lock in LockStore(settings_for(app)).all()}
+        assert set(held) == {lock.key for lock in plain + slots}
+        assert held[plain[3].key].overrides == {"ttl": 60.0}
+        assert [held[lock.key].fencing_token for lock in slots] == [counter, counter]
+        assert all(0 < (held[lock.key].ttl or 0) <= 60 for lock in plain + slots)
+        app.close()
