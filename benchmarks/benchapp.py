@@ -22,12 +22,16 @@ No-op tasks, identical except for the lock:
   ``on_success``);
 * ``bench.redispy``: redis-py's ``Lock`` taken around the body by a small base task
   (:class:`RedisPyLockTask`), the do-it-yourself way.
+
+And one task that is not a no-op: ``bench.wait_hold`` (``lock_on_contention="wait"``), both
+sides of a handoff to a waiting task. It records in db 3 of the benchmark's server.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 import redis
@@ -117,3 +121,37 @@ class RedisPyLockTask(Task):  # type: ignore[misc]
 @app.task(name="bench.redispy", base=RedisPyLockTask)
 def redispy(key: str) -> None:
     return None
+
+
+_marks: redis.Redis | None = None
+
+
+@app.task(
+    name="bench.wait_hold",
+    base=LockedTask,
+    lock_by=["key"],
+    lock_on_contention="wait",
+    lock_wait_timeout=30,
+)
+def wait_hold(key: str, role: str) -> float:
+    """One side of a handoff of ``key``'s lock; returns its ``time.perf_counter()`` stamp.
+
+    ``role`` is not part of the lock: both roles of one ``key`` share it.
+
+    * ``"hold"``: pushes ``<key>:started`` (db 3), blocks until the benchmark pushes
+      ``<key>:cue``, and stamps as its last statement: the engine releases as the body returns;
+    * ``"wait"``: sent while the holder runs, it waits on the lock; it stamps as its first
+      statement.
+
+    The stamps travel as the results, stored after the release: no round trip between a stamp
+    and the release or the start it marks.
+    """
+    if role == "wait":
+        return time.perf_counter()
+    global _marks
+    if _marks is None:
+        _marks = redis.Redis.from_url(f"{BASE}/3")
+    _marks.rpush(f"{key}:started", 1)
+    if _marks.blpop([f"{key}:cue"], timeout=30) is None:
+        raise TimeoutError(f"{key}: no cue in 30 s")
+    return time.perf_counter()
