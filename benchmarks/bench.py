@@ -12,7 +12,8 @@ Figures (see ``benchmarks/README.md`` for the method of each):
 
 1. primitive: non-blocking acquire+release pairs per second, as a ratio of ``SET NX PX`` +
    ``DEL`` pairs, and the server's time per call (``INFO commandstats``);
-2. blocking waiter: time from the release to a waiter holding the lock, one and several waiters;
+2. blocking waiter: time from the release to a waiter holding the lock, one and several waiters,
+   and to a waiting task (``lock_on_contention="wait"``) running its body;
 3. task throughput, locked / unlocked no-op task on a prefork worker;
 4. Redis round trips per locked and per skipped task (``INFO commandstats`` calls / tasks);
 5. footprint: keys and bytes left after release, bytes per held lock;
@@ -29,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import importlib
 import importlib.metadata
 import json
@@ -62,7 +64,7 @@ from benchmarks.bench_core import (  # noqa: E402
     progress,
     run_batch,
 )
-from celery_redlock.testing import RedisServer  # noqa: E402
+from celery_redlock.testing import RedisServer, wait_until  # noqa: E402
 
 QUICK_NOTE = "  [--quick: the figures are noise]"
 SECTIONS = ("pairs", "waiters", "tasks", "footprint", "ops", "quorum", "asyncio")
@@ -350,7 +352,72 @@ def section_waiters(server: RedisServer, size: dict[str, Any]) -> dict[str, Any]
             }
             for c, g in got.items()
         }
+    out["task_wait"] = task_waiter(server, size)
     return out
+
+
+#: Handoffs to a waiting task run before the measured ones (each pool child in both roles).
+TASK_WAIT_WARMUP = 4
+
+
+def task_waiter(lock_server: RedisServer, size: dict[str, Any]) -> dict[str, Any]:
+    """Time from a task's release to a task waiting on its lock (``lock_on_contention="wait"``)
+    running its body, on one ``celery worker -P prefork -c 2``.
+
+    Each handoff, on a key of its own (``bench.wait_hold``, see ``benchapp.py``):
+
+    1. the holder is sent; the benchmark waits for its ``started`` mark (``BLPOP``);
+    2. the waiter (same key) is sent; the benchmark waits until it is queued on the lock
+       (``ZCARD <lock key>:waiters`` is 1 on the lock server), then a random 0-0.1 s;
+    3. the holder is cued: it stamps ``time.perf_counter()`` as its last statement, returns,
+       and the engine releases, handing the lock to the waiter;
+    4. the waiter stamps as its first statement. Sample: waiter stamp - holder stamp (one
+       clock for every process on Linux).
+    """
+    from celery_redlock import lock_key
+
+    broker = RedisServer().start()
+    try:
+        app = load_benchapp(broker, lock_server).app
+        task = app.tasks["bench.wait_hold"]
+        marks = redis.Redis(host="127.0.0.1", port=broker.port, db=3, socket_timeout=40)
+        lock_client = lock_server.client()
+        worker = Worker(broker.port, "prefork", 2, False).start()
+        samples: list[float] = []
+        try:
+            for r in range(TASK_WAIT_WARMUP + size["waiter_samples"]):
+                key = f"task-wait:{r}"
+                holder = task.apply_async((key, "hold"))
+                if marks.blpop([f"{key}:started"], timeout=30) is None:
+                    raise RuntimeError(f"{key}: the holder did not start in 30 s")
+                waiter = task.apply_async((key, "wait"))
+                queue = lock_key(task, key, "wait") + ":waiters"
+                queued = functools.partial(lock_client.zcard, queue)  # 1: the only waiter
+                wait_until(queued, 30, f"the waiter in {queue}", poll=0.001)
+                time.sleep(random.uniform(0, 0.1))
+                marks.rpush(f"{key}:cue", 1)
+                released_at = holder.get(timeout=30, interval=0.005)
+                runs_at = waiter.get(timeout=30, interval=0.005)
+                if r >= TASK_WAIT_WARMUP:
+                    samples.append(runs_at - released_at)
+            problems = [ln for ln in worker.text().splitlines() if "ERROR" in ln]
+        finally:
+            worker.stop()
+        worker.log.unlink()
+        progress(f"  waiting task: {len(samples)} handoffs done")
+        marks.close()
+        lock_client.close()
+        app.close()
+    finally:
+        broker.stop()
+    return {
+        "median_ms": median(samples) * 1000,
+        "p90_ms": sorted(samples)[int(len(samples) * 0.9)] * 1000,
+        "samples": len(samples),
+        "runs_ms": [s * 1000 for s in samples],
+        "warmup_handoffs": TASK_WAIT_WARMUP,
+        "worker_errors": problems[:20],
+    }
 
 
 # -- 3 and 4. tasks ------------------------------------------------------------------------------
@@ -465,57 +532,89 @@ def skipped_calls(
 
 
 def engine_python_us(app: Any, n: int) -> dict[str, Any]:
-    """Our Python per locked execution: ``engine.execute`` of a no-op body with a Redis stub
-    that answers at once (no redis-py, no I/O), minus calling the body alone."""
+    """Our Python per locked execution, on the worker's path: ``task(key)`` under a pushed
+    request, i.e. ``LockedTask.__call__`` -> ``engine.execute`` of the no-op ``bench.locked``
+    (what Celery's tracer calls), in a process set up as a prefork pool child (hard time limits
+    enforced), with a Redis stub that answers at once (no redis-py, no I/O). The metrics
+    thread flushes to the real lock server once a second, as in a worker.
+
+    ``profile_pct_by_file`` and ``_by_function``: where that time goes, from cProfile (own
+    time, as a share of the total; the profiler inflates code that makes many small calls).
+    """
+    import cProfile
+    import pstats
+
     try:
-        from celery_redlock._celery import engine
         from celery_redlock._celery.options import settings_for
+        from celery_redlock._celery.state import state
         from celery_redlock._redis import nodes as _nodes
 
         task = app.tasks["bench.locked"]
         url = settings_for(app).url
         slot = (url, None)
         saved = _nodes._single.get(slot)
+        saved_limits = state.enforces_limits
         _nodes._single[slot] = _nodes.SingleNode(STUB)
+        state.enforces_limits = True
         task.push_request(
             id="bench-id", hostname="bench@host", called_directly=False, delivery_info={}
         )
         try:
 
-            def body() -> None:
-                return None
-
             def run(m: int) -> float:
                 start = time.perf_counter()
                 for i in range(m):
-                    engine.execute(task, (f"k{i}",), {}, body)
+                    task(f"k{i}")
                 return (time.perf_counter() - start) / m * 1e6
 
             run(200)
             samples = [run(n // 5) for _ in range(5)]
+            profiler = cProfile.Profile()
+            profiler.runcall(run, max(n // 10, 200))
         finally:
             task.pop_request()
+            state.enforces_limits = saved_limits
             if saved is None:
                 _nodes._single.pop(slot, None)
             else:
                 _nodes._single[slot] = saved
     except Exception as exc:  # the package's internals changed shape
         return {"error": f"{type(exc).__name__}: {exc}"}
-    return {"us_per_execution": median(samples), "runs": samples}
+    by_function: dict[str, float] = {}
+    by_file: dict[str, float] = {}
+    for (file, line, name), row in pstats.Stats(profiler).stats.items():  # type: ignore[attr-defined]
+        where = f"{Path(file).parent.name}/{Path(file).name}" if line else "(built-in)"
+        by_function[f"{where}:{name}" if line else name] = row[2]
+        by_file[where] = by_file.get(where, 0.0) + row[2]
+    total = sum(by_file.values()) or 1.0
+
+    def shares(own: dict[str, float], top: int) -> dict[str, float]:
+        ranked = sorted(own.items(), key=lambda kv: -kv[1])[:top]
+        return {name: round(seconds / total * 100, 1) for name, seconds in ranked}
+
+    return {
+        "us_per_execution": median(samples),
+        "runs": samples,
+        "profile_pct_by_file": shares(by_file, 12),
+        "profile_pct_by_function": shares(by_function, 15),
+    }
+
+
+def load_benchapp(broker: RedisServer, lock_server: RedisServer) -> Any:
+    """``benchmarks.benchapp``, (re)imported on ``broker`` (broker, results) and
+    ``lock_server`` (locks): it reads their ports from the environment when imported."""
+    os.environ["REDLOCK_BENCH_PORT"] = str(broker.port)
+    os.environ["REDLOCK_BENCH_LOCK_PORT"] = str(lock_server.port)
+    benchapp = sys.modules.get("benchmarks.benchapp")
+    if benchapp is None:
+        return importlib.import_module("benchmarks.benchapp")
+    return importlib.reload(benchapp)
 
 
 def section_tasks(lock_server: RedisServer, size: dict[str, Any]) -> dict[str, Any]:
     broker = RedisServer().start()
-    os.environ["REDLOCK_BENCH_PORT"] = str(broker.port)  # read when benchapp is imported
-    os.environ["REDLOCK_BENCH_LOCK_PORT"] = str(lock_server.port)
     try:
-        benchapp = sys.modules.get("benchmarks.benchapp")
-        benchapp = (
-            importlib.reload(benchapp)
-            if benchapp
-            else importlib.import_module("benchmarks.benchapp")
-        )
-        app = benchapp.app
+        app = load_benchapp(broker, lock_server).app
         variants = [v for v in TASK_ROWS if f"bench.{v}" in app.tasks]
         tasks = {v: app.tasks[f"bench.{v}"] for v in variants}
         lock_client = lock_server.client()
@@ -833,6 +932,14 @@ def table_waiters(t: Table, res: dict[str, Any], several: int) -> None:
                 f"{r['idle_calls_per_waiter_s']:.1f} cmds/s per waiter; "
                 f"{r['double_wins']} double wins",
             )
+    r = res["task_wait"]
+    t.add(
+        "2. release -> waiting task runs",
+        "ours (lock_on_contention='wait')",
+        f"{r['median_ms']:.2f} ms",
+        f"median of {r['samples']}, p90 {r['p90_ms']:.2f} ms; holder's last statement to the "
+        "waiter's first, prefork -c 2",
+    )
 
 
 def table_tasks(t: Table, res: dict[str, Any]) -> None:

@@ -68,11 +68,15 @@ class _Counters:
         self.thread.start()
 
     def add(self, url: str, key: str, event: str) -> None:
-        with self.lock:
+        # Twice per task execution: acquire/release spare the ``with`` protocol (about 0.1 us).
+        self.lock.acquire()
+        try:
             counts = self.pending.get((url, key))
             if counts is None:
                 counts = self.pending[url, key] = Counter()
             counts[event] += 1
+        finally:
+            self.lock.release()
 
     def _run(self) -> None:
         while True:

@@ -35,7 +35,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
@@ -63,7 +63,7 @@ T = TypeVar("T")
 REQUEST_ATTR = "redlock_execution"
 
 
-@dataclass
+@dataclass(slots=True)
 class Execution:
     """What :func:`enter` decided for one attempt."""
 
@@ -79,9 +79,10 @@ def execute(task: Any, args: Any, kwargs: Any, body: Callable[[], T]) -> T | Non
     the policies. A direct call (``task(x)``, no worker, no ``apply()``) runs unlocked.
     """
     request = task.request
-    if request.called_directly or spec_of(task) is None:
+    spec = None if request.called_directly else spec_of(task)
+    if spec is None:
         return body()
-    if not enter(task, args, kwargs):
+    if not enter(task, request, spec, args, kwargs):
         return None
     try:
         result = body()
@@ -129,14 +130,16 @@ class TaskLock(Lock):
         return extended
 
 
-def _record_overrides(settings: Settings, lock: TaskLock, request: Any) -> None:
+def _record_overrides(
+    settings: Settings, lock: TaskLock, request: Any, header: Mapping[str, Any]
+) -> None:
     """Store the call's overrides beside the slot it holds, for ``celery redlock inspect``.
 
     One ``SET PX`` with the lock's TTL (renewal extends it), on the first node that answers;
     it names the holder's token, so a record outliving its lock is never shown for another
     holder. Advisory: a failure is logged at DEBUG and the task runs on.
     """
-    overrides = calls.overrides_of(request)
+    overrides = calls.overrides_of(header)
     if not overrides or lock.token is None:
         return
     key = _keys.call_key(lock.key)
@@ -153,20 +156,24 @@ def _record_overrides(settings: Settings, lock: TaskLock, request: Any) -> None:
 
 
 def _make_lock(task: Any, spec: Spec, settings: Settings, name: str, request: Any) -> TaskLock:
-    common: dict[str, Any] = {
-        "prefix": settings.prefix,
-        "owner": request.id or "",
-        "host": request.hostname,
-        "limit": spec.options.limit,
-    }
-    if spec.options.ttl is not None:
-        lock = TaskLock(settings.url, name, spec.options.ttl, **common)
+    options = spec.options
+    if options.ttl is not None:
+        ttl, renewed, max_hold = options.ttl, False, None
     else:
         limit = _hard_limit(task, request)
+        ttl, renewed = settings.lease, True
         max_hold = None if limit is None else limit + settings.ttl_margin
-        lock = TaskLock(
-            settings.url, name, settings.lease, auto_renew=True, max_hold=max_hold, **common
-        )
+    lock = TaskLock(
+        settings.url,
+        name,
+        ttl,
+        prefix=settings.prefix,
+        owner=request.id or "",
+        host=request.hostname,
+        auto_renew=renewed,
+        max_hold=max_hold,
+        limit=options.limit,
+    )
     lock.task = task
     return lock
 
@@ -175,18 +182,17 @@ def _jittered(seconds: float) -> float:
     return seconds * random.uniform(1.0, 1.2)
 
 
-def enter(task: Any, args: Any, kwargs: Any) -> bool:
-    """Take the lock of this attempt; return False when the body must be skipped."""
-    request = task.request
-    spec = spec_of(task)
-    assert spec is not None
-    spec = calls.call_spec(spec, request)  # this call's overrides (LockConfigError if invalid)
+def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
+    """Take the lock of the attempt behind ``request``; return False when the body must be
+    skipped. ``spec`` is the task's (:func:`spec_of`)."""
+    header = calls.header_of(request)  # parsed once per attempt
+    spec = calls.call_spec(spec, header)  # this call's overrides (LockConfigError if invalid)
     settings = settings_for(task.app)
     cross_check(spec.owner, spec.options, settings)
-    name = lock_name_for(task, spec, args, kwargs)
+    name = lock_name_for(task, spec, args, kwargs, settings)
     if spec.options.enqueue == "keep":
         _clear_queued(task, settings, name, request.id)
-    if calls.bypassed(request):
+    if calls.bypassed(header):
         return _bypass(task, settings, name, request)
     if supersede.superseded(task, spec, settings, name, request):
         setattr(request, REQUEST_ATTR, Execution(None, skipped=True))
@@ -206,7 +212,7 @@ def enter(task: Any, args: Any, kwargs: Any) -> bool:
     if acquired:
         _check_rate(task, spec, settings, request, lock)
         setattr(request, REQUEST_ATTR, Execution(lock))
-        _record_overrides(settings, lock, request)
+        _record_overrides(settings, lock, request, header)
         logger.debug("%s[%s] acquired %s", task.name, request.id, lock.key)
         # A single-node lock reads its fencing token on first use (one round trip): only
         # when someone listens for it.
@@ -343,7 +349,8 @@ def lock_retry(
         report("retried")
         raise task.retry(countdown=countdown, exc=exc)
     now = time.time()
-    first = calls.first_attempt(request, now)
+    header = calls.header_of(request)
+    first = calls.first_attempt(header, now)
     if now - first >= spec.options.retry_for:
         logger.info(
             "%s[%s] gives up: requeued by the lock for %.1fs (lock_retry_for=%ss)",
@@ -362,7 +369,7 @@ def lock_retry(
         ) from exc
     report("retried")
     headers = dict(request.headers or {})
-    headers[calls.HEADER] = {**calls.header_of(request), "first": first}
+    headers[calls.HEADER] = {**header, "first": first}
     signature = task.signature_from_request(
         request, countdown=countdown, retries=request.retries or 0, headers=headers
     )

@@ -18,7 +18,7 @@ def emit(task: Any, task_id: str, event: str, signal: Any = None, **fields: Any)
     """Count ``event``, send ``signal`` and, with task events on, a ``task-lock-*`` event."""
     try:
         metrics.count(task.app, task.name, event)
-        if signal is not None:
+        if signal is not None and signal.receivers:  # send() does nothing without receivers
             signal.send(sender=task, task_id=task_id, **fields)
         if state.task_events and signal is signals.lock_contended:
             task.send_event(f"task-lock-{event}", key=fields["key"], holder=fields["holder"])

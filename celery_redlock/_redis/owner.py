@@ -64,10 +64,10 @@ def unescape_host(field: str) -> str:
 
 def new_token(task_id: str = "", host: str | None = None, pid: int | None = None) -> str:
     """Build a fresh, unguessable owner token for one acquisition attempt."""
-    host = normalize_host(host)
     pid = os.getpid() if pid is None else pid
     acquired_ms = int(time.time() * 1000)
-    return SEPARATOR.join((os.urandom(16).hex(), str(pid), str(acquired_ms), host, task_id))
+    # The fields joined by SEPARATOR, in one f-string (once per acquisition attempt).
+    return f"{os.urandom(16).hex()}|{pid}|{acquired_ms}|{normalize_host(host)}|{task_id}"
 
 
 def parse(token: str | bytes | None) -> Owner | None:
