@@ -105,7 +105,8 @@ class Lock:
     ) -> None:
         check_arguments(ttl, max_hold, timeout, limit)
         self.nodes = nodes_for(redis)
-        check_limit(limit, self.nodes.names)
+        if limit > 1:  # the node names are read only here (building them costs a URL parse)
+            check_limit(limit, self.nodes.names)
         self.name = name
         self.limit = limit
         self.keys = _keys.keys_for(prefix, name, limit)
