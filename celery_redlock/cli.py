@@ -260,25 +260,21 @@ class LockStore:
             raw, raw_pttl, fence, record = replies[0]
             if raw is None:
                 return None
-            token, ms = _text(raw), int(raw_pttl)
-            return HeldLock(
-                key=key,
-                name=name,
-                slot=slot,
-                value=token,
-                holder=_owner.parse(token),
-                ttl=None if ms < 0 else ms / 1000.0,
-                fencing_token=None if fence is None else int(fence),
-                overrides=None if record is None else _overrides(token, [record]),
-            )
-        replies = [r for r in replies if r[0] is not None]
-        values = [_text(r[0]) for r in replies]
-        value = max(set(values), key=values.count) if values else None
-        if value is None or values.count(value) < self.quorum:
-            return None
-        pttls = sorted((int(r[1]) for r in replies if _text(r[0]) == value), reverse=True)
-        pttl = pttls[self.quorum - 1]
-        fences = [int(r[2]) for r in replies if r[2] is not None]
+            value, pttl = _text(raw), int(raw_pttl)
+            fencing = None if fence is None else int(fence)
+            overrides = None if record is None else _overrides(value, [record])
+        else:
+            replies = [r for r in replies if r[0] is not None]
+            values = [_text(r[0]) for r in replies]
+            majority = max(set(values), key=values.count) if values else None
+            if majority is None or values.count(majority) < self.quorum:
+                return None
+            value = majority
+            pttls = sorted((int(r[1]) for r in replies if _text(r[0]) == value), reverse=True)
+            pttl = pttls[self.quorum - 1]
+            fences = [int(r[2]) for r in replies if r[2] is not None]
+            fencing = max(fences) if fences else None
+            overrides = _overrides(value, [r[3] for r in replies])
         return HeldLock(
             key=key,
             name=name,
@@ -286,8 +282,8 @@ class LockStore:
             value=value,
             holder=_owner.parse(value),
             ttl=None if pttl < 0 else pttl / 1000.0,
-            fencing_token=max(fences) if fences else None,
-            overrides=_overrides(value, [r[3] for r in replies]),
+            fencing_token=fencing,
+            overrides=overrides,
         )
 
     def pages(self) -> Iterator[list[HeldLock]]:

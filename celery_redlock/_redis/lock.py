@@ -464,13 +464,17 @@ class Lock:
         start = self.clock()
         result = self.do_acquire(token, ttl)
         if not result.acquired:
-            self.last_holder = _owner.parse(result.holder)
-            pttl = result.pttl_ms
-            self._holder_ttl_pending = pttl is None and result.holder is not None
-            self._holder_ttl = None if pttl is None or pttl < 0 else pttl / 1000.0
+            self._saw(result.holder, result.pttl_ms)
             return False
         self._hold(token, start, ttl, result.slot or 1, result.fencing_token)
         return True
+
+    def _saw(self, holder: str | None, pttl: int | None) -> None:
+        """A failed attempt saw ``holder`` (and its PTTL in ms, unless the reply had none: then
+        :attr:`last_holder_ttl` asks Redis on first read)."""
+        self.last_holder = _owner.parse(holder)
+        self._holder_ttl_pending = pttl is None and holder is not None
+        self._holder_ttl = None if pttl is None or pttl < 0 else pttl / 1000.0
 
     def _queued_attempt(self, queue: SingleNode, wait: _Wait) -> bool | None:
         """A queued waiter's try (``None``: the queue was refused)."""
@@ -481,10 +485,7 @@ class Lock:
             return None
         if reply.held is None:
             wait.tried_at = start
-            self.last_holder = _owner.parse(reply.holder)
-            pttl = reply.pttl_ms
-            self._holder_ttl_pending = False
-            self._holder_ttl = None if pttl is None or pttl < 0 else pttl / 1000.0
+            self._saw(reply.holder, reply.pttl_ms)
             return False
         if reply.held == token:  # taken now
             self._hold(token, start, wait.ttl)

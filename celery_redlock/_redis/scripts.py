@@ -55,7 +55,7 @@ end
 return {0, redis.call('GET', KEYS[first]), first_ttl}
 """
 
-#: Lua: the next queued waiter gets the lock, or is woken (a release's notification).
+#: Lua shared by the release scripts: hand a freed lock to the next queued waiter, or free it.
 _HAND_ON = """
 -- Pops waiters of the queue, earliest first, until one is still there (its channel has a
 -- subscriber); waiters that are gone are dropped on the way. A queue member is
@@ -90,6 +90,19 @@ local function hand_on(queue, lock, handoff)
     end
   end
 end
+
+-- Frees a slot its owner gives up: hands it to the first queued waiter, or deletes it and
+-- notifies the release channel (quorum, semaphore and asyncio waiters) and the first queued
+-- waiter. Returns 1 released, 2 deleted but PUBLISH was refused (waiters not notified).
+local function free_slot(channel, queue, slot, handoff)
+  local handed = hand_on(queue, slot, handoff)
+  if handed == 2 then return 1 end
+  redis.call('DEL', slot)
+  local published = redis.pcall('PUBLISH', channel, '1')
+  if type(published) == 'table' and published.err then return 2 end
+  if handed == -1 then return 2 end
+  return 1
+end
 """
 
 RELEASE = (
@@ -102,21 +115,13 @@ RELEASE = (
 -- returns 1 released (handed over, or deleted and the waiters notified, or kept until expiry),
 --         2 released (deleted) but PUBLISH was refused: waiters were not notified,
 --         0 not the owner of any slot (expired or taken over)
--- When the lock is not handed over, every subscriber of the release channel (quorum,
--- semaphore and asyncio waiters) and the first queued waiter are notified.
 for i = 3, #KEYS do
   if redis.call('GET', KEYS[i]) == ARGV[1] then
     if tonumber(ARGV[2]) > 0 then
       redis.call('PEXPIRE', KEYS[i], ARGV[2])
       return 1
     end
-    local handed = hand_on(KEYS[2], KEYS[i], ARGV[3] == '1' and #KEYS == 3)
-    if handed == 2 then return 1 end
-    redis.call('DEL', KEYS[i])
-    local published = redis.pcall('PUBLISH', KEYS[1], '1')
-    if type(published) == 'table' and published.err then return 2 end
-    if handed == -1 then return 2 end
-    return 1
+    return free_slot(KEYS[1], KEYS[2], KEYS[i], ARGV[3] == '1' and #KEYS == 3)
   end
 end
 return 0
@@ -219,13 +224,7 @@ for i = 3, #KEYS do
   if value then
     local pid, host, task_id = string.match(value, '^[^|]*|([^|]*)|[^|]*|([^|]*)|(.*)$')
     if task_id == ARGV[1] and host == ARGV[2] and pid == ARGV[3] then
-      local handed = hand_on(KEYS[2], KEYS[i], ARGV[4] == '1' and #KEYS == 3)
-      if handed == 2 then return 1 end
-      redis.call('DEL', KEYS[i])
-      local published = redis.pcall('PUBLISH', KEYS[1], '1')
-      if type(published) == 'table' and published.err then return 2 end
-      if handed == -1 then return 2 end
-      return 1
+      return free_slot(KEYS[1], KEYS[2], KEYS[i], ARGV[4] == '1' and #KEYS == 3)
     end
   end
 end
