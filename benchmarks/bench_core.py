@@ -105,7 +105,9 @@ def guarded_costs(pieces: dict[str, Callable[[], object]], quick: bool) -> dict[
 
 
 class StubClient:
-    """Answers our scripts at once, without I/O: isolates celery_redlock's own Python cost."""
+    """Answers our commands at once, without I/O: isolates celery_redlock's own Python cost."""
+
+    _acquire_sha = _scripts.sha1(_scripts.ACQUIRE)
 
     class Script:
         def __init__(self, reply: object) -> None:
@@ -116,11 +118,13 @@ class StubClient:
         ) -> object:
             return self.reply
 
-    def set(self, *args: object, **kwargs: object) -> None:
-        return None  # SET NX ... GET: the key was free
+    def execute_command(self, *args: object, **options: object) -> object:
+        if args[0] == "SET":
+            return None  # SET NX ... GET: the key was free
+        # the acquire script: {1, fencing_token, slot}; every other script: 1 (success)
+        return [1, 1, 1] if args[1] in (self._acquire_sha, _scripts.ACQUIRE) else 1
 
     def register_script(self, script: str) -> StubClient.Script:
-        # acquire: {1, fencing_token, slot}; every other script: 1 (success)
         return self.Script([1, 1, 1] if script == _scripts.ACQUIRE else 1)
 
 

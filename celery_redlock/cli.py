@@ -237,10 +237,11 @@ class LockStore:
             # counter; per-call overrides), and a count is one reply to parse where an MGET is
             # one per lock. A page that has some reads them with an MGET more.
             pipe.mget(keys)
-            _scripts.script(client, _scripts.PTTLS)(keys=keys, client=pipe)
+            pipe.script_load(_scripts.PTTLS)  # in the same round trip: never a NOSCRIPT
+            pipe.evalsha(_scripts.sha1(_scripts.PTTLS), len(keys), *keys)
             pipe.exists(*fences)
             pipe.exists(*records)
-            values, pttls, any_fenced, any_recorded = pipe.execute()
+            values, _, pttls, any_fenced, any_recorded = pipe.execute()
             none = [None] * len(keys)
             fenced = client.mget(fences) if any_fenced else none
             recorded = client.mget(records) if any_recorded else none

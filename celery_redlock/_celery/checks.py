@@ -147,7 +147,8 @@ def dry_run(client: Any, prefix: str) -> dict[str, str]:
 
     The commands: ``SET``, ``GET``, ``PTTL``, ``PEXPIRE``, ``DEL``, ``TIME`` (the scripts'
     own), ``SCRIPT LOAD`` and ``EVALSHA`` of each script, ``PUBLISH`` and ``SUBSCRIBE`` (release
-    notifications), ``ZADD``, ``ZREM`` and ``ZPOPMIN`` (the queue of blocking waiters), ``SCAN``
+    notifications), ``ZADD``, ``ZREM``, ``ZPOPMIN`` and ``EXISTS`` (the queue of blocking
+    waiters), ``SCAN``
     (``celery redlock ls``), ``HINCRBY`` and ``HGETALL`` (counters).
     An ACL user may lack any of them (``NOPERM``), and a command refused inside a script stops
     the script half-way, where Redis 7 does not name the command: the direct calls do. A full
@@ -190,6 +191,7 @@ def dry_run(client: Any, prefix: str) -> dict[str, str]:
     attempt("ZADD", lambda: client.zadd(lock.waiters, {lock.channel: 0}))
     attempt("ZREM", lambda: client.zrem(lock.waiters, lock.channel))
     attempt("ZPOPMIN", lambda: client.zpopmin(lock.waiters))
+    attempt("EXISTS", lambda: client.exists(lock.waiters))
     attempt("SCAN", lambda: next(iter(client.scan_iter(match=lock_pattern(prefix))), None))
     attempt("HINCRBY", lambda: client.hincrby(counters, "check", 0))
     attempt("HGETALL", lambda: client.hgetall(counters))
@@ -245,6 +247,7 @@ QUEUE_REFUSALS = (
     "ZADD",
     "ZREM",
     "ZPOPMIN",
+    "EXISTS",
     "a command in the wait script",
     "a command in the leave script",
 )
@@ -256,7 +259,8 @@ def _report_dry_run(shown: str, refusals: dict[str, str], on_unavailable: str) -
         logger.warning(
             "celery_redlock: the lock Redis at %s refuses the commands of the queue of blocking "
             "waiters: %s; a release then wakes every waiter of a lock, and each tries, instead "
-            "of handing the lock to the first one (grant +zadd +zrem +zpopmin to the ACL user)",
+            "of handing the lock to the first one (grant +zadd +zrem +zpopmin +exists to the "
+            "ACL user)",
             shown,
             "; ".join(f"{name}: {reply}" for name, reply in queue.items()),
         )

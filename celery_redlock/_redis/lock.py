@@ -50,6 +50,7 @@ from typing import Any
 
 from ..exceptions import LockContended, LockLost, LockNotOwned, LockUnavailable
 from . import keys as _keys
+from . import nodes as _nodes
 from . import owner as _owner
 from . import renewal as _renewal
 from . import scripts as _scripts
@@ -343,9 +344,10 @@ class Lock:
             if queue is not None:
                 channel = _keys.waiter_channel(self.keys, os.urandom(8).hex())
                 wait = _Wait(channel, _owner.new_token(self.owner, self.host), self._lease())
-            pubsub = nodes.pubsub_client().pubsub()
+            client = nodes.pubsub_client()
+            pubsub = _nodes.subscribe(client, channel)
+            reusable = True
             try:
-                pubsub.subscribe(channel)
                 subscribed = False
                 while True:
                     sleep = 1.0  # until the subscription is confirmed, or a key without expiry
@@ -368,25 +370,32 @@ class Lock:
                             return queue is not None and self._leave(queue, wait)
                         sleep = min(sleep, left)
                     message = pubsub.get_message(timeout=max(sleep, 0.001))
-                    if message is None:
-                        continue
+                    if message is None or not _on(message, channel):
+                        continue  # nothing yet, or left over from this connection's last wait
                     if message["type"] == "subscribe":
                         subscribed = True
                     elif queue is not None and self._handed(wait, message["data"]):
                         return True
             except UNAVAILABLE_ERRORS:
+                reusable = False
                 # The channel is gone; a handoff may have come before: take it, or wait anew.
                 if queue is not None and self._leave(queue, wait, quietly=True):
                     return True
                 continue
             except BaseException:
+                reusable = False
                 # Interrupted (SystemExit from a revoke or time limit, KeyboardInterrupt): give
                 # back a lock handed over meanwhile, or it would sit out its lease unused.
                 if queue is not None:
                     self._abandon(queue, wait)
                 raise
             finally:
-                pubsub.close()
+                # A queued wait that ends normally left the queue (a script removed this
+                # waiter, or never queued it): nothing is published on its own channel again.
+                if reusable and queue is not None:
+                    _nodes.set_aside(client, pubsub)
+                else:
+                    pubsub.close()
 
     def on_lost(self, reason: str) -> None:
         """Called once when the lock is found lost; logs an ERROR. Override to react."""
@@ -655,6 +664,12 @@ MIN_RETRY = 0.05
 #: Shortest delay until the next renewal after one that found the lock missing on a quorum
 #: node (the delay is lease/30, at least this).
 DEGRADED_RENEWAL = 0.1
+
+
+def _on(message: dict[str, Any], channel: str) -> bool:
+    """Whether a pub/sub ``message`` came on ``channel`` (bytes, or str with decoded replies)."""
+    got = message["channel"]
+    return (got.decode("utf-8", "replace") if isinstance(got, bytes) else got) == channel
 
 
 def _ms(seconds: float) -> int:

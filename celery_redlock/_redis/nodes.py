@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
 import weakref
@@ -188,6 +189,62 @@ def subscriber_of(client: Any) -> Any:
         return subscriber
 
 
+#: Idle subscriptions kept per subscriber client, at most (the rest are closed).
+IDLE_SUBSCRIPTIONS = 8
+
+#: Channels one kept subscription may carry; one that has this many is closed, not reused.
+SUBSCRIPTION_CHANNELS = 16
+
+_idle: weakref.WeakKeyDictionary[Any, list[tuple[int, Any]]] = weakref.WeakKeyDictionary()
+
+
+def subscribe(client: Any, channel: str) -> Any:
+    """A ``PubSub`` of ``client`` subscribing to ``channel`` (the request is sent; its
+    confirmation is the ``subscribe`` message on ``channel``): one that an earlier wait of this
+    process set aside (:func:`set_aside`), else a new one.
+
+    A reused one stays subscribed to the dead channels of its earlier waits (no
+    ``UNSUBSCRIBE``: an ACL user may lack it); nothing is published on them, but a waiter must
+    still ignore the messages of other channels.
+    """
+    idle = _idle.get(client)
+    while idle:
+        try:
+            pid, pubsub = idle.pop()
+        except IndexError:  # another thread took the last one
+            break
+        if pid != os.getpid():
+            continue  # inherited through a fork: the parent's socket, never read or closed here
+        if len(pubsub.channels) >= SUBSCRIPTION_CHANNELS:
+            pubsub.close()
+            continue
+        pubsub.subscribe(channel)
+        return pubsub
+    pubsub = client.pubsub()
+    pubsub.subscribe(channel)
+    return pubsub
+
+
+def set_aside(client: Any, pubsub: Any) -> None:
+    """Keep ``pubsub`` for the next wait of this process (:func:`subscribe`): its wait ended,
+    and its channel is dead (a queued waiter's own channel once it left the queue: nothing is
+    published there any more).
+
+    Closing it would cost the waiter that was just handed a lock a socket shutdown on its way
+    back to the caller (on a virtual machine, a few hundred microseconds after an idle wait),
+    and the next wait a TCP connect and handshake. Beyond :data:`IDLE_SUBSCRIPTIONS` it is
+    closed.
+    """
+    idle = _idle.get(client)
+    if idle is None:
+        with _subscribers_guard:
+            idle = _idle.setdefault(client, [])
+    if len(idle) >= IDLE_SUBSCRIPTIONS:
+        pubsub.close()
+        return
+    idle.append((os.getpid(), pubsub))
+
+
 class SingleNode:
     """A lock on one Redis server (or one Sentinel-managed primary, or a Cluster)."""
 
@@ -206,14 +263,13 @@ class SingleNode:
         return (node_name(self.client),)
 
     def _run(self, source: str, call: Call, key: str) -> Any:
-        keys, args = call
-        script = _scripts.script(self.client, source)
-        return self._guarded(key, lambda: script(keys=keys, args=args))
+        return self._guarded(key, _scripts.run, self.client, source, *call)
 
-    def _guarded(self, key: str, call: Callable[[], Any]) -> Any:
-        """``call()``; no answer, or a refusal (``OOM``, ``NOPERM``...), as LockUnavailable."""
+    def _guarded(self, key: str, call: Callable[..., Any], *args: Any, **options: Any) -> Any:
+        """``call(*args, **options)``; no answer, or a refusal (``OOM``, ``NOPERM``...), as
+        LockUnavailable."""
         try:
-            return call()
+            return call(*args, **options)
         except UNAVAILABLE_ERRORS as exc:
             raise LockUnavailable(
                 f"Redis at {self.names[0]} did not answer for lock {key}: {exc}",
@@ -238,7 +294,10 @@ class SingleNode:
             lock = keys.lock
             try:
                 holder = self._guarded(
-                    lock, lambda: self.client.set(lock, token, nx=True, px=ttl_ms, get=True)
+                    lock,
+                    self.client.execute_command,
+                    *("SET", lock, token, "NX", "PX", ttl_ms, "GET"),
+                    get=True,  # redis-py's reply callback: the old value, not a bool
                 )
             except redis_py.exceptions.ResponseError as exc:
                 if "syntax" not in str(exc).lower():
@@ -267,10 +326,9 @@ class SingleNode:
         before the queue existed); the waiter then waits on the broadcast channel, and this
         node stops queueing (:meth:`queues`).
         """
-        script = _scripts.script(self.client, _scripts.WAIT)
-        keys_, args = _scripts.wait_call(keys, token, ttl_ms, member, secret)
+        call = _scripts.wait_call(keys, token, ttl_ms, member, secret)
         try:
-            reply = self._guarded(keys.lock, lambda: script(keys=keys_, args=args))
+            reply = self._run(_scripts.WAIT, call, keys.lock)
         except LockUnavailable as exc:
             text = str(exc.__cause__)
             if "NOPERM" not in text and "user executing the script" not in text:
@@ -389,7 +447,7 @@ class Quorum:
     def _eval(self, i: int, source: str, call: Call) -> tuple[Any, BaseException | None]:
         keys, args = call
         try:
-            return _scripts.script(self.clients[i], source)(keys=keys, args=args), None
+            return _scripts.run(self.clients[i], source, keys, args), None
         except NODE_ERRORS as exc:
             return None, exc
 
@@ -511,7 +569,7 @@ class Quorum:
         errors = []
         for name, client in zip(self.names, self.clients, strict=True):
             try:
-                return _scripts.script(client, source)(keys=keys, args=args)
+                return _scripts.run(client, source, keys, args)
             except UNAVAILABLE_ERRORS:
                 errors.append(name)
         raise self._unavailable(key, errors, "no node answers")
@@ -533,6 +591,21 @@ QUORUM_NODE_TIMEOUT = 0.5
 
 _single: dict[tuple[str, float | None], SingleNode] = {}
 _single_guard = threading.Lock()
+_of_client: weakref.WeakKeyDictionary[Any, SingleNode] = weakref.WeakKeyDictionary()
+
+
+def _node_of(client: Any) -> SingleNode:
+    """The one :class:`SingleNode` of ``client`` (what it learned, such as a refused ``SET
+    ... GET``, holds for every lock on that client); a new one if ``client`` cannot be a weak
+    key."""
+    try:
+        node = _of_client.get(client)
+        if node is None:
+            with _single_guard:
+                node = _of_client.setdefault(client, SingleNode(client))
+    except TypeError:
+        return SingleNode(client)
+    return node
 
 
 def nodes_for(redis: Target, timeout: float | None = None) -> Nodes:
@@ -546,8 +619,8 @@ def nodes_for(redis: Target, timeout: float | None = None) -> Nodes:
             with _single_guard:
                 node = _single.setdefault((redis, timeout), SingleNode(client_for(redis, timeout)))
         return node
-    if not isinstance(redis, Sequence):
-        return SingleNode(redis)
+    if not isinstance(redis, (list, tuple)) and not isinstance(redis, Sequence):
+        return _node_of(redis)
     if len(redis) == 1:
         return nodes_for(redis[0], timeout)
     # One slow node must not stall the quorum for the default 5 s: a node that does not answer

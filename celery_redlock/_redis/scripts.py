@@ -2,9 +2,8 @@
 
 Every operation on a lock is one script, so each is a single round trip and atomic on the
 server. Keys always arrive through ``KEYS[]`` (built by :mod:`celery_redlock._keys`); no script
-builds a key name. Scripts are registered once per client and run with ``EVALSHA``; redis-py's
-:class:`~redis.commands.core.Script` reloads them after a ``NOSCRIPT`` reply (server restart,
-``SCRIPT FLUSH``).
+builds a key name. Scripts run with ``EVALSHA``, loaded again after a ``NOSCRIPT`` reply (server
+restart, ``SCRIPT FLUSH``): :func:`run`.
 
 None of the known broken patterns appear here: no ``SETNX`` followed by ``EXPIRE`` (a crash in
 between leaves an immortal key), no client-clock timestamps compared with ``GETSET``, no ``DEL``
@@ -20,9 +19,10 @@ notified" (reply 2) instead of an error reply for a release that did happen.
 from __future__ import annotations
 
 import hashlib
-import weakref
 from dataclasses import dataclass
 from typing import Any, NamedTuple
+
+from redis.exceptions import NoScriptError
 
 from .keys import FENCE_TTL_MS, LockKeys
 
@@ -64,7 +64,7 @@ _HAND_ON = """
 -- the server time as acquisition time, for the waiter's ttl, and the token is published to
 -- the waiter; the lock is never free in between. Without handoff the waiter is sent '1' and
 -- tries itself. Returns 2 handed over, 1 woken, 0 nobody queued, -1 PUBLISH refused. A user
--- without ZPOPMIN (an ACL written before the queue) has no queue: 0.
+-- without EXISTS or ZPOPMIN (an ACL written before the queue) has no queue: 0.
 local function hand_on(queue, lock, handoff)
   while true do
     local popped = redis.pcall('ZPOPMIN', queue)
@@ -94,8 +94,11 @@ end
 -- Frees a slot its owner gives up: hands it to the first queued waiter, or deletes it and
 -- notifies the release channel (quorum, semaphore and asyncio waiters) and the first queued
 -- waiter. Returns 1 released, 2 deleted but PUBLISH was refused (waiters not notified).
+-- The queue is looked at only if it exists (most releases have nobody queued, and EXISTS
+-- costs less than a ZPOPMIN pcall answering an empty table).
 local function free_slot(channel, queue, slot, handoff)
-  local handed = hand_on(queue, slot, handoff)
+  local handed = 0
+  if redis.pcall('EXISTS', queue) == 1 then handed = hand_on(queue, slot, handoff) end
   if handed == 2 then return 1 end
   redis.call('DEL', slot)
   local published = redis.pcall('PUBLISH', channel, '1')
@@ -109,7 +112,7 @@ RELEASE = (
     _HAND_ON
     + """
 -- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3..n] the lock's slot keys
--- ARGV[1] owner token, ARGV[2] keep in ms (0: delete now; > 0: keep the slot that long),
+-- ARGV[1] owner token, ARGV[2] keep in ms ('0': delete now; > 0: keep the slot that long),
 -- ARGV[3] '1': hand a single-slot lock over to the first queued waiter (a plain node, where
 --         PUBLISH counts every subscriber; not a Cluster, where it counts one node's)
 -- returns 1 released (handed over, or deleted and the waiters notified, or kept until expiry),
@@ -117,7 +120,7 @@ RELEASE = (
 --         0 not the owner of any slot (expired or taken over)
 for i = 3, #KEYS do
   if redis.call('GET', KEYS[i]) == ARGV[1] then
-    if tonumber(ARGV[2]) > 0 then
+    if ARGV[2] ~= '0' then
       redis.call('PEXPIRE', KEYS[i], ARGV[2])
       return 1
     end
@@ -525,16 +528,18 @@ def sha1(source: str) -> str:
     return hashlib.sha1(source.encode()).hexdigest()
 
 
-_registry: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+_shas: dict[str, str] = {}
 
 
-def script(client: Any, source: str) -> Any:
-    """``source`` registered on ``client`` (once per client): a callable doing ``EVALSHA``."""
+def run(client: Any, source: str, keys: list[str], args: list[Any]) -> Any:
+    """Run ``source`` on ``client`` with ``EVALSHA``; after a ``NOSCRIPT`` reply (a server
+    that restarted or ran ``SCRIPT FLUSH``), ``SCRIPT LOAD`` it and run it again (not ``EVAL``:
+    an ACL user may have ``+evalsha +script|load`` only)."""
+    sha = _shas.get(source)
+    if sha is None:
+        sha = _shas[source] = sha1(source)
     try:
-        scripts = _registry[client]
-    except KeyError:
-        scripts = _registry[client] = {}
-    registered = scripts.get(source)
-    if registered is None:
-        registered = scripts[source] = client.register_script(source)
-    return registered
+        return client.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+    except NoScriptError:
+        client.script_load(source)
+        return client.execute_command("EVALSHA", sha, len(keys), *keys, *args)

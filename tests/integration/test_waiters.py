@@ -329,3 +329,30 @@ def test_a_queued_try_of_a_free_lock_takes_it_without_the_queue_commands(
     finally:
         client.close()
         r.execute_command("ACL", "DELUSER", "noqueue2")
+
+
+def test_waits_of_one_process_reuse_a_subscription_and_each_is_handed_the_lock(
+    redis_server: RedisServer, r: redis_py.Redis
+) -> None:
+    """A waiter handed the lock keeps its subscription open for the next wait (closing it
+    would sit on the way back to the caller): later waits connect nothing, and the dead
+    channels of earlier waits never hand a lock to anyone."""
+    admin = redis_server.client()
+    try:
+        connections = None
+        for turn in range(4):
+            holder, waiter = Lock(r, f"again:{turn}", ttl=30), Lock(r, f"again:{turn}", ttl=30)
+            assert holder.acquire(blocking=False)
+            won = blocked(waiter)
+            wait_until(lambda h=holder: queued(r, h) == 1, 10, "the waiter queued")
+            if connections is None:  # the first wait opened the subscription
+                connections = admin.info("stats")["total_connections_received"]
+            holder.release()
+            assert won.get(timeout=10)
+            assert r.get(waiter.key) == (waiter.token or "").encode()
+            waiter.release()
+        assert admin.info("stats")["total_connections_received"] == connections
+        assert len(admin.pubsub_channels("redlock:{again:*")) == 4  # dead, still subscribed
+        assert keys_left(r) == []
+    finally:
+        admin.close()
