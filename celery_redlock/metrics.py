@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from celery.signals import worker_process_shutdown
 from ._celery.options import settings_for
 from ._redis.clients import UNAVAILABLE_ERRORS, client_for, redact
 from ._redis.keys import stats_key
+from ._redis.owner import current_pid
 
 __all__ = ["EVENTS", "PrometheusCollector", "count", "flush", "read_stats"]
 
@@ -57,7 +57,7 @@ FLUSH_INTERVAL = 1.0
 
 class _Counters:
     def __init__(self) -> None:
-        self.pid = os.getpid()
+        self.pid = current_pid()
         self.lock = threading.Lock()
         self.pending: dict[tuple[str, str], Counter[str]] = {}
         #: URLs whose last flush failed (their next failure is logged at DEBUG only).
@@ -119,7 +119,7 @@ _guard = threading.Lock()
 def _current() -> _Counters:
     global _counters
     with _guard:
-        if _counters is None or _counters.pid != os.getpid():
+        if _counters is None or _counters.pid != current_pid():
             _counters = _Counters()
         return _counters
 
@@ -132,7 +132,7 @@ def _stats_url(app: Any) -> str:
 def count(app: Any, task_name: str, event: str) -> None:
     """Count one ``event`` of the task called ``task_name`` (flushed within a second)."""
     counters = _counters
-    if counters is None or counters.pid != os.getpid():
+    if counters is None or counters.pid != current_pid():
         counters = _current()
     settings = settings_for(app)
     url = settings.url if isinstance(settings.url, str) else settings.url[0]
@@ -141,13 +141,13 @@ def count(app: Any, task_name: str, event: str) -> None:
 
 def flush() -> None:
     """Write this process's pending counts to Redis now."""
-    if _counters is not None and _counters.pid == os.getpid():
+    if _counters is not None and _counters.pid == current_pid():
         _counters.flush()
 
 
 def _flush_at_exit(**_: Any) -> None:
     """The last flush of a process: a Redis that is gone by then is no news (DEBUG)."""
-    if _counters is not None and _counters.pid == os.getpid():
+    if _counters is not None and _counters.pid == current_pid():
         _counters.flush(quiet=True)
 
 

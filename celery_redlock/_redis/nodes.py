@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 import time
 import weakref
@@ -51,6 +50,7 @@ from ..exceptions import LockUnavailable
 from . import scripts as _scripts
 from .clients import UNAVAILABLE_ERRORS, client_for, node_name, refused
 from .keys import LockKeys
+from .owner import current_pid
 from .scripts import AcquireResult, WaitReply
 
 Call = tuple[list[str], list[Any]]
@@ -213,7 +213,7 @@ def subscribe(client: Any, channel: str) -> Any:
             pid, pubsub = idle.pop()
         except IndexError:  # another thread took the last one
             break
-        if pid != os.getpid():
+        if pid != current_pid():
             continue  # inherited through a fork: the parent's socket, never read or closed here
         if len(pubsub.channels) >= SUBSCRIPTION_CHANNELS:
             pubsub.close()
@@ -242,7 +242,7 @@ def set_aside(client: Any, pubsub: Any) -> None:
     if len(idle) >= IDLE_SUBSCRIPTIONS:
         pubsub.close()
         return
-    idle.append((os.getpid(), pubsub))
+    idle.append((current_pid(), pubsub))
 
 
 class SingleNode:

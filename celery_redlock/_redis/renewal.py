@@ -27,11 +27,12 @@ import heapq
 import itertools
 import logging
 import math
-import os
 import threading
 import time
 import weakref
 from typing import Protocol
+
+from .owner import current_pid
 
 logger = logging.getLogger("celery_redlock.renewal")
 
@@ -43,7 +44,7 @@ class Renewable(Protocol):
 
 class _Watchdog:
     def __init__(self) -> None:
-        self.pid = os.getpid()
+        self.pid = current_pid()
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         #: ``(due, seq, id(item), weak reference to item)``.
@@ -163,10 +164,10 @@ _guard = threading.Lock()
 def _current() -> _Watchdog:
     global _watchdog
     watchdog = _watchdog
-    if watchdog is not None and watchdog.pid == os.getpid():
+    if watchdog is not None and watchdog.pid == current_pid():
         return watchdog  # the usual case, without taking the guard
     with _guard:
-        if _watchdog is None or _watchdog.pid != os.getpid():
+        if _watchdog is None or _watchdog.pid != current_pid():
             _watchdog = _Watchdog()
         return _watchdog
 

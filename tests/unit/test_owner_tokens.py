@@ -1,0 +1,51 @@
+"""Owner tokens: their secrets are never handed out twice, across threads and forks."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from celery_redlock._redis import owner
+
+
+def test_secrets_are_32_hex_characters_and_unique_across_threads() -> None:
+    """Many more than one entropy block (256 secrets each), drawn by racing threads."""
+    drawn: list[list[str]] = [[] for _ in range(8)]
+
+    def draw(into: list[str]) -> None:
+        for _ in range(1000):
+            into.append(owner.new_secret())
+
+    threads = [threading.Thread(target=draw, args=(into,)) for into in drawn]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    every = [secret for into in drawn for secret in into]
+    assert len(set(every)) == len(every) == 8000
+    assert all(len(secret) == 32 and int(secret, 16) >= 0 for secret in every)
+
+
+def test_a_forked_child_never_hands_out_the_parents_unused_secrets() -> None:
+    """The parent has most of a block left when it forks; the child must not use it."""
+    owner.new_secret()  # a block is drawn, 255 secrets of it unused
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its pid and 10 secrets, then exit at once
+        try:
+            os.close(read)
+            line = f"{owner.current_pid()} {os.getpid()} " + " ".join(
+                owner.new_secret() for _ in range(10)
+            )
+            os.write(write, line.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        child_cached_pid, child_pid, *child_secrets = pipe.read().split()
+    os.waitpid(pid, 0)
+    parent_secrets = [owner.new_secret() for _ in range(10)]
+    assert child_cached_pid == child_pid == str(pid)
+    assert owner.current_pid() == os.getpid()
+    assert not set(child_secrets) & set(parent_secrets)
+    assert owner.new_token("t").split("|")[1] == str(os.getpid())
