@@ -20,13 +20,13 @@ Called outside a worker (a direct call, or the plain function), the function run
 
 Per-call options (``task.apply_async(..., lock_ttl=5)``, ``lock_bypass=True``) work as for
 ``LockedTask``. ``apply_async`` is the task class's, not ours, so the options are validated by
-the router that every app gets when it finalizes (:mod:`celery_redlock._celery.routing`): a
-bad value raises :class:`~celery_redlock.LockConfigError` in ``apply_async`` and nothing is
-published. In a caller whose app never finalized (``@app.task`` and ``delay()`` do not finalize
-it; ``shared_task``, a worker and ``app.finalize()`` do) only the ``before_task_publish``
-receiver sees them, and it cannot make the publish fail: a bad value is logged at ERROR by the
-caller, and the worker fails the call without running the body
-(:mod:`celery_redlock._celery.calls`).
+the router that every app gets (:mod:`celery_redlock._celery.routing`; the decorator gives the
+apps that exist when it runs a checking ``amqp_cls``): a bad value raises
+:class:`~celery_redlock.LockConfigError` in ``apply_async``, finalized app or not, and nothing
+is published. Where the router cannot be given (an app with an ``amqp_cls`` of its own that
+never finalized, a publish with its own ``router=``) only the ``before_task_publish`` receiver
+sees them, and it cannot make the publish fail: a bad value is logged at ERROR by the caller,
+and the worker fails the call without running the body (:mod:`celery_redlock._celery.calls`).
 
 ``enqueue=True`` (``"keep"``) is refused at decoration: it changes what ``delay()`` and
 ``apply_async()`` return (the queued call's ``AsyncResult``), and a decorator on the function
@@ -47,6 +47,7 @@ from celery.local import Proxy
 
 from ._celery import (
     engine,
+    routing,
     wiring,  # noqa: F401  (importing it connects the worker receivers)
 )
 from ._celery.identity import OPTIONS_ATTR, run_function, spec_of
@@ -124,6 +125,7 @@ def _decorate(fun: Any, options: dict[str, Any]) -> Any:
             "returns, which only the task class can do)"
         )
     raw = {OPTIONS[name].attr: value for name, value in options.items()}
+    routing.adopt_all()  # the app of this task, unknown here, checks per-call options
     # bind=True is not known yet: check lock_by names against every parameter.
     validated = validate_options(owner, raw, parameters_of(fun, bound=False))
 

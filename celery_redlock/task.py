@@ -30,6 +30,7 @@ from kombu.utils.uuid import uuid
 from ._celery import (
     calls,
     engine,
+    routing,
     wiring,  # noqa: F401  (importing it connects the worker receivers)
 )
 from ._celery.identity import OPTIONS_ATTR, spec_of
@@ -67,6 +68,7 @@ class LockedTask(Task):  # type: ignore[misc]
         here: they are checked at worker start and at the first lock operation.
         """
         super().on_bound(app)
+        routing.adopt(app)  # app.send_task(name, lock_ttl=...) is checked too
         if cls.__dict__.get("name") is None:
             return  # an abstract base, not a task
         try:

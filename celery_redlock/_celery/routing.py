@@ -13,36 +13,47 @@ validates the ``lock_*`` keys of ``options`` with :func:`celery_redlock._celery.
 without it, by the ``task_routes`` setting. It must come first: the lookup stops at the first
 entry that returns a route.
 
-:func:`install` puts it there when the app finalizes (``wiring`` connects it, and installs it
-on the apps finalized before the import): in a worker, at the first call of a ``shared_task``,
-at ``app.tasks`` or ``app.finalize()``; not at the first ``delay()`` of an ``@app.task`` task,
-whose proxy builds the task without finalizing its app. Celery caches the router and builds a
-new one when ``task_routes`` changes, so :func:`install` also puts the check back then:
+Two ways put it there:
 
-1. the app finalizes: :func:`install` builds ``app.amqp.router`` (Celery would at the first
-   publish), puts the check first in its ``routes``, and observes ``app.conf`` after Celery's
-   own observer (``AMQP`` binds it when the app first uses ``app.amqp``, here at the latest);
-2. ``app.conf.update(task_routes=...)``: Celery's observer builds a new router, without the
-   check (Celery 5.3 does it for every app with a router, whichever app was updated);
-3. ours, next, puts the check first in the new router, before any publish can use it.
+* :func:`adopt`, for an app that has not built its ``app.amqp`` yet (Celery builds it at the
+  first publish, or when the app finalizes): the app's ``amqp_cls``, Celery's own extension
+  point, becomes :class:`CheckedAMQP`, whose every router (the first, and each one Celery
+  builds again when ``task_routes`` changes) has the check first. ``wiring`` adopts every app
+  that exists when it is imported, ``@single_instance`` every app that exists when it
+  decorates, ``LockedTask`` the app it is bound to. So the first ``delay()`` of an
+  ``@app.task`` task in a process whose app never finalizes (a client, a shell) is checked too.
+* :func:`install`, for an app whose ``app.amqp`` was built before (or whose ``amqp_cls`` is
+  the user's own), when it finalizes (``wiring`` connects it, and installs it on the apps
+  finalized before the import). Celery caches the router and builds a new one when
+  ``task_routes`` changes, so :func:`install` also puts the check back then:
+
+  1. the app finalizes: :func:`install` builds ``app.amqp.router`` (Celery would at the first
+     publish), puts the check first in its ``routes``, and observes ``app.conf`` after
+     Celery's own observer (``AMQP`` binds it when the app first uses ``app.amqp``);
+  2. ``app.conf.update(task_routes=...)``: Celery's observer builds a new router, without the
+     check (Celery 5.3 does it for every app with a router, whichever app was updated);
+  3. ours, next, puts the check first in the new router, before any publish can use it.
 
 Hazards:
 
-* the router is built when the app finalizes, not at its first publish: ``task_routes`` and
-  ``task_queues`` assigned (``app.conf.task_queues = ...``) between the two are not seen (after
-  the first publish Celery does not see them either; ``app.conf.update(task_routes=...)`` still
-  applies, step 2);
-* a publish from an app that never finalized in this process (a client calling
-  ``@app.task`` tasks, or ``send_task`` by name), or that does not ask ``app.amqp.router``
-  (``send_task(..., router=...)``, a router assigned to ``app.amqp.router`` by hand) is
-  checked only by the ``before_task_publish`` receiver: the bad value is logged at ERROR and
-  the worker fails the call (:mod:`celery_redlock._celery.calls`).
+* with :func:`install` (not for an adopted app), the router is built when the app finalizes,
+  not at its first publish: ``task_routes`` and ``task_queues`` assigned
+  (``app.conf.task_queues = ...``) between the two are not seen (after the first publish
+  Celery does not see them either; ``app.conf.update(task_routes=...)`` still applies, step 2);
+* an app created after every task of ours was defined, whose own ``amqp_cls`` is not Celery's,
+  or that publishes without asking ``app.amqp.router`` (``send_task(..., router=...)``, a
+  router assigned to ``app.amqp.router`` by hand) and never finalizes is checked only by the
+  ``before_task_publish`` receiver: the bad value is logged at ERROR and the worker fails the
+  call (:mod:`celery_redlock._celery.calls`).
 """
 
 from __future__ import annotations
 
 import weakref
 from typing import Any
+
+from celery._state import _get_active_apps
+from celery.app.amqp import AMQP
 
 from . import calls
 
@@ -74,8 +85,10 @@ def _put_first(router: Any) -> None:
 
 def install(app: Any) -> None:
     """Put :func:`check_lock_options` first in ``app``'s router, now and whenever Celery
-    builds a new one (see the module docstring). Once per app: later calls do nothing."""
-    if app in _installed:
+    builds a new one (see the module docstring). Once per app: later calls do nothing, and so
+    does a call for an adopted app (its routers check by themselves, and are built when Celery
+    builds them)."""
+    if app in _installed or app.amqp_cls == CHECKED_AMQP:
         return
     _installed.add(app)
     amqp = app.amqp
@@ -85,3 +98,32 @@ def install(app: Any) -> None:
 
     _put_first(amqp.router)
     app.conf.bind_to(on_conf_update)
+
+
+class CheckedAMQP(AMQP):  # type: ignore[misc]
+    """Celery's ``AMQP`` whose every router has :func:`check_lock_options` first."""
+
+    def Router(self, queues: Any = None, create_missing: Any = None) -> Any:
+        router = super().Router(queues, create_missing)
+        _put_first(router)
+        return router
+
+
+#: ``Celery.amqp_cls`` values :func:`adopt` replaces: Celery's default, by path or by class.
+CELERY_AMQP = ("celery.app.amqp:AMQP", AMQP)
+
+#: What :func:`adopt` sets: a path, so that an app pickled for another process keeps it.
+CHECKED_AMQP = f"{__name__}:CheckedAMQP"
+
+
+def adopt(app: Any) -> None:
+    """Give ``app`` :class:`CheckedAMQP` if it has not built its ``amqp`` yet and uses
+    Celery's (see the module docstring); otherwise do nothing."""
+    if "amqp" not in app.__dict__ and app.amqp_cls in CELERY_AMQP:
+        app.amqp_cls = CHECKED_AMQP
+
+
+def adopt_all() -> None:
+    """:func:`adopt` every app of this process."""
+    for app in list(_get_active_apps()):
+        adopt(app)

@@ -84,7 +84,10 @@ def check_app(app: Any) -> None:
             cross_check(spec.owner, spec.options, settings)
 
 
-# As shared_task does: every app at its finalize, and the apps finalized before this import.
+# Every app that has not built its amqp yet checks from its first publish; as shared_task
+# does, every app at its finalize, and the apps finalized before this import (routing's
+# module docstring).
+routing.adopt_all()
 connect_on_app_finalize(routing.install)
 for _app in _get_active_apps():
     if _app.finalized:

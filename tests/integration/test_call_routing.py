@@ -2,7 +2,7 @@
 
 ``LockedTask.apply_async`` checks its options itself; every other publish (``@single_instance``,
 ``app.send_task``, canvas) is checked by the router that :mod:`celery_redlock._celery.routing`
-puts first in each app's router when the app finalizes. Real Redis broker (db 1, one list per
+puts first in each app's router, finalized or not. Real Redis broker (db 1, one list per
 queue): "nothing published" is an empty broker database. A publish that does not ask the app's
 router is still checked by the ``before_task_publish`` receiver, which can only log, and by the
 worker, which fails the call.
@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import redis as redis_py
 from celery import Celery
+from celery.app.amqp import AMQP
 from celery.app.routes import Router
 
 from celery_redlock import LockConfigError, LockedTask, single_instance
@@ -71,13 +72,14 @@ def assert_rejected(publish: Callable[..., Any], owner: str, message: str, **opt
     assert re.search(re.escape(message), str(raised.value)), raised.value
 
 
-@pytest.mark.parametrize("finalized", ["before", "after"])
+@pytest.mark.parametrize("finalized", ["before", "after", "never"])
 @pytest.mark.parametrize("api", APIS)
 def test_a_bad_override_raises_in_the_caller_and_publishes_nothing(
     app: Celery, broker: redis_py.Redis, api: str, finalized: str
 ) -> None:
     """``apply_async``, a signature's ``apply_async``/``delay`` and ``send_task`` raise, on an
-    app finalized before the task is defined (``@app.task`` builds it at once) or after."""
+    app finalized before the task is defined (``@app.task`` builds it at once), after, or never
+    (a client or a shell: ``@app.task`` and ``delay()`` do not finalize it)."""
     if finalized == "before":
         app.finalize()
     task = define(app, api, "proj.work")
@@ -90,6 +92,7 @@ def test_a_bad_override_raises_in_the_caller_and_publishes_nothing(
     # A name this process does not know is checked too.
     assert_rejected(partial(app.send_task, "remote.job"), "remote.job", "-1", lock_ttl=-1)
     assert broker.keys("*") == []
+    assert app.finalized == (finalized != "never")
 
 
 @pytest.mark.parametrize("api", APIS)
@@ -158,14 +161,20 @@ def test_another_app_is_routed_by_its_own_settings(
         assert_rejected(partial(app.send_task, "proj.work"), "proj.work", "-1", lock_ttl=-1)
 
 
-@pytest.mark.parametrize("past", ["a router of its own", "an app never finalized"])
+class OwnAMQP(AMQP):  # type: ignore[misc]
+    """An app's own ``amqp_cls``: its routers are its own business."""
+
+
+@pytest.mark.parametrize("past", ["a router of its own", "an amqp_cls of its own"])
 def test_a_publish_past_the_app_router_is_failed_by_the_worker(
     app: Celery, caplog: pytest.LogCaptureFixture, past: str
 ) -> None:
-    """A publish that does not ask ``app.amqp.router`` (``router=`` given to ``apply_async``,
-    or an app that never finalized in the caller: ``@app.task`` and ``send_task`` do not
-    finalize it) goes ahead: the caller logs an ERROR, and the worker fails the call with
-    ``LockConfigError`` before the body runs."""
+    """A publish that does not ask our router (``router=`` given to ``apply_async``, or an app
+    with an ``amqp_cls`` of its own that never finalized in the caller) goes ahead: the caller
+    logs an ERROR, and the worker fails the call with ``LockConfigError`` before the body
+    runs."""
+    if past == "an amqp_cls of its own":
+        app.amqp_cls = OwnAMQP
     runs: list[int] = []
 
     @app.task(name="proj.work", shared=False)
