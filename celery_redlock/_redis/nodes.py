@@ -233,8 +233,13 @@ def set_aside(client: Any, pubsub: Any) -> None:
     Closing it would cost the waiter that was just handed a lock a socket shutdown on its way
     back to the caller (on a virtual machine, a few hundred microseconds after an idle wait),
     and the next wait a TCP connect and handshake. Beyond :data:`IDLE_SUBSCRIPTIONS` it is
-    closed.
+    closed, and so is one not on a plain pool of its own (:func:`subscriber_of`): a Sentinel
+    pool's connection kept idle could outlive a failover, still subscribed on the old primary,
+    where the new one's handoff would not count it.
     """
+    if type(getattr(client, "connection_pool", None)) is not redis_py.ConnectionPool:
+        pubsub.close()
+        return
     idle = _idle.get(client)
     if idle is None:
         with _subscribers_guard:
