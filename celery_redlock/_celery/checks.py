@@ -148,8 +148,7 @@ def dry_run(client: Any, prefix: str) -> dict[str, str]:
     The commands: ``SET``, ``GET``, ``PTTL``, ``PEXPIRE``, ``DEL``, ``TIME`` (the scripts'
     own), ``SCRIPT LOAD`` and ``EVALSHA`` of each script, ``PUBLISH`` and ``SUBSCRIBE`` (release
     notifications), ``ZADD``, ``ZREM``, ``ZPOPMIN`` and ``EXISTS`` (the queue of blocking
-    waiters), ``SCAN``
-    (``celery redlock ls``), ``HINCRBY`` and ``HGETALL`` (counters).
+    waiters), ``SCAN`` (``celery redlock ls``), ``HINCRBY`` and ``HGETALL`` (counters).
     An ACL user may lack any of them (``NOPERM``), and a command refused inside a script stops
     the script half-way, where Redis 7 does not name the command: the direct calls do. A full
     ``noeviction`` node is reported under the name ``"OOM"``. The keys live a second at most;

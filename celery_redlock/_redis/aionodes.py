@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import weakref
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
@@ -103,16 +102,11 @@ def check_url(url: str) -> None:
         )
 
 
-@functools.cache
-def _sha(source: str) -> str:
-    return _scripts.sha1(source)
-
-
 async def run_script(client: Any, source: str, call: Call) -> Any:
     """Run ``source`` on ``client``: ``EVALSHA``, or ``EVAL`` after a ``NOSCRIPT`` reply."""
     keys, args = call
     try:
-        return await client.evalsha(_sha(source), len(keys), *keys, *args)
+        return await client.evalsha(_scripts.sha1(source), len(keys), *keys, *args)
     except redis_py.exceptions.NoScriptError:
         return await client.eval(source, len(keys), *keys, *args)
 

@@ -18,6 +18,7 @@ notified" (reply 2) instead of an error reply for a release that did happen.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -523,21 +524,18 @@ def decode_check_newest(reply: Any) -> str | None:
     return newest.decode("utf-8", "replace") if isinstance(newest, bytes) else str(newest)
 
 
+@functools.cache
 def sha1(source: str) -> str:
-    """The SHA1 under which Redis caches ``source`` (what ``EVALSHA`` takes)."""
+    """The SHA1 under which Redis caches ``source`` (what ``EVALSHA`` takes); computed once
+    per script."""
     return hashlib.sha1(source.encode()).hexdigest()
-
-
-_shas: dict[str, str] = {}
 
 
 def run(client: Any, source: str, keys: list[str], args: list[Any]) -> Any:
     """Run ``source`` on ``client`` with ``EVALSHA``; after a ``NOSCRIPT`` reply (a server
     that restarted or ran ``SCRIPT FLUSH``), ``SCRIPT LOAD`` it and run it again (not ``EVAL``:
     an ACL user may have ``+evalsha +script|load`` only)."""
-    sha = _shas.get(source)
-    if sha is None:
-        sha = _shas[source] = sha1(source)
+    sha = sha1(source)
     try:
         return client.execute_command("EVALSHA", sha, len(keys), *keys, *args)
     except NoScriptError:
