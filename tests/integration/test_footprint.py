@@ -10,13 +10,16 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
+from collections.abc import Iterator
 
+import pytest
 import redis as redis_py
 from celery import Celery
 
 from celery_redlock import Lock, LockedTask, lock_key
 from celery_redlock.metrics import flush
-from celery_redlock.testing import wait_until
+from celery_redlock.testing import RedisServer, wait_until
+from tests.conftest import make_app
 
 #: The benchmark's and the counters' own commands, and a new connection's handshake.
 NOT_COUNTED = ("info", "config|resetstat", "hincrby", "hello", "client|setinfo", "select", "ping")
@@ -99,9 +102,21 @@ def test_a_fencing_token_is_never_read_for_a_lock_that_was_lost(r: redis_py.Redi
     assert lock.lost
 
 
+@pytest.fixture
+def alone() -> Iterator[tuple[Celery, redis_py.Redis]]:
+    """An app and a client on a Redis server of their own: every command counted is theirs
+    (on the shared one, a result consumer of an earlier test may unsubscribe meanwhile)."""
+    with RedisServer() as server:
+        r = server.client()
+        yield make_app(server), r
+        r.close()
+
+
 def test_a_locked_execution_costs_two_round_trips_and_a_skipped_one_one(
-    app: Celery, r: redis_py.Redis
+    alone: tuple[Celery, redis_py.Redis],
 ) -> None:
+    app, r = alone
+
     @app.task(base=LockedTask)
     def sync_account(user_id: int) -> int:
         return user_id
@@ -124,8 +139,9 @@ def test_a_locked_execution_costs_two_round_trips_and_a_skipped_one_one(
 
 
 def test_a_release_wakes_exactly_one_of_several_waiters_and_nobody_polls(
-    r: redis_py.Redis,
+    alone: tuple[Celery, redis_py.Redis],
 ) -> None:
+    r = alone[1]
     holder = Lock(r, "queue", ttl=30)
     assert holder.acquire(blocking=False)
     waiters = 3
