@@ -103,12 +103,16 @@ def check_url(url: str) -> None:
 
 
 async def run_script(client: Any, source: str, call: Call) -> Any:
-    """Run ``source`` on ``client``: ``EVALSHA``, or ``EVAL`` after a ``NOSCRIPT`` reply."""
+    """Run ``source`` on ``client`` with ``EVALSHA``; after a ``NOSCRIPT`` reply, ``SCRIPT
+    LOAD`` it and run it again (as :func:`~celery_redlock._redis.scripts.run`: an ACL user may
+    lack ``EVAL``)."""
     keys, args = call
+    sha = _scripts.sha1(source)
     try:
-        return await client.evalsha(_scripts.sha1(source), len(keys), *keys, *args)
+        return await client.evalsha(sha, len(keys), *keys, *args)
     except redis_py.exceptions.NoScriptError:
-        return await client.eval(source, len(keys), *keys, *args)
+        await client.script_load(source)
+        return await client.evalsha(sha, len(keys), *keys, *args)
 
 
 class Node:

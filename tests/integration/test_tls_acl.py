@@ -8,6 +8,7 @@ shows to be minimal: dropping any one rule breaks an operation.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -20,6 +21,7 @@ import redis as redis_py
 
 from celery_redlock import Lock, LockedTask, LockUnavailable, current_lock, metrics
 from celery_redlock._redis.lock import release_attempt
+from celery_redlock.asyncio import Lock as AsyncLock
 from celery_redlock.testing import RedisServer
 from support.servers import Certs, TlsServer, make_certs, tls_supported
 from tests.conftest import make_app, running_worker
@@ -227,3 +229,19 @@ def test_locked_task_over_tls_with_the_acl_user(tls: TlsServer, redis_server: Re
         assert [k for k in keys if not k.endswith(":fence")] == []
     finally:
         admin.close()
+
+
+def test_the_asyncio_lock_works_with_the_acl_user(tls: TlsServer) -> None:
+    """Its scripts too are loaded again with ``SCRIPT LOAD`` after the flush: the user may run
+    ``EVALSHA`` and ``SCRIPT LOAD``, not ``EVAL``."""
+
+    async def operations() -> None:
+        url = tls.url("redlock", "secret")
+        holder = AsyncLock(url, "aio", ttl=10)
+        assert await holder.acquire(blocking=False)
+        assert not await AsyncLock(url, "aio", ttl=10).acquire(blocking=False)
+        await holder.extend(20)
+        await holder.release()
+        assert not await holder.locked()
+
+    asyncio.run(operations())
