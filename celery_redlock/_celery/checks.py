@@ -197,7 +197,7 @@ def dry_run(client: Any, prefix: str) -> dict[str, str]:
     with contextlib.suppress(redis_py.RedisError):
         client.pexpire(counters, ttl_ms)
     scripts: dict[str, tuple[str, list[str], list[Any]]] = {
-        "acquire": (_scripts.ACQUIRE, [lock.fence, lock.lock], [token, ttl_ms, ttl_ms]),
+        "acquire": (_scripts.ACQUIRE, [lock.fence, lock.lock], [token, ttl_ms, ttl_ms, "0", "1"]),
         "extend": (_scripts.EXTEND, [lock.lock], [token, ttl_ms, "0"]),
         "raise_fence": (_scripts.RAISE_FENCE, [lock.fence], [0, ttl_ms]),
         "wait": (

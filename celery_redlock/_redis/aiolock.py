@@ -3,7 +3,8 @@
 Same keys (:func:`~celery_redlock._redis.keys.keys_for`), owner tokens
 (:mod:`~celery_redlock._redis.owner`) and Lua scripts (:mod:`~celery_redlock._redis.scripts`) as
 the thread lock, so an asyncio holder, a thread holder and a Celery task on one name exclude
-each other, and their fencing tokens come from one counter. Renewal is an asyncio task of the
+each other, and their fencing tokens increase across them (on one deployment all are read from
+the server clock, on a quorum from one counter). Renewal is an asyncio task of the
 holder's loop, not a thread: when the loop stops, renewal stops and the lease expires.
 
 This module never imports Celery.

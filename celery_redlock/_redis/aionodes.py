@@ -162,7 +162,7 @@ class SingleNode:
         )
 
     async def acquire(self, keys: LockKeys, token: str, ttl_ms: int) -> AcquireResult:
-        call = _scripts.acquire_call(keys, token, ttl_ms, exact_time=True)
+        call = _scripts.acquire_call(keys, token, ttl_ms, single=True)
         return _scripts.decode_acquire(await self._run(_scripts.ACQUIRE, call, keys.lock))
 
     async def release(self, keys: LockKeys, token: str, keep_ms: int = 0) -> bool:

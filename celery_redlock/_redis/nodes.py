@@ -314,7 +314,7 @@ class SingleNode:
                 if isinstance(holder, bytes):
                     holder = holder.decode("utf-8", "replace")
                 return AcquireResult(False, holder=holder or None)
-        call = _scripts.acquire_call(keys, token, ttl_ms, exact_time=True)
+        call = _scripts.acquire_call(keys, token, ttl_ms, single=True)
         return _scripts.decode_acquire(self._run(_scripts.ACQUIRE, call, keys.lock))
 
     def queues(self, keys: LockKeys) -> bool:

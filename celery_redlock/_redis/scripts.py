@@ -30,13 +30,16 @@ from .keys import FENCE_TTL_MS, LockKeys
 ACQUIRE = """
 -- KEYS[1] fencing counter key, KEYS[2..n] the lock's slot keys (one, or lock_limit of them)
 -- ARGV[1] owner token, ARGV[2] ttl in ms (> 0), ARGV[3] fencing counter ttl in ms,
--- ARGV[4] '1': the server time in microseconds, else in whole seconds * 10^6
+-- ARGV[4] '1': the server time in microseconds, else in whole seconds * 10^6,
+-- ARGV[5] '1': write the counter, '0': only read it (a lock of one slot on one deployment)
 -- returns {1, fencing_token, slot}     acquired the first free slot (1-based)
 --         {0, holder_token, pttl_ms}   every slot held; the holder of the one freeing first
 -- The fencing token is max(counter + 1, server time): it keeps increasing after the counter
 -- itself expires, as long as the server clock does not step backwards. Whole seconds make
 -- independent nodes (quorum) usually agree on the token; microseconds keep a single node's
--- tokens above those read lazily by FENCE (which writes no counter).
+-- tokens above those read lazily by FENCE (which writes no counter either). Without the
+-- counter, the tokens of a one-slot lock increase as FENCE's do: the next holder's SET runs
+-- after this key is gone, so after this script.
 for i = 2, #KEYS do
   if redis.call('SET', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) then
     local now = redis.call('TIME')
@@ -44,7 +47,7 @@ for i = 2, #KEYS do
     if ARGV[4] == '1' then token = token + tonumber(now[2]) end
     local last = tonumber(redis.call('GET', KEYS[1]) or '0')
     if last + 1 > token then token = last + 1 end
-    redis.call('SET', KEYS[1], string.format('%d', token), 'PX', ARGV[3])
+    if ARGV[5] == '1' then redis.call('SET', KEYS[1], string.format('%d', token), 'PX', ARGV[3]) end
     return {1, token, i - 1}
   end
 end
@@ -443,10 +446,13 @@ def rate_call(keys: LockKeys, count: int, period: float) -> tuple[list[str], lis
 
 
 def acquire_call(
-    keys: LockKeys, token: str, ttl_ms: int, exact_time: bool = False
+    keys: LockKeys, token: str, ttl_ms: int, single: bool = False
 ) -> tuple[list[str], list[Any]]:
-    """``(KEYS, ARGV)`` of :data:`ACQUIRE`; ``exact_time``: a single node's microseconds."""
-    return [keys.fence, *keys.slots], [token, ttl_ms, FENCE_TTL_MS, "1" if exact_time else "0"]
+    """``(KEYS, ARGV)`` of :data:`ACQUIRE`. ``single``: on one deployment (microseconds; and
+    for a lock of one slot, no counter written), else on a quorum node."""
+    counter = not single or len(keys.slots) > 1
+    argv = [token, ttl_ms, FENCE_TTL_MS, "1" if single else "0", "1" if counter else "0"]
+    return [keys.fence, *keys.slots], argv
 
 
 def fence_call(keys: LockKeys, slot: str, token: str) -> tuple[list[str], list[Any]]:

@@ -186,6 +186,27 @@ def test_fencing_tokens_increase_across_sync_and_async_acquisitions(redis_url: s
     assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens)
 
 
+def test_a_released_name_leaves_no_key_and_its_tokens_still_increase(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """One slot on one deployment: the token comes from the server clock at acquire, and no
+    fencing counter is written (a semaphore keeps one)."""
+
+    async def main() -> list[int | None]:
+        tokens: list[int | None] = []
+        for i in range(20):
+            async with Lock(redis_url, f"leaves-nothing:{i % 2}") as lock:
+                tokens.append(lock.fencing_token)
+        return tokens
+
+    tokens = run(main())
+    assert all(isinstance(t, int) for t in tokens)
+    for name in (0, 1):  # per name, strictly increasing
+        mine = tokens[name::2]
+        assert mine == sorted(mine) and len(set(mine)) == len(mine)
+    assert [k for k in r.scan_iter("redlock:{leaves-nothing:*") if b":stats:" not in k] == []
+
+
 # -- blocking acquire ----------------------------------------------------------------------------
 
 
