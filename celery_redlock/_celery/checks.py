@@ -10,9 +10,14 @@ and option mixes do stop it, earlier: see :mod:`celery_redlock._celery.wiring`.)
 finding                                    level    why
 =========================================  =======  ===========================================
 a node does not answer ``PING``            ERROR    tasks follow ``redlock_on_unavailable``
-a command the package needs is refused     ERROR    one line naming every refused command
-(ACL: ``NOPERM``), found by a dry run               (``EVALSHA``, ``PUBLISH``...): see
-                                                    :func:`dry_run`
+a command a registered task needs is       ERROR    one line per feature (the lock; enqueue,
+refused (ACL: ``NOPERM``), found by a dry           replace/debounce, rate where a task uses
+run (:mod:`celery_redlock._redis.probe`)            them), naming the commands and the ACL
+                                                    rules to grant
+a command of the waiters' queue refused    WARNING  a release wakes every waiter instead of
+                                                    handing the lock over
+a command only ``celery redlock`` sends    INFO     ``SCAN``, ``HGETALL``...: the command line
+is refused                                          run as this user is refused
 the node is out of memory (``OOM``: full   ERROR    acquisitions are refused; tasks follow
 under ``noeviction``)                               ``redlock_on_unavailable``
 server version                             INFO     for bug reports; below 5.0 it is an ERROR:
@@ -29,30 +34,19 @@ Messages name a node by its URL with credentials hidden
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import logging
-import os
-import secrets
-from collections.abc import Callable
 from typing import Any
 
-import redis as redis_py
-from redis.cluster import RedisCluster
-
-from .._redis import scripts as _scripts
-from .._redis.clients import UNAVAILABLE_ERRORS, client_for, redact, refused
-from .._redis.keys import keys_for, lock_pattern, stats_key
+from .._redis import probe
+from .._redis.clients import redact
 from .identity import spec_of
-from .options import quorum_size, settings_for
+from .options import TaskLockOptions, quorum_size, settings_for
+from .supersede import supersedes
 
 logger = logging.getLogger("celery_redlock.worker")
 
 #: Socket timeouts of the checks: they run on the worker's main thread at startup.
 CHECK_TIMEOUT = 1.0
-
-#: What ends the dry run early: a node that stops answering, an unexpected error reply.
-_DRY_RUN_ERRORS: tuple[type[BaseException], ...] = (*UNAVAILABLE_ERRORS, redis_py.RedisError)
 
 #: The oldest Redis whose scripts may write after ``TIME`` (effects replication by default).
 MIN_VERSION = (5, 0)
@@ -64,14 +58,15 @@ def run_startup_checks(app: Any, pool_enforces_limits: bool, *, pool: str | None
     Does nothing for an app without locked tasks. ``pool`` names the pool in the message about
     time limits (``threads``, ``solo``, ...). Never raises for a Redis or settings problem.
     """
-    if not any(spec_of(task) is not None for task in app.tasks.values()):
+    features = features_of(app)
+    if not features:
         return
     settings = settings_for(app)
     urls = [settings.url] if isinstance(settings.url, str) else list(settings.url)
     down = [
         url
         for url in urls
-        if not _check_node(url, settings.on_unavailable, len(urls) > 1, settings.prefix)
+        if not _check_node(url, settings.on_unavailable, len(urls) > 1, settings.prefix, features)
     ]
     if len(urls) > 1 and len(urls) - len(down) < quorum_size(settings):  # one node: said
         logger.error(
@@ -91,7 +86,32 @@ def run_startup_checks(app: Any, pool_enforces_limits: bool, *, pool: str | None
         )
 
 
-def _check_node(url: str, on_unavailable: str, in_quorum: bool, prefix: str) -> bool:
+def _uses(options: TaskLockOptions) -> list[str]:
+    """The features (:data:`celery_redlock._redis.probe.FEATURES`) a task's options use."""
+    used = ["lock"]
+    if options.enqueue == "keep":
+        used.append("enqueue")
+    if supersedes(options):
+        used.append("newest")
+    if options.rate is not None:
+        used.append("rate")
+    return used
+
+
+def features_of(app: Any) -> dict[str, list[str]]:
+    """``{feature: names of the registered tasks that use it}``; empty without locked tasks."""
+    found: dict[str, list[str]] = {}
+    for task in app.tasks.values():
+        spec = spec_of(task)
+        if spec is not None:
+            for feature in _uses(spec.options):
+                found.setdefault(feature, []).append(task.name)
+    return found
+
+
+def _check_node(
+    url: str, on_unavailable: str, in_quorum: bool, prefix: str, features: dict[str, list[str]]
+) -> bool:
     """Check one node; return whether it answered.
 
     A node of a quorum that does not answer is a WARNING (a minority down is tolerated); the
@@ -99,8 +119,7 @@ def _check_node(url: str, on_unavailable: str, in_quorum: bool, prefix: str) -> 
     """
     shown = redact(url)
     try:
-        client = client_for(url, CHECK_TIMEOUT)
-        client.ping()
+        client = probe.connect(url, CHECK_TIMEOUT)
     except Exception as exc:  # any failure here means "not usable now", never fatal
         if in_quorum:
             logger.warning(
@@ -121,15 +140,15 @@ def _check_node(url: str, on_unavailable: str, in_quorum: bool, prefix: str) -> 
             )
         return False
     try:
-        infos = _infos(client)
-    except redis_py.RedisError as exc:  # e.g. an ACL that denies INFO
+        infos = probe.infos(client)
+    except probe.ERRORS as exc:  # e.g. an ACL that denies INFO
         logger.info("celery_redlock: locks on %s; INFO is not readable (%s)", shown, exc)
         infos = []
     for info in infos:
         _check_info(shown, info)
     try:
-        refusals = dry_run(client, prefix)
-    except _DRY_RUN_ERRORS as exc:
+        refusals = probe.dry_run(client, prefix, CHECK_TIMEOUT)
+    except probe.ERRORS as exc:
         logger.warning(
             "celery_redlock: the dry run of lock commands on %s did not complete (%s: %s)",
             shown,
@@ -137,132 +156,34 @@ def _check_node(url: str, on_unavailable: str, in_quorum: bool, prefix: str) -> 
             redact(exc),
         )
         return True
-    _report_dry_run(shown, refusals, on_unavailable)
+    _report_dry_run(shown, refusals, on_unavailable, features)
     return True
 
 
-def dry_run(client: Any, prefix: str) -> dict[str, str]:
-    """Run every command the package sends on throwaway keys under ``prefix``; return the
-    refused ones, ``{name: error reply}``.
-
-    The commands: ``SET``, ``GET``, ``PTTL``, ``PEXPIRE``, ``DEL``, ``TIME`` (the scripts'
-    own), ``SCRIPT LOAD`` and ``EVALSHA`` of each script, ``PUBLISH`` and ``SUBSCRIBE`` (release
-    notifications), ``ZADD``, ``ZREM``, ``ZPOPMIN`` and ``EXISTS`` (the queue of blocking
-    waiters), ``SCAN`` (``celery redlock ls``), ``HINCRBY`` and ``HGETALL`` (counters).
-    An ACL user may lack any of them (``NOPERM``), and a command refused inside a script stops
-    the script half-way, where Redis 7 does not name the command: the direct calls do. A full
-    ``noeviction`` node is reported under the name ``"OOM"``. The keys live a second at most;
-    nothing of a real lock is touched. Redis errors other than refusals propagate.
-    """
-    lock = keys_for(prefix, f"celery-redlock-check:{os.getpid()}:{secrets.token_hex(4)}")
-    counters = stats_key(prefix, f"celery-redlock-check:{os.getpid()}")
-    token = f"{secrets.token_hex(16)}|0|0|check|check"
-    ttl_ms = 1000
-    refusals: dict[str, str] = {}
-
-    def attempt(name: str, call: Callable[[], Any]) -> Any:
-        try:
-            return call()
-        except redis_py.exceptions.OutOfMemoryError as exc:
-            refusals.setdefault("OOM", _reply(exc))
-        except redis_py.exceptions.ResponseError as exc:
-            if not refused(exc):
-                raise
-            refusals[name] = _reply(exc)
-        return None
-
-    def subscribe() -> None:
-        pubsub = client.pubsub()
-        try:
-            pubsub.subscribe(lock.channel)
-            pubsub.get_message(timeout=CHECK_TIMEOUT)
-        finally:
-            pubsub.close()
-
-    attempt("SET", lambda: client.set(lock.lock, token, nx=True, px=ttl_ms))
-    attempt("GET", lambda: client.get(lock.lock))
-    attempt("PTTL", lambda: client.pttl(lock.lock))
-    attempt("PEXPIRE", lambda: client.pexpire(lock.lock, ttl_ms))
-    attempt("DEL", lambda: client.delete(lock.lock))
-    attempt("TIME", client.time)
-    attempt("PUBLISH", lambda: client.publish(lock.channel, "0"))
-    attempt("SUBSCRIBE", subscribe)
-    attempt("ZADD", lambda: client.zadd(lock.waiters, {lock.channel: 0}))
-    attempt("ZREM", lambda: client.zrem(lock.waiters, lock.channel))
-    attempt("ZPOPMIN", lambda: client.zpopmin(lock.waiters))
-    attempt("EXISTS", lambda: client.exists(lock.waiters))
-    attempt("SCAN", lambda: next(iter(client.scan_iter(match=lock_pattern(prefix))), None))
-    attempt("HINCRBY", lambda: client.hincrby(counters, "check", 0))
-    attempt("HGETALL", lambda: client.hgetall(counters))
-    with contextlib.suppress(redis_py.RedisError):
-        client.pexpire(counters, ttl_ms)
-    scripts: dict[str, tuple[str, list[str], list[Any]]] = {
-        "acquire": (_scripts.ACQUIRE, [lock.fence, lock.lock], [token, ttl_ms, ttl_ms, "0", "1"]),
-        "extend": (_scripts.EXTEND, [lock.lock], [token, ttl_ms, "0"]),
-        "raise_fence": (_scripts.RAISE_FENCE, [lock.fence], [0, ttl_ms]),
-        "wait": (
-            _scripts.WAIT,
-            [lock.lock, lock.waiters],
-            [token, ttl_ms, _scripts.queue_member(lock.channel, token, ttl_ms), 0, "check"],
-        ),
-        "leave": (_scripts.LEAVE, [lock.lock, lock.waiters], [lock.channel, "check", "0"]),
-        "release": (_scripts.RELEASE, [lock.channel, lock.waiters, lock.lock], [token, 0, "0"]),
-        "release_attempt": (
-            _scripts.RELEASE_ATTEMPT,
-            [lock.channel, lock.waiters, lock.lock],
-            ["", "", 0, "0"],
-        ),
-        "mark_queued": (_scripts.MARK_QUEUED, [lock.queued], [token, ttl_ms]),
-        "clear_queued": (_scripts.CLEAR_QUEUED, [lock.queued], [token]),
-        "mark_newest": (_scripts.MARK_NEWEST, [lock.newest], [token, 0, 0, ttl_ms]),
-        "check_newest": (_scripts.CHECK_NEWEST, [lock.newest], [token]),
-    }
-    for name, (source, keys, args) in scripts.items():
-        if attempt("SCRIPT LOAD", functools.partial(client.script_load, source)) is None:
-            break  # without it, EVALSHA finds no script to run
-        try:
-            reply = client.evalsha(_scripts.sha1(source), len(keys), *keys, *args)
-        except redis_py.exceptions.NoPermissionError as exc:
-            refusals["EVALSHA"] = _reply(exc)  # EVALSHA itself: every script is refused
-            break
-        except redis_py.exceptions.ResponseError as exc:
-            if not refused(exc):
-                raise
-            key = "OOM" if isinstance(exc, redis_py.exceptions.OutOfMemoryError) else ""
-            refusals.setdefault(key or f"a command in the {name} script", _reply(exc))
-            continue
-        if name == "release" and reply == _scripts.RELEASED_NOT_NOTIFIED:
-            refusals["PUBLISH in the release script"] = "refused: waiters are not notified"
-    return refusals
+#: What a refusal costs, per feature a registered task uses (ERROR).
+_CONSEQUENCES = {
+    "lock": "this package needs",
+    "enqueue": "lock_enqueue=True needs",
+    "newest": "lock_enqueue='replace' and lock_debounce need",
+    "rate": "lock_rate needs",
+}
+_UNTIL = {
+    "lock": "until then lock operations fail and locked tasks follow redlock_on_unavailable={!r}",
+    "enqueue": "until then their calls are published without de-duplication",
+    "newest": "until then their calls are published unmarked (each runs, none is superseded) "
+    "with a WARNING in the caller",
+    "rate": "until then their rate check follows redlock_on_unavailable={!r}",
+}
 
 
-def _reply(exc: BaseException) -> str:
-    """A refusal's message without the script SHA and line Redis appends."""
-    return str(exc).partition(" script: ")[0].strip()
+def _grant(commands: list[str]) -> str:
+    return " ".join(f"+{name.lower()}" for name in commands)
 
 
-#: Refusals that only cost the queue of blocking waiters (the lock works without it).
-QUEUE_REFUSALS = (
-    "ZADD",
-    "ZREM",
-    "ZPOPMIN",
-    "EXISTS",
-    "a command in the wait script",
-    "a command in the leave script",
-)
-
-
-def _report_dry_run(shown: str, refusals: dict[str, str], on_unavailable: str) -> None:
-    queue = {name: refusals.pop(name) for name in QUEUE_REFUSALS if name in refusals}
-    if queue:
-        logger.warning(
-            "celery_redlock: the lock Redis at %s refuses the commands of the queue of blocking "
-            "waiters: %s; a release then wakes every waiter of a lock, and each tries, instead "
-            "of handing the lock to the first one (grant +zadd +zrem +zpopmin +exists to the "
-            "ACL user)",
-            shown,
-            "; ".join(f"{name}: {reply}" for name, reply in queue.items()),
-        )
+def _report_dry_run(
+    shown: str, refusals: dict[str, str], on_unavailable: str, features: dict[str, list[str]]
+) -> None:
+    """Log the refusals of :func:`~celery_redlock._redis.probe.dry_run` by what they cost."""
     oom = refusals.pop("OOM", None)
     if oom is not None:
         logger.error(
@@ -273,24 +194,48 @@ def _report_dry_run(shown: str, refusals: dict[str, str], on_unavailable: str) -
             oom,
             on_unavailable,
         )
-    if refusals:
+    reported: set[str] = set()
+    for feature in ("lock", "enqueue", "newest", "rate"):
+        if feature not in features:
+            continue
+        commands = probe.FEATURES[feature].commands
+        refused = [c for c in commands if c in refusals and c not in reported]
+        reported.update(refused)
+        if not refused:
+            continue
+        tasks = "" if feature == "lock" else f" (tasks: {', '.join(sorted(features[feature]))})"
         logger.error(
-            "celery_redlock: the lock Redis at %s refuses commands this package needs: %s "
-            "(%s); grant them to the ACL user (e.g. ACL SETUSER <user> +@scripting +@keyspace "
-            "+@read +@write +@pubsub ~<prefix>:* &<prefix>:*); until then lock operations fail "
-            "and locked tasks follow redlock_on_unavailable=%r",
+            "celery_redlock: the lock Redis at %s refuses commands %s%s: %s (%s); grant them to "
+            "the ACL user (%s); %s",
             shown,
-            ", ".join(refusals),
-            "; ".join(f"{name}: {reply}" for name, reply in refusals.items()),
-            on_unavailable,
+            _CONSEQUENCES[feature],
+            tasks,
+            ", ".join(refused),
+            "; ".join(f"{name}: {refusals[name]}" for name in refused),
+            _grant(refused),
+            _UNTIL[feature].format(on_unavailable),
         )
-
-
-def _infos(client: Any) -> list[dict[str, Any]]:
-    """``INFO`` of the server, or of every primary of a cluster."""
-    if isinstance(client, RedisCluster):
-        return [client.info(target_nodes=node) for node in client.get_primaries()]
-    return [client.info()]
+    queue = [c for c in probe.FEATURES["queue"].commands if c in refusals and c not in reported]
+    reported.update(queue)
+    if queue:
+        logger.warning(
+            "celery_redlock: the lock Redis at %s refuses the commands of the queue of blocking "
+            "waiters: %s; a release then wakes every waiter of a lock, and each tries, instead "
+            "of handing the lock to the first one (grant %s to the ACL user)",
+            shown,
+            "; ".join(f"{name}: {refusals[name]}" for name in queue),
+            _grant(queue),
+        )
+    cli = [c for c in probe.FEATURES["cli"].commands if c in refusals and c not in reported]
+    if cli:
+        logger.info(
+            "celery_redlock: the lock Redis at %s refuses commands that only the `celery "
+            "redlock` command line sends: %s (grant %s to the user it runs as); workers do not "
+            "need them",
+            shown,
+            ", ".join(cli),
+            _grant(cli),
+        )
 
 
 def _check_info(shown: str, info: dict[str, Any]) -> None:

@@ -31,7 +31,6 @@ TTL rule, decided in :func:`_make_lock` for each execution:
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
@@ -43,11 +42,10 @@ from celery import current_task
 from celery.exceptions import Reject, Retry
 
 from .. import signals
+from .._redis import companions
 from .._redis import keys as _keys
-from .._redis import scripts as _scripts
-from .._redis.clients import client_for, redact
 from .._redis.lock import Lock
-from .._redis.nodes import Extended, nodes_for
+from .._redis.nodes import Extended
 from ..exceptions import LockContended, LockLost, LockUnavailable, RateLimited
 from . import calls, supersede
 from .events import emit
@@ -110,7 +108,7 @@ class TaskLock(Lock):
     """The lock of one task execution: reports a loss through signals and counters too."""
 
     task: Any = None
-    #: ``(url, key)`` of the per-call overrides record written at acquisition, if any.
+    #: ``(url, slot)`` of the per-call overrides record written at acquisition, if any.
     call_record: tuple[str, str] | None = None
 
     def on_lost(self, reason: str) -> None:
@@ -122,11 +120,7 @@ class TaskLock(Lock):
         """Extend the lock, and the overrides record with it (advisory: errors are ignored)."""
         extended = super().do_extend(token, ttl)
         if extended.held and self.call_record is not None:
-            url, key = self.call_record
-            try:
-                client_for(url).pexpire(key, max(1, int(ttl * 1000)))
-            except Exception as error:
-                logger.debug("could not extend the overrides record %s: %s", key, redact(error))
+            companions.extend_call_record(*self.call_record, int(ttl * 1000))
         return extended
 
 
@@ -142,17 +136,10 @@ def _record_overrides(
     overrides = calls.overrides_of(header)
     if not overrides or lock.token is None:
         return
-    key = _keys.call_key(lock.key)
-    value = json.dumps({"token": lock.token, "task_id": request.id, "overrides": overrides})
     urls = [settings.url] if isinstance(settings.url, str) else list(settings.url)
-    for url in urls:
-        try:
-            client_for(url).set(key, value, px=max(1, int(lock.ttl * 1000)))
-        except Exception as error:
-            logger.debug("could not write the overrides record %s: %s", key, redact(error))
-            continue
-        lock.call_record = (url, key)
-        return
+    ttl_ms = int(lock.ttl * 1000)
+    url = companions.write_call_record(urls, lock.key, lock.token, request.id, overrides, ttl_ms)
+    lock.call_record = None if url is None else (url, lock.key)
 
 
 def _make_lock(task: Any, spec: Spec, settings: Settings, name: str, request: Any) -> TaskLock:
@@ -373,6 +360,7 @@ def lock_retry(
     signature = task.signature_from_request(
         request, countdown=countdown, retries=request.retries or 0, headers=headers
     )
+    setattr(request, supersede.REQUEUE_ATTR, True)  # the body did not start: keep its number
     try:
         signature.apply_async()
     except Exception as error:
@@ -478,10 +466,10 @@ def _check_rate(task: Any, spec: Spec, settings: Settings, request: Any, lock: L
     rate = spec.options.rate
     if rate is None:
         return
-    call = _scripts.rate_call(lock.keys, rate.count, rate.period)
     try:
-        decision = _scripts.decode_rate(
-            nodes_for(settings.url).run(_scripts.RATE, call, lock.keys.rate)
+        # An eager call is never promised a slot: it fails instead of retrying (see below).
+        decision = companions.admit_rate(
+            settings.url, lock.keys, rate.count, rate.period, promise=not request.is_eager
         )
     except LockUnavailable as exc:
         if settings.on_unavailable == "run":
@@ -522,6 +510,9 @@ def _check_rate(task: Any, spec: Spec, settings: Settings, request: Any, lock: L
         key=lock.keys.lock,
         retry_after=countdown,
     )
+    if request.is_eager:  # an eager retry runs at once, ignoring its countdown: fail instead
+        emit(task, request.id, "rate_limited")
+        raise limited
     lock_retry(task, request, spec, countdown, limited, report)
 
 
@@ -538,12 +529,7 @@ def mark_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> str | None:
     assert spec is not None
     settings = settings_for(task.app)
     keys = _keys.keys_for(settings.prefix, lock_name_for(task, spec, args, kwargs))
-    call = ([keys.queued], [task_id, int(spec.options.enqueue_ttl * 1000)])
-    reply = nodes_for(settings.url).run(_scripts.MARK_QUEUED, call, keys.queued)
-    if int(reply[0]) == 1:
-        return None
-    existing = reply[1]
-    return existing.decode() if isinstance(existing, bytes) else existing
+    return companions.mark_queued(settings.url, keys, task_id, int(spec.options.enqueue_ttl * 1000))
 
 
 def clear_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> None:
@@ -557,7 +543,7 @@ def clear_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> None:
 def _clear_queued(task: Any, settings: Settings, name: str, task_id: str) -> None:
     keys = _keys.keys_for(settings.prefix, name)
     try:
-        nodes_for(settings.url).run(_scripts.CLEAR_QUEUED, ([keys.queued], [task_id]), keys.queued)
+        companions.clear_queued(settings.url, keys, task_id)
     except LockUnavailable as exc:
         logger.warning("%s[%s]: could not clear the queued marker: %s", task.name, task_id, exc)
 

@@ -2,35 +2,47 @@
 key supersedes the calls of that key still waiting to start.
 
 Both options keep one marker per key, ``<key>:newest`` (:mod:`celery_redlock._redis.keys`): the
-task id of the newest call published, and for a debounce the start of the open window. Both
-sides are one script each, so each costs one round trip:
+newest call known to be published, the number of the last call numbered, and for a debounce the
+start of the open window. Each side is one script (:mod:`celery_redlock._redis.companions`):
 
-* **publish** (:func:`on_publish`, the ``before_task_publish`` receiver of
-  :mod:`celery_redlock._celery.wiring`): the call becomes the newest, and the message is stamped
-  with the :data:`HEADER` ``true``. With a debounce the message gets an ETA: ``lock_debounce``
+* **before the publish** (:func:`on_publish`, a ``before_task_publish`` receiver of
+  :mod:`celery_redlock._celery.wiring`): the call gets the next number of its key, stamped on
+  the message as the :data:`HEADER`. With a debounce the message gets an ETA: ``lock_debounce``
   from now, capped so that it is due at most ``lock_debounce_max`` after the first call of the
   window. Doing it in the receiver serves both APIs (``@single_instance`` cannot change the
   task class's ``apply_async``) and every way of publishing (``delay``, ``apply_async``,
   ``send_task``, canvas parts, beat). The task is found from the ``Celery.send_task`` call
   that publishes (:func:`publishing_task`): the signal does not carry the app.
-* **start** (:func:`superseded`, from :func:`celery_redlock._celery.engine.enter`, before the
-  lock is taken): a stamped call whose id is not the newest ends like a skip (SUCCESS,
-  ``None``, so chords complete) with an INFO line naming the newer call. The newest runs, takes
-  the lock as usual, and closes its debounce window.
+* **after the publish** (:func:`on_published`, ``after_task_publish``): the call becomes the
+  newest, unless a later-numbered one already is. A publish that fails (broker unreachable,
+  kombu's retries used up) never gets here, so the queued calls are not superseded by a call
+  that does not exist.
+* **at start** (:func:`superseded`, from :func:`celery_redlock._celery.engine.enter`, before the
+  lock is taken): a stamped call superseded by a later-numbered newest call ends like a skip
+  (SUCCESS, ``None``, so chords complete) with an INFO line naming the newer call. A call
+  numbered above the newest known runs and becomes the newest (it arrived, so its publish
+  succeeded, even if its confirmation has not been written yet). The newest closes its
+  debounce window.
 
 What is never superseded:
 
-1. A call that started: a message republished by the running execution (``self.retry()``,
-   ``autoretry_for``, a contention or rate-limit requeue) is stamped ``false`` here, although
-   Celery copies the original headers into it; so are messages published while Redis was
-   unreachable (``false``) and messages without the header (older versions, eager calls).
+1. A call whose body started: a message republished by the running execution
+   (``self.retry()``, ``autoretry_for``) is stamped ``false`` here, although Celery copies the
+   original headers into it; so are messages published while Redis was unreachable or refused
+   the marker (``false``), messages without the header (older versions, eager calls) and
+   ``lock_bypass`` calls, which write no marker either. A requeue by the lock itself
+   (contention ``retry``, ``lock_rate``), whose body did not start, keeps its number and is
+   checked again when it comes back: an older call retried with jitter never runs after a
+   newer one.
 2. The newest call. Since its id stays in the marker after it starts, an older message that a
    slow worker starts afterwards is still superseded: old arguments never run after new ones.
 
 Hazards, stated in the guide: the newest message carries the batch, so revoking it (or losing
 it) leaves the calls it superseded unrun; a marker that expired (``lock_enqueue_ttl`` after the
-call was due) lets every older call run; with a debounce, every superseded message waits for
-its ETA in a worker's memory, as Celery holds ETA messages.
+call was due; the TTL is never shortened by a later call) or was lost (the lock Redis restarted)
+lets every older call run; with a debounce, every superseded message waits for its ETA in a
+worker's memory, as Celery holds ETA messages, and an ``expires`` shorter than the debounce
+revokes every call of the window.
 """
 
 from __future__ import annotations
@@ -38,7 +50,8 @@ from __future__ import annotations
 import datetime
 import logging
 import sys
-from collections.abc import MutableMapping
+import threading
+from collections.abc import Mapping, MutableMapping
 from types import FrameType
 from typing import Any
 
@@ -46,19 +59,28 @@ from celery import current_app, current_task
 from celery.app.base import Celery
 from celery.utils.time import maybe_make_aware
 
+from .._redis import companions
 from .._redis import keys as _keys
-from .._redis import scripts as _scripts
 from .._redis.clients import redact
-from .._redis.nodes import nodes_for
 from ..exceptions import LockUnavailable
+from . import calls
 from .events import emit
 from .identity import Spec, lock_name_for, spec_of
 from .options import Settings, TaskLockOptions, settings_for
 
 logger = logging.getLogger("celery_redlock.task")
 
-#: Message header: ``true`` when the publish marked the call as the newest of its key.
+#: Message header: the call's number (:func:`on_publish`), ``false`` when it is not marked
+#: (``true``: stamped by an older version, which compares task ids only).
 HEADER = "redlock_newest"
+
+#: Attribute of ``task.request`` set while the lock requeues the call (its body did not run):
+#: the republished message keeps its number (see the module docstring).
+REQUEUE_ATTR = "redlock_requeue"
+
+#: The call this thread is publishing: ``(task id, target, keys, number)`` for
+#: :func:`on_published`.
+_pending = threading.local()
 
 #: How many frames above the receiver :func:`publishing_task` looks for ``Celery.send_task``.
 _MAX_DEPTH = 12
@@ -98,11 +120,13 @@ def _republished(headers: MutableMapping[str, Any]) -> bool:
 
 
 def on_publish(headers: MutableMapping[str, Any] | None, body: Any) -> None:
-    """Mark the call being published as the newest of its key (see the module docstring)."""
+    """Number the call being published (see the module docstring); with a debounce, delay it."""
+    _pending.call = None
     if not headers or "id" not in headers:
         return  # task protocol 1: the call is not marked, and runs
     if _republished(headers):
-        if HEADER in headers:
+        task = current_task._get_current_object()
+        if HEADER in headers and not getattr(task.request, REQUEUE_ATTR, False):
             headers[HEADER] = False  # a started call is never superseded
         return
     task = publishing_task(str(headers.get("task")))
@@ -111,24 +135,45 @@ def on_publish(headers: MutableMapping[str, Any] | None, body: Any) -> None:
         return
     if not isinstance(body, (tuple, list)) or len(body) < 2:
         return
+    header = headers.get(calls.HEADER)
+    if isinstance(header, Mapping) and calls.bypassed(header):
+        return  # runs without the lock: neither marked nor superseded
     options = spec.options
     task_id = str(headers["id"])
     now = task.app.now()
     pending_ms = _pending_ms(task.app, headers.get("eta"), now)
     debounce_ms = round((options.debounce or 0) * 1000)
     headers[HEADER] = False
+    delay_ms = debounce_ms
     try:
-        delay_ms = _mark(task, spec, body[0], body[1], task_id, debounce_ms, pending_ms)
-        headers[HEADER] = True
+        settings = settings_for(task.app)
+        keys = _keys.keys_for(settings.prefix, lock_name_for(task, spec, body[0], body[1]))
+        max_ms = round((options.debounce_max or 0) * 1000)
+        ttl_ms = round(options.enqueue_ttl * 1000) + pending_ms
+        marked = companions.mark_newest(settings.url, keys, debounce_ms, max_ms, ttl_ms)
+        headers[HEADER] = marked.seq
+        delay_ms = marked.delay_ms
+        _pending.call = (task_id, settings.url, keys, marked.seq)
     except LockUnavailable as exc:
-        logger.warning(
-            "%s[%s]: published without the newest-call marker, Redis is unavailable (it will "
-            "run, not superseded): %s",
-            task.name,
-            task_id,
-            exc,
-        )
-        delay_ms = debounce_ms
+        grant = companions.acl_refusal(exc, "mark_newest")
+        if grant is not None:
+            logger.warning(
+                "%s[%s]: published without the newest-call marker, the lock Redis refused "
+                "permission (the ACL user needs %s for lock_enqueue='replace' and "
+                "lock_debounce); it will run, not superseded: %s",
+                task.name,
+                task_id,
+                grant,
+                exc,
+            )
+        else:
+            logger.warning(
+                "%s[%s]: published without the newest-call marker, Redis is unavailable (it "
+                "will run, not superseded): %s",
+                task.name,
+                task_id,
+                exc,
+            )
     except Exception as exc:  # never make the publish fail: the call runs, unmarked
         logger.warning(
             "%s[%s]: published without the newest-call marker (it will run, not superseded): "
@@ -138,9 +183,31 @@ def on_publish(headers: MutableMapping[str, Any] | None, body: Any) -> None:
             type(exc).__name__,
             redact(exc),
         )
-        delay_ms = debounce_ms
     if delay_ms > pending_ms:
         headers["eta"] = (now + datetime.timedelta(milliseconds=delay_ms)).isoformat()
+
+
+def on_published(headers: Mapping[str, Any] | None) -> None:
+    """After a successful publish: the call numbered by :func:`on_publish` becomes the newest.
+
+    Never raises: if the confirmation fails, the call still becomes the newest when it starts
+    (:func:`superseded`); meanwhile older calls of its key still run.
+    """
+    pending = getattr(_pending, "call", None)
+    _pending.call = None
+    if pending is None or not headers or headers.get("id") != pending[0]:
+        return
+    task_id, target, keys, seq = pending
+    try:
+        companions.confirm_newest(target, keys, task_id, seq)
+    except Exception as exc:
+        logger.warning(
+            "%s: could not confirm call %s as the newest of %s (older calls may still run): %s",
+            headers.get("task"),
+            task_id,
+            keys.lock,
+            redact(exc),
+        )
 
 
 def _pending_ms(app: Any, eta: Any, now: datetime.datetime) -> int:
@@ -155,38 +222,37 @@ def _pending_ms(app: Any, eta: Any, now: datetime.datetime) -> int:
         return 0
 
 
-def _mark(
-    task: Any, spec: Spec, args: Any, kwargs: Any, task_id: str, debounce_ms: int, pending_ms: int
-) -> int:
-    """Make ``task_id`` the newest call of its key; return its delay in ms (the debounce)."""
-    options = spec.options
-    settings = settings_for(task.app)
-    keys = _keys.keys_for(settings.prefix, lock_name_for(task, spec, args, kwargs))
-    max_ms = round((options.debounce_max or 0) * 1000)
-    ttl_ms = round(options.enqueue_ttl * 1000) + pending_ms
-    call = _scripts.mark_newest_call(keys, task_id, debounce_ms, max_ms, ttl_ms)
-    return int(nodes_for(settings.url).run(_scripts.MARK_NEWEST, call, keys.newest))
+def _number(value: Any) -> int | None:
+    """The call's number from its :data:`HEADER` (0: an older version's ``true``), or ``None``
+    when the call is not marked."""
+    if value is True:
+        return 0
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
 
 
 def superseded(task: Any, spec: Spec, settings: Settings, name: str, request: Any) -> bool:
     """Whether the call starting now was superseded by a newer one; logs and counts it."""
-    if not supersedes(spec.options) or getattr(request, HEADER, None) is not True:
+    if not supersedes(spec.options):
+        return False
+    seq = _number(getattr(request, HEADER, None))
+    if seq is None:
         return False
     keys = _keys.keys_for(settings.prefix, name)
     try:
-        reply = nodes_for(settings.url).run(
-            _scripts.CHECK_NEWEST, _scripts.check_newest_call(keys, request.id), keys.newest
-        )
+        newest = companions.check_newest(settings.url, keys, request.id, seq)
     except LockUnavailable as exc:
+        grant = companions.acl_refusal(exc, "check_newest")
         logger.warning(
-            "%s[%s]: could not read the newest-call marker of %s, so the call runs: %s",
+            "%s[%s]: could not read the newest-call marker of %s, so the call runs: %s%s",
             task.name,
             request.id,
             keys.lock,
             exc,
+            "" if grant is None else f" (the ACL user needs {grant})",
         )
         return False
-    newest = _scripts.decode_check_newest(reply)
     if newest is None:
         return False
     logger.info(

@@ -149,6 +149,12 @@ def _on_publish_newest(headers: Any = None, body: Any = None, **_: Any) -> None:
     supersede.on_publish(headers, body)
 
 
+@signals.after_task_publish.connect(weak=False)
+def _on_published_newest(headers: Any = None, **_: Any) -> None:
+    """The publish succeeded: the call numbered before it becomes its key's newest."""
+    supersede.on_published(headers)
+
+
 @signals.task_revoked.connect(weak=False)
 def _on_task_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
     """A revoked or expired message never starts: clear its queued marker (lock_enqueue).

@@ -203,3 +203,36 @@ def test_exception_pickles_with_its_context(cls: type[exceptions.RedlockError]) 
     assert type(copy) is cls
     assert str(copy) == str(original)
     assert vars(copy) == vars(original)
+
+
+#: What only the Redis layer may touch: a client, a node set, a script runner.
+REDIS_ONLY_NAMES = {"client_for", "nodes_for", "Quorum", "SingleNode", "run", "subscribe"}
+#: Client methods that send a command (or open a connection that does).
+COMMAND_METHODS = {"execute_command", "evalsha", "eval", "script_load", "pipeline", "pubsub"}
+
+
+def _redis_uses(name: str) -> list[str]:
+    """Where ``name`` imports a Redis client or the Redis layer's runners, or sends a command."""
+    tree = ast.parse(MODULES[name].read_text())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [f"import {a.name}" for a in node.names if a.name.split(".")[0] == "redis"]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if module.split(".")[0] == "redis" and not node.level:
+                found.append(f"from {module} import ...")
+            if module.endswith("_redis.scripts") or module.startswith("_redis.scripts"):
+                found.append(f"from {module} import ...")
+            for alias in node.names:
+                if alias.name in REDIS_ONLY_NAMES or alias.name == "scripts":
+                    found.append(f"from {module} import {alias.name}")
+        elif isinstance(node, ast.Attribute) and node.attr in COMMAND_METHODS:
+            found.append(f"line {node.lineno}: .{node.attr}")
+    return found
+
+
+@pytest.mark.parametrize("name", CELERY_LAYER)
+def test_the_celery_layer_sends_no_redis_command(name: str) -> None:
+    """The Celery layer decides; the Redis layer (``_redis``) sends: no client, no script."""
+    assert _redis_uses(name) == [], name

@@ -1,0 +1,152 @@
+"""A lock's companion keys, one typed call each: the queued marker, the newest-call marker, the
+rate window and the per-call record.
+
+The Celery layer decides *when* (at publish, at start, after the lock is taken); this module
+sends the commands, through the scripts of :mod:`celery_redlock._redis.scripts.companions`.
+``target`` is what :func:`~celery_redlock._redis.nodes.nodes_for` takes (a URL, a client, or a
+quorum's list): companions are advisory, so a quorum keeps them on the first node that answers.
+
+A node that does not answer, or refuses (``NOPERM``, ``OOM``...), raises
+:class:`~celery_redlock.LockUnavailable`; :func:`acl_refusal` tells an ACL refusal apart and
+names the commands the script needs, so a caller can say "permission" instead of "unavailable".
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import redis as redis_py
+
+from ..exceptions import LockUnavailable
+from . import scripts as _scripts
+from .clients import client_for, redact, refused
+from .keys import LockKeys, call_key
+from .nodes import nodes_for
+
+logger = logging.getLogger("celery_redlock.task")
+
+_BY_NAME = {script.name: script for script in _scripts.SCRIPTS}
+
+
+def _run(target: Any, source: str, call: tuple[list[str], list[Any]], key: str) -> Any:
+    try:
+        return nodes_for(target).run(source, call, key)
+    except redis_py.exceptions.ResponseError as exc:  # a quorum node's refusal
+        if not refused(exc):
+            raise
+        raise LockUnavailable(f"Redis refused {key}: {exc}", key=key) from exc
+
+
+def acl_refusal(exc: BaseException, script: str) -> str | None:
+    """When ``exc`` (raised by a function here) is an ACL refusal (``NOPERM``) of the script
+    named ``script`` (``"mark_newest"``...): the ACL rules it needs (``+evalsha +script|load
+    +hget ...``); else ``None``."""
+    cause = exc.__cause__ if isinstance(exc, LockUnavailable) else exc
+    text = str(cause)
+    denied = isinstance(cause, redis_py.exceptions.NoPermissionError) or (
+        isinstance(cause, redis_py.exceptions.ResponseError)
+        and ("NOPERM" in text or "user executing the script" in text)
+    )
+    if not denied:
+        return None
+    declared = _BY_NAME.get(script)
+    commands = declared.commands if declared is not None else ()
+    return " ".join(["+evalsha", "+script|load", *(f"+{c.lower()}" for c in commands)])
+
+
+# -- the queued marker (lock_enqueue="keep") -----------------------------------------------------
+
+
+def mark_queued(target: Any, keys: LockKeys, task_id: str, ttl_ms: int) -> str | None:
+    """Mark ``task_id`` as the queued call of ``keys``; the task id already queued, if any."""
+    script = _scripts.MARK_QUEUED
+    reply = _run(target, script, _scripts.queued_call(keys, task_id, ttl_ms), keys.queued)
+    if int(reply[0]) == 1:
+        return None
+    existing = reply[1]
+    return existing.decode() if isinstance(existing, bytes) else str(existing)
+
+
+def clear_queued(target: Any, keys: LockKeys, task_id: str) -> bool:
+    """Clear the queued marker of ``keys`` if it is ``task_id``'s; whether it was."""
+    script = _scripts.CLEAR_QUEUED
+    return bool(_run(target, script, ([keys.queued], [task_id]), keys.queued))
+
+
+# -- the newest-call marker (lock_enqueue="replace", lock_debounce) ------------------------------
+
+
+class Marked(NamedTuple):
+    """What :func:`mark_newest` answered: the call's delay (its debounce) and its number."""
+
+    delay_ms: int
+    seq: int
+
+
+def mark_newest(
+    target: Any, keys: LockKeys, debounce_ms: int, debounce_max_ms: int, ttl_ms: int
+) -> Marked:
+    """Number a call about to be published and open (or extend) its debounce window.
+
+    The call becomes the newest only with :func:`confirm_newest`, once published.
+    """
+    call = _scripts.mark_newest_call(keys, debounce_ms, debounce_max_ms, ttl_ms)
+    reply = _run(target, _scripts.MARK_NEWEST, call, keys.newest)
+    return Marked(int(reply[0]), int(reply[1]))
+
+
+def confirm_newest(target: Any, keys: LockKeys, task_id: str, seq: int) -> bool:
+    """After its publish: make the call numbered ``seq`` the newest, unless a later one is."""
+    call = ([keys.newest], [task_id, seq])
+    return bool(_run(target, _scripts.CONFIRM_NEWEST, call, keys.newest))
+
+
+def check_newest(target: Any, keys: LockKeys, task_id: str, seq: int) -> str | None:
+    """At start: the task id of the newer call that supersedes ``task_id``, or ``None`` (run;
+    a debounce window it is the newest of closes)."""
+    call = _scripts.check_newest_call(keys, task_id, seq)
+    return _scripts.decode_check_newest(_run(target, _scripts.CHECK_NEWEST, call, keys.newest))
+
+
+# -- the rate window (lock_rate) -----------------------------------------------------------------
+
+
+def admit_rate(
+    target: Any, keys: LockKeys, count: int, period: float, promise: bool = True
+) -> _scripts.RateDecision:
+    """Admit a start under ``count`` per ``period`` seconds, or say when to come back
+    (``promise``: the slot is promised to this call, which will come back then)."""
+    call = _scripts.rate_call(keys, count, period, promise)
+    return _scripts.decode_rate(_run(target, _scripts.RATE, call, keys.rate))
+
+
+# -- the per-call record (for `celery redlock inspect`) ------------------------------------------
+
+
+def write_call_record(
+    urls: Sequence[str], slot: str, token: str, task_id: str, overrides: dict[str, Any], ttl_ms: int
+) -> str | None:
+    """Store a holder's per-call overrides beside its slot (one ``SET PX``), on the first of
+    ``urls`` that answers; that URL, or ``None``. Advisory: failures are logged at DEBUG."""
+    key = call_key(slot)
+    value = json.dumps({"token": token, "task_id": task_id, "overrides": overrides})
+    for url in urls:
+        try:
+            client_for(url).set(key, value, px=max(1, ttl_ms))
+        except Exception as error:
+            logger.debug("could not write the overrides record %s: %s", key, redact(error))
+            continue
+        return url
+    return None
+
+
+def extend_call_record(url: str, slot: str, ttl_ms: int) -> None:
+    """Extend the per-call record of ``slot`` with its lock (advisory: errors are logged)."""
+    key = call_key(slot)
+    try:
+        client_for(url).pexpire(key, max(1, ttl_ms))
+    except Exception as error:
+        logger.debug("could not extend the overrides record %s: %s", key, redact(error))

@@ -1,0 +1,213 @@
+"""What a lock Redis allows: reachability, ``INFO``, and a dry run of every command, per feature.
+
+A feature (:data:`FEATURES`) is what a task may use: the lock itself, the queue of blocking
+waiters, ``lock_enqueue="keep"``, ``replace``/``lock_debounce``, ``lock_rate``, and the
+``celery redlock`` command line. Its commands are those its scripts declare
+(:class:`~celery_redlock._redis.scripts.base.Script`, pinned against each script's source by a
+test) plus those it sends directly. :func:`dry_run` sends each command once, directly, on
+throwaway keys under the prefix: Redis checks a command that a script runs against the calling
+user exactly as a direct call, and a direct call's refusal names the command (inside a script,
+Redis 7 does not say which command was refused). So the startup check and the scripts cannot
+disagree, and the check reports per feature (:mod:`celery_redlock._celery.checks`).
+
+The keys live a second at most; nothing of a real lock is touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis as redis_py
+from redis.cluster import RedisCluster
+
+from . import scripts as _scripts
+from .clients import UNAVAILABLE_ERRORS, client_for, refused
+from .keys import keys_for, lock_pattern, stats_key
+from .scripts.base import Script
+
+
+@dataclass(frozen=True)
+class Feature:
+    """The commands one feature needs: its scripts' and those it sends directly."""
+
+    name: str
+    scripts: tuple[Script, ...]
+    direct: tuple[str, ...] = ()
+
+    @property
+    def commands(self) -> tuple[str, ...]:
+        """Every command the feature cannot work without (``redis.pcall`` ones aside)."""
+        found = dict.fromkeys(["EVALSHA", "SCRIPT|LOAD"] if self.scripts else [])
+        for script in self.scripts:
+            found.update(dict.fromkeys(script.commands))
+        found.update(dict.fromkeys(self.direct))
+        return tuple(found)
+
+
+def _named(scripts: tuple[Script, ...], *names: str) -> tuple[Script, ...]:
+    return tuple(script for script in scripts if script.name in names)
+
+
+#: The features, by name. ``lock``: every locked task (the acquire ``SET ... NX PX GET`` and
+#: the holder's ``PTTL``, the release notification, ``SUBSCRIBE`` for blocking waits, ``PING``
+#: for a quorum, ``HINCRBY`` for the event counters); ``queue``: the queue of blocking waiters
+#: (without it a release wakes every waiter); ``cli``: ``celery redlock ls/inspect/stats``.
+FEATURES: dict[str, Feature] = {
+    feature.name: feature
+    for feature in (
+        Feature(
+            "lock",
+            _named(
+                _scripts.LOCK_SCRIPTS,
+                "acquire",
+                "release",
+                "extend",
+                "release_attempt",
+                "fence",
+                "raise_fence",
+            ),
+            ("SET", "GET", "PTTL", "PUBLISH", "SUBSCRIBE", "PING", "HINCRBY"),
+        ),
+        Feature("queue", _scripts.QUEUE_SCRIPTS, ("EXISTS", "ZPOPMIN")),
+        Feature("enqueue", _named(_scripts.COMPANION_SCRIPTS, "mark_queued", "clear_queued")),
+        Feature(
+            "newest",
+            _named(_scripts.COMPANION_SCRIPTS, "mark_newest", "confirm_newest", "check_newest"),
+        ),
+        Feature("rate", _named(_scripts.COMPANION_SCRIPTS, "rate")),
+        Feature(
+            "cli",
+            _named(_scripts.LOCK_SCRIPTS, "pttls"),
+            ("SCAN", "GET", "MGET", "EXISTS", "HGETALL"),
+        ),
+    )
+}
+
+#: The commands :func:`dry_run` sends, in the order it sends them (a key is written before the
+#: command that removes it).
+ORDER = (
+    "PING",
+    "TIME",
+    "SET",
+    "GET",
+    "MGET",
+    "PTTL",
+    "PEXPIRE",
+    "DEL",
+    "EXISTS",
+    "PUBLISH",
+    "SUBSCRIBE",
+    "HSET",
+    "HGET",
+    "HGETALL",
+    "HDEL",
+    "HINCRBY",
+    "RPUSH",
+    "LINDEX",
+    "LLEN",
+    "LTRIM",
+    "ZADD",
+    "ZREM",
+    "ZPOPMIN",
+    "SCAN",
+    "SCRIPT|LOAD",
+    "EVALSHA",
+)
+
+#: What ends a check early: a node that stops answering, an unexpected error reply.
+ERRORS: tuple[type[BaseException], ...] = (*UNAVAILABLE_ERRORS, redis_py.RedisError)
+
+
+def connect(url: str, timeout: float) -> Any:
+    """A client of ``url`` that has answered ``PING`` (raises what the connection raised)."""
+    client = client_for(url, timeout)
+    client.ping()
+    return client
+
+
+def infos(client: Any) -> list[dict[str, Any]]:
+    """``INFO`` of the server, or of every primary of a cluster."""
+    if isinstance(client, RedisCluster):
+        return [client.info(target_nodes=node) for node in client.get_primaries()]
+    return [client.info()]
+
+
+def _probes(client: Any, prefix: str, timeout: float) -> dict[str, Callable[[], Any]]:
+    """One call per command of :data:`ORDER`, on throwaway keys (one hash tag)."""
+    keys = keys_for(prefix, f"celery-redlock-check:{os.getpid()}:{secrets.token_hex(4)}")
+    string, hash_, list_, zset = keys.lock, keys.newest, keys.rate, keys.waiters
+    counters = stats_key(prefix, f"celery-redlock-check:{os.getpid()}")
+
+    def subscribe() -> None:
+        pubsub = client.pubsub()
+        try:
+            pubsub.subscribe(keys.channel)
+            pubsub.get_message(timeout=timeout)
+        finally:
+            pubsub.close()
+
+    sources = [script.source for feature in FEATURES.values() for script in feature.scripts]
+    return {
+        "PING": client.ping,
+        "TIME": client.time,
+        "SET": lambda: client.set(string, "check", px=1000),
+        "GET": lambda: client.get(string),
+        "MGET": lambda: client.mget([string]),
+        "PTTL": lambda: client.pttl(string),
+        "PEXPIRE": lambda: client.pexpire(string, 1000),
+        "DEL": lambda: client.delete(string),
+        "EXISTS": lambda: client.exists(zset),
+        "PUBLISH": lambda: client.publish(keys.channel, "0"),
+        "SUBSCRIBE": subscribe,
+        "HSET": lambda: client.hset(hash_, "check", "1"),
+        "HGET": lambda: client.hget(hash_, "check"),
+        "HGETALL": lambda: client.hgetall(hash_),
+        "HDEL": lambda: client.hdel(hash_, "check"),
+        "HINCRBY": lambda: client.hincrby(counters, "check", 0),
+        "RPUSH": lambda: client.rpush(list_, "0"),
+        "LINDEX": lambda: client.lindex(list_, 0),
+        "LLEN": lambda: client.llen(list_),
+        "LTRIM": lambda: client.ltrim(list_, 1, 0),  # empties the list: it is deleted
+        "ZADD": lambda: client.zadd(zset, {"check": 0}),
+        "ZREM": lambda: client.zrem(zset, "check"),
+        "ZPOPMIN": lambda: client.zpopmin(zset),
+        "SCAN": lambda: client.scan(0, match=lock_pattern(prefix), count=10),
+        "SCRIPT|LOAD": lambda: [client.script_load(source) for source in dict.fromkeys(sources)],
+        "EVALSHA": lambda: client.evalsha(_scripts.sha1(_scripts.PTTLS), 1, string),
+        "": lambda: [client.pexpire(k, 1000) for k in (string, hash_, list_, zset, counters)],
+    }
+
+
+def dry_run(client: Any, prefix: str, timeout: float = 1.0) -> dict[str, str]:
+    """Send every command of every feature once (:data:`ORDER`); the refused ones,
+    ``{command: error reply}``.
+
+    A full ``noeviction`` node is reported under the name ``"OOM"``. Errors other than
+    refusals propagate (a node that stops answering, an unexpected error reply).
+    """
+    probes = _probes(client, prefix, timeout)
+    refusals: dict[str, str] = {}
+    for name in ORDER:
+        if name == "EVALSHA" and "SCRIPT|LOAD" in refusals:
+            continue  # nothing was loaded to run
+        try:
+            probes[name]()
+        except redis_py.exceptions.OutOfMemoryError as exc:
+            refusals.setdefault("OOM", _reply(exc))
+        except redis_py.exceptions.ResponseError as exc:
+            if not refused(exc):
+                raise
+            refusals[name] = _reply(exc)
+    with contextlib.suppress(redis_py.RedisError):
+        probes[""]()
+    return refusals
+
+
+def _reply(exc: BaseException) -> str:
+    """A refusal's message without the script SHA and line Redis appends."""
+    return str(exc).partition(" script: ")[0].strip()

@@ -1,0 +1,114 @@
+"""The Lua scripts, each with its contract, by concern, and the one place their replies are
+decoded.
+
+* :mod:`.lock`: acquire (with fencing token), release, extend, the parent-side release;
+* :mod:`.queue`: the queue of blocking waiters (wait, leave);
+* :mod:`.companions`: the queued marker (``lock_enqueue``), the newest-call marker
+  (``replace``, ``lock_debounce``) and the rate window (``lock_rate``);
+* :mod:`.base`: the :class:`Script` declaration (the commands each script runs) and
+  :func:`run`.
+
+Keys always arrive through ``KEYS[]`` (built by :mod:`celery_redlock._redis.keys`); no script
+builds a key name. Scripts run with ``EVALSHA``, loaded again after a ``NOSCRIPT`` reply (server
+restart, ``SCRIPT FLUSH``): :func:`run`. Every name is importable from this package.
+"""
+
+from __future__ import annotations
+
+from .base import Script, run, sha1
+from .companions import (
+    CHECK_NEWEST,
+    CLEAR_QUEUED,
+    CONFIRM_NEWEST,
+    MARK_NEWEST,
+    MARK_QUEUED,
+    RATE,
+    RateDecision,
+    check_newest_call,
+    decode_check_newest,
+    decode_rate,
+    mark_newest_call,
+    queued_call,
+    rate_call,
+)
+from .companions import SCRIPTS as COMPANION_SCRIPTS
+from .lock import (
+    ACQUIRE,
+    EXTEND,
+    FENCE,
+    PTTLS,
+    RAISE_FENCE,
+    RELEASE,
+    RELEASE_ATTEMPT,
+    RELEASED_NOT_NOTIFIED,
+    AcquireResult,
+    acquire_call,
+    decode_acquire,
+    extend_call,
+    fence_call,
+    raise_fence_call,
+    release_attempt_call,
+    release_call,
+)
+from .lock import SCRIPTS as LOCK_SCRIPTS
+from .queue import (
+    LEAVE,
+    QUEUE_GRACE_MS,
+    WAIT,
+    WaitReply,
+    decode_wait,
+    leave_call,
+    queue_member,
+    wait_call,
+)
+from .queue import SCRIPTS as QUEUE_SCRIPTS
+
+#: Every script, declared with the commands it runs.
+SCRIPTS: tuple[Script, ...] = (*LOCK_SCRIPTS, *QUEUE_SCRIPTS, *COMPANION_SCRIPTS)
+
+__all__ = [
+    "ACQUIRE",
+    "CHECK_NEWEST",
+    "CLEAR_QUEUED",
+    "COMPANION_SCRIPTS",
+    "CONFIRM_NEWEST",
+    "EXTEND",
+    "FENCE",
+    "LEAVE",
+    "LOCK_SCRIPTS",
+    "MARK_NEWEST",
+    "MARK_QUEUED",
+    "PTTLS",
+    "QUEUE_GRACE_MS",
+    "QUEUE_SCRIPTS",
+    "RAISE_FENCE",
+    "RATE",
+    "RELEASE",
+    "RELEASED_NOT_NOTIFIED",
+    "RELEASE_ATTEMPT",
+    "SCRIPTS",
+    "WAIT",
+    "AcquireResult",
+    "RateDecision",
+    "Script",
+    "WaitReply",
+    "acquire_call",
+    "check_newest_call",
+    "decode_acquire",
+    "decode_check_newest",
+    "decode_rate",
+    "decode_wait",
+    "extend_call",
+    "fence_call",
+    "leave_call",
+    "mark_newest_call",
+    "queue_member",
+    "queued_call",
+    "raise_fence_call",
+    "rate_call",
+    "release_attempt_call",
+    "release_call",
+    "run",
+    "sha1",
+    "wait_call",
+]

@@ -1,0 +1,48 @@
+"""How a script is declared and run: its source, the commands it runs, ``EVALSHA`` with reload.
+
+Each script opens with its contract (``KEYS[]``, ``ARGV[]``, what it returns) and is declared
+once as a :class:`Script`, with the Redis commands it runs. Those declarations are what the
+worker's startup check probes for an ACL user (:mod:`celery_redlock._redis.probe`), and a test
+pins each against the ``redis.call``/``redis.pcall`` of its source, so the check and the
+scripts cannot disagree.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import NoScriptError
+
+
+@dataclass(frozen=True)
+class Script:
+    """One script: a name for messages, its Lua source, and the commands it runs."""
+
+    name: str
+    source: str
+    #: The commands it runs with ``redis.call``: a refusal of any of them stops the script.
+    commands: tuple[str, ...]
+    #: The commands it runs only with ``redis.pcall``: it works on (in part) without them.
+    tolerated: tuple[str, ...] = ()
+
+
+@functools.cache
+def sha1(source: str) -> str:
+    """The SHA1 under which Redis caches ``source`` (what ``EVALSHA`` takes); computed once
+    per script."""
+    return hashlib.sha1(source.encode()).hexdigest()
+
+
+def run(client: Any, source: str, keys: list[str], args: list[Any]) -> Any:
+    """Run ``source`` on ``client`` with ``EVALSHA``; after a ``NOSCRIPT`` reply (a server
+    that restarted or ran ``SCRIPT FLUSH``), ``SCRIPT LOAD`` it and run it again (not ``EVAL``:
+    an ACL user may have ``+evalsha +script|load`` only)."""
+    sha = sha1(source)
+    try:
+        return client.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+    except NoScriptError:
+        client.script_load(source)
+        return client.execute_command("EVALSHA", sha, len(keys), *keys, *args)

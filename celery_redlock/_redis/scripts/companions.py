@@ -1,0 +1,211 @@
+"""The scripts of a lock's companion keys: the queued marker, the newest-call marker, the rate.
+
+Their callers are the typed functions of :mod:`celery_redlock._redis.companions`; the keys are
+those of :class:`~celery_redlock._redis.keys.LockKeys` (``queued``, ``newest``, ``rate``,
+``rate_next``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..keys import LockKeys
+from .base import Script
+
+MARK_QUEUED = """
+-- KEYS[1] queued marker key
+-- ARGV[1] task id, ARGV[2] ttl in ms
+-- returns {1} marked (nothing of this key was queued), {0, task_id} already queued
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {1}
+end
+return {0, redis.call('GET', KEYS[1])}
+"""
+
+CLEAR_QUEUED = """
+-- KEYS[1] queued marker key
+-- ARGV[1] task id
+-- returns 1 cleared (the marker was this task's), 0 otherwise
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+
+#: The newest-call marker's fields, shared by the three scripts below (a hash):
+#: ``n`` the last number handed to a call being published, ``id``/``seq`` the newest call
+#: known to be published (confirmed after its publish, or seen starting), ``first`` the server
+#: time in ms of the first call of the open debounce window.
+MARK_NEWEST = """
+-- KEYS[1] newest-call marker (fields n, id, seq, first: see the module)
+-- ARGV[1] debounce in ms (0: none), ARGV[2] debounce_max in ms (0: none),
+-- ARGV[3] ms the marker outlives the moment the call is due
+-- returns {delay_ms, seq}: the delay until the call is due (the debounce, capped so that the
+--         call is due at most debounce_max after the first call of the window; 0 without a
+--         debounce), and the number of this call (its message carries it)
+-- Runs before the publish and does not make the call the newest: CONFIRM_NEWEST does, after
+-- the publish succeeded (a failed publish leaves the queued calls as they were). A window
+-- opens with a call that finds no 'first' field, or finds that the old window's cap passed
+-- more than a debounce ago (its newest call never started: revoked, expired); it closes when
+-- its newest call starts (CHECK_NEWEST deletes 'first'). The TTL is never shortened: an older
+-- call due later keeps its marker.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local delay, cap = tonumber(ARGV[1]), tonumber(ARGV[2])
+local first = tonumber(redis.call('HGET', KEYS[1], 'first') or now)
+if cap > 0 and first + cap + delay <= now then first = now end
+if delay > 0 and cap > 0 and first + cap - now < delay then
+  delay = math.max(first + cap - now, 0)
+end
+local seq = redis.call('HINCRBY', KEYS[1], 'n', 1)
+redis.call('HSET', KEYS[1], 'first', string.format('%d', first))
+local keep = delay + tonumber(ARGV[3])
+if redis.call('PTTL', KEYS[1]) < keep then redis.call('PEXPIRE', KEYS[1], keep) end
+return {delay, seq}
+"""
+
+CONFIRM_NEWEST = """
+-- KEYS[1] newest-call marker (see MARK_NEWEST)
+-- ARGV[1] task id of a call just published, ARGV[2] its number (from MARK_NEWEST)
+-- returns 1 it is the newest call now, 0 a later one is (or the marker expired: nothing is
+--         written, so no key without a TTL is created)
+if not redis.call('HGET', KEYS[1], 'n') then return 0 end
+if tonumber(ARGV[2]) > tonumber(redis.call('HGET', KEYS[1], 'seq') or '0') then
+  redis.call('HSET', KEYS[1], 'id', ARGV[1], 'seq', ARGV[2])
+  return 1
+end
+return 0
+"""
+
+CHECK_NEWEST = """
+-- KEYS[1] newest-call marker (see MARK_NEWEST)
+-- ARGV[1] task id of a call about to start, ARGV[2] its number ('0': a message stamped by a
+--         version without numbers: only the id is compared)
+-- returns {0}          no marker (expired, or never written): the call runs
+--         {1}          the call is the newest: it runs, and its debounce window closes
+--         {2, task_id} the call is superseded by that newer call
+-- A call whose number is above the newest known was published (it arrived), even if its
+-- CONFIRM_NEWEST has not run yet: it becomes the newest here.
+if not redis.call('HGET', KEYS[1], 'n') then return {0} end
+local newest = redis.call('HGET', KEYS[1], 'id')
+local mine = tonumber(ARGV[2])
+if newest == ARGV[1] then
+  redis.call('HDEL', KEYS[1], 'first')
+  return {1}
+end
+if mine == 0 then
+  if newest then return {2, newest} end
+  return {0}
+end
+if newest and tonumber(redis.call('HGET', KEYS[1], 'seq') or '0') > mine then
+  return {2, newest}
+end
+redis.call('HSET', KEYS[1], 'id', ARGV[1], 'seq', ARGV[2])
+redis.call('HDEL', KEYS[1], 'first')
+return {1}
+"""
+
+RATE = """
+-- KEYS[1] start log (list: server times in microseconds of the last starts, oldest first),
+-- KEYS[2] next promised slot (string: server time in microseconds)
+-- ARGV[1] count N >= 1, ARGV[2] period P in microseconds, ARGV[3] P / N in microseconds,
+-- ARGV[4] '1': promise a slot to a refused call, '0': only say when the window frees
+-- returns {1, now_us}   admitted: a start at server time now_us, appended to the log
+--         {0, wait_us}  refused: come back in wait_us (> 0), the slot promised to this call
+-- Exact sliding window: a call is admitted at server time t only if the log holds fewer than
+-- N starts in (t - P, t], i.e. its N-th newest entry is <= t - P; so no interval of length P
+-- holds more than N admitted starts. The log keeps the N newest starts and expires P after
+-- the newest. A refused call is promised max(next, free), where free is the time a start
+-- leaves the window, and next moves P / N further, so a crowd of refused calls comes back
+-- spread out, not at once. A promise is at most one period past free: promises of calls that
+-- never came back (revoked) would otherwise push every later call further out.
+-- A server clock that steps backwards is clamped to the newest start (the log stays sorted).
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local n, period, step = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local len = redis.call('LLEN', KEYS[1])
+if len > 0 then
+  local newest = tonumber(redis.call('LINDEX', KEYS[1], -1))
+  if newest > now then now = newest end
+end
+local free = now
+if len >= n then free = tonumber(redis.call('LINDEX', KEYS[1], len - n)) + period end
+if free <= now then
+  redis.call('RPUSH', KEYS[1], string.format('%d', now))
+  redis.call('LTRIM', KEYS[1], -n, -1)
+  redis.call('PEXPIRE', KEYS[1], math.ceil(period / 1000))
+  return {1, now}
+end
+if ARGV[4] ~= '1' then return {0, free - now} end
+local slot = tonumber(redis.call('GET', KEYS[2]) or '0')
+if slot < free then slot = free end
+if slot > free + period then slot = free + period end
+local later = slot + step
+redis.call('SET', KEYS[2], string.format('%d', later), 'PX', math.ceil((later - now) / 1000))
+return {0, slot - now}
+"""
+
+
+@dataclass(frozen=True)
+class RateDecision:
+    """Decoded reply of :data:`RATE`."""
+
+    admitted: bool
+    #: Admitted: the server time of the start, in microseconds.
+    start_us: int | None = None
+    #: Refused: seconds until the slot promised to the call.
+    wait: float = 0.0
+
+
+def decode_rate(reply: Any) -> RateDecision:
+    """Decode a reply of :data:`RATE`."""
+    if int(reply[0]) == 1:
+        return RateDecision(True, start_us=int(reply[1]))
+    return RateDecision(False, wait=int(reply[1]) / 1e6)
+
+
+def rate_call(
+    keys: LockKeys, count: int, period: float, promise: bool = True
+) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of :data:`RATE` for at most ``count`` starts per ``period`` seconds;
+    ``promise``: a refused call is promised a slot (it will come back then)."""
+    period_us = round(period * 1e6)
+    return [keys.rate, keys.rate_next], [count, period_us, period_us // count, int(promise)]
+
+
+def queued_call(keys: LockKeys, task_id: str, ttl_ms: int) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of :data:`MARK_QUEUED`."""
+    return [keys.queued], [task_id, ttl_ms]
+
+
+def mark_newest_call(
+    keys: LockKeys, debounce_ms: int, debounce_max_ms: int, ttl_ms: int
+) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of :data:`MARK_NEWEST`."""
+    return [keys.newest], [debounce_ms, debounce_max_ms, ttl_ms]
+
+
+def check_newest_call(keys: LockKeys, task_id: str, seq: int = 0) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of :data:`CHECK_NEWEST` (``seq`` 0: compare the id only)."""
+    return [keys.newest], [task_id, seq]
+
+
+def decode_check_newest(reply: Any) -> str | None:
+    """Decode a reply of :data:`CHECK_NEWEST`: the superseding task id, or ``None`` (run)."""
+    if int(reply[0]) != 2:
+        return None
+    newest = reply[1]
+    return newest.decode("utf-8", "replace") if isinstance(newest, bytes) else str(newest)
+
+
+#: What each script runs (:class:`~celery_redlock._redis.scripts.base.Script`).
+SCRIPTS = (
+    Script("mark_queued", MARK_QUEUED, ("SET", "GET")),
+    Script("clear_queued", CLEAR_QUEUED, ("GET", "DEL")),
+    Script("mark_newest", MARK_NEWEST, ("TIME", "HGET", "HINCRBY", "HSET", "PTTL", "PEXPIRE")),
+    Script("confirm_newest", CONFIRM_NEWEST, ("HGET", "HSET")),
+    Script("check_newest", CHECK_NEWEST, ("HGET", "HDEL", "HSET")),
+    Script("rate", RATE, ("TIME", "LLEN", "LINDEX", "RPUSH", "LTRIM", "PEXPIRE", "GET", "SET")),
+)

@@ -1,0 +1,46 @@
+"""Each script declares the commands it runs, and the startup check's dry run probes exactly
+those (:mod:`celery_redlock._redis.probe`): the declarations are pinned against the sources."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from celery_redlock._redis import probe, scripts
+from celery_redlock._redis.scripts import base, companions, lock, queue
+
+
+def _called(source: str, how: str) -> set[str]:
+    return {m.upper() for m in re.findall(rf"redis\.{how}\('(\w+)'", source)}
+
+
+@pytest.mark.parametrize("script", scripts.SCRIPTS, ids=lambda s: s.name)
+def test_each_script_declares_the_commands_it_runs(script: base.Script) -> None:
+    called = _called(script.source, "call")
+    assert set(script.commands) == called
+    assert set(script.tolerated) == _called(script.source, "pcall") - called
+    assert len(script.commands) == len(set(script.commands))
+    assert script.source.lstrip().startswith("--") or "local function" in script.source
+    assert "-- KEYS[1" in script.source and "returns" in script.source  # its contract
+
+
+def test_every_script_of_every_concern_is_declared_once() -> None:
+    names = [s.name for s in scripts.SCRIPTS]
+    assert len(names) == len(set(names))
+    declared = {s.source for s in scripts.SCRIPTS}
+    for module in (lock, queue, companions):
+        for name, value in vars(module).items():
+            if isinstance(value, str) and "redis.call" in value and not name.startswith("_"):
+                assert value in declared, f"{module.__name__}.{name} is not declared"
+                assert getattr(scripts, name) is value  # importable from the package too
+
+
+def test_the_dry_run_probes_every_command_a_feature_needs() -> None:
+    for feature in probe.FEATURES.values():
+        assert set(feature.commands) <= set(probe.ORDER), feature.name
+    # A command only the command line sends is never a worker's requirement.
+    workers = set().union(*(probe.FEATURES[f].commands for f in ("lock", "enqueue", "newest")))
+    assert not {"SCAN", "HGETALL", "MGET"} & workers
+    assert {"HGET", "HSET", "HDEL"} <= set(probe.FEATURES["newest"].commands)
+    assert {"LLEN", "LINDEX", "RPUSH", "LTRIM"} <= set(probe.FEATURES["rate"].commands)
