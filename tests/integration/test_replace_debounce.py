@@ -252,3 +252,148 @@ def test_calls_published_concurrently_keep_exactly_one_newest(
         outcomes = {res.id: res.get(timeout=10) for res in results}
     assert ran == [newest.decode()]
     assert sum(value is not None for value in outcomes.values()) == 1
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_failed_publish_supersedes_nothing(
+    h: Holder, app: Celery, redis_server: RedisServer, api: str
+) -> None:
+    """Issue 22 item 2. A call whose publish fails (its producer's broker does not answer)
+    never becomes the newest: the queued call of its key still runs, with its arguments."""
+    ran: list[int] = []
+
+    def reindex(self: Task, doc: str, version: int) -> int:
+        ran.append(version)
+        if version == 0:
+            h.hold()
+        return version
+
+    name = f"replace.failed.{api}"  # one lock name in both apps
+    task = define(app, api, reindex, by=["doc"], enqueue="replace", name=name)
+    dead = make_app(redis_server, "dead-broker", broker_url=f"redis://127.0.0.1:{free_port()}/1")
+    dead.conf.redlock_url = app.conf.redlock_url
+    lost = define(dead, api, reindex, by=["doc"], enqueue="replace", name=name)
+    with running_worker(app, concurrency=1):
+        running = task.delay("d", 0)
+        assert h.entered.wait(10)
+        queued = task.delay("d", 1)
+        with pytest.raises(Exception, match=r"(?i)connect|refused"):
+            lost.apply_async(("d", 2), retry=False)  # a publish that really fails
+        h.gate.set()
+        assert running.get(timeout=10) == 0
+        assert queued.get(timeout=10) == 1  # not superseded by the call that never existed
+    assert ran == [0, 1]
+    dead.close()
+
+
+@pytest.mark.parametrize("trial", range(3))
+def test_replace_with_retry_runs_the_newest_arguments_last(
+    h: Holder, app: Celery, trial: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 22 item 4. Each call passes the newest check on arrival, finds the key held and
+    is requeued (``on_contention="retry"``, with jitter); a requeue by the lock keeps its
+    number, so when it comes back it is checked again: the older ones end as superseded and
+    the last run has the newest arguments."""
+    ran: list[int] = []
+
+    def reindex(self: Task, doc: str, version: int) -> int:
+        ran.append(version)
+        if version == 0:
+            h.hold()
+        return version
+
+    task = define(
+        app,
+        "task",
+        reindex,
+        by=["doc"],
+        enqueue="replace",
+        on_contention="retry",
+        retry_countdown=0.2,
+    )
+    with (
+        caplog.at_level(logging.INFO, logger="celery_redlock.task"),
+        record_lock_events() as events,
+        running_worker(app, concurrency=4),
+    ):
+        running = task.delay("d", 0)
+        assert h.entered.wait(10)
+        calls = []
+        for version in (1, 2, 3):
+            calls.append(task.delay("d", version))
+            wait_until(lambda: events.contended(calls[-1]), 10, "the call to be requeued")
+        h.gate.set()
+        assert running.get(timeout=10) == 0
+        assert [c.get(timeout=20) for c in calls] == [None, None, 3]
+    assert ran == [0, 3]
+    assert [superseded_by(caplog.text, c) for c in calls] == [calls[-1].id] * 2 + [None]
+
+
+def test_a_newer_call_never_shortens_the_marker_below_an_older_eta(
+    app: Celery, r: redis_py.Redis
+) -> None:
+    """Issue 22 item 9. An older call due in 3 s, then a newer one due now, with
+    ``lock_enqueue_ttl=1``: the marker keeps the older call's TTL, so when the older call
+    comes due it is still superseded (old arguments never run after new ones)."""
+    ran: list[int] = []
+
+    def save(self: Task, doc: str, version: int) -> int:
+        ran.append(version)
+        return version
+
+    task = define(app, "task", save, by=["doc"], enqueue="replace", enqueue_ttl=1)
+    marker = lock_key(task, "d", 0) + ":newest"
+    with running_worker(app):
+        older = task.apply_async(("d", 1), countdown=3)
+        kept = r.pttl(marker)
+        newer = task.delay("d", 2)
+        assert r.pttl(marker) > kept - 500  # not shortened to lock_enqueue_ttl
+        assert newer.get(timeout=10) == 2
+        assert older.get(timeout=20) is None  # superseded at its ETA
+    assert ran == [2]
+
+
+def test_a_debounce_window_whose_newest_call_never_started_is_replaced(
+    app: Celery, r: redis_py.Redis
+) -> None:
+    """Issue 22 item 10. The newest call of a window is revoked, so the window never closes;
+    once its cap (and one debounce) has passed, the next call opens a new window: the next
+    burst is collapsed into one run again."""
+    ran: list[int] = []
+
+    def save(self: Task, doc: str, version: int) -> int:
+        ran.append(version)
+        return version
+
+    task = define(app, "task", save, by=["doc"], debounce=0.4, debounce_max=0.8)
+    marker = lock_key(task, "d", 0) + ":newest"
+    with running_worker(app):
+        stuck = task.delay("d", 0)
+        stuck.revoke()
+        wait_until(lambda: stuck.state == "REVOKED", 10, "the revoked call to be discarded")
+        opened = int(r.hget(marker, "first") or 0)
+        server_ms = lambda: int(r.time()[0]) * 1000 + r.time()[1] // 1000  # noqa: E731
+        wait_until(lambda: server_ms() > opened + 1200, 10, "the stuck window's cap to pass")
+        burst = []
+        for version in (1, 2, 3):
+            burst.append(task.delay("d", version))
+            if version < 3:
+                time.sleep(0.1)  # the input under test: a burst closer than the debounce
+        assert [c.get(timeout=10) for c in burst] == [None, None, 3]
+    assert ran == [3]
+
+
+def test_a_bypass_call_writes_no_marker(app: Celery, r: redis_py.Redis) -> None:
+    """Issue 22 item 10. ``lock_bypass=True`` runs without the lock: it neither becomes the
+    newest nor opens a debounce window, and runs at once."""
+    ran: list[int] = []
+
+    def save(self: Task, doc: str, version: int) -> int:
+        ran.append(version)
+        return version
+
+    task = define(app, "task", save, by=["doc"], debounce=5)
+    with running_worker(app):
+        assert task.apply_async(("d", 1), lock_bypass=True).get(timeout=10) == 1
+    assert not r.exists(lock_key(task, "d", 0) + ":newest")
+    assert ran == [1]
