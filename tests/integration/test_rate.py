@@ -14,16 +14,16 @@ from celery import Celery
 from celery_redlock import LockConfigError, LockedTask, single_instance
 from celery_redlock._celery.options import RATE_PERIODS, Rate
 from celery_redlock._celery.wiring import check_app
+from celery_redlock._redis import companions
 from celery_redlock._redis import keys as _keys
 from celery_redlock._redis import scripts as _scripts
-from celery_redlock._redis.nodes import nodes_for
 from celery_redlock.exceptions import LockContended, RateLimited
-from celery_redlock.testing import free_port
+from celery_redlock.testing import RedisServer, free_port
+from tests.conftest import make_app
 
 
 def admit(url: str, keys: _keys.LockKeys, count: int, period: float) -> _scripts.RateDecision:
-    call = _scripts.rate_call(keys, count, period)
-    return _scripts.decode_rate(nodes_for(url).run(_scripts.RATE, call, keys.rate))
+    return companions.admit_rate(url, keys, count, period)
 
 
 def max_in_window(times: list[int], period: int) -> int:
@@ -126,3 +126,41 @@ def test_a_bad_rate_is_refused_at_decoration() -> None:
 
         @single_instance(rate="10/min")
         def rated() -> None: ...
+
+
+def test_promises_of_calls_that_never_came_back_are_capped(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """Issue 22 item 6. Thirty refused calls that never come back (revoked) leave their
+    promised slots behind; a fresh call is promised at most one period past the moment the
+    window frees, not thirty slots out."""
+    keys = _keys.keys_for("redlock", "report:stale")
+    assert admit(redis_url, keys, 1, 2.0).admitted
+    stale = [admit(redis_url, keys, 1, 2.0) for _ in range(30)]
+    assert not any(d.admitted for d in stale)
+    fresh = admit(redis_url, keys, 1, 2.0)
+    assert not fresh.admitted
+    print(f"1/2s, 30 stale promises: a fresh call waits {fresh.wait:.3f}s")
+    assert fresh.wait <= 2.0 + 2.0  # the window frees within 2 s, plus one period at most
+    assert max(d.wait for d in stale) <= 4.0
+
+
+def test_an_eager_call_over_its_rate_fails_without_a_promise(
+    redis_server: RedisServer, redis_url: str, r: redis_py.Redis
+) -> None:
+    """Issue 22 item 6. An eager retry runs at once, ignoring its countdown: with
+    ``max_retries=None`` it recursed until ``RecursionError`` and promised a slot each time.
+    Over its rate, an eager call fails with :class:`RateLimited` and promises nothing."""
+    app = make_app(redis_server, "eager-rate")
+
+    @app.task(base=LockedTask, lock_rate="1/m", max_retries=None, shared=False)
+    def report() -> str:
+        return "ran"
+
+    assert report.apply().get() == "ran"
+    second = report.apply()
+    assert second.state == "FAILURE"
+    assert isinstance(second.result, RateLimited)
+    assert 0 < second.result.retry_after <= 60.0
+    assert not [k for k in r.keys("redlock:*") if k.endswith(b":rate:next")]
+    app.close()
