@@ -25,6 +25,7 @@ from . import scripts as _scripts
 from .clients import client_for, redact, refused
 from .keys import LockKeys, call_key
 from .nodes import nodes_for
+from .probe import FEATURES
 
 logger = logging.getLogger("celery_redlock.task")
 
@@ -42,8 +43,11 @@ def _run(target: Any, source: str, call: tuple[list[str], list[Any]], key: str) 
 
 def acl_refusal(exc: BaseException, script: str) -> str | None:
     """When ``exc`` (raised by a function here) is an ACL refusal (``NOPERM``) of the script
-    named ``script`` (``"mark_newest"``...): the ACL rules it needs (``+evalsha +script|load
-    +hget ...``); else ``None``."""
+    named ``script`` (``"mark_newest"``...): what to grant, for a message; else ``None``.
+
+    Inside a script Redis does not name the refused command, so this names the script's
+    commands that the lock itself does not need (the guide's addition for the feature).
+    """
     cause = exc.__cause__ if isinstance(exc, LockUnavailable) else exc
     text = str(cause)
     denied = isinstance(cause, redis_py.exceptions.NoPermissionError) or (
@@ -52,9 +56,11 @@ def acl_refusal(exc: BaseException, script: str) -> str | None:
     )
     if not denied:
         return None
-    declared = _BY_NAME.get(script)
-    commands = declared.commands if declared is not None else ()
-    return " ".join(["+evalsha", "+script|load", *(f"+{c.lower()}" for c in commands)])
+    declared = _BY_NAME[script]
+    base = set(FEATURES["lock"].commands)
+    extra = [c for c in declared.commands if c not in base]
+    grant = " ".join(f"+{c.lower()}" for c in extra) or "the commands of the guide's ACL line"
+    return f"{grant} (the {script} script runs {', '.join(declared.commands)})"
 
 
 # -- the queued marker (lock_enqueue="keep") -----------------------------------------------------

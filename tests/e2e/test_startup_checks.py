@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
 
 import pytest
 from celery import Celery
@@ -124,3 +125,49 @@ def test_a_quorum_with_a_minority_down_warns_and_without_a_majority_errs(
     assert [lvl for lvl, m in majority if lvl == logging.ERROR and "no quorum" in m] == [
         logging.ERROR
     ]
+
+
+def _guide_acl_rules() -> list[str]:
+    """The least-privilege ACL line of docs/guide.md, as ``ACL SETUSER`` rules."""
+    guide = (Path(__file__).parents[2] / "docs" / "guide.md").read_text()
+    found = re.search(r"^user redlock (.*)$", guide, re.MULTILINE)
+    assert found is not None
+    return found.group(1).split()
+
+
+def _guide_addition(feature: str) -> list[str]:
+    guide = (Path(__file__).parents[2] / "docs" / "guide.md").read_text()
+    found = re.search(rf"^\| {re.escape(feature)} \| `([^`]*)` \|", guide, re.MULTILINE)
+    assert found is not None, feature
+    return found.group(1).split()
+
+
+def test_the_documented_acl_line_starts_a_worker_without_an_error(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    """Issue 24 item 6. A real worker whose lock Redis user has exactly the guide's line:
+    no ERROR for plain locked tasks; with replace/debounce tasks one ERROR naming what to
+    grant, and none once the guide's addition for them is granted."""
+    rules = _guide_acl_rules()
+    replace = _guide_addition('`lock_enqueue="replace"`, `lock_debounce`')
+    with RedisServer() as locks:
+        admin = locks.client()
+        admin.execute_command("ACL", "SETUSER", "redlock", *rules)
+        admin.execute_command("ACL", "SETUSER", "redlock-replace", *rules, *replace)
+        admin.close()
+
+        def start(user: str, replace_tasks: bool) -> WorkerProcess:
+            url = f"redis://{user}:secret@127.0.0.1:{locks.port}/0"
+            knobs = {"REDLOCK_TEST_URL": url, "REDLOCK_TEST_REPLACE": "1" if replace_tasks else ""}
+            return WorkerProcess(redis_server.port, "w1", app="tests.e2e.acl_app", env=knobs)
+
+        with start("redlock", replace_tasks=False) as worker:
+            assert lines(worker, "ERROR") == []
+            assert any("only the `celery redlock` command line" in i for i in lines(worker, "INFO"))
+        with start("redlock", replace_tasks=True) as worker:
+            (error,) = lines(worker, "ERROR")
+        assert "HGET, HSET, HDEL" in error and "+hget +hset +hdel" in error
+        assert "acl_app.replaced" in error and "acl_app.debounced" in error
+        assert "secret" not in error
+        with start("redlock-replace", replace_tasks=True) as worker:
+            assert lines(worker, "ERROR") == []

@@ -10,16 +10,28 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import redis as redis_py
 
-from celery_redlock import Lock, LockedTask, LockUnavailable, current_lock, metrics
+from celery_redlock import (
+    Lock,
+    LockedTask,
+    LockUnavailable,
+    current_lock,
+    metrics,
+    single_instance,
+)
+from celery_redlock._celery.checks import run_startup_checks
+from celery_redlock._celery.options import reset_settings
 from celery_redlock._redis.lock import release_attempt
 from celery_redlock.asyncio import Lock as AsyncLock
 from celery_redlock.testing import RedisServer
@@ -38,6 +50,13 @@ ACL_RULES = (
 #: The line for redis.conf / an ACL file (the README's).
 ACL_LINE = f"user redlock {ACL_RULES}"
 COMMANDS = [rule for rule in ACL_RULES.split() if rule.startswith("+")]
+#: What a feature adds to the line (the guide's table), by the startup check's feature name.
+ACL_ADDITIONS = {
+    "newest": "+hget +hset +hdel",  # lock_enqueue="replace", lock_debounce
+    "rate": "+llen +lindex +rpush +ltrim",  # lock_rate
+    "queue": "+zadd +zrem +zpopmin +exists",  # the queue of blocking waiters
+    "cli": "+scan +exists +mget +hgetall",  # celery redlock ls / inspect / stats
+}
 ADMIN_PASSWORD = "admin-pw"
 
 NO_TLS = tls_supported()
@@ -245,3 +264,109 @@ def test_the_asyncio_lock_works_with_the_acl_user(tls: TlsServer) -> None:
         assert not await holder.locked()
 
     asyncio.run(operations())
+
+
+def _user(servers: list[TlsServer], user: str, *additions: str) -> None:
+    """The ACL user ``user``: the guide's line, plus ``additions`` (feature names)."""
+    extra = " ".join(ACL_ADDITIONS[name] for name in additions).split()
+    for server in servers:
+        admin = server.admin()
+        try:
+            admin.execute_command("ACL", "SETUSER", user, "reset", *ACL_RULES.split(), *extra)
+        finally:
+            admin.close()
+
+
+def _checked(app: Any, caplog: pytest.LogCaptureFixture) -> dict[int, list[str]]:
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="celery_redlock.worker"):
+        run_startup_checks(app, True)
+    found: dict[int, list[str]] = {}
+    for record in caplog.records:
+        found.setdefault(record.levelno, []).append(record.getMessage())
+    return found
+
+
+def test_the_startup_check_asks_only_what_the_registered_tasks_need(
+    tls: TlsServer,
+    servers: list[TlsServer],
+    redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 24 item 6, issue 22 item 3. With the guide's line, an app of plain locked tasks
+    gets no ERROR (the command line's SCAN and HGETALL are an INFO); an app with a replace
+    task gets one ERROR naming HGET, HSET, HDEL and that task, gone with the documented
+    addition; likewise ``lock_rate``."""
+    plain = make_app(redis_server, "acl-plain", redlock_url=tls.url("redlock", "secret"))
+
+    @plain.task(base=LockedTask, shared=False)
+    def work() -> None: ...
+
+    found = _checked(plain, caplog)
+    assert logging.ERROR not in found
+    (cli,) = [m for m in found[logging.INFO] if "command line" in m]
+    assert "SCAN" in cli and "HGETALL" in cli and "workers do not need them" in cli
+
+    for feature, options in (
+        ("newest", {"lock_enqueue": "replace"}),
+        ("rate", {"lock_rate": "5/s"}),
+    ):
+        app = make_app(redis_server, f"acl-{feature}", redlock_url=tls.url("redlock", "secret"))
+
+        @app.task(base=LockedTask, shared=False, name=f"acl.{feature}", **options)
+        def featured() -> None: ...
+
+        @app.task(base=LockedTask, shared=False, name=f"acl.{feature}.plain")
+        def unfeatured() -> None: ...
+
+        (error,) = _checked(app, caplog)[logging.ERROR]
+        grant = ACL_ADDITIONS[feature]
+        assert f"grant them to the ACL user ({grant})" in error, error
+        assert ", ".join(c.lstrip("+").upper() for c in grant.split()) in error
+        assert f"(tasks: acl.{feature})" in error and "secret" not in error
+
+        _user(servers, f"with-{feature}", feature)
+        app.conf.redlock_url = tls.url(f"with-{feature}", "secret")
+        reset_settings(app)
+        assert logging.ERROR not in _checked(app, caplog)
+        app.close()
+    plain.close()
+
+
+def test_a_replace_call_refused_by_the_acl_is_published_with_a_permission_warning(
+    tls: TlsServer, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 22 item 3. Without ``+hget +hset +hdel`` the call is still published (it will
+    run, unmarked), and the caller's WARNING says permission, naming what to grant; not
+    "Redis is unavailable"."""
+    redis_server.client().flushall()
+    app = make_app(redis_server, "acl-replace", redlock_url=tls.url("redlock", "secret"))
+
+    @app.task(base=LockedTask, lock_enqueue="replace", shared=False)
+    def replaced() -> None: ...
+
+    @app.task(shared=False)
+    @single_instance(debounce=5)
+    def debounced() -> None: ...
+
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.task"):
+        replaced.delay()
+        debounced.delay()
+    warnings = [r.getMessage() for r in caplog.records if "newest-call marker" in r.getMessage()]
+    assert len(warnings) == 2
+    for warning in warnings:
+        assert "refused permission" in warning and "+hget +hset" in warning, warning
+        assert "unavailable" not in warning
+    broker = redis_py.Redis(port=redis_server.port, db=1)
+    try:
+        messages = [json.loads(m)["headers"] for m in broker.lrange("celery", 0, -1)]
+    finally:
+        broker.close()
+    assert [m["redlock_newest"] for m in messages] == [False, False]  # published, unmarked
+    app.close()
+
+
+def test_the_guide_gives_each_feature_its_acl_addition() -> None:
+    guide = (Path(__file__).parents[2] / "docs" / "guide.md").read_text()
+    for addition in ACL_ADDITIONS.values():
+        assert f"`{addition}`" in guide, addition
