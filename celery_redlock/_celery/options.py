@@ -83,17 +83,19 @@ def _invalid(owner: str, option: str, value: Any, expected: str) -> LockConfigEr
     return LockConfigError(f"{owner}: {what} {option}={value!r} is invalid; expected {expected}")
 
 
-def seconds(*, none: bool = False, zero: bool = False) -> Check:
-    """A check for a finite number of seconds in ``(0, MAX_SECONDS]`` (or ``[0, ...]``)."""
+def seconds(*, none: bool = False, zero: bool = False, ms: bool = False) -> Check:
+    """A check for a finite number of seconds in ``(0, MAX_SECONDS]`` (or ``[0, ...]``);
+    ``ms``: at least a millisecond (the value is sent to Redis in whole milliseconds)."""
 
     def check(owner: str, option: str, value: Any, _: Params = None) -> float | None:
         if value is None and none:
             return None
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        positive = ok and (value > 0 or (zero and value == 0))
+        positive = ok and (value >= 0.001 if ms else value > 0 or (zero and value == 0))
         if positive and math.isfinite(value) and value <= MAX_SECONDS:
             return float(value)
-        expected = f"a number of seconds {'>= 0' if zero else '> 0'} and <= {MAX_SECONDS:.0f}"
+        low = ">= 0.001 (a millisecond)" if ms else ">= 0" if zero else "> 0"
+        expected = f"a number of seconds {low} and <= {MAX_SECONDS:.0f}"
         raise _invalid(owner, option, value, expected + (" or None" if none else ""))
 
     return check
@@ -205,7 +207,7 @@ OPTIONS: dict[str, Option] = {
             "seconds or None",
             "A fixed TTL, never renewed; None derives the lock's life from the lease and the "
             "time limits.",
-            seconds(none=True),
+            seconds(none=True, ms=True),
         ),
         Option(
             "on_contention",
@@ -249,7 +251,8 @@ OPTIONS: dict[str, Option] = {
             "False, True ('keep') or 'replace'",
             "De-duplicate at enqueue time: 'keep' (True) returns the queued call's AsyncResult "
             "(LockedTask only); 'replace' publishes the new call and the queued one ends like "
-            "a skip.",
+            "a skip (pair it with on_contention 'wait': under 'skip' the newest call is "
+            "skipped while a run of its key is in progress).",
             _enqueue,
         ),
         Option(
@@ -266,7 +269,7 @@ OPTIONS: dict[str, Option] = {
             "seconds or None",
             "Calls of one key less than this apart collapse into one run, this long after the "
             "last call, with the last call's arguments; the others end like a skip.",
-            seconds(none=True),
+            seconds(none=True, ms=True),
         ),
         Option(
             "debounce_max",
@@ -274,7 +277,7 @@ OPTIONS: dict[str, Option] = {
             "seconds or None",
             "With lock_debounce (and >= it): a key under a steady stream of calls still runs, "
             "with the newest arguments, at least once this often.",
-            seconds(none=True),
+            seconds(none=True, ms=True),
         ),
         Option(
             "rate",

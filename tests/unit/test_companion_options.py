@@ -1,0 +1,33 @@
+"""Durations the companions send to Redis in whole milliseconds refuse sub-millisecond values
+(issue 22 item 13), naming the task and the option, at decoration and per call."""
+
+from __future__ import annotations
+
+import pytest
+from celery import Celery
+
+from celery_redlock import LockConfigError, LockedTask, single_instance
+
+
+@pytest.mark.parametrize("option", ["lock_debounce", "lock_ttl"])
+def test_sub_millisecond_durations_are_refused_naming_task_and_option(option: str) -> None:
+    """0.0004 s would be sent as 0 ms (an error reply at every run, or no debounce at all)."""
+    app = Celery("submillisecond", set_as_current=False)
+    expected = rf"proj.tiny: option {option}=0.0004 is invalid; expected .*>= 0\.001"
+    with pytest.raises(LockConfigError, match=expected):
+
+        @app.task(base=LockedTask, shared=False, lazy=False, name="proj.tiny", **{option: 0.0004})
+        def tiny() -> None: ...
+
+    with pytest.raises(LockConfigError, match=rf"{option}=0.0004 is invalid"):
+
+        @app.task(shared=False, name="proj.decorated")
+        @single_instance(**{option.removeprefix("lock_"): 0.0004})
+        def decorated() -> None: ...
+
+    @app.task(base=LockedTask, shared=False, lazy=False, name="proj.fine")
+    def fine() -> None: ...
+
+    with pytest.raises(LockConfigError, match=r"proj.fine: option lock_ttl=0.0004 is invalid"):
+        fine.apply_async(lock_ttl=0.0004)  # per call, before anything is published
+    app.close()
