@@ -461,13 +461,14 @@ def _check_rate(task: Any, spec: Spec, settings: Settings, request: Any, lock: L
 
     A refused call releases what it took (quietly: it was never reported as acquired) and is
     requeued through :func:`lock_retry` with a countdown equal to the time until the slot the
-    script promised it; ``request.retries`` is left unchanged.
+    script promised it; ``request.retries`` is left unchanged. An eager call (``apply()``,
+    ``task_always_eager``) fails with :class:`RateLimited` instead, promised nothing: Celery
+    runs an eager retry at once, ignoring its countdown, so retrying would only recurse.
     """
     rate = spec.options.rate
     if rate is None:
         return
     try:
-        # An eager call is never promised a slot: it fails instead of retrying (see below).
         decision = companions.admit_rate(
             settings.url, lock.keys, rate.count, rate.period, promise=not request.is_eager
         )
