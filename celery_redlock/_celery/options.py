@@ -94,7 +94,7 @@ def seconds(*, none: bool = False, zero: bool = False, ms: bool = False) -> Chec
         positive = ok and (value >= 0.001 if ms else value > 0 or (zero and value == 0))
         if positive and math.isfinite(value) and value <= MAX_SECONDS:
             return float(value)
-        low = ">= 0.001 (a millisecond)" if ms else ">= 0" if zero else "> 0"
+        low = "> 0 (at least 0.001: whole milliseconds)" if ms else ">= 0" if zero else "> 0"
         expected = f"a number of seconds {low} and <= {MAX_SECONDS:.0f}"
         raise _invalid(owner, option, value, expected + (" or None" if none else ""))
 

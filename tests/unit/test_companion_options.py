@@ -13,7 +13,7 @@ from celery_redlock import LockConfigError, LockedTask, single_instance
 def test_sub_millisecond_durations_are_refused_naming_task_and_option(option: str) -> None:
     """0.0004 s would be sent as 0 ms (an error reply at every run, or no debounce at all)."""
     app = Celery("submillisecond", set_as_current=False)
-    expected = rf"proj.tiny: option {option}=0.0004 is invalid; expected .*>= 0\.001"
+    expected = rf"proj.tiny: option {option}=0.0004 is invalid; expected .*at least 0\.001"
     with pytest.raises(LockConfigError, match=expected):
 
         @app.task(base=LockedTask, shared=False, lazy=False, name="proj.tiny", **{option: 0.0004})
