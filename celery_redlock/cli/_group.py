@@ -80,5 +80,5 @@ def text_argument(value: str | None, what: str, expected: str) -> str | None:
         value.encode("utf-8")
     except UnicodeEncodeError:
         shown = value.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
-        raise click.UsageError(f"{what} {shown!r} is not UTF-8 text; expected {expected}") from None
+        raise click.UsageError(f"{what} '{shown}' is not UTF-8 text; expected {expected}") from None
     return value
