@@ -120,13 +120,10 @@ def inspect_(
             for label, shown in (
                 ("lock", f"{safe(lk.lock_name)} (slot {lk.slot})"),
                 ("holder", who(lk)),
-                ("alive", f"{verdict.state} ({safe(verdict.reason)}; ping {timeout}s)"),
+                ("alive", f"{verdict.state} ({safe(verdict.reason)})"),
                 ("acquired", lk.as_dict()["acquired_at"] or "-"),
                 ("ttl", ttl(lk.ttl)),
-                (
-                    "fencing",
-                    fence(lk) + ("" if lk.fencing_token is not None else " (none stored)"),
-                ),
+                ("fencing", fence(lk) + ("" if lk.fencing_token else " (a one-server lock)")),
                 ("token", f"{lk.value[:8]}..."),
                 ("overrides", shown_overrides(lk.overrides)),
             ):
