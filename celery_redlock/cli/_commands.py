@@ -67,7 +67,10 @@ def ls(ctx: click.Context, as_json: bool) -> None:
 
 
 def _lock_names(app: Any, name: str) -> list[str]:
-    """The lock names ``name`` may mean: itself, and the ``lock_name`` of the task so named."""
+    """The lock names ``name`` may mean: itself, and the ``lock_name`` of the task so named
+    (none for a key: a name has no braces)."""
+    if "{" in name or "}" in name:
+        return []
     names = [name]
     task = app.tasks.get(name)
     spec = spec_of(task) if task is not None else None
