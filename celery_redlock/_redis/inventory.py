@@ -303,7 +303,9 @@ class Inventory:
         limit = lock.pttl_ms if unless_renewed and lock.pttl_ms is not None else None
 
         def one(client: Any) -> int:
-            handoff = not isinstance(client, RedisCluster)
+            # Handoff as the holder's own release does it: on one plain node only (a quorum's
+            # and a Cluster's waiters listen on the shared channel; see scripts.RELEASE).
+            handoff = len(self.urls) == 1 and not isinstance(client, RedisCluster)
             call = _scripts.release_unrenewed_call(keys, lock.key, lock.value, limit, handoff)
             return int(_scripts.run(client, _scripts.RELEASE_UNRENEWED, *call))
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,7 +20,7 @@ from click.testing import CliRunner, Result
 from celery_redlock import Lock, metrics
 from celery_redlock._redis.inventory import Inventory, InventoryRefused, Released, lease_age
 from celery_redlock.cli import redlock
-from celery_redlock.testing import RedisServer
+from celery_redlock.testing import RedisServer, wait_until
 from support import ROOT
 from support.servers import ClusterNodes
 
@@ -99,6 +100,24 @@ def test_a_release_never_frees_a_lease_renewed_since_it_was_read(redis_url: str)
     assert inventory.release(seen) is Released.RELEASED  # forced: the owner check only
     assert not holder.locked()
     assert inventory.release(seen) is Released.CHANGED
+
+
+def test_an_operator_release_hands_the_lock_to_the_queued_waiter(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    holder = Lock(redis_url, "handed", ttl=30, owner="dead-holder")
+    assert holder.acquire()
+    waiter = Lock(redis_url, "handed", ttl=30, owner="waiter")
+    got: list[bool] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=20)))
+    thread.start()
+    wait_until(lambda: r.zcard(holder.keys.waiters) == 1, 10, "the waiter to queue")
+    seen = Inventory(redis_url, "redlock").read(holder.key)
+    assert seen is not None
+    assert Inventory(redis_url, "redlock").release(seen, unless_renewed=True)
+    thread.join(10)
+    assert got == [True] and waiter.locked()  # at once, not at the old lease's end (30 s)
+    waiter.release()
 
 
 def test_a_prefix_with_glob_characters_hides_no_lock(redis_url: str) -> None:
