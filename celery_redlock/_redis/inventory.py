@@ -91,7 +91,8 @@ class HeldLock:
     fencing_token: int | None
     #: The per-call overrides the holder took it with (``apply_async(..., lock_ttl=...)``).
     overrides: dict[str, Any] | None = None
-    #: The largest PTTL in ms that a node holding it answered (the renewal check's bound).
+    #: The largest PTTL in ms that a node holding it answered, -1 for no expiry: the bound of
+    #: :meth:`Inventory.release`'s renewal check (``None``: not read from Redis).
     pttl_ms: int | None = None
 
     @property
@@ -300,7 +301,7 @@ class Inventory:
         """Delete ``lock.key`` only if it still holds ``lock.value`` (and, ``unless_renewed``,
         only if its TTL did not grow since it was read); on every node of a quorum."""
         keys = keys_for(self.prefix, lock.name)
-        limit = lock.pttl_ms if unless_renewed and lock.pttl_ms is not None else None
+        limit = lock.pttl_ms if unless_renewed else None
 
         def one(client: Any) -> int:
             # Handoff as the holder's own release does it: on one plain node only (a quorum's
@@ -520,7 +521,7 @@ class Inventory:
             ttl=None if pttl < 0 else pttl / 1000.0,
             fencing_token=fencing,
             overrides=overrides,
-            pttl_ms=None if largest < 0 else largest,
+            pttl_ms=largest,
         )
 
 
