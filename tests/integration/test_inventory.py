@@ -84,6 +84,18 @@ def test_a_quorum_lock_is_listed_once_by_the_first_node_holding_it() -> None:
         assert sorted(walk(inventory, 3)) == sorted(lock.key for lock in locks)
 
 
+def test_a_quorum_lock_is_released_on_every_node() -> None:
+    with RedisServer() as a, RedisServer() as b, RedisServer() as c:
+        urls = [a.url, b.url, c.url]
+        lock = Lock(urls, "q", ttl=30)
+        assert lock.acquire()
+        inventory = Inventory(urls, "redlock")
+        seen = inventory.read(lock.key)
+        assert seen is not None and seen.fencing_token == lock.fencing_token
+        assert inventory.release(seen, unless_renewed=True) is Released.RELEASED
+        assert [s.client().exists(lock.key) for s in (a, b, c)] == [0, 0, 0]
+
+
 def test_a_release_never_frees_a_lease_renewed_since_it_was_read(redis_url: str) -> None:
     inventory = Inventory(redis_url, "redlock")
     holder = Lock(redis_url, "renewed", ttl=30, owner="t")
