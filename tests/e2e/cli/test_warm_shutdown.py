@@ -29,7 +29,7 @@ def test_a_task_running_in_a_worker_in_warm_shutdown_keeps_its_lock(
     locks = redis_py.Redis(port=server.port)
     node = f"drain@{HOST}"
     with WorkerProcess(server.port, "drain", app=APP, args=["-Q", "drain"]) as worker:
-        result = client.send_task(HOLD, args=("drain",), queue="drain")
+        result = client.send_task(HOLD, args=("drain", 120.0), queue="drain")
         started(records, "drain")
         (lock,) = [
             item
