@@ -29,9 +29,11 @@ from typing import Any
 from celery.signals import worker_process_shutdown
 
 from ._celery.options import settings_for
-from ._redis.clients import UNAVAILABLE_ERRORS, client_for, redact
+from ._redis.clients import client_for, redact
+from ._redis.inventory import Inventory
 from ._redis.keys import stats_key
 from ._redis.owner import current_pid
+from .exceptions import LockUnavailable
 
 __all__ = ["EVENTS", "PrometheusCollector", "count", "flush", "read_stats"]
 
@@ -124,11 +126,6 @@ def _current() -> _Counters:
         return _counters
 
 
-def _stats_url(app: Any) -> str:
-    url = settings_for(app).url
-    return url if isinstance(url, str) else url[0]
-
-
 def count(app: Any, task_name: str, event: str) -> None:
     """Count one ``event`` of the task called ``task_name`` (flushed within a second)."""
     counters = _counters
@@ -158,39 +155,13 @@ worker_process_shutdown.connect(_flush_at_exit, weak=False)
 
 
 def read_stats(app: Any) -> dict[str, dict[str, int]]:
-    """The counters of every task of ``app``'s lock prefix, summed over all processes."""
+    """The counters of every task of ``app``'s lock prefix, summed over all processes.
+
+    Raises :class:`~celery_redlock.LockUnavailable` naming the node (credentials hidden) when
+    it does not answer or refuses the read (an ACL user without ``+scan`` or ``+hgetall``).
+    """
     settings = settings_for(app)
-    client = client_for(_stats_url(app))
-    prefix = stats_key(settings.prefix, "")
-    out: dict[str, dict[str, int]] = {}
-    for page in _pages(client, prefix + "*"):
-        pipe = client.pipeline(transaction=False)
-        for key in page:
-            pipe.hgetall(key)
-        for key, values in zip(page, pipe.execute(), strict=True):
-            name = key.decode() if isinstance(key, bytes) else key
-            out[name[len(prefix) :]] = {
-                (k.decode() if isinstance(k, bytes) else k): int(v) for k, v in values.items()
-            }
-    return out
-
-
-#: Keys a ``SCAN`` step looks at: the counters share the keyspace with every held lock, so a
-#: small step (redis-py's default is 10) costs one round trip per ten locks.
-SCAN_COUNT = 1000
-
-
-def _pages(client: Any, pattern: str) -> Iterator[list[Any]]:
-    """The keys matching ``pattern``, in pages of up to :data:`SCAN_COUNT` (never all in
-    memory; a Cluster client scans every node)."""
-    page: list[Any] = []
-    for key in client.scan_iter(match=pattern, count=SCAN_COUNT):
-        page.append(key)
-        if len(page) == SCAN_COUNT:
-            yield page
-            page = []
-    if page:
-        yield page
+    return Inventory(settings.url, settings.prefix).counters()
 
 
 class PrometheusCollector:
@@ -207,7 +178,7 @@ class PrometheusCollector:
         )
         try:
             stats = read_stats(self.app)
-        except UNAVAILABLE_ERRORS as exc:  # one failing collector must not fail the scrape
+        except LockUnavailable as exc:  # one failing collector must not fail the scrape
             logger.warning("lock counters unavailable for Prometheus: %s", exc)
             stats = {}
         for task, counts in sorted(stats.items()):

@@ -142,12 +142,26 @@ def task_lock_name(lock_name: str, canonical: bytes, secret: str | bytes | None 
     return f"{lock_name}:{digest(canonical, secret)}"
 
 
-def lock_pattern(prefix: str) -> str:
-    """A ``SCAN`` pattern matching every key of every lock under ``prefix``.
+def glob_escape(text: str) -> str:
+    """``text`` matched literally in a ``SCAN``/``KEYS`` pattern: ``*?[]\\`` escaped.
+
+    (Unescaped, ``redlock_prefix="red[lock"`` opened a character class and matched no key.)
+    """
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def lock_pattern(prefix: str, name_prefix: str = "") -> str:
+    """A ``SCAN`` pattern matching every key of every lock under ``prefix`` (whose name starts
+    with ``name_prefix``), both matched literally.
 
     It matches slot keys and also fences and queued markers: :func:`is_slot` tells them apart.
     """
-    return f"{prefix}:{{*}}*"
+    return f"{glob_escape(prefix)}:{{{glob_escape(name_prefix)}*}}*"
+
+
+def stats_pattern(prefix: str) -> str:
+    """A ``SCAN`` pattern matching the counters of every task under ``prefix`` (literally)."""
+    return glob_escape(stats_key(prefix, "")) + "*"
 
 
 def is_slot(key: str | bytes) -> bool:

@@ -1,8 +1,8 @@
 """What ``celery redlock`` makes of one lock without asking Redis: an ``ls --json`` row, and
 which key names are slots of a lock.
 
-``ls --json`` writes its rows itself (:func:`celery_redlock.cli._json_row`, faster than a dict
-and ``json.dumps`` per lock): each must be the text ``json.dumps(lock.as_dict(),
+``ls --json`` writes its rows itself (:func:`celery_redlock.cli._format.json_row`, faster
+than a dict and ``json.dumps`` per lock): each must be the text ``json.dumps(lock.as_dict(),
 sort_keys=True)`` gives, for every type a field can have.
 """
 
@@ -17,7 +17,8 @@ from celery import Celery
 
 from celery_redlock._celery.options import settings_for
 from celery_redlock._redis import owner as _owner
-from celery_redlock.cli import HeldLock, LockStore, _json_row
+from celery_redlock.cli import HeldLock, LockStore
+from celery_redlock.cli._format import json_row as _json_row
 
 DIGEST = "0123456789abcdef0123456789abcdef"
 

@@ -174,6 +174,24 @@ return 0
 """
 )
 
+RELEASE_UNRENEWED = (
+    _HAND_ON
+    + """
+-- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3] one slot key
+-- ARGV[1] owner token read from it, ARGV[2] '': no check, else the most PTTL in ms the slot may
+--         have left (what was read: more means its holder renewed it since, so it is alive),
+-- ARGV[3] '1': hand a single-slot lock over to the first queued waiter (as in RELEASE)
+-- returns 1 released (as RELEASE), 2 deleted but PUBLISH was refused,
+--         0 not held by ARGV[1] any more (expired or taken over), -1 kept: renewed since read
+-- The release of `celery redlock release` (an operator's, not the holder's): the owner check
+-- and the renewal check are one step with the delete, so a renewal that lands between the
+-- operator's read and the delete keeps the lock.
+if redis.call('GET', KEYS[3]) ~= ARGV[1] then return 0 end
+if ARGV[2] ~= '' and redis.call('PTTL', KEYS[3]) > tonumber(ARGV[2]) then return -1 end
+return free_slot(KEYS[1], KEYS[2], KEYS[3], ARGV[3] == '1')
+"""
+)
+
 PTTLS = """
 -- KEYS[1..n] any keys (of one node; read only)
 -- returns the PTTL of each, in order: one command for a page of keys instead of one each
@@ -277,6 +295,14 @@ def release_attempt_call(
     """``(KEYS, ARGV)`` of :data:`RELEASE_ATTEMPT`."""
     argv = [task_id, host, str(pid), "1" if handoff else "0"]
     return [keys.channel, keys.waiters, *keys.slots], argv
+
+
+def release_unrenewed_call(
+    keys: LockKeys, slot: str, token: str, max_pttl_ms: int | None, handoff: bool
+) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of :data:`RELEASE_UNRENEWED` (``max_pttl_ms=None``: no renewal check)."""
+    limit = "" if max_pttl_ms is None else str(max_pttl_ms)
+    return [keys.channel, keys.waiters, slot], [token, limit, "1" if handoff else "0"]
 
 
 def raise_fence_call(keys: LockKeys, token: int) -> tuple[list[str], list[Any]]:

@@ -15,6 +15,7 @@ from celery import Celery
 
 from celery_redlock import Lock
 from celery_redlock._celery.options import settings_for
+from celery_redlock._redis.inventory import Released
 from celery_redlock.cli import LockStore
 from celery_redlock.metrics import EVENTS, read_stats
 from celery_redlock.testing import RedisServer, free_port, wait_until
@@ -99,7 +100,11 @@ def test_release_dead_releases_only_the_locks_of_workers_that_are_gone(
     server: RedisServer, w1: WorkerProcess, client: Celery, records: redis_py.Redis
 ) -> None:
     locks = redis_py.Redis(port=server.port)
-    with WorkerProcess(server.port, "gone", app=APP, args=["-Q", "gone"]) as gone:
+    # The dead worker renews with a 15 s lease (the CLI told the same): once 5 s have passed
+    # since its last renewal (a third of the lease), nothing proves a live holder any more.
+    # w1's 30 s lease is no lease of 15 s: its holder is judged by the ping alone.
+    env = {"REDLOCK_TEST_LEASE": "15"}
+    with WorkerProcess(server.port, "gone", app=APP, args=["-Q", "gone"], env=env) as gone:
         lost = client.send_task(HOLD, args=("dead",), queue="gone")
         started(records, "dead")
         gone.kill()  # SIGKILL, whole group: nobody releases; the lock stays until its lease ends
@@ -110,12 +115,13 @@ def test_release_dead_releases_only_the_locks_of_workers_that_are_gone(
     assert outside.acquire()
     by_id = {i["task_id"]: i for i in json.loads(cli(server.port, "ls", "--json").stdout)}
     dead_key, alive_key = by_id[lost.id]["key"], by_id[alive.id]["key"]
+    wait_until(lambda: 0 < locks.pttl(dead_key) <= 10_000, 10, "a third of the lease to pass")
 
-    dry = cli(server.port, "release", "--dead", "--dry-run")
+    dry = cli(server.port, "release", "--dead", "--dry-run", env=env)
     assert dry.returncode == 0, dry.stderr
     assert f"would release {dead_key}" in dry.stdout and locks.exists(dead_key)
 
-    done = cli(server.port, "release", "--dead")
+    done = cli(server.port, "release", "--dead", env=env)
     assert done.returncode == 0, done.stderr
     assert f"released {dead_key}: task {lost.id} on gone@{HOST}" in done.stdout
     assert f"kept {alive_key}" in done.stdout and "worker alive" in done.stdout
@@ -174,11 +180,11 @@ def test_release_never_deletes_a_lock_that_changed_owner(redis_url: str) -> None
     first.release()
     second = Lock(redis_url, "job", ttl=30, owner="second")
     assert second.acquire()
-    assert store.release(seen) is False  # compare-and-delete: the value changed
+    assert store.release(seen) is Released.CHANGED  # compare-and-delete: the value changed
     assert second.locked()
     now = store.read(seen.key)
     assert now is not None and now.holder is not None and now.holder.task_id == "second"
-    assert store.release(now) is True
+    assert store.release(now) is Released.RELEASED
     assert not second.locked()
     app.close()
 

@@ -1,0 +1,543 @@
+"""The inventory of an app's locks: what is held, by whom, until when; counters; clean-up.
+
+What ``celery redlock`` and a dashboard read and change, in the Redis layer (no Celery)::
+
+    inventory = Inventory("redis://localhost:6379/1", "redlock")
+    page = inventory.page()                      # one SCAN step: Page(locks, cursor)
+    while page.cursor != "0":
+        page = inventory.page(page.cursor)       # cursors page across Cluster primaries too
+    inventory.read("redlock:{proj.sync:9f…}")    # one lock, or None
+    inventory.release(lock, unless_renewed=True) # owner-checked, never a renewed lease
+
+Every read returns :class:`HeldLock` values; a node that does not answer raises
+:class:`~celery_redlock.LockUnavailable` naming it (credentials hidden), and an ACL user refused
+a command raises :class:`InventoryRefused` naming the command. For a quorum (a list of URLs) a
+lock is listed when a majority of nodes hold the same token; its TTL is the time until fewer
+than a majority do.
+
+Every release is a compare-and-delete of the exact value that was read, so a lock that changed
+owner meanwhile is never deleted:
+
+1. ``KEY = V`` is read (held by task T on worker w1);
+2. the operator decides w1 is gone;
+3. V expires and a task on w2 acquires ``KEY = V'``;
+4. the release compares ``V'`` with ``V``, deletes nothing: :attr:`Released.CHANGED`.
+
+With ``unless_renewed`` the delete also requires that the lock's TTL did not grow since it was
+read: a holder's renewal resets the TTL to the full lease, so a holder that renewed between the
+read and the delete (alive, whatever else said it was dead) keeps its lock
+(:attr:`Released.RENEWED`). Both checks run in the one script that deletes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import redis as redis_py
+from redis.cluster import RedisCluster
+
+from ..exceptions import LockUnavailable
+from . import owner as _owner
+from . import scripts as _scripts
+from .clients import UNAVAILABLE_ERRORS, client_for, redact, refused
+from .keys import (
+    call_key,
+    fence_of,
+    is_slot,
+    keys_for,
+    lock_pattern,
+    stats_key,
+    stats_pattern,
+    validate_name,
+)
+from .nodes import majority
+
+__all__ = ["PAGE", "HeldLock", "Inventory", "InventoryRefused", "Page", "Released", "lease_age"]
+
+T = TypeVar("T")
+
+#: Keys per ``SCAN`` step (one :meth:`Inventory.page`), each page read in one pipelined round
+#: trip per node.
+PAGE = 1000
+
+_HEX = frozenset("0123456789abcdef")
+
+
+class InventoryRefused(LockUnavailable):
+    """The lock Redis refused a command to this ACL user (``NOPERM``); the message names it."""
+
+
+@dataclass(frozen=True)
+class HeldLock:
+    """One held lock (one slot of a lock) as read from Redis."""
+
+    key: str
+    #: The name inside the braces: ``<lock_name>:<digest>`` for a task's lock.
+    name: str
+    #: 1 for a lock; 1..``lock_limit`` for the slots of a semaphore.
+    slot: int
+    #: The stored value; ``holder`` is ``None`` when it is not a token of this package.
+    value: str
+    holder: _owner.Owner | None
+    #: Seconds left (for a quorum: until fewer than a majority hold it); ``None``: no expiry.
+    ttl: float | None
+    #: The fencing counter (a quorum's or a semaphore's); ``None`` for a one-server lock, whose
+    #: holder reads its token from the server clock on first use and stores none.
+    fencing_token: int | None
+    #: The per-call overrides the holder took it with (``apply_async(..., lock_ttl=...)``).
+    overrides: dict[str, Any] | None = None
+    #: The largest PTTL in ms that a node holding it answered, -1 for no expiry: the bound of
+    #: :meth:`Inventory.release`'s renewal check (``None``: not read from Redis).
+    pttl_ms: int | None = None
+
+    @property
+    def lock_name(self) -> str:
+        """The name without the argument digest: the task's ``lock_name`` for a task lock."""
+        head, _, tail = self.name.rpartition(":")
+        is_digest = len(tail) == 32 and _HEX.issuperset(tail)
+        return head if head and is_digest else self.name
+
+    def as_dict(self, alive: str | None = None) -> dict[str, Any]:
+        """JSON-ready fields; the token's secret part is never shown, only its first 8 chars."""
+        holder = self.holder
+        out: dict[str, Any] = {
+            "key": self.key,
+            "name": self.name,
+            "lock_name": self.lock_name,
+            "slot": self.slot,
+            "task_id": holder.task_id if holder else None,
+            "host": holder.host if holder else None,
+            "pid": holder.pid if holder else None,
+            "acquired_ms": holder.acquired_ms if holder else None,
+            "acquired_at": iso(holder.acquired_ms) if holder else None,
+            "ttl": self.ttl,
+            "fencing_token": self.fencing_token,
+            "token_prefix": self.value[:8],
+            "overrides": self.overrides,
+        }
+        if alive is not None:
+            out["alive"] = alive
+        return out
+
+
+def iso(ms: int) -> str:
+    """Milliseconds since the epoch as an ISO 8601 UTC time."""
+    moment = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
+    return moment.isoformat(timespec="milliseconds")
+
+
+def lease_age(lock: HeldLock, lease: float) -> float | None:
+    """Seconds since ``lock``'s TTL was last set to ``lease`` (by its acquisition or a
+    renewal), read from what is left of it; ``None`` when its TTL is longer than ``lease`` or
+    it has no expiry (a fixed ``lock_ttl``, a lock of another lease: not renewed with this
+    one).
+
+    A renewing holder resets its TTL to the lease every ``lease / 3``: an age under that proves
+    a holder that was alive within the last ``lease / 3``. (In the last two thirds of a lease
+    before ``max_hold``, the renewal sets shorter TTLs: the age then overstates the time.)
+    """
+    if lock.ttl is None or lock.ttl > lease:
+        return None
+    return lease - lock.ttl
+
+
+@dataclass(frozen=True)
+class Page:
+    """One :meth:`Inventory.page`: the locks of one ``SCAN`` step and where to go on."""
+
+    locks: list[HeldLock]
+    #: Pass to the next :meth:`Inventory.page`; ``"0"`` once every node is scanned. A page may
+    #: be empty while the cursor is not ``"0"`` (a step that found no lock).
+    cursor: str
+
+
+class Released(enum.Enum):
+    """What :meth:`Inventory.release` did."""
+
+    #: Deleted (waiters woken, or the first queued waiter handed the lock).
+    RELEASED = "released"
+    #: Nothing deleted: it expired or changed owner since it was read.
+    CHANGED = "changed"
+    #: Nothing deleted: its holder renewed it since it was read (``unless_renewed``).
+    RENEWED = "renewed"
+
+    def __bool__(self) -> bool:
+        """True only for :attr:`RELEASED` (``release`` used to return a bool)."""
+        return self is Released.RELEASED
+
+
+class Inventory:
+    """The Redis node(s) holding the locks under ``prefix``: list, read, release, clean up.
+
+    :param url: one URL (a server, Sentinel or Cluster), or the URLs of a quorum.
+    """
+
+    def __init__(self, url: str | Sequence[str], prefix: str) -> None:
+        self.urls = [url] if isinstance(url, str) else list(url)
+        self.prefix = prefix
+        self.quorum = majority(len(self.urls)) if len(self.urls) > 1 else 1
+
+    # -- listing --------------------------------------------------------------------------------
+
+    def page(
+        self,
+        cursor: str = "0",
+        *,
+        name_prefix: str = "",
+        task_id: str | None = None,
+        count: int = PAGE,
+    ) -> Page:
+        """The held locks of one ``SCAN`` step of about ``count`` keys from ``cursor`` (``"0"``:
+        the start), whose name starts with ``name_prefix`` (matched by ``SCAN`` itself) and,
+        with ``task_id``, whose holder is that task id.
+
+        The cursor walks the nodes in turn: the primaries of a Cluster, the nodes of a quorum
+        (a quorum lock is listed by the first node that holds it). As with ``SCAN``, a lock held
+        during the whole walk is listed at least once, and may be listed twice when the key
+        space shrinks a lot meanwhile.
+        """
+        targets = self._targets()
+        index, _, scan_cursor = cursor.partition(":") if cursor != "0" else ("0", "", "0")
+        if not (index.isdigit() and scan_cursor.isdigit()) or int(index) >= len(targets):
+            raise ValueError(f"not an inventory cursor: {cursor!r}")
+        i = int(index)
+        client, node = targets[i]
+        pattern = lock_pattern(self.prefix, name_prefix)
+        try:
+            if node is None:
+                next_scan, raw = client.scan(int(scan_cursor), match=pattern, count=count)
+            else:
+                cursors, raw = client.scan(
+                    int(scan_cursor), match=pattern, count=count, target_nodes=node
+                )
+                next_scan = next(iter(cursors.values()))
+        except Exception as exc:
+            raise self._failure(self.urls[i if len(self.urls) > 1 else 0], exc) from exc
+        parsed: dict[str, tuple[str, str, int]] = {}
+        for item in raw:
+            key = _text(item)
+            slot = self.parse(key) if is_slot(key) else None
+            if slot is not None:
+                parsed[key] = slot
+        locks = self._read_page(list(parsed.values()), listed_by=i if self.quorum > 1 else None)
+        if int(next_scan) != 0:
+            next_cursor = f"{i}:{int(next_scan)}"
+        else:
+            next_cursor = f"{i + 1}:0" if i + 1 < len(targets) else "0"
+        kept = [
+            lock
+            for lock in locks
+            if lock is not None
+            and (task_id is None or (lock.holder is not None and lock.holder.task_id == task_id))
+        ]
+        return Page(kept, next_cursor)
+
+    def pages(self, *, name_prefix: str = "") -> Iterator[list[HeldLock]]:
+        """Every held lock, a :meth:`page` at a time: memory stays flat."""
+        cursor = "0"
+        while True:
+            page = self.page(cursor, name_prefix=name_prefix)
+            if page.locks:
+                yield page.locks
+            cursor = page.cursor
+            if cursor == "0":
+                return
+
+    def all(
+        self, where: Callable[[HeldLock], bool] | None = None, *, name_prefix: str = ""
+    ) -> list[HeldLock]:
+        """Every held lock once (those for which ``where`` is true), sorted by key."""
+        unique = {
+            lock.key: lock
+            for page in self.pages(name_prefix=name_prefix)
+            for lock in page
+            if where is None or where(lock)
+        }
+        return sorted(unique.values(), key=lambda lk: lk.key)
+
+    def of_lock_name(self, lock_name: str) -> list[HeldLock]:
+        """The held locks whose :attr:`HeldLock.lock_name` is ``lock_name`` (every argument
+        digest of a task's lock), sorted by key."""
+        return self.all(lambda lock: lock.lock_name == lock_name, name_prefix=lock_name)
+
+    def of_task_id(self, task_id: str) -> list[HeldLock]:
+        """The held locks whose holder is the task id ``task_id``, sorted by key."""
+        return self.all(lambda lock: lock.holder is not None and lock.holder.task_id == task_id)
+
+    def read(self, key: str) -> HeldLock | None:
+        """The lock at ``key`` (a slot key or a bare name), or ``None`` when nobody holds it."""
+        parsed = self.parse(key)
+        return None if parsed is None else self._read_page([parsed])[0]
+
+    def parse(self, key: str) -> tuple[str, str, int] | None:
+        """``(slot key, name, slot)`` of a slot key, or of a bare name (its first slot)."""
+        head = f"{self.prefix}:{{"
+        if not key.startswith(head):
+            try:
+                return keys_for(self.prefix, key).lock, key, 1
+            except ValueError:
+                return None
+        name, _, tail = key[len(head) :].rpartition("}")
+        # Slot 1 has no suffix and slot i >= 2 ends in ":<i>" (keys_for): checked here without
+        # building the slots, which for a key ending in ":99999999" would be as many names.
+        number = tail[1:]
+        canonical = number.isascii() and number.isdigit() and number[0] != "0" and number != "1"
+        if tail and not (tail[0] == ":" and canonical):
+            return None
+        try:
+            validate_name(name)
+        except ValueError:
+            return None
+        return key, name, int(number) if tail else 1
+
+    # -- changing -------------------------------------------------------------------------------
+
+    def release(self, lock: HeldLock, *, unless_renewed: bool = False) -> Released:
+        """Delete ``lock.key`` only if it still holds ``lock.value`` (and, ``unless_renewed``,
+        only if its TTL did not grow since it was read); on every node of a quorum."""
+        keys = keys_for(self.prefix, lock.name)
+        limit = lock.pttl_ms if unless_renewed else None
+
+        def one(client: Any) -> int:
+            # Handoff as the holder's own release does it: on one plain node only (a quorum's
+            # and a Cluster's waiters listen on the shared channel; see scripts.RELEASE).
+            handoff = len(self.urls) == 1 and not isinstance(client, RedisCluster)
+            call = _scripts.release_unrenewed_call(keys, lock.key, lock.value, limit, handoff)
+            return int(_scripts.run(client, _scripts.RELEASE_UNRENEWED, *call))
+
+        replies = [r for r in self._each(one) if r is not None]
+        if -1 in replies:
+            return Released.RENEWED
+        failed = len(self.urls) - len(replies)
+        if sum(1 for r in replies if r > 0) + failed >= self.quorum:
+            return Released.RELEASED
+        return Released.CHANGED
+
+    def queued(self, name: str) -> str | None:
+        """The task id of ``name``'s queued call (``lock_enqueue``), or ``None``."""
+        marker = self._first(lambda c: c.get(keys_for(self.prefix, name).queued))
+        return None if marker is None else _text(marker)
+
+    def clear_queued(self, name: str, task_id: str) -> bool:
+        """Delete ``name``'s queued-call marker if it still names ``task_id`` (so that the next
+        call is queued again); whether it did."""
+        keys = keys_for(self.prefix, name)
+        call = ([keys.queued], [task_id])
+        cleared = self._each(lambda c: _scripts.run(c, _scripts.CLEAR_QUEUED, *call))
+        return any(bool(r) for r in cleared)
+
+    def reset_rate(self, name: str) -> bool:
+        """Forget ``name``'s ``lock_rate`` window (its starts and the promised slots): the next
+        call starts at once. Whether there was one."""
+        keys = keys_for(self.prefix, name)
+        deleted = self._each(lambda c: int(c.delete(keys.rate, keys.rate_next)))
+        return any(bool(r) for r in deleted)
+
+    # -- counters -------------------------------------------------------------------------------
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """The event counters of every task under the prefix, ``{task: {event: count}}``,
+        summed over all processes (they live on the first node)."""
+        client = self._client(0)
+        head = stats_key(self.prefix, "")
+        out: dict[str, dict[str, int]] = {}
+        try:
+            page: list[Any] = []
+            for key in client.scan_iter(match=stats_pattern(self.prefix), count=PAGE):
+                page.append(key)
+                if len(page) == PAGE:
+                    self._count(client, page, head, out)
+                    page = []
+            self._count(client, page, head, out)
+        except Exception as exc:
+            raise self._failure(self.urls[0], exc) from exc
+        return out
+
+    @staticmethod
+    def _count(client: Any, page: list[Any], head: str, out: dict[str, dict[str, int]]) -> None:
+        pipe = client.pipeline(transaction=False)
+        for key in page:
+            pipe.hgetall(key)
+        for key, values in zip(page, pipe.execute() if page else [], strict=True):
+            out[_text(key)[len(head) :]] = {_text(k): int(v) for k, v in values.items()}
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _client(self, i: int) -> Any:
+        try:
+            return client_for(self.urls[i])
+        except Exception as exc:
+            raise self._failure(self.urls[i], exc) from exc
+
+    def _targets(self) -> list[tuple[Any, Any]]:
+        """What the cursor walks: ``(client, cluster node or None)`` in a stable order."""
+        if len(self.urls) > 1:
+            return [(self._client(i), None) for i in range(len(self.urls))]
+        client = self._client(0)
+        if not isinstance(client, RedisCluster):
+            return [(client, None)]
+        try:
+            primaries = client.get_primaries()
+        except Exception as exc:
+            raise self._failure(self.urls[0], exc) from exc
+        return [(client, node) for node in sorted(primaries, key=lambda n: n.name)]
+
+    def _failure(self, url: str, exc: BaseException) -> LockUnavailable:
+        """``exc`` from the node at ``url`` as the error to raise (credentials hidden)."""
+        shown = redact(url)
+        if isinstance(exc, LockUnavailable):
+            return exc
+        if isinstance(exc, redis_py.exceptions.ResponseError) and refused(exc):
+            if "NOPERM" in str(exc) or isinstance(exc, redis_py.exceptions.NoPermissionError):
+                return InventoryRefused(
+                    f"permission denied by the lock Redis at {shown}: {redact(exc)} (grant "
+                    "that command to the ACL user: the command line needs +scan +exists +mget "
+                    "+pttl +hgetall, see the guide's ACL section)",
+                    nodes=(shown,),
+                )
+            return LockUnavailable(f"the lock Redis at {shown} refused: {redact(exc)}")
+        if isinstance(exc, (*UNAVAILABLE_ERRORS, redis_py.RedisError)):
+            return LockUnavailable(
+                f"cannot reach the lock Redis: {shown} ({redact(exc)})", nodes=(shown,)
+            )
+        raise exc  # a bug, not Redis: its own traceback
+
+    def _each(self, call: Callable[[Any], T]) -> list[T | None]:
+        """``call(client)`` on every node; ``None`` for a node that does not answer. Raises
+        when fewer than a majority answer, or on a refused permission."""
+        out: list[T | None] = []
+        failed: list[LockUnavailable] = []
+        for i in range(len(self.urls)):
+            try:
+                out.append(call(self._client(i)))
+            except Exception as exc:
+                error = self._failure(self.urls[i], exc)
+                if isinstance(error, InventoryRefused):
+                    raise error from exc
+                out.append(None)
+                failed.append(error)
+        if len(failed) > len(self.urls) - self.quorum:
+            if len(failed) == 1:
+                raise failed[0]
+            raise LockUnavailable(
+                f"fewer than {self.quorum} of the {len(self.urls)} lock Redis nodes answer: "
+                + "; ".join(map(str, failed)),
+                nodes=tuple(n for e in failed for n in e.nodes),
+            )
+        return out
+
+    def _first(self, call: Callable[[Any], T]) -> T | None:
+        """``call(client)`` on the nodes in turn: the first answer that is not ``None``."""
+        return next((r for r in self._each(call) if r is not None), None)
+
+    def _read_page(
+        self, parsed: Sequence[tuple[str, str, int]], listed_by: int | None = None
+    ) -> list[HeldLock | None]:
+        """The lock at each ``(slot key, name, slot)``: one pipelined round trip per node (a
+        second one when some of them have a fencing counter or a call record). With
+        ``listed_by`` (a quorum node's index), a lock that an earlier node holds is left out:
+        that node lists it."""
+        if not parsed:
+            return []
+        # As bytes: redis-py sends bytes as they are, and a str is encoded argument by argument.
+        keys = [key.encode() for key, _, _ in parsed]
+        fences = [fence_of(key).encode() for key, _, _ in parsed]
+        records = [call_key(key).encode() for key, _, _ in parsed]
+
+        def many(client: Any) -> list[tuple[Any, ...]]:
+            pipe = client.pipeline(transaction=False)
+            if isinstance(client, RedisCluster):  # keys of other slots: one GET each
+                for key, fence, record in zip(keys, fences, records, strict=True):
+                    pipe.get(key)
+                    pipe.get(fence)
+                    pipe.get(record)
+                for key in keys:
+                    pipe.pttl(key)
+                flat = pipe.execute()
+                n = 3 * len(keys)
+                return list(zip(flat[0:n:3], flat[n:], flat[1:n:3], flat[2:n:3], strict=True))
+            # An MGET and a PTTL script for the whole page, and an EXISTS each for the fencing
+            # counters and the call records: few locks have them (a quorum's or a semaphore's
+            # counter; per-call overrides), and a count is one reply to parse where an MGET is
+            # one per lock. A page that has some reads them with an MGET more.
+            pipe.mget(keys)
+            pipe.script_load(_scripts.PTTLS)  # in the same round trip: never a NOSCRIPT
+            pipe.evalsha(_scripts.sha1(_scripts.PTTLS), len(keys), *keys)
+            pipe.exists(*fences)
+            pipe.exists(*records)
+            values, _, pttls, any_fenced, any_recorded = pipe.execute()
+            none = [None] * len(keys)
+            fenced = client.mget(fences) if any_fenced else none
+            recorded = client.mget(records) if any_recorded else none
+            return list(zip(values, pttls, fenced, recorded, strict=True))
+
+        per_node = self._each(many)
+        out: list[HeldLock | None] = []
+        for k, (key, name, slot) in enumerate(parsed):
+            replies = [node[k] for node in per_node if node is not None]
+            if listed_by is not None and any(
+                node is not None and node[k][0] is not None for node in per_node[:listed_by]
+            ):
+                out.append(None)
+                continue
+            out.append(self._held(key, name, slot, replies))
+        return out
+
+    def _held(
+        self, key: str, name: str, slot: int, replies: Sequence[tuple[Any, ...]]
+    ) -> HeldLock | None:
+        """What the nodes' ``(value, pttl, fence, call record)`` replies say about ``key``."""
+        if self.quorum == 1 and len(replies) == 1:  # one node: its reply is the answer
+            raw, raw_pttl, fence, record = replies[0]
+            if raw is None:
+                return None
+            value, pttl = _text(raw), int(raw_pttl)
+            largest = pttl
+            fencing = None if fence is None else int(fence)
+            overrides = None if record is None else _overrides(value, [record])
+        else:
+            replies = [r for r in replies if r[0] is not None]
+            values = [_text(r[0]) for r in replies]
+            majority_value = max(set(values), key=values.count) if values else None
+            if majority_value is None or values.count(majority_value) < self.quorum:
+                return None
+            value = majority_value
+            pttls = sorted((int(r[1]) for r in replies if _text(r[0]) == value), reverse=True)
+            pttl, largest = pttls[self.quorum - 1], pttls[0]
+            fences = [int(r[2]) for r in replies if r[2] is not None]
+            fencing = max(fences) if fences else None
+            overrides = _overrides(value, [r[3] for r in replies])
+        return HeldLock(
+            key=key,
+            name=name,
+            slot=slot,
+            value=value,
+            holder=_owner.parse(value),
+            ttl=None if pttl < 0 else pttl / 1000.0,
+            fencing_token=fencing,
+            overrides=overrides,
+            pttl_ms=largest,
+        )
+
+
+def _overrides(token: str, records: Sequence[Any]) -> dict[str, Any] | None:
+    """The overrides in the first record written by the holder of ``token`` (see
+    :func:`celery_redlock._celery.engine._record_overrides`); ``None`` when none is."""
+    for record in records:
+        try:
+            data = json.loads(record) if record is not None else None
+        except ValueError:
+            continue
+        if isinstance(data, dict) and data.get("token") == token:
+            overrides = data.get("overrides")
+            return dict(overrides) if isinstance(overrides, dict) else None
+    return None
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value

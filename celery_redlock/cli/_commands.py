@@ -1,0 +1,253 @@
+"""The commands of ``celery redlock``: ``ls``, ``inspect``, ``release`` and ``stats``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from .._celery.identity import spec_of
+from .._redis.inventory import HeldLock, Released
+from ..metrics import EVENTS
+from ._format import dump, fence, json_row, safe, shown_overrides, table, ttl, who
+from ._group import LockStore, answers, redlock, store_of, text_argument
+from ._liveness import DEAD, UNKNOWN, Verdict, verdicts
+
+#: What KEY may be (the messages of an empty or undecodable one say so).
+KEY_FORMS = "a lock key (redlock:{...}), a lock name or a task name"
+
+#: The ``ls --json`` format, as ``--help`` and docs/operations.md describe it.
+JSON_HELP = (
+    "Print a JSON list, one lock object per line (key, name, lock_name, slot, task_id, host, "
+    "pid, acquired_ms, acquired_at, ttl, fencing_token, token_prefix, overrides), streamed in "
+    "SCAN order a page at a time."
+)
+
+
+@redlock.command(name="ls")
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+@click.pass_context
+def ls(ctx: click.Context, as_json: bool) -> None:
+    """List every held lock: key, lock name, holder, acquired at, TTL, fencing token.
+
+    FENCE is the fencing counter of a quorum lock or a semaphore slot; "-" for a one-server
+    lock, which stores none (its holder reads its fencing token from the server clock when
+    asked: current_lock().fencing_token).
+    """
+    store = store_of(ctx)
+    with answers():
+        if as_json:  # streamed a page at a time, in SCAN order: a JSON list, one lock per line
+            opened = False
+            for page in store.pages():
+                items = ",\n ".join(map(json_row, page))
+                click.echo(("," if opened else "[") + "\n " + items, nl=False)
+                opened = True
+            click.echo("\n]" if opened else "[]")
+            return
+        locks = store.all()
+    if not locks:
+        click.echo("no locks held")
+        return
+    rows = [["KEY", "LOCK", "TASK ID", "WORKER", "PID", "ACQUIRED", "TTL", "FENCE"]]
+    for lock in locks:
+        d = lock.as_dict()
+        rows.append(
+            [
+                lock.key,
+                lock.lock_name,
+                d["task_id"] or "-",
+                d["host"] or "-",
+                str(d["pid"] or "-"),
+                d["acquired_at"] or "-",
+                ttl(lock.ttl),
+                fence(lock),
+            ]
+        )
+    click.echo(table(rows))
+
+
+def _lock_names(app: Any, name: str) -> list[str]:
+    """The lock names ``name`` may mean: itself, and the ``lock_name`` of the task so named
+    (none for a key: a name has no braces)."""
+    if "{" in name or "}" in name:
+        return []
+    names = [name]
+    task = app.tasks.get(name)
+    spec = spec_of(task) if task is not None else None
+    if spec is not None and (spec.options.name or task.name) not in names:
+        names.append(spec.options.name or task.name)
+    return names
+
+
+def _matching(ctx: click.Context, store: LockStore, key: str) -> tuple[list[HeldLock], bool]:
+    """The held locks KEY names, and whether KEY is a lock's own key or bare name: that lock;
+    else every lock of the lock name or task name KEY (each argument digest)."""
+    lock = store.read(key)
+    if lock is not None:
+        return [lock], True
+    found: dict[str, HeldLock] = {}
+    for name in _lock_names(ctx.obj.app, key):
+        found.update((lk.key, lk) for lk in store.of_lock_name(name))
+    return sorted(found.values(), key=lambda lk: lk.key), False
+
+
+@redlock.command(name="inspect")
+@click.argument("key", required=False)
+@click.option("--task-id", help="Show the locks held by this task id instead.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--timeout", default=1.0, show_default=True, help="Seconds to wait for a ping.")
+@click.pass_context
+def inspect_(
+    ctx: click.Context, key: str | None, task_id: str | None, as_json: bool, timeout: float
+) -> None:
+    """Show the lock KEY (its key or name; a task or lock name: each of its held locks) and
+    whether its holder is alive, or the locks held by --task-id."""
+    key = text_argument(key, "KEY", KEY_FORMS)
+    task_id = text_argument(task_id, "--task-id", "a task id")
+    if (key is None) == (task_id is None):
+        raise click.UsageError("give either KEY or --task-id")
+    store = store_of(ctx)
+    with answers():
+        if key is not None:
+            locks, direct = _matching(ctx, store, key)
+        else:
+            locks, direct = store.of_task_id(task_id or ""), False
+    judged = verdicts(ctx.obj.app, locks, timeout, store.lease)
+    if as_json:  # KEY: its lock, or null; a lock or task name, --task-id: a list
+        items = [lk.as_dict(judged[lk.key].state) for lk in locks]
+        dump(items[0] if direct else items if items or task_id is not None else None)
+    else:
+        for lk in locks:
+            verdict = judged[lk.key]
+            click.echo(safe(lk.key))
+            for label, shown in (
+                ("lock", f"{safe(lk.lock_name)} (slot {lk.slot})"),
+                ("holder", who(lk)),
+                ("alive", f"{verdict.state} ({safe(verdict.reason)})"),
+                ("acquired", lk.as_dict()["acquired_at"] or "-"),
+                ("ttl", ttl(lk.ttl)),
+                ("fencing", fence(lk) + ("" if lk.fencing_token else " (a one-server lock)")),
+                ("token", f"{lk.value[:8]}..."),
+                ("overrides", shown_overrides(lk.overrides)),
+            ):
+                click.echo(f"  {label:<9} {shown}")
+    if not locks:
+        if not as_json:
+            missing = (
+                f"{key} is not held (no lock has that key, lock name or task name)"
+                if key
+                else f"task {task_id} holds no lock"
+            )
+            click.echo(safe(missing), err=True)
+        ctx.exit(1)
+
+
+@redlock.command(name="release")
+@click.argument("key", required=False)
+@click.option("--force", is_flag=True, help="Release even if the holder is alive.")
+@click.option("--dead", is_flag=True, help="Release every lock whose holder is dead.")
+@click.option("--dry-run", is_flag=True, help="With --dead: only say what would be released.")
+@click.option("--timeout", default=1.0, show_default=True, help="Seconds to wait for a ping.")
+@click.pass_context
+def release(
+    ctx: click.Context, key: str | None, force: bool, dead: bool, dry_run: bool, timeout: float
+) -> None:
+    """Release KEY (refused while its holder is alive, unless --force), or with --dead the
+    locks whose holder is dead: its worker does not answer a control ping, and its lease
+    was not renewed within a third of redlock_lease. Owner-checked: a lock that changed
+    owner, or was renewed, since it was read is never deleted."""
+    key = text_argument(key, "KEY", "a lock key (redlock:{...}) or a lock's name")
+    if dead == (key is not None) or (dead and force) or (dry_run and not dead):
+        raise click.UsageError("use either KEY [--force] or --dead [--dry-run]")
+    store = store_of(ctx)
+    if dead:
+        _release_dead(ctx, store, timeout, dry_run)
+        return
+    assert key is not None
+    with answers():
+        lock = store.read(key)
+    if lock is None:
+        click.echo(f"{safe(key)} is not held: nothing released", err=True)
+        ctx.exit(1)
+        return
+    verdict = verdicts(ctx.obj.app, [lock], timeout, store.lease)[lock.key]
+    shown = safe(lock.key)
+    if verdict.state != DEAD and not force:
+        click.echo(
+            f"refused: {shown} is held by {who(lock)}, and {safe(verdict.reason)}; "
+            "use --force to release it anyway",
+            err=True,
+        )
+        ctx.exit(1)
+        return
+    with answers():
+        outcome = store.release(lock, unless_renewed=not force)
+    if outcome is Released.RELEASED:
+        forced = " (forced)" if verdict.state != DEAD else ""
+        click.echo(f"released {shown}{forced}: it was held by {who(lock)}; {safe(verdict.reason)}")
+        return
+    click.echo(f"not released: {shown} {_not_released(outcome)}", err=True)
+    ctx.exit(1)
+
+
+def _not_released(outcome: Released) -> str:
+    if outcome is Released.RENEWED:
+        return "was renewed by its holder since it was read: the holder is alive"
+    return "expired or changed owner since it was read"
+
+
+def _release_dead(ctx: click.Context, store: LockStore, timeout: float, dry_run: bool) -> None:
+    with answers():
+        locks = store.all()
+    judged = verdicts(ctx.obj.app, locks, timeout, store.lease)
+    released = kept = 0
+    for lock in locks:
+        verdict = judged[lock.key]
+        shown = safe(lock.key)
+        if verdict.state != DEAD:
+            kept += 1
+            click.echo(f"kept {shown}: {who(lock)} ({_why_kept(verdict)})")
+            continue
+        if dry_run:
+            released += 1
+            click.echo(f"would release {shown}: {who(lock)} (worker does not answer)")
+            continue
+        with answers():
+            outcome = store.release(lock, unless_renewed=True)
+        if outcome is Released.RELEASED:
+            released += 1
+            click.echo(f"released {shown}: {who(lock)} (worker does not answer)")
+        else:
+            kept += 1
+            click.echo(f"skipped {shown}: it {_not_released(outcome)}")
+    verb = "would release" if dry_run else "released"
+    click.echo(f"{verb} {released} lock(s) of dead workers; kept {kept}")
+
+
+def _why_kept(verdict: Verdict) -> str:
+    if verdict.state == UNKNOWN:
+        return "liveness unknown"
+    if verdict.renewed:
+        return f"lease renewed: {safe(verdict.reason)}"
+    return "worker alive"
+
+
+@redlock.command(name="stats")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: {task: {event: count}}.")
+@click.pass_context
+def stats(ctx: click.Context, as_json: bool) -> None:
+    """Lock event counters per task, summed over every worker process."""
+    store = store_of(ctx)
+    with answers():
+        counts = store.counters()
+    events = [*EVENTS, *sorted({e for c in counts.values() for e in c} - set(EVENTS))]
+    by_task = {task: {e: c.get(e, 0) for e in events} for task, c in sorted(counts.items())}
+    if as_json:
+        dump(by_task)
+        return
+    if not by_task:
+        click.echo("no lock events counted yet")
+        return
+    rows = [["TASK", *events]]
+    rows += [[task, *(str(c[e]) for e in events)] for task, c in by_task.items()]
+    click.echo(table(rows))

@@ -1,0 +1,84 @@
+"""The ``redlock`` click group, and what its commands share: the app's inventory, input checks.
+
+A subcommand joins the group with ``@redlock.command()`` (or ``redlock.add_command``) and
+reaches the app's locks with :func:`store_of`; Redis errors reach the user as one ``Error:``
+line (:func:`answers`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import click
+
+from .._celery.options import Settings, settings_for
+from .._redis.inventory import Inventory
+from ..exceptions import LockConfigError, RedlockError
+from ._format import tolerant_streams
+
+
+class LockStore(Inventory):
+    """The :class:`~celery_redlock._redis.inventory.Inventory` of an app's settings (its
+    ``redlock_url`` and ``redlock_prefix``), with the ``redlock_lease`` its renewals set."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings.url, settings.prefix)
+        self.settings = settings
+        self.lease = settings.lease
+
+
+@click.group(name="redlock")
+@click.pass_context
+def redlock(ctx: click.Context, /, **_: Any) -> None:
+    """Inspect and release celery-redlock locks; show their counters.
+
+    Run it with your app, whose redlock_* settings say where the locks are:
+    celery -A yourproject redlock ls
+    """
+    tolerant_streams()
+
+
+def _without_app(ctx: click.Context) -> bool:
+    """Whether ``celery`` was run without ``-A``/``--app`` (nor ``APP`` in the environment)."""
+    root = ctx.find_root()
+    return "app" in root.params and not root.params["app"]
+
+
+def store_of(ctx: click.Context) -> LockStore:
+    """The locks of the ``-A`` app; a clear error naming ``-A`` when none was given."""
+    try:
+        return LockStore(settings_for(ctx.obj.app))
+    except LockConfigError as exc:
+        if _without_app(ctx):
+            raise click.ClickException(
+                f"no app given, so no redlock_* settings ({exc}); run it with your app: "
+                f"celery -A yourproject redlock {ctx.info_name} ..."
+            ) from exc
+        raise click.ClickException(str(exc)) from exc
+
+
+@contextlib.contextmanager
+def answers() -> Iterator[None]:
+    """Redis failures as one ``Error:`` line: the node (credentials hidden) and what failed,
+    a refused permission by its command."""
+    try:
+        yield
+    except RedlockError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def text_argument(value: str | None, what: str, expected: str) -> str | None:
+    """``value`` checked: never empty, and UTF-8 text (a byte that is not UTF-8 reaches
+    Python as a lone surrogate, which no key can hold)."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise click.UsageError(f"{what} is empty; expected {expected}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = value.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
+        raise click.UsageError(f"{what} '{shown}' is not UTF-8 text; expected {expected}") from None
+    return value

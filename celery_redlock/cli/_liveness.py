@@ -1,0 +1,147 @@
+"""Whether the holder of a lock is alive: a control ping, and the lock's own renewal.
+
+A holder is *alive* when its worker (the node name ``name@host`` stored in the lock's token)
+answers a control ping within ``--timeout`` seconds, **or** when its lease was set (acquired
+or renewed) within the last third of the lease: a renewing holder resets its TTL to
+``redlock_lease`` every ``lease / 3``, so a TTL above two thirds of the lease proves a holder
+that was alive that recently, whatever the ping says. It is *dead* when neither holds, and
+*unknown* when the lock was not taken in a worker (a plain :class:`~celery_redlock.Lock`, an
+eager call): then nothing can be pinged, and only ``release KEY --force`` releases it. A
+holder that does not answer under its stored name while a live worker answers under a similar
+one (the same name with ``|`` stored as ``_`` by an older version) is *unknown* too: ``dead``
+is said only when no live worker could be the holder.
+
+Why the renewal counts, as a timeline (a rolling deploy):
+
+1. worker w1 gets SIGTERM and starts a warm shutdown: it finishes its running tasks, but it
+   stops consuming, control commands included, at once;
+2. ``release --dead`` pings w1 and hears nothing;
+3. w1's task is still running, and its watchdog renewed the lock 4 s ago (TTL 26 s of a 30 s
+   lease): the lock is kept;
+4. had the renewal been due just then, the release script sees the TTL grow since it was read
+   and deletes nothing (:attr:`~celery_redlock._redis.inventory.Released.RENEWED`).
+
+Hazard, as a timeline: a live worker whose lease is not renewed and that cannot answer a ping
+in time looks dead.
+
+1. a task with a fixed ``lock_ttl`` (no renewal) runs in a worker in warm shutdown, or in a
+   ``solo`` worker whose event loop the task blocks (equally: remote control disabled, a
+   broker partition, a ``--timeout`` that is too short);
+2. ``release --dead`` pings it, gets no answer, sees no recent renewal, and deletes its lock;
+3. a second execution of the same key starts beside the first one.
+
+So ``--dead`` is for workers that were killed or lost (SIGKILL, OOM, a host that is gone).
+A renewed lock of a dead worker is released once it has gone a third of a lease without
+renewal; a fixed-TTL lock as soon as its worker does not answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import click
+
+from .._redis.clients import redact
+from .._redis.inventory import HeldLock, lease_age
+
+#: How a holder's liveness is reported.
+ALIVE, DEAD, UNKNOWN = "alive", "dead", "unknown"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a lock's holder is alive, and why it is said so (one phrase)."""
+
+    state: str
+    reason: str
+    #: Alive by its lease's recent renewal (its worker did not answer the ping).
+    renewed: bool = False
+
+
+def _ping(app: Any, destination: list[str] | None, timeout: float) -> set[str]:
+    """Node names of the workers that answer a control ping (``None``: every worker)."""
+    try:
+        replies = app.control.ping(destination=destination, timeout=timeout) or []
+    except Exception as exc:
+        raise click.ClickException(
+            f"cannot ping workers through the broker ({redact(exc)}); nothing was released"
+        ) from exc
+    answered: set[str] = set()
+    for reply in replies:
+        answered.update(reply)
+    return answered
+
+
+def _spelling(name: str) -> str:
+    """What two spellings of one worker name have in common (older tokens stored ``|``
+    as ``_``)."""
+    return name.replace("|", "_")
+
+
+def liveness(app: Any, hosts: Iterable[str], timeout: float) -> dict[str, str]:
+    """``alive``/``dead``/``unknown`` per holder host, with one control ping for all workers.
+
+    A worker's node name is ``name@host``; any other host (a lock taken outside a worker, an
+    eager call) is ``unknown``: there is nothing to ping. A worker that does not answer is
+    ``dead`` only if no live worker answers under a similar name (:func:`_spelling`): when
+    one with ``_`` in its stored name (perhaps a ``|`` stored by an older version) did not
+    answer, every worker is pinged once more, and a look-alike makes it ``unknown``. Never
+    ``dead`` when unsure. (The ping only: :func:`verdicts` adds the renewal.)
+    """
+    hosts = set(hosts)
+    workers = sorted(h for h in hosts if "@" in h)
+    answered = _ping(app, workers, timeout) if workers else set()
+    silent = [h for h in workers if h not in answered and "_" in h]
+    lookalikes: set[str] = set()
+    if silent:
+        everyone = {_spelling(name) for name in _ping(app, None, timeout)}
+        lookalikes = {h for h in silent if _spelling(h) in everyone}
+    return {
+        h: ALIVE if h in answered else UNKNOWN if "@" not in h or h in lookalikes else DEAD
+        for h in hosts
+    }
+
+
+def verdicts(
+    app: Any, locks: Iterable[HeldLock], timeout: float, lease: float
+) -> dict[str, Verdict]:
+    """The :class:`Verdict` on each lock's holder, by key: the ping, then the renewal."""
+    locks = list(locks)
+    pinged = liveness(app, (lk.holder.host for lk in locks if lk.holder), timeout)
+    return {lock.key: _verdict(lock, pinged, timeout, lease) for lock in locks}
+
+
+def _verdict(lock: HeldLock, pinged: dict[str, str], timeout: float, lease: float) -> Verdict:
+    if lock.holder is None:
+        return Verdict(UNKNOWN, "its value is not a celery-redlock token")
+    host = lock.holder.host
+    state = pinged.get(host, UNKNOWN)
+    if state == ALIVE:
+        return Verdict(ALIVE, f"its worker {host} answers a control ping")
+    if state == UNKNOWN:
+        if "@" not in host:
+            return Verdict(UNKNOWN, "it was not taken in a worker, so its liveness is unknown")
+        return Verdict(
+            UNKNOWN,
+            f"its worker {host} did not answer under that name, but a live worker answers "
+            "under a similar one, so its liveness is unknown",
+        )
+    age = lease_age(lock, lease)
+    if age is not None and age < lease / 3:
+        return Verdict(
+            ALIVE,
+            f"its worker {host} does not answer a control ping (a worker in warm shutdown "
+            f"stops answering at once), but its lease was renewed {age:.1f}s ago, within a "
+            f"third of redlock_lease ({lease / 3:.1f}s), so its holder is alive",
+            renewed=True,
+        )
+    renewal = (
+        f"its lease was last renewed {age:.1f}s ago"
+        if age is not None
+        else "its TTL is not a renewed lease's"
+    )
+    return Verdict(
+        DEAD, f"its worker {host} did not answer a control ping within {timeout}s, and {renewal}"
+    )

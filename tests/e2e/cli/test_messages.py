@@ -1,0 +1,120 @@
+"""What ``celery redlock`` answers to a new user's mistakes and to hostile input (issue 22 item
+12, issue 24 item 10), run as an operator runs it: a subprocess, a real worker where a lock
+must be held by a task.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import redis as redis_py
+from celery import Celery
+
+from celery_redlock import Lock
+from celery_redlock.testing import RedisServer, wait_until
+from support import ROOT
+from support.workers import WorkerProcess
+from tests.e2e.cli.tooling import APP, COUNTED, HOLD, cli, started
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_stdout_that_cannot_show_a_name_gets_escapes_not_a_crash(server: RedisServer) -> None:
+    url = f"redis://127.0.0.1:{server.port}/0"
+    lock = Lock(url, "snow-\u2603-\u00e9", ttl=60, owner="t-\u2603")
+    assert lock.acquire()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "REDLOCK_TEST_PORT": str(server.port)}
+    try:
+        for args in (("ls",), ("inspect", lock.key), ("release", "--dead", "--dry-run")):
+            done = subprocess.run(
+                [sys.executable, "-m", "celery", "-A", APP, "redlock", *args],
+                cwd=ROOT,
+                capture_output=True,
+                timeout=30,
+                check=False,
+                env={**env, "PYTHONIOENCODING": "latin-1"},
+            )
+            out, err = done.stdout.decode("latin-1"), done.stderr.decode("latin-1")
+            assert done.returncode == 0, err
+            assert "Traceback" not in err, err
+            assert "snow-\\u2603-\u00e9" in out  # what Latin-1 can show, it shows
+    finally:
+        lock.release()
+
+
+def test_an_argument_that_is_not_utf8_is_refused_clearly(server: RedisServer) -> None:
+    done = cli(server.port, "inspect", "redlock:{\udcff}")  # the byte 0xff on the command line
+    assert done.returncode == 2, done.stdout
+    assert "KEY 'redlock:{\\xff}' is not UTF-8 text" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("inspect", ""), "KEY is empty; expected a lock key (redlock:{...}), a lock name or a"),
+        (("inspect", "--task-id", ""), "--task-id is empty; expected a task id"),
+        (("release", " "), "KEY is empty; expected a lock key (redlock:{...}) or a lock's name"),
+    ],
+)
+def test_empty_values_are_refused(server: RedisServer, args: tuple[str, ...], message: str) -> None:
+    done = cli(server.port, *args)
+    assert done.returncode == 2, done.stdout
+    assert message in done.stderr
+
+
+def test_without_an_app_the_error_shows_how_to_give_one(server: RedisServer) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("APP", "CELERY_APP")}
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "redlock", "ls"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**env, "CELERY_BROKER_URL": "memory://"},
+    )
+    assert done.returncode == 1
+    assert "no app given" in done.stderr
+    assert "celery -A yourproject redlock ls" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_inspect_takes_a_task_or_lock_name_and_lists_its_held_keys(
+    server: RedisServer, w1: WorkerProcess, client: Celery, records: redis_py.Redis
+) -> None:
+    first = client.send_task(HOLD, args=("by-name",))
+    started(records, "by-name")
+    named = client.send_task(COUNTED, args=("n",), kwargs={"wait": True})
+    wait_until(lambda: records.get("started:counted:n"), 10, "counted('n') to start")
+    try:
+        listed = json.loads(cli(server.port, "ls", "--json").stdout)
+        (hold_lock,) = [item for item in listed if item["task_id"] == first.id]
+        (counted_lock,) = [item for item in listed if item["task_id"] == named.id]
+        assert hold_lock["lock_name"] == HOLD and counted_lock["lock_name"] == "counted"
+
+        by_task = cli(server.port, "inspect", HOLD)  # the LOCK column of `ls`
+        assert by_task.returncode == 0, by_task.stderr
+        assert hold_lock["key"] in by_task.stdout and "alive" in by_task.stdout
+        # A task whose lock_name differs from its name: by either.
+        for name in (COUNTED, "counted"):
+            done = cli(server.port, "inspect", name, "--json")
+            assert done.returncode == 0, done.stderr
+            assert [item["key"] for item in json.loads(done.stdout)] == [counted_lock["key"]]
+        direct = json.loads(cli(server.port, "inspect", hold_lock["key"], "--json").stdout)
+        assert direct["key"] == hold_lock["key"]  # a key: its one object, as before
+
+        missing = cli(server.port, "inspect", "proj.nothing")
+        assert missing.returncode == 1
+        assert "proj.nothing is not held (no lock has that key, lock name or task name)" in (
+            missing.stderr
+        )
+    finally:
+        records.rpush("go:by-name", 1)
+        records.rpush("go:counted:n", 1)
+    assert first.get(timeout=10) == "by-name"
+    assert named.get(timeout=10) == "n"

@@ -1,0 +1,205 @@
+"""The lock inventory (:mod:`celery_redlock._redis.inventory`) and ``celery redlock`` on a real
+Redis: cursor pages over one server, a Cluster's primaries and a quorum's nodes; the release
+that never frees a renewed lease; prefixes with glob characters; refused permissions.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import redis as redis_py
+from celery import Celery
+from click.testing import CliRunner, Result
+
+from celery_redlock import Lock, metrics
+from celery_redlock._redis.inventory import Inventory, InventoryRefused, Released, lease_age
+from celery_redlock.cli import redlock
+from celery_redlock.testing import RedisServer, wait_until
+from support import ROOT
+from support.servers import ClusterNodes
+
+
+def run(app: Celery, *args: str) -> Result:
+    return CliRunner().invoke(redlock, list(args), obj=SimpleNamespace(app=app))
+
+
+def walk(inventory: Inventory, count: int, **filters: str) -> list[str]:
+    """Every key the cursor lists, in order, ``count`` keys a step."""
+    keys, cursor = [], "0"
+    while True:
+        page = inventory.page(cursor, count=count, **filters)
+        keys += [lock.key for lock in page.locks]
+        cursor = page.cursor
+        if cursor == "0":
+            return keys
+
+
+def test_the_cursor_lists_every_lock_once_with_filters(redis_url: str) -> None:
+    held = [Lock(redis_url, f"job-{i}", ttl=60, owner=f"t-{i % 3}") for i in range(40)]
+    other = [Lock(redis_url, f"other-{i}", ttl=60, owner="t-0") for i in range(5)]
+    for lock in held + other:
+        assert lock.acquire(blocking=False)
+    inventory = Inventory(redis_url, "redlock")
+    listed = walk(inventory, 7)
+    assert sorted(listed) == sorted(lock.key for lock in held + other)  # each once
+    assert sorted(walk(inventory, 7, name_prefix="job-")) == sorted(lock.key for lock in held)
+    mine = walk(inventory, 100, task_id="t-0")
+    by_t0 = [lock.key for i, lock in enumerate(held) if i % 3 == 0] + [lk.key for lk in other]
+    assert sorted(mine) == sorted(by_t0)
+    assert inventory.of_lock_name("job-3")[0].key == held[3].key
+    with pytest.raises(ValueError, match="not an inventory cursor"):
+        inventory.page("9:0")
+
+
+def test_the_cursor_walks_every_cluster_primary() -> None:
+    with ClusterNodes() as cluster:
+        locks = [Lock(cluster.url, f"job-{i}", ttl=60) for i in range(60)]
+        for lock in locks:
+            assert lock.acquire(blocking=False)
+        inventory = Inventory(cluster.url, "redlock")
+        listed = walk(inventory, 5)
+        assert sorted(listed) == sorted(lock.key for lock in locks)
+        cursors = set()
+        page = inventory.page(count=5)
+        while page.cursor != "0":
+            cursors.add(page.cursor.partition(":")[0])
+            page = inventory.page(page.cursor, count=5)
+        assert cursors == {"0", "1", "2"}  # the three primaries in turn
+
+
+def test_a_quorum_lock_is_listed_once_by_the_first_node_holding_it() -> None:
+    with RedisServer() as a, RedisServer() as b, RedisServer() as c:
+        urls = [a.url, b.url, c.url]
+        locks = [Lock(urls, f"q-{i}", ttl=60) for i in range(10)]
+        for lock in locks:
+            assert lock.acquire(blocking=False)
+        a.client().delete(locks[0].key)  # held by b and c: listed by b
+        inventory = Inventory(urls, "redlock")
+        assert sorted(walk(inventory, 3)) == sorted(lock.key for lock in locks)
+
+
+def test_a_quorum_lock_is_released_on_every_node() -> None:
+    with RedisServer() as a, RedisServer() as b, RedisServer() as c:
+        urls = [a.url, b.url, c.url]
+        lock = Lock(urls, "q", ttl=30)
+        assert lock.acquire()
+        inventory = Inventory(urls, "redlock")
+        seen = inventory.read(lock.key)
+        assert seen is not None and seen.fencing_token == lock.fencing_token
+        assert inventory.release(seen, unless_renewed=True) is Released.RELEASED
+        assert [s.client().exists(lock.key) for s in (a, b, c)] == [0, 0, 0]
+
+
+def test_a_release_never_frees_a_lease_renewed_since_it_was_read(redis_url: str) -> None:
+    inventory = Inventory(redis_url, "redlock")
+    holder = Lock(redis_url, "renewed", ttl=30, owner="t")
+    assert holder.acquire()
+    seen = inventory.read(holder.key)
+    assert seen is not None and seen.pttl_ms is not None
+    age = lease_age(seen, 30.0)
+    assert age is not None and 0 <= age < 10  # acquired just now: a third of the lease
+    assert lease_age(seen, 10.0) is None  # a TTL above that lease: not renewed with it
+    holder.ttl = 40  # the holder's renewal sets its lease again: the TTL grows
+    holder.extend()
+    assert inventory.release(seen, unless_renewed=True) is Released.RENEWED
+    assert holder.locked()
+    assert inventory.release(seen) is Released.RELEASED  # forced: the owner check only
+    assert not holder.locked()
+    assert inventory.release(seen) is Released.CHANGED
+
+
+def test_an_operator_release_hands_the_lock_to_the_queued_waiter(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    holder = Lock(redis_url, "handed", ttl=30, owner="dead-holder")
+    assert holder.acquire()
+    waiter = Lock(redis_url, "handed", ttl=30, owner="waiter")
+    got: list[bool] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=20)))
+    thread.start()
+    wait_until(lambda: r.zcard(holder.keys.waiters) == 1, 10, "the waiter to queue")
+    seen = Inventory(redis_url, "redlock").read(holder.key)
+    assert seen is not None
+    assert Inventory(redis_url, "redlock").release(seen, unless_renewed=True)
+    thread.join(10)
+    assert got == [True] and waiter.locked()  # at once, not at the old lease's end (30 s)
+    waiter.release()
+
+
+def test_a_prefix_with_glob_characters_hides_no_lock(redis_url: str) -> None:
+    app = Celery("glob", set_as_current=False)
+    app.conf.redlock_url = redis_url
+    app.conf.redlock_prefix = "red[lock"
+    decoy = Lock(redis_url, "decoy", ttl=60, prefix="redl")  # would match `red?lock` loosely
+    lock = Lock(redis_url, "job", ttl=60, prefix="red[lock", owner="t-1")
+    assert lock.acquire() and decoy.acquire()
+    metrics.count(app, "proj.t", "acquired")
+    metrics.flush()
+    try:
+        listed = run(app, "ls", "--json")
+        assert listed.exit_code == 0, listed.output
+        assert [item["key"] for item in json.loads(listed.output)] == ["red[lock:{job}"]
+        assert "red[lock:{job}" in run(app, "ls").output
+        stats = run(app, "stats", "--json")
+        assert stats.exit_code == 0, stats.output
+        assert json.loads(stats.output)["proj.t"]["acquired"] == 1
+    finally:
+        app.close()
+
+
+def _guide_acl_rules() -> list[str]:
+    """The least-privilege ACL line of docs/guide.md, as ACL SETUSER arguments."""
+    text = Path(ROOT, "docs", "guide.md").read_text()
+    line = re.search(r"^user redlock (.+)$", text, re.MULTILINE)
+    assert line is not None, "the guide has no ACL line"
+    return line.group(1).split()
+
+
+@pytest.fixture
+def acl_app(redis_url: str, r: redis_py.Redis) -> Iterator[Celery]:
+    """An app whose lock Redis user is the guide's least-privilege one."""
+    r.execute_command("ACL", "SETUSER", "redlock", "reset", *_guide_acl_rules())
+    app = Celery("acl", set_as_current=False)
+    app.conf.redlock_url = redis_url.replace("redis://", "redis://redlock:secret@")
+    yield app
+    app.close()
+    r.execute_command("ACL", "DELUSER", "redlock")
+
+
+def test_ls_as_the_documented_acl_user_names_the_refused_permission(acl_app: Celery) -> None:
+    done = run(acl_app, "ls")
+    assert done.exit_code == 1 and isinstance(done.exception, SystemExit), done.output
+    assert "permission denied" in done.output and "'scan'" in done.output
+    assert "cannot reach" not in done.output and "secret" not in done.output
+    assert "Traceback" not in done.output
+
+
+def test_stats_without_hgetall_is_one_error_line(
+    redis_url: str, r: redis_py.Redis, acl_app: Celery
+) -> None:
+    r.execute_command("ACL", "SETUSER", "redlock", "+scan")  # but no +hgetall
+    r.hincrby("redlock:stats:proj.t", "acquired", 1)
+    done = run(acl_app, "stats")
+    assert done.exit_code == 1 and isinstance(done.exception, SystemExit), done.output
+    (line,) = done.output.splitlines()
+    assert line.startswith("Error: permission denied") and "'hgetall'" in line
+    with pytest.raises(InventoryRefused, match="hgetall"):
+        metrics.read_stats(acl_app)
+
+
+def test_stats_during_an_outage_names_the_url() -> None:
+    with RedisServer() as gone:
+        url = gone.url.replace("redis://", "redis://:hunter2@")
+    app = Celery("outage", set_as_current=False)
+    app.conf.redlock_url = url
+    done = run(app, "stats")
+    app.close()
+    assert done.exit_code == 1 and isinstance(done.exception, SystemExit), done.output
+    assert f"cannot reach the lock Redis: redis://***@127.0.0.1:{gone.port}/0" in done.output
+    assert "hunter2" not in done.output
