@@ -11,7 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: $(VENV)/.installed
-	$(PY) example_project/demo.py
+	$(PY) -m example_project.demo
 
 test: lint
 	$(PY) -m pytest
@@ -22,7 +22,7 @@ test-lowest: $(VENV)/.installed
 
 # The runs of a minute or more (marker `soak`), skipped by `make test`.
 test-soak: $(VENV)/.installed
-	REDLOCK_SOAK=1 $(PY) -m pytest -m soak tests/e2e
+	REDLOCK_TEST_SOAK=1 $(PY) -m pytest -m soak tests/e2e
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

@@ -28,7 +28,7 @@ from celery_redlock._celery.options import settings_for
 from celery_redlock.metrics import flush
 from celery_redlock.signals import lock_contended
 from celery_redlock.testing import RedisServer
-from tests.conftest import lock_keys
+from support.apps import lock_keys
 from tests.integration.test_tls_acl import ACL_LINE
 
 ROOT = Path(__file__).resolve().parents[2]
