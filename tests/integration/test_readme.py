@@ -13,6 +13,7 @@ test files also run as tests, under pytester (``test_pytest_plugin.py``, ``test_
 from __future__ import annotations
 
 import re
+import sqlite3
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,7 +160,7 @@ def cleanup(ns: dict[str, Any]) -> None:
 
         REGISTRY.unregister(ns["collector"])
     for value in ns.values():
-        if isinstance(value, Celery):
+        if isinstance(value, Celery | sqlite3.Connection):
             value.close()
 
 

@@ -97,6 +97,7 @@ PUBLIC = {
     "LockedTask",
     "RateLimited",
     "RedlockError",
+    "current_fencing_token",
     "current_lock",
     "lock_key",
     "single_instance",
