@@ -471,7 +471,8 @@ def tls_supported() -> str | None:
             "--tls-key-file",
             "/nonexistent",
         ],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # Redis 6.2 reports the bad directive on stderr
         text=True,
         timeout=10,
     ).stdout

@@ -53,7 +53,7 @@ end
 @pytest.fixture
 def busy_server() -> Iterator[RedisServer]:
     """A lock server that answers BUSY 50 ms into a long script."""
-    with RedisServer(args=["--busy-reply-threshold", "50"]) as server:
+    with RedisServer(args=["--lua-time-limit", "50"]) as server:
         yield server
 
 
