@@ -6,7 +6,8 @@ pyproject.toml accepts, on Python 3.10; ``nox -s redis-6.2``: the integration ti
 Redis 6.2 server. ``.ci/run`` says which sessions CI runs, with which tiers.
 
 Interpreters: ``python3.X`` from ``PATH`` if it runs, else pyenv's newest ``3.X.*`` under
-``pyenv root`` (pyenv's shims answer only for the selected versions, so they are skipped). A
+``pyenv root`` (``$PYENV_ROOT`` or ``~/.pyenv`` without pyenv on ``PATH``; pyenv's shims answer
+only for the selected versions, so they are skipped). A
 session whose Python is missing is skipped locally and an error under ``CI=true`` (nox's
 default).
 
@@ -76,8 +77,8 @@ def interpreter(version: str) -> str:
         root = subprocess.run(
             ["pyenv", "root"], capture_output=True, text=True, check=True, timeout=30
         ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return f"python{version}"  # nox reports it missing
+    except (OSError, subprocess.SubprocessError):  # pyenv not on PATH: its default root
+        root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
     pattern = os.path.join(root, "versions", f"{version}.*", "bin", f"python{version}")
     candidates = [p for p in glob.glob(pattern) if re.search(rf"/{version}\.\d+/bin/", p)]
     candidates.sort(key=lambda p: int(re.findall(r"\.(\d+)/bin/", p)[0]))
