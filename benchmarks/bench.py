@@ -47,24 +47,21 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import redis
 
-import redis  # noqa: E402
-
-from benchmarks import bench_asyncio, bench_core, bench_quorum, peers  # noqa: E402
-from benchmarks._common import environment  # noqa: E402
-from benchmarks.bench_core import (  # noqa: E402
+from benchmarks import bench_asyncio, bench_core, bench_quorum, peers
+from benchmarks._common import environment
+from benchmarks.bench_core import (
     STUB,
-    Worker,
+    bench_worker,
     commandstats,
     interleaved,
     median,
     progress,
     run_batch,
 )
-from celery_redlock.testing import RedisServer, wait_until  # noqa: E402
+from celery_redlock.testing import RedisServer, wait_until
+from support import ROOT
 
 QUICK_NOTE = "  [--quick: the figures are noise]"
 SECTIONS = ("pairs", "waiters", "tasks", "footprint", "ops", "quorum", "asyncio")
@@ -382,7 +379,7 @@ def task_waiter(lock_server: RedisServer, size: dict[str, Any]) -> dict[str, Any
         task = app.tasks["bench.wait_hold"]
         marks = redis.Redis(host="127.0.0.1", port=broker.port, db=3, socket_timeout=40)
         lock_client = lock_server.client()
-        worker = Worker(broker.port, "prefork", 2, False).start()
+        worker = bench_worker(broker.port, "prefork", 2, False)
         samples: list[float] = []
         try:
             for r in range(TASK_WAIT_WARMUP + size["waiter_samples"]):
@@ -603,8 +600,8 @@ def engine_python_us(app: Any, n: int) -> dict[str, Any]:
 def load_benchapp(broker: RedisServer, lock_server: RedisServer) -> Any:
     """``benchmarks.benchapp``, (re)imported on ``broker`` (broker, results) and
     ``lock_server`` (locks): it reads their ports from the environment when imported."""
-    os.environ["REDLOCK_BENCH_PORT"] = str(broker.port)
-    os.environ["REDLOCK_BENCH_LOCK_PORT"] = str(lock_server.port)
+    os.environ["REDLOCK_TEST_PORT"] = str(broker.port)
+    os.environ["REDLOCK_TEST_LOCK_PORT"] = str(lock_server.port)
     benchapp = sys.modules.get("benchmarks.benchapp")
     if benchapp is None:
         return importlib.import_module("benchmarks.benchapp")
@@ -619,7 +616,7 @@ def section_tasks(lock_server: RedisServer, size: dict[str, Any]) -> dict[str, A
         tasks = {v: app.tasks[f"bench.{v}"] for v in variants}
         lock_client = lock_server.client()
         timeout = max(120.0, size["tasks"] / 10)
-        worker = Worker(broker.port, "prefork", 2, False).start()
+        worker = bench_worker(broker.port, "prefork", 2, False)
         runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
         try:
             for v in variants:
@@ -797,8 +794,8 @@ def populate(client: redis.Redis, url: str, locks: int, task_names: int) -> floa
 def section_ops(lock_server: RedisServer, size: dict[str, Any]) -> dict[str, Any]:
     env = {
         **os.environ,
-        "REDLOCK_BENCH_PORT": str(lock_server.port),
-        "REDLOCK_BENCH_LOCK_PORT": str(lock_server.port),
+        "REDLOCK_TEST_PORT": str(lock_server.port),
+        "REDLOCK_TEST_LOCK_PORT": str(lock_server.port),
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     celery = [sys.executable, "-m", "celery", "-A", "benchmarks.benchapp", "redlock"]

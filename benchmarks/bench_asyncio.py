@@ -22,16 +22,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python benchmarks/bench_asyncio.py` puts benchmarks/ first
-    sys.path.insert(0, str(ROOT))
+import redis.asyncio as aioredis
+from redis.asyncio.lock import Lock as RedisPyLock
 
-import redis.asyncio as aioredis  # noqa: E402
-from redis.asyncio.lock import Lock as RedisPyLock  # noqa: E402
-
-from benchmarks._common import environment  # noqa: E402
-from celery_redlock.asyncio import Lock  # noqa: E402
-from celery_redlock.testing import RedisServer  # noqa: E402
+from benchmarks._common import environment
+from celery_redlock.asyncio import Lock
+from celery_redlock.testing import RedisServer
 
 Pair = Callable[[], Awaitable[None]]
 

@@ -2,9 +2,9 @@
 
 Run from the repository root (see ``benchmarks/README.md``)::
 
-    python benchmarks/bench_core.py                      # 2000 tasks, 20000 pairs, 3 rounds
-    python benchmarks/bench_core.py --quick              # smoke run, about 10 seconds
-    python benchmarks/bench_core.py --json results.json --profile
+    python -m benchmarks.bench_core                      # 2000 tasks, 20000 pairs, 3 rounds
+    python -m benchmarks.bench_core --quick              # smoke run, about 10 seconds
+    python -m benchmarks.bench_core --json results.json --profile
 
 Everything runs against a private ``redis-server`` on a free port
 (:class:`celery_redlock.testing.RedisServer`); nothing touches a Redis you already run.
@@ -31,32 +31,26 @@ import importlib
 import json
 import os
 import pstats
-import signal
 import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import timeit
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python benchmarks/bench_core.py` puts benchmarks/ first instead
-    sys.path.insert(0, str(ROOT))
+import redis
+import redis.lock
 
-import redis  # noqa: E402
-import redis.lock  # noqa: E402
-
-from benchmarks._common import environment  # noqa: E402
-from celery_redlock import Lock, lock_key  # noqa: E402
-from celery_redlock._redis import keys as _keys  # noqa: E402
-from celery_redlock._redis import owner as _owner  # noqa: E402
-from celery_redlock._redis import renewal as _renewal  # noqa: E402
-from celery_redlock._redis import scripts as _scripts  # noqa: E402
-from celery_redlock.testing import RedisServer, wait_until  # noqa: E402
+from benchmarks._common import environment
+from celery_redlock import Lock, lock_key
+from celery_redlock._redis import keys as _keys
+from celery_redlock._redis import owner as _owner
+from celery_redlock._redis import renewal as _renewal
+from celery_redlock._redis import scripts as _scripts
+from celery_redlock.testing import RedisServer
+from support.workers import WorkerProcess
 
 #: Result polling interval: the timing resolution of a batch's end.
 RESULT_POLL_S = 0.005
@@ -129,78 +123,16 @@ class StubClient:
 STUB = StubClient()
 
 
-class Worker:
-    """``celery -A benchmarks.benchapp worker`` in its own process group, logging to a file."""
-
-    def __init__(self, port: int, pool: str, concurrency: int, verbose: bool) -> None:
-        fd, log = tempfile.mkstemp(prefix="bench-worker-", suffix=".log")
-        os.close(fd)
-        self.log = Path(log)
-        self.cmd = [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "benchmarks.benchapp",
-            "worker",
-            "-P",
-            pool,
-            "-c",
-            str(concurrency),
-            "-n",
-            "bench@%h",
-            "-l",
-            "INFO",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "--logfile",
-            str(self.log),
-        ]
-        self.env = {
-            **os.environ,
-            "REDLOCK_BENCH_PORT": str(port),
-            "REDLOCK_BENCH_VERBOSE": "1" if verbose else "0",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        }
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def start(self, timeout: float = 60.0) -> Worker:
-        self.process = subprocess.Popen(
-            self.cmd,
-            cwd=ROOT,
-            env=self.env,
-            start_new_session=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-        )
-
-        def ready() -> bool:
-            if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(f"worker exited early:\n{self.text()[-3000:]}")
-            return " ready." in self.text()
-
-        try:
-            wait_until(ready, timeout, f"'ready.' in {self.log}")
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def stop(self) -> None:
-        """Warm shutdown (SIGTERM); SIGKILL the process group if it does not exit in 30 s."""
-        proc = self.process
-        if proc is None or proc.poll() is not None:
-            return
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+def bench_worker(port: int, pool: str, concurrency: int, verbose: bool) -> WorkerProcess:
+    """``celery -A benchmarks.benchapp worker`` on the server at ``port``, started and ready."""
+    return WorkerProcess(
+        port,
+        "bench",
+        concurrency,
+        pool,
+        env={"REDLOCK_TEST_VERBOSE": "1" if verbose else "0"},
+        app="benchmarks.benchapp",
+    ).start(timeout=60.0)
 
 
 # -- 1. task throughput ---------------------------------------------------------------------------
@@ -215,7 +147,7 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def process_groups(worker: Worker, server: RedisServer) -> dict[str, list[int]]:
+def process_groups(worker: WorkerProcess, server: RedisServer) -> dict[str, list[int]]:
     """The processes whose CPU time a batch is charged with, by role."""
     assert worker.process is not None and server.process is not None
     children = Path(f"/proc/{worker.process.pid}/task/{worker.process.pid}/children")
@@ -334,7 +266,7 @@ def eager_costs(app: Any, names: Sequence[str], n: int, rounds: int) -> dict[str
 
 
 def bench_tasks(args: argparse.Namespace, server: RedisServer) -> dict[str, Any]:
-    os.environ["REDLOCK_BENCH_PORT"] = str(server.port)  # read when benchapp is imported
+    os.environ["REDLOCK_TEST_PORT"] = str(server.port)  # read when benchapp is imported
     benchapp = sys.modules.get("benchmarks.benchapp")
     benchapp = (
         importlib.reload(benchapp) if benchapp else importlib.import_module("benchmarks.benchapp")
@@ -343,7 +275,7 @@ def bench_tasks(args: argparse.Namespace, server: RedisServer) -> dict[str, Any]
     variants = ["plain", "locked"] + (["locked_ttl"] if args.fixed_ttl else [])
     tasks = {name: getattr(benchapp, name) for name in variants}
     timeout = max(120.0, args.tasks / 10)
-    worker = Worker(server.port, args.pool, args.concurrency, args.verbose).start()
+    worker = bench_worker(server.port, args.pool, args.concurrency, args.verbose)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     lock_keys: list[str] = []
     try:

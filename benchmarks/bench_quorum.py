@@ -1,6 +1,6 @@
 """Acquire+release latency with 1, 3 and 5 Redis nodes, beside pottery's Redlock.
 
-Run from the repository root: ``python benchmarks/bench_quorum.py [--pairs 400] [--rtt-ms 2]``.
+Run from the repository root: ``python -m benchmarks.bench_quorum [--pairs 400] [--rtt-ms 2]``.
 
 Two settings, each measured in this run:
 
@@ -21,22 +21,17 @@ import argparse
 import contextlib
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python benchmarks/bench_quorum.py` puts benchmarks/ first
-    sys.path.insert(0, str(ROOT))
+import redis
 
-import redis  # noqa: E402
-
-from benchmarks._common import environment  # noqa: E402
-from celery_redlock import Lock  # noqa: E402
-from celery_redlock.testing import RedisServer  # noqa: E402
-from support.servers import DelayProxy  # noqa: E402
+from benchmarks._common import environment
+from celery_redlock import Lock
+from celery_redlock.testing import RedisServer
+from support.servers import DelayProxy
 
 NODES = (1, 3, 5)
 

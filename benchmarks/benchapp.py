@@ -1,12 +1,12 @@
 """The Celery app that ``bench_core.py`` runs in a real ``celery worker`` subprocess.
 
-Configured from the environment, like ``tests/e2e/proj.py``: ``REDLOCK_BENCH_PORT`` is the
-benchmark's private redis-server (db 0 locks, 1 broker, 2 results). ``REDLOCK_BENCH_VERBOSE=1``
+Configured from the environment, like ``tests/e2e/proj.py``: ``REDLOCK_TEST_PORT`` is the
+benchmark's private redis-server (db 0 locks, 1 broker, 2 results). ``REDLOCK_TEST_VERBOSE=1``
 keeps Celery's per-task INFO lines (``Received task``, ``Task ... succeeded``); by default they
 are silenced so that log formatting does not dilute the difference being measured, while the
 worker's ``ready.`` line (also INFO) stays.
 
-``REDLOCK_BENCH_LOCK_PORT`` (default: the same server) puts every lock, ours and the peers',
+``REDLOCK_TEST_LOCK_PORT`` (default: the same server) puts every lock, ours and the peers',
 on another redis-server, so that its ``INFO commandstats`` counts lock commands only.
 
 No-op tasks, identical except for the lock:
@@ -41,9 +41,9 @@ from celery import Task, signals
 from celery_redlock import LockedTask
 from support.apps import layout_app
 
-PORT = int(os.environ["REDLOCK_BENCH_PORT"])
+PORT = int(os.environ["REDLOCK_TEST_PORT"])
 BASE = f"redis://127.0.0.1:{PORT}"
-LOCKS = f"redis://127.0.0.1:{os.environ.get('REDLOCK_BENCH_LOCK_PORT') or PORT}/0"
+LOCKS = f"redis://127.0.0.1:{os.environ.get('REDLOCK_TEST_LOCK_PORT') or PORT}/0"
 
 app = layout_app(
     "benchapp",
@@ -55,7 +55,7 @@ app = layout_app(
     # Defaults everywhere else (prefetch multiplier 4, early ack): the common deployment.
 )
 
-#: Loggers that write one INFO line per task; quiet unless REDLOCK_BENCH_VERBOSE=1.
+#: Loggers that write one INFO line per task; quiet unless REDLOCK_TEST_VERBOSE=1.
 _PER_TASK_LOGGERS = ("celery.app.trace", "celery.worker.strategy")
 
 
@@ -63,7 +63,7 @@ _PER_TASK_LOGGERS = ("celery.app.trace", "celery.worker.strategy")
 def _quiet_per_task_logs(**_: Any) -> None:
     # Runs in the worker's main process before the consumer builds its strategies and before
     # the pool forks, so both the "Received task" and the "succeeded" lines are off.
-    if os.environ.get("REDLOCK_BENCH_VERBOSE") != "1":
+    if os.environ.get("REDLOCK_TEST_VERBOSE") != "1":
         for name in _PER_TASK_LOGGERS:
             logging.getLogger(name).setLevel(logging.WARNING)
 

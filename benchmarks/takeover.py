@@ -2,9 +2,9 @@
 
 Run from the repository root (see ``benchmarks/README.md``)::
 
-    python benchmarks/takeover.py                    # every ending, 5 trials, about 3-4 minutes
-    python benchmarks/takeover.py --quick            # 2 trials of 8 endings, under a minute
-    python benchmarks/takeover.py --trials 9 --json takeover.json --endings return,child_kill
+    python -m benchmarks.takeover                    # every ending, 5 trials, about 3-4 minutes
+    python -m benchmarks.takeover --quick            # 2 trials of 8 endings, under a minute
+    python -m benchmarks.takeover --trials 9 --json takeover.json --endings return,child_kill
 
 For each ending, a holder of a key is driven into that ending on a real prefork
 ``celery worker`` while a second execution of the same key (``tests.e2e.proj.waiter``,
@@ -39,18 +39,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python benchmarks/takeover.py` puts benchmarks/ first instead
-    sys.path.insert(0, str(ROOT))
+import redis
+from celery import Celery
+from celery.result import AsyncResult
 
-import redis  # noqa: E402
-from celery import Celery  # noqa: E402
-from celery.result import AsyncResult  # noqa: E402
-
-from benchmarks._common import environment  # noqa: E402
-from celery_redlock.testing import RedisServer, wait_until  # noqa: E402
-from support.procfs import pid_alive  # noqa: E402
-from support.workers import WorkerProcess  # noqa: E402
+from benchmarks._common import environment
+from celery_redlock.testing import RedisServer, wait_until
+from support.procfs import pid_alive
+from support.workers import WorkerProcess
 
 APP = "benchmarks.takeover_app"
 ENDING = "tests.e2e.proj.ending"

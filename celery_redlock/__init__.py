@@ -1,8 +1,9 @@
 """celery-redlock: mutual exclusion for Celery tasks through owner-checked Redis locks.
 
 The Redis layer (:class:`Lock` and the exceptions) imports without Celery; the Celery layer
-(``LockedTask``, ``single_instance``, ``current_lock``, ``lock_key``) is imported on first
-access, so ``from celery_redlock import Lock`` works in a process that never loads Celery.
+(``LockedTask``, ``single_instance``, ``current_lock``, ``current_fencing_token``,
+``lock_key``) is imported on first access, so ``from celery_redlock import Lock`` works in a
+process that never loads Celery.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .exceptions import (
 )
 
 if TYPE_CHECKING:
-    from ._celery.engine import current_lock
+    from ._celery.engine import current_fencing_token, current_lock
     from ._celery.identity import lock_key
     from .decorators import single_instance
     from .task import LockedTask
@@ -37,17 +38,19 @@ __all__ = [
     "LockedTask",
     "RateLimited",
     "RedlockError",
+    "current_fencing_token",
     "current_lock",
     "lock_key",
     "single_instance",
 ]
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
 _CELERY_LAYER = {
     "LockedTask": "celery_redlock.task",
     "single_instance": "celery_redlock.decorators",
     "current_lock": "celery_redlock._celery.engine",
+    "current_fencing_token": "celery_redlock._celery.engine",
     "lock_key": "celery_redlock._celery.identity",
 }
 

@@ -23,12 +23,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import redis
+
+from celery_redlock.testing import RedisServer
+
+#: The repository root: ``python -m example_project.demo`` runs from there.
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import redis  # noqa: E402
-
-from celery_redlock.testing import RedisServer  # noqa: E402
 
 APP = "example_project.tasks"
 TIMELINE_LINES = 8

@@ -1,11 +1,12 @@
-"""The one layout of a Celery app on a test redis-server, and the environment convention of the
-apps that run in ``celery worker`` subprocesses.
+"""The one layout of a Celery app on a test redis-server, and the one environment convention of
+the tests, the benchmarks and the checkers.
 
 Layout: db 0 holds the locks (``redlock_url``), 1 the broker, 2 the results; tasks record what
 they see in db 3.
 
-Environment: a worker app is configured by ``REDLOCK_TEST_*`` variables only, set by its test
-or checker (:class:`support.workers.WorkerProcess` sets ``REDLOCK_TEST_PORT``):
+Environment: every variable the suite, the benchmarks and the checkers read is named
+``REDLOCK_TEST_*``; a worker app is configured by them only, set by its test or checker
+(:class:`support.workers.WorkerProcess` sets ``REDLOCK_TEST_PORT``):
 
 =============================  ===============================================================
 ``REDLOCK_TEST_PORT``          the private redis-server, in the layout above
@@ -13,6 +14,9 @@ or checker (:class:`support.workers.WorkerProcess` sets ``REDLOCK_TEST_PORT``):
 ``REDLOCK_TEST_LEASE``         ``redlock_lease`` in seconds
 ``REDLOCK_TEST_TTL_MARGIN``    ``redlock_ttl_margin`` in seconds
 ``REDLOCK_TEST_VISIBILITY``    the Redis transport's ``visibility_timeout`` in seconds
+``REDLOCK_TEST_REDIS_SERVER``  the ``redis-server`` binary every test server runs
+                               (:func:`celery_redlock.testing.redis_server_binary`)
+``REDLOCK_TEST_SOAK``          ``1``: run the soak tests (marker ``soak``) too
 ``REDLOCK_TEST_<KNOB>``        anything else one app needs (documented in that app)
 =============================  ===============================================================
 """
@@ -22,9 +26,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import redis as redis_py
 from celery import Celery
 
-#: The prefix of every variable a worker app reads.
+from celery_redlock._redis.keys import is_slot, lock_pattern
+from celery_redlock.testing import RedisServer
+
+#: The prefix of every variable the tests, benchmarks and checkers read.
 PREFIX = "REDLOCK_TEST_"
 
 
@@ -51,3 +59,35 @@ def layout_app(name: str, base: str, **conf: Any) -> Celery:
         }
     )
     return app
+
+
+def make_app(server: RedisServer, name: str = "t", **conf: Any) -> Celery:
+    """A test's app (not the current app) in the layout on ``server``; ``conf`` adds settings."""
+    return layout_app(
+        name,
+        f"redis://127.0.0.1:{server.port}",
+        set_as_current=False,
+        result_extended=True,
+        worker_hijack_root_logger=False,  # keep pytest's caplog handler on root
+        **conf,
+    )
+
+
+def app_from(path: str) -> Celery:
+    """An app configured as Django projects do: ``config_from_object(path, namespace="CELERY")``."""
+    app = Celery("proj", set_as_current=False)
+    app.config_from_object(path, namespace="CELERY")
+    return app
+
+
+def lock_keys(client: redis_py.Redis, prefix: str = "redlock") -> list[bytes]:
+    """Lock keys present now (fencing counters excluded)."""
+    return [k for k in client.scan_iter(match=lock_pattern(prefix)) if is_slot(k)]
+
+
+#: The two public APIs, and the task of :mod:`tests.e2e.proj` playing each role under each: a
+#: test parametrized over ``API_TASKS`` picks its task by role (the twins share one lock).
+API_TASKS: dict[str, dict[str, str]] = {
+    "task": {"ending": "ending", "waiter": "waiter", "critical": "critical"},
+    "decorator": {"ending": "plain_ending", "waiter": "plain_waiter", "critical": "plain_critical"},
+}

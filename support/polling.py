@@ -2,7 +2,8 @@
 
 Every other wait uses ``wait_until`` directly (20 ms polls). These poll every 2 ms and return
 *when* something happened (``time.time()``), for ordering and latency figures: a child's death
-versus its lock's release, a kill versus the next start.
+versus its lock's release, a kill versus the next start. :func:`max_in_window` reads a rate
+from such times.
 """
 
 from __future__ import annotations
@@ -42,3 +43,14 @@ def watch_events(events: dict[str, Callable[[], object]], timeout: float) -> dic
         missing = sorted(set(events) - set(seen))
         raise AssertionError(f"timed out after {timeout}s waiting for {missing}") from None
     return seen
+
+
+def max_in_window(times: list[int], period: int) -> int:
+    """The most of ``times`` in any half-open interval of length ``period``."""
+    times = sorted(times)
+    most, first = 0, 0
+    for last, t in enumerate(times):
+        while times[first] <= t - period:
+            first += 1
+        most = max(most, last - first + 1)
+    return most

@@ -1,6 +1,8 @@
 """Redis topologies for tests and benchmarks, all on free ports of 127.0.0.1.
 
-Beyond the single throwaway server of :class:`celery_redlock.testing.RedisServer`:
+Every process here is a :class:`celery_redlock.testing.RedisServer` (the one redis-server
+wrapper), or a subclass that changes its command line (:meth:`~RedisServer.command`) and how
+its first ``PING`` is sent (:meth:`~RedisServer.client`). Beyond one plain server:
 
 * :class:`SentinelGroup`: a primary, a replica and one Sentinel (``redis-server --sentinel``)
   with short timeouts, and a forced failover that returns once clients can follow it;
@@ -18,14 +20,11 @@ from __future__ import annotations
 import abc
 import contextlib
 import functools
-import os
 import queue
 import random
 import shutil
-import signal
 import socket
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -64,49 +63,6 @@ def info_field(port: int, section: str, field: str, **kwargs: Any) -> str | None
         c.close()
 
 
-class Process:
-    """A ``redis-server`` started with arbitrary arguments, ready once ``ping()`` answers."""
-
-    def __init__(self, args: Sequence[str], ping: Callable[[], redis_py.Redis]) -> None:
-        self.args = list(args)
-        self.ping_client = ping
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 10.0) -> Process:
-        self.process = subprocess.Popen(
-            [redis_server_binary(), *self.args],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-
-        def ready() -> bool:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                code = self.process.returncode
-                raise RuntimeError(f"redis-server {self.args} exited with {code}")
-            c = self.ping_client()
-            try:
-                return bool(c.ping())
-            except (redis_py.exceptions.ConnectionError, OSError):
-                return False
-            finally:
-                c.close()
-
-        try:
-            wait_until(ready, timeout, f"redis-server {' '.join(self.args[:3])} to answer PING")
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        self.process = None
-
-
 # -- Sentinel -----------------------------------------------------------------------------------
 
 SERVICE = "redlock-primary"
@@ -137,6 +93,31 @@ class _Started(abc.ABC):
         self.stop()
 
 
+class SentinelServer(RedisServer):
+    """``redis-server <dir>/sentinel.conf --sentinel``, watching ``primary`` as :data:`SERVICE`.
+
+    The configuration file is written when it starts (a Sentinel rewrites it as it learns, and a
+    restart forgets that).
+    """
+
+    def __init__(self, primary: RedisServer) -> None:
+        super().__init__()
+        self.primary = primary
+        self.conf = Path(self._dir) / "sentinel.conf"
+
+    def command(self) -> list[str]:
+        self.conf.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {self._dir}\n"
+            f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary.port} 1\n"
+            f"sentinel down-after-milliseconds {SERVICE} 1000\n"
+            f"sentinel failover-timeout {SERVICE} 2000\n"
+        )
+        return [redis_server_binary(), str(self.conf), "--sentinel"]
+
+    def client(self) -> redis_py.Redis:
+        return client(self.port)
+
+
 class SentinelGroup(_Started):
     """A primary, one replica and one Sentinel watching them as :data:`SERVICE`.
 
@@ -148,11 +129,8 @@ class SentinelGroup(_Started):
         repl = ["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"]
         self.primary = RedisServer(args=repl)
         self.replica = RedisServer(args=repl)
-        self.port = free_port()
-        self._dir = tempfile.mkdtemp(prefix="redlock-sentinel-")
-        self.sentinel = Process(
-            [str(Path(self._dir) / "sentinel.conf"), "--sentinel"], lambda: client(self.port)
-        )
+        self.sentinel = SentinelServer(self.primary)
+        self.port = self.sentinel.port
 
     @property
     def url(self) -> str:
@@ -166,12 +144,6 @@ class SentinelGroup(_Started):
             lambda: info_field(self.replica.port, "replication", "master_link_status") == "up",
             10,
             "the replica to sync",
-        )
-        (Path(self._dir) / "sentinel.conf").write_text(
-            f"port {self.port}\nbind 127.0.0.1\ndir {self._dir}\n"
-            f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary.port} 1\n"
-            f"sentinel down-after-milliseconds {SERVICE} 1000\n"
-            f"sentinel failover-timeout {SERVICE} 2000\n"
         )
         self.sentinel.start()
         wait_until(self._replica_known, 10, "the Sentinel to see the replica")
@@ -223,10 +195,8 @@ class SentinelGroup(_Started):
         return new, old
 
     def stop(self) -> None:
-        self.sentinel.stop()
-        for server in (self.replica, self.primary):
+        for server in (self.sentinel, self.replica, self.primary):
             server.__exit__(None, None, None)
-        shutil.rmtree(self._dir, ignore_errors=True)
 
 
 # -- Cluster ------------------------------------------------------------------------------------
@@ -401,6 +371,36 @@ def make_certs(directory: str) -> Certs:
     )
 
 
+class _TlsOnly(RedisServer):
+    """The process of a :class:`TlsServer`: no plain port, TLS on :attr:`port`."""
+
+    def __init__(self, certs: Certs, admin: Callable[[], redis_py.Redis], args: list[str]) -> None:
+        super().__init__(args=args)
+        self.certs = certs
+        self.admin = admin
+
+    def command(self) -> list[str]:
+        # Later arguments win: ``--port 0`` closes the plain port the base command opened.
+        return [
+            *super().command(),
+            "--port",
+            "0",
+            "--tls-port",
+            str(self.port),
+            "--tls-cert-file",
+            self.certs.server_cert,
+            "--tls-key-file",
+            self.certs.server_key,
+            "--tls-ca-cert-file",
+            self.certs.ca,
+            "--tls-auth-clients",
+            "yes",
+        ]
+
+    def client(self) -> redis_py.Redis:
+        return self.admin()
+
+
 class TlsServer:
     """A TLS-only ``redis-server`` (``--port 0``) that requires a client certificate.
 
@@ -412,35 +412,11 @@ class TlsServer:
     def __init__(self, certs: Certs, admin_password: str, users: Sequence[str] = ()) -> None:
         self.certs = certs
         self.admin_password = admin_password
-        self.port = free_port()
-        self._dir = tempfile.mkdtemp(prefix="redlock-tls-")
-        args = [
-            "--port",
-            "0",
-            "--tls-port",
-            str(self.port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            self._dir,
-            "--tls-cert-file",
-            certs.server_cert,
-            "--tls-key-file",
-            certs.server_key,
-            "--tls-ca-cert-file",
-            certs.ca,
-            "--tls-auth-clients",
-            "yes",
-            "--requirepass",
-            admin_password,
-        ]
+        args = ["--requirepass", admin_password]
         for line in users:
             args += ["--user", *line.split()]
-        self.process = Process(args, self.admin)
+        self.server = _TlsOnly(certs, self.admin, args)
+        self.port = self.server.port
 
     def url(self, user: str = "", password: str = "", *, client_cert: bool = True) -> str:
         """A ``rediss://`` URL of this server, with the CA and (by default) the client cert."""
@@ -469,7 +445,7 @@ class TlsServer:
         )
 
     def __enter__(self) -> TlsServer:
-        self.process.start()
+        self.server.start()
         return self
 
     def __exit__(
@@ -478,8 +454,7 @@ class TlsServer:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.process.stop()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        self.server.__exit__(exc_type, exc, tb)
 
 
 def tls_supported() -> str | None:
@@ -496,7 +471,8 @@ def tls_supported() -> str | None:
             "--tls-key-file",
             "/nonexistent",
         ],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # Redis 6.2 reports the bad directive on stderr
         text=True,
         timeout=10,
     ).stdout

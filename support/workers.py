@@ -1,10 +1,13 @@
-"""``celery worker`` subprocesses, each in its own process group and logging to a file.
+"""Celery workers for tests: ``celery worker`` subprocesses, each in its own process group and
+logging to a file (:class:`WorkerProcess`), and the in-process worker of the integration tier
+(:func:`running_worker`, with :class:`Holder` to keep a task inside its body).
 
-One class for the end-to-end tests, the benchmarks and the chaos checkers. Callers synchronize
-on events: the worker's log lines (``ready.``), keys its tasks write, task results; never on a
-guessed sleep. A worker is started either at once (:meth:`WorkerProcess.start`: launch and wait
-until ready) or in two steps, so that several boot in parallel (:meth:`~WorkerProcess.launch`,
-then :meth:`~WorkerProcess.ready`), and it can be started again after it was killed.
+One subprocess class for the end-to-end tests, the benchmarks and the chaos checkers. Callers
+synchronize on events: the worker's log lines (``ready.``), keys its tasks write, task results;
+never on a guessed sleep. A worker is started either at once (:meth:`WorkerProcess.start`:
+launch and wait until ready) or in two steps, so that several boot in parallel
+(:meth:`~WorkerProcess.launch`, then :meth:`~WorkerProcess.ready`), and it can be started again
+after it was killed.
 
 Hazard, and why :meth:`WorkerProcess.kill` and :meth:`~WorkerProcess.join` signal the group
 only while the main process is not reaped:
@@ -26,9 +29,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
+
+from celery import Celery
+from celery.contrib.testing.worker import start_worker
+from kombu.asynchronous import set_event_loop
 
 from celery_redlock.testing import wait_until
 from support import ROOT, procfs
@@ -280,3 +288,34 @@ class WorkerProcess:
 
 
 _LOG_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): ", re.MULTILINE)
+
+
+@contextlib.contextmanager
+def running_worker(app: Celery, pool: str = "threads", concurrency: int = 4) -> Iterator[Any]:
+    """An in-process worker; register tasks on ``app`` before entering."""
+    try:
+        with start_worker(
+            app,
+            pool=pool,
+            concurrency=concurrency,
+            perform_ping_check=False,
+            loglevel="INFO",
+            shutdown_timeout=30,
+        ) as worker:
+            yield worker
+    finally:
+        # kombu < 5.6.1 keeps a stopped worker's hub as the global event loop, and the next
+        # in-process worker would put its ETA (countdown, retry) messages on that dead hub.
+        set_event_loop(None)
+
+
+class Holder:
+    """Holds a task inside its body until the test opens the gate."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+
+    def hold(self) -> None:
+        self.entered.set()
+        assert self.gate.wait(20), "test never opened the gate"

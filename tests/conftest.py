@@ -8,10 +8,8 @@ what tasks record about themselves.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import sys
-import threading
 import types
 import uuid
 from collections.abc import Iterator
@@ -20,12 +18,10 @@ from typing import Any
 import pytest
 import redis as redis_py
 from celery import Celery, _state
-from celery.contrib.testing.worker import start_worker
-from kombu.asynchronous import set_event_loop
 
-from celery_redlock._redis.keys import is_slot, lock_pattern
 from celery_redlock.testing import RedisServer
-from support.apps import layout_app
+from support.apps import make_app
+from support.workers import Holder
 
 
 @pytest.fixture(autouse=True)
@@ -60,37 +56,9 @@ def r(redis_url: str) -> Iterator[redis_py.Redis]:
     client.close()
 
 
-def lock_keys(client: redis_py.Redis, prefix: str = "redlock") -> list[bytes]:
-    """Lock keys present now (fencing counters excluded)."""
-    return [k for k in client.scan_iter(match=lock_pattern(prefix)) if is_slot(k)]
-
-
-def make_app(server: RedisServer, name: str = "t", **conf: Any) -> Celery:
-    return layout_app(
-        name,
-        f"redis://127.0.0.1:{server.port}",
-        set_as_current=False,
-        result_extended=True,
-        worker_hijack_root_logger=False,  # keep pytest's caplog handler on root
-        **conf,
-    )
-
-
 @pytest.fixture
 def app(redis_url: str, redis_server: RedisServer) -> Celery:
     return make_app(redis_server)
-
-
-class Holder:
-    """Holds a task inside its body until the test opens the gate."""
-
-    def __init__(self) -> None:
-        self.entered = threading.Event()
-        self.gate = threading.Event()
-
-    def hold(self) -> None:
-        self.entered.set()
-        assert self.gate.wait(20), "test never opened the gate"
 
 
 @pytest.fixture
@@ -98,25 +66,6 @@ def h() -> Iterator[Holder]:
     holder = Holder()
     yield holder
     holder.gate.set()  # a failing test must not leave a worker thread blocked
-
-
-@contextlib.contextmanager
-def running_worker(app: Celery, pool: str = "threads", concurrency: int = 4) -> Iterator[Any]:
-    """An in-process worker; register tasks on ``app`` before entering."""
-    try:
-        with start_worker(
-            app,
-            pool=pool,
-            concurrency=concurrency,
-            perform_ping_check=False,
-            loglevel="INFO",
-            shutdown_timeout=30,
-        ) as worker:
-            yield worker
-    finally:
-        # kombu < 5.6.1 keeps a stopped worker's hub as the global event loop, and the next
-        # in-process worker would put its ETA (countdown, retry) messages on that dead hub.
-        set_event_loop(None)
 
 
 # -- Django-style settings modules, without Django ---------------------------------------------
@@ -148,9 +97,3 @@ def settings_path() -> Iterator[tuple[str, types.ModuleType, LazySettings]]:
     sys.modules[holder.__name__] = holder
     yield f"{holder.__name__}:settings", module, lazy
     del sys.modules[holder.__name__]
-
-
-def app_from(path: str) -> Celery:
-    app = Celery("proj", set_as_current=False)
-    app.config_from_object(path, namespace="CELERY")
-    return app

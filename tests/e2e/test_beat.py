@@ -16,8 +16,8 @@ import pytest
 import redis as redis_py
 
 from celery_redlock.testing import RedisServer, wait_until
+from support.apps import lock_keys
 from support.workers import WorkerProcess
-from tests.conftest import lock_keys
 
 pytestmark = pytest.mark.slow
 

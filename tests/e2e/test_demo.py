@@ -1,4 +1,4 @@
-"""``make demo`` (``python example_project/demo.py``), shortened: its summary, and nothing left.
+"""``make demo`` (``python -m example_project.demo``), shortened: its summary, and nothing left.
 
 Every process the demo starts inherits a marker variable from this test's environment; after
 the demo exits, no process on the machine may still carry it, and no redis-server may still
@@ -22,7 +22,7 @@ from support import ROOT
 
 pytestmark = pytest.mark.slow
 
-MARKER = "REDLOCK_DEMO_TEST_RUN"
+MARKER = "REDLOCK_TEST_DEMO_RUN"
 
 
 def carrying(marker: bytes) -> list[int]:
@@ -54,7 +54,7 @@ def test_demo_summary_and_nothing_left_behind() -> None:
     env = {**os.environ, MARKER: marker.partition("=")[2]}
     try:
         done = subprocess.run(
-            [sys.executable, "example_project/demo.py", "--seconds", "6"],
+            [sys.executable, "-m", "example_project.demo", "--seconds", "6"],
             cwd=ROOT,
             env=env,
             capture_output=True,

@@ -35,11 +35,10 @@ from celery import Celery, chord, group
 from celery.result import AsyncResult
 
 from celery_redlock.testing import RedisServer, wait_until
+from support.apps import API_TASKS, lock_keys, make_app
 from support.polling import wait_for_change, watch_events
 from support.procfs import pid_alive
 from support.workers import WorkerProcess
-from tests.conftest import lock_keys, make_app
-from tests.e2e.conftest import API_TASKS
 
 pytestmark = pytest.mark.slow
 

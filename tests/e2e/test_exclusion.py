@@ -10,8 +10,8 @@ import redis as redis_py
 from celery import Celery
 
 from celery_redlock.testing import RedisServer, wait_until
+from support.apps import lock_keys
 from support.workers import WorkerProcess
-from tests.conftest import lock_keys
 
 pytestmark = pytest.mark.slow
 

@@ -17,9 +17,9 @@ from celery import Celery
 from celery.exceptions import WorkerLostError
 
 from celery_redlock.testing import RedisServer, wait_until
+from support.apps import lock_keys, make_app
 from support.procfs import pid_alive
 from support.workers import WorkerProcess
-from tests.conftest import lock_keys, make_app
 
 pytestmark = pytest.mark.slow
 

@@ -27,9 +27,9 @@ from celery import Celery
 from celery.result import AsyncResult
 
 from celery_redlock.testing import RedisServer, wait_until
+from support.apps import API_TASKS
 from support.polling import watch_events
 from support.workers import WorkerProcess
-from tests.e2e.conftest import API_TASKS
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ is exact: in no half-open interval of the rate's length are more starts than the
 The body times trail them by a round trip and some scheduling; their windows are reported.
 
 The short test runs in the default suite; the 60 s soak (two workers x two processes, a flood
-of calls in random bursts) is marked ``soak`` and runs with ``REDLOCK_SOAK=1``.
+of calls in random bursts) is marked ``soak`` and runs with ``REDLOCK_TEST_SOAK=1``.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from celery import Celery
 
 from celery_redlock import metrics
 from celery_redlock.testing import RedisServer, wait_until
+from support.apps import make_app
+from support.polling import max_in_window
 from support.workers import WorkerProcess
-from tests.conftest import make_app
-from tests.integration.test_rate import max_in_window
 
 pytestmark = pytest.mark.slow
 

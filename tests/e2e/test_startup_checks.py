@@ -16,8 +16,8 @@ from celery import Celery
 from celery_redlock import LockedTask
 from celery_redlock._celery.checks import run_startup_checks
 from celery_redlock.testing import RedisServer, free_port
+from support.apps import make_app
 from support.workers import WorkerProcess
-from tests.conftest import make_app
 
 pytestmark = pytest.mark.slow
 

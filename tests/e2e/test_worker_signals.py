@@ -19,8 +19,8 @@ import redis as redis_py
 from celery import Celery
 
 from celery_redlock.testing import RedisServer, wait_until
+from support.apps import make_app
 from support.workers import WorkerProcess
-from tests.conftest import make_app
 
 pytestmark = pytest.mark.slow
 

@@ -29,7 +29,7 @@ from celery_redlock._redis.owner import parse
 from celery_redlock._redis.scripts import AcquireResult
 from celery_redlock.asyncio import Lock
 from celery_redlock.testing import RedisServer
-from tests.conftest import lock_keys
+from support.apps import lock_keys
 
 NAME = "aio"
 KEY = keys_for("redlock", NAME).lock

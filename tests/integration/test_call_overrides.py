@@ -31,7 +31,7 @@ from celery_redlock._redis.keys import call_key
 from celery_redlock.cli import LockStore
 from celery_redlock.metrics import read_stats
 from celery_redlock.testing import wait_until
-from tests.conftest import running_worker
+from support.workers import running_worker
 
 APIS = ("task", "decorator")
 

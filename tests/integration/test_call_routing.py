@@ -25,7 +25,8 @@ from celery.app.routes import Router
 
 from celery_redlock import LockConfigError, LockedTask, single_instance
 from celery_redlock.testing import RedisServer
-from tests.conftest import make_app, running_worker
+from support.apps import make_app
+from support.workers import running_worker
 
 APIS = ("task", "decorator")
 

@@ -17,7 +17,8 @@ from celery import Celery, Task
 
 from celery_redlock import LockedTask, lock_key
 from celery_redlock.testing import RedisServer, free_port, wait_until
-from tests.conftest import Holder, lock_keys, make_app, running_worker
+from support.apps import lock_keys, make_app
+from support.workers import Holder, running_worker
 
 
 @pytest.fixture

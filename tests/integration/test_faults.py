@@ -33,8 +33,9 @@ from celery_redlock._redis import owner as _owner
 from celery_redlock._redis.lock import release_attempt
 from celery_redlock.metrics import read_stats
 from celery_redlock.testing import RedisServer, wait_until
+from support.apps import lock_keys, make_app
 from support.servers import ClusterNodes, cluster_ok
-from tests.conftest import Holder, lock_keys, make_app, running_worker
+from support.workers import Holder, running_worker
 
 #: Keeps the server busy for ARGV[1] ms (it answers BUSY to everyone else meanwhile).
 BUSY_LOOP = """
@@ -52,7 +53,7 @@ end
 @pytest.fixture
 def busy_server() -> Iterator[RedisServer]:
     """A lock server that answers BUSY 50 ms into a long script."""
-    with RedisServer(args=["--busy-reply-threshold", "50"]) as server:
+    with RedisServer(args=["--lua-time-limit", "50"]) as server:
         yield server
 
 

@@ -19,7 +19,7 @@ from celery import Celery
 from celery_redlock import Lock, LockedTask, lock_key
 from celery_redlock.metrics import flush
 from celery_redlock.testing import RedisServer, wait_until
-from tests.conftest import make_app
+from support.apps import make_app
 
 #: The benchmark's and the counters' own commands, and a new connection's handshake.
 NOT_COUNTED = ("info", "config|resetstat", "hincrby", "hello", "client|setinfo", "select", "ping")

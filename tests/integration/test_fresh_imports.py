@@ -12,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 
-from tests.unit.test_layers import REDIS_LAYER
+from support.layers import REDIS_LAYER
 
 
 def _celery_modules_after(code: str, prefix: str = "celery") -> list[str]:

@@ -17,7 +17,7 @@ from celery import Celery, Task
 from celery_redlock import Lock, LockContended, LockedTask, lock_key, single_instance
 from celery_redlock.signals import lock_contended
 from celery_redlock.testing import wait_until
-from tests.conftest import running_worker
+from support.workers import running_worker
 
 APIS = ("task", "decorator")
 

@@ -14,7 +14,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from celery_redlock import Lock, LockContended, LockedTask, LockUnavailable, lock_key, metrics
 from celery_redlock.metrics import PrometheusCollector, read_stats
 from celery_redlock.testing import RedisServer, wait_until
-from tests.conftest import make_app, running_worker
+from support.apps import make_app
+from support.workers import running_worker
 
 
 def counted_as(app: Celery, expected: dict[str, dict[str, int]]) -> Callable[[], bool]:

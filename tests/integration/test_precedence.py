@@ -14,7 +14,7 @@ from celery import Celery
 
 from celery_redlock import Lock, LockContended, LockedTask, current_lock
 from celery_redlock import lock_key as lock_key_of
-from tests.conftest import app_from
+from support.apps import app_from
 
 
 def test_task_policy_overrides_the_app_policy(redis_url: str) -> None:

@@ -23,7 +23,7 @@ from celery_redlock.testing import (
     hold_lock,
     record_lock_events,
 )
-from tests.conftest import running_worker
+from support.workers import running_worker
 
 pytest_plugins = ["pytester"]
 

@@ -22,8 +22,9 @@ from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.lock import release_attempt
 from celery_redlock._redis.nodes import Quorum
 from celery_redlock.testing import RedisServer
+from support.apps import make_app
 from support.servers import DelayProxy, client
-from tests.conftest import make_app, running_worker
+from support.workers import running_worker
 
 N = 5
 

@@ -19,22 +19,12 @@ from celery_redlock._redis import keys as _keys
 from celery_redlock._redis import scripts as _scripts
 from celery_redlock.exceptions import LockContended, RateLimited
 from celery_redlock.testing import RedisServer, free_port
-from tests.conftest import make_app
+from support.apps import make_app
+from support.polling import max_in_window
 
 
 def admit(url: str, keys: _keys.LockKeys, count: int, period: float) -> _scripts.RateDecision:
     return companions.admit_rate(url, keys, count, period)
-
-
-def max_in_window(times: list[int], period: int) -> int:
-    """The most of ``times`` in any half-open interval of length ``period``."""
-    times = sorted(times)
-    most, first = 0, 0
-    for last, t in enumerate(times):
-        while times[first] <= t - period:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
 
 
 def test_n_starts_are_admitted_then_calls_are_promised_spread_out_slots(

@@ -5,6 +5,11 @@ block defines the app the others use), with ``__name__`` ``"proj"`` so task name
 the docs, and every ``redis://localhost:6379`` pointed at the session's private server. After a
 block, the checks below keyed by a name it binds assert that it does what its text says.
 
+The README and the guide then run the way a project runs them: each app's tasks in an
+in-process worker, where the blocks' ``if __name__ == "__main__":`` parts (the producer's calls)
+run, and every task is called through the worker and directly (``sync_account(42)``, as a unit
+test calls it), with the arguments of :data:`CALLS`.
+
 A block may be left out only when it needs something unavailable here, with an HTML comment
 right before it: ``<!-- not run: needs Docker -->``. The blocks of ``docs/testing.md`` that are
 test files also run as tests, under pytester (``test_pytest_plugin.py``, ``test_recipes.py``).
@@ -12,23 +17,29 @@ test files also run as tests, under pytester (``test_pytest_plugin.py``, ``test_
 
 from __future__ import annotations
 
+import ast
 import re
+import sqlite3
+import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import redis as redis_py
-from celery import Celery
+from celery import Celery, _state
+from celery.app.task import Task
 
 from celery_redlock import Lock, lock_key
 from celery_redlock._celery.options import settings_for
 from celery_redlock.metrics import flush
 from celery_redlock.signals import lock_contended
-from celery_redlock.testing import RedisServer
-from tests.conftest import lock_keys
+from celery_redlock.testing import RedisServer, wait_until
+from support.apps import lock_keys
+from support.workers import running_worker
 from tests.integration.test_tls_acl import ACL_LINE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +93,11 @@ def check_quickstart(ns: dict[str, Any], server: RedisServer) -> None:
     assert "localhost:6379" not in app.conf.redlock_url
     locks = _locks_db(server)
     locks.flushdb()
-    assert task.apply(args=(42,)).get() == 42
+    result, direct = task.apply(args=(42,)).get(), task(42)
+    if result != 42:  # the first quickstart returns its fencing token: None on a direct call
+        assert isinstance(result, int) and result > 0 and direct is None, (result, direct)
+    else:
+        assert direct == 42
     assert lock_key(task, 42).startswith("redlock:{proj.sync_account:")
     assert lock_keys(locks) == []  # released
     flush()  # the event counters, written once a second: now
@@ -91,16 +106,46 @@ def check_quickstart(ns: dict[str, Any], server: RedisServer) -> None:
 
 
 def check_homepage(ns: dict[str, Any], server: RedisServer) -> None:
+    """One rebuild for a stampede: the waiters read the cache again under the lock."""
+
     class Cache:
+        def __init__(self) -> None:
+            self.page: str | None = None
+            self.rebuilds = 0
+            self.guard = threading.Lock()
+
+        def get(self) -> str | None:
+            return self.page
+
         def rebuild(self) -> str:
-            return "fresh"
+            with self.guard:
+                self.rebuilds += 1
+            if self.rebuilds == 1:  # the stampede: the other requests now wait for the lock
+                wait_until(lambda: waiting.zcard(WAITERS) == REQUESTS - 1, 10, "the waiters")
+            self.page = "fresh"
+            return self.page
 
         def stale(self) -> str:
             return "stale"
 
-    assert ns["homepage"](Cache(), server.url) == "fresh"
+    REQUESTS, WAITERS = 6, "redlock:{rebuild:homepage}:waiters"
+    waiting = redis_py.Redis(port=server.port)
+    cache = Cache()
+    start = threading.Barrier(REQUESTS)
+
+    def request(_: int) -> str:
+        start.wait(10)  # every request misses the cache, then meets the lock
+        return str(ns["homepage"](cache, server.url))
+
+    with ThreadPoolExecutor(REQUESTS) as pool:
+        pages = list(pool.map(request, range(REQUESTS)))
+    waiting.close()
+    assert pages == ["fresh"] * REQUESTS
+    assert cache.rebuilds == 1
+    empty = Cache()
     with Lock(server.url, "rebuild:homepage", ttl=30):
-        assert ns["homepage"](Cache(), server.url) == "stale"  # after its 2 s timeout
+        assert ns["homepage"](empty, server.url) == "stale"  # after its 2 s timeout
+    assert empty.rebuilds == 0
 
 
 def check_cooldown(ns: dict[str, Any], server: RedisServer) -> None:
@@ -159,7 +204,7 @@ def cleanup(ns: dict[str, Any]) -> None:
 
         REGISTRY.unregister(ns["collector"])
     for value in ns.values():
-        if isinstance(value, Celery):
+        if isinstance(value, Celery | sqlite3.Connection):
             value.close()
 
 
@@ -170,20 +215,133 @@ def namespace() -> Iterator[dict[str, Any]]:
     cleanup(ns)
 
 
+@dataclass(frozen=True)
+class Call:
+    """How a documented task is called, and what a direct call does."""
+
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    #: The exception a direct call raises on purpose (a clear refusal), or None: it returns.
+    direct_raises: type[Exception] | None = None
+
+
+#: Every task of the README and the guide, by name: a new example needs a line here.
+CALLS: dict[str, Call] = {
+    "sync_account": Call((42,)),
+    "push_invoices": Call((5,)),
+    "refresh_report": Call(),
+    "reindex": Call((7,)),
+    "reindex_doc": Call((7,), {"version": 3}),
+    "save_draft": Call((7, "Hi")),
+    "export_report": Call(),
+    "call_partner_api": Call((2,)),
+    "send_digest": Call((1,)),
+    "export_account": Call((3,)),
+    "rebuild_index": Call((42,)),
+    "set_balance": Call((42, 300), direct_raises=RuntimeError),
+}
+#: The pages whose examples run in a worker and on a direct call.
+RUN_BOTH_WAYS = {"README.md", "guide.md"}
+
+
+def is_main_guard(node: ast.stmt) -> bool:
+    return isinstance(node, ast.If) and ast.unparse(node.test) == "__name__ == '__main__'"
+
+
+def split_main(code: str, where: str) -> tuple[Any, list[Any]]:
+    """The block as a module imports it, and its ``if __name__ == "__main__":`` bodies."""
+    tree = ast.parse(code, where)
+    module = ast.Module([n for n in tree.body if not is_main_guard(n)], type_ignores=[])
+    mains = [ast.Module(n.body, type_ignores=[]) for n in tree.body if is_main_guard(n)]
+    return compile(module, where, "exec"), [compile(m, where, "exec") for m in mains]
+
+
+@dataclass
+class Ran:
+    """A block after it ran: what it defined, and what its producer part will do."""
+
+    block: Block
+    namespace: dict[str, Any]
+    mains: list[Any]
+    tasks: dict[str, Task]
+
+
+def tasks_bound(namespace: dict[str, Any], before: dict[str, Any]) -> dict[str, Task]:
+    return {
+        name: value
+        for name, value in namespace.items()
+        if value is not before.get(name) and isinstance(value, Task)
+    }
+
+
+def run_both_ways(runs: list[Ran]) -> None:
+    """Each app's tasks in a worker (with the producer parts) and called directly."""
+    for ran in runs:
+        for name, task in ran.tasks.items():
+            assert name in CALLS, f"{ran.block.where}: {name} needs a line in CALLS"
+            call = CALLS[name]
+            if call.direct_raises is None:
+                task(*call.args, **call.kwargs)
+            else:
+                with pytest.raises(call.direct_raises):
+                    task(*call.args, **call.kwargs)
+    apps: list[Celery] = []
+    for ran in runs:
+        for task in ran.tasks.values():
+            if task.app not in apps:
+                apps.append(task.app)
+    for app in apps:
+        with running_worker(app):
+            for ran in runs:
+                if ran.namespace.get("app") is app:
+                    for main in ran.mains:
+                        exec(main, dict(ran.namespace))
+            for ran in runs:
+                for name, task in ran.tasks.items():
+                    if task.app is app:
+                        call = CALLS[name]
+                        task.delay(*call.args, **call.kwargs).get(timeout=20)
+
+
+def starts_a_program(code: str) -> bool:
+    """Whether a block makes its own ``app = Celery(...)``: a new project (the README's two
+    quickstarts are alternatives), which runs apart from the blocks before it."""
+    return any(
+        isinstance(node, ast.Assign) and any(ast.unparse(t) == "app" for t in node.targets)
+        for node in ast.parse(code).body
+    )
+
+
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_every_python_block_runs(
     doc: Path, namespace: dict[str, Any], redis_server: RedisServer, redis_url: str
 ) -> None:
+    shared_before = set(_state._on_app_finalizers)
+    runs: list[Ran] = []
+
+    def end_program() -> None:
+        if doc.name in RUN_BOTH_WAYS:
+            run_both_ways(runs)
+        else:
+            assert not [r.mains for r in runs if r.mains], f"{doc.name}: a producer not run"
+        runs.clear()
+        # Its shared tasks stay out of the next project's app (as separate processes would).
+        _state._on_app_finalizers.intersection_update(shared_before)
+
     for block in python_blocks(doc):
         if block.not_run is not None:
             continue
+        if runs and starts_a_program(block.code):
+            end_program()
         before = dict(namespace)
-        code = compile(point_at(block.code, redis_server), block.where, "exec")
-        exec(code, namespace)
+        module, mains = split_main(point_at(block.code, redis_server), block.where)
+        exec(module, namespace)
         for name, check in CHECKS.items():
             bound = name in namespace and namespace[name] is not before.get(name)
             if bound and doc.name in ONLY_IN.get(name, {doc.name}):
                 check(namespace, redis_server)
+        runs.append(Ran(block, dict(namespace), mains, tasks_bound(namespace, before)))
+    end_program()
 
 
 def test_blocks_that_do_not_run_say_why() -> None:
@@ -206,3 +364,37 @@ def test_the_readme_has_both_quickstarts_and_they_run() -> None:
 
 def test_the_guide_gives_the_acl_line_the_suite_checks() -> None:
     assert ACL_LINE in (ROOT / "docs" / "guide.md").read_text()
+
+
+def test_the_readme_quickstarts_pass_mypy_strict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``mypy --strict`` on each quickstart, as a typed project would check it. Celery ships no
+    type hints, so its import is ``Any`` (``--ignore-missing-imports``) and ``@app.task`` an
+    untyped decorator (``--allow-untyped-decorators``); everything of ours is checked."""
+    api = pytest.importorskip("mypy.api", reason="mypy comes with the dev extra")
+    paths = []
+    for number, block in enumerate(python_blocks(ROOT / "README.md"), start=1):
+        path = tmp_path / f"quickstart{number}.py"
+        path.write_text(block.code)
+        paths.append(str(path))
+    config = tmp_path / "mypy.ini"
+    # The checkout's package, read as an installed one is (its own errors are not the user's).
+    config.write_text("[mypy]\n[mypy-celery_redlock.*]\nfollow_imports = silent\n")
+    monkeypatch.setenv("MYPYPATH", str(ROOT))
+    out, err, status = api.run(
+        [
+            "--config-file",
+            str(config),
+            "--strict",
+            "--ignore-missing-imports",
+            "--allow-untyped-decorators",
+            "--python-version",
+            "3.10",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            *paths,
+        ]
+    )
+    assert status == 0, out + err
+    assert "Success: no issues found in 2 source files" in out

@@ -23,7 +23,8 @@ from celery import Celery, Task
 
 from celery_redlock import LockedTask, lock_key, single_instance
 from celery_redlock.testing import RedisServer, free_port, record_lock_events, wait_until
-from tests.conftest import Holder, make_app, running_worker
+from support.apps import make_app
+from support.workers import Holder, running_worker
 
 APIS = ("task", "decorator")
 

@@ -19,7 +19,8 @@ from celery.utils.dispatch import Signal
 from celery_redlock import Lock, LockContended, LockedTask, current_lock, lock_key
 from celery_redlock.signals import lock_acquired, lock_contended, lock_lost, lock_released
 from celery_redlock.testing import RedisServer, wait_until
-from tests.conftest import make_app, running_worker
+from support.apps import make_app
+from support.workers import running_worker
 
 
 @contextlib.contextmanager

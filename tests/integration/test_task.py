@@ -21,7 +21,8 @@ from celery_redlock import (
     single_instance,
 )
 from celery_redlock.testing import RedisServer, free_port, wait_until
-from tests.conftest import Holder, lock_keys, make_app, running_worker
+from support.apps import lock_keys, make_app
+from support.workers import Holder, running_worker
 
 
 def test_skip_returns_none_and_logs_holder(

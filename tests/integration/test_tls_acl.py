@@ -35,8 +35,9 @@ from celery_redlock._celery.options import reset_settings
 from celery_redlock._redis.lock import release_attempt
 from celery_redlock.asyncio import Lock as AsyncLock
 from celery_redlock.testing import RedisServer
+from support.apps import make_app
 from support.servers import Certs, TlsServer, make_certs, tls_supported
-from tests.conftest import make_app, running_worker
+from support.workers import running_worker
 
 #: The commands the plugin runs: EVALSHA (every operation; the scripts' own calls are checked
 #: against the same user: GET SET DEL PEXPIRE PTTL TIME PUBLISH), SCRIPT LOAD (after NOSCRIPT),

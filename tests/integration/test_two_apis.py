@@ -17,7 +17,8 @@ from celery import Celery, Task
 
 from celery_redlock import LockContended, LockedTask, single_instance
 from celery_redlock.testing import wait_until
-from tests.conftest import Holder, lock_keys, running_worker
+from support.apps import lock_keys
+from support.workers import Holder, running_worker
 
 APIS = ("task", "decorator")
 

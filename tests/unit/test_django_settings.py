@@ -15,7 +15,7 @@ import pytest
 
 from celery_redlock import LockedTask, lock_key
 from celery_redlock._celery.options import settings_for
-from tests.conftest import app_from
+from support.apps import app_from
 
 
 def test_celery_redlock_names_arrive(settings_path: Any) -> None:

@@ -70,14 +70,38 @@ def _anchors(path: Path) -> set[str]:
     return {_anchor(h) for h in re.findall(r"^#+ (.+)$", text, flags=re.M)}
 
 
+#: Links into the repository: what the README uses (it is the registry page, where a relative
+#: link breaks), checked against this checkout like relative ones.
+REPOSITORY_FILES = (
+    re.search(r'^Homepage = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)  # type: ignore[union-attr]
+    + "/blob/main/"
+)
+
+
+def _links(doc: Path) -> list[str]:
+    text = re.sub(r"^```.*?^```", "", doc.read_text(), flags=re.S | re.M)
+    return re.findall(r"\]\(([^)\s]+)\)", text)
+
+
+def test_the_readme_links_are_absolute_urls_into_the_repository() -> None:
+    links = _links(ROOT / "README.md")
+    assert links
+    relative = [t for t in links if not re.match(r"[a-z]+:", t)]
+    assert not relative, f"README.md is the registry page: make these absolute: {relative}"
+    assert any(t.startswith(REPOSITORY_FILES) for t in links)
+
+
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_relative_links_point_at_existing_files_and_headings(doc: Path) -> None:
-    text = re.sub(r"^```.*?^```", "", doc.read_text(), flags=re.S | re.M)
-    for target in re.findall(r"\]\(([^)\s]+)\)", text):
-        if re.match(r"[a-z]+:", target):
+    for target in _links(doc):
+        if target.startswith(REPOSITORY_FILES):
+            path, _, anchor = target.removeprefix(REPOSITORY_FILES).partition("#")
+            linked = ROOT / path
+        elif re.match(r"[a-z]+:", target):
             continue
-        path, _, anchor = target.partition("#")
-        linked = (doc.parent / path).resolve() if path else doc
+        else:
+            path, _, anchor = target.partition("#")
+            linked = (doc.parent / path).resolve() if path else doc
         assert linked.exists(), f"{doc.name}: link to missing {target}"
         if anchor:
             assert anchor in _anchors(linked), f"{doc.name}: no heading for {target}"

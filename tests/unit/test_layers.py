@@ -8,7 +8,6 @@ from __future__ import annotations
 import ast
 import json
 import pickle
-from pathlib import Path
 
 import celery
 import pytest
@@ -16,27 +15,7 @@ from celery.backends.base import Backend
 
 import celery_redlock
 from celery_redlock import exceptions
-
-PACKAGE = Path(celery_redlock.__file__).resolve().parent
-
-
-def _modules() -> dict[str, Path]:
-    """Every module of the package, by dotted name, read from the tree."""
-    found = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        found[name] = path
-    return found
-
-
-MODULES = _modules()
-#: The Redis layer: the ``_redis`` subpackage and the exceptions it raises.
-REDIS_LAYER = sorted(
-    m for m in MODULES if m.startswith("celery_redlock._redis") or m.endswith(".exceptions")
-)
-#: The Celery layer's internals.
-CELERY_LAYER = sorted(m for m in MODULES if m.startswith("celery_redlock._celery"))
+from support.layers import CELERY_LAYER, MODULES, REDIS_LAYER
 
 
 def _is_type_checking(node: ast.AST) -> bool:
@@ -118,6 +97,7 @@ PUBLIC = {
     "LockedTask",
     "RateLimited",
     "RedlockError",
+    "current_fencing_token",
     "current_lock",
     "lock_key",
     "single_instance",

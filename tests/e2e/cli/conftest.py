@@ -9,8 +9,8 @@ import redis as redis_py
 from celery import Celery
 
 from celery_redlock.testing import RedisServer
+from support.apps import make_app
 from support.workers import WorkerProcess
-from tests.conftest import make_app
 from tests.e2e.cli.tooling import APP
 
 

@@ -1,0 +1,67 @@
+"""Every Python the classifiers declare and every Redis line the README claims is run by CI.
+
+Read from the files, not run: ``.ci/run`` runs ``make`` targets, the Makefile's targets run nox
+sessions, ``noxfile.py`` gives each session its Python and its Redis server; the README's
+"Tested" paragraph names the targets. A classifier, a claimed Redis line or a target that CI
+does not reach fails here.
+"""
+
+from __future__ import annotations
+
+import re
+
+from support import ROOT
+
+PYPROJECT = (ROOT / "pyproject.toml").read_text()
+README = (ROOT / "README.md").read_text()
+NOXFILE = (ROOT / "noxfile.py").read_text()
+
+
+def ci_targets() -> list[str]:
+    """The ``make`` targets ``.ci/run`` runs, in order."""
+    return re.findall(r"^step make ([\w.-]+)$", (ROOT / ".ci" / "run").read_text(), re.M)
+
+
+def make_recipe(target: str) -> str:
+    text = (ROOT / "Makefile").read_text()
+    match = re.search(rf"^{re.escape(target)}:.*\n((?:\t.*\n)+)", text, re.M)
+    assert match, f"the Makefile has no target {target}"
+    return match.group(1)
+
+
+def nox_sessions_run_by_ci() -> set[str]:
+    sessions: set[str] = set()
+    for target in ci_targets():
+        for line in re.findall(r"\$\(NOX\) -s (.+)", make_recipe(target)):
+            sessions.update(line.split())
+    return sessions
+
+
+def test_ci_runs_the_readme_commands_and_the_matrix() -> None:
+    targets = ci_targets()
+    assert targets[0] == "test"  # the README's command: lint and the whole suite
+    named = set(re.findall(r"\(`make ([\w.-]+)`\)", README.split("**Tested**")[1]))
+    assert named and named <= set(targets), (named, targets)
+
+
+def test_every_declared_python_is_run_by_ci() -> None:
+    declared = set(re.findall(r'"Programming Language :: Python :: (3\.\d+)"', PYPROJECT))
+    assert declared == {"3.10", "3.11", "3.12", "3.13"}
+    assert re.search(r'^requires-python = ">=3\.10"$', PYPROJECT, re.M)
+    sessions = nox_sessions_run_by_ci()
+    versions = {s.removeprefix("newest-") for s in sessions if s.startswith("newest-")}
+    lowest = re.search(r'^LOWEST_PYTHON = "(3\.\d+)"$', NOXFILE, re.M)
+    assert lowest and "lowest" in sessions
+    running = versions | {lowest.group(1)}
+    # make test runs this interpreter's .venv: Python 3.11 on the CI machine (see .ci/run).
+    assert declared - running <= {"3.11"}, f"declared but not run by CI: {declared - running}"
+    assert lowest.group(1) == min(declared, key=lambda v: tuple(map(int, v.split("."))))
+
+
+def test_every_claimed_redis_line_is_run_by_ci() -> None:
+    claimed = re.search(r"a Redis\s+server of the ([\d.]+) or ([\d.]+) line", README)
+    assert claimed, "the README names the Redis lines it supports"
+    assert set(claimed.groups()) == {"6.2", "7.0"}
+    assert "redis-6.2" in nox_sessions_run_by_ci()
+    assert '" v=6.2." not in version' in NOXFILE  # the session checks the server it was given
+    assert "5.0 or newer" not in README
