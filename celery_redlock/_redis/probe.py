@@ -82,7 +82,7 @@ FEATURES: dict[str, Feature] = {
         Feature("rate", _named(_scripts.COMPANION_SCRIPTS, "rate")),
         Feature(
             "cli",
-            _named(_scripts.LOCK_SCRIPTS, "pttls"),
+            _named(_scripts.LOCK_SCRIPTS, "pttls", "release_unrenewed"),
             ("SCAN", "GET", "MGET", "EXISTS", "HGETALL"),
         ),
     )

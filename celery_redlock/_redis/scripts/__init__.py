@@ -40,6 +40,7 @@ from .lock import (
     RAISE_FENCE,
     RELEASE,
     RELEASE_ATTEMPT,
+    RELEASE_UNRENEWED,
     RELEASED_NOT_NOTIFIED,
     AcquireResult,
     acquire_call,
@@ -49,6 +50,7 @@ from .lock import (
     raise_fence_call,
     release_attempt_call,
     release_call,
+    release_unrenewed_call,
 )
 from .lock import SCRIPTS as LOCK_SCRIPTS
 from .queue import (
@@ -86,6 +88,7 @@ __all__ = [
     "RELEASE",
     "RELEASED_NOT_NOTIFIED",
     "RELEASE_ATTEMPT",
+    "RELEASE_UNRENEWED",
     "SCRIPTS",
     "WAIT",
     "AcquireResult",
@@ -108,6 +111,7 @@ __all__ = [
     "rate_call",
     "release_attempt_call",
     "release_call",
+    "release_unrenewed_call",
     "run",
     "sha1",
     "wait_call",

@@ -329,4 +329,10 @@ SCRIPTS = (
     Script("fence", FENCE, ("GET", "TIME")),
     Script("raise_fence", RAISE_FENCE, ("GET", "SET")),
     Script("pttls", PTTLS, ("PTTL",)),
+    Script(
+        "release_unrenewed",
+        RELEASE_UNRENEWED,
+        ("GET", "PTTL", "SET", "DEL", "TIME"),
+        tolerated=("EXISTS", "ZPOPMIN", "PUBLISH"),
+    ),
 )
