@@ -67,6 +67,7 @@ from ._redis.keys import call_key, fence_of, is_slot, keys_for, lock_pattern, va
 from ._redis.nodes import nodes_for
 from .exceptions import LockConfigError, LockUnavailable
 from .metrics import EVENTS, read_stats
+from .web._command import web as _web  # click only: the web extra loads when it runs
 
 __all__ = ["HeldLock", "LockStore", "liveness", "redlock"]
 
@@ -660,3 +661,6 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     rows = [["TASK", *events]]
     rows += [[task, *(str(c[e]) for e in events)] for task, c in table.items()]
     click.echo(_table(rows))
+
+
+redlock.add_command(_web)
