@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 from typing import Any
 
 import click
@@ -58,6 +59,12 @@ def web(ctx: click.Context, host: str, port: int, actions: bool, ping_timeout: f
         asgi = create_app(app, actions=actions, credentials=credentials, ping_timeout=ping_timeout)
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
+    log = logging.getLogger("celery_redlock.web")
+    if not log.handlers:  # every action is written to stderr, who did what
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(asctime)s: %(levelname)s] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
     mode = "actions enabled" if actions else "read-only"
     click.echo(f"celery-redlock dashboard on http://{host}:{port}/ ({mode})", err=True)
     uvicorn.run(asgi, host=host, port=port, log_level="warning", access_log=False)
