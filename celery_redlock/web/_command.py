@@ -40,7 +40,9 @@ def web(ctx: click.Context, host: str, port: int, actions: bool, ping_timeout: f
     try:
         import uvicorn
 
-        from ._asgi import create_app
+        # Through the package's lazy public name: this module is imported by the CLI, which
+        # must not load the dashboard (nor Starlette) until ``web`` runs.
+        from . import create_app
     except ImportError as exc:
         raise click.ClickException(
             f'the dashboard needs the web extra: pip install "celery-redlock[web]" ({exc})'
@@ -53,6 +55,11 @@ def web(ctx: click.Context, host: str, port: int, actions: bool, ping_timeout: f
         raise click.ClickException(
             f"refusing to serve on {host} without credentials: set REDLOCK_WEB_TOKEN, or "
             "REDLOCK_WEB_USER and REDLOCK_WEB_PASSWORD (or listen on 127.0.0.1)"
+        )
+    if actions and not credentials.configured:
+        raise click.ClickException(
+            "--actions needs credentials in the environment: REDLOCK_WEB_TOKEN, or "
+            "REDLOCK_WEB_USER and REDLOCK_WEB_PASSWORD"
         )
     app: Any = ctx.obj.app
     try:

@@ -101,11 +101,14 @@ class Dashboard:
     # -- liveness -----------------------------------------------------------------------------
 
     def liveness(self, hosts: Iterable[str], fresh: bool = False) -> dict[str, str]:
-        """``alive``/``dead``/``unknown`` per holder host, one control ping for those not seen
-        in the last :data:`LIVENESS_TTL` seconds. A host without ``@`` (not a worker) is
-        ``unknown``, and so is a silent one with ``_`` in its name (an older version stored
-        ``|`` as ``_``, so it may be a live worker under another name): never ``dead`` when
-        unsure. An action asks ``fresh``: it never trusts a cached answer."""
+        """``alive``/``dead``/``unknown`` per holder host, as ``celery redlock inspect`` says
+        it, with one control ping for the hosts not asked in the last :data:`LIVENESS_TTL`
+        seconds (an action asks ``fresh``: it never trusts an older answer).
+
+        A host without ``@`` (not a worker) is ``unknown``. A silent one is ``dead`` unless a
+        live worker answers under a look-alike name (an older version stored ``|`` as ``_``):
+        then ``unknown``. Never ``dead`` when unsure.
+        """
         now = time.monotonic()
         hosts = set(hosts)
         with self._alive_lock:
@@ -116,15 +119,23 @@ class Dashboard:
             }
         ask = sorted(h for h in hosts - known.keys() if "@" in h)
         if ask:
-            replies = self.app.control.ping(
-                destination=ask, timeout=self.ping_timeout, limit=len(ask)
-            )
-            answered = {name for reply in replies or [] for name in reply}
-            fresh = {h: ALIVE if h in answered else UNKNOWN if "_" in h else DEAD for h in ask}
+            answered = self._ping(ask)
+            silent = [h for h in ask if h not in answered and "_" in h]
+            everyone = {n.replace("|", "_") for n in self._ping(None)} if silent else set()
+            heard = {h: ALIVE if h in answered else UNKNOWN if h in everyone else DEAD for h in ask}
             with self._alive_lock:
-                self._alive.update({h: (s, now) for h, s in fresh.items()})
-            known.update(fresh)
+                self._alive.update({h: (s, now) for h, s in heard.items()})
+            known.update(heard)
         return {h: known.get(h, UNKNOWN) for h in hosts}
+
+    def _ping(self, destination: list[str] | None) -> set[str]:
+        """The node names that answer a ping (``None``: every worker), without waiting for
+        the timeout once every destination answered."""
+        limit = len(destination) if destination else None
+        replies = self.app.control.ping(
+            destination=destination, timeout=self.ping_timeout, limit=limit
+        )
+        return {str(name) for reply in replies or [] for name in reply}
 
     # -- pages --------------------------------------------------------------------------------
 

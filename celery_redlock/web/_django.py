@@ -52,7 +52,7 @@ def django_urls(
     admin_site = site or admin.site
 
     def base(request: HttpRequest, suffix: str) -> str:
-        return request.path[: len(request.path) - len(suffix)].rstrip("/")
+        return str(request.path[: len(request.path) - len(suffix)]).rstrip("/")
 
     def form(request: HttpRequest) -> dict[str, str]:
         return {"csrfmiddlewaretoken": get_token(request)}

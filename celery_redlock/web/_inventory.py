@@ -168,7 +168,9 @@ class Inventory:
         # parse() also maps a bare name to its slot 1: keep only the keys that are slots.
         slots = [p for p in parsed if p is not None and p[0] in wanted]
         held = [h for h in self.store._read_page(slots) if h is not None] if slots else []
-        markers = [(k, mode) for k in sorted(wanted) for sfx, mode in _MARKERS.items() if k.endswith(sfx)]
+        markers = [
+            (k, mode) for k in sorted(wanted) for sfx, mode in _MARKERS.items() if k.endswith(sfx)
+        ]
         if not held and not markers:
             return []
         pipe = self.client.pipeline(transaction=False)

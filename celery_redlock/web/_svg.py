@@ -56,7 +56,9 @@ def draw(entries: Sequence[dict[str, Any]], start_ms: int, end_ms: int) -> Marku
             f'<text x="4" y="{y + 15}" font-size="11" font-family="monospace">'
             f"{escape(_short(lane))}<title>{escape(lane)}</title></text>"
         )
-        out.append(f'<line x1="{LEFT}" x2="{WIDTH - 10}" y1="{y + 11}" y2="{y + 11}" stroke="#ddd"/>')
+        out.append(
+            f'<line x1="{LEFT}" x2="{WIDTH - 10}" y1="{y + 11}" y2="{y + 11}" stroke="#ddd"/>'
+        )
     holding: dict[tuple[str, str], int] = {}
     for e in entries:
         lane_name = str(e.get("key") or f"({e.get('task')})")

@@ -21,7 +21,6 @@ import redis as redis_py
 from celery import Celery
 
 from celery_redlock.testing import RedisServer, free_port, wait_until
-from support.workers import WorkerProcess
 from tests.e2e.web.conftest import HOLD, TOKEN, Dashboard
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shot")]
@@ -48,9 +47,7 @@ def row_of(browser: Any, task_id: str) -> Any:
     from selenium.webdriver.common.by import By
 
     rows = [
-        r
-        for r in browser.find_elements(By.CSS_SELECTOR, "#locks tbody tr")
-        if task_id in r.text
+        r for r in browser.find_elements(By.CSS_SELECTOR, "#locks tbody tr") if task_id in r.text
     ]
     assert len(rows) == 1, browser.page_source
     return rows[0]
@@ -205,7 +202,7 @@ def test_the_filter_escapes_markup(browser: Any, dashboard: Dashboard) -> None:
     from selenium.webdriver.common.by import By
 
     login(browser, dashboard)
-    markup = '<img src=x onerror="document.title=\'pwned\'">'
+    markup = "<img src=x onerror=\"document.title='pwned'\">"
     browser.get(dashboard.url + "/?prefix=" + urllib.parse.quote(markup))
     shown = browser.find_element(By.ID, "filtered")
     assert markup in shown.text  # shown as text
@@ -233,9 +230,9 @@ def test_the_timeline_shows_a_skip_that_really_happened(
     login(browser, dashboard)
     browser.get(dashboard.url + "/timeline?minutes=5&task=" + urllib.parse.quote(HOLD))
     svg = browser.find_element(By.CSS_SELECTOR, "#timeline svg")
-    skips = svg.find_elements(By.CSS_SELECTOR, f'circle[data-event="skipped"][data-id="{duplicate.id}"]')
+    skips = svg.find_elements(
+        By.CSS_SELECTOR, f'circle[data-event="skipped"][data-id="{duplicate.id}"]'
+    )
     assert len(skips) == 1
     bars = svg.find_elements(By.CSS_SELECTOR, f'rect.bar[data-id="{holder["id"]}"]')
     assert len(bars) == 1  # the holder, still holding
-
-
