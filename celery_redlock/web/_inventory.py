@@ -8,7 +8,9 @@ Paging, as one ``SCAN`` cursor the browser carries back (``<node>:<cursor>``): a
 ``SCAN`` steps on one primary at a time (every primary of a Redis Cluster, in a fixed order)
 until it has :data:`ROWS` rows or has looked at :data:`BUDGET` keys, so the first page costs
 the same at 1,000 locks or 1,000,000, and a filter that matches few keys returns a short page
-with a "next" link instead of walking the whole key space. As with ``SCAN`` itself, a key that
+with a "next" link instead of walking the whole key space. A step that matched little makes
+the next one look at four times as many keys (up to :data:`MAX_STEP`): a rare filter costs
+tens of round trips per page, not hundreds. As with ``SCAN`` itself, a key that
 exists for the whole walk is shown at least once, and may be shown twice when the key space
 changes in between.
 
@@ -36,10 +38,12 @@ from ..cli import HeldLock, LockStore
 
 __all__ = ["BUDGET", "ROWS", "Inventory", "Page", "Row", "fingerprint_of", "pattern_for"]
 
-#: Rows a page aims at; keys ``SCAN`` looks at per step; keys a page looks at, at most.
+#: Rows a page aims at; the ``COUNT`` of a page's first ``SCAN`` step and the largest; keys a
+#: page looks at, at most.
 ROWS = 100
-STEP = 500
-BUDGET = 20_000
+STEP = ROWS
+MAX_STEP = 5000
+BUDGET = 50_000
 
 #: Longest filter accepted. Long ``SCAN`` patterns made Redis < 7.2.6 crash (CVE-2024-31228).
 MAX_FILTER = 200
@@ -146,10 +150,13 @@ class Inventory:
         index, position = _parse_cursor(cursor, len(nodes))
         keys: list[str] = []
         looked_at = 0
+        count = STEP
         while True:
-            position, batch = nodes[index].scan(cursor=position, match=pattern, count=STEP)
-            looked_at += STEP
+            position, batch = nodes[index].scan(cursor=position, match=pattern, count=count)
+            looked_at += count
             keys.extend(_text(k) for k in batch)
+            if len(batch) < count // 2:
+                count = min(count * 4, MAX_STEP)
             if position == 0:
                 index, position = index + 1, 0
                 if index == len(nodes):
@@ -173,9 +180,16 @@ class Inventory:
         ]
         if not held and not markers:
             return []
+        waiters = [keys_for(self.settings.prefix, lock.name).waiters for lock in held]
+        if (
+            waiters
+            and not isinstance(self.client, RedisCluster)
+            and not self.client.exists(*waiters)
+        ):
+            waiters = []  # one EXISTS for the page: waiters are rare
         pipe = self.client.pipeline(transaction=False)
-        for lock in held:
-            pipe.zcard(keys_for(self.settings.prefix, lock.name).waiters)
+        for key in waiters:
+            pipe.zcard(key)
         for key, _mode in markers:
             pipe.pttl(key)
             pipe.dump(key)
@@ -186,8 +200,9 @@ class Inventory:
             else:
                 pipe.hget(key, "id")
         replies = pipe.execute()
-        rows = [self._slot_row(lock, int(n or 0)) for lock, n in zip(held, replies, strict=False)]
-        rest = replies[len(held) :]
+        counts = replies[: len(waiters)] if waiters else [0] * len(held)
+        rows = [self._slot_row(lock, int(n or 0)) for lock, n in zip(held, counts, strict=True)]
+        rest = replies[len(waiters) :]
         for i, (key, mode) in enumerate(markers):
             pttl, dumped, info = rest[3 * i : 3 * i + 3]
             if dumped is not None:  # else gone since the SCAN
@@ -268,9 +283,9 @@ class Inventory:
         pattern = pattern_for(self.settings.prefix, name_prefix)
         found: dict[str, HeldLock] = {}
         for node in self._nodes():
-            keys = [_text(k) for k in node.scan_iter(match=pattern, count=STEP)]
-            for start in range(0, len(keys), STEP):
-                for row in self._rows(keys[start : start + STEP]):
+            keys = [_text(k) for k in node.scan_iter(match=pattern, count=MAX_STEP)]
+            for start in range(0, len(keys), 1000):
+                for row in self._rows(keys[start : start + 1000]):
                     if row.lock is not None:
                         found[row.key] = row.lock
         return sorted(found.values(), key=lambda lk: lk.key)

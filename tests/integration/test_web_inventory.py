@@ -148,3 +148,11 @@ def test_actions_compare_what_the_page_showed(redis_url: str, r: redis_py.Redis)
     key2 = keys_for("redlock", "job:2").lock
     assert readonly.act("release", {"key": key2, "force": "1"}, "t").status == 403
     assert r.exists(key2)
+
+
+def test_rows_count_the_waiters(redis_url: str, r: redis_py.Redis) -> None:
+    fill(r, ["job:1", "job:2"])
+    r.zadd(keys_for("redlock", "job:2").waiters, {"w-a": 1, "w-b": 2})
+    app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
+    rows = {row.name: row for row in Inventory(settings_for(app)).page().rows if row.lock}
+    assert (rows["job:1"].waiters, rows["job:2"].waiters) == (0, 2)
