@@ -201,7 +201,12 @@ class Inventory:
                 pipe.hget(key, "id")
         replies = pipe.execute()
         counts = replies[: len(waiters)] if waiters else [0] * len(held)
-        rows = [self._slot_row(lock, int(n or 0)) for lock, n in zip(held, counts, strict=True)]
+        # Slot 1 of a semaphore looks like a lock: known when another slot is on the page.
+        semaphores = {lock.name for lock in held if lock.slot > 1}
+        rows = [
+            self._slot_row(lock, int(n or 0), lock.name in semaphores)
+            for lock, n in zip(held, counts, strict=True)
+        ]
         rest = replies[len(waiters) :]
         for i, (key, mode) in enumerate(markers):
             pttl, dumped, info = rest[3 * i : 3 * i + 3]
@@ -210,11 +215,11 @@ class Inventory:
         rows.sort(key=lambda r: r.key)
         return rows
 
-    def _slot_row(self, lock: HeldLock, waiters: int) -> Row:
+    def _slot_row(self, lock: HeldLock, waiters: int, semaphore: bool) -> Row:
         h = lock.holder
         return Row(
             key=lock.key,
-            mode="lock" if lock.slot == 1 else "semaphore slot",
+            mode="semaphore slot" if semaphore else "lock",
             name=lock.name,
             lock_name=lock.lock_name,
             task_id=h.task_id if h else None,

@@ -236,3 +236,41 @@ def test_the_timeline_shows_a_skip_that_really_happened(
     assert len(skips) == 1
     bars = svg.find_elements(By.CSS_SELECTOR, f'rect.bar[data-id="{holder["id"]}"]')
     assert len(bars) == 1  # the holder, still holding
+
+
+def test_the_page_shows_every_mode_and_a_dead_holder(
+    browser: Any,
+    dashboard: Dashboard,
+    held: tuple[str, dict[str, Any]],
+    server: RedisServer,
+) -> None:
+    """Also the page docs/operations.md shows (its screenshot, taken by this test)."""
+    from selenium.webdriver.common.by import By
+
+    from celery_redlock._redis.keys import keys_for
+    from celery_redlock._redis.owner import new_token
+
+    r = redis_py.Redis(port=server.port)
+    name = "reports.nightly"
+    sem = keys_for("redlock", f"{name}:{'a' * 32}", limit=2)
+    r.set(sem.slots[1], new_token("5f0c-dead-holder", f"w7@{HOST}", 4242), px=50_000)
+    r.zadd(sem.waiters, {"waiter-1": 1})
+    r.set(sem.slots[0], new_token("77aa-other-slot", f"w7@{HOST}", 4243), px=50_000)
+    r.set(sem.queued, "9e1d-queued-call", px=40_000)
+    r.rpush(sem.rate, 1, 2, 3)
+    r.pexpire(sem.rate, 30_000)
+    login(browser, dashboard)
+    browser.get(dashboard.url + "/?prefix=")
+    modes = {
+        row.get_attribute("data-key"): row.find_elements(By.TAG_NAME, "td")
+        for row in browser.find_elements(By.CSS_SELECTOR, "#locks tbody tr")
+    }
+    assert modes[sem.slots[1]][2].text.startswith("semaphore slot")
+    assert modes[sem.slots[1]][6].text == "dead"  # w7 is no worker that answers
+    assert modes[sem.slots[0]][2].text.startswith("semaphore slot")  # its slot 2 is listed
+    assert modes[sem.slots[0]][10].text == "1"  # one waiter queued
+    assert modes[sem.queued][2].text.startswith("enqueue marker")
+    assert modes[sem.queued][3].text == "9e1d-queued-call"
+    assert modes[sem.rate][2].text.startswith("rate window")
+    assert "3 start(s)" in modes[sem.rate][2].text
+    r.delete(*sem.slots, sem.waiters, sem.queued, sem.rate)
