@@ -176,12 +176,12 @@ class Dashboard:
             error=error,
             form=form,
             base=base,
-            tasks=self.locked_tasks(),
+            tasks=self.task_names(),
             max_filter=MAX_FILTER,
         )
         return (400 if error else 200), body
 
-    def locked_tasks(self) -> list[str]:
+    def task_names(self) -> list[str]:
         """The app's task names (for the filter's suggestions)."""
         return sorted(name for name in self.app.tasks if not name.startswith("celery."))
 
@@ -224,7 +224,7 @@ class Dashboard:
             error=error,
             form=form,
             base=base,
-            tasks=self.locked_tasks(),
+            tasks=self.task_names(),
         )
         return (400 if error else 200), body
 

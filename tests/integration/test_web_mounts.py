@@ -1,5 +1,5 @@
-"""The dashboard mounted in a host app: FastAPI (ASGI, served by a real uvicorn) and the Django
-admin (Django's test client with CSRF checks on). The host app's login decides who may look
+"""The dashboard mounted in a host app: FastAPI (ASGI, served by a real uvicorn), Flask (WSGI,
+through a2wsgi) and the Django admin (Django's test client with CSRF checks on). The host app's login decides who may look
 and act; the actor is logged and sent with :data:`lock_admin_action`."""
 
 from __future__ import annotations
@@ -114,6 +114,38 @@ def test_mounted_in_fastapi(
         "outcome": f"released {held} (holder dead)",
         "forced": False,
     }
+
+
+def test_mounted_in_flask(
+    celery_app: Any, held: str, r: redis_py.Redis, actions: list[dict[str, Any]]
+) -> None:
+    from a2wsgi import ASGIMiddleware
+    from flask import Flask
+    from werkzeug.middleware.dispatcher import DispatcherMiddleware
+
+    from celery_redlock.web import create_app
+
+    host = Flask("host")
+    board = create_app(
+        celery_app,
+        actions=True,
+        authenticate=lambda request: request.headers.get("x-host-user"),
+        ping_timeout=0.3,
+    )
+    host.wsgi_app = DispatcherMiddleware(host.wsgi_app, {"/locks": ASGIMiddleware(board)})
+    client = host.test_client()
+    assert client.get("/locks/").status_code == 401
+    page = client.get("/locks/", headers={"x-host-user": "dora"})
+    assert page.status_code == 200 and held in page.text
+    assert 'action="/locks/action/release"' in page.text
+    form = {**fields(page.text), "key": held}
+    refused = client.post(
+        "/locks/action/release", data={"key": held}, headers={"x-host-user": "dora"}
+    )
+    assert refused.status_code == 403 and r.exists(held)
+    done = client.post("/locks/action/release", data=form, headers={"x-host-user": "dora"})
+    assert done.status_code == 200 and not r.exists(held), done.text
+    assert actions[-1]["actor"] == "dora"
 
 
 def test_actions_without_any_login_are_refused_at_build(celery_app: Any) -> None:
