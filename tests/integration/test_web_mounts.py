@@ -1,6 +1,7 @@
 """The dashboard mounted in a host app: FastAPI (ASGI, served by a real uvicorn), Flask (WSGI,
-through a2wsgi) and the Django admin (Django's test client with CSRF checks on). The host app's login decides who may look
-and act; the actor is logged and sent with :data:`lock_admin_action`."""
+through a2wsgi) and the Django admin (Django's test client with CSRF checks on). The host app's
+login decides who may look and act; the actor is logged and sent with
+:data:`lock_admin_action`."""
 
 from __future__ import annotations
 
