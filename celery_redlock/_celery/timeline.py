@@ -55,9 +55,14 @@ def _target(app: Any) -> tuple[int, str, str]:
     try:
         return _targets[app]
     except KeyError:
+        try:
+            size = size_for(app)
+        except ValueError as exc:  # said once, then no ring: the tasks run on
+            logger.warning("lock timeline disabled: %s", exc)
+            size = 0
         settings = settings_for(app)
         url = settings.url if isinstance(settings.url, str) else settings.url[0]
-        target = _targets[app] = (size_for(app), url, timeline_key(settings.prefix))
+        target = _targets[app] = (size, url, timeline_key(settings.prefix))
         return target
 
 

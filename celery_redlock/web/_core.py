@@ -200,8 +200,9 @@ class Dashboard:
         svg = None
         task = key = ""
         minutes = 10
-        size = timeline.size_for(self.app)
+        size = 0
         try:
+            size = timeline.size_for(self.app)
             task = _text(query.get("task"), "the task")
             key = _text(query.get("key"), "the key")
             raw = query.get("minutes") or "10"

@@ -47,3 +47,21 @@ def test_the_ring_keeps_at_most_its_size(
     assert 0 < r.pttl(timeline_key("redlock")) <= 3600 * 1000
     status, body = Dashboard(app).timeline_page({"task": "ring.job", "minutes": "5"}, {})
     assert status == 200 and 'class="mark"' in body and 'data-event="released"' in body
+
+
+def test_a_bad_size_is_said_once_and_records_nothing(
+    redis_server: RedisServer, redis_url: str, r: redis_py.Redis, caplog: Any
+) -> None:
+    app = make_app(redis_server, redlock_timeline="many")
+    job = _task(app)
+    with running_worker(app):
+        assert job.delay(1).get(timeout=10) == 1
+        assert job.delay(2).get(timeout=10) == 2
+    assert not r.exists(timeline_key("redlock"))
+    said = [m for m in caplog.messages if m.startswith("lock timeline disabled")]
+    assert said == [
+        "lock timeline disabled: setting redlock_timeline='many' is invalid; "
+        "expected a whole number >= 0"
+    ]
+    status, body = Dashboard(app).timeline_page({"task": "ring.job"}, {})
+    assert status == 400 and "redlock_timeline=&#39;many&#39; is invalid" in body
