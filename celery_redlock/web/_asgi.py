@@ -97,8 +97,8 @@ def create_app(
         form = {CSRF_FIELD: guard.csrf_token(cookie)}
         query = dict(request.query_params)
         if tab == "stats":
-            body = await run_in_threadpool(board.stats_page, form, base(request))
-            return page(request, 200, body, cookie)
+            status, body = await run_in_threadpool(board.stats_page, form, base(request))
+            return page(request, status, body, cookie)
         if tab == "timeline":
             status, body = await run_in_threadpool(board.timeline_page, query, form, base(request))
             return page(request, status, body, cookie)

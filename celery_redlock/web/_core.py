@@ -29,7 +29,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import click
 import jinja2
+from redis.exceptions import RedisClusterException, RedisError
 
 from .._celery import timeline
 from .._celery.options import settings_for
@@ -54,6 +56,9 @@ TIMELINE_MINUTES = (5, 10, 30, 60)
 TIMELINE_ENTRIES = 10_000
 
 ACTIONS = ("release", "release-dead", "clear-marker", "reset-rate")
+
+#: What a page says instead of a traceback: the lock Redis (or a node of it) does not answer.
+_UNREACHABLE = (RedisError, RedisClusterException, click.ClickException, OSError)
 
 _env = jinja2.Environment(
     loader=jinja2.PackageLoader("celery_redlock.web", "templates"),
@@ -151,6 +156,7 @@ class Dashboard:
         """The locks page for ``query`` (``task``, ``prefix``, ``cursor``); ``form`` holds the
         hidden fields every action form carries (the CSRF token)."""
         error = None
+        status = 200
         task = prefix = ""
         rows: list[Row] = []
         next_cursor = None
@@ -160,7 +166,9 @@ class Dashboard:
             page = self.inventory.page(_name_prefix(task, prefix), query.get("cursor") or "0:0")
             rows, next_cursor = page.rows, page.next_cursor
         except ValueError as exc:
-            error = str(exc)
+            status, error = 400, str(exc)
+        except _UNREACHABLE as exc:
+            status, error = 503, f"cannot read the lock Redis: {redact(exc)}"
         hosts = {r.host for r in rows if r.host}
         alive = self.liveness(hosts) if hosts else {}
         now_ms = int(time.time() * 1000)
@@ -179,17 +187,27 @@ class Dashboard:
             tasks=self.task_names(),
             max_filter=MAX_FILTER,
         )
-        return (400 if error else 200), body
+        return status, body
 
     def task_names(self) -> list[str]:
         """The app's task names (for the filter's suggestions)."""
         return sorted(name for name in self.app.tasks if not name.startswith("celery."))
 
-    def stats_page(self, form: dict[str, str], base: str = "") -> str:
-        counts = read_stats(self.app)
+    def stats_page(self, form: dict[str, str], base: str = "") -> tuple[int, str]:
+        try:
+            counts = read_stats(self.app)
+        except _UNREACHABLE as exc:
+            body = self.render(
+                "result.html",
+                status=503,
+                message=f"cannot read the counters: {redact(exc)}",
+                form=form,
+                base=base,
+            )
+            return 503, body
         events = [*EVENTS, *sorted({e for c in counts.values() for e in c} - set(EVENTS))]
         table = {t: [c.get(e, 0) for e in events] for t, c in sorted(counts.items())}
-        return self.render(
+        return 200, self.render(
             "stats.html", tab="stats", events=events, table=table, form=form, base=base
         )
 
@@ -213,6 +231,8 @@ class Dashboard:
                 svg = self.timeline_svg(task, key, minutes)
         except ValueError as exc:
             error = str(exc)
+        except _UNREACHABLE as exc:
+            error = f"cannot read the timeline: {redact(exc)}"
         body = self.render(
             "timeline.html",
             tab="timeline",

@@ -64,7 +64,8 @@ def django_urls(
 
     @require_GET
     def stats(request: HttpRequest) -> HttpResponse:
-        return HttpResponse(board.stats_page(form(request), base(request, "stats")))
+        status, body = board.stats_page(form(request), base(request, "stats"))
+        return HttpResponse(body, status=status)
 
     @require_GET
     def timeline(request: HttpRequest) -> HttpResponse:

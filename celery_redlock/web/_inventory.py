@@ -1,8 +1,9 @@
 """The dashboard's one door to the lock inventory: cursor pages of rows, owner-checked actions.
 
-Built on the command line's :class:`celery_redlock.cli.LockStore` (reading pages of slot keys,
-parsing key names, the owner-checked release); the rest of the dashboard imports only this
-module, so moving to another inventory API changes this file alone.
+Built on the command line's :class:`celery_redlock.cli.LockStore`: its key parser, its
+owner-checked release and its page reader (``_read_page``: one pipelined round trip per node
+for a page of slots, the quorum's majority rule included); the rest of the dashboard imports
+only this module, so moving to the Redis layer's own inventory API changes this file alone.
 
 Paging, as one ``SCAN`` cursor the browser carries back (``<node>:<cursor>``): a page runs
 ``SCAN`` steps on one primary at a time (every primary of a Redis Cluster, in a fixed order)
@@ -135,6 +136,7 @@ class Inventory:
         self.settings = settings
         self.store = LockStore(settings)
         self.client = client_for(self.store.urls[0])
+        self._clear = self.client.register_script(CLEAR)  # EVALSHA, loaded again on NOSCRIPT
 
     def _nodes(self) -> list[Any]:
         """A plain client per primary to ``SCAN``, in a fixed order."""
@@ -280,8 +282,7 @@ class Inventory:
         if suffix is None or self.store.parse(key[: -len(suffix)]) is None:
             raise ValueError(f"{key!r} is not an enqueue marker, rate window or debounce marker")
         companion = key + ":next" if suffix == ":rate" else key
-        script = self.client.register_script(CLEAR)
-        return bool(script(keys=[key, companion], args=[fingerprint]))
+        return bool(self._clear(keys=[key, companion], args=[fingerprint]))
 
     def each_slot(self, name_prefix: str) -> list[HeldLock]:
         """Every held slot whose name starts with ``name_prefix`` (a full walk)."""

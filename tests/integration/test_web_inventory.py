@@ -156,3 +156,17 @@ def test_rows_count_the_waiters(redis_url: str, r: redis_py.Redis) -> None:
     app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
     rows = {row.name: row for row in Inventory(settings_for(app)).page().rows if row.lock}
     assert (rows["job:1"].waiters, rows["job:2"].waiters) == (0, 2)
+
+
+def test_an_unreachable_redis_is_said_on_the_page() -> None:
+    from celery import Celery
+
+    from celery_redlock.testing import free_port
+
+    app = Celery("down", set_as_current=False)
+    app.conf.redlock_url = f"redis://127.0.0.1:{free_port()}/0"
+    board = Dashboard(app)
+    status, body = board.locks_page({}, {})
+    assert status == 503 and "cannot read the lock Redis" in body
+    status, body = board.stats_page({}, "")
+    assert status == 503 and "cannot read the counters" in body
