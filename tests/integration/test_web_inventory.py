@@ -170,3 +170,36 @@ def test_an_unreachable_redis_is_said_on_the_page() -> None:
     assert status == 503 and "cannot read the lock Redis" in body
     status, body = board.stats_page({}, "")
     assert status == 503 and "cannot read the counters" in body
+
+
+def test_the_page_links_the_next_page_and_shows_the_counters(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    import html
+    import re
+    import urllib.parse
+
+    names = [f"job:{i:04d}" for i in range(400)]
+    fill(r, names)
+    r.hset("redlock:stats:proj.job", mapping={"acquired": 7, "skipped": 3})
+    app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
+    board = Dashboard(app, ping_timeout=0.2)
+    seen: set[str] = set()
+    query: dict[str, str] = {}
+    for _ in range(50):
+        status, body = board.locks_page(query, {}, "/locks")
+        assert status == 200
+        seen |= set(re.findall(r'<tr data-key="([^"]+)"', body))
+        link = re.search(r'id="next" href="([^"]+)"', body)
+        if link is None:
+            break
+        url = urllib.parse.urlsplit(html.unescape(link.group(1)))
+        assert url.path == "/locks/"
+        query = dict(urllib.parse.parse_qsl(url.query, keep_blank_values=True))
+    assert seen == {html.escape(keys_for("redlock", n).lock) for n in names}
+    status, body = board.stats_page({}, "/locks")
+    assert status == 200
+    row = re.search(r"<tr><td>proj.job</td>(.*?)</tr>", body)
+    assert row is not None
+    cells = re.findall(r"<td>(\d+)</td>", row.group(1))
+    assert cells[:2] == ["7", "3"]  # acquired, skipped: the order of celery redlock stats
