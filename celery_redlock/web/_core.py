@@ -8,7 +8,8 @@ Actions, each refused unless the dashboard was built with ``actions=True``:
 
 * ``release`` (``key``, ``fingerprint``, ``force``): owner-checked release of one slot; it
   refuses when the slot changed holder since the page was drawn, and refuses a holder whose
-  worker answers a ping (or whose liveness is unknown) unless ``force`` is set;
+  worker answers a ping, renewed the lock within ``lease / 3`` (:meth:`Dashboard.verdict`) or
+  whose liveness is unknown, unless ``force`` is set;
 * ``release-dead`` (``prefix``): the slots, among those the filter selects, whose worker does
   not answer a ping;
 * ``clear-marker`` / ``reset-rate`` (``key``, ``fingerprint``): delete an enqueue or
@@ -142,6 +143,18 @@ class Dashboard:
         )
         return {str(name) for reply in replies or [] for name in reply}
 
+    def verdict(self, ping_state: str, ttl: float | None) -> str:
+        """The holder's state from its worker's ping and its lock's TTL: a TTL within the last
+        third of the lease from full means the holder renewed (or acquired) less than
+        ``lease / 3`` ago, so it runs, whatever the ping says. Hazard, as a timeline, that
+        this closes: (1) a worker gets SIGTERM and enters warm shutdown; (2) it stops
+        answering pings while its task runs and renews; (3) a release of "dead" holders
+        would delete a live lock. A lock with its own longer TTL (``lock_ttl``) is judged by
+        the ping alone."""
+        lease = settings_for(self.app).lease
+        renewed = ttl is not None and ttl <= lease and lease - ttl < lease / 3
+        return ALIVE if ping_state != ALIVE and renewed else ping_state
+
     # -- pages --------------------------------------------------------------------------------
 
     def render(self, template: str, **context: Any) -> str:
@@ -176,7 +189,10 @@ class Dashboard:
             "locks.html",
             tab="locks",
             rows=rows,
-            alive={r.key: alive.get(r.host, UNKNOWN) if r.host else "-" for r in rows},
+            alive={
+                r.key: self.verdict(alive.get(r.host, UNKNOWN), r.ttl) if r.host else "-"
+                for r in rows
+            },
             age={r.key: _age(now_ms, r.acquired_ms) for r in rows},
             task=task,
             prefix=prefix,
@@ -322,9 +338,13 @@ class Dashboard:
                 409, f"not released: {key} changed holder since the page was drawn; reload"
             )
         host = lock.holder.host if lock.holder else ""
-        state = self.liveness([host], fresh=True)[host] if host else UNKNOWN
+        pinged = self.liveness([host], fresh=True)[host] if host else UNKNOWN
+        state = self.verdict(pinged, lock.ttl)
         if state != DEAD and not forced:
-            why = "answers a ping" if state == ALIVE else "cannot be pinged (liveness unknown)"
+            why = {
+                ALIVE: "answers a ping" if pinged == ALIVE else "renewed it within lease/3",
+                UNKNOWN: "cannot be pinged (liveness unknown)",
+            }[state]
             return ActionResult(
                 409, f"refused: {key} is held by {host or 'a non-worker'}, which {why}; use force"
             )
@@ -338,7 +358,10 @@ class Dashboard:
         alive = self.liveness(hosts, fresh=True) if hosts else {}
         released = kept = 0
         for lock in locks:
-            if lock.holder and alive.get(lock.holder.host) == DEAD and self.inventory.release(lock):
+            state = (
+                self.verdict(alive.get(lock.holder.host, UNKNOWN), lock.ttl) if lock.holder else ""
+            )
+            if state == DEAD and self.inventory.release(lock):
                 released += 1
             else:
                 kept += 1

@@ -203,3 +203,25 @@ def test_the_page_links_the_next_page_and_shows_the_counters(
     assert row is not None
     cells = re.findall(r"<td>(\d+)</td>", row.group(1))
     assert cells[:2] == ["7", "3"]  # acquired, skipped: the order of celery redlock stats
+
+
+def test_a_holder_that_renewed_within_a_third_of_the_lease_is_alive(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    # A worker in warm shutdown stops answering pings while its task still renews: its lock,
+    # renewed to the full lease (30 s) a moment ago, has more than 20 s left.
+    fill(r, ["job:renewed"], ttl_ms=29_000)
+    fill(r, ["job:stale"], ttl_ms=15_000)
+    app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
+    board = Dashboard(app, actions=True, ping_timeout=0.2)
+    renewed, stale = keys_for("redlock", "job:renewed").lock, keys_for("redlock", "job:stale").lock
+    _, body = board.locks_page({}, {})
+    cells = {k: body.split(f'<tr data-key="{k}">')[1].split("</tr>")[0] for k in (renewed, stale)}
+    assert '<td class="alive">alive</td>' in cells[renewed]
+    assert '<td class="dead">dead</td>' in cells[stale]
+    rows = {row.key: row for row in board.inventory.page().rows}
+    refused = board.act("release", {"key": renewed, "fingerprint": rows[renewed].fingerprint}, "t")
+    assert refused.status == 409 and "renewed it within lease/3" in refused.message
+    done = board.act("release-dead", {"prefix": "job:"}, "t")
+    assert done.message == "released 1 lock(s) of dead workers; kept 1"
+    assert r.exists(renewed) and not r.exists(stale)
