@@ -64,7 +64,10 @@ class Dashboard:
             "REDLOCK_TEST_PORT": str(port),
             "REDLOCK_WEB_TOKEN": TOKEN,
         }
-        cmd = [sys.executable, "-m", "celery", "-A", APP, "redlock", "web", "--port", str(p), *args]
+        # A generous ping timeout: a live worker answers at once (the ping returns when every
+        # holder asked has answered), and a loaded machine must not make it look dead.
+        cmd = [sys.executable, "-m", "celery", "-A", APP, "redlock", "web", "--port", str(p)]
+        cmd += ["--ping-timeout", "3", *args]
         with self.log.open("wb") as out:
             self.process = subprocess.Popen(
                 cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
