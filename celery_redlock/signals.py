@@ -19,6 +19,8 @@ Every signal's ``sender`` is the task. Arguments:
 ``lock_released``       ``task_id``, ``key``, ``by`` (``"task"``, or ``"parent"`` when the
                         worker's main process released for a dead child)
 ``lock_lost``           ``task_id``, ``key``, ``reason``
+``lock_admin_action``   sent by the dashboard (``celery redlock web``), ``sender`` the app:
+                        ``action``, ``key``, ``actor`` (who), ``outcome``, ``forced``
 ======================  ====================================================================
 
 With task events enabled (``celery worker -E`` or ``worker_send_task_events``), a contended
@@ -31,7 +33,7 @@ from __future__ import annotations
 
 from celery.utils.dispatch import Signal
 
-__all__ = ["lock_acquired", "lock_contended", "lock_lost", "lock_released"]
+__all__ = ["lock_acquired", "lock_admin_action", "lock_contended", "lock_lost", "lock_released"]
 
 lock_acquired = Signal(name="lock_acquired", providing_args={"task_id", "key", "fencing_token"})
 lock_contended = Signal(
@@ -39,3 +41,6 @@ lock_contended = Signal(
 )
 lock_released = Signal(name="lock_released", providing_args={"task_id", "key", "by"})
 lock_lost = Signal(name="lock_lost", providing_args={"task_id", "key", "reason"})
+lock_admin_action = Signal(
+    name="lock_admin_action", providing_args={"action", "key", "actor", "outcome", "forced"}
+)

@@ -1,4 +1,5 @@
-"""How the Celery layer reports a lock event: a counter, a signal and, with ``-E``, a task event.
+"""How the Celery layer reports a lock event: a counter, a signal, with ``-E`` a task event, and
+with ``redlock_timeline`` an entry in the dashboard's ring.
 
 Reporting never raises into the task: a failing signal receiver or counter is logged.
 """
@@ -9,6 +10,7 @@ import logging
 from typing import Any
 
 from .. import metrics, signals
+from . import timeline
 from .state import state
 
 logger = logging.getLogger("celery_redlock.task")
@@ -18,6 +20,7 @@ def emit(task: Any, task_id: str, event: str, signal: Any = None, **fields: Any)
     """Count ``event``, send ``signal`` and, with task events on, a ``task-lock-*`` event."""
     try:
         metrics.count(task.app, task.name, event)
+        timeline.record(task, task_id, event, fields)
         if signal is not None and signal.receivers:  # send() does nothing without receivers
             signal.send(sender=task, task_id=task_id, **fields)
         if state.task_events and signal is signals.lock_contended:

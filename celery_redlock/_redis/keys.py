@@ -22,6 +22,8 @@ one Redis Cluster slot::
     <slot key>:call              per-call overrides the holder of a slot took it with (JSON
                                  string, written only when there are some), TTL = the lock's
     <prefix>:stats:<task name>   event counters of a task (hash), no TTL
+    <prefix>:timeline            the last lock events (list of JSON, newest first), only with
+                                 redlock_timeline > 0: at most that many, TTL = 1 h after the last
 
 For a task, ``<name>`` is ``<lock_name>:<digest>`` where the digest is a fixed-length hash of the
 task's canonical arguments: argument values never appear in a key.
@@ -119,6 +121,11 @@ def waiter_channel(keys: LockKeys, waiter: str) -> str:
 def stats_key(prefix: str, task_name: str) -> str:
     """The hash of event counters of the task called ``task_name``."""
     return f"{prefix}:stats:{task_name}"
+
+
+def timeline_key(prefix: str) -> str:
+    """The bounded ring of recent lock events that the dashboard draws (opt-in)."""
+    return f"{prefix}:timeline"
 
 
 def secret_key(secret: str | bytes) -> bytes:

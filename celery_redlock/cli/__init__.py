@@ -23,8 +23,11 @@ are printed (:mod:`._format`) and the commands (:mod:`._commands`). A new subcom
 from __future__ import annotations
 
 from .._redis.inventory import PAGE, HeldLock
+from ..web._command import web as _web  # click only: the web extra loads when it runs
 from . import _commands  # noqa: F401  (registers the commands on the group)
 from ._group import LockStore, redlock
 from ._liveness import liveness
+
+redlock.add_command(_web)
 
 __all__ = ["PAGE", "HeldLock", "LockStore", "liveness", "redlock"]

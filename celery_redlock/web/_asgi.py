@@ -1,0 +1,178 @@
+"""The dashboard as an ASGI app (Starlette): served by ``celery redlock web``, or mounted.
+
+Routes (relative to where it is mounted): ``GET /`` the locks, ``GET /stats`` the counters,
+``GET /timeline`` the timeline, ``POST /action/<name>`` an action, ``GET``/``POST /login``
+the token form (standalone). No GET changes anything.
+
+Every request passes :func:`_who`: with ``authenticate`` (a mount: the host app decides, from
+its own session or user, and returns a name or ``None``), else the environment's credentials
+(:class:`~celery_redlock.web._security.Credentials`); with neither, the page is open and
+read-only (the command line allows that on loopback only). Every POST then needs our CSRF
+token and no foreign ``Origin``, also when mounted: the ASGI frameworks (FastAPI, Starlette)
+have no CSRF protection of their own to inherit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from ._core import Dashboard
+from ._security import CSRF_COOKIE, SESSION_COOKIE, Credentials, Guard, origin_ok
+
+__all__ = ["create_app"]
+
+CSRF_FIELD = "csrf_token"
+
+
+def create_app(
+    app: Any,
+    *,
+    actions: bool = False,
+    authenticate: Callable[[Request], str | None] | None = None,
+    credentials: Credentials | None = None,
+    ping_timeout: float = 1.0,
+) -> Starlette:
+    """The dashboard of the Celery ``app`` as an ASGI app.
+
+    :param actions: allow the actions (read-only by default).
+    :param authenticate: for a mount: ``authenticate(request)`` returns who is asking (a user
+        name, logged and sent with each action) or ``None`` to refuse the request. Without
+        it, ``credentials`` (default: from the environment) are checked.
+    :raises ValueError: when actions are enabled with neither ``authenticate`` nor
+        credentials (anyone who reaches the port could release locks).
+    """
+    creds = credentials if credentials is not None else Credentials.from_env()
+    if actions and authenticate is None and not creds.configured:
+        raise ValueError(
+            "actions=True needs authenticate= or credentials in the environment "
+            "(REDLOCK_WEB_TOKEN, or REDLOCK_WEB_USER and REDLOCK_WEB_PASSWORD)"
+        )
+    board = Dashboard(app, actions=actions, ping_timeout=ping_timeout)
+    guard = Guard(creds)
+
+    def who(request: Request) -> str | None:
+        if authenticate is not None:
+            return authenticate(request)
+        if not creds.configured:
+            return "anonymous"
+        session = request.cookies.get(SESSION_COOKIE)
+        return guard.actor(request.headers.get("authorization"), session)
+
+    def base(request: Request) -> str:
+        return str(request.scope.get("root_path", "")).rstrip("/")
+
+    def csrf_cookie(request: Request) -> str:
+        return request.cookies.get(CSRF_COOKIE) or guard.new_csrf_cookie()
+
+    def page(request: Request, status: int, body: str, cookie: str) -> Response:
+        response = HTMLResponse(body, status_code=status)
+        response.headers["Content-Security-Policy"] = (
+            "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; "
+            "frame-ancestors 'none'"
+        )
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "same-origin"
+        response.set_cookie(
+            CSRF_COOKIE, cookie, httponly=True, samesite="strict", path=base(request) or "/"
+        )
+        return response
+
+    def unauthenticated(request: Request) -> Response:
+        if authenticate is None and creds.token is not None:
+            return RedirectResponse(f"{base(request)}/login", status_code=303)
+        headers = {"WWW-Authenticate": 'Basic realm="celery-redlock"'} if creds.user else {}
+        return PlainTextResponse("authentication required", status_code=401, headers=headers)
+
+    async def view(request: Request, tab: str) -> Response:
+        if who(request) is None:
+            return unauthenticated(request)
+        cookie = csrf_cookie(request)
+        form = {CSRF_FIELD: guard.csrf_token(cookie)}
+        query = dict(request.query_params)
+        if tab == "stats":
+            status, body = await run_in_threadpool(board.stats_page, form, base(request))
+            return page(request, status, body, cookie)
+        if tab == "timeline":
+            status, body = await run_in_threadpool(board.timeline_page, query, form, base(request))
+            return page(request, status, body, cookie)
+        status, body = await run_in_threadpool(board.locks_page, query, form, base(request))
+        return page(request, status, body, cookie)
+
+    def refuse_post(request: Request, data: Any) -> Response | None:
+        own = f"{request.url.scheme}://{request.url.netloc}"
+        if not origin_ok(request.headers.get("origin"), request.headers.get("sec-fetch-site"), own):
+            return PlainTextResponse("refused: cross-origin request", status_code=403)
+        if not guard.csrf_ok(request.cookies.get(CSRF_COOKIE), data.get(CSRF_FIELD)):
+            return PlainTextResponse("refused: missing or wrong CSRF token", status_code=403)
+        return None
+
+    async def action(request: Request) -> Response:
+        data = await request.form()
+        refused = refuse_post(request, data)
+        if refused is not None:
+            return refused
+        actor = who(request)
+        if actor is None:
+            return unauthenticated(request)
+        fields = {k: str(v) for k, v in data.items() if isinstance(v, str)}
+        name = request.path_params["name"]
+        result = await run_in_threadpool(board.act, name, fields, actor)
+        cookie = csrf_cookie(request)
+        body = board.render(
+            "result.html",
+            status=result.status,
+            message=result.message,
+            form={CSRF_FIELD: guard.csrf_token(cookie)},
+            base=base(request),
+        )
+        return page(request, result.status, body, cookie)
+
+    async def login(request: Request) -> Response:
+        cookie = csrf_cookie(request)
+        form = {CSRF_FIELD: guard.csrf_token(cookie)}
+        error = None
+        if request.method == "POST":
+            data = await request.form()
+            refused = refuse_post(request, data)
+            if refused is not None:
+                return refused
+            session = guard.login(str(data.get("token", "")))
+            if session is not None:
+                response = RedirectResponse(f"{base(request)}/", status_code=303)
+                response.set_cookie(
+                    SESSION_COOKIE,
+                    session,
+                    httponly=True,
+                    samesite="strict",
+                    path=base(request) or "/",
+                )
+                return response
+            error = "wrong token"
+        body = board.render("login.html", form=form, base=base(request), error=error)
+        return page(request, 401 if error else 200, body, cookie)
+
+    async def locks(request: Request) -> Response:
+        return await view(request, "locks")
+
+    async def stats(request: Request) -> Response:
+        return await view(request, "stats")
+
+    async def timeline(request: Request) -> Response:
+        return await view(request, "timeline")
+
+    routes = [
+        Route("/", locks, methods=["GET"]),
+        Route("/stats", stats, methods=["GET"]),
+        Route("/timeline", timeline, methods=["GET"]),
+        Route("/action/{name:str}", action, methods=["POST"]),
+    ]
+    if authenticate is None and creds.token is not None:
+        routes.insert(0, Route("/login", login, methods=["GET", "POST"]))
+    return Starlette(routes=routes)

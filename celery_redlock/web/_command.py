@@ -1,0 +1,77 @@
+"""``celery -A proj redlock web``: serve the dashboard with uvicorn, loopback by default."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from typing import Any
+
+import click
+
+from ._security import Credentials
+
+__all__ = ["web"]
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@click.command(name="web")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8077, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--actions/--read-only",
+    default=False,
+    show_default=True,
+    help="Allow releasing locks and clearing markers from the page (needs credentials).",
+)
+@click.option("--ping-timeout", default=1.0, show_default=True, help="Seconds to wait for pings.")
+@click.pass_context
+def web(ctx: click.Context, host: str, port: int, actions: bool, ping_timeout: float) -> None:
+    """Serve a dashboard of the locks: held locks, counters, a timeline, and (with --actions)
+    owner-checked releases. Credentials come from the environment only: REDLOCK_WEB_TOKEN,
+    or REDLOCK_WEB_USER and REDLOCK_WEB_PASSWORD."""
+    try:
+        import uvicorn
+
+        # Through the package's lazy public name: this module is imported by the CLI, which
+        # must not load the dashboard (nor Starlette) until ``web`` runs.
+        from . import create_app
+    except ImportError as exc:
+        raise click.ClickException(
+            f'the dashboard needs the web extra: pip install "celery-redlock[web]" ({exc})'
+        ) from exc
+    try:
+        credentials = Credentials.from_env()
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if not credentials.configured and not _loopback(host):
+        raise click.ClickException(
+            f"refusing to serve on {host} without credentials: set REDLOCK_WEB_TOKEN, or "
+            "REDLOCK_WEB_USER and REDLOCK_WEB_PASSWORD (or listen on 127.0.0.1)"
+        )
+    if actions and not credentials.configured:
+        raise click.ClickException(
+            "--actions needs credentials in the environment: REDLOCK_WEB_TOKEN, or "
+            "REDLOCK_WEB_USER and REDLOCK_WEB_PASSWORD"
+        )
+    app: Any = ctx.obj.app
+    try:
+        asgi = create_app(app, actions=actions, credentials=credentials, ping_timeout=ping_timeout)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from exc
+    log = logging.getLogger("celery_redlock.web")
+    if not log.handlers:  # every action is written to stderr, who did what
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("[%(asctime)s: %(levelname)s] %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+    mode = "actions enabled" if actions else "read-only"
+    click.echo(f"celery-redlock dashboard on http://{host}:{port}/ ({mode})", err=True)
+    uvicorn.run(asgi, host=host, port=port, log_level="warning", access_log=False)

@@ -1,0 +1,387 @@
+"""What the dashboard shows and does, whatever serves it (ASGI app, Django view).
+
+:class:`Dashboard` reads a page of locks, the counters and the timeline, renders them with
+Jinja2 (autoescaping on: every key, task id and filter is escaped), and runs the actions. The
+adapters only turn a request into a call here and check who is asking.
+
+Actions, each refused unless the dashboard was built with ``actions=True``:
+
+* ``release`` (``key``, ``fingerprint``, ``force``): owner-checked release of one slot; it
+  refuses when the slot changed holder since the page was drawn, and refuses a holder whose
+  worker answers a ping, renewed the lock within ``lease / 3`` (:meth:`Dashboard.verdict`) or
+  whose liveness is unknown, unless ``force`` is set;
+* ``release-dead`` (``prefix``): the slots, among those the filter selects, whose worker does
+  not answer a ping;
+* ``clear-marker`` / ``reset-rate`` (``key``, ``fingerprint``): delete an enqueue or
+  newest-call marker, or a rate window, if it is unchanged since the page was drawn.
+
+Each action is logged (``celery_redlock.web``, INFO: action, key, actor, outcome) and sent as
+the :data:`~celery_redlock.signals.lock_admin_action` signal. Hazard of ``release-dead``
+(as for ``celery redlock release --dead``): a live worker that cannot answer a ping in time
+(a ``solo`` pool in a long task) looks dead, and its lock is released under it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import click
+import jinja2
+from redis.exceptions import RedisClusterException, RedisError
+
+from .._celery import timeline
+from .._celery.options import settings_for
+from .._redis.clients import client_for, redact
+from .._redis.keys import is_slot
+from ..metrics import EVENTS, read_stats
+from ..signals import lock_admin_action
+from . import _svg
+from ._inventory import MAX_FILTER, Inventory, Row, fingerprint_of
+
+__all__ = ["ActionResult", "Dashboard"]
+
+logger = logging.getLogger("celery_redlock.web")
+
+ALIVE, DEAD, UNKNOWN = "alive", "dead", "unknown"
+
+#: How long a ping answer is reused for the next page views.
+LIVENESS_TTL = 5.0
+
+#: The timeline's window, in minutes, and the ring entries it reads at most.
+TIMELINE_MINUTES = (5, 10, 30, 60)
+TIMELINE_ENTRIES = 10_000
+
+ACTIONS = ("release", "release-dead", "clear-marker", "reset-rate")
+
+#: What a page says instead of a traceback: the lock Redis (or a node of it) does not answer.
+_UNREACHABLE = (RedisError, RedisClusterException, click.ClickException, OSError)
+
+_env = jinja2.Environment(
+    loader=jinja2.PackageLoader("celery_redlock.web", "templates"),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+)
+
+
+@dataclass(frozen=True)
+class ActionResult:
+    """What an action did: ``status`` is an HTTP status (200 done, 409 refused)."""
+
+    status: int
+    message: str
+
+
+def _text(value: str | None, name: str) -> str:
+    text = (value or "").strip()
+    if len(text) > MAX_FILTER:
+        raise ValueError(f"{name} is {len(text)} characters; at most {MAX_FILTER}")
+    return text
+
+
+class Dashboard:
+    """The dashboard of one Celery app's locks.
+
+    :param actions: allow the actions (read-only when false: every action is refused).
+    :param ping_timeout: seconds to wait for the workers' answers to a control ping.
+    """
+
+    def __init__(self, app: Any, *, actions: bool = False, ping_timeout: float = 1.0) -> None:
+        self.app = app
+        self.actions = actions
+        self.ping_timeout = ping_timeout
+        self._inventory: Inventory | None = None
+        self._alive: dict[str, tuple[str, float]] = {}
+        self._alive_lock = threading.Lock()
+
+    @property
+    def inventory(self) -> Inventory:
+        if self._inventory is None:
+            self._inventory = Inventory(settings_for(self.app))
+        return self._inventory
+
+    # -- liveness -----------------------------------------------------------------------------
+
+    def liveness(self, hosts: Iterable[str], fresh: bool = False) -> dict[str, str]:
+        """``alive``/``dead``/``unknown`` per holder host, as ``celery redlock inspect`` says
+        it, with one control ping for the hosts not asked in the last :data:`LIVENESS_TTL`
+        seconds (an action asks ``fresh``: it never trusts an older answer).
+
+        A host without ``@`` (not a worker) is ``unknown``. A silent one is ``dead`` unless a
+        live worker answers under a look-alike name (an older version stored ``|`` as ``_``):
+        then ``unknown``. Never ``dead`` when unsure.
+        """
+        now = time.monotonic()
+        hosts = set(hosts)
+        with self._alive_lock:
+            known = {
+                h: s
+                for h, (s, at) in self._alive.items()
+                if h in hosts and now - at < LIVENESS_TTL and not fresh
+            }
+        ask = sorted(h for h in hosts - known.keys() if "@" in h)
+        if ask:
+            answered = self._ping(ask)
+            silent = [h for h in ask if h not in answered and "_" in h]
+            everyone = {n.replace("|", "_") for n in self._ping(None)} if silent else set()
+            heard = {h: ALIVE if h in answered else UNKNOWN if h in everyone else DEAD for h in ask}
+            with self._alive_lock:
+                self._alive.update({h: (s, now) for h, s in heard.items()})
+            known.update(heard)
+        return {h: known.get(h, UNKNOWN) for h in hosts}
+
+    def _ping(self, destination: list[str] | None) -> set[str]:
+        """The node names that answer a ping (``None``: every worker), without waiting for
+        the timeout once every destination answered."""
+        limit = len(destination) if destination else None
+        replies = self.app.control.ping(
+            destination=destination, timeout=self.ping_timeout, limit=limit
+        )
+        return {str(name) for reply in replies or [] for name in reply}
+
+    def verdict(self, ping_state: str, ttl: float | None) -> str:
+        """The holder's state from its worker's ping and its lock's TTL: a TTL within the last
+        third of the lease from full means the holder renewed (or acquired) less than
+        ``lease / 3`` ago, so it runs, whatever the ping says. Hazard, as a timeline, that
+        this closes: (1) a worker gets SIGTERM and enters warm shutdown; (2) it stops
+        answering pings while its task runs and renews; (3) a release of "dead" holders
+        would delete a live lock. A lock with its own longer TTL (``lock_ttl``) is judged by
+        the ping alone."""
+        lease = settings_for(self.app).lease
+        renewed = ttl is not None and ttl <= lease and lease - ttl < lease / 3
+        return ALIVE if ping_state != ALIVE and renewed else ping_state
+
+    # -- pages --------------------------------------------------------------------------------
+
+    def render(self, template: str, **context: Any) -> str:
+        """``template`` with ``context`` (``form``: hidden CSRF fields; ``base``: the mount
+        path; ``tab``)."""
+        context.setdefault("tab", "")
+        return _env.get_template(template).render(actions=self.actions, **context)
+
+    def locks_page(
+        self, query: Mapping[str, str], form: dict[str, str], base: str = ""
+    ) -> tuple[int, str]:
+        """The locks page for ``query`` (``task``, ``prefix``, ``cursor``); ``form`` holds the
+        hidden fields every action form carries (the CSRF token)."""
+        error = None
+        status = 200
+        task = prefix = ""
+        rows: list[Row] = []
+        next_cursor = None
+        try:
+            task = _text(query.get("task"), "the task filter")
+            prefix = _text(query.get("prefix"), "the name prefix")
+            page = self.inventory.page(_name_prefix(task, prefix), query.get("cursor") or "0:0")
+            rows, next_cursor = page.rows, page.next_cursor
+        except ValueError as exc:
+            status, error = 400, str(exc)
+        except _UNREACHABLE as exc:
+            status, error = 503, f"cannot read the lock Redis: {redact(exc)}"
+        hosts = {r.host for r in rows if r.host}
+        alive = self.liveness(hosts) if hosts else {}
+        now_ms = int(time.time() * 1000)
+        body = self.render(
+            "locks.html",
+            tab="locks",
+            rows=rows,
+            alive={
+                r.key: self.verdict(alive.get(r.host, UNKNOWN), r.ttl) if r.host else "-"
+                for r in rows
+            },
+            age={r.key: _age(now_ms, r.acquired_ms) for r in rows},
+            task=task,
+            prefix=prefix,
+            next_cursor=next_cursor,
+            error=error,
+            form=form,
+            base=base,
+            tasks=self.task_names(),
+            max_filter=MAX_FILTER,
+        )
+        return status, body
+
+    def task_names(self) -> list[str]:
+        """The app's task names (for the filter's suggestions)."""
+        return sorted(name for name in self.app.tasks if not name.startswith("celery."))
+
+    def stats_page(self, form: dict[str, str], base: str = "") -> tuple[int, str]:
+        try:
+            counts = read_stats(self.app)
+        except _UNREACHABLE as exc:
+            body = self.render(
+                "result.html",
+                status=503,
+                message=f"cannot read the counters: {redact(exc)}",
+                form=form,
+                base=base,
+            )
+            return 503, body
+        events = [*EVENTS, *sorted({e for c in counts.values() for e in c} - set(EVENTS))]
+        table = {t: [c.get(e, 0) for e in events] for t, c in sorted(counts.items())}
+        return 200, self.render(
+            "stats.html", tab="stats", events=events, table=table, form=form, base=base
+        )
+
+    def timeline_page(
+        self, query: Mapping[str, str], form: dict[str, str], base: str = ""
+    ) -> tuple[int, str]:
+        error = None
+        svg = None
+        task = key = ""
+        minutes = 10
+        size = 0
+        try:
+            size = timeline.size_for(self.app)
+            task = _text(query.get("task"), "the task")
+            key = _text(query.get("key"), "the key")
+            raw = query.get("minutes") or "10"
+            if not raw.isdigit() or int(raw) not in TIMELINE_MINUTES:
+                raise ValueError(f"minutes must be one of {', '.join(map(str, TIMELINE_MINUTES))}")
+            minutes = int(raw)
+            if size and (task or key):
+                svg = self.timeline_svg(task, key, minutes)
+        except ValueError as exc:
+            error = str(exc)
+        except _UNREACHABLE as exc:
+            error = f"cannot read the timeline: {redact(exc)}"
+        body = self.render(
+            "timeline.html",
+            tab="timeline",
+            svg=svg,
+            task=task,
+            key=key,
+            minutes=minutes,
+            choices=TIMELINE_MINUTES,
+            ring=size,
+            error=error,
+            form=form,
+            base=base,
+            tasks=self.task_names(),
+        )
+        return (400 if error else 200), body
+
+    def timeline_svg(self, task: str, key: str, minutes: int) -> Any:
+        """The SVG of the ring's events of ``task`` (a task name) or ``key`` (a lock key)."""
+        settings = settings_for(self.app)
+        url = settings.url if isinstance(settings.url, str) else settings.url[0]
+        end = int(time.time() * 1000)
+        start = end - minutes * 60_000
+        entries = [
+            e
+            for e in timeline.read(client_for(url), settings.prefix, TIMELINE_ENTRIES)
+            if e["t"] >= start
+            and (not task or e.get("task") == task)
+            and (not key or e.get("key") == key)
+        ]
+        return _svg.draw(entries, start, end)
+
+    # -- actions ------------------------------------------------------------------------------
+
+    def act(self, action: str, form: Mapping[str, str], actor: str) -> ActionResult:
+        """Run ``action`` for ``actor`` (already authenticated, CSRF already checked)."""
+        key = (form.get("key") or "")[:1000]
+        forced = form.get("force") in ("1", "on", "true")
+        if not self.actions:
+            result = ActionResult(403, "refused: the dashboard is read-only (actions disabled)")
+        elif action not in ACTIONS:
+            result = ActionResult(400, f"unknown action {action!r}; expected one of {ACTIONS}")
+        else:
+            try:
+                result = self._act(action, key, form, forced)
+            except ValueError as exc:
+                result = ActionResult(400, f"refused: {exc}")
+            except Exception as exc:  # Redis or the broker: say so, change nothing more
+                logger.warning("dashboard: %s of %s failed: %s", action, key, redact(exc))
+                result = ActionResult(503, f"failed: {redact(exc)}")
+        logger.info(
+            "dashboard: %s %s by %s%s: %s",
+            action,
+            key or form.get("prefix", "") or "-",
+            actor,
+            " (forced)" if forced else "",
+            result.message,
+        )
+        try:
+            lock_admin_action.send(
+                sender=self.app,
+                action=action,
+                key=key or None,
+                actor=actor,
+                outcome=result.message,
+                forced=forced,
+            )
+        except Exception:
+            logger.exception("dashboard: a lock_admin_action receiver failed")
+        return result
+
+    def _act(self, action: str, key: str, form: Mapping[str, str], forced: bool) -> ActionResult:
+        inv = self.inventory
+        fingerprint = (form.get("fingerprint") or "")[:64]
+        if action == "release-dead":
+            return self._release_dead(_text(form.get("prefix"), "the name prefix"))
+        if action in ("clear-marker", "reset-rate"):
+            if inv.clear_marker(key, fingerprint):
+                return ActionResult(200, f"cleared {key}")
+            return ActionResult(409, f"not cleared: {key} changed or is gone since it was shown")
+        if not is_slot(key):
+            raise ValueError(f"{key!r} is not the key of a held lock")
+        lock = inv.read_slot(key)
+        if lock is None:
+            return ActionResult(409, f"not released: {key} is not held")
+        if fingerprint_of(lock.value) != fingerprint:
+            return ActionResult(
+                409, f"not released: {key} changed holder since the page was drawn; reload"
+            )
+        host = lock.holder.host if lock.holder else ""
+        pinged = self.liveness([host], fresh=True)[host] if host else UNKNOWN
+        state = self.verdict(pinged, lock.ttl)
+        if state != DEAD and not forced:
+            why = {
+                ALIVE: "answers a ping" if pinged == ALIVE else "renewed it within lease/3",
+                UNKNOWN: "cannot be pinged (liveness unknown)",
+            }[state]
+            return ActionResult(
+                409, f"refused: {key} is held by {host or 'a non-worker'}, which {why}; use force"
+            )
+        if inv.release(lock):
+            return ActionResult(200, f"released {key} (holder {state})")
+        return ActionResult(409, f"not released: {key} expired or changed owner meanwhile")
+
+    def _release_dead(self, prefix: str) -> ActionResult:
+        locks = self.inventory.each_slot(prefix)
+        hosts = {lk.holder.host for lk in locks if lk.holder}
+        alive = self.liveness(hosts, fresh=True) if hosts else {}
+        released = kept = 0
+        for lock in locks:
+            state = (
+                self.verdict(alive.get(lock.holder.host, UNKNOWN), lock.ttl) if lock.holder else ""
+            )
+            if state == DEAD and self.inventory.release(lock):
+                released += 1
+            else:
+                kept += 1
+        return ActionResult(200, f"released {released} lock(s) of dead workers; kept {kept}")
+
+
+def _name_prefix(task: str, prefix: str) -> str:
+    """The name prefix the filters select: a task's names start with ``<task>:``."""
+    if not task:
+        return prefix
+    head = task + ":"
+    if not prefix or head.startswith(prefix):
+        return head
+    if prefix.startswith(head):
+        return prefix
+    raise ValueError(f"the name prefix {prefix!r} excludes every lock of the task {task!r}")
+
+
+def _age(now_ms: int, acquired_ms: int | None) -> str:
+    if acquired_ms is None:
+        return "-"
+    seconds = max(now_ms - acquired_ms, 0) / 1000
+    return f"{seconds:.1f}s" if seconds < 120 else f"{seconds / 60:.1f}min"

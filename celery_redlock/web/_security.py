@@ -1,0 +1,144 @@
+"""Who may look and act: credentials from the environment, CSRF tokens, the ``Origin`` check.
+
+Standalone (``celery redlock web``), credentials come from the environment only, never from
+the URL or the command line (both end up in logs and ``ps``):
+
+* ``REDLOCK_WEB_TOKEN``: a bearer token (``Authorization: Bearer ...``), or typed once into the
+  login form, which sets a session cookie (HttpOnly, ``SameSite=Strict``);
+* ``REDLOCK_WEB_USER`` and ``REDLOCK_WEB_PASSWORD``: HTTP basic auth.
+
+Every state-changing request is a POST that carries a CSRF token and no foreign ``Origin``.
+The token is an HMAC of a random per-browser cookie (``SameSite=Strict``, HttpOnly) under the
+process's secret (``REDLOCK_WEB_SECRET``, or random at start). A cross-site form post fails
+twice: the browser does not send the Strict cookie, and the page that posts cannot read the
+token. Hazard, as a timeline, of what the ``Origin`` check adds:
+
+1. a user is logged in to the dashboard in one tab;
+2. a page of another origin in another tab posts a form to the dashboard's action URL;
+3. the browser sends ``Origin: <the other origin>``: refused before the token is looked at,
+   even if an older browser had sent the cookie.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["Credentials", "Guard"]
+
+TOKEN_ENV, USER_ENV, PASSWORD_ENV, SECRET_ENV = (
+    "REDLOCK_WEB_TOKEN",
+    "REDLOCK_WEB_USER",
+    "REDLOCK_WEB_PASSWORD",
+    "REDLOCK_WEB_SECRET",
+)
+
+CSRF_COOKIE = "redlock_csrf"
+SESSION_COOKIE = "redlock_session"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """What a standalone dashboard accepts (from the environment)."""
+
+    token: str | None = None
+    user: str | None = None
+    password: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Credentials:
+        """Read them from ``env`` (default ``os.environ``).
+
+        :raises ValueError: for a user without a password or the reverse, or a short token.
+        """
+        env = os.environ if env is None else env
+        token = env.get(TOKEN_ENV) or None
+        user, password = env.get(USER_ENV) or None, env.get(PASSWORD_ENV) or None
+        if (user is None) != (password is None):
+            raise ValueError(f"set both {USER_ENV} and {PASSWORD_ENV}, or neither")
+        if token is not None and len(token) < 16:
+            raise ValueError(f"{TOKEN_ENV} must be at least 16 characters (secrets.token_urlsafe)")
+        return cls(token, user, password)
+
+    @property
+    def configured(self) -> bool:
+        return self.token is not None or self.user is not None
+
+
+def _same(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+class Guard:
+    """Authentication (standalone) and CSRF checks; no web framework in here."""
+
+    def __init__(self, credentials: Credentials, secret: bytes | None = None) -> None:
+        self.credentials = credentials
+        env_secret = os.environ.get(SECRET_ENV)
+        self.secret = secret or (env_secret.encode() if env_secret else secrets.token_bytes(32))
+
+    def _sign(self, purpose: str, value: str) -> str:
+        mac = hmac.new(self.secret, f"{purpose}:{value}".encode(), hashlib.sha256)
+        return mac.hexdigest()
+
+    # -- authentication ---------------------------------------------------------------------
+
+    def actor(self, authorization: str | None, session: str | None) -> str | None:
+        """Who the request is from, or ``None`` when it is not authenticated."""
+        creds = self.credentials
+        scheme, _, value = (authorization or "").partition(" ")
+        if creds.token is not None:
+            if scheme.lower() == "bearer" and _same(value.strip(), creds.token):
+                return "token"
+            if session and self.valid_session(session):
+                return "token (session)"
+        if creds.user is not None and creds.password is not None and scheme.lower() == "basic":
+            try:
+                user, _, password = base64.b64decode(value.strip()).decode().partition(":")
+            except (binascii.Error, UnicodeDecodeError):
+                return None
+            if _same(user, creds.user) & _same(password, creds.password):
+                return user
+        return None
+
+    def login(self, token: str) -> str | None:
+        """A session cookie value for the right token, else ``None``."""
+        if self.credentials.token is None or not _same(token, self.credentials.token):
+            return None
+        nonce = secrets.token_hex(16)
+        return f"{nonce}.{self._sign('session', nonce)}"
+
+    def valid_session(self, cookie: str) -> bool:
+        nonce, _, mac = cookie.partition(".")
+        return bool(nonce) and _same(mac, self._sign("session", nonce))
+
+    # -- CSRF --------------------------------------------------------------------------------
+
+    @staticmethod
+    def new_csrf_cookie() -> str:
+        return secrets.token_hex(16)
+
+    def csrf_token(self, cookie: str) -> str:
+        """The token a form must carry for the browser holding ``cookie``."""
+        return self._sign("csrf", cookie)
+
+    def csrf_ok(self, cookie: str | None, token: str | None) -> bool:
+        return bool(cookie) and bool(token) and _same(str(token), self.csrf_token(str(cookie)))
+
+
+def origin_ok(origin: str | None, fetch_site: str | None, own: str) -> bool:
+    """Whether a POST may come from where it says it comes from.
+
+    ``own`` is the dashboard's ``scheme://host[:port]``. A foreign or ``null`` ``Origin`` is
+    refused, and so is ``Sec-Fetch-Site: cross-site``; a request without either (a script,
+    an old browser) is left to the CSRF token.
+    """
+    if fetch_site is not None and fetch_site.lower() == "cross-site":
+        return False
+    return origin is None or origin.rstrip("/").lower() == own.rstrip("/").lower()

@@ -1,0 +1,107 @@
+"""The timeline picture: one lane per lock key, holders as bars, other events as marks.
+
+Drawn from entries of the ring (:mod:`celery_redlock._celery.timeline`): a bar runs from a
+task's ``acquired`` to its ``released`` or ``lost`` (or to the right edge while it still
+holds); ``skipped``, ``waited``, ``retried``, ``rate_limited``, ``failed``, ``superseded``,
+``lost`` and ``released`` are marks with a tooltip. Every text from Redis (keys, task names,
+task ids) is escaped: a lock name is chosen by whoever calls ``Lock(name)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from markupsafe import Markup, escape
+
+__all__ = ["COLORS", "draw"]
+
+#: Fill colour per event (the legend is drawn from this table).
+COLORS = {
+    "acquired": "#2f7d32",
+    "released": "#1565c0",
+    "skipped": "#ef6c00",
+    "waited": "#8e24aa",
+    "retried": "#f9a825",
+    "rate_limited": "#6d4c41",
+    "failed": "#c62828",
+    "superseded": "#546e7a",
+    "lost": "#000000",
+}
+
+WIDTH, LANE, LEFT, TOP = 960, 24, 260, 34
+
+
+def draw(entries: Sequence[dict[str, Any]], start_ms: int, end_ms: int) -> Markup:
+    """The SVG of the ``entries`` between ``start_ms`` and ``end_ms``."""
+    span = max(end_ms - start_ms, 1)
+
+    def x(t: int) -> float:
+        return LEFT + (WIDTH - LEFT - 10) * (min(max(t, start_ms), end_ms) - start_ms) / span
+
+    lanes: dict[str, int] = {}
+    for e in entries:
+        lanes.setdefault(str(e.get("key") or f"({e.get('task')})"), len(lanes))
+    height = TOP + LANE * max(len(lanes), 1) + 40
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" role="img" width="{WIDTH}" height="{height}" '
+        f'viewBox="0 0 {WIDTH} {height}" class="timeline" aria-label="lock timeline">'
+    ]
+    minutes = span / 60000
+    out.append(f'<text x="{LEFT}" y="14" font-size="11">last {minutes:.0f} min</text>')
+    out.append(f'<text x="{WIDTH - 10}" y="14" font-size="11" text-anchor="end">now</text>')
+    for lane, row in lanes.items():
+        y = TOP + row * LANE
+        out.append(
+            f'<text x="4" y="{y + 15}" font-size="11" font-family="monospace">'
+            f"{escape(_short(lane))}<title>{escape(lane)}</title></text>"
+        )
+        out.append(
+            f'<line x1="{LEFT}" x2="{WIDTH - 10}" y1="{y + 11}" y2="{y + 11}" stroke="#ddd"/>'
+        )
+    holding: dict[tuple[str, str], int] = {}
+    for e in entries:
+        lane_name = str(e.get("key") or f"({e.get('task')})")
+        y = TOP + lanes[lane_name] * LANE
+        event, t, task_id = str(e.get("event")), int(e["t"]), str(e.get("id", ""))
+        if event == "acquired":
+            holding[lane_name, task_id] = t
+            continue
+        if event in ("released", "lost") and (lane_name, task_id) in holding:
+            out.append(_bar(x(holding.pop((lane_name, task_id))), x(t), y, e))
+        out.append(_mark(x(t), y, event, e))
+    for (lane_name, task_id), t in holding.items():  # still held at the right edge
+        y = TOP + lanes[lane_name] * LANE
+        out.append(_bar(x(t), x(end_ms), y, {"id": task_id, "event": "held", "key": lane_name}))
+    legend_y = height - 12
+    for i, (event, color) in enumerate(COLORS.items()):
+        lx = 10 + i * 105
+        out.append(f'<rect x="{lx}" y="{legend_y - 9}" width="10" height="10" fill="{color}"/>')
+        out.append(f'<text x="{lx + 14}" y="{legend_y}" font-size="11">{event}</text>')
+    out.append("</svg>")
+    return Markup("".join(out))
+
+
+def _short(text: str, size: int = 36) -> str:
+    return text if len(text) <= size else "..." + text[-(size - 3) :]
+
+
+def _bar(x1: float, x2: float, y: int, e: dict[str, Any]) -> str:
+    title = f"held by task {e.get('id')}"
+    return (
+        f'<rect class="bar" data-id="{escape(e.get("id", ""))}" x="{x1:.1f}" y="{y + 4}" '
+        f'width="{max(x2 - x1, 2):.1f}" height="14" rx="2" fill="{COLORS["acquired"]}" '
+        f'fill-opacity="0.55"><title>{escape(title)}</title></rect>'
+    )
+
+
+def _mark(x: float, y: int, event: str, e: dict[str, Any]) -> str:
+    color = COLORS.get(event, "#999")
+    title = f"{event}: task {e.get('id')} ({e.get('task')})"
+    if e.get("holder"):
+        title += f", held by {e['holder']}"
+    return (
+        f'<circle class="mark" data-event="{escape(event)}" data-id="{escape(e.get("id", ""))}" '
+        f'cx="{x:.1f}" cy="{y + 11}" r="5" fill="{color}" stroke="#fff">'
+        f"<title>{escape(title)}</title></circle>"
+    )

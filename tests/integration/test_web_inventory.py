@@ -1,0 +1,227 @@
+"""The dashboard's inventory on a real Redis and a real 3-primary Cluster: cursor pages that
+cover every primary, a bounded amount of work per page, markers beside the slots, owner-
+checked actions, and a page view that writes nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis as redis_py
+
+from celery_redlock._celery.options import settings_for
+from celery_redlock._redis.keys import keys_for
+from celery_redlock._redis.owner import new_token
+from celery_redlock.testing import RedisServer
+from celery_redlock.web._core import Dashboard
+from celery_redlock.web._inventory import BUDGET, ROWS, Inventory
+from support.apps import layout_app
+from support.servers import ClusterNodes
+
+
+def fill(client: redis_py.Redis, names: list[str], ttl_ms: int = 60_000) -> None:
+    pipe = client.pipeline(transaction=False)
+    for i, name in enumerate(names):
+        pipe.set(keys_for("redlock", name).lock, new_token(f"id-{i}", "w9@gone", 7), px=ttl_ms)
+    pipe.execute()
+
+
+def walk(inventory: Inventory, name_prefix: str = "") -> tuple[list[str], int]:
+    """Every key of every page, and the number of pages."""
+    cursor: str | None = "0:0"
+    keys: list[str] = []
+    pages = 0
+    while cursor is not None:
+        page = inventory.page(name_prefix, cursor)
+        assert page.looked_at <= BUDGET
+        keys += [r.key for r in page.rows]
+        cursor, pages = page.next_cursor, pages + 1
+    return keys, pages
+
+
+def test_pages_cover_every_lock_once_in_bounded_steps(redis_url: str, r: redis_py.Redis) -> None:
+    names = [f"job:{i:05d}" for i in range(3000)]
+    fill(r, names)
+    r.set("unrelated", 1)
+    app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
+    inventory = Inventory(settings_for(app))
+    first = inventory.page()
+    assert ROWS <= len(first.rows) < 3000 and first.next_cursor is not None
+    keys, pages = walk(inventory)
+    assert sorted(set(keys)) == sorted(keys_for("redlock", n).lock for n in names)
+    assert pages > 1
+    # A filter that matches one lock looks at BUDGET keys at most per page.
+    keys, _ = walk(inventory, "job:01234")
+    assert keys == [keys_for("redlock", "job:01234").lock]
+
+
+def test_the_filter_is_a_literal_prefix(redis_url: str, r: redis_py.Redis) -> None:
+    fill(r, ["a*b", "a?b", "a[b]", "a\\b", "axb"])
+    app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
+    inventory = Inventory(settings_for(app))
+    for literal in ("a*", "a?", "a[", "a\\"):
+        keys, _ = walk(inventory, literal)
+        assert [k.split("{")[1][:2] for k in keys] == [literal], literal
+    with pytest.raises(ValueError, match="at most 200"):
+        inventory.page("x" * 201)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ClusterNodes]:
+    with ClusterNodes() as nodes:
+        yield nodes
+
+
+def test_pages_cover_every_primary_of_a_cluster(cluster: ClusterNodes) -> None:
+    rc = redis_py.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    rc.flushall(target_nodes=redis_py.RedisCluster.PRIMARIES)
+    names = [f"job:{i}" for i in range(600)]
+    for i, name in enumerate(names):
+        rc.set(keys_for("redlock", name).lock, new_token(f"id-{i}", "w9@gone", 7), px=60_000)
+        rc.set(keys_for("redlock", name).queued, f"q-{i}", px=60_000)
+    app = Celery_app(cluster.url)
+    inventory = Inventory(settings_for(app))
+    keys, pages = walk(inventory)
+    slots = sorted(keys_for("redlock", n).lock for n in names)
+    queued = sorted(keys_for("redlock", n).queued for n in names)
+    assert sorted(set(keys)) == sorted(slots + queued)
+    assert pages >= 3  # at least one per primary
+    ports = {int(rc.get_node_from_key(k).port) for k in slots}
+    assert ports == {n.port for n in cluster.nodes}
+    rows = {r.key: r for r in inventory.page("job:7", "0:0").rows}
+    assert rows[keys_for("redlock", "job:7").queued].mode == "enqueue marker"
+    rc.close()
+
+
+def Celery_app(url: str) -> object:
+    from celery import Celery
+
+    app = Celery("inv", set_as_current=False)
+    app.conf.redlock_url = url
+    return app
+
+
+def test_a_page_view_writes_nothing(redis_url: str, r: redis_py.Redis) -> None:
+    fill(r, [f"job:{i}" for i in range(50)])
+    lock = keys_for("redlock", "job:1")
+    r.set(lock.queued, "q", px=60_000)
+    r.rpush(lock.rate, 1, 2)
+    with RedisServer() as broker:  # the ping's broker traffic elsewhere: only locks here
+        app = layout_app(
+            "inv", f"redis://127.0.0.1:{broker.port}", set_as_current=False, redlock_url=redis_url
+        )
+        board = Dashboard(app, actions=True, ping_timeout=0.2)
+        before = r.info("commandstats")
+        status, body = board.locks_page({}, {"csrf_token": "x"})
+        after = r.info("commandstats")
+    assert status == 200 and lock.lock in body
+    used = {k for k in after if after[k]["calls"] != before.get(k, {}).get("calls")}
+    reads = {"scan", "mget", "script|load", "evalsha", "exists", "zcard", "pttl", "dump", "get"}
+    assert used <= {f"cmdstat_{c}" for c in (*reads, "llen", "hget", "info")}, used
+
+
+def test_actions_compare_what_the_page_showed(redis_url: str, r: redis_py.Redis) -> None:
+    fill(r, ["job:1"])
+    lock = keys_for("redlock", "job:1")
+    r.set(lock.queued, "q-1", px=60_000)
+    app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
+    board = Dashboard(app, actions=True, ping_timeout=0.2)
+    rows = {row.key: row for row in board.inventory.page().rows}
+    # The queued call changed since the page was drawn: not cleared.
+    r.set(lock.queued, "q-2", px=60_000)
+    stale = board.act(
+        "clear-marker", {"key": lock.queued, "fingerprint": rows[lock.queued].fingerprint}, "t"
+    )
+    assert stale.status == 409 and r.get(lock.queued) == b"q-2"
+    # The slot changed holder: not released, even forced.
+    old = rows[lock.lock].fingerprint
+    r.set(lock.lock, new_token("id-new", "w9@gone", 8), px=60_000)
+    moved = board.act("release", {"key": lock.lock, "fingerprint": old, "force": "1"}, "t")
+    assert moved.status == 409 and "changed holder" in moved.message and r.exists(lock.lock)
+    # A worker that does not answer a ping is dead: released without force.
+    fresh = {row.key: row for row in board.inventory.page().rows}[lock.lock].fingerprint
+    done = board.act("release", {"key": lock.lock, "fingerprint": fresh}, "t")
+    assert done.status == 200 and not r.exists(lock.lock)
+    # Read-only: refused, nothing touched.
+    fill(r, ["job:2"])
+    readonly = Dashboard(app, actions=False)
+    key2 = keys_for("redlock", "job:2").lock
+    assert readonly.act("release", {"key": key2, "force": "1"}, "t").status == 403
+    assert r.exists(key2)
+
+
+def test_rows_count_the_waiters(redis_url: str, r: redis_py.Redis) -> None:
+    fill(r, ["job:1", "job:2"])
+    r.zadd(keys_for("redlock", "job:2").waiters, {"w-a": 1, "w-b": 2})
+    app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
+    rows = {row.name: row for row in Inventory(settings_for(app)).page().rows if row.lock}
+    assert (rows["job:1"].waiters, rows["job:2"].waiters) == (0, 2)
+
+
+def test_an_unreachable_redis_is_said_on_the_page() -> None:
+    from celery import Celery
+
+    from celery_redlock.testing import free_port
+
+    app = Celery("down", set_as_current=False)
+    app.conf.redlock_url = f"redis://127.0.0.1:{free_port()}/0"
+    board = Dashboard(app)
+    status, body = board.locks_page({}, {})
+    assert status == 503 and "cannot read the lock Redis" in body
+    status, body = board.stats_page({}, "")
+    assert status == 503 and "cannot read the counters" in body
+
+
+def test_the_page_links_the_next_page_and_shows_the_counters(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    import html
+    import re
+    import urllib.parse
+
+    names = [f"job:{i:04d}" for i in range(400)]
+    fill(r, names)
+    r.hset("redlock:stats:proj.job", mapping={"acquired": 7, "skipped": 3})
+    app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
+    board = Dashboard(app, ping_timeout=0.2)
+    seen: set[str] = set()
+    query: dict[str, str] = {}
+    for _ in range(50):
+        status, body = board.locks_page(query, {}, "/locks")
+        assert status == 200
+        seen |= set(re.findall(r'<tr data-key="([^"]+)"', body))
+        link = re.search(r'id="next" href="([^"]+)"', body)
+        if link is None:
+            break
+        url = urllib.parse.urlsplit(html.unescape(link.group(1)))
+        assert url.path == "/locks/"
+        query = dict(urllib.parse.parse_qsl(url.query, keep_blank_values=True))
+    assert seen == {html.escape(keys_for("redlock", n).lock) for n in names}
+    status, body = board.stats_page({}, "/locks")
+    assert status == 200
+    row = re.search(r"<tr><td>proj.job</td>(.*?)</tr>", body)
+    assert row is not None
+    cells = re.findall(r"<td>(\d+)</td>", row.group(1))
+    assert cells[:2] == ["7", "3"]  # acquired, skipped: the order of celery redlock stats
+
+
+def test_a_holder_that_renewed_within_a_third_of_the_lease_is_alive(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    # A worker in warm shutdown stops answering pings while its task still renews: its lock,
+    # renewed to the full lease (30 s) a moment ago, has more than 20 s left.
+    fill(r, ["job:renewed"], ttl_ms=29_000)
+    fill(r, ["job:stale"], ttl_ms=15_000)
+    app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
+    board = Dashboard(app, actions=True, ping_timeout=0.2)
+    renewed, stale = keys_for("redlock", "job:renewed").lock, keys_for("redlock", "job:stale").lock
+    _, body = board.locks_page({}, {})
+    cells = {k: body.split(f'<tr data-key="{k}">')[1].split("</tr>")[0] for k in (renewed, stale)}
+    assert '<td class="alive">alive</td>' in cells[renewed]
+    assert '<td class="dead">dead</td>' in cells[stale]
+    rows = {row.key: row for row in board.inventory.page().rows}
+    refused = board.act("release", {"key": renewed, "fingerprint": rows[renewed].fingerprint}, "t")
+    assert refused.status == 409 and "renewed it within lease/3" in refused.message
+    done = board.act("release-dead", {"prefix": "job:"}, "t")
+    assert done.message == "released 1 lock(s) of dead workers; kept 1"
+    assert r.exists(renewed) and not r.exists(stale)

@@ -1,0 +1,240 @@
+"""The dashboard mounted in a host app: FastAPI (ASGI, served by a real uvicorn), Flask (WSGI,
+through a2wsgi) and the Django admin (Django's test client with CSRF checks on). The host app's
+login decides who may look and act; the actor is logged and sent with
+:data:`lock_admin_action`."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis as redis_py
+
+from celery_redlock._redis.keys import keys_for
+from celery_redlock._redis.owner import new_token
+from celery_redlock.signals import lock_admin_action
+from celery_redlock.testing import RedisServer, free_port, wait_until
+from support.apps import layout_app
+
+
+@pytest.fixture
+def held(redis_url: str, r: redis_py.Redis) -> str:
+    key = keys_for("redlock", "mounted:job").lock
+    r.set(key, new_token("id-1", "w9@gone", 7), px=60_000)
+    return key
+
+
+@pytest.fixture
+def celery_app(redis_url: str, redis_server: RedisServer) -> Any:
+    return layout_app("mounted", f"redis://127.0.0.1:{redis_server.port}", set_as_current=False)
+
+
+@pytest.fixture
+def actions() -> Iterator[list[dict[str, Any]]]:
+    seen: list[dict[str, Any]] = []
+
+    def receiver(sender: Any = None, **fields: Any) -> None:
+        seen.append({k: v for k, v in fields.items() if k != "signal"})
+
+    lock_admin_action.connect(receiver, weak=False)
+    yield seen
+    lock_admin_action.disconnect(receiver)
+
+
+def fields(html: str) -> dict[str, str]:
+    return dict(re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', html))
+
+
+class HostUser:
+    """The host app's login, as an ASGI middleware: a user from its own header."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            headers = dict(scope["headers"])
+            scope["host_user"] = headers.get(b"x-host-user", b"").decode() or None
+        await self.app(scope, receive, send)
+
+
+def test_mounted_in_fastapi(
+    celery_app: Any, held: str, r: redis_py.Redis, actions: list[dict[str, Any]], caplog: Any
+) -> None:
+    import uvicorn
+    from fastapi import FastAPI
+
+    from celery_redlock.web import create_app
+
+    host = FastAPI()
+    host.add_middleware(HostUser)
+    host.mount(
+        "/locks",
+        create_app(
+            celery_app,
+            actions=True,
+            authenticate=lambda req: req.scope.get("host_user"),
+            ping_timeout=0.3,
+        ),
+    )
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(host, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: server.started, 10, "uvicorn to start")
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{base}/locks/").status_code == 401  # the host app's login decides
+        with httpx.Client(base_url=base, headers={"x-host-user": "alice"}) as alice:
+            page = alice.get("/locks/")
+            assert page.status_code == 200 and held in page.text
+            assert 'action="/locks/action/release"' in page.text  # links under the mount
+            form = fields(page.text)
+            no_token = {k: v for k, v in form.items() if k != "csrf_token"}
+            assert alice.post("/locks/action/release", data=no_token).status_code == 403
+            foreign = alice.post(
+                "/locks/action/release", data=form, headers={"Origin": "http://evil.example"}
+            )
+            assert foreign.status_code == 403 and r.exists(held)
+            with caplog.at_level(logging.INFO, logger="celery_redlock.web"):
+                done = alice.post("/locks/action/release", data=form)
+            assert done.status_code == 200 and not r.exists(held), done.text
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert f"dashboard: release {held} by alice: released {held} (holder dead)" in caplog.text
+    assert actions[-1] == {
+        "action": "release",
+        "key": held,
+        "actor": "alice",
+        "outcome": f"released {held} (holder dead)",
+        "forced": False,
+    }
+
+
+def test_mounted_in_flask(
+    celery_app: Any, held: str, r: redis_py.Redis, actions: list[dict[str, Any]]
+) -> None:
+    from a2wsgi import ASGIMiddleware
+    from flask import Flask
+    from werkzeug.middleware.dispatcher import DispatcherMiddleware
+
+    from celery_redlock.web import create_app
+
+    host = Flask("host")
+    board = create_app(
+        celery_app,
+        actions=True,
+        authenticate=lambda request: request.headers.get("x-host-user"),
+        ping_timeout=0.3,
+    )
+    host.wsgi_app = DispatcherMiddleware(host.wsgi_app, {"/locks": ASGIMiddleware(board)})
+    client = host.test_client()
+    assert client.get("/locks/").status_code == 401
+    page = client.get("/locks/", headers={"x-host-user": "dora"})
+    assert page.status_code == 200 and held in page.text
+    assert 'action="/locks/action/release"' in page.text
+    form = {**fields(page.text), "key": held}
+    refused = client.post(
+        "/locks/action/release", data={"key": held}, headers={"x-host-user": "dora"}
+    )
+    assert refused.status_code == 403 and r.exists(held)
+    done = client.post("/locks/action/release", data=form, headers={"x-host-user": "dora"})
+    assert done.status_code == 200 and not r.exists(held), done.text
+    assert actions[-1]["actor"] == "dora"
+
+
+def test_actions_without_any_login_are_refused_at_build(celery_app: Any) -> None:
+    from celery_redlock.web import create_app
+    from celery_redlock.web._security import Credentials
+
+    with pytest.raises(ValueError, match="REDLOCK_WEB_TOKEN"):
+        create_app(celery_app, actions=True, credentials=Credentials())
+
+
+@pytest.fixture(scope="module")
+def django_setup() -> None:
+    import django
+    from django.conf import settings
+
+    if not settings.configured:
+        settings.configure(
+            DEBUG=False,
+            SECRET_KEY="test-only-" + "x" * 40,
+            ALLOWED_HOSTS=["testserver"],
+            ROOT_URLCONF="tests.integration.web_django_urls",
+            INSTALLED_APPS=[
+                "django.contrib.admin",
+                "django.contrib.auth",
+                "django.contrib.contenttypes",
+                "django.contrib.sessions",
+                "django.contrib.messages",
+            ],
+            MIDDLEWARE=[
+                "django.contrib.sessions.middleware.SessionMiddleware",
+                "django.middleware.csrf.CsrfViewMiddleware",
+                "django.contrib.auth.middleware.AuthenticationMiddleware",
+                "django.contrib.messages.middleware.MessageMiddleware",
+            ],
+            DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+            TEMPLATES=[
+                {
+                    "BACKEND": "django.template.backends.django.DjangoTemplates",
+                    "APP_DIRS": True,
+                    "OPTIONS": {
+                        "context_processors": [
+                            "django.contrib.auth.context_processors.auth",
+                            "django.contrib.messages.context_processors.messages",
+                            "django.template.context_processors.request",
+                        ]
+                    },
+                }
+            ],
+            USE_TZ=True,
+        )
+        django.setup()
+        from django.core.management import call_command
+
+        call_command("migrate", run_syncdb=True, verbosity=0)
+
+
+def test_mounted_in_the_django_admin(
+    django_setup: None,
+    celery_app: Any,
+    held: str,
+    r: redis_py.Redis,
+    actions: list[dict[str, Any]],
+) -> None:
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from tests.integration import web_django_urls
+
+    web_django_urls.CELERY_APP[0] = celery_app
+    anonymous = Client(enforce_csrf_checks=True)
+    assert anonymous.get("/admin/locks/").status_code == 302  # to the admin's login
+
+    staff = User.objects.create_user("bob", password="pw-bob", is_staff=True)
+    root = User.objects.create_user("carol", password="pw-carol", is_staff=True, is_superuser=True)
+    bob = Client(enforce_csrf_checks=True)
+    bob.force_login(staff)
+    page = bob.get("/admin/locks/")
+    assert page.status_code == 200 and held in page.content.decode()
+    form = fields(page.content.decode())
+    assert bob.post("/admin/locks/action/release", form).status_code == 403  # not a superuser
+
+    carol = Client(enforce_csrf_checks=True)
+    carol.force_login(root)
+    form = fields(carol.get("/admin/locks/").content.decode())
+    no_token = {k: v for k, v in form.items() if k != "csrfmiddlewaretoken"}
+    assert carol.post("/admin/locks/action/release", no_token).status_code == 403  # Django CSRF
+    assert r.exists(held)
+    done = carol.post("/admin/locks/action/release", form)
+    assert done.status_code == 200 and not r.exists(held), done.content
+    assert actions[-1]["actor"] == "carol" and actions[-1]["action"] == "release"
+    User.objects.all().delete()

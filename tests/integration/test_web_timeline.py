@@ -1,0 +1,67 @@
+"""The timeline ring in a real worker: off by default, bounded when on, and drawn."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import redis as redis_py
+from celery import Celery
+
+from celery_redlock import LockedTask
+from celery_redlock._redis.keys import timeline_key
+from celery_redlock.testing import RedisServer
+from celery_redlock.web._core import Dashboard
+from tests.conftest import make_app, running_worker
+
+
+def _task(app: Celery) -> Any:
+    @app.task(base=LockedTask, name="ring.job", lock_by=["n"])
+    def job(n: int) -> int:
+        return n
+
+    return job
+
+
+def test_no_ring_unless_asked(app: Celery, r: redis_py.Redis) -> None:
+    job = _task(app)
+    with running_worker(app):
+        assert job.delay(1).get(timeout=10) == 1
+    assert not r.exists(timeline_key("redlock"))
+
+
+def test_the_ring_keeps_at_most_its_size(
+    redis_server: RedisServer, redis_url: str, r: redis_py.Redis
+) -> None:
+    app = make_app(redis_server, redlock_timeline=5)
+    job = _task(app)
+    with running_worker(app):
+        for n in range(8):  # 16 events: acquired and released each
+            assert job.delay(n).get(timeout=10) == n
+    entries = [json.loads(e) for e in r.lrange(timeline_key("redlock"), 0, -1)]
+    assert len(entries) == 5
+    assert {e["event"] for e in entries} <= {"acquired", "released"}
+    assert all(
+        e["task"] == "ring.job" and e["key"].startswith("redlock:{ring.job:") for e in entries
+    )
+    assert 0 < r.pttl(timeline_key("redlock")) <= 3600 * 1000
+    status, body = Dashboard(app).timeline_page({"task": "ring.job", "minutes": "5"}, {})
+    assert status == 200 and 'class="mark"' in body and 'data-event="released"' in body
+
+
+def test_a_bad_size_is_said_once_and_records_nothing(
+    redis_server: RedisServer, redis_url: str, r: redis_py.Redis, caplog: Any
+) -> None:
+    app = make_app(redis_server, redlock_timeline="many")
+    job = _task(app)
+    with running_worker(app):
+        assert job.delay(1).get(timeout=10) == 1
+        assert job.delay(2).get(timeout=10) == 2
+    assert not r.exists(timeline_key("redlock"))
+    said = [m for m in caplog.messages if m.startswith("lock timeline disabled")]
+    assert said == [
+        "lock timeline disabled: setting redlock_timeline='many' is invalid; "
+        "expected a whole number >= 0"
+    ]
+    status, body = Dashboard(app).timeline_page({"task": "ring.job"}, {})
+    assert status == 400 and "redlock_timeline=&#39;many&#39; is invalid" in body

@@ -1,0 +1,125 @@
+"""The dashboard's pure parts: filters turned into SCAN patterns, page cursors, credentials,
+CSRF tokens, the ``Origin`` check, escaping in the SVG, and what importing it loads."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from celery_redlock.web._core import _name_prefix
+from celery_redlock.web._inventory import MAX_FILTER, _parse_cursor, escape_glob, pattern_for
+from celery_redlock.web._security import Credentials, Guard, origin_ok
+from celery_redlock.web._svg import draw
+
+
+def test_a_filter_is_an_escaped_literal_prefix() -> None:
+    assert pattern_for("redlock", "") == "redlock:{*}*"
+    assert pattern_for("redlock", "proj.sync:") == "redlock:{proj.sync:*}*"
+    assert pattern_for("redlock", "a*b?[c]\\") == "redlock:{a\\*b\\?\\[c\\]\\\\*}*"
+    assert pattern_for("my[p]", "x") == "my\\[p\\]:{x*}*"
+    assert escape_glob("*?[]\\") == "\\*\\?\\[\\]\\\\"
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ("x" * (MAX_FILTER + 1), "at most 200"),
+        ("a{b", "'{'"),
+        ("a}b", "'}'"),
+        ("a\nb", "printable"),
+    ],
+)
+def test_a_bad_filter_is_refused(bad: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        pattern_for("redlock", bad)
+
+
+def test_the_task_filter_and_the_name_prefix_combine() -> None:
+    assert _name_prefix("", "job") == "job"
+    assert _name_prefix("proj.t", "") == "proj.t:"
+    assert _name_prefix("proj.t", "proj") == "proj.t:"
+    assert _name_prefix("proj.t", "proj.t:ab") == "proj.t:ab"
+    with pytest.raises(ValueError, match="excludes every lock of the task"):
+        _name_prefix("proj.t", "other")
+
+
+@pytest.mark.parametrize("cursor", ["", "x:1", "1", "0:-1", "3:0", "0:" + "9" * 21])
+def test_a_foreign_cursor_is_refused(cursor: str) -> None:
+    with pytest.raises(ValueError, match="cursor"):
+        _parse_cursor(cursor, 3)
+
+
+def test_cursors_name_a_node_and_its_scan_position() -> None:
+    assert _parse_cursor("0:0", 1) == (0, 0)
+    assert _parse_cursor("2:12345", 3) == (2, 12345)
+
+
+def test_credentials_come_from_the_environment_and_are_checked() -> None:
+    assert not Credentials.from_env({}).configured
+    with pytest.raises(ValueError, match="both REDLOCK_WEB_USER and REDLOCK_WEB_PASSWORD"):
+        Credentials.from_env({"REDLOCK_WEB_USER": "u"})
+    with pytest.raises(ValueError, match="at least 16"):
+        Credentials.from_env({"REDLOCK_WEB_TOKEN": "short"})
+    token = "t" * 20
+    guard = Guard(
+        Credentials.from_env(
+            {"REDLOCK_WEB_TOKEN": token, "REDLOCK_WEB_USER": "ops", "REDLOCK_WEB_PASSWORD": "pw"}
+        ),
+        secret=b"s" * 32,
+    )
+    assert guard.actor(f"Bearer {token}", None) == "token"
+    assert guard.actor("Bearer " + "x" * 20, None) is None
+    basic = base64.b64encode(b"ops:pw").decode()
+    assert guard.actor(f"Basic {basic}", None) == "ops"
+    assert guard.actor("Basic " + base64.b64encode(b"ops:no").decode(), None) is None
+    assert guard.actor("Basic !!!", None) is None
+    session = guard.login(token)
+    assert session is not None and guard.actor(None, session) == "token (session)"
+    assert guard.login("wrong") is None
+    assert guard.actor(None, session[:-1] + "0") in (None, "token (session)")  # 1/16 collide
+    assert not guard.valid_session("nonce." + "0" * 64)
+
+
+def test_a_csrf_token_belongs_to_one_browser_and_one_process() -> None:
+    guard = Guard(Credentials(), secret=b"a" * 32)
+    other = Guard(Credentials(), secret=b"b" * 32)
+    cookie = guard.new_csrf_cookie()
+    token = guard.csrf_token(cookie)
+    assert guard.csrf_ok(cookie, token)
+    assert not guard.csrf_ok(guard.new_csrf_cookie(), token)
+    assert not other.csrf_ok(cookie, token)
+    assert not guard.csrf_ok(None, token) and not guard.csrf_ok(cookie, None)
+
+
+def test_a_foreign_origin_is_refused() -> None:
+    own = "http://127.0.0.1:8077"
+    assert origin_ok(None, None, own)
+    assert origin_ok("http://127.0.0.1:8077", "same-origin", own)
+    assert not origin_ok("http://127.0.0.1:9999", None, own)
+    assert not origin_ok("null", None, own)
+    assert not origin_ok(None, "cross-site", own)
+
+
+def test_the_timeline_escapes_what_redis_holds() -> None:
+    entries = [
+        {
+            "t": 1000,
+            "task": "<b>t</b>",
+            "id": '"><script>x</script>',
+            "event": "acquired",
+            "key": "redlock:{<img src=x>}",
+        },
+        {
+            "t": 2000,
+            "task": "<b>t</b>",
+            "id": "2",
+            "event": "skipped",
+            "key": "redlock:{<img src=x>}",
+            "holder": "<i>h</i>",
+        },
+    ]
+    svg = str(draw(entries, 0, 3000))
+    assert "<script>" not in svg and "<img" not in svg and "<i>" not in svg
+    assert "&lt;img src=x&gt;" in svg and 'data-event="skipped"' in svg
+    assert svg.count('class="bar"') == 1  # still held at the right edge
