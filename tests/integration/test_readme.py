@@ -290,9 +290,12 @@ def run_both_ways(runs: list[Ran]) -> None:
         for task in ran.tasks.values():
             if task.app not in apps:
                 apps.append(task.app)
+    producers = [ran for ran in runs if ran.mains]
+    unserved = [r.block.where for r in producers if r.namespace.get("app") not in apps]
+    assert not unserved, f"producer parts whose app defines no task here: {unserved}"
     for app in apps:
         with running_worker(app):
-            for ran in runs:
+            for ran in producers:
                 if ran.namespace.get("app") is app:
                     for main in ran.mains:
                         exec(main, dict(ran.namespace))
