@@ -290,9 +290,12 @@ def run_both_ways(runs: list[Ran]) -> None:
         for task in ran.tasks.values():
             if task.app not in apps:
                 apps.append(task.app)
+    producers = [ran for ran in runs if ran.mains]
+    unserved = [r.block.where for r in producers if r.namespace.get("app") not in apps]
+    assert not unserved, f"producer parts whose app defines no task here: {unserved}"
     for app in apps:
         with running_worker(app):
-            for ran in runs:
+            for ran in producers:
                 if ran.namespace.get("app") is app:
                     for main in ran.mains:
                         exec(main, dict(ran.namespace))
@@ -360,6 +363,8 @@ def test_the_readme_has_both_quickstarts_and_they_run() -> None:
     assert [b.not_run for b in blocks] == [None, None]
     assert "base=LockedTask" in blocks[0].code and "@single_instance" in blocks[1].code
     assert all(len(b.code.strip().splitlines()) <= 15 for b in blocks)
+    first = blocks[0].code  # a result backend, and a call to show, away from the import path
+    assert "backend=" in first and ".delay(" in first.split('if __name__ == "__main__":')[1]
 
 
 def test_the_guide_gives_the_acl_line_the_suite_checks() -> None:
