@@ -49,7 +49,7 @@ from .._redis.clients import client_for, redact
 from .._redis.lock import Lock
 from .._redis.nodes import Extended, nodes_for
 from ..exceptions import LockContended, LockLost, LockUnavailable, RateLimited
-from . import calls, supersede
+from . import calls, supersede, tracing
 from .events import emit
 from .identity import Spec, lock_name_for, spec_of
 from .options import Settings, cross_check, settings_for
@@ -120,7 +120,11 @@ class TaskLock(Lock):
 
     def do_extend(self, token: str, ttl: float) -> Extended:
         """Extend the lock, and the overrides record with it (advisory: errors are ignored)."""
-        extended = super().do_extend(token, ttl)
+        try:
+            extended = super().do_extend(token, ttl)
+        except Exception as error:
+            tracing.renewal_failed(self.owner, self.key, error)
+            raise
         if extended.held and self.call_record is not None:
             url, key = self.call_record
             try:
@@ -182,6 +186,7 @@ def _jittered(seconds: float) -> float:
     return seconds * random.uniform(1.0, 1.2)
 
 
+@tracing.traced_acquire
 def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
     """Take the lock of the attempt behind ``request``; return False when the body must be
     skipped. ``spec`` is the task's (:func:`spec_of`)."""
@@ -429,6 +434,7 @@ def leave(task: Any, request: Any = None, *, cooldown: bool = True) -> None:
         emit(task, request.id, "released", signals.lock_released, key=lock.key, by="task")
 
 
+@tracing.traced_release
 def _release(task: Any, request: Any, lock: Lock, keep: float = 0) -> bool:
     """Release ``lock``; whether it was released. Never raises (see :func:`leave`)."""
     try:
@@ -528,6 +534,7 @@ def _check_rate(task: Any, spec: Spec, settings: Settings, request: Any, lock: L
 # -- enqueue-time de-duplication -----------------------------------------------------------------
 
 
+@tracing.traced_enqueue
 def mark_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> str | None:
     """Mark the call as queued; return the task id already queued for its key, if any.
 

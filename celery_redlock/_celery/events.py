@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from .. import metrics, signals
+from . import tracing
 from .state import state
 
 logger = logging.getLogger("celery_redlock.task")
@@ -16,6 +17,7 @@ logger = logging.getLogger("celery_redlock.task")
 
 def emit(task: Any, task_id: str, event: str, signal: Any = None, **fields: Any) -> None:
     """Count ``event``, send ``signal`` and, with task events on, a ``task-lock-*`` event."""
+    tracing.record(task_id, event, fields)
     try:
         metrics.count(task.app, task.name, event)
         if signal is not None and signal.receivers:  # send() does nothing without receivers
