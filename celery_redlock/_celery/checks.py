@@ -21,6 +21,8 @@ server version                             INFO     for bug reports; below 5.0 i
 ``noeviction``                                      ``allkeys-*`` and ``volatile-*`` may evict a
                                                     held lock, and a second execution enters
 a pool that enforces no time limits        INFO     only the lease bounds a lock (TTL rule)
+Garnet; a KeyDB active replica             ERROR    a guarantee of the lock breaks there:
+                                                    :mod:`celery_redlock._redis.servers`
 =========================================  =======  ===========================================
 
 Messages name a node by its URL with credentials hidden
@@ -41,6 +43,7 @@ import redis as redis_py
 from redis.cluster import RedisCluster
 
 from .._redis import scripts as _scripts
+from .._redis import servers
 from .._redis.clients import UNAVAILABLE_ERRORS, client_for, redact, refused
 from .._redis.keys import keys_for, lock_pattern, stats_key
 from .identity import spec_of
@@ -296,6 +299,8 @@ def _infos(client: Any) -> list[dict[str, Any]]:
 def _check_info(shown: str, info: dict[str, Any]) -> None:
     version = str(info.get("redis_version", "?"))
     logger.info("celery_redlock: locks on Redis %s at %s", version, shown)
+    for level, message in servers.verdict(info):
+        logger.log(level, "celery_redlock: locks on %s: %s", shown, message)
     parts = tuple(int(p) if p.isdigit() else 0 for p in version.split(".")[:2])
     if version != "?" and parts < MIN_VERSION:
         logger.error(
