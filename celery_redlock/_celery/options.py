@@ -29,6 +29,7 @@ import difflib
 import inspect
 import logging
 import math
+import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -407,6 +408,9 @@ class Settings:
     on_unavailable: UnavailablePolicy
     #: Keys the argument digest (a MAC); ``None``: a plain hash. Never shown in a repr.
     key_secret: bytes | None = dataclasses.field(default=None, repr=False)
+    #: Group of the Celery events of a contended task: ``"redlock"`` (``redlock-skipped``...)
+    #: or the deprecated ``"task-lock"`` (``task-lock-skipped``...).
+    event_names: str = "redlock"
 
 
 #: App settings and their defaults.
@@ -418,7 +422,11 @@ SETTING_DEFAULTS: dict[str, Any] = {
     "redlock_on_contention": "skip",
     "redlock_on_unavailable": "retry",
     "redlock_key_secret": None,
+    "redlock_event_names": "redlock",
 }
+
+#: ``redlock_event_names`` values; ``"task-lock"`` is deprecated (docs/guide.md#task-events).
+EVENT_NAMES = ("redlock", "task-lock")
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
@@ -506,7 +514,21 @@ def resolve(app: Any) -> Settings:
             owner, "redlock_on_unavailable", values["redlock_on_unavailable"], None
         ),
         key_secret=None if secret is None else _keys.secret_key(secret),
+        event_names=_event_names(owner, values["redlock_event_names"]),
     )
+
+
+def _event_names(owner: str, value: Any) -> str:
+    names = choice(EVENT_NAMES)(owner, "redlock_event_names", value, None)
+    if names == "task-lock":
+        warnings.warn(
+            f"{owner}: redlock_event_names='task-lock' is deprecated: task-lock-* events are "
+            "read as task states by Celery's State (Flower shows LOCK-SKIPPED) and break "
+            "exporters that map every task-* event to a state; consume redlock-* events",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+    return str(names)
 
 
 _settings: weakref.WeakKeyDictionary[Any, Settings] = weakref.WeakKeyDictionary()
