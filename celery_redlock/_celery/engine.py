@@ -31,6 +31,7 @@ TTL rule, decided in :func:`_make_lock` for each execution:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -52,7 +53,7 @@ from ..exceptions import LockContended, LockLost, LockUnavailable, RateLimited
 from . import calls, supersede, tracing
 from .events import emit
 from .identity import Spec, lock_name_for, spec_of
-from .options import Settings, cross_check, settings_for
+from .options import KEEPING_MODES, Settings, cross_check, settings_for
 from .state import state
 
 logger = logging.getLogger("celery_redlock.task")
@@ -71,6 +72,36 @@ class Execution:
     skipped: bool = False
 
 
+def until_executed(execute: Callable[..., T | None]) -> Callable[..., T | None]:
+    """Wrap :func:`execute`: under ``lock_enqueue='until_executed'`` the queued marker of a
+    call is cleared when its execution ends (returns, raises, is skipped), not when it starts.
+
+    So a ``delay()`` while the call is queued *or running* returns that call's
+    ``AsyncResult``. A retry (``Retry``) keeps it: the call is not finished, and its retry has
+    the same task id. The marker is cleared before Celery stores the result, so a caller that
+    holds the result can call again at once. An execution that never ends here (the pool
+    child killed, a hard time limit) leaves the marker until ``lock_enqueue_ttl``.
+    """
+
+    @functools.wraps(execute)
+    def wrapper(task: Any, args: Any, kwargs: Any, body: Callable[[], T]) -> T | None:
+        spec = None if task.request.called_directly else spec_of(task)
+        if spec is None or spec.options.enqueue != "until_executed":
+            return execute(task, args, kwargs, body)
+        task_id = task.request.id
+        try:
+            return execute(task, args, kwargs, body)
+        except Retry:
+            task_id = None
+            raise
+        finally:
+            if task_id is not None:
+                clear_queued(task, args, kwargs, task_id)
+
+    return wrapper
+
+
+@until_executed
 def execute(task: Any, args: Any, kwargs: Any, body: Callable[[], T]) -> T | None:
     """Run ``body`` as one locked attempt of ``task`` called with ``args``/``kwargs``.
 
@@ -554,9 +585,10 @@ def mark_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> str | None:
 
 
 def clear_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> None:
-    """Clear the queued marker of a call that will never start (revoked or expired)."""
+    """Clear the queued marker of a call that will never start (revoked or expired), or
+    whose execution ended (``until_executed``); only if the marker is still ``task_id``'s."""
     spec = spec_of(task)
-    if spec is not None and spec.options.enqueue == "keep":
+    if spec is not None and spec.options.enqueue in KEEPING_MODES:
         settings = settings_for(task.app)
         _clear_queued(task, settings, lock_name_for(task, spec, args, kwargs), task_id)
 

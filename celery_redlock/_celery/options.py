@@ -45,13 +45,15 @@ __all__ = ["OPTIONS", "Option", "Settings", "TaskLockOptions", "settings_for"]
 logger = logging.getLogger("celery_redlock.config")
 
 Policy = Literal["skip", "retry", "fail", "wait"]
-EnqueueMode = Literal["keep", "replace"] | None
+EnqueueMode = Literal["keep", "until_executed", "replace"] | None
 UnavailablePolicy = Literal["retry", "fail", "run"]
 LockBy = Callable[[tuple[Any, ...], dict[str, Any]], str] | Sequence[str] | None
 
 POLICIES: tuple[str, ...] = ("skip", "retry", "fail", "wait")
 UNAVAILABLE_POLICIES: tuple[str, ...] = ("retry", "fail", "run")
-ENQUEUE_MODES: tuple[str, ...] = ("keep", "replace")
+ENQUEUE_MODES: tuple[str, ...] = ("keep", "until_executed", "replace")
+#: The modes that keep the queued call (``delay()`` returns its ``AsyncResult``).
+KEEPING_MODES: tuple[str, ...] = ("keep", "until_executed")
 
 #: The largest number of seconds any option or setting accepts (ten years): Redis keeps TTLs
 #: in milliseconds, and a larger value only ever means a mistake.
@@ -247,17 +249,18 @@ OPTIONS: dict[str, Option] = {
         Option(
             "enqueue",
             False,
-            "False, True ('keep') or 'replace'",
+            "False, True ('keep'), 'until_executed' or 'replace'",
             "De-duplicate at enqueue time: 'keep' (True) returns the queued call's AsyncResult "
-            "(LockedTask only); 'replace' publishes the new call and the queued one ends like "
-            "a skip.",
+            "(LockedTask only); 'until_executed' too, and also while that call runs; 'replace' "
+            "publishes the new call and the queued one ends like a skip.",
             _enqueue,
         ),
         Option(
             "enqueue_ttl",
             3600.0,
             "seconds",
-            "How long an enqueue marker lives: with 'keep', if its task never starts; with "
+            "How long an enqueue marker lives: with 'keep' ('until_executed'), if its task "
+            "never starts (never ends); with "
             "'replace' or lock_debounce, after its call is due.",
             seconds(),
         ),
@@ -366,9 +369,10 @@ def _check_debounce(owner: str, values: Mapping[str, Any]) -> None:
         raise _invalid(
             owner, "lock_debounce_max", cap, f"None or >= lock_debounce (which is {debounce!r})"
         )
-    if debounce is not None and values["enqueue"] == "keep":
+    if debounce is not None and values["enqueue"] in KEEPING_MODES:
         raise LockConfigError(
-            f"{owner}: option lock_debounce={debounce!r} is invalid with lock_enqueue='keep' "
+            f"{owner}: option lock_debounce={debounce!r} is invalid with "
+            f"lock_enqueue={values['enqueue']!r} "
             "(a debounce runs the last call, 'keep' the first); expected lock_enqueue=False or "
             "'replace'"
         )
