@@ -84,13 +84,13 @@ def until_executed(execute: Callable[..., T | None]) -> Callable[..., T | None]:
     """
 
     @functools.wraps(execute)
-    def wrapper(task: Any, args: Any, kwargs: Any, body: Callable[[], T]) -> T | None:
+    def wrapper(task: Any, args: Any, kwargs: Any, *rest: Any, **more: Any) -> T | None:
         spec = None if task.request.called_directly else spec_of(task)
         if spec is None or spec.options.enqueue != "until_executed":
-            return execute(task, args, kwargs, body)
+            return execute(task, args, kwargs, *rest, **more)
         task_id = task.request.id
         try:
-            return execute(task, args, kwargs, body)
+            return execute(task, args, kwargs, *rest, **more)
         except Retry:
             task_id = None
             raise

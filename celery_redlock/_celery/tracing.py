@@ -178,9 +178,10 @@ def renewal_failed(task_id: str, key: str, error: BaseException) -> None:
 
 def _mode(spec: Any) -> str:
     options = spec.options
-    if options.rate is not None:
+    if getattr(options, "rate", None) is not None:
         return "rate"
-    return "semaphore" if options.limit > 1 else "run"
+    limit = getattr(options, "limit", 1)
+    return "semaphore" if isinstance(limit, int) and limit > 1 else "run"
 
 
 def _open_hold(attributes: Mapping[str, Any], request: Any) -> None:
@@ -207,7 +208,11 @@ def traced_acquire(enter: F) -> F:
 
     @functools.wraps(enter)
     def wrapper(task: Any, request: Any, spec: Any, *args: Any, **kwargs: Any) -> Any:
-        mode = _mode(spec)
+        try:
+            mode = _mode(spec)
+        except Exception:
+            logger.debug("reading the lock mode for a span failed", exc_info=True)
+            return enter(task, request, spec, *args, **kwargs)
         op = _start("redlock.acquire", {"redlock.mode": mode})
         if op is None:
             return enter(task, request, spec, *args, **kwargs)
