@@ -65,7 +65,8 @@ def exercise(client: object, name: str) -> None:
 
 
 def test_a_valkey_sentinel_primary_is_a_lock_connection(sentinel: SentinelGroup) -> None:
-    primary = Sentinel([("127.0.0.1", sentinel.port)]).master_for(SERVICE)
+    watcher = Sentinel([("127.0.0.1", sentinel.port)])
+    primary = watcher.master_for(SERVICE)
     try:
         exercise(primary, "valkey-sentinel")
         primary.script_flush()  # NOSCRIPT (valkey's own NoScriptError): loaded again
@@ -74,6 +75,8 @@ def test_a_valkey_sentinel_primary_is_a_lock_connection(sentinel: SentinelGroup)
         lock.release()
     finally:
         primary.close()
+        for client in watcher.sentinels:
+            client.close()
 
 
 def test_a_valkey_cluster_client_is_a_lock_connection(cluster: ClusterNodes) -> None:
@@ -128,7 +131,8 @@ def test_valkey_asyncio_sentinel_and_cluster_clients_are_lock_connections(
     sentinel: SentinelGroup, cluster: ClusterNodes
 ) -> None:
     async def main() -> None:
-        primary = AsyncSentinel([("127.0.0.1", sentinel.port)]).master_for(SERVICE)
+        watcher = AsyncSentinel([("127.0.0.1", sentinel.port)])
+        primary = watcher.master_for(SERVICE)
         nodes = AsyncValkeyCluster(host="127.0.0.1", port=cluster.nodes[0].port)
         try:
             await exercise_async(primary, "valkey-async-sentinel")
@@ -139,5 +143,7 @@ def test_valkey_asyncio_sentinel_and_cluster_clients_are_lock_connections(
         finally:
             await primary.aclose()
             await nodes.aclose()
+            for client in watcher.sentinels:
+                await client.aclose()
 
     asyncio.run(main())
