@@ -20,7 +20,8 @@ Attributes, all in the ``redlock.*`` namespace (there are no semantic convention
 ``redlock.reason`` (``superseded``, ``rate_limited``, a loss's reason), ``redlock.policy``,
 ``redlock.wait_time`` (seconds), ``redlock.fencing_token`` (only when one was read for a
 ``lock_acquired`` receiver: reading it costs a round trip), ``redlock.key.prefix``,
-``redlock.key.name`` (the ``lock_name``) and ``redlock.key.hash`` (the argument digest).
+``redlock.key.name`` (the ``lock_name``) and ``redlock.key.hash`` (the argument digest), and
+on a skipped enqueue ``redlock.queued_task_id`` (the call ``delay()`` returned instead).
 Argument values are never recorded: the key holds only their digest.
 
 The spans are fed by the engine's report points (:func:`record` is called by
@@ -29,6 +30,14 @@ The spans are fed by the engine's report points (:func:`record` is called by
 ``opentelemetry-api`` (checked once, at import) each wrapper returns the function itself and
 :func:`record` returns at once. Every tracing call is guarded: an error in a tracer, an
 exporter or this module is logged at DEBUG and the lock operation goes on unchanged.
+
+A loss is usually found by the renewal thread, where the task's trace context is not current:
+
+1. at 0 s the task acquires; ``redlock.hold`` opens under ``run/<task>`` and is filed by
+   (task id, key);
+2. at 10 s the key is gone (deleted, evicted); the renewal thread marks the lock lost and the
+   ``lost`` event reaches :func:`record` there, which finds the hold span by (task id, key);
+3. the body returns; the release finds the lock lost, and the hold span ends, outcome ``lost``.
 """
 
 from __future__ import annotations
@@ -46,7 +55,14 @@ try:
 except ImportError:  # the otel extra is not installed: every function here is a no-op
     _trace = None  # type: ignore[assignment]
 
-__all__ = ["enabled", "record", "renewal_failed", "traced_acquire", "traced_enqueue"]
+__all__ = [
+    "enabled",
+    "record",
+    "renewal_failed",
+    "traced_acquire",
+    "traced_enqueue",
+    "traced_release",
+]
 
 logger = logging.getLogger("celery_redlock.tracing")
 
@@ -186,7 +202,7 @@ def _mode(spec: Any) -> str:
 
 def _open_hold(attributes: Mapping[str, Any], request: Any) -> None:
     """Start the hold span of an acquired lock, beside (not under) its acquire span."""
-    key = request_key(request)
+    key = _request_key(request)
     if key is None:
         return
     hold = _start("redlock.hold", attributes)
@@ -194,7 +210,7 @@ def _open_hold(attributes: Mapping[str, Any], request: Any) -> None:
         _holds[(request.id or "", key)] = hold.span
 
 
-def request_key(request: Any) -> str | None:
+def _request_key(request: Any) -> str | None:
     """The key of the lock the attempt behind ``request`` holds, if it holds one."""
     execution = getattr(request, "redlock_execution", None)
     lock = getattr(execution, "lock", None)
