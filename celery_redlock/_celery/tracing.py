@@ -120,10 +120,13 @@ def _key_attributes(key: str) -> dict[str, str]:
     }
 
 
+#: Our tracer: a proxy until a tracer provider is set, then the provider's (looked up once).
+_tracer = None if _trace is None else _trace.get_tracer("celery_redlock")
+
+
 def _start(name: str, attributes: Mapping[str, Any]) -> _Operation | None:
     try:
-        tracer = _trace.get_tracer("celery_redlock")
-        span = tracer.start_span(name, kind=_trace.SpanKind.INTERNAL, attributes=attributes)
+        span = _tracer.start_span(name, kind=_trace.SpanKind.INTERNAL, attributes=attributes)
         return _Operation(span) if span.is_recording() else None
     except Exception:
         logger.debug("starting span %s failed", name, exc_info=True)
