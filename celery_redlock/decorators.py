@@ -117,7 +117,7 @@ def _decorate(fun: Any, options: dict[str, Any]) -> Any:
         raise TypeError(_WRONG_ORDER.format(name=label or "my_task"))
     owner = f"task function {fun.__module__}.{fun.__qualname__}"
     check_unknown(owner, list(options), list(OPTIONS), "@single_instance keyword")
-    if options.get("enqueue") in (True, "keep"):
+    if options.get("enqueue") in (True, "keep", "until_executed"):
         raise LockConfigError(
             f"{owner}: keyword enqueue={options['enqueue']!r} is not supported by "
             "@single_instance; expected base=LockedTask with lock_enqueue='keep' "

@@ -24,9 +24,11 @@ Every signal's ``sender`` is the task. Arguments:
 ======================  ====================================================================
 
 With task events enabled (``celery worker -E`` or ``worker_send_task_events``), a contended
-task also sends a Celery event with ``key`` and ``holder``: ``task-lock-skipped``,
-``task-lock-retried`` (retry, redelivered), ``task-lock-failed`` (fail) or
-``task-lock-waited`` (a wait started), so Flower and other event consumers see them.
+task also sends a Celery event with ``uuid`` (its task id), ``key`` and ``holder``:
+``redlock-skipped``, ``redlock-retried`` (retry, redelivered), ``redlock-failed`` (fail) or
+``redlock-waited`` (a wait started), a group of its own so that Celery's ``State`` (and Flower)
+keep the task's real state; ``redlock_event_names="task-lock"`` sends the old, deprecated
+``task-lock-*`` names instead.
 """
 
 from __future__ import annotations

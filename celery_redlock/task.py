@@ -34,7 +34,14 @@ from ._celery import (
     wiring,  # noqa: F401  (importing it connects the worker receivers)
 )
 from ._celery.identity import OPTIONS_ATTR, spec_of
-from ._celery.options import OPTIONS, cross_check, parameters_of, resolve, validate_options
+from ._celery.options import (
+    KEEPING_MODES,
+    OPTIONS,
+    cross_check,
+    parameters_of,
+    resolve,
+    validate_options,
+)
 from .exceptions import LockConfigError, LockUnavailable
 
 __all__ = ["LockedTask"]
@@ -94,7 +101,9 @@ class LockedTask(Task):  # type: ignore[misc]
            unless a marker exists: then it returns that queued task's ``AsyncResult`` instead
            of publishing.
         2. The marker clears when that execution starts (so one call can run while one more
-           waits) or after ``lock_enqueue_ttl`` seconds if it never starts.
+           waits) or after ``lock_enqueue_ttl`` seconds if it never starts. With
+           ``lock_enqueue='until_executed'`` it clears when the execution ends instead: no
+           second call is published while one is queued or running.
         3. Retries (``self.retry()``, ``autoretry_for``) always publish: an execution is never
            rejected by a marker. ``app.send_task()`` never looks at markers.
         4. If Redis does not answer, the call is published anyway (never dropped); the lock
@@ -108,7 +117,7 @@ class LockedTask(Task):  # type: ignore[misc]
         spec = spec_of(self)
         if (
             spec is None
-            or spec.options.enqueue != "keep"  # 'replace' and debounce: see _celery.supersede
+            or spec.options.enqueue not in KEEPING_MODES  # 'replace', debounce: _celery.supersede
             or options.get("retries") is not None  # a retry (lock retries keep retries at 0)
             or self.app.conf.task_always_eager
         ):

@@ -26,6 +26,8 @@ server version                             INFO     for bug reports; below 5.0 i
 ``noeviction``                                      ``allkeys-*`` and ``volatile-*`` may evict a
                                                     held lock, and a second execution enters
 a pool that enforces no time limits        INFO     only the lease bounds a lock (TTL rule)
+Garnet; a KeyDB active replica             ERROR    a guarantee of the lock breaks there:
+                                                    :mod:`celery_redlock._redis.servers`
 =========================================  =======  ===========================================
 
 Messages name a node by its URL with credentials hidden
@@ -37,7 +39,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .._redis import probe
+from .._redis import probe, servers
 from .._redis.clients import redact
 from .identity import spec_of
 from .options import TaskLockOptions, quorum_size, settings_for
@@ -241,6 +243,8 @@ def _report_dry_run(
 def _check_info(shown: str, info: dict[str, Any]) -> None:
     version = str(info.get("redis_version", "?"))
     logger.info("celery_redlock: locks on Redis %s at %s", version, shown)
+    for level, message in servers.verdict(info):
+        logger.log(level, "celery_redlock: locks on %s: %s", shown, message)
     parts = tuple(int(p) if p.isdigit() else 0 for p in version.split(".")[:2])
     if version != "?" and parts < MIN_VERSION:
         logger.error(

@@ -31,6 +31,7 @@ TTL rule, decided in :func:`_make_lock` for each execution:
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
@@ -47,10 +48,10 @@ from .._redis import keys as _keys
 from .._redis.lock import Lock
 from .._redis.nodes import Extended
 from ..exceptions import LockContended, LockLost, LockUnavailable, RateLimited
-from . import calls, supersede
+from . import calls, supersede, tracing
 from .events import emit
 from .identity import Spec, lock_name_for, spec_of
-from .options import Settings, cross_check, settings_for
+from .options import KEEPING_MODES, Settings, cross_check, settings_for
 from .state import state
 
 logger = logging.getLogger("celery_redlock.task")
@@ -69,6 +70,36 @@ class Execution:
     skipped: bool = False
 
 
+def until_executed(execute: Callable[..., T | None]) -> Callable[..., T | None]:
+    """Wrap :func:`execute`: under ``lock_enqueue='until_executed'`` the queued marker of a
+    call is cleared when its execution ends (returns, raises, is skipped), not when it starts.
+
+    So a ``delay()`` while the call is queued *or running* returns that call's
+    ``AsyncResult``. A retry (``Retry``) keeps it: the call is not finished, and its retry has
+    the same task id. The marker is cleared before Celery stores the result, so a caller that
+    holds the result can call again at once. An execution that never ends here (the pool
+    child killed, a hard time limit) leaves the marker until ``lock_enqueue_ttl``.
+    """
+
+    @functools.wraps(execute)
+    def wrapper(task: Any, args: Any, kwargs: Any, *rest: Any, **more: Any) -> T | None:
+        spec = None if task.request.called_directly else spec_of(task)
+        if spec is None or spec.options.enqueue != "until_executed":
+            return execute(task, args, kwargs, *rest, **more)
+        task_id = task.request.id
+        try:
+            return execute(task, args, kwargs, *rest, **more)
+        except Retry:
+            task_id = None
+            raise
+        finally:
+            if task_id is not None:
+                clear_queued(task, args, kwargs, task_id)
+
+    return wrapper
+
+
+@until_executed
 def execute(task: Any, args: Any, kwargs: Any, body: Callable[[], T]) -> T | None:
     """Run ``body`` as one locked attempt of ``task`` called with ``args``/``kwargs``.
 
@@ -118,7 +149,11 @@ class TaskLock(Lock):
 
     def do_extend(self, token: str, ttl: float) -> Extended:
         """Extend the lock, and the overrides record with it (advisory: errors are ignored)."""
-        extended = super().do_extend(token, ttl)
+        try:
+            extended = super().do_extend(token, ttl)
+        except Exception as error:
+            tracing.renewal_failed(self.owner, self.key, error)
+            raise
         if extended.held and self.call_record is not None:
             companions.extend_call_record(*self.call_record, int(ttl * 1000))
         return extended
@@ -169,6 +204,7 @@ def _jittered(seconds: float) -> float:
     return seconds * random.uniform(1.0, 1.2)
 
 
+@tracing.traced_acquire
 def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
     """Take the lock of the attempt behind ``request``; return False when the body must be
     skipped. ``spec`` is the task's (:func:`spec_of`)."""
@@ -417,6 +453,7 @@ def leave(task: Any, request: Any = None, *, cooldown: bool = True) -> None:
         emit(task, request.id, "released", signals.lock_released, key=lock.key, by="task")
 
 
+@tracing.traced_release
 def _release(task: Any, request: Any, lock: Lock, keep: float = 0) -> bool:
     """Release ``lock``; whether it was released. Never raises (see :func:`leave`)."""
     try:
@@ -520,6 +557,7 @@ def _check_rate(task: Any, spec: Spec, settings: Settings, request: Any, lock: L
 # -- enqueue-time de-duplication -----------------------------------------------------------------
 
 
+@tracing.traced_enqueue
 def mark_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> str | None:
     """Mark the call as queued; return the task id already queued for its key, if any.
 
@@ -534,9 +572,10 @@ def mark_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> str | None:
 
 
 def clear_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> None:
-    """Clear the queued marker of a call that will never start (revoked or expired)."""
+    """Clear the queued marker of a call that will never start (revoked or expired), or
+    whose execution ended (``until_executed``); only if the marker is still ``task_id``'s."""
     spec = spec_of(task)
-    if spec is not None and spec.options.enqueue == "keep":
+    if spec is not None and spec.options.enqueue in KEEPING_MODES:
         settings = settings_for(task.app)
         _clear_queued(task, settings, lock_name_for(task, spec, args, kwargs), task_id)
 

@@ -29,6 +29,7 @@ import difflib
 import inspect
 import logging
 import math
+import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,13 +45,15 @@ __all__ = ["OPTIONS", "Option", "Settings", "TaskLockOptions", "settings_for"]
 logger = logging.getLogger("celery_redlock.config")
 
 Policy = Literal["skip", "retry", "fail", "wait"]
-EnqueueMode = Literal["keep", "replace"] | None
+EnqueueMode = Literal["keep", "until_executed", "replace"] | None
 UnavailablePolicy = Literal["retry", "fail", "run"]
 LockBy = Callable[[tuple[Any, ...], dict[str, Any]], str] | Sequence[str] | None
 
 POLICIES: tuple[str, ...] = ("skip", "retry", "fail", "wait")
 UNAVAILABLE_POLICIES: tuple[str, ...] = ("retry", "fail", "run")
-ENQUEUE_MODES: tuple[str, ...] = ("keep", "replace")
+ENQUEUE_MODES: tuple[str, ...] = ("keep", "until_executed", "replace")
+#: The modes that keep the queued call (``delay()`` returns its ``AsyncResult``).
+KEEPING_MODES: tuple[str, ...] = ("keep", "until_executed")
 
 #: The largest number of seconds any option or setting accepts (ten years): Redis keeps TTLs
 #: in milliseconds, and a larger value only ever means a mistake.
@@ -248,18 +251,20 @@ OPTIONS: dict[str, Option] = {
         Option(
             "enqueue",
             False,
-            "False, True ('keep') or 'replace'",
+            "False, True ('keep'), 'until_executed' or 'replace'",
             "De-duplicate at enqueue time: 'keep' (True) returns the queued call's AsyncResult "
-            "(LockedTask only); 'replace' publishes the new call and the queued one ends like "
-            "a skip (pair it with on_contention 'wait': under 'skip' the newest call is "
-            "skipped while a run of its key is in progress).",
+            "(LockedTask only); 'until_executed' too, and also while that call runs; 'replace' "
+            "publishes the new call and the queued one ends like a skip (pair it with "
+            "on_contention 'wait': under 'skip' the newest call is skipped while a run of its "
+            "key is in progress).",
             _enqueue,
         ),
         Option(
             "enqueue_ttl",
             3600.0,
             "seconds",
-            "How long an enqueue marker lives: with 'keep', if its task never starts; with "
+            "How long an enqueue marker lives: with 'keep' ('until_executed'), if its task "
+            "never starts (never ends); with "
             "'replace' or lock_debounce, after its call is due.",
             seconds(),
         ),
@@ -368,9 +373,10 @@ def _check_debounce(owner: str, values: Mapping[str, Any]) -> None:
         raise _invalid(
             owner, "lock_debounce_max", cap, f"None or >= lock_debounce (which is {debounce!r})"
         )
-    if debounce is not None and values["enqueue"] == "keep":
+    if debounce is not None and values["enqueue"] in KEEPING_MODES:
         raise LockConfigError(
-            f"{owner}: option lock_debounce={debounce!r} is invalid with lock_enqueue='keep' "
+            f"{owner}: option lock_debounce={debounce!r} is invalid with "
+            f"lock_enqueue={values['enqueue']!r} "
             "(a debounce runs the last call, 'keep' the first); expected lock_enqueue=False or "
             "'replace'"
         )
@@ -410,6 +416,9 @@ class Settings:
     on_unavailable: UnavailablePolicy
     #: Keys the argument digest (a MAC); ``None``: a plain hash. Never shown in a repr.
     key_secret: bytes | None = dataclasses.field(default=None, repr=False)
+    #: Group of the Celery events of a contended task: ``"redlock"`` (``redlock-skipped``...)
+    #: or the deprecated ``"task-lock"`` (``task-lock-skipped``...).
+    event_names: str = "redlock"
 
 
 #: App settings and their defaults.
@@ -421,7 +430,11 @@ SETTING_DEFAULTS: dict[str, Any] = {
     "redlock_on_contention": "skip",
     "redlock_on_unavailable": "retry",
     "redlock_key_secret": None,
+    "redlock_event_names": "redlock",
 }
+
+#: ``redlock_event_names`` values; ``"task-lock"`` is deprecated (docs/guide.md#task-events).
+EVENT_NAMES = ("redlock", "task-lock")
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
@@ -509,7 +522,21 @@ def resolve(app: Any) -> Settings:
             owner, "redlock_on_unavailable", values["redlock_on_unavailable"], None
         ),
         key_secret=None if secret is None else _keys.secret_key(secret),
+        event_names=_event_names(owner, values["redlock_event_names"]),
     )
+
+
+def _event_names(owner: str, value: Any) -> str:
+    names = choice(EVENT_NAMES)(owner, "redlock_event_names", value, None)
+    if names == "task-lock":
+        warnings.warn(
+            f"{owner}: redlock_event_names='task-lock' is deprecated: task-lock-* events are "
+            "read as task states by Celery's State (Flower shows LOCK-SKIPPED) and break "
+            "exporters that map every task-* event to a state; consume redlock-* events",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+    return str(names)
 
 
 _settings: weakref.WeakKeyDictionary[Any, Settings] = weakref.WeakKeyDictionary()

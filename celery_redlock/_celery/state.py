@@ -18,7 +18,7 @@ class WorkerState:
     time_limit: float | None = None
     #: Whether the pool enforces hard time limits; ``False`` outside a worker (eager, apply).
     enforces_limits: bool = False
-    #: Whether the worker sends task events (``-E``): then contention sends ``task-lock-*``.
+    #: Whether the worker sends task events (``-E``): then contention sends ``redlock-*``.
     task_events: bool = False
 
 

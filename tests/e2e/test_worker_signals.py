@@ -1,5 +1,5 @@
 """The lock signals and events of real ``celery worker`` subprocesses: the release done by the
-worker's main process for a killed child, and the ``task-lock-skipped`` event, which a receiver
+worker's main process for a killed child, and the ``redlock-skipped`` event, which a receiver
 bound to the broker must see. (The signals sent where the task runs are proved in-process, in
 ``tests/integration/test_signals.py``.)
 """
@@ -88,7 +88,7 @@ class EventTap:
         self.connection.release()
 
 
-def test_a_skip_sends_task_lock_skipped_with_task_events_on(
+def test_a_skip_sends_redlock_skipped_with_task_events_on(
     redis_server: RedisServer, redis_url: str
 ) -> None:
     records = redis_py.Redis(port=redis_server.port, db=3)
@@ -101,7 +101,7 @@ def test_a_skip_sends_task_lock_skipped_with_task_events_on(
         wait_until(lambda: records.get("started:e"), 10, "hold('e') to start")
         second = client.send_task(HOLD, args=("e",))
         assert second.get(timeout=10) is None
-        event = tap.wait_for(lambda e: e["type"] == "task-lock-skipped", 10)
+        event = tap.wait_for(lambda e: e["type"] == "redlock-skipped", 10)
         records.rpush("go:e", 1)
         assert first.get(timeout=10) == "e"
     client.close()

@@ -3,7 +3,8 @@
 Configured from the environment like :mod:`tests.e2e.proj`: ``REDLOCK_TEST_PORT`` is the test's
 private redis-server (db 0 locks, 1 broker, 2 results, 3 records); ``REDLOCK_TEST_URL``
 replaces ``redlock_url`` (an unreachable server for the startup checks), ``REDLOCK_TEST_PREFIX``
-``redlock_prefix`` and ``REDLOCK_TEST_LEASE`` ``redlock_lease`` (give the CLI the same).
+``redlock_prefix``, ``REDLOCK_TEST_LEASE`` ``redlock_lease`` (give the CLI the same) and
+``REDLOCK_TEST_EVENT_NAMES`` ``redlock_event_names``.
 
 Records in db 3:
 
@@ -38,6 +39,7 @@ app = layout_app(
     redlock_url=os.environ.get("REDLOCK_TEST_URL") or f"{BASE}/0",
     redlock_prefix=os.environ.get("REDLOCK_TEST_PREFIX") or "redlock",
     redlock_lease=float(os.environ.get("REDLOCK_TEST_LEASE") or 30),
+    redlock_event_names=os.environ.get("REDLOCK_TEST_EVENT_NAMES") or "redlock",
     worker_prefetch_multiplier=1,
     worker_hijack_root_logger=True,
 )

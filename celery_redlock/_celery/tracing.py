@@ -1,0 +1,308 @@
+"""OpenTelemetry spans of the lock operations of a task: optional, and never in the way.
+
+With ``opentelemetry-api`` installed (``pip install celery-redlock[otel]``) and a tracer
+provider set, a locked task records, in the current trace context:
+
+* ``redlock.acquire`` (INTERNAL): taking the lock, from the first try to the decision, under
+  the ``run/<task>`` span of ``opentelemetry-instrumentation-celery`` (or under whatever span
+  is current in an eager ``apply()``);
+* ``redlock.hold`` (INTERNAL): from the acquisition to the release, as a sibling of
+  ``redlock.acquire``; a renewal that failed (``redlock.renewal_failed``) and the loss of the
+  lock (``redlock.lost``) are events of this span;
+* ``redlock.enqueue`` (INTERNAL): ``lock_enqueue=True`` setting the queued marker, in the
+  caller of ``delay()``/``apply_async()``: a duplicate dropped there publishes no message and
+  so gets no ``apply_async/<task>`` span, but it gets this one, with outcome ``skipped``.
+
+Attributes, all in the ``redlock.*`` namespace (there are no semantic conventions for locks):
+``redlock.mode`` (``run``, ``semaphore``, ``rate``, ``enqueue``), ``redlock.outcome``
+(``acquired``, ``waited`` (acquired after a wait), ``skipped``, ``retried``, ``failed``,
+``bypassed``, ``unavailable``, and on the hold span ``released``, ``lost``, ``unreleased``),
+``redlock.reason`` (``superseded``, ``rate_limited``, a loss's reason), ``redlock.policy``,
+``redlock.wait_time`` (seconds), ``redlock.fencing_token`` (only when one was read for a
+``lock_acquired`` receiver: reading it costs a round trip), ``redlock.key.prefix``,
+``redlock.key.name`` (the ``lock_name``) and ``redlock.key.hash`` (the argument digest), and
+on a skipped enqueue ``redlock.queued_task_id`` (the call ``delay()`` returned instead).
+Argument values are never recorded: the key holds only their digest.
+
+The spans are fed by the engine's report points (:func:`record` is called by
+:func:`~celery_redlock._celery.events.emit` for every lock event) and by three wrappers
+(:func:`traced_acquire`, :func:`traced_release`, :func:`traced_enqueue`). Without
+``opentelemetry-api`` (checked once, at import) each wrapper returns the function itself and
+:func:`record` returns at once. Every tracing call is guarded: an error in a tracer, an
+exporter or this module is logged at DEBUG and the lock operation goes on unchanged.
+
+A loss is usually found by the renewal thread, where the task's trace context is not current:
+
+1. at 0 s the task acquires; ``redlock.hold`` opens under ``run/<task>`` and is filed by
+   (task id, key);
+2. at 10 s the key is gone (deleted, evicted); the renewal thread marks the lock lost and the
+   ``lost`` event reaches :func:`record` there, which finds the hold span by (task id, key);
+3. the body returns; the release finds the lock lost, and the hold span ends, outcome ``lost``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+try:
+    from opentelemetry import trace as _trace
+except ImportError:  # the otel extra is not installed: every function here is a no-op
+    _trace = None  # type: ignore[assignment]
+
+__all__ = [
+    "enabled",
+    "record",
+    "renewal_failed",
+    "traced_acquire",
+    "traced_enqueue",
+    "traced_release",
+]
+
+logger = logging.getLogger("celery_redlock.tracing")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Engine events and the outcome they decide for the operation under way.
+_OUTCOMES = {
+    "acquired": "acquired",
+    "skipped": "skipped",
+    "superseded": "skipped",
+    "retried": "retried",
+    "rate_limited": "retried",
+    "failed": "failed",
+    "bypassed": "bypassed",
+    "unavailable": "unavailable",
+}
+#: Events whose name is also the ``redlock.reason`` of the outcome.
+_REASONS = frozenset({"superseded", "rate_limited"})
+
+
+def enabled() -> bool:
+    """Whether ``opentelemetry-api`` is importable (spans still need a tracer provider)."""
+    return _trace is not None
+
+
+@dataclass
+class _Operation:
+    """One acquisition or enqueue under way: the span and what the engine reported."""
+
+    span: Any
+    outcome: str | None = None
+    waited_at: float | None = None
+    attributes: dict[str, Any] = field(default_factory=dict)
+
+
+#: The operation under way in this thread or task (set by the wrappers, read by :func:`record`).
+_current: contextvars.ContextVar[_Operation | None] = contextvars.ContextVar(
+    "redlock_operation", default=None
+)
+#: Open hold spans by (task id, lock key): a loss or a failed renewal is reported from the
+#: renewal thread, where the task's context is not current.
+_holds: dict[tuple[str, str], Any] = {}
+
+
+def _key_attributes(key: str) -> dict[str, str]:
+    """``<prefix>:{<lock_name>:<digest>}[...]`` as its three parts (never argument values)."""
+    start, end = key.find("{"), key.rfind("}")
+    if start < 1 or end < start:
+        return {"redlock.key.prefix": key}
+    name, _, digest = key[start + 1 : end].rpartition(":")
+    return {
+        "redlock.key.prefix": key[: start - 1],
+        "redlock.key.name": name,
+        "redlock.key.hash": digest,
+    }
+
+
+#: Our tracer: a proxy until a tracer provider is set, then the provider's (looked up once).
+_tracer = None if _trace is None else _trace.get_tracer("celery_redlock")
+
+
+def _start(name: str, attributes: Mapping[str, Any]) -> _Operation | None:
+    try:
+        span = _tracer.start_span(name, kind=_trace.SpanKind.INTERNAL, attributes=attributes)
+        return _Operation(span) if span.is_recording() else None
+    except Exception:
+        logger.debug("starting span %s failed", name, exc_info=True)
+        return None
+
+
+def _finish(op: _Operation, outcome: str, error: BaseException | None = None) -> None:
+    try:
+        attributes = {"redlock.outcome": op.outcome or outcome, **op.attributes}
+        if op.waited_at is not None:
+            attributes["redlock.wait_time"] = time.monotonic() - op.waited_at
+            if attributes["redlock.outcome"] == "acquired":
+                attributes["redlock.outcome"] = "waited"
+        op.span.set_attributes(attributes)
+        if error is not None and attributes["redlock.outcome"] not in ("retried", "skipped"):
+            op.span.record_exception(error)
+            op.span.set_status(_trace.Status(_trace.StatusCode.ERROR, type(error).__name__))
+        op.span.end()
+    except Exception:
+        logger.debug("ending a lock span failed", exc_info=True)
+
+
+def record(task_id: str | None, event: str, fields: Mapping[str, Any]) -> None:
+    """Add the engine's lock ``event`` (with the fields of its signal) to the right span."""
+    if _trace is None:
+        return
+    try:
+        op = _current.get()
+        if event == "lost":
+            span = _holds.get((task_id or "", fields.get("key", "")))
+            if span is not None:
+                reason = str(fields.get("reason", ""))
+                span.add_event("redlock.lost", {"redlock.reason": reason})
+                span.set_attributes({"redlock.outcome": "lost", "redlock.reason": reason})
+            return
+        if op is None:
+            return
+        if event == "waited":
+            op.waited_at = time.monotonic()
+        elif event in _OUTCOMES:
+            op.outcome = _OUTCOMES[event]
+            if event in _REASONS:
+                op.attributes["redlock.reason"] = event
+        if fields.get("key"):
+            op.attributes.update(_key_attributes(fields["key"]))
+        if fields.get("policy"):
+            op.attributes["redlock.policy"] = fields["policy"]
+        if fields.get("fencing_token") is not None:
+            op.attributes["redlock.fencing_token"] = int(fields["fencing_token"])
+    except Exception:
+        logger.debug("recording lock event %r in a span failed", event, exc_info=True)
+
+
+def renewal_failed(task_id: str, key: str, error: BaseException) -> None:
+    """Add a failed renewal of the lock ``key`` held by ``task_id`` to its hold span."""
+    if _trace is None:
+        return
+    try:
+        span = _holds.get((task_id, key))
+        if span is not None:
+            span.add_event(
+                "redlock.renewal_failed",
+                {"exception.type": type(error).__name__, "exception.message": str(error)},
+            )
+    except Exception:
+        logger.debug("recording a failed renewal in a span failed", exc_info=True)
+
+
+def _mode(spec: Any) -> str:
+    options = spec.options
+    if getattr(options, "rate", None) is not None:
+        return "rate"
+    limit = getattr(options, "limit", 1)
+    return "semaphore" if isinstance(limit, int) and limit > 1 else "run"
+
+
+def _open_hold(attributes: Mapping[str, Any], request: Any) -> None:
+    """Start the hold span of an acquired lock, beside (not under) its acquire span."""
+    key = _request_key(request)
+    if key is None:
+        return
+    hold = _start("redlock.hold", attributes)
+    if hold is not None:
+        _holds[(request.id or "", key)] = hold.span
+
+
+def _request_key(request: Any) -> str | None:
+    """The key of the lock the attempt behind ``request`` holds, if it holds one."""
+    execution = getattr(request, "redlock_execution", None)
+    lock = getattr(execution, "lock", None)
+    return None if lock is None else str(lock.key)
+
+
+def traced_acquire(enter: F) -> F:
+    """Wrap the engine's ``enter(task, request, spec, args, kwargs)`` in ``redlock.acquire``."""
+    if _trace is None:
+        return enter
+
+    @functools.wraps(enter)
+    def wrapper(task: Any, request: Any, spec: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            mode = _mode(spec)
+        except Exception:
+            logger.debug("reading the lock mode for a span failed", exc_info=True)
+            return enter(task, request, spec, *args, **kwargs)
+        op = _start("redlock.acquire", {"redlock.mode": mode})
+        if op is None:
+            return enter(task, request, spec, *args, **kwargs)
+        token = _current.set(op)
+        try:
+            entered = enter(task, request, spec, *args, **kwargs)
+        except BaseException as exc:
+            _finish(op, "retried" if type(exc).__name__ == "Retry" else "failed", exc)
+            raise
+        finally:
+            _current.reset(token)
+        _finish(op, "acquired" if entered else "skipped")
+        if entered and op.outcome in (None, "acquired"):
+            try:
+                _open_hold({**op.attributes, "redlock.mode": mode}, request)
+            except Exception:
+                logger.debug("starting the hold span failed", exc_info=True)
+        return entered
+
+    return wrapper  # type: ignore[return-value]
+
+
+def traced_release(release: F) -> F:
+    """Wrap the engine's ``_release(task, request, lock, keep)``: it ends the hold span."""
+    if _trace is None:
+        return release
+
+    @functools.wraps(release)
+    def wrapper(task: Any, request: Any, lock: Any, *args: Any, **kwargs: Any) -> Any:
+        span = _holds.pop((request.id or "", str(lock.key)), None)
+        released = release(task, request, lock, *args, **kwargs)
+        if span is not None:
+            try:
+                if released:
+                    span.set_attribute("redlock.outcome", "released")
+                elif not lock.lost:
+                    span.set_attribute("redlock.outcome", "unreleased")
+                span.end()
+            except Exception:
+                logger.debug("ending the hold span failed", exc_info=True)
+        return released
+
+    return wrapper  # type: ignore[return-value]
+
+
+def traced_enqueue(mark_queued: F) -> F:
+    """Wrap the engine's ``mark_queued(task, args, kwargs, task_id)`` in ``redlock.enqueue``.
+
+    Outcome ``acquired`` (the marker is this call's: it is published), ``skipped`` (a call
+    of the same key is queued: this one is dropped) or ``unavailable`` (published anyway).
+    """
+    if _trace is None:
+        return mark_queued
+
+    @functools.wraps(mark_queued)
+    def wrapper(task: Any, *args: Any, **kwargs: Any) -> Any:
+        op = _start("redlock.enqueue", {"redlock.mode": "enqueue"})
+        if op is None:
+            return mark_queued(task, *args, **kwargs)
+        try:
+            queued = mark_queued(task, *args, **kwargs)
+        except BaseException as exc:
+            unavailable = type(exc).__name__ == "LockUnavailable"
+            _finish(op, "unavailable" if unavailable else "failed", exc)
+            raise
+        task_id = args[2] if len(args) > 2 else kwargs.get("task_id")
+        if queued is not None and queued != task_id:
+            op.attributes["redlock.queued_task_id"] = str(queued)
+            _finish(op, "skipped")
+        else:
+            _finish(op, "acquired")
+        return queued
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,337 @@
+"""OpenTelemetry spans of the lock (``celery_redlock._celery.tracing``), on a real worker.
+
+The SDK's in-memory exporter collects the spans; ``opentelemetry-instrumentation-celery``
+makes the ``apply_async/<task>`` and ``run/<task>`` spans ours must nest under.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis as redis_py
+from celery import Celery
+from opentelemetry import trace
+from opentelemetry.instrumentation.celery import CeleryInstrumentor
+from opentelemetry.sdk import trace as sdk_trace
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from celery_redlock import LockedTask, lock_key, signals
+from celery_redlock.testing import RedisServer, wait_until
+from support.apps import lock_keys, make_app
+from support.workers import Holder, running_worker
+
+
+class Breakable(SimpleSpanProcessor):
+    """Exports to memory; raises from every hook while ``broken`` is set."""
+
+    broken = False
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if self.broken:
+            raise RuntimeError("a broken span processor")
+        super().on_start(span, parent_context)
+
+    def on_end(self, span: Any) -> None:
+        if self.broken:
+            raise RuntimeError("a broken span processor")
+        super().on_end(span)
+
+
+@pytest.fixture(scope="module")
+def processor() -> Iterator[Breakable]:
+    exporter = InMemorySpanExporter()
+    processor = Breakable(exporter)
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, sdk_trace.TracerProvider):  # the process's first provider
+        provider = sdk_trace.TracerProvider()
+        trace.set_tracer_provider(provider)
+    provider.add_span_processor(processor)
+    instrumentor = CeleryInstrumentor()
+    instrumentor.instrument()
+    yield processor
+    instrumentor.uninstrument()
+    exporter.shutdown()  # the provider stays set for the process; nothing is kept any more
+
+
+@pytest.fixture
+def spans(processor: Breakable) -> Iterator[InMemorySpanExporter]:
+    exporter: InMemorySpanExporter = processor.span_exporter
+    exporter.clear()
+    yield exporter
+    processor.broken = False
+
+
+@pytest.fixture
+def app(redis_url: str, redis_server: RedisServer) -> Celery:
+    return make_app(redis_server, task_send_sent_event=True)
+
+
+def named(exporter: InMemorySpanExporter, name: str) -> list[Any]:
+    return [s for s in exporter.get_finished_spans() if s.name == name]
+
+
+def one(exporter: InMemorySpanExporter, name: str, count: int = 1) -> Any:
+    wait_until(lambda: len(named(exporter, name)) >= count, 10, f"{count} {name} span(s)")
+    return named(exporter, name)[count - 1]
+
+
+def parent_of(exporter: InMemorySpanExporter, span: Any) -> Any:
+    assert span.parent is not None, f"{span.name} has no parent"
+    parents = [s for s in exporter.get_finished_spans() if s.context.span_id == span.parent.span_id]
+    assert parents, f"the parent of {span.name} was not exported"
+    return parents[0]
+
+
+def test_acquire_and_hold_spans_nest_under_the_run_span(
+    app: Celery, spans: InMemorySpanExporter, r: redis_py.Redis
+) -> None:
+    @app.task(base=LockedTask, lock_by=["n"])
+    def locked(n: int, secret: str) -> int:
+        return n
+
+    with running_worker(app):
+        assert locked.delay(48151623, "hunter2").get(timeout=10) == 48151623
+        acquire = one(spans, "redlock.acquire")
+        hold = one(spans, "redlock.hold")
+    run = parent_of(spans, acquire)
+    assert run.name == f"run/{locked.name}"
+    assert parent_of(spans, hold) is run
+    assert acquire.kind is trace.SpanKind.INTERNAL
+    assert acquire.context.trace_id == one(spans, f"apply_async/{locked.name}").context.trace_id
+    prefix, _, rest = lock_key(locked, 48151623, "hunter2").partition(":{")
+    name, _, digest = rest.rstrip("}").rpartition(":")
+    assert dict(acquire.attributes) == {
+        "redlock.mode": "run",
+        "redlock.outcome": "acquired",
+        "redlock.key.prefix": prefix,
+        "redlock.key.name": name,
+        "redlock.key.hash": digest,
+    }
+    assert hold.attributes["redlock.outcome"] == "released"
+    assert hold.start_time >= acquire.end_time
+    ours = [s for s in spans.get_finished_spans() if s.name.startswith("redlock.")]
+    recorded = repr([(s.attributes, s.events) for s in ours])
+    assert "hunter2" not in recorded and "48151623" not in recorded
+
+
+def test_an_eager_apply_records_its_outcome_in_the_callers_trace(
+    app: Celery, spans: InMemorySpanExporter
+) -> None:
+    @app.task(base=LockedTask, lock_limit=2)
+    def limited() -> str:
+        return "ran"
+
+    with trace.get_tracer("test").start_as_current_span("caller") as caller:
+        assert limited.apply().get() == "ran"
+    acquire = one(spans, "redlock.acquire")
+    run = parent_of(spans, acquire)  # eager runs send task_prerun too: the run span is there
+    assert run.name == f"run/{limited.name}"
+    assert run.parent.span_id == caller.get_span_context().span_id
+    assert acquire.attributes["redlock.mode"] == "semaphore"
+    assert acquire.attributes["redlock.outcome"] == "acquired"
+
+
+def test_a_skip_and_a_wait_show_in_the_trace(
+    app: Celery, spans: InMemorySpanExporter, h: Holder
+) -> None:
+    waiting = threading.Event()
+
+    @app.task(base=LockedTask)
+    def held() -> None:
+        h.hold()
+
+    @app.task(base=LockedTask, lock_name=held.name)  # the same key as held's
+    def skipped() -> str:
+        return "ran"
+
+    @app.task(base=LockedTask, lock_name=held.name, lock_on_contention="wait")
+    def waiter() -> str:
+        return "waited"
+
+    def on_contended(sender: Any = None, policy: str = "", **_: Any) -> None:
+        if policy == "wait":
+            waiting.set()
+
+    signals.lock_contended.connect(on_contended, weak=False)
+    try:
+        with running_worker(app):
+            first = held.delay()
+            assert h.entered.wait(10)
+            assert skipped.delay().get(timeout=10) is None
+            late = waiter.delay()
+            assert waiting.wait(10), "the waiter never started waiting"
+            h.gate.set()
+            assert late.get(timeout=10) == "waited"
+            first.get(timeout=10)
+    finally:
+        signals.lock_contended.disconnect(on_contended)
+    by_run = {parent_of(spans, s).name: s for s in named(spans, "redlock.acquire")}
+    skip = by_run[f"run/{skipped.name}"]
+    assert skip.attributes["redlock.outcome"] == "skipped"
+    assert skip.attributes["redlock.policy"] == "skip"
+    wait = by_run[f"run/{waiter.name}"]
+    assert wait.attributes["redlock.outcome"] == "waited"
+    assert wait.attributes["redlock.policy"] == "wait"
+    assert 0 < wait.attributes["redlock.wait_time"] < 10
+    assert by_run[f"run/{held.name}"].attributes["redlock.outcome"] == "acquired"
+    # Only the two that got the lock held it.
+    assert sorted(parent_of(spans, s).name for s in named(spans, "redlock.hold")) == sorted(
+        [f"run/{held.name}", f"run/{waiter.name}"]
+    )
+
+
+def test_a_loss_found_by_the_renewal_thread_is_an_event_of_the_hold_span(
+    redis_server: RedisServer, redis_url: str, spans: InMemorySpanExporter, h: Holder
+) -> None:
+    app = make_app(redis_server, redlock_lease=0.6)
+    lost = threading.Event()
+
+    @app.task(base=LockedTask)
+    def renewed() -> None:
+        h.hold()
+
+    def on_lost(sender: Any = None, **_: Any) -> None:
+        lost.set()
+
+    signals.lock_lost.connect(on_lost, weak=False)
+    client = redis_server.client()
+    try:
+        with running_worker(app):
+            result = renewed.delay()
+            assert h.entered.wait(10)
+            client.delete(*lock_keys(client))  # someone else's mistake: the key is gone
+            assert lost.wait(10), "the renewal never found the lock lost"
+            h.gate.set()
+            result.get(timeout=10)
+            hold = one(spans, "redlock.hold")
+    finally:
+        signals.lock_lost.disconnect(on_lost)
+        client.close()
+    assert hold.attributes["redlock.outcome"] == "lost"
+    assert [e.name for e in hold.events] == ["redlock.lost"]
+    assert "renewal found it expired" in hold.events[0].attributes["redlock.reason"]
+    assert parent_of(spans, hold).name == f"run/{renewed.name}"
+
+
+class Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_a_failed_renewal_is_an_event_of_the_hold_span(
+    redis_server: RedisServer, redis_url: str, spans: InMemorySpanExporter, h: Holder
+) -> None:
+    # Locks on a server of their own: the test takes EVALSHA away from its user for a while.
+    with RedisServer() as server:
+        app = make_app(redis_server, redlock_url=server.url, redlock_lease=3.0)
+
+        @app.task(base=LockedTask)
+        def renewed() -> None:
+            h.hold()
+
+        lines = Lines()
+        logging.getLogger("celery_redlock.lock").addHandler(lines)
+        client = server.client()
+        try:
+            with running_worker(app):
+                result = renewed.delay()
+                assert h.entered.wait(10)
+                client.acl_setuser("default", enabled=True, commands=["-evalsha"])
+                wait_until(
+                    lambda: any("renewal failed, retrying" in line for line in lines.lines),
+                    10,
+                    "a refused renewal",
+                )
+                client.acl_setuser("default", enabled=True, commands=["+evalsha"])
+                h.gate.set()
+                result.get(timeout=10)
+                hold = one(spans, "redlock.hold")
+        finally:
+            logging.getLogger("celery_redlock.lock").removeHandler(lines)
+            client.close()
+    assert hold.attributes["redlock.outcome"] == "released"
+    failures = [e for e in hold.events if e.name == "redlock.renewal_failed"]
+    assert failures, hold.events
+    assert (
+        "no permissions to run the 'evalsha' command"
+        in (failures[0].attributes["exception.message"])
+    )
+
+
+def test_an_enqueue_duplicate_records_its_span_in_the_caller(
+    app: Celery, spans: InMemorySpanExporter
+) -> None:
+    @app.task(base=LockedTask, lock_enqueue=True)
+    def once() -> None:
+        pass
+
+    with trace.get_tracer("test").start_as_current_span("caller") as caller:
+        first = once.delay()
+        again = once.delay()
+    assert again.id == first.id
+    enqueues = named(spans, "redlock.enqueue")
+    assert [s.attributes["redlock.outcome"] for s in enqueues] == ["acquired", "skipped"]
+    assert enqueues[1].attributes["redlock.queued_task_id"] == first.id
+    assert {s.parent.span_id for s in enqueues} == {caller.get_span_context().span_id}
+    assert len(named(spans, f"apply_async/{once.name}")) == 1  # the duplicate publishes nothing
+
+
+def test_a_broken_tracer_never_breaks_locking(
+    app: Celery, processor: Breakable, spans: InMemorySpanExporter, r: redis_py.Redis
+) -> None:
+    @app.task(base=LockedTask)
+    def locked() -> str:
+        return "ran"
+
+    processor.broken = True
+    assert locked.apply().get() == "ran"
+    assert locked.apply().get() == "ran"  # the first released its lock
+    assert lock_keys(r) == []
+
+
+def run_fresh(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_without_opentelemetry_nothing_is_wrapped_and_locking_works(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    done = run_fresh(
+        f"""
+        import sys
+        sys.modules["opentelemetry"] = None  # as if the otel extra were not installed
+        from celery import Celery
+        from celery_redlock import LockedTask
+        from celery_redlock._celery import engine, tracing
+        app = Celery("t", broker="memory://", set_as_current=False)
+        app.conf.redlock_url = "redis://127.0.0.1:{redis_server.port}/0"
+        @app.task(base=LockedTask)
+        def locked():
+            return "ran"
+        assert not tracing.enabled()
+        assert not hasattr(engine.enter, "__wrapped__")
+        assert locked.apply().get() == "ran"
+        assert "opentelemetry.trace" not in sys.modules
+        print("ok")
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"

@@ -1,0 +1,149 @@
+"""The ``valkey`` client's Sentinel and Cluster clients, thread and asyncio, as lock connections.
+
+The lock suite of ``tests/integration/test_lock_drivers.py`` runs every lock behaviour over
+``valkey.Valkey`` and ``valkey.asyncio.Valkey`` clients; this file adds what a plain client
+does not reach: a primary found through Sentinel, and a Cluster client (no hand-over on
+release there: a Cluster's PUBLISH counts one node's subscribers). The servers are our
+redis-servers: valkey speaks the same protocol. Errors of valkey's own classes are told apart
+by :func:`celery_redlock._redis.core.classify`, by meaning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+pytest.importorskip(
+    "celery_redlock._redis.core", reason="needs the error classifier by meaning (_redis/core.py)"
+)
+
+import valkey
+import valkey.asyncio
+from valkey.asyncio.cluster import ValkeyCluster as AsyncValkeyCluster
+from valkey.asyncio.sentinel import Sentinel as AsyncSentinel
+from valkey.cluster import ValkeyCluster
+from valkey.sentinel import Sentinel
+
+import celery_redlock.asyncio
+from celery_redlock import Lock, LockUnavailable
+from celery_redlock.testing import RedisServer
+from support.servers import SERVICE, ClusterNodes, SentinelGroup
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ClusterNodes]:
+    with ClusterNodes() as nodes:
+        yield nodes
+
+
+@pytest.fixture(scope="module")
+def sentinel() -> Iterator[SentinelGroup]:
+    with SentinelGroup() as group:
+        yield group
+
+
+def exercise(client: object, name: str) -> None:
+    """Acquire, contend, extend, wait for a release, release: on one sync client."""
+    first = Lock(client, name, 10, owner="first")
+    assert first.acquire(blocking=False)
+    second = Lock(client, name, 10, owner="second", timeout=10)
+    assert not second.acquire(blocking=False)
+    assert second.last_holder is not None and second.last_holder.task_id == "first"
+    first.extend(20)
+    won: list[bool] = []
+    waiter = threading.Thread(target=lambda: won.append(second.acquire(blocking=True)))
+    waiter.start()  # a release before it queues is seen too: it then finds the key free
+    first.release()
+    waiter.join(15)
+    assert won == [True]
+    assert second.held
+    second.release()
+    assert Lock(client, name, 10).acquire(blocking=False)
+
+
+def test_a_valkey_sentinel_primary_is_a_lock_connection(sentinel: SentinelGroup) -> None:
+    watcher = Sentinel([("127.0.0.1", sentinel.port)])
+    primary = watcher.master_for(SERVICE)
+    try:
+        exercise(primary, "valkey-sentinel")
+        primary.script_flush()  # NOSCRIPT (valkey's own NoScriptError): loaded again
+        lock = Lock(primary, "valkey-sentinel-flushed", 10)
+        assert lock.acquire(blocking=False)
+        lock.release()
+    finally:
+        primary.close()
+        for client in watcher.sentinels:
+            client.close()
+
+
+def test_a_valkey_cluster_client_is_a_lock_connection(cluster: ClusterNodes) -> None:
+    client = ValkeyCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    try:
+        for i in range(6):  # names spread over the three primaries
+            exercise(client, f"valkey-cluster-{i}")
+        for node in cluster.nodes:  # NOSCRIPT on every primary: loaded again
+            valkey.Valkey(port=node.port).script_flush()
+        lock = Lock(client, "valkey-cluster-flushed", 10, limit=2)
+        assert lock.acquire(blocking=False)
+        lock.release()
+    finally:
+        client.close()
+
+
+def test_a_refused_command_on_a_valkey_client_is_lock_unavailable(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    with RedisServer() as own:
+        admin = valkey.Valkey(port=own.port)
+        admin.acl_setuser("locker", enabled=True, nopass=True, commands=["+@all", "-set"])
+        admin.acl_setuser("locker", enabled=True, keys=["*"], channels=["*"])
+        client = valkey.Valkey(port=own.port, username="locker")
+        try:
+            with pytest.raises(LockUnavailable, match="refused"):
+                Lock(client, "valkey-noperm", 10).acquire(blocking=False)
+        finally:
+            client.close()
+            admin.close()
+
+
+async def exercise_async(client: object, name: str, *, wait: bool = True) -> None:
+    first = celery_redlock.asyncio.Lock(client, name, 10, owner="first")
+    assert await first.acquire(blocking=False)
+    second = celery_redlock.asyncio.Lock(client, name, 10, owner="second", timeout=10)
+    assert not await second.acquire(blocking=False)
+    await first.extend(20)
+    if not wait:  # an asyncio Cluster client has no pub/sub to wait with (redis-py's neither)
+        await first.release()
+        assert await second.acquire(blocking=False)
+        await second.release()
+        return
+    waiting = asyncio.ensure_future(second.acquire(blocking=True))
+    await asyncio.sleep(0)  # the waiter starts; a release before it queues is seen too
+    await first.release()
+    assert await asyncio.wait_for(waiting, 15)
+    await second.release()
+
+
+def test_valkey_asyncio_sentinel_and_cluster_clients_are_lock_connections(
+    sentinel: SentinelGroup, cluster: ClusterNodes
+) -> None:
+    async def main() -> None:
+        watcher = AsyncSentinel([("127.0.0.1", sentinel.port)])
+        primary = watcher.master_for(SERVICE)
+        nodes = AsyncValkeyCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+        try:
+            await exercise_async(primary, "valkey-async-sentinel")
+            await primary.script_flush()
+            await exercise_async(primary, "valkey-async-sentinel-flushed")
+            for i in range(3):
+                await exercise_async(nodes, f"valkey-async-cluster-{i}", wait=False)
+        finally:
+            await primary.aclose()
+            await nodes.aclose()
+            for client in watcher.sentinels:
+                await client.aclose()
+
+    asyncio.run(main())
