@@ -53,6 +53,11 @@ def subscribers(r: redis_py.Redis, channel: str = CHANNEL) -> int:
     return int(dict(r.pubsub_numsub(channel)).get(channel.encode(), 0))
 
 
+def queued(r: redis_py.Redis, name: str = NAME) -> int:
+    """How many blocking waiters are in the lock's waiter queue."""
+    return int(r.zcard(keys_for("redlock", name).waiters))
+
+
 class Counting(Lock):
     """Counts completed acquisition attempts and renewals through the override points."""
 
@@ -217,15 +222,14 @@ def test_blocking_acquire_is_woken_by_a_sync_release(redis_url: str, r: redis_py
     async def main() -> None:
         waiter = Counting(redis_url, NAME, ttl=10)
         task = asyncio.create_task(waiter.acquire(timeout=None))
-        # Two failed attempts: before subscribing, and once the subscription was confirmed.
-        await until(lambda: waiter.attempts == 2)
-        assert subscribers(r) == 1
+        # One failed attempt, then the waiter subscribes to its own channel and queues.
+        await until(lambda: queued(r) == 1)
         holder.release()
-        # The holder's TTL has ~60 s left: only the notification can wake the waiter by now.
+        # The holder's TTL has ~60 s left: only the handoff can give the waiter the lock.
         assert await asyncio.wait_for(task, 30)
-        assert waiter.attempts == 3 and waiter.held  # one more, on the notification: no polling
+        assert waiter.attempts == 1 and waiter.held  # handed over: no try of its own
+        assert waiter.fencing_token is not None
         assert r.get(KEY) == waiter.token.encode()  # type: ignore[union-attr]
-        await until(lambda: subscribers(r) == 0)  # the waiter's pub/sub connection is closed
         await waiter.release()
 
     run(main())
@@ -251,7 +255,7 @@ def test_several_waiters_one_winner_per_release(redis_url: str, r: redis_py.Redi
                 inside -= 1
 
         tasks = [asyncio.create_task(waiter()) for _ in range(5)]
-        await until(lambda: subscribers(r) == 5)
+        await until(lambda: queued(r) == 5)
         await holder.release()
         # Each winner's release wakes the next; TTLs are 60 s, so a missed wake-up would hang.
         await asyncio.wait_for(asyncio.gather(*tasks), 30)
@@ -271,13 +275,13 @@ def test_cancelled_waiter_gives_up_cleanly(redis_url: str, r: redis_py.Redis) ->
     async def main() -> None:
         waiter = Lock(redis_url, NAME)
         task = asyncio.create_task(waiter.acquire())
-        await until(lambda: subscribers(r) == 1)
+        await until(lambda: queued(r) == 1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert not waiter.held and waiter.token is None
         assert r.get(KEY) == holder.token.encode()  # type: ignore[union-attr]
-        await until(lambda: subscribers(r) == 0)
+        assert queued(r) == 0  # it left the queue
         holder.release()
         assert lock_keys(r) == []
 
