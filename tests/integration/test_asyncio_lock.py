@@ -508,3 +508,87 @@ def test_importing_the_asyncio_lock_loads_no_celery() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+# -- cancellation that redis-py's asyncio.wait_for would drop (gh-86296) ------------------------
+
+
+def test_a_blocking_acquire_cancelled_at_once_raises_cancelled_promptly(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """Cancelled straight away, inside its first command: CancelledError, not False after the
+    timeout, and nothing held or queued."""
+    holder = celery_redlock.Lock(redis_url, NAME, ttl=60)
+    assert holder.acquire(blocking=False)
+
+    async def main() -> None:
+        for _ in range(20):
+            waiter = Lock(redis_url, NAME, ttl=10)
+            task = asyncio.create_task(waiter.acquire(timeout=30))
+            await asyncio.sleep(0)  # the task is in its first Redis call now
+            task.cancel()
+            started = time.monotonic()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert time.monotonic() - started < 5  # not after the 30 s timeout
+            assert not waiter.held
+        assert queued(r) == 0
+
+    run(main())
+    assert r.get(KEY) == holder.token.encode()  # type: ignore[union-attr]
+    holder.release()
+
+
+def test_a_cancelled_non_blocking_acquire_never_returns_true(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """150 tries cancelled as their acquire is in flight: each raises CancelledError or (if
+    the cancel came too late to matter) returns, but none returns True to a cancelled task,
+    and nothing stays held."""
+
+    async def main() -> None:
+        for _ in range(150):
+            lock = Lock(redis_url, NAME, ttl=10)
+            task = asyncio.create_task(lock.acquire(blocking=False))
+            await asyncio.sleep(0)
+            task.cancel()
+            try:
+                result = await task
+            except asyncio.CancelledError:
+                assert not lock.held
+            else:
+                raise AssertionError(f"a cancelled acquire returned {result}")
+            assert r.get(KEY) is None
+
+    run(main())
+
+
+# -- many waiters on one URL ---------------------------------------------------------------------
+
+
+def test_two_hundred_waiters_on_one_url_all_get_the_lock_first_come_first_served(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """One subscription per loop carries every waiter's channel and the URL's pool waits for
+    a free connection: no "Too many connections", and the queue order is kept."""
+    holder = celery_redlock.Lock(redis_url, "many", ttl=60)
+    assert holder.acquire(blocking=False)
+    order: list[int] = []
+
+    async def waiter(i: int) -> None:
+        async with Lock(redis_url, "many", ttl=30, timeout=60):
+            order.append(i)
+
+    async def main() -> None:
+        tasks = []
+        for i in range(200):
+            tasks.append(asyncio.create_task(waiter(i)))
+            await until(lambda n=i + 1: queued(r, "many") == n)  # type: ignore[misc]
+        clients = r.client_list()
+        assert len(clients) < 50, len(clients)  # one subscription, not one per waiter
+        holder.release()
+        await asyncio.wait_for(asyncio.gather(*tasks), 60)
+
+    run(main())
+    assert order == list(range(200))
+    assert lock_keys(r) == []
