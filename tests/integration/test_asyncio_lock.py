@@ -22,10 +22,9 @@ import redis as redis_py
 import redis.asyncio as aioredis
 
 import celery_redlock
-from celery_redlock import LockContended, LockLost, LockNotOwned
+from celery_redlock import LockContended, LockLost
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.nodes import Extended
-from celery_redlock._redis.owner import parse
 from celery_redlock._redis.scripts import AcquireResult
 from celery_redlock.asyncio import Lock
 from celery_redlock.testing import RedisServer
@@ -77,42 +76,6 @@ class Counting(Lock):
 
 
 # -- acquire / release / extend ------------------------------------------------------------------
-
-
-def test_acquire_extend_release(redis_url: str, r: redis_py.Redis) -> None:
-    async def main() -> None:
-        lock = Lock(redis_url, NAME, ttl=5, owner="job-1")
-        assert await lock.acquire(blocking=False)
-        assert lock.held and lock.key == KEY and lock.fencing_token
-        assert r.get(KEY) == lock.token.encode()  # type: ignore[union-attr]
-        assert parse(lock.token).task_id == "job-1"  # type: ignore[union-attr]
-        with pytest.raises(RuntimeError, match="already acquired"):
-            await lock.acquire()
-        await lock.extend(60)
-        assert r.pttl(KEY) > 5000
-        assert await lock.locked()
-        await lock.release()
-        assert not lock.held and r.get(KEY) is None and not await lock.locked()
-        with pytest.raises(LockNotOwned):
-            await lock.release()
-        with pytest.raises(LockNotOwned):
-            await lock.extend()
-
-    run(main())
-
-
-def test_release_of_a_lock_taken_over_raises_lost_and_leaves_it(
-    redis_url: str, r: redis_py.Redis
-) -> None:
-    async def main() -> None:
-        lock = Lock(redis_url, NAME, ttl=5)
-        assert await lock.acquire(blocking=False)
-        r.set(KEY, "someone-else")
-        with pytest.raises(LockLost):
-            await lock.release()
-        assert lock.lost and r.get(KEY) == b"someone-else"
-
-    run(main())
 
 
 def test_limit_above_one_needs_a_single_deployment() -> None:
@@ -369,19 +332,6 @@ def test_cancelled_holder_releases(redis_url: str, r: redis_py.Redis) -> None:
 
 
 # -- renewal -------------------------------------------------------------------------------------
-
-
-def test_auto_renew_keeps_the_key_past_its_ttl(redis_url: str, r: redis_py.Redis) -> None:
-    async def main() -> None:
-        lock = Counting(redis_url, NAME, ttl=0.6, auto_renew=True)
-        start = time.monotonic()
-        assert await lock.acquire(blocking=False)
-        await until(lambda: lock.extends >= 4 and time.monotonic() - start > 1.5)
-        assert lock.held and r.get(KEY) == lock.token.encode()  # type: ignore[union-attr]
-        await lock.release()
-        assert lock_keys(r) == []
-
-    run(main())
 
 
 def test_renewal_ends_with_its_loop_and_the_lease_expires(

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import importlib.util
 import logging
+import os
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +28,7 @@ import celery_redlock.asyncio
 from celery_redlock import LockLost, LockNotOwned, LockUnavailable
 from celery_redlock._redis import aionodes
 from celery_redlock._redis.core import Extended
-from celery_redlock._redis.keys import keys_for
+from celery_redlock._redis.owner import parse
 from celery_redlock.testing import RedisServer
 from tests.conftest import lock_keys
 
@@ -178,19 +179,52 @@ RULES = [
 
 
 def test_acquire_extend_release(d: Driver, redis_url: str, r: redis_py.Redis) -> None:
-    lock = d.lock(redis_url, "basic", ttl=10)
+    lock = d.lock(redis_url, "basic", ttl=5, owner="task-1", host="w1")
+    assert not lock.held
     assert d(lock.acquire(blocking=False)) and lock.held and not lock.lost
-    assert r.get(lock.key) == lock.token.encode()
-    other = d.lock(redis_url, "basic", ttl=10)
-    assert not d(other.acquire(blocking=False))
-    assert other.last_holder is not None and other.last_holder_ttl is not None
+    assert r.get(lock.key) == lock.token.encode() and d(lock.locked())
+    owner = parse(r.get(lock.key))
+    assert owner is not None and (owner.task_id, owner.host, owner.pid) == (
+        "task-1",
+        "w1",
+        os.getpid(),
+    )
+    assert 4.0 < (d(lock.remaining_ttl()) or 0) <= 5.0
+    assert isinstance(lock.fencing_token, int)
+    with pytest.raises(RuntimeError, match="already acquired"):
+        d(lock.acquire(blocking=False))
     d(lock.extend(60))
     assert 50_000 < r.pttl(lock.key) <= 60_000
-    assert lock.fencing_token is not None
     d(lock.release())
-    assert not lock.held and lock_keys(r) == []
+    assert not lock.held and not lock.lost and lock.token is None
+    assert lock_keys(r) == [] and d(lock.remaining_ttl()) is None and not d(lock.locked())
     with pytest.raises(LockNotOwned):
         d(lock.release())
+    with pytest.raises(LockNotOwned):
+        d(lock.extend())
+    assert d(lock.acquire(blocking=False))  # free again, and reusable
+    d(lock.release())
+
+
+def test_a_second_lock_cannot_acquire_and_sees_the_holder(
+    d: Driver, redis_url: str, r: redis_py.Redis
+) -> None:
+    first = d.lock(redis_url, "seen", ttl=10, owner="task-1", host="w1")
+    second = d.lock(redis_url, "seen", ttl=10, owner="task-2", host="w2")
+    assert d(first.acquire(blocking=False))
+    assert not d(second.acquire(blocking=False))
+    assert not d(second.acquire(blocking=True, timeout=0))
+    assert not second.held and second.token is None
+    assert second.last_holder is not None and second.last_holder.task_id == "task-1"
+    assert second.last_holder.host == "w1" and second.last_holder.token == first.token
+    assert second.last_holder_ttl is not None and 9.0 < second.last_holder_ttl <= 10.0
+    with pytest.raises(LockNotOwned) as info:
+        d(second.release())
+    assert info.value.key == second.key
+    d(first.release())
+    assert d(second.acquire(blocking=False))
+    assert second.last_holder is None and second.last_holder_ttl is None
+    d(second.release())
 
 
 def test_release_of_a_lock_taken_over_is_lost_and_leaves_the_new_owner(
@@ -198,10 +232,11 @@ def test_release_of_a_lock_taken_over_is_lost_and_leaves_the_new_owner(
 ) -> None:
     lock = d2.lock(redis_url, "taken", ttl=10)
     assert d2(lock.acquire(blocking=False))
-    r.set(lock.key, "someone-else")
-    with pytest.raises(LockLost):
+    r.set(lock.key, "someone-else", keepttl=True)
+    with pytest.raises(LockLost) as info:
         d2(lock.release())
-    assert lock.lost and r.get(lock.key) == b"someone-else"
+    assert info.value.key == lock.key
+    assert lock.lost and not lock.held and r.get(lock.key) == b"someone-else"
     r.delete(lock.key)
 
 
@@ -371,10 +406,13 @@ def test_renewal_finding_the_key_gone_marks_lost(
 def test_a_blocking_acquire_times_out_and_leaves_the_queue(
     d2: Driver, redis_url: str, r: redis_py.Redis
 ) -> None:
-    holder = celery_redlock.Lock(redis_url, "wait-timeout", ttl=30)
+    holder = celery_redlock.Lock(redis_url, "wait-timeout", ttl=30, owner="task-A")
     assert holder.acquire(blocking=False)
     lock = d2.lock(redis_url, "wait-timeout", ttl=10)
+    start = time.monotonic()
     assert not d2(lock.acquire(timeout=0.3))
+    assert 0.3 <= time.monotonic() - start < 3.0
+    assert lock.last_holder is not None and lock.last_holder.task_id == "task-A"
     assert r.zcard(holder.keys.waiters) == 0
     holder.release()
     assert lock_keys(r) == []
@@ -383,9 +421,13 @@ def test_a_blocking_acquire_times_out_and_leaves_the_queue(
 def test_a_blocking_acquire_gets_the_lock_of_a_dead_holder_at_its_ttl(
     d2: Driver, redis_url: str, r: redis_py.Redis
 ) -> None:
-    r.set(keys_for("redlock", "dead-holder").lock, "gone|x|1|h", px=300)
+    dead = celery_redlock.Lock(redis_url, "dead-holder", ttl=0.3, owner="dead-task")
+    assert dead.acquire(blocking=False)  # and never released
     lock = d2.lock(redis_url, "dead-holder", ttl=10)
+    start = time.monotonic()
     assert d2(lock.acquire(timeout=10))
+    assert time.monotonic() - start < 5.0  # woke when the TTL ran out, not at the timeout
+    assert lock.last_holder is None and r.get(lock.key) == lock.token.encode()
     d2(lock.release())
 
 
