@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
 import weakref
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -52,21 +53,35 @@ async def finish(aw: Awaitable[T]) -> T:
     return task.result()
 
 
-async def settle(aw: Awaitable[T]) -> T:
-    """Await ``aw`` in a task of its own; if the caller is cancelled, cancel ``aw``, wait for
-    its end, and raise :class:`asyncio.CancelledError`, even if ``aw`` swallowed the
-    cancellation (hazard 6)."""
+async def settle(aw: Awaitable[T], late: Callable[[T], Any] | None = None) -> T:
+    """Await ``aw`` in a task of its own; if the caller is cancelled, raise
+    :class:`asyncio.CancelledError` at once, even if ``aw`` would swallow the cancellation
+    (hazard 6). ``aw`` is cancelled and left to end in the background (redis-py < 5.1 can
+    take up to its socket timeout); if it still returns, ``late(result)`` undoes it."""
     task = asyncio.ensure_future(aw)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.wait((task,))
-        except asyncio.CancelledError:
-            cancelled = True
-            task.cancel()
-    if cancelled:
-        raise asyncio.CancelledError
+    try:
+        await asyncio.wait((task,))
+    except asyncio.CancelledError:
+        task.cancel()
+        if late is not None:
+            task.add_done_callback(functools.partial(_undo, late))
+        raise
     return task.result()
+
+
+def _undo(late: Callable[[T], Any], task: asyncio.Future[T]) -> None:
+    """Done-callback of a call the caller gave up on: pass its result to ``late``."""
+    if task.cancelled() or task.exception() is not None:
+        return
+    undo = late(task.result())
+    if asyncio.iscoroutine(undo):
+        background = asyncio.ensure_future(undo)
+        _background.add(background)
+        background.add_done_callback(_background.discard)
+
+
+#: Clean-ups running after a cancellation (referenced until they end).
+_background: set[asyncio.Future[Any]] = set()
 
 
 def _cancelling() -> bool:
@@ -252,7 +267,7 @@ class Lock(LockCore):
             hub = hub_for(await settle(nodes.pubsub_client()))
             subscription = None
             try:
-                subscription = await settle(hub.subscribe(channel))
+                subscription = await settle(hub.subscribe(channel), _unsubscribe)
                 inbox = subscription[1]
                 while True:
                     if queue is None or wait is None:
@@ -334,7 +349,7 @@ class Lock(LockCore):
         ttl = self._lease()
         start = self.clock()
         try:
-            result = await settle(self.do_acquire(token, ttl))
+            result = await settle(self.do_acquire(token, ttl), lambda _: self._give_back(token))
         except asyncio.CancelledError:  # the script may have run, its reply is lost (hazard 1)
             await self._give_back(token)
             raise
@@ -346,7 +361,8 @@ class Lock(LockCore):
         start = self.clock()
         try:
             reply = await settle(
-                queue.wait_attempt(self.keys, token, ms(wait.ttl), wait.member, wait.secret)
+                queue.wait_attempt(self.keys, token, ms(wait.ttl), wait.member, wait.secret),
+                lambda _: self._abandon(queue, wait),
             )
         except asyncio.CancelledError:
             await self._give_back(token)
@@ -418,6 +434,11 @@ class Lock(LockCore):
             self._token = None
         with contextlib.suppress(Exception):
             await finish(self.do_release(token))
+
+
+def _unsubscribe(subscription: tuple[Any, Any]) -> None:
+    """A subscription made after its waiter was cancelled: drop its inbox."""
+    subscription[0].remove(subscription[1])
 
 
 async def _renew(ref: weakref.ref[Lock], delay: float | None) -> None:

@@ -105,14 +105,24 @@ def client_for(url: str, timeout: float | None = None) -> Any:
             options["socket_timeout"] = timeout or 5.0
         if "socket_connect_timeout=" not in url:
             options["socket_connect_timeout"] = timeout or 2.0
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url,
-            max_connections=MAX_CONNECTIONS,
-            timeout=options.get("socket_timeout") or timeout or 5.0,
-            **options,
-        )
+        pool = _pool_for(url, options)
         client = clients[(url, timeout)] = aioredis.Redis(connection_pool=pool)
     return client
+
+
+def _pool_for(url: str, options: dict[str, Any]) -> Any:
+    """A blocking pool of :data:`MAX_CONNECTIONS` where redis-py connects outside the pool's
+    lock (it has ``get_available_connection``, redis-py >= 5.1); before that a blocking pool
+    connects under its lock, and a cancelled connect stalls every other caller for the
+    pool timeout, so the plain pool is kept, whose default size there is unbounded."""
+    if not hasattr(aioredis.ConnectionPool, "get_available_connection"):
+        return aioredis.ConnectionPool.from_url(url, **options)
+    return aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=MAX_CONNECTIONS,
+        timeout=options.get("socket_timeout") or 5.0,
+        **options,
+    )
 
 
 def check_url(url: str) -> None:

@@ -188,6 +188,9 @@ class _Connection:
         self.channels = 0  # subscribed so far, dead ones included
         self.reader: asyncio.Task[None] | None = None
         self.broken: BaseException | None = None
+        #: One SUBSCRIBE in flight at a time: redis-py < 5.1 connects a ``PubSub`` once per
+        #: concurrent first command, and all but the last connection would go unread.
+        self.sending = asyncio.Lock()
 
     async def add(self, inbox: Inbox) -> None:
         channel = inbox.channel
@@ -200,7 +203,8 @@ class _Connection:
         self.pending.setdefault(channel, []).append(confirmation)
         if first:
             self.channels += 1
-            await self.pubsub.subscribe(channel)
+            async with self.sending:
+                await self.pubsub.subscribe(channel)
         if self.reader is None:
             self.reader = loop.create_task(self._read(), name="celery-redlock subscription")
         timer = loop.call_later(SUBSCRIBE_TIMEOUT, _unconfirmed, confirmation, channel)
