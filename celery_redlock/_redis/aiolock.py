@@ -17,7 +17,6 @@ import contextlib
 import functools
 import logging
 import os
-import time
 import weakref
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -25,8 +24,8 @@ from typing import Any, TypeVar
 
 from ..exceptions import LockContended, LockLost, LockUnavailable
 from . import keys as _keys
-from .aionodes import SingleNode, nodes_for
-from .core import Clock, Extended, LockCore, Outcome, Wait, check_arguments, classify, ms
+from .aionodes import Nodes, SingleNode, nodes_for
+from .core import Extended, LockCore, Outcome, Wait, classify, ms
 from .nodes import Target
 from .scripts import AcquireResult
 from .subscriptions import hub_for
@@ -102,39 +101,11 @@ class Lock(LockCore):
     on exit, also when the body is cancelled (a lock lost meanwhile is not an error on exit).
     """
 
-    def __init__(
-        self,
-        redis: Target,
-        name: str,
-        ttl: float = 30.0,
-        *,
-        prefix: str = "redlock",
-        owner: str = "",
-        host: str | None = None,
-        blocking: bool = True,
-        timeout: float | None = None,
-        auto_renew: bool = False,
-        max_hold: float | None = None,
-        limit: int = 1,
-        clock: Clock = time.monotonic,
-    ) -> None:
-        check_arguments(ttl, max_hold, timeout, limit)
-        self.nodes = nodes = nodes_for(redis)
-        super().__init__(
-            name,
-            ttl,
-            names=lambda: nodes.names,
-            prefix=prefix,
-            owner=owner,
-            host=host,
-            blocking=blocking,
-            timeout=timeout,
-            auto_renew=auto_renew,
-            max_hold=max_hold,
-            limit=limit,
-            clock=clock,
-        )
-        self._renewer: asyncio.Task[None] | None = None
+    nodes: Nodes
+    _renewer: asyncio.Task[None] | None = None
+
+    def _connect(self, redis: Target) -> Nodes:
+        return nodes_for(redis)
 
     # -- public API: validate, then delegate to do_* ------------------------------------------
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -129,14 +130,14 @@ def unavailable(exc: BaseException, key: str, names: tuple[str, ...]) -> LockUna
     text = describe(exc)
     if "Too many connections" in text or "MaxConnectionsError" in type(exc).__name__:
         what = (
-            f"the client's connection pool for Redis at {names[0]} is exhausted ({text}): "
-            "raise its max_connections, or use a BlockingConnectionPool"
+            f"the client's connection pool for Redis at {names[0]} is exhausted for lock {key} "
+            f"({text}): raise its max_connections, or use a BlockingConnectionPool"
         )
     elif classify(exc) is Outcome.REFUSED:
-        what = f"Redis at {names[0]} refused: {text}"
+        what = f"Redis at {names[0]} refused lock {key}: {text}"
     else:
-        what = f"Redis at {names[0]} did not answer: {text}"
-    return LockUnavailable(f"{what} (lock {key})", key=key, nodes=names)
+        what = f"Redis at {names[0]} did not answer for lock {key}: {text}"
+    return LockUnavailable(what, key=key, nodes=names)
 
 
 def wait_refused(exc: BaseException) -> bool:
@@ -326,28 +327,33 @@ DEGRADED_RENEWAL = 0.1
 class LockCore:
     """A lock's state and decisions; a driver adds the I/O (see the module docstring).
 
-    The constructor's arguments are those of :class:`celery_redlock.Lock`; ``names`` are the
-    nodes' names (for the ``limit`` check). Everything time-related is judged by ``clock``.
+    The constructor's arguments are those of :class:`celery_redlock.Lock`. Everything
+    time-related is judged by ``clock``.
     """
+
+    #: Where the lock lives (:meth:`_connect`): a driver's nodes.
+    nodes: Any
 
     def __init__(
         self,
+        redis: Any,
         name: str,
-        ttl: float,
+        ttl: float = 30.0,
         *,
-        names: Callable[[], tuple[str, ...]],
-        prefix: str,
-        owner: str,
-        host: str | None,
-        blocking: bool,
-        timeout: float | None,
-        auto_renew: bool,
-        max_hold: float | None,
-        limit: int,
-        clock: Clock,
+        prefix: str = "redlock",
+        owner: str = "",
+        host: str | None = None,
+        blocking: bool = True,
+        timeout: float | None = None,
+        auto_renew: bool = False,
+        max_hold: float | None = None,
+        limit: int = 1,
+        clock: Clock = time.monotonic,
     ) -> None:
+        check_arguments(ttl, max_hold, timeout, limit)
+        self.nodes = self._connect(redis)
         if limit > 1:  # the node names are read only here (building them costs a URL parse)
-            check_limit(limit, names())
+            check_limit(limit, self.nodes.names)
         self.name = name
         self.limit = limit
         self.keys = _keys.keys_for(prefix, name, limit)
@@ -511,6 +517,9 @@ class LockCore:
             self._lost = True
         self._stop_renewal()
         self.on_lost(reason)
+
+    def _connect(self, redis: Any) -> Any:
+        raise NotImplementedError  # each driver builds its own nodes
 
     def _start_renewal(self) -> None:
         raise NotImplementedError  # each driver schedules its own renewal

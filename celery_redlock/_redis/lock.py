@@ -43,7 +43,6 @@ import functools
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
@@ -53,8 +52,8 @@ from . import keys as _keys
 from . import owner as _owner
 from . import renewal as _renewal
 from . import subscriptions as _subscriptions
-from .core import Clock, Extended, LockCore, Outcome, Wait, check_arguments, classify, ms
-from .nodes import SingleNode, Target, nodes_for
+from .core import Clock, Extended, LockCore, Outcome, Wait, classify, ms
+from .nodes import Nodes, SingleNode, Target, nodes_for
 from .scripts import AcquireResult
 
 __all__ = ["Clock", "Lock", "release_attempt"]
@@ -86,39 +85,12 @@ class Lock(LockCore):
     logged).
     """
 
-    def __init__(
-        self,
-        redis: Target,
-        name: str,
-        ttl: float = 30.0,
-        *,
-        prefix: str = "redlock",
-        owner: str = "",
-        host: str | None = None,
-        blocking: bool = True,
-        timeout: float | None = None,
-        auto_renew: bool = False,
-        max_hold: float | None = None,
-        limit: int = 1,
-        clock: Clock = time.monotonic,
-    ) -> None:
-        check_arguments(ttl, max_hold, timeout, limit)
-        self.nodes = nodes = nodes_for(redis)
-        super().__init__(
-            name,
-            ttl,
-            names=lambda: nodes.names,
-            prefix=prefix,
-            owner=owner,
-            host=host,
-            blocking=blocking,
-            timeout=timeout,
-            auto_renew=auto_renew,
-            max_hold=max_hold,
-            limit=limit,
-            clock=clock,
-        )
-        self._holder_ttl_pending = False
+    nodes: Nodes
+    #: The holder's TTL is still to be asked (a reply without it; see :attr:`last_holder_ttl`).
+    _holder_ttl_pending = False
+
+    def _connect(self, redis: Target) -> Nodes:
+        return nodes_for(redis)
 
     # -- public API: validate, then delegate to do_* ------------------------------------------
 

@@ -64,7 +64,7 @@ def test_valkey_errors_are_classified_as_redis_py_ones(
 
 def test_messages_name_an_exhausted_pool_and_never_end_empty() -> None:
     pool = unavailable(E.ConnectionError("Too many connections"), "k", ("h:1",))
-    assert "connection pool for Redis at h:1 is exhausted" in str(pool)
+    assert "connection pool for Redis at h:1 is exhausted for lock k" in str(pool)
     assert describe(asyncio.TimeoutError()) == "no reply in time"
     refused = unavailable(E.ResponseError("BUSY Redis is busy"), "k", ("h:1",))
-    assert str(refused) == "Redis at h:1 refused: BUSY Redis is busy (lock k)"
+    assert str(refused) == "Redis at h:1 refused lock k: BUSY Redis is busy"
