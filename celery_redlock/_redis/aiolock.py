@@ -17,6 +17,7 @@ import contextlib
 import functools
 import logging
 import os
+import sys
 import weakref
 from collections.abc import Awaitable, Callable
 from types import TracebackType
@@ -53,10 +54,23 @@ async def finish(aw: Awaitable[T]) -> T:
 
 
 async def settle(aw: Awaitable[T], late: Callable[[T], Any] | None = None) -> T:
-    """Await ``aw`` in a task of its own; if the caller is cancelled, raise
-    :class:`asyncio.CancelledError` at once, even if ``aw`` would swallow the cancellation
-    (hazard 6). ``aw`` is cancelled and left to end in the background (redis-py < 5.1 can
-    take up to its socket timeout); if it still returns, ``late(result)`` undoes it."""
+    """Await ``aw``, and raise :class:`asyncio.CancelledError` if the caller was cancelled
+    meanwhile, even if ``aw`` swallowed the cancellation (hazard 6); ``late(result)`` then
+    undoes what ``aw`` did.
+
+    From Python 3.11 the task counts the cancellations asked of it (``cancelling()``), so a
+    dropped one is seen after ``aw`` returns. Before, ``aw`` runs in a task of its own, the
+    cancellation lands on the wait for it and is raised at once; ``aw`` is cancelled and left
+    to end in the background (redis-py < 5.1 can take up to its socket timeout), and
+    ``late`` undoes it if it still returns.
+    """
+    if _COUNTS_CANCELS:
+        result = await aw
+        if _cancelling():
+            if late is not None:
+                _run_late(late, result)
+            raise asyncio.CancelledError
+        return result
     task = asyncio.ensure_future(aw)
     try:
         await asyncio.wait((task,))
@@ -70,9 +84,12 @@ async def settle(aw: Awaitable[T], late: Callable[[T], Any] | None = None) -> T:
 
 def _undo(late: Callable[[T], Any], task: asyncio.Future[T]) -> None:
     """Done-callback of a call the caller gave up on: pass its result to ``late``."""
-    if task.cancelled() or task.exception() is not None:
-        return
-    undo = late(task.result())
+    if not task.cancelled() and task.exception() is None:
+        _run_late(late, task.result())
+
+
+def _run_late(late: Callable[[T], Any], result: T) -> None:
+    undo = late(result)
     if asyncio.iscoroutine(undo):
         background = asyncio.ensure_future(undo)
         _background.add(background)
@@ -81,6 +98,10 @@ def _undo(late: Callable[[T], Any], task: asyncio.Future[T]) -> None:
 
 #: Clean-ups running after a cancellation (referenced until they end).
 _background: set[asyncio.Future[Any]] = set()
+
+
+#: Tasks count the cancellations asked of them (``Task.cancelling()``, Python >= 3.11).
+_COUNTS_CANCELS = sys.version_info >= (3, 11)
 
 
 def _cancelling() -> bool:

@@ -23,6 +23,7 @@ import redis.asyncio as aioredis
 
 import celery_redlock
 from celery_redlock import LockContended, LockLost
+from celery_redlock._redis import aiolock
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.nodes import Extended
 from celery_redlock._redis.scripts import AcquireResult
@@ -464,6 +465,16 @@ def test_importing_the_asyncio_lock_loads_no_celery() -> None:
 # -- cancellation that redis-py's asyncio.wait_for would drop (gh-86296) ------------------------
 
 
+@pytest.fixture(params=["cancelling", "own-task"])
+def cancel_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ways :func:`~celery_redlock._redis.aiolock.settle` sees a dropped cancellation:
+    ``Task.cancelling()`` (Python >= 3.11), and each call in a task of its own (before)."""
+    if request.param == "cancelling" and sys.version_info < (3, 11):
+        pytest.skip("Task.cancelling() needs Python 3.11")
+    monkeypatch.setattr(aiolock, "_COUNTS_CANCELS", request.param == "cancelling")
+
+
+@pytest.mark.usefixtures("cancel_path")
 def test_a_blocking_acquire_cancelled_at_once_raises_cancelled_promptly(
     redis_url: str, r: redis_py.Redis
 ) -> None:
@@ -490,6 +501,7 @@ def test_a_blocking_acquire_cancelled_at_once_raises_cancelled_promptly(
     holder.release()
 
 
+@pytest.mark.usefixtures("cancel_path")
 def test_a_cancelled_non_blocking_acquire_never_returns_true(
     redis_url: str, r: redis_py.Redis
 ) -> None:
