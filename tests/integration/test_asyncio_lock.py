@@ -555,3 +555,24 @@ def test_two_hundred_waiters_on_one_url_all_get_the_lock_first_come_first_served
     run(main())
     assert order == list(range(200))
     assert lock_keys(r) == []
+
+
+def test_an_exhausted_client_pool_is_named_as_such(redis_url: str) -> None:
+    """A given client's pool that runs out is no Redis outage: the error says so."""
+
+    async def main() -> None:
+        client = aioredis.Redis.from_url(redis_url, max_connections=1)
+        try:
+            locks = [Lock(client, f"pool-{i}", ttl=10) for i in range(5)]
+            outcomes = await asyncio.gather(
+                *(lock.acquire(blocking=False) for lock in locks), return_exceptions=True
+            )
+            errors = [str(o) for o in outcomes if isinstance(o, BaseException)]
+            assert errors and all("connection pool" in e and "exhausted" in e for e in errors)
+            for lock in locks:
+                if lock.held:
+                    await lock.release()
+        finally:
+            await client.aclose()
+
+    run(main())
