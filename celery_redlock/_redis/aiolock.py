@@ -124,6 +124,7 @@ class Lock(LockCore):
 
     nodes: Nodes
     _renewer: asyncio.Task[None] | None = None
+    _kind = "asyncio Lock"
 
     def _connect(self, redis: Target) -> Nodes:
         return nodes_for(redis)

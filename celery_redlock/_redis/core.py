@@ -333,6 +333,8 @@ class LockCore:
 
     #: Where the lock lives (:meth:`_connect`): a driver's nodes.
     nodes: Any
+    #: What ``repr()`` calls it.
+    _kind = "Lock"
 
     def __init__(
         self,
@@ -413,8 +415,7 @@ class LockCore:
 
     def __repr__(self) -> str:
         state = "lost" if self._lost else "held" if self._token else "free"
-        kind = "asyncio Lock" if type(self).__module__.endswith("aiolock") else "Lock"
-        return f"<{kind} {self.key} {state} fencing_token={self._fencing_token}>"
+        return f"<{self._kind} {self.key} {state} fencing_token={self._fencing_token}>"
 
     # -- what the public methods check ------------------------------------------------------------
 
