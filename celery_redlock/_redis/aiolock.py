@@ -8,49 +8,28 @@ the server clock, on a quorum from one counter). Renewal is an asyncio task of t
 holder's loop, not a thread: when the loop stops, renewal stops and the lease expires.
 
 This module never imports Celery.
-
-Hazards, as timelines:
-
-1. Cancelled during the acquire script. (a) A task sends the acquire script; (b) Redis runs it,
-   the key is now A's; (c) A is cancelled before reading the reply, and redis-py drops the
-   connection. Nobody knows the key is held until its TTL runs out, so the cancelled attempt
-   sends an owner-checked release of the token it tried (harmless if it did not win).
-2. Cancelled just after winning. (a) A blocking acquire wins; (b) the task is cancelled while
-   closing its pub/sub connection, before ``acquire`` returns ``True``. :meth:`Lock.acquire`
-   releases whatever it took before letting the cancellation through.
-3. Cancelled while holding. (a) ``async with lock:`` runs the body; (b) the task is cancelled;
-   (c) ``__aexit__`` releases. Every release runs to completion even if the task is cancelled
-   again meanwhile (the cancellation is re-raised after), so ``held`` and Redis agree.
-4. Blocking acquire. (a) A holds; (b) B subscribes to the release channel, then tries again;
-   (c) A releases and the release script publishes; (d) B wakes and tries again. Subscribing
-   before the retry means a release in between is never missed; a holder that dies without
-   releasing wakes B when its TTL runs out.
-5. A dying loop. The renewal task dies with its loop; the lease then expires within ``ttl``.
-   The renewal task holds only a weak reference to the lock, so an abandoned lock (dropped
-   without release) stops being renewed too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import time
+import os
+import sys
 import weakref
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
-import redis as redis_py
-
-from ..exceptions import LockContended, LockLost, LockNotOwned, LockUnavailable
+from ..exceptions import LockContended, LockLost, LockUnavailable
 from . import keys as _keys
-from . import owner as _owner
-from .aionodes import nodes_for
-from .clients import UNAVAILABLE_ERRORS
-from .lock import DEGRADED_RENEWAL, Clock, check_arguments, check_limit
-from .nodes import Extended, Target
+from .aionodes import Nodes, SingleNode, nodes_for
+from .core import Extended, LockCore, Outcome, Wait, classify, ms
+from .nodes import Target
 from .scripts import AcquireResult
+from .subscriptions import hub_for
 
 __all__ = ["Lock"]
 
@@ -74,65 +53,83 @@ async def finish(aw: Awaitable[T]) -> T:
     return task.result()
 
 
-class Lock:
+async def settle(aw: Awaitable[T], late: Callable[[T], Any] | None = None) -> T:
+    """Await ``aw``, and raise :class:`asyncio.CancelledError` if the caller was cancelled
+    meanwhile, even if ``aw`` swallowed the cancellation (hazard 6); ``late(result)`` then
+    undoes what ``aw`` did.
+
+    From Python 3.11 the task counts the cancellations asked of it (``cancelling()``), so a
+    dropped one is seen after ``aw`` returns. Before, ``aw`` runs in a task of its own, the
+    cancellation lands on the wait for it and is raised at once; ``aw`` is cancelled and left
+    to end in the background (redis-py < 5.1 can take up to its socket timeout), and
+    ``late`` undoes it if it still returns.
+    """
+    if _COUNTS_CANCELS:
+        result = await aw
+        if _cancelling():
+            if late is not None:
+                _run_late(late, result)
+            raise asyncio.CancelledError
+        return result
+    task = asyncio.ensure_future(aw)
+    try:
+        await asyncio.wait((task,))
+    except asyncio.CancelledError:
+        task.cancel()
+        if late is not None:
+            task.add_done_callback(functools.partial(_undo, late))
+        raise
+    return task.result()
+
+
+def _undo(late: Callable[[T], Any], task: asyncio.Future[T]) -> None:
+    """Done-callback of a call the caller gave up on: pass its result to ``late``."""
+    if not task.cancelled() and task.exception() is None:
+        _run_late(late, task.result())
+
+
+def _run_late(late: Callable[[T], Any], result: T) -> None:
+    undo = late(result)
+    if asyncio.iscoroutine(undo):
+        background = asyncio.ensure_future(undo)
+        _background.add(background)
+        background.add_done_callback(_background.discard)
+
+
+#: Clean-ups running after a cancellation (referenced until they end).
+_background: set[asyncio.Future[Any]] = set()
+
+
+#: Tasks count the cancellations asked of them (``Task.cancelling()``, Python >= 3.11).
+_COUNTS_CANCELS = sys.version_info >= (3, 11)
+
+
+def _cancelling() -> bool:
+    """Whether the current task was asked to cancel (Python >= 3.11; False before)."""
+    task = asyncio.current_task()
+    return task is not None and getattr(task, "cancelling", lambda: 0)() > 0
+
+
+class Lock(LockCore):
     """An expiring Redis lock for asyncio code that only its holder can release.
 
     The parameters are those of :class:`celery_redlock.Lock`: ``redis`` is a URL, a
-    ``redis.asyncio`` client, or a list of 3, 5, ... of them for a Redlock quorum.
+    ``redis.asyncio`` client (or a ``valkey.asyncio`` one), or a list of 3, 5, ... of them for
+    a Redlock quorum. The decisions are :class:`~celery_redlock._redis.core.LockCore`'s, as
+    the thread lock's; this class awaits what they ask for.
 
     ``async with`` raises :class:`LockContended` when it cannot acquire in time and releases
     on exit, also when the body is cancelled (a lock lost meanwhile is not an error on exit).
     """
 
-    def __init__(
-        self,
-        redis: Target,
-        name: str,
-        ttl: float = 30.0,
-        *,
-        prefix: str = "redlock",
-        owner: str = "",
-        host: str | None = None,
-        blocking: bool = True,
-        timeout: float | None = None,
-        auto_renew: bool = False,
-        max_hold: float | None = None,
-        limit: int = 1,
-        clock: Clock = time.monotonic,
-    ) -> None:
-        check_arguments(ttl, max_hold, timeout, limit)
-        self.nodes = nodes_for(redis)
-        if limit > 1:  # the node names are read only here (building them costs a URL parse)
-            check_limit(limit, self.nodes.names)
-        self.name = name
-        self.limit = limit
-        self.keys = _keys.keys_for(prefix, name, limit)
-        self.ttl = float(ttl)
-        self.owner = owner
-        self.host = host
-        self.blocking = blocking
-        self.timeout = timeout
-        self.auto_renew = auto_renew
-        self.max_hold = max_hold
-        self.clock = clock
-        self._token: str | None = None
-        self._slot: str | None = None
-        self._fencing_token: int | None = None
-        self._acquired_at = 0.0
-        self._expires_at = 0.0
-        self._lost = False
-        self._renewer: asyncio.Task[None] | None = None
-        #: The holder seen by the last failed attempt (``None`` if it was not contended).
-        self.last_holder: _owner.Owner | None = None
-        #: Remaining TTL in seconds of that holder's lock, when the attempt failed.
-        self.last_holder_ttl: float | None = None
+    nodes: Nodes
+    _renewer: asyncio.Task[None] | None = None
+    _kind = "asyncio Lock"
+
+    def _connect(self, redis: Target) -> Nodes:
+        return nodes_for(redis)
 
     # -- public API: validate, then delegate to do_* ------------------------------------------
-
-    @property
-    def key(self) -> str:
-        """The Redis key of this lock: the slot held, or the first slot when not held."""
-        return self._slot or self.keys.lock
 
     @property
     def fencing_token(self) -> int | None:
@@ -140,41 +137,31 @@ class Lock:
         return self._fencing_token
 
     @property
-    def token(self) -> str | None:
-        """The owner token stored in Redis while held."""
-        return self._token
-
-    @property
-    def held(self) -> bool:
-        """True between a successful acquire and release, unless the lock was lost."""
-        return self._token is not None and not self._lost
-
-    @property
-    def lost(self) -> bool:
-        """True once the lock was found expired or owned by someone else while held."""
-        return self._lost
+    def last_holder_ttl(self) -> float | None:
+        """Remaining TTL in seconds of :attr:`last_holder`'s lock, when the attempt failed."""
+        return self._holder_ttl
 
     async def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """Take the lock; return whether it was taken.
 
-        Non-blocking: one round trip. Blocking: wait for a release notification or the holder's
-        expiry, at most ``timeout`` seconds (``None``: the instance default, which may be
-        forever). Raises :class:`LockUnavailable` when Redis does not answer. Cancelling the
-        waiting task gives up cleanly: nothing stays held (hazards 1 and 2).
+        Non-blocking: one round trip. Blocking: wait for the lock to be handed over (or a
+        release notification, or the holder's expiry), at most ``timeout`` seconds (``None``:
+        the instance default, which may be forever). Raises :class:`LockUnavailable` when
+        Redis does not answer. Cancelling the waiting task gives up at once and cleanly:
+        nothing stays held (hazards 1, 2 and 6).
         """
-        if self._token is not None:
-            raise RuntimeError(f"lock {self.key} is already acquired by this object")
-        blocking = self.blocking if blocking is None else blocking
-        timeout = self.timeout if timeout is None else timeout
-        if timeout is not None and timeout < 0:
-            raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+        timeout = self._acquire_mode(blocking, timeout)
         try:
-            if not blocking or timeout == 0:
-                return await self._attempt()
-            return await self.do_wait(timeout)
+            if timeout == -1.0:
+                taken = await self._attempt()
+            else:
+                taken = await self.do_wait(timeout)
+            if _cancelling():  # a cancellation dropped on the way (hazard 6)
+                raise asyncio.CancelledError
+            return taken
         except BaseException:
             if self._token is not None:  # taken, but the caller will never know: give it back
-                await self._abandon(self._token)
+                await self._give_back(self._token)
             raise
 
     async def release(self, keep: float = 0) -> None:
@@ -185,22 +172,14 @@ class Lock:
         :class:`LockLost` is raised. The release runs to its end even if the calling task is
         cancelled meanwhile (the cancellation is re-raised after).
         """
-        token = self._token
-        if token is None:
-            raise LockNotOwned(f"cannot release {self.key}: not acquired", key=self.key)
-        if keep < 0:
-            raise ValueError(f"keep must be >= 0 seconds, got {keep!r}")
+        token = self._release_token(keep)
         self._stop_renewal()
         try:
             released = await finish(self.do_release(token, keep))
         except BaseException:
             self._token = None
             raise
-        if not released:
-            self._mark_lost("it was no longer held by this owner at release")
-            self._token = None
-            raise LockLost(f"lock {self.key} expired or changed owner before release", key=self.key)
-        self._token = None
+        self._released(released)
 
     async def extend(self, ttl: float | None = None) -> None:
         """Reset the remaining TTL to ``ttl`` seconds (default: the lock's ttl), owner-checked.
@@ -208,17 +187,9 @@ class Lock:
         Raises :class:`LockNotOwned` if not acquired, :class:`LockLost` if Redis says another
         owner (or nobody) holds the key now.
         """
-        token = self._token
-        if token is None or self._lost:
-            raise LockNotOwned(f"cannot extend {self.key}: not held", key=self.key)
-        ttl = self.ttl if ttl is None else ttl
-        if ttl <= 0:
-            raise ValueError(f"extend ttl must be positive, got {ttl!r}")
+        token, ttl = self._extend_args(ttl)
         start = self.clock()
-        if not (await self.do_extend(token, ttl)).held:
-            self._mark_lost("extend found it expired or owned by someone else")
-            raise LockLost(f"lock {self.key} was lost before extend", key=self.key)
-        self._expires_at = start + ttl
+        self._extended(await self.do_extend(token, ttl), start, ttl)
 
     async def locked(self) -> bool:
         """Whether anyone holds the key right now (on a majority, for a quorum)."""
@@ -233,10 +204,7 @@ class Lock:
         if not await self.acquire():
             holder = self.last_holder.task_id if self.last_holder else None
             raise LockContended(
-                f"could not acquire {self.key} within {self.timeout}s",
-                key=self.key,
-                holder=holder,
-                ttl=self.last_holder_ttl,
+                self._contended_message(), key=self.key, holder=holder, ttl=self.last_holder_ttl
             )
         return self
 
@@ -251,30 +219,30 @@ class Lock:
         with contextlib.suppress(LockLost):
             await self.release()
 
-    def __repr__(self) -> str:
-        state = "lost" if self._lost else "held" if self._token else "free"
-        return f"<asyncio Lock {self.key} {state} fencing_token={self._fencing_token}>"
-
     # -- override points ------------------------------------------------------------------------
 
     async def do_acquire(self, token: str, ttl: float) -> AcquireResult:
         """One acquisition attempt on Redis."""
-        return await self.nodes.acquire(self.keys, token, _ms(ttl))
+        return await self.nodes.acquire(self.keys, token, ms(ttl))
 
     async def do_release(self, token: str, keep: float = 0) -> bool:
         """Owner-checked delete (or expiry in ``keep`` s); False when it was not ours any more."""
-        return await self.nodes.release(self.keys, token, _ms(keep) if keep > 0 else 0)
+        return await self.nodes.release(self.keys, token, ms(keep) if keep > 0 else 0)
 
     async def do_extend(self, token: str, ttl: float) -> Extended:
         """Owner-checked ``PEXPIRE``: whether the key is still ours, and on every node."""
-        return await self.nodes.extend(self.keys, token, _ms(ttl))
+        return await self.nodes.extend(self.keys, token, ms(ttl))
 
     async def do_wait(self, timeout: float | None) -> bool:
-        """Blocking acquire: retry on each release notification or holder expiry (hazard 4).
+        """Blocking acquire (hazard 4): queue on a single node and be handed the lock, or, on a
+        quorum or a semaphore, retry on each release notification or holder expiry.
 
-        If the node carrying the notifications stops answering, subscribe again (to another
-        node of a quorum); a single node that is down raises :class:`LockUnavailable` from the
-        next attempt.
+        The waiter's channel is subscribed and confirmed before each try, so a release after
+        it is never missed; between tries the task awaits its inbox, a plain future (no
+        polling, and a cancellation always lands). If the subscription breaks, the waiter
+        leaves the queue (taking a handoff that came meanwhile) and subscribes again (to
+        another node of a quorum); a single node that is down raises
+        :class:`LockUnavailable` from the next attempt.
         """
         deadline = None if timeout is None else self.clock() + timeout
         while True:
@@ -282,77 +250,80 @@ class Lock:
                 return True
             if deadline is not None and deadline <= self.clock():
                 return False
-            pubsub = (await self.nodes.pubsub_client()).pubsub()
+            nodes = self.nodes
+            queue = nodes if isinstance(nodes, SingleNode) and nodes.queues(self.keys) else None
+            channel = self.keys.channel
+            wait = None
+            if queue is not None:
+                channel = _keys.waiter_channel(self.keys, os.urandom(8).hex())
+                wait = Wait(channel, self._new_token(), self._lease())
+            hub = hub_for(await settle(nodes.pubsub_client()))
+            subscription = None
             try:
-                await _subscribe(pubsub, self.keys.channel)
+                subscription = await settle(hub.subscribe(channel), _unsubscribe)
+                inbox = subscription[1]
                 while True:
-                    if await self._attempt():
-                        return True
-                    wait = self.last_holder_ttl if self.last_holder_ttl is not None else 1.0
+                    if queue is None or wait is None:
+                        if await self._attempt():
+                            return True
+                    else:
+                        won = await self._queued_attempt(queue, wait)
+                        if won is None:  # the queue was refused: use the release channel
+                            break
+                        if won:
+                            return True
+                    sleep = 1.0 if self._holder_ttl is None else self._holder_ttl
                     if deadline is not None:
                         left = deadline - self.clock()
                         if left <= 0:
-                            return False
-                        wait = min(wait, left)
-                    await pubsub.get_message(
-                        ignore_subscribe_messages=True, timeout=max(wait, 0.001)
-                    )
-            except UNAVAILABLE_ERRORS:
+                            return wait is not None and await self._leave(queue, wait)
+                        sleep = min(sleep, left)
+                    data = await inbox.get(max(sleep, 0.001))
+                    if data is None or wait is None or queue is None:
+                        continue
+                    if await self._handed(wait, data, queue):
+                        return True
+            except Exception as exc:
+                if isinstance(exc, LockUnavailable) or classify(exc) is not Outcome.UNAVAILABLE:
+                    raise
+                # The channel is gone; a handoff may have come before: take it, or wait anew.
+                if wait is not None and await self._leave(queue, wait, quietly=True):
+                    return True
                 continue
+            except BaseException:
+                # Cancelled: give back a lock handed over meanwhile.
+                if wait is not None:
+                    await self._abandon(queue, wait)
+                raise
             finally:
-                await finish(pubsub.aclose())
-
-    def on_lost(self, reason: str) -> None:
-        """Called once when the lock is found lost; logs an ERROR. Override to react."""
-        logger.error(
-            "lock %s lost (token %s…, fencing token %s): %s",
-            self.key,
-            (self._token or "")[:8],
-            self._fencing_token,
-            reason,
-        )
+                if subscription is not None:
+                    subscription[0].remove(subscription[1])
 
     # -- renewal --------------------------------------------------------------------------------
 
     async def renew_step(self) -> float | None:
-        """One renewal: extend by the lease, capped at ``max_hold``.
-
-        Returns the delay until the next renewal, or ``None`` when renewal should stop (released,
-        lost, or the ``max_hold`` cap reached). A connection error, an error reply or no reply
-        is retried until the last confirmed expiry has passed; then the lock is lost. A reply
-        is awaited only until then.
-        """
-        token = self._token
-        if token is None or self._lost:
+        """One renewal: extend by the lease, capped at ``max_hold``; the delay until the next
+        one, or ``None`` to stop. Failures and the retry delay are the core's, as for the
+        thread lock; the reply is awaited only until the lease ends."""
+        plan = self._renewal()
+        if plan is None:
             return None
-        now = self.clock()
-        ttl = self.ttl
-        if self.max_hold is not None:
-            ttl = min(ttl, self._acquired_at + self.max_hold - now)
-            if ttl <= 0.001:
-                return None
+        token, ttl, start, wait = plan
+        call = asyncio.ensure_future(self.do_extend(token, ttl))
         try:
-            # No reply after the lease's end is no use: by then another owner may exist.
-            left = max(self._expires_at - now, 0.001)
-            extended = await asyncio.wait_for(self.do_extend(token, ttl), left)
-        except (LockUnavailable, redis_py.exceptions.ResponseError, asyncio.TimeoutError) as exc:
-            if self._token != token:
-                return None
-            if self.clock() >= self._expires_at:
-                detail = str(exc) or "no reply"
-                self._mark_lost(f"Redis unreachable until the lease ran out ({detail})")
-                return None
-            logger.warning("lock %s: renewal failed, retrying: %s", self.key, exc or "no reply")
-            return min(self.ttl / 3, max(self._expires_at - now, 0.0) / 2, 1.0)
-        if self._token != token:  # released while the extend was in flight
-            return None
-        if not extended.held:
-            self._mark_lost("renewal found it expired or owned by someone else")
-            return None
-        self._expires_at = now + ttl
-        if not extended.complete:
-            return min(self.ttl / 3, max(DEGRADED_RENEWAL, self.ttl / 30))
-        return self.ttl / 3
+            done, _ = await asyncio.wait((call,), timeout=wait)
+        except BaseException:
+            call.cancel()
+            raise
+        if not done:
+            call.cancel()
+            return self._renewal_failed(token, TimeoutError(f"no reply within {wait:.2f}s"))
+        exc = call.exception()
+        if exc is not None:
+            if not isinstance(exc, Exception):
+                raise exc
+            return self._renewal_failed(token, exc)
+        return self._renewed(token, start, ttl, call.result())
 
     def _start_renewal(self) -> None:
         self._renewer = asyncio.get_running_loop().create_task(
@@ -367,32 +338,89 @@ class Lock:
     # -- internals ------------------------------------------------------------------------------
 
     async def _attempt(self) -> bool:
-        token = _owner.new_token(self.owner, self.host)
-        ttl = self.ttl if self.max_hold is None else min(self.ttl, self.max_hold)
+        token = self._new_token()
+        ttl = self._lease()
         start = self.clock()
         try:
-            result = await self.do_acquire(token, ttl)
+            result = await settle(self.do_acquire(token, ttl), lambda _: self._give_back(token))
         except asyncio.CancelledError:  # the script may have run, its reply is lost (hazard 1)
-            await self._abandon(token)
+            await self._give_back(token)
             raise
-        if not result.acquired:
-            self.last_holder = _owner.parse(result.holder)
-            pttl = result.pttl_ms
-            self.last_holder_ttl = None if pttl is None or pttl < 0 else pttl / 1000.0
+        return self._result(token, start, ttl, result)
+
+    async def _queued_attempt(self, queue: SingleNode, wait: Wait) -> bool | None:
+        """A queued waiter's try (``None``: the queue was refused)."""
+        token = self._new_token()
+        start = self.clock()
+        try:
+            reply = await settle(
+                queue.wait_attempt(self.keys, token, ms(wait.ttl), wait.member, wait.secret),
+                lambda _: self._abandon(queue, wait),
+            )
+        except asyncio.CancelledError:
+            await self._give_back(token)
+            raise
+        if reply is None:
+            return None
+        if reply.held is None:
+            wait.tried_at = start
+            self._saw(reply.holder, reply.pttl_ms)
             return False
-        self._token = token
-        self._slot = self.keys.slots[(result.slot or 1) - 1]
-        self._fencing_token = result.fencing_token
-        self._acquired_at = start
-        self._expires_at = start + ttl
-        self._lost = False
-        self.last_holder = None
-        self.last_holder_ttl = None
-        if self.auto_renew:
-            self._start_renewal()
+        if reply.held == token:  # taken now
+            self._hold(token, start, wait.ttl)
+            await self._read_fence(queue)
+            return True
+        return await self._handed(wait, reply.held, queue)  # handed over before this try
+
+    async def _handed(self, wait: Wait, data: Any, queue: SingleNode) -> bool:
+        """Whether ``data`` handed the lock to this waiter (then held), as the thread lock's."""
+        handoff = self._handoff(wait, data)
+        if handoff is None:
+            return False
+        token, since = handoff
+        if since < 0:
+            since = self.clock()
+            if not (await settle(self.do_extend(token, wait.ttl))).held:
+                return False
+        self._hold(token, since, wait.ttl)
+        await self._read_fence(queue)
         return True
 
-    async def _abandon(self, token: str) -> None:
+    async def _read_fence(self, queue: SingleNode) -> None:
+        """A lock taken through the queue has no fencing token yet: read it now (a property
+        cannot await, unlike the thread lock's, which reads it on first use)."""
+        token = self._token
+        if token is None:
+            return
+        value = await settle(queue.fence(self.keys, self.key, token))
+        if value is None:
+            self._mark_lost("its fencing token was read after it expired or changed owner")
+        elif self._token == token:
+            self._fencing_token = value
+
+    async def _leave(self, queue: SingleNode | None, wait: Wait, quietly: bool = False) -> bool:
+        """Leave the queue; True if the lock was handed over meanwhile (then held).
+        ``quietly``: Redis errors mean False."""
+        if queue is None:
+            return False
+        try:
+            held = await settle(queue.leave(self.keys, wait.member, wait.secret))
+        except Exception as exc:
+            if not quietly or classify(exc) is None:
+                raise
+            return False
+        return held is not None and await self._handed(wait, held, queue)
+
+    async def _abandon(self, queue: SingleNode | None, wait: Wait) -> None:
+        """An interrupted wait: leave the queue, releasing a lock handed over meanwhile."""
+        if queue is None:
+            return
+        with contextlib.suppress(Exception):
+            held = await finish(queue.leave(self.keys, wait.member, wait.secret))
+            if held is not None:
+                await self._give_back(held)
+
+    async def _give_back(self, token: str) -> None:
         """Give back whatever ``token`` may hold, to the end, errors aside."""
         self._stop_renewal()
         if self._token == token:
@@ -400,25 +428,10 @@ class Lock:
         with contextlib.suppress(Exception):
             await finish(self.do_release(token))
 
-    def _mark_lost(self, reason: str) -> None:
-        if self._lost:
-            return
-        self._lost = True
-        self._stop_renewal()
-        self.on_lost(reason)
 
-
-async def _subscribe(pubsub: Any, channel: str) -> None:
-    """Subscribe and wait for the server's confirmation: only then is a release that follows
-    our next attempt sure to reach us (the attempt runs on another connection, which the
-    server may serve before a SUBSCRIBE still in flight)."""
-    await pubsub.subscribe(channel)
-    while True:
-        message = await pubsub.get_message(timeout=SUBSCRIBE_TIMEOUT)
-        if message is None:
-            raise redis_py.exceptions.TimeoutError(f"no SUBSCRIBE confirmation for {channel}")
-        if message["type"] == "subscribe":
-            return
+def _unsubscribe(subscription: tuple[Any, Any]) -> None:
+    """A subscription made after its waiter was cancelled: drop its inbox."""
+    subscription[0].remove(subscription[1])
 
 
 async def _renew(ref: weakref.ref[Lock], delay: float | None) -> None:
@@ -434,11 +447,3 @@ async def _renew(ref: weakref.ref[Lock], delay: float | None) -> None:
             logger.exception("lock %s: renewal failed unexpectedly; renewal stopped", lock.key)
             return
         del lock  # no strong reference while sleeping
-
-
-#: Seconds to wait for the server to confirm a SUBSCRIBE before subscribing again.
-SUBSCRIBE_TIMEOUT = 5.0
-
-
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))

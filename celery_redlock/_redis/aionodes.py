@@ -3,14 +3,19 @@
 The asyncio twins of :class:`~celery_redlock._redis.nodes.SingleNode` and
 :class:`~celery_redlock._redis.nodes.Quorum`. They run the same scripts, built by the same call
 builders and decoded by the same functions of :mod:`celery_redlock._redis.scripts`, on the same
-keys, so an asyncio lock and a thread or task lock on one name exclude each other. The quorum
-follows the rules of :mod:`celery_redlock._redis.nodes` (majority, validity time, release
-everywhere on failure, fencing write-back); here the nodes are asked concurrently, each within
-``node_timeout``.
+keys, so an asyncio lock and a thread or task lock on one name exclude each other. What the
+replies mean (the error classifier, the vote, the majority, the release warning) is decided
+by :mod:`celery_redlock._redis.core` for both twins; here the nodes of a quorum are asked
+concurrently, each within ``node_timeout``.
 
-Scripts run with ``EVALSHA``, and with ``EVAL`` (which also caches the script) after a
-``NOSCRIPT`` reply. No per-client script registry is kept: redis-py's ``AsyncScript`` holds its
-client strongly, so a registry keyed by client would keep every client alive.
+Scripts run with ``EVALSHA``; after a ``NOSCRIPT`` reply they are loaded with ``SCRIPT LOAD``
+and run with ``EVALSHA`` again (never ``EVAL``: the documented ACL user lacks it). No
+per-client script registry is kept: redis-py's ``AsyncScript`` holds its client strongly, so a
+registry keyed by client would keep every client alive.
+
+Clients built from URLs use a blocking connection pool of :data:`MAX_CONNECTIONS`: a burst of
+waiting tasks waits for a free connection (at most the socket timeout) instead of failing with
+"Too many connections"; a pool of a given client that runs out is reported as exhausted.
 
 Clients built from URLs belong to the event loop that built them (an asyncio connection cannot
 move between loops): one shared client per URL per running loop, closed when the loop shuts
@@ -27,24 +32,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import AsyncGenerator, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable, Sequence
+from typing import Any, TypeVar
 
 import redis as redis_py
 import redis.asyncio as aioredis
 
-from ..exceptions import LockUnavailable
 from . import scripts as _scripts
-from .clients import UNAVAILABLE_ERRORS, node_name, redact
+from .clients import node_name, redact
+from .core import (
+    Extended,
+    Outcome,
+    QuorumRules,
+    Replies,
+    classify,
+    count_votes,
+    majority,
+    released,
+    unavailable,
+    wait_refused,
+)
 from .keys import LockKeys
-from .nodes import NODE_ERRORS, QUORUM_NODE_TIMEOUT, Call, Extended, count_votes, majority
-from .scripts import AcquireResult
+from .nodes import QUORUM_NODE_TIMEOUT, Call, is_cluster
+from .scripts import AcquireResult, WaitReply
 
-Replies = list[tuple[Any, BaseException | None]]
+T = TypeVar("T")
 
-#: What makes one quorum node fail an operation: :data:`~celery_redlock._redis.nodes.NODE_ERRORS`,
-#: or no reply within ``node_timeout`` (``asyncio.TimeoutError`` is no ``OSError`` before 3.11).
-LATE_OR_FAILED: tuple[type[BaseException], ...] = (*NODE_ERRORS, asyncio.TimeoutError)
+#: Connections of the pool of a client built from a URL (per loop); more callers wait.
+MAX_CONNECTIONS = 100
 
 #: URL schemes an asyncio lock builds clients for; pass a ``redis.asyncio`` client otherwise.
 SCHEMES = ("redis://", "rediss://", "unix://")
@@ -65,6 +80,7 @@ async def _close_at_shutdown(
         for client in clients.values():
             with contextlib.suppress(Exception):
                 await client.aclose()
+                await client.connection_pool.disconnect()
 
 
 def client_for(url: str, timeout: float | None = None) -> Any:
@@ -89,8 +105,24 @@ def client_for(url: str, timeout: float | None = None) -> Any:
             options["socket_timeout"] = timeout or 5.0
         if "socket_connect_timeout=" not in url:
             options["socket_connect_timeout"] = timeout or 2.0
-        client = clients[(url, timeout)] = aioredis.Redis.from_url(url, **options)
+        pool = _pool_for(url, options)
+        client = clients[(url, timeout)] = aioredis.Redis(connection_pool=pool)
     return client
+
+
+def _pool_for(url: str, options: dict[str, Any]) -> Any:
+    """A blocking pool of :data:`MAX_CONNECTIONS` where redis-py connects outside the pool's
+    lock (it has ``get_available_connection``, redis-py >= 5.1); before that a blocking pool
+    connects under its lock, and a cancelled connect stalls every other caller for the
+    pool timeout, so the plain pool is kept, whose default size there is unbounded."""
+    if not hasattr(aioredis.ConnectionPool, "get_available_connection"):
+        return aioredis.ConnectionPool.from_url(url, **options)
+    return aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=MAX_CONNECTIONS,
+        timeout=options.get("socket_timeout") or 5.0,
+        **options,
+    )
 
 
 def check_url(url: str) -> None:
@@ -104,15 +136,16 @@ def check_url(url: str) -> None:
 
 async def run_script(client: Any, source: str, call: Call) -> Any:
     """Run ``source`` on ``client`` with ``EVALSHA``; after a ``NOSCRIPT`` reply, ``SCRIPT
-    LOAD`` it and run it again (as :func:`~celery_redlock._redis.scripts.run`: an ACL user may
-    lack ``EVAL``)."""
+    LOAD`` it and run it again (as :func:`~celery_redlock._redis.nodes.run_script`)."""
     keys, args = call
     sha = _scripts.sha1(source)
     try:
         return await client.evalsha(sha, len(keys), *keys, *args)
-    except redis_py.exceptions.NoScriptError:
-        await client.script_load(source)
-        return await client.evalsha(sha, len(keys), *keys, *args)
+    except Exception as exc:
+        if classify(exc) is not Outcome.NOSCRIPT:
+            raise
+    await client.script_load(source)
+    return await client.evalsha(sha, len(keys), *keys, *args)
 
 
 class Node:
@@ -147,31 +180,67 @@ class SingleNode:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.names = (node.name,)
+        #: Blocking waiters queue here; False once the user was refused the queue's commands.
+        self.queue_allowed = True
+
+    async def _guarded(self, key: str, aw: Awaitable[T]) -> T:
+        """``await aw``; no answer, or a refusal (``OOM``, ``NOPERM``...), as LockUnavailable
+        (:func:`~celery_redlock._redis.core.classify`, as the thread lock's nodes)."""
+        try:
+            return await aw
+        except Exception as exc:
+            if classify(exc) not in (Outcome.UNAVAILABLE, Outcome.REFUSED):
+                raise
+            raise unavailable(exc, key, self.names) from exc
 
     async def _run(self, source: str, call: Call, key: str) -> Any:
-        try:
-            return await run_script(self.node.client(), source, call)
-        except UNAVAILABLE_ERRORS as exc:
-            raise self._unavailable(key, exc) from exc
+        return await self._guarded(key, run_script(self.node.client(), source, call))
 
-    def _unavailable(self, key: str, exc: BaseException) -> LockUnavailable:
-        return LockUnavailable(
-            f"Redis at {self.names[0]} did not answer for lock {key}: {exc}",
-            key=key,
-            nodes=self.names,
-        )
+    @property
+    def handoff(self) -> bool:
+        """A release hands the lock to the first queued waiter, except on a Cluster."""
+        return not is_cluster(self.node.client())
+
+    def queues(self, keys: LockKeys) -> bool:
+        """Whether blocking waiters of this lock queue (see the thread lock's node)."""
+        return self.queue_allowed and len(keys.slots) == 1
 
     async def acquire(self, keys: LockKeys, token: str, ttl_ms: int) -> AcquireResult:
         call = _scripts.acquire_call(keys, token, ttl_ms, single=True)
         return _scripts.decode_acquire(await self._run(_scripts.ACQUIRE, call, keys.lock))
 
+    async def wait_attempt(
+        self, keys: LockKeys, token: str, ttl_ms: int, member: str, secret: str
+    ) -> WaitReply | None:
+        """A queued waiter's attempt (:data:`~celery_redlock._redis.scripts.WAIT`); ``None``
+        when the user may not run the queue's commands (then this node stops queueing)."""
+        call = _scripts.wait_call(keys, token, ttl_ms, member, secret)
+        try:
+            reply = await self._run(_scripts.WAIT, call, keys.lock)
+        except Exception as exc:
+            if not wait_refused(exc):
+                raise
+            self.queue_allowed = False
+            return None
+        return _scripts.decode_wait(reply)
+
+    async def leave(self, keys: LockKeys, member: str, secret: str) -> str | None:
+        """A queued waiter gives up; the token it holds the lock with if handed it meanwhile."""
+        call = _scripts.leave_call(keys, member, secret, self.handoff)
+        return _scripts.decode_wait(await self._run(_scripts.LEAVE, call, keys.lock)).held
+
+    async def fence(self, keys: LockKeys, slot: str, token: str) -> int | None:
+        """The fencing token of a lock taken without one (queued, or handed over); ``None`` if
+        not held (:data:`~celery_redlock._redis.scripts.FENCE`)."""
+        reply = await self._run(_scripts.FENCE, _scripts.fence_call(keys, slot, token), slot)
+        return None if reply is None else int(reply)
+
     async def release(self, keys: LockKeys, token: str, keep_ms: int = 0) -> bool:
-        """Owner-checked release; the lock passes to a queued (sync) waiter as in
+        """Owner-checked release; the lock passes to the first queued waiter as in
         :data:`~celery_redlock._redis.scripts.RELEASE`, except on a Cluster."""
-        client = self.node.client()
-        handoff = not isinstance(client, aioredis.RedisCluster)
-        call = _scripts.release_call(keys, token, keep_ms, handoff)
-        return bool(await self._run(_scripts.RELEASE, call, keys.lock))
+        call = _scripts.release_call(keys, token, keep_ms, self.handoff)
+        reply = await self._run(_scripts.RELEASE, call, keys.lock)
+        return released(reply, keys.lock, self.names)
 
     async def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> Extended:
         call = _scripts.extend_call(keys, token, ttl_ms)
@@ -179,16 +248,13 @@ class SingleNode:
         return Extended(held, held)
 
     async def pttl_ms(self, key: str) -> int:
-        try:
-            return int(await self.node.client().pttl(key))
-        except UNAVAILABLE_ERRORS as exc:
-            raise self._unavailable(key, exc) from exc
+        return int(await self._guarded(key, self.node.client().pttl(key)))
 
     async def pubsub_client(self) -> Any:
         return self.node.client()
 
 
-class Quorum:
+class Quorum(QuorumRules):
     """An asyncio lock on N independent Redis nodes, held while a majority holds it."""
 
     def __init__(self, nodes: Sequence[Node], node_timeout: float = QUORUM_NODE_TIMEOUT) -> None:
@@ -202,11 +268,21 @@ class Quorum:
         self.node_timeout = node_timeout
 
     async def _one(self, i: int, source: str, call: Call) -> tuple[Any, BaseException | None]:
+        task = asyncio.ensure_future(run_script(self.nodes[i].client(), source, call))
         try:
-            coro = run_script(self.nodes[i].client(), source, call)
-            return await asyncio.wait_for(coro, self.node_timeout), None
-        except LATE_OR_FAILED as exc:
-            return None, exc
+            done, _ = await asyncio.wait((task,), timeout=self.node_timeout)
+        except BaseException:
+            task.cancel()
+            raise
+        if not done:
+            task.cancel()
+            return None, TimeoutError(f"no reply within {self.node_timeout}s")
+        exc = task.exception()
+        if exc is None:
+            return task.result(), None
+        if classify(exc) is None:
+            raise exc
+        return None, exc
 
     async def _call_all(
         self, source: str, call: Call, only: Sequence[int] | None = None
@@ -219,20 +295,6 @@ class Quorum:
             out[i] = reply
         return out
 
-    def _check_answered(self, key: str, replies: Replies, what: str) -> list[str]:
-        """The failed nodes; :class:`LockUnavailable` when too few answered for a majority."""
-        failed = [self.names[i] for i, (_, err) in enumerate(replies) if err is not None]
-        if len(self.nodes) - len(failed) < self.quorum:
-            errors = [err for _, err in replies if err is not None]
-            raise LockUnavailable(
-                f"no quorum for lock {key}: {what}; {len(failed)} of {len(self.names)} nodes "
-                f"failed ({', '.join(failed)}), {self.quorum} needed"
-                + (f"; first error: {errors[0]}" if errors else ""),
-                key=key,
-                nodes=tuple(failed),
-            )
-        return failed
-
     async def acquire(self, keys: LockKeys, token: str, ttl_ms: int) -> AcquireResult:
         loop = asyncio.get_running_loop()
         start = loop.time()
@@ -243,21 +305,17 @@ class Quorum:
         ):
             return AcquireResult(True, fencing_token=vote.fencing)
         await self._call_all(_scripts.RELEASE, _scripts.release_call(keys, token))
-        self._check_answered(keys.lock, replies, "acquire failed")
+        self.check_answered(keys.lock, replies, "acquire failed")
         return vote.refusal
 
     async def _raise_fence(self, keys: LockKeys, token: int, lagging: list[int], won: int) -> bool:
         call = _scripts.raise_fence_call(keys, token)
         replies = await self._call_all(_scripts.RAISE_FENCE, call, only=lagging)
-        raised_failed = sum(1 for i in lagging if replies[i][1] is not None)
-        return won - raised_failed >= self.quorum
+        return self.fence_raised(replies, lagging, won)
 
     async def release(self, keys: LockKeys, token: str, keep_ms: int = 0) -> bool:
         call = _scripts.release_call(keys, token, keep_ms)
-        replies = await self._call_all(_scripts.RELEASE, call)
-        failed = self._check_answered(keys.lock, replies, "release failed")
-        ok = sum(1 for rep, err in replies if err is None and rep)
-        return ok + len(failed) >= self.quorum  # a silent node is no evidence of loss
+        return self.released(keys.lock, await self._call_all(_scripts.RELEASE, call))
 
     async def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> Extended:
         """Extend where held, re-assert where missing (see the sync ``Quorum.extend``)."""
@@ -265,11 +323,7 @@ class Quorum:
         start = loop.time()
         call = _scripts.extend_call(keys, token, ttl_ms, reassert=True)
         replies = await self._call_all(_scripts.EXTEND, call)
-        if (loop.time() - start) * 1000 >= ttl_ms:
-            return Extended(False, False)
-        self._check_answered(keys.lock, replies, "extend failed")
-        held = sum(1 for rep, err in replies if err is None and int(rep) == 1)
-        return Extended(held >= self.quorum, held == len(self.nodes))
+        return self.extended(keys.lock, replies, (loop.time() - start) * 1000, ttl_ms)
 
     async def pttl_ms(self, key: str) -> int:
         """Time until fewer than a majority of nodes hold ``key`` (negative: not held)."""
@@ -277,21 +331,26 @@ class Quorum:
         for node in self.nodes:
             try:
                 values.append(int(await node.client().pttl(key)))
-            except UNAVAILABLE_ERRORS:
+            except Exception as exc:
+                if classify(exc) is None:
+                    raise
                 values.append(-2)
-        values.sort(reverse=True)
-        return values[self.quorum - 1]
+        return self.pttl(values)
 
     async def pubsub_client(self) -> Any:
         """The first node that answers a PING (release notifications come from every node)."""
+        errors: Replies = []
         for node in self.nodes:
             client = node.client()
             try:
                 await client.ping()
-            except UNAVAILABLE_ERRORS:
+            except Exception as exc:
+                if classify(exc) is None:
+                    raise
+                errors.append((None, exc))
                 continue
             return client
-        raise LockUnavailable(f"no node answers ({', '.join(self.names)})", nodes=self.names)
+        raise self.no_quorum("", list(self.names), "no node answers", errors)
 
 
 Nodes = SingleNode | Quorum

@@ -34,6 +34,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 from ..exceptions import LockUnavailable
+from .core import Outcome, classify
 
 #: Schemes accepted by :func:`client_for`.
 SCHEMES = (
@@ -59,30 +60,11 @@ UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
 )
 
-#: Error replies by which a node refuses lock operations for now, by prefix: a script runs too
-#: long (``BUSY``), the disk is failing (``MISCONF``), the node is a replica after a failover
-#: (``READONLY``) or has lost its replicas (``MASTERDOWN``, ``NOREPLICAS``), memory is full
-#: under ``noeviction`` (``OOM``), or the ACL user lacks a permission (``NOPERM``, and inside a
-#: script "The user executing the script can't ..."). Like no answer, the lock state there is
-#: unknown: :func:`refused` tells them apart from error replies that are bugs.
-REFUSED_REPLIES = ("BUSY", "MISCONF", "READONLY", "MASTERDOWN", "NOREPLICAS", "OOM", "NOPERM")
-
-#: redis-py's classes for the refusals whose prefix it strips from the message.
-_REFUSED_CLASSES = (
-    redis_py.exceptions.OutOfMemoryError,
-    redis_py.exceptions.ReadOnlyError,
-    redis_py.exceptions.NoPermissionError,
-)
-
 
 def refused(exc: BaseException) -> bool:
-    """Whether ``exc`` is an error reply of :data:`REFUSED_REPLIES` (see there)."""
-    if not isinstance(exc, redis_py.exceptions.ResponseError):
-        return False
-    if isinstance(exc, _REFUSED_CLASSES):
-        return True
-    text = str(exc)
-    return text.split(" ", 1)[0] in REFUSED_REPLIES or "user executing the script" in text
+    """Whether ``exc`` is an error reply by which a node refuses for now (``BUSY``, ``OOM``,
+    ``READONLY``, ``NOPERM``...: :func:`celery_redlock._redis.core.classify`)."""
+    return classify(exc) is Outcome.REFUSED
 
 
 _clients: dict[tuple[str, float | None], Any] = {}

@@ -43,30 +43,25 @@ import functools
 import logging
 import os
 import threading
-import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from ..exceptions import LockContended, LockLost, LockNotOwned, LockUnavailable
+from ..exceptions import LockContended, LockLost, LockUnavailable
 from . import keys as _keys
-from . import nodes as _nodes
 from . import owner as _owner
 from . import renewal as _renewal
-from . import scripts as _scripts
-from .clients import UNAVAILABLE_ERRORS
-from .nodes import Extended, SingleNode, Target, nodes_for
+from . import subscriptions as _subscriptions
+from .core import Clock, Extended, LockCore, Outcome, Wait, classify, ms
+from .nodes import Nodes, SingleNode, Target, nodes_for
 from .scripts import AcquireResult
 
 __all__ = ["Clock", "Lock", "release_attempt"]
 
 logger = logging.getLogger("celery_redlock.lock")
 
-#: A monotonic clock in seconds; injectable so expiry paths can be tested without sleeping.
-Clock = Callable[[], float]
 
-
-class Lock:
+class Lock(LockCore):
     """An expiring Redis lock that only its holder can release.
 
     :param redis: a Redis URL or client; or a list of 3, 5, ... URLs or clients of independent
@@ -84,59 +79,20 @@ class Lock:
         ``limit`` owner-checked slots); needs a single Redis deployment, not a quorum.
     :param clock: monotonic clock used for validity and expiry decisions.
 
-    The context manager raises :class:`LockContended` when it cannot acquire in time, and
-    releases on exit (a lock lost meanwhile is not an error on exit: its loss was logged).
+    The decisions are :class:`~celery_redlock._redis.core.LockCore`'s; this class sends what
+    they ask for. The context manager raises :class:`LockContended` when it cannot acquire in
+    time, and releases on exit (a lock lost meanwhile is not an error on exit: its loss was
+    logged).
     """
 
-    def __init__(
-        self,
-        redis: Target,
-        name: str,
-        ttl: float = 30.0,
-        *,
-        prefix: str = "redlock",
-        owner: str = "",
-        host: str | None = None,
-        blocking: bool = True,
-        timeout: float | None = None,
-        auto_renew: bool = False,
-        max_hold: float | None = None,
-        limit: int = 1,
-        clock: Clock = time.monotonic,
-    ) -> None:
-        check_arguments(ttl, max_hold, timeout, limit)
-        self.nodes = nodes_for(redis)
-        if limit > 1:  # the node names are read only here (building them costs a URL parse)
-            check_limit(limit, self.nodes.names)
-        self.name = name
-        self.limit = limit
-        self.keys = _keys.keys_for(prefix, name, limit)
-        self.ttl = float(ttl)
-        self.owner = owner
-        self.host = host
-        self.blocking = blocking
-        self.timeout = timeout
-        self.auto_renew = auto_renew
-        self.max_hold = max_hold
-        self.clock = clock
-        self._state = threading.Lock()
-        self._token: str | None = None
-        self._slot: str | None = None
-        self._fencing_token: int | None = None
-        self._acquired_at = 0.0
-        self._expires_at = 0.0
-        self._lost = False
-        #: The holder seen by the last failed attempt (``None`` if it was not contended).
-        self.last_holder: _owner.Owner | None = None
-        self._holder_ttl: float | None = None
-        self._holder_ttl_pending = False
+    nodes: Nodes
+    #: The holder's TTL is still to be asked (a reply without it; see :attr:`last_holder_ttl`).
+    _holder_ttl_pending = False
+
+    def _connect(self, redis: Target) -> Nodes:
+        return nodes_for(redis)
 
     # -- public API: validate, then delegate to do_* ------------------------------------------
-
-    @property
-    def key(self) -> str:
-        """The Redis key of this lock: the slot held, or the first slot when not held."""
-        return self._slot or self.keys.lock
 
     @property
     def fencing_token(self) -> int | None:
@@ -173,25 +129,6 @@ class Lock:
             self._holder_ttl = None if pttl < 0 else pttl / 1000.0
         return self._holder_ttl
 
-    @property
-    def token(self) -> str | None:
-        """The owner token stored in Redis while held."""
-        return self._token
-
-    @property
-    def held(self) -> bool:
-        """True between a successful acquire and release, unless the lock was lost."""
-        return self._token is not None and not self.lost
-
-    @property
-    def lost(self) -> bool:
-        """True once the lock was found expired or owned by someone else while held, and from
-        the end of the last confirmed lease on (by :attr:`clock`), even while Redis does not
-        answer: from then on another owner may exist."""
-        if self._lost:
-            return True
-        return self._token is not None and self.clock() >= self._expires_at
-
     def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
         """Take the lock; return whether it was taken.
 
@@ -199,13 +136,8 @@ class Lock:
         expiry, at most ``timeout`` seconds (``None``: the instance default, which may be
         forever). Raises :class:`LockUnavailable` when Redis does not answer.
         """
-        if self._token is not None:
-            raise RuntimeError(f"lock {self.key} is already acquired by this object")
-        blocking = self.blocking if blocking is None else blocking
-        timeout = self.timeout if timeout is None else timeout
-        if timeout is not None and timeout < 0:
-            raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
-        if not blocking or timeout == 0:
+        timeout = self._acquire_mode(blocking, timeout)
+        if timeout == -1.0:
             return self._attempt()
         return self.do_wait(timeout)
 
@@ -217,23 +149,15 @@ class Lock:
         A lock that expired or changed owner meanwhile is left alone (the owner check) and
         :class:`LockLost` is raised.
         """
-        token = self._token
-        if token is None:
-            raise LockNotOwned(f"cannot release {self.key}: not acquired", key=self.key)
-        if keep < 0:
-            raise ValueError(f"keep must be >= 0 seconds, got {keep!r}")
+        token = self._release_token(keep)
         if self.auto_renew:
-            _renewal.unwatch(self)
+            self._stop_renewal()
         try:
             released = self.do_release(token, keep)
         except BaseException:
             self._token = None
             raise
-        if not released:
-            self._mark_lost("it was no longer held by this owner at release")
-            self._token = None
-            raise LockLost(f"lock {self.key} expired or changed owner before release", key=self.key)
-        self._token = None
+        self._released(released)
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the remaining TTL to ``ttl`` seconds (default: the lock's ttl), owner-checked.
@@ -241,17 +165,9 @@ class Lock:
         Raises :class:`LockNotOwned` if not acquired, :class:`LockLost` if Redis says another
         owner (or nobody) holds the key now.
         """
-        token = self._token
-        if token is None or self._lost:
-            raise LockNotOwned(f"cannot extend {self.key}: not held", key=self.key)
-        ttl = self.ttl if ttl is None else ttl
-        if ttl <= 0:
-            raise ValueError(f"extend ttl must be positive, got {ttl!r}")
+        token, ttl = self._extend_args(ttl)
         start = self.clock()
-        if not self.do_extend(token, ttl).held:
-            self._mark_lost("extend found it expired or owned by someone else")
-            raise LockLost(f"lock {self.key} was lost before extend", key=self.key)
-        self._expires_at = start + ttl
+        self._extended(self.do_extend(token, ttl), start, ttl)
 
     def locked(self) -> bool:
         """Whether anyone holds the key right now (on a majority, for a quorum)."""
@@ -266,10 +182,7 @@ class Lock:
         if not self.acquire():
             holder = self.last_holder.task_id if self.last_holder else None
             raise LockContended(
-                f"could not acquire {self.key} within {self.timeout}s",
-                key=self.key,
-                holder=holder,
-                ttl=self.last_holder_ttl,
+                self._contended_message(), key=self.key, holder=holder, ttl=self.last_holder_ttl
             )
         return self
 
@@ -284,24 +197,20 @@ class Lock:
         with contextlib.suppress(LockLost):
             self.release()
 
-    def __repr__(self) -> str:
-        state = "lost" if self._lost else "held" if self._token else "free"
-        return f"<Lock {self.key} {state} fencing_token={self._fencing_token}>"
-
     # -- override points ------------------------------------------------------------------------
 
     def do_acquire(self, token: str, ttl: float) -> AcquireResult:
         """One acquisition attempt on Redis."""
-        return self.nodes.acquire(self.keys, token, _ms(ttl))
+        return self.nodes.acquire(self.keys, token, ms(ttl))
 
     def do_release(self, token: str, keep: float = 0) -> bool:
         """Owner-checked delete (or expiry in ``keep`` s); False when it was not ours any more."""
-        return self.nodes.release(self.keys, token, _ms(keep) if keep > 0 else 0)
+        return self.nodes.release(self.keys, token, ms(keep) if keep > 0 else 0)
 
     def do_extend(self, token: str, ttl: float) -> Extended:
         """Owner-checked ``PEXPIRE``: whether the key is still ours (``held``), and whether every
         node has it (``complete``; a quorum re-asserts it where it was missing)."""
-        return self.nodes.extend(self.keys, token, _ms(ttl))
+        return self.nodes.extend(self.keys, token, ms(ttl))
 
     def do_wait(self, timeout: float | None) -> bool:
         """Blocking acquire: retry on each release notification or holder expiry.
@@ -341,18 +250,19 @@ class Lock:
             nodes = self.nodes
             queue = nodes if isinstance(nodes, SingleNode) and nodes.queues(self.keys) else None
             channel = self.keys.channel
+            wait = None
             if queue is not None:
                 channel = _keys.waiter_channel(self.keys, os.urandom(8).hex())
-                wait = _Wait(channel, _owner.new_token(self.owner, self.host), self._lease())
+                wait = Wait(channel, self._new_token(), self._lease())
             client = nodes.pubsub_client()
-            pubsub = _nodes.subscribe(client, channel)
+            pubsub = _subscriptions.subscribe(client, channel)
             reusable = True
             try:
                 subscribed = False
                 while True:
                     sleep = 1.0  # until the subscription is confirmed, or a key without expiry
                     if subscribed:
-                        if queue is None:
+                        if queue is None or wait is None:
                             if self._attempt():
                                 return True
                         else:
@@ -367,129 +277,90 @@ class Lock:
                     if deadline is not None:
                         left = deadline - self.clock()
                         if left <= 0:
-                            return queue is not None and self._leave(queue, wait)
+                            return wait is not None and self._leave(queue, wait)
                         sleep = min(sleep, left)
                     message = pubsub.get_message(timeout=max(sleep, 0.001))
-                    if message is None or not _on(message, channel):
+                    if message is None or not _subscriptions.on(message, channel):
                         continue  # nothing yet, or left over from this connection's last wait
                     if message["type"] == "subscribe":
                         subscribed = True
-                    elif queue is not None and self._handed(wait, message["data"]):
+                    elif wait is not None and self._handed(wait, message["data"]):
                         return True
-            except UNAVAILABLE_ERRORS:
+            except Exception as exc:
+                if isinstance(exc, LockUnavailable) or classify(exc) is not Outcome.UNAVAILABLE:
+                    raise
                 reusable = False
                 # The channel is gone; a handoff may have come before: take it, or wait anew.
-                if queue is not None and self._leave(queue, wait, quietly=True):
+                if wait is not None and self._leave(queue, wait, quietly=True):
                     return True
                 continue
             except BaseException:
                 reusable = False
                 # Interrupted (SystemExit from a revoke or time limit, KeyboardInterrupt): give
                 # back a lock handed over meanwhile, or it would sit out its lease unused.
-                if queue is not None:
+                if wait is not None:
                     self._abandon(queue, wait)
                 raise
             finally:
                 # A queued wait that ends normally left the queue (a script removed this
                 # waiter, or never queued it): nothing is published on its own channel again.
-                if reusable and queue is not None:
-                    _nodes.set_aside(client, pubsub)
+                if reusable and wait is not None:
+                    _subscriptions.set_aside(client, pubsub)
                 else:
                     pubsub.close()
-
-    def on_lost(self, reason: str) -> None:
-        """Called once when the lock is found lost; logs an ERROR. Override to react."""
-        logger.error(
-            "lock %s lost (token %s…, fencing token %s): %s",
-            self.key,
-            (self._token or "")[:8],
-            self._fencing_token,
-            reason,
-        )
 
     # -- renewal --------------------------------------------------------------------------------
 
     def renew_step(self) -> float | None:
         """One watchdog renewal: extend by the lease, capped at ``max_hold``.
 
-        Returns the delay until the next renewal, or ``None`` when renewal should stop (released,
-        lost, or the ``max_hold`` cap reached: the key then expires on its own at the cap).
-        A failed renewal (Redis unavailable or refusing, or any other error) is retried, at the
-        latest when the lease ends; the watchdog waits for the call only until then (a call
-        that hangs, on a paused server or a stalled connection, finishes in the background),
-        and a renewal that finds the lease ended marks the lock lost.
+        Returns the delay until the next renewal, or ``None`` when renewal should stop
+        (:meth:`~celery_redlock._redis.core.LockCore._renewal`). A failed renewal is retried
+        as the core decides; the watchdog waits for the call only until the lease ends (a
+        call that hangs, on a paused server or a stalled connection, finishes in the
+        background), and a renewal that finds the lease ended marks the lock lost.
         """
-        token = self._token
-        if token is None or self._lost:
+        plan = self._renewal()
+        if plan is None:
             return None
-        now = self.clock()
-        left = self._expires_at - now
-        if left <= 0:
-            self._mark_lost("the lease ran out before a renewal was confirmed")
-            return None
-        ttl = self.ttl
-        if self.max_hold is not None:
-            ttl = min(ttl, self._acquired_at + self.max_hold - now)
-            if ttl <= 0.001:
-                return None
+        token, ttl, start, wait = plan
         try:
-            extended = _within(left, functools.partial(self.do_extend, token, ttl))
+            extended = _within(wait, functools.partial(self.do_extend, token, ttl))
         except Exception as exc:
-            left = self._expires_at - self.clock()
-            if left <= 0:
-                self._mark_lost(f"no renewal was confirmed before the lease ran out ({exc})")
-                return None
-            unexpected = not isinstance(exc, LockUnavailable)
-            logger.warning(
-                "lock %s: renewal failed, retrying (lease ends in %.1fs): %s",
-                self.key,
-                left,
-                exc,
-                exc_info=unexpected,
-            )
-            # Half the time left, so that a retry still fits in the lease; the last one at
-            # the lease's end, which then marks the lock lost (no retries in a tight loop).
-            delay = min(self.ttl / 3, 1.0, left / 2)
-            return delay if delay >= MIN_RETRY else left
-        if not extended.held:
-            self._mark_lost("renewal found it expired or owned by someone else")
-            return None
-        self._expires_at = now + ttl
-        if not extended.complete:
-            # A quorum node lacked it (down, or rejoined empty): renew sooner, so that a node
-            # that comes back gets the lock again before another node can fail.
-            return min(self.ttl / 3, max(DEGRADED_RENEWAL, self.ttl / 30))
-        return self.ttl / 3
+            return self._renewal_failed(token, exc)
+        return self._renewed(token, start, ttl, extended)
+
+    def _start_renewal(self) -> None:
+        _renewal.watch(self, self.ttl / 3)
+
+    def _stop_renewal(self) -> None:
+        _renewal.unwatch(self)
 
     # -- internals ------------------------------------------------------------------------------
 
-    def _lease(self) -> float:
-        """The ttl of one acquisition: the lock's, capped by ``max_hold``."""
-        return self.ttl if self.max_hold is None else min(self.ttl, self.max_hold)
-
     def _attempt(self) -> bool:
-        token = _owner.new_token(self.owner, self.host)
+        token = self._new_token()
         ttl = self._lease()
         start = self.clock()
-        result = self.do_acquire(token, ttl)
-        if not result.acquired:
-            self._saw(result.holder, result.pttl_ms)
-            return False
-        self._hold(token, start, ttl, result.slot or 1, result.fencing_token)
-        return True
+        return self._result(token, start, ttl, self.do_acquire(token, ttl))
 
     def _saw(self, holder: str | None, pttl: int | None) -> None:
-        """A failed attempt saw ``holder`` (and its PTTL in ms, unless the reply had none: then
-        :attr:`last_holder_ttl` asks Redis on first read)."""
-        self.last_holder = _owner.parse(holder)
+        """As the core's; without a PTTL in the reply, :attr:`last_holder_ttl` asks Redis on
+        first read."""
+        super()._saw(holder, pttl)
         self._holder_ttl_pending = pttl is None and holder is not None
-        self._holder_ttl = None if pttl is None or pttl < 0 else pttl / 1000.0
 
-    def _queued_attempt(self, queue: SingleNode, wait: _Wait) -> bool | None:
+    def _hold(
+        self, token: str, start: float, ttl: float, slot: int = 1, fencing: int | None = None
+    ) -> None:
+        self._holder_ttl_pending = False
+        super()._hold(token, start, ttl, slot, fencing)
+
+    def _queued_attempt(self, queue: SingleNode, wait: Wait) -> bool | None:
         """A queued waiter's try (``None``: the queue was refused)."""
-        token = _owner.new_token(self.owner, self.host)
+        token = self._new_token()
         start = self.clock()
-        reply = queue.wait_attempt(self.keys, token, _ms(wait.ttl), wait.member, wait.secret)
+        reply = queue.wait_attempt(self.keys, token, ms(wait.ttl), wait.member, wait.secret)
         if reply is None:
             return None
         if reply.held is None:
@@ -501,100 +372,40 @@ class Lock:
             return True
         return self._handed(wait, reply.held)  # handed over before this try
 
-    def _handed(self, wait: _Wait, data: Any) -> bool:
-        """Whether ``data``, a message on the waiter's channel, handed the lock to it (then held).
-
-        The handoff happened after the waiter's last try began (that try found the lock held
-        by someone else), so the lease counts from then; after more than half a lease, the
-        lock is extended first, and if it is no longer ours (the lease ended before this
-        waiter read the message), the waiter waits on.
-        """
-        token = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
-        if not token.startswith(wait.secret + _owner.SEPARATOR):
+    def _handed(self, wait: Wait, data: Any) -> bool:
+        """Whether ``data``, a message on the waiter's channel, handed the lock to it (then
+        held); see :meth:`~celery_redlock._redis.core.LockCore._handoff`. A lock no longer
+        ours once extended (the lease ended before the waiter read the message) waits on."""
+        handoff = self._handoff(wait, data)
+        if handoff is None:
             return False
-        since = wait.tried_at
-        if self.clock() - since > wait.ttl / 2:
+        token, since = handoff
+        if since < 0:
             since = self.clock()
             if not self.do_extend(token, wait.ttl).held:
                 return False
         self._hold(token, since, wait.ttl)
         return True
 
-    def _leave(self, queue: SingleNode, wait: _Wait, quietly: bool = False) -> bool:
+    def _leave(self, queue: SingleNode | None, wait: Wait, quietly: bool = False) -> bool:
         """Leave the queue (the deadline passed, or the channel broke); True if the lock was
         handed over meanwhile (then held). ``quietly``: Redis errors mean False."""
+        assert queue is not None
         try:
             held = queue.leave(self.keys, wait.member, wait.secret)
-        except _NO_ANSWER:
-            if not quietly:
+        except Exception as exc:
+            if not quietly or classify(exc) is None:
                 raise
             return False
         return held is not None and self._handed(wait, held)
 
-    def _abandon(self, queue: SingleNode, wait: _Wait) -> None:
+    def _abandon(self, queue: SingleNode | None, wait: Wait) -> None:
         """An interrupted wait: leave the queue, releasing a lock handed over meanwhile."""
+        assert queue is not None
         with contextlib.suppress(Exception):
             held = queue.leave(self.keys, wait.member, wait.secret)
             if held is not None:
                 self.do_release(held)
-
-    def _hold(
-        self, token: str, start: float, ttl: float, slot: int = 1, fencing: int | None = None
-    ) -> None:
-        with self._state:
-            self._acquired_at = start
-            self._expires_at = start + ttl  # before the token: `lost` reads both unlocked
-            self._lost = False
-            self._token = token
-            self._slot = self.keys.slots[slot - 1]
-            self._fencing_token = fencing
-            self.last_holder = None
-            self._holder_ttl = None
-            self._holder_ttl_pending = False
-        if self.auto_renew:
-            _renewal.watch(self, self.ttl / 3)
-
-    def _mark_lost(self, reason: str) -> None:
-        with self._state:
-            if self._lost:
-                return
-            self._lost = True
-        _renewal.unwatch(self)
-        self.on_lost(reason)
-
-
-class _Wait:
-    """One blocking wait in the queue: its channel, and the owner token and ttl a release
-    hands the lock over with (:func:`~._scripts.queue_member`)."""
-
-    def __init__(self, channel: str, token: str, ttl: float) -> None:
-        self.ttl = ttl
-        self.secret = token.partition(_owner.SEPARATOR)[0]
-        self.member = _scripts.queue_member(channel, token, _ms(ttl))
-        #: When the last try began (it found the lock held): a handoff came after it.
-        self.tried_at = 0.0
-
-
-def check_arguments(ttl: Any, max_hold: Any, timeout: Any, limit: Any) -> None:
-    """Raise :class:`ValueError` for lock arguments out of range (shared by the asyncio lock)."""
-    if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or ttl <= 0:
-        raise ValueError(f"Lock ttl must be a positive number of seconds, got {ttl!r}")
-    if max_hold is not None and max_hold <= 0:
-        raise ValueError(f"Lock max_hold must be positive seconds, got {max_hold!r}")
-    if timeout is not None and timeout < 0:
-        raise ValueError(f"Lock timeout must be >= 0 seconds or None, got {timeout!r}")
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-        raise ValueError(f"Lock limit must be an integer >= 1, got {limit!r}")
-
-
-def check_limit(limit: int, nodes: tuple[str, ...]) -> None:
-    """Raise :class:`ValueError` for ``limit`` > 1 over a quorum of independent nodes."""
-    if limit > 1 and len(nodes) > 1:
-        raise ValueError(
-            "a Lock with limit > 1 needs a single Redis deployment (a node, Sentinel or "
-            "Cluster): over a quorum of independent nodes, more than `limit` owners could "
-            "each win a majority of slots"
-        )
 
 
 def release_attempt(
@@ -653,24 +464,3 @@ def _within(seconds: float, call: Callable[[], Extended]) -> Extended:
     if failure:
         raise failure[0]
     return outcome[0]
-
-
-#: What a call to a node that does not answer raises, wrapped by us or not.
-_NO_ANSWER: tuple[type[BaseException], ...] = (LockUnavailable, *UNAVAILABLE_ERRORS)
-
-#: Shortest delay between two renewal attempts after a failure (unless the lease ends sooner).
-MIN_RETRY = 0.05
-
-#: Shortest delay until the next renewal after one that found the lock missing on a quorum
-#: node (the delay is lease/30, at least this).
-DEGRADED_RENEWAL = 0.1
-
-
-def _on(message: dict[str, Any], channel: str) -> bool:
-    """Whether a pub/sub ``message`` came on ``channel`` (bytes, or str with decoded replies)."""
-    got = message["channel"]
-    return (got.decode("utf-8", "replace") if isinstance(got, bytes) else got) == channel
-
-
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))

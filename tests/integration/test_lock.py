@@ -21,7 +21,6 @@ from redis.retry import Retry
 
 from celery_redlock import Lock, LockContended, LockLost, LockNotOwned, LockUnavailable
 from celery_redlock._redis.lock import release_attempt
-from celery_redlock._redis.owner import parse
 from celery_redlock.testing import RedisServer
 
 POLL = 0.01  # poll interval while waiting on Redis state; every poll loop has a deadline
@@ -77,89 +76,6 @@ def down_server() -> Iterator[RedisServer]:
 
 
 # -- acquire / release --------------------------------------------------------------------------
-
-
-def test_acquire_and_release(r: redis_py.Redis) -> None:
-    lock = Lock(r, "job", ttl=5, owner="task-1", host="w1")
-    assert not lock.held
-    assert lock.acquire(blocking=False)
-    assert lock.held
-    assert lock.locked()
-    assert r.get(lock.key) == lock.token.encode()
-    owner = parse(r.get(lock.key))
-    assert owner is not None
-    assert (owner.task_id, owner.host, owner.pid) == ("task-1", "w1", os.getpid())
-    assert 4.0 < (lock.remaining_ttl() or 0) <= 5.0
-    assert isinstance(lock.fencing_token, int)
-
-    lock.release()
-    assert not lock.held
-    assert not lock.lost
-    assert lock.token is None
-    assert r.exists(lock.key) == 0
-    assert lock.remaining_ttl() is None
-    assert lock.acquire(blocking=False)  # free again, and reusable
-    lock.release()
-
-
-def test_second_lock_cannot_acquire_and_sees_the_holder(r: redis_py.Redis) -> None:
-    first = Lock(r, "job", ttl=10, owner="task-1", host="w1")
-    second = Lock(r, "job", ttl=10, owner="task-2", host="w2")
-    assert first.acquire(blocking=False)
-
-    assert not second.acquire(blocking=False)
-    assert not second.acquire(blocking=True, timeout=0)
-    assert not second.held
-    assert second.token is None
-    assert second.last_holder is not None
-    assert second.last_holder.task_id == "task-1"
-    assert second.last_holder.host == "w1"
-    assert second.last_holder.token == first.token
-    assert second.last_holder_ttl is not None
-    assert 9.0 < second.last_holder_ttl <= 10.0
-    assert r.get(first.key) == first.token.encode()
-
-    first.release()
-    assert second.acquire(blocking=False)
-    assert second.last_holder is None
-    assert second.last_holder_ttl is None
-    second.release()
-
-
-def test_release_by_non_owner_leaves_the_other_value(r: redis_py.Redis) -> None:
-    lock = Lock(r, "job", ttl=10)
-    assert lock.acquire(blocking=False)
-    r.set(lock.key, "someone-else", keepttl=True)
-
-    with pytest.raises(LockLost) as info:
-        lock.release()
-    assert info.value.key == lock.key
-    assert r.get(lock.key) == b"someone-else"
-    assert lock.lost
-    assert not lock.held
-
-
-def test_release_without_acquire_is_not_owned(r: redis_py.Redis) -> None:
-    holder = Lock(r, "job", ttl=10)
-    assert holder.acquire(blocking=False)
-    other = Lock(r, "job", ttl=10)
-    with pytest.raises(LockNotOwned) as info:
-        other.release()
-    assert info.value.key == other.key
-    assert r.get(holder.key) == holder.token.encode()
-    with pytest.raises(LockNotOwned):
-        other.extend()
-    holder.release()
-    with pytest.raises(LockNotOwned):
-        holder.release()  # twice
-
-
-def test_acquire_twice_on_one_object_is_an_error(r: redis_py.Redis) -> None:
-    lock = Lock(r, "job", ttl=10)
-    assert lock.acquire(blocking=False)
-    with pytest.raises(RuntimeError, match="already acquired"):
-        lock.acquire(blocking=False)
-    lock.release()
 
 
 # -- fencing tokens -----------------------------------------------------------------------------
@@ -303,52 +219,7 @@ def test_blocking_acquire_wakes_on_release_notification(r: redis_py.Redis) -> No
     wait_until(lambda: dict(r.pubsub_numsub(channel)).get(channel.encode(), 0) == 0)
 
 
-def test_blocking_acquire_gets_the_lock_of_a_dead_holder_after_its_ttl(
-    r: redis_py.Redis,
-) -> None:
-    dead = Lock(r, "dead", ttl=0.3, owner="dead-task")
-    assert dead.acquire(blocking=False)  # and never released
-    waiter = Lock(r, "dead", ttl=10)
-    start = time.monotonic()
-    assert waiter.acquire(blocking=True, timeout=5)
-    elapsed = time.monotonic() - start
-    assert waiter.last_holder is None
-    assert r.get(waiter.key) == waiter.token.encode()
-    assert elapsed < 2.0  # woke when the TTL ran out, not at the 5 s timeout
-    waiter.release()
-
-
-def test_blocking_acquire_times_out(r: redis_py.Redis) -> None:
-    holder = Lock(r, "busy", ttl=30, owner="task-A")
-    assert holder.acquire(blocking=False)
-    waiter = Lock(r, "busy", ttl=10)
-    start = time.monotonic()
-    assert not waiter.acquire(blocking=True, timeout=0.2)
-    assert 0.2 <= time.monotonic() - start < 2.0
-    assert waiter.last_holder is not None
-    assert waiter.last_holder.task_id == "task-A"
-    holder.release()
-
-
 # -- renewal ------------------------------------------------------------------------------------
-
-
-def test_auto_renew_keeps_a_short_lease_alive(r: redis_py.Redis) -> None:
-    lock = Lock(r, "renewed", ttl=0.3, auto_renew=True)
-    assert lock.acquire(blocking=False)
-    token = lock.token.encode()
-    start = time.monotonic()
-    try:
-        # The point is elapsed time: more than three leases must pass with the key owned.
-        while time.monotonic() - start < 1.2:
-            assert r.get(lock.key) == token
-            assert 0 < r.pttl(lock.key) <= 300
-            time.sleep(POLL)
-        assert lock.held
-        assert not lock.lost
-    finally:
-        lock.release()
-    assert r.exists(lock.key) == 0
 
 
 def test_renewal_stops_at_the_max_hold_cap(r: redis_py.Redis, clock: FakeClock) -> None:

@@ -15,11 +15,6 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-
-pytest.importorskip(
-    "celery_redlock._redis.core", reason="needs the error classifier by meaning (_redis/core.py)"
-)
-
 import valkey
 import valkey.asyncio
 from valkey.asyncio.cluster import ValkeyCluster as AsyncValkeyCluster

@@ -1,0 +1,601 @@
+"""The decisions of a lock, shared by the thread and asyncio drivers; no I/O here.
+
+:class:`LockCore` holds a lock's state and makes every decision about it: the lease arithmetic
+on the injected clock, :attr:`~LockCore.held` and :attr:`~LockCore.lost`, the renewal policy
+(what is retried, when, and the delay), and what a reply means. :func:`classify` is the one
+place where a Redis error becomes an outcome; :func:`count_votes` is the one Redlock rule. The
+thread lock (:mod:`~celery_redlock._redis.lock`) and the asyncio lock
+(:mod:`~celery_redlock._redis.aiolock`) subclass :class:`LockCore` and only send what it asks
+for, in the manner of h11's protocol core, so the two cannot drift apart.
+
+Errors are classified by meaning, not by a client library's classes: by the class names along
+the exception's MRO and by the reply's prefix, so redis-py and its forks (``valkey``) land on
+the same outcome:
+
+* :attr:`Outcome.UNAVAILABLE`: no answer (connection, timeout, a server still ``LOADING``,
+  ``CLUSTERDOWN``, an exhausted client pool); the lock state there is unknown;
+* :attr:`Outcome.REFUSED`: an error reply by which the node refuses for now (``BUSY``,
+  ``MISCONF``, ``READONLY``, ``MASTERDOWN``, ``NOREPLICAS``, ``OOM``, ``NOPERM``): unknown too;
+* :attr:`Outcome.NOSCRIPT`: the script cache lacks a script (load it and run it again);
+* :attr:`Outcome.REPLY`: any other error reply (a bug, or a command the server lacks).
+
+The first two become :class:`~celery_redlock.LockUnavailable` (:func:`unavailable`), so a task
+follows ``redlock_on_unavailable`` and renewal retries.
+
+This module never imports Celery, nor a Redis client.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from ..exceptions import LockLost, LockNotOwned, LockUnavailable
+from . import keys as _keys
+from . import owner as _owner
+from .scripts import RELEASED_NOT_NOTIFIED, AcquireResult, decode_acquire, queue_member
+
+__all__ = [
+    "Clock",
+    "Extended",
+    "LockCore",
+    "Outcome",
+    "Vote",
+    "classify",
+    "count_votes",
+    "majority",
+    "unavailable",
+]
+
+logger = logging.getLogger("celery_redlock.lock")
+
+#: A monotonic clock in seconds; injectable so expiry paths can be tested without sleeping.
+Clock = Callable[[], float]
+
+
+class Outcome(enum.Enum):
+    """What a Redis error means for a lock (:func:`classify`)."""
+
+    UNAVAILABLE = "did not answer"
+    REFUSED = "refused"
+    NOSCRIPT = "noscript"
+    REPLY = "error reply"
+
+
+#: Exception class names (anywhere in the MRO) that mean "no answer" in redis-py and valkey.
+_UNAVAILABLE_CLASSES = frozenset(
+    {
+        "ConnectionError",
+        "TimeoutError",
+        "BusyLoadingError",
+        "ClusterError",
+        "RedisClusterException",
+        "ValkeyClusterException",
+        "MaxConnectionsError",
+    }
+)
+
+#: Class names of the refusals whose reply prefix the client strips from the message.
+_REFUSED_CLASSES = frozenset({"OutOfMemoryError", "ReadOnlyError", "NoPermissionError"})
+
+#: Error replies by which a node refuses lock operations for now, by prefix: a script runs too
+#: long (``BUSY``), the disk is failing (``MISCONF``), the node is a replica after a failover
+#: (``READONLY``) or has lost its replicas (``MASTERDOWN``, ``NOREPLICAS``), memory is full
+#: under ``noeviction`` (``OOM``), or the ACL user lacks a permission (``NOPERM``, and inside a
+#: script "The user executing the script can't ...").
+REFUSED_REPLIES = ("BUSY", "MISCONF", "READONLY", "MASTERDOWN", "NOREPLICAS", "OOM", "NOPERM")
+
+#: Reply prefixes that mean "no answer" even when a client reports them as a plain error reply.
+_UNAVAILABLE_REPLIES = ("LOADING", "CLUSTERDOWN", "TRYAGAIN")
+
+
+def classify(exc: BaseException) -> Outcome | None:
+    """What ``exc`` means for a lock, or ``None`` when it is no Redis error at all (a bug)."""
+    if isinstance(exc, LockUnavailable):
+        return Outcome.UNAVAILABLE
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & _UNAVAILABLE_CLASSES or isinstance(exc, OSError):
+        return Outcome.UNAVAILABLE
+    if "ResponseError" not in names:
+        return None
+    if "NoScriptError" in names:
+        return Outcome.NOSCRIPT
+    if names & _REFUSED_CLASSES:
+        return Outcome.REFUSED
+    text = str(exc)
+    prefix = text.split(" ", 1)[0]
+    if prefix == "NOSCRIPT":
+        return Outcome.NOSCRIPT
+    if prefix in _UNAVAILABLE_REPLIES:
+        return Outcome.UNAVAILABLE
+    if prefix in REFUSED_REPLIES or "user executing the script" in text:
+        return Outcome.REFUSED
+    return Outcome.REPLY
+
+
+def describe(exc: BaseException) -> str:
+    """``exc`` as text for a message; never empty (``asyncio.TimeoutError()`` has no text)."""
+    return str(exc) or {"TimeoutError": "no reply in time"}.get(type(exc).__name__, repr(exc))
+
+
+def unavailable(exc: BaseException, key: str, names: tuple[str, ...]) -> LockUnavailable:
+    """The :class:`LockUnavailable` for ``exc`` (no answer, or a refusal) from node ``names``.
+
+    A client pool that ran out of connections is named as such: the server may be fine.
+    """
+    text = describe(exc)
+    if "Too many connections" in text or "MaxConnectionsError" in type(exc).__name__:
+        what = (
+            f"the client's connection pool for Redis at {names[0]} is exhausted for lock {key} "
+            f"({text}): raise its max_connections, or use a BlockingConnectionPool"
+        )
+    elif classify(exc) is Outcome.REFUSED:
+        what = f"Redis at {names[0]} refused lock {key}: {text}"
+    else:
+        what = f"Redis at {names[0]} did not answer for lock {key}: {text}"
+    return LockUnavailable(what, key=key, nodes=names)
+
+
+def wait_refused(exc: BaseException) -> bool:
+    """Whether a queued wait's error means the user may not run the queue's commands."""
+    cause = exc.__cause__ if isinstance(exc, LockUnavailable) else exc
+    text = str(cause)
+    return (
+        "NOPERM" in text
+        or "user executing the script" in text
+        or (cause is not None and "NoPermissionError" in type(cause).__name__)
+    )
+
+
+def warn_not_notified(key: str, nodes: Sequence[str]) -> None:
+    """WARNING for a release whose ``PUBLISH`` was refused (:data:`RELEASED_NOT_NOTIFIED`)."""
+    logger.warning(
+        "lock %s released on %s, but waiters were not notified (PUBLISH was refused, is "
+        "it missing from the ACL user's permissions?); they try again when the old lease "
+        "would have ended",
+        key,
+        ", ".join(nodes),
+    )
+
+
+def released(reply: Any, key: str, nodes: Sequence[str]) -> bool:
+    """Decode one node's release reply; WARNING when its ``PUBLISH`` was refused."""
+    if reply is not None and int(reply) == RELEASED_NOT_NOTIFIED:
+        warn_not_notified(key, nodes)
+    return bool(reply)
+
+
+# -- the quorum vote -----------------------------------------------------------------------------
+
+Replies = list[tuple[Any, BaseException | None]]
+
+
+def majority(nodes: int) -> int:
+    """How many of ``nodes`` independent nodes make a majority (1 for a single node)."""
+    return nodes // 2 + 1
+
+
+class Extended(NamedTuple):
+    """What an extend found: whether the lock is still ours, and whether every node has it."""
+
+    #: The owner token was found (on the node, or on a majority of a quorum's nodes).
+    held: bool
+    #: Every node holds the lock now. Always equal to ``held`` for a single node; False for a
+    #: quorum with a node that is down or that had to get the lock back (repair).
+    complete: bool
+
+
+class Vote(NamedTuple):
+    """What a quorum's acquisition replies decide (:func:`count_votes`)."""
+
+    #: The fencing token when a majority granted the lock within its validity time, else None.
+    fencing: int | None
+    #: How many nodes granted it, and those whose counter is below ``fencing`` (write-back).
+    won: int
+    lagging: list[int]
+    #: What a failed attempt reports: a holder seen by a node, or a bare refusal (no holder
+    #: seen: enough votes, but the validity time ran out).
+    refusal: AcquireResult
+
+
+def count_votes(
+    replies: Sequence[tuple[Any, BaseException | None]], ttl_ms: int, elapsed_ms: float, quorum: int
+) -> Vote:
+    """The Redlock rule, in one place for both drivers.
+
+    The lock is held when at least ``quorum`` nodes granted it and the validity time, ``ttl``
+    minus the elapsed time minus a clock-drift allowance (1 % of ttl + 2 ms), is positive; its
+    fencing token is the largest one granted.
+    """
+    results = {i: decode_acquire(rep) for i, (rep, err) in enumerate(replies) if err is None}
+    won = [i for i, res in results.items() if res.acquired]
+    held = [res for res in results.values() if not res.acquired]
+    refusal = held[0] if held else AcquireResult(False)
+    validity_ms = ttl_ms - elapsed_ms - (ttl_ms * 0.01 + 2)
+    if len(won) < quorum or validity_ms <= 0:
+        return Vote(None, len(won), [], refusal)
+    fencing = max(results[i].fencing_token or 0 for i in won)
+    lagging = [i for i in won if results[i].fencing_token != fencing]
+    return Vote(fencing, len(won), lagging, refusal)
+
+
+class QuorumRules:
+    """What a quorum's replies mean, for the thread and the asyncio quorum alike."""
+
+    names: tuple[str, ...]
+    quorum: int
+
+    def failed(self, replies: Replies) -> list[str]:
+        return [self.names[i] for i, (_, err) in enumerate(replies) if err is not None]
+
+    def no_quorum(
+        self,
+        key: str,
+        failed: list[str],
+        what: str,
+        replies: Sequence[tuple[Any, BaseException | None]] = (),
+    ) -> LockUnavailable:
+        errors = [err for _, err in replies if err is not None]
+        return LockUnavailable(
+            f"no quorum for lock {key}: {what}; {len(failed)} of {len(self.names)} nodes "
+            f"failed ({', '.join(failed)}), {self.quorum} needed"
+            + (f"; first error: {describe(errors[0])}" if errors else ""),
+            key=key,
+            nodes=tuple(failed),
+        )
+
+    def check_answered(self, key: str, replies: Replies, what: str) -> list[str]:
+        """The failed nodes; :class:`LockUnavailable` when too few answered for a majority."""
+        failed = self.failed(replies)
+        if len(self.names) - len(failed) < self.quorum:
+            raise self.no_quorum(key, failed, what, replies)
+        return failed
+
+    def released(self, key: str, replies: Replies) -> bool:
+        """Whether no majority contradicts a release (a silent node is no evidence of loss);
+        WARNING naming the nodes whose ``PUBLISH`` was refused."""
+        refused_publish = [
+            self.names[i]
+            for i, (rep, err) in enumerate(replies)
+            if err is None and rep is not None and int(rep) == RELEASED_NOT_NOTIFIED
+        ]
+        if refused_publish:
+            warn_not_notified(key, refused_publish)
+        failed = self.check_answered(key, replies, "release failed")
+        ok = sum(1 for rep, err in replies if err is None and rep)
+        return ok + len(failed) >= self.quorum
+
+    def extended(self, key: str, replies: Replies, elapsed_ms: float, ttl_ms: int) -> Extended:
+        """What a quorum extend found: only nodes that still held our token count."""
+        if elapsed_ms >= ttl_ms:
+            return Extended(False, False)
+        self.check_answered(key, replies, "extend failed")
+        held = sum(1 for rep, err in replies if err is None and int(rep) == 1)
+        return Extended(held >= self.quorum, held == len(self.names))
+
+    def fence_raised(self, replies: Replies, lagging: list[int], won: int) -> bool:
+        raised_failed = sum(1 for i in lagging if replies[i][1] is not None)
+        return won - raised_failed >= self.quorum
+
+    def pttl(self, values: list[int]) -> int:
+        """Time until fewer than a majority of nodes hold a key (negative: not held)."""
+        return sorted(values, reverse=True)[self.quorum - 1]
+
+
+# -- the lock's state and its decisions ----------------------------------------------------------
+
+
+def check_arguments(ttl: Any, max_hold: Any, timeout: Any, limit: Any) -> None:
+    """Raise :class:`ValueError` for lock arguments out of range."""
+    if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or ttl <= 0:
+        raise ValueError(f"Lock ttl must be a positive number of seconds, got {ttl!r}")
+    if max_hold is not None and max_hold <= 0:
+        raise ValueError(f"Lock max_hold must be positive seconds, got {max_hold!r}")
+    if timeout is not None and timeout < 0:
+        raise ValueError(f"Lock timeout must be >= 0 seconds or None, got {timeout!r}")
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
+        raise ValueError(f"Lock limit must be an integer >= 1, got {limit!r}")
+
+
+def check_limit(limit: int, nodes: tuple[str, ...]) -> None:
+    """Raise :class:`ValueError` for ``limit`` > 1 over a quorum of independent nodes."""
+    if limit > 1 and len(nodes) > 1:
+        raise ValueError(
+            "a Lock with limit > 1 needs a single Redis deployment (a node, Sentinel or "
+            "Cluster): over a quorum of independent nodes, more than `limit` owners could "
+            "each win a majority of slots"
+        )
+
+
+def ms(seconds: float) -> int:
+    """``seconds`` as whole milliseconds for Redis, at least 1."""
+    return max(1, int(seconds * 1000))
+
+
+#: Shortest delay between two renewal attempts after a failure (unless the lease ends sooner).
+MIN_RETRY = 0.05
+
+#: Shortest delay until the next renewal after one that found the lock missing on a quorum
+#: node (the delay is lease/30, at least this).
+DEGRADED_RENEWAL = 0.1
+
+
+class LockCore:
+    """A lock's state and decisions; a driver adds the I/O (see the module docstring).
+
+    The constructor's arguments are those of :class:`celery_redlock.Lock`. Everything
+    time-related is judged by ``clock``.
+    """
+
+    #: Where the lock lives (:meth:`_connect`): a driver's nodes.
+    nodes: Any
+    #: What ``repr()`` calls it.
+    _kind = "Lock"
+
+    def __init__(
+        self,
+        redis: Any,
+        name: str,
+        ttl: float = 30.0,
+        *,
+        prefix: str = "redlock",
+        owner: str = "",
+        host: str | None = None,
+        blocking: bool = True,
+        timeout: float | None = None,
+        auto_renew: bool = False,
+        max_hold: float | None = None,
+        limit: int = 1,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        check_arguments(ttl, max_hold, timeout, limit)
+        self.nodes = self._connect(redis)
+        if limit > 1:  # the node names are read only here (building them costs a URL parse)
+            check_limit(limit, self.nodes.names)
+        self.name = name
+        self.limit = limit
+        self.keys = _keys.keys_for(prefix, name, limit)
+        self.ttl = float(ttl)
+        self.owner = owner
+        self.host = host
+        self.blocking = blocking
+        self.timeout = timeout
+        self.auto_renew = auto_renew
+        self.max_hold = max_hold
+        self.clock = clock
+        self._state = threading.Lock()
+        self._token: str | None = None
+        self._slot: str | None = None
+        self._fencing_token: int | None = None
+        self._acquired_at = 0.0
+        self._expires_at = 0.0
+        self._lost = False
+        #: The holder seen by the last failed attempt (``None`` if it was not contended).
+        self.last_holder: _owner.Owner | None = None
+        self._holder_ttl: float | None = None
+
+    @property
+    def key(self) -> str:
+        """The Redis key of this lock: the slot held, or the first slot when not held."""
+        return self._slot or self.keys.lock
+
+    @property
+    def token(self) -> str | None:
+        """The owner token stored in Redis while held."""
+        return self._token
+
+    @property
+    def held(self) -> bool:
+        """True between a successful acquire and release, unless the lock was lost."""
+        return self._token is not None and not self.lost
+
+    @property
+    def lost(self) -> bool:
+        """True once the lock was found expired or owned by someone else while held, and from
+        the end of the last confirmed lease on (by :attr:`clock`), even while Redis does not
+        answer, or nobody renews (a fixed TTL, a renewal whose event loop ended): from then on
+        another owner may exist."""
+        if self._lost:
+            return True
+        return self._token is not None and self.clock() >= self._expires_at
+
+    def on_lost(self, reason: str) -> None:
+        """Called once when the lock is found lost; logs an ERROR. Override to react."""
+        logger.error(
+            "lock %s lost (token %s…, fencing token %s): %s",
+            self.key,
+            (self._token or "")[:8],
+            self._fencing_token,
+            reason,
+        )
+
+    def __repr__(self) -> str:
+        state = "lost" if self._lost else "held" if self._token else "free"
+        return f"<{self._kind} {self.key} {state} fencing_token={self._fencing_token}>"
+
+    # -- what the public methods check ------------------------------------------------------------
+
+    def _acquire_mode(self, blocking: bool | None, timeout: float | None) -> float | None:
+        """The timeout of a blocking acquire, or ``-1.0`` for a single attempt."""
+        if self._token is not None:
+            raise RuntimeError(f"lock {self.key} is already acquired by this object")
+        blocking = self.blocking if blocking is None else blocking
+        timeout = self.timeout if timeout is None else timeout
+        if timeout is not None and timeout < 0:
+            raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
+        return -1.0 if not blocking or timeout == 0 else timeout
+
+    def _release_token(self, keep: float) -> str:
+        token = self._token
+        if token is None:
+            raise LockNotOwned(f"cannot release {self.key}: not acquired", key=self.key)
+        if keep < 0:
+            raise ValueError(f"keep must be >= 0 seconds, got {keep!r}")
+        return token
+
+    def _released(self, released: bool) -> None:
+        """After the release call: :class:`LockLost` if the key was not ours any more."""
+        if not released:
+            self._mark_lost("it was no longer held by this owner at release")
+            self._token = None
+            raise LockLost(f"lock {self.key} expired or changed owner before release", key=self.key)
+        self._token = None
+
+    def _extend_args(self, ttl: float | None) -> tuple[str, float]:
+        token = self._token
+        if token is None or self._lost:
+            raise LockNotOwned(f"cannot extend {self.key}: not held", key=self.key)
+        ttl = self.ttl if ttl is None else ttl
+        if ttl <= 0:
+            raise ValueError(f"extend ttl must be positive, got {ttl!r}")
+        return token, ttl
+
+    def _extended(self, extended: Extended, start: float, ttl: float) -> None:
+        if not extended.held:
+            self._mark_lost("extend found it expired or owned by someone else")
+            raise LockLost(f"lock {self.key} was lost before extend", key=self.key)
+        self._expires_at = start + ttl
+
+    def _contended_message(self) -> str:
+        return f"could not acquire {self.key} within {self.timeout}s"
+
+    # -- acquisition ------------------------------------------------------------------------------
+
+    def _lease(self) -> float:
+        """The ttl of one acquisition: the lock's, capped by ``max_hold``."""
+        return self.ttl if self.max_hold is None else min(self.ttl, self.max_hold)
+
+    def _new_token(self) -> str:
+        return _owner.new_token(self.owner, self.host)
+
+    def _result(self, token: str, start: float, ttl: float, result: AcquireResult) -> bool:
+        """Take in an acquisition's reply; whether it holds the lock now."""
+        if not result.acquired:
+            self._saw(result.holder, result.pttl_ms)
+            return False
+        self._hold(token, start, ttl, result.slot or 1, result.fencing_token)
+        return True
+
+    def _saw(self, holder: str | None, pttl: int | None) -> None:
+        """A failed attempt saw ``holder`` (and its PTTL in ms, if the reply had one)."""
+        self.last_holder = _owner.parse(holder)
+        self._holder_ttl = None if pttl is None or pttl < 0 else pttl / 1000.0
+
+    def _hold(
+        self, token: str, start: float, ttl: float, slot: int = 1, fencing: int | None = None
+    ) -> None:
+        with self._state:
+            self._acquired_at = start
+            self._expires_at = start + ttl  # before the token: `lost` reads both unlocked
+            self._lost = False
+            self._token = token
+            self._slot = self.keys.slots[slot - 1]
+            self._fencing_token = fencing
+            self.last_holder = None
+            self._holder_ttl = None
+        if self.auto_renew:
+            self._start_renewal()
+
+    def _handoff(self, wait: Wait, data: Any) -> tuple[str, float] | None:
+        """A message on a queued waiter's channel: ``(token, since)`` if it handed the lock to
+        the waiter, whose lease counts from ``since`` (its last try began before the handoff);
+        ``since`` is ``-1`` when more than half a lease passed: extend before counting on it."""
+        token = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+        if not token.startswith(wait.secret + _owner.SEPARATOR):
+            return None
+        if self.clock() - wait.tried_at > wait.ttl / 2:
+            return token, -1.0
+        return token, wait.tried_at
+
+    def _mark_lost(self, reason: str) -> None:
+        with self._state:
+            if self._lost:
+                return
+            self._lost = True
+        self._stop_renewal()
+        self.on_lost(reason)
+
+    def _connect(self, redis: Any) -> Any:
+        raise NotImplementedError  # each driver builds its own nodes
+
+    def _start_renewal(self) -> None:
+        raise NotImplementedError  # each driver schedules its own renewal
+
+    def _stop_renewal(self) -> None:
+        raise NotImplementedError
+
+    # -- the renewal policy -----------------------------------------------------------------------
+
+    def _renewal(self) -> tuple[str, float, float, float] | None:
+        """What one renewal sends: ``(token, ttl, start, wait)``, the reply awaited for at most
+        ``wait`` seconds (a reply after the lease's end is no use); ``None``: stop (released,
+        lost, or the ``max_hold`` cap reached: the key then expires on its own at the cap)."""
+        token = self._token
+        if token is None or self._lost:
+            return None
+        now = self.clock()
+        left = self._expires_at - now
+        if left <= 0:
+            self._mark_lost("the lease ran out before a renewal was confirmed")
+            return None
+        ttl = self.ttl
+        if self.max_hold is not None:
+            ttl = min(ttl, self._acquired_at + self.max_hold - now)
+            if ttl <= 0.001:
+                return None
+        return token, ttl, now, left
+
+    def _renewal_failed(self, token: str, exc: BaseException) -> float | None:
+        """A renewal failed (no answer, an error reply, no reply in time, or a bug): the delay
+        until the next try, or ``None`` (released meanwhile, or lost: the lease ran out).
+
+        Every failure is retried: half the time left, so that a retry still fits in the lease,
+        at most ``ttl / 3`` and 1 s; the last one at the lease's end, which then marks the
+        lock lost (no retries in a tight loop).
+        """
+        if self._token != token:
+            return None
+        left = self._expires_at - self.clock()
+        if left <= 0:
+            self._mark_lost(f"no renewal was confirmed before the lease ran out ({describe(exc)})")
+            return None
+        logger.warning(
+            "lock %s: renewal failed, retrying (lease ends in %.1fs): %s",
+            self.key,
+            left,
+            describe(exc),
+            exc_info=classify(exc) is None,
+        )
+        delay = min(self.ttl / 3, 1.0, left / 2)
+        return delay if delay >= MIN_RETRY else left
+
+    def _renewed(self, token: str, start: float, ttl: float, extended: Extended) -> float | None:
+        """A renewal's reply: the delay until the next one, or ``None`` to stop."""
+        if self._token != token:  # released while the extend was in flight
+            return None
+        if not extended.held:
+            self._mark_lost("renewal found it expired or owned by someone else")
+            return None
+        self._expires_at = start + ttl
+        if not extended.complete:
+            # A quorum node lacked it (down, or rejoined empty): renew sooner, so that a node
+            # that comes back gets the lock again before another node can fail.
+            return min(self.ttl / 3, max(DEGRADED_RENEWAL, self.ttl / 30))
+        return self.ttl / 3
+
+
+class Wait:
+    """One blocking wait in a lock's waiter queue: its channel, and the owner token and ttl a
+    release hands the lock over with (:func:`~celery_redlock._redis.scripts.queue_member`)."""
+
+    def __init__(self, channel: str, token: str, ttl: float) -> None:
+        self.channel = channel
+        self.ttl = ttl
+        self.secret = token.partition(_owner.SEPARATOR)[0]
+        self.member = queue_member(channel, token, ms(ttl))
+        #: When the last try began (it found the lock held): a handoff came after it.
+        self.tried_at = 0.0

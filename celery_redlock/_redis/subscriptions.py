@@ -1,0 +1,336 @@
+"""Release notifications: the pub/sub connections blocking waiters listen on.
+
+A blocking waiter listens on a channel (a lock's release channel, or a queued waiter's own:
+:data:`~celery_redlock._redis.scripts.WAIT`) and must not miss a message sent after its next
+try, so it waits for the server's ``subscribe`` confirmation first.
+
+* Threads: each wait holds a ``PubSub`` of its own, on a pool apart from the lock's
+  (:func:`subscriber_of`); one whose wait ended is set aside for the next wait of the process
+  (:func:`subscribe`, :func:`set_aside`).
+* asyncio: one ``PubSub`` per event loop and client carries the channels of every waiting task
+  (:class:`Hub`): 200 waiters cost one connection, not 200, and a release reaches the waiter
+  it hands the lock to without waking the others.
+
+No ``UNSUBSCRIBE`` is ever sent (an ACL user may lack it): a connection keeps the dead
+channels of earlier waits, on which nothing is published again, and is closed once it carries
+too many.
+
+This module never imports Celery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import weakref
+from collections import deque
+from typing import Any
+
+import redis as redis_py
+
+from .core import classify
+from .owner import current_pid
+
+
+def on(message: dict[str, Any], channel: str) -> bool:
+    """Whether a pub/sub ``message`` came on ``channel`` (bytes, or str with decoded replies)."""
+    return _text(message["channel"]) == channel
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+# -- threads -------------------------------------------------------------------------------------
+
+_subscribers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_subscribers_guard = threading.Lock()
+
+
+def subscriber_of(client: Any) -> Any:
+    """A client like ``client`` on a connection pool of its own, for subscriptions.
+
+    Closing a subscription disconnects its connection and hands it back to its pool. In the
+    lock's own pool the next command, the waiter's release once it has run, would then
+    connect again (a TCP connect and the handshake: round trips on the path to the next
+    waiter). Plain pools (TCP, TLS, Unix socket) are copied; any other (Sentinel) is used as
+    it is.
+    """
+    pool = getattr(client, "connection_pool", None)
+    if type(pool) is not redis_py.ConnectionPool:
+        return client
+    with _subscribers_guard:
+        subscriber = _subscribers.get(client)
+        if subscriber is None:
+            own = redis_py.ConnectionPool(
+                connection_class=pool.connection_class, **pool.connection_kwargs
+            )
+            subscriber = _subscribers[client] = redis_py.Redis(connection_pool=own)
+        return subscriber
+
+
+#: Idle subscriptions kept per subscriber client, at most (the rest are closed).
+IDLE_SUBSCRIPTIONS = 8
+
+#: Channels one kept subscription may carry; one that has this many is closed, not reused.
+SUBSCRIPTION_CHANNELS = 16
+
+_idle: weakref.WeakKeyDictionary[Any, list[tuple[int, Any]]] = weakref.WeakKeyDictionary()
+
+
+def subscribe(client: Any, channel: str) -> Any:
+    """A ``PubSub`` of ``client`` subscribing to ``channel`` (the request is sent; its
+    confirmation is the ``subscribe`` message on ``channel``): one that an earlier wait of this
+    process set aside (:func:`set_aside`), else a new one.
+
+    A reused one stays subscribed to the dead channels of its earlier waits (no
+    ``UNSUBSCRIBE``: an ACL user may lack it); nothing is published on them, but a waiter must
+    still ignore the messages of other channels.
+    """
+    idle = _idle.get(client)
+    while idle:
+        try:
+            pid, pubsub = idle.pop()
+        except IndexError:  # another thread took the last one
+            break
+        if pid != current_pid():
+            continue  # inherited through a fork: the parent's socket, never read or closed here
+        if len(pubsub.channels) >= SUBSCRIPTION_CHANNELS:
+            pubsub.close()
+            continue
+        pubsub.subscribe(channel)
+        return pubsub
+    pubsub = client.pubsub()
+    pubsub.subscribe(channel)
+    return pubsub
+
+
+def set_aside(client: Any, pubsub: Any) -> None:
+    """Keep ``pubsub`` for the next wait of this process (:func:`subscribe`): its wait ended,
+    and its channel is dead (a queued waiter's own channel once it left the queue: nothing is
+    published there any more).
+
+    Closing it would cost the waiter that was just handed a lock a socket shutdown on its way
+    back to the caller (on a virtual machine, a few hundred microseconds after an idle wait),
+    and the next wait a TCP connect and handshake. Beyond :data:`IDLE_SUBSCRIPTIONS` it is
+    closed, and so is one not on a plain pool of its own (:func:`subscriber_of`): a Sentinel
+    pool's connection kept idle could outlive a failover, still subscribed on the old primary,
+    where the new one's handoff would not count it.
+    """
+    if type(getattr(client, "connection_pool", None)) is not redis_py.ConnectionPool:
+        pubsub.close()
+        return
+    idle = _idle.get(client)
+    if idle is None:
+        with _subscribers_guard:
+            idle = _idle.setdefault(client, [])
+    if len(idle) >= IDLE_SUBSCRIPTIONS:
+        pubsub.close()
+        return
+    idle.append((current_pid(), pubsub))
+
+
+# -- asyncio -------------------------------------------------------------------------------------
+
+
+class Inbox:
+    """What one waiting task receives on its channel: messages in order, or the error that
+    broke the subscription. :meth:`get` awaits a plain future, so a cancellation of the
+    waiting task always lands (no ``asyncio.wait_for`` that could drop it, gh-86296)."""
+
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+        self.items: deque[Any] = deque()
+        self.error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, data: Any) -> None:
+        self.items.append(data)
+        self._wake()
+
+    def fail(self, error: BaseException) -> None:
+        self.error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def get(self, timeout: float) -> Any:
+        """The next message's data, or ``None`` after ``timeout`` seconds; raises the error
+        that broke the subscription."""
+        if not self.items and self.error is None:
+            loop = asyncio.get_running_loop()
+            self._waiter = waiter = loop.create_future()
+            timer = loop.call_later(timeout, self._wake)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+                self._waiter = None
+        if self.items:
+            return self.items.popleft()
+        if self.error is not None:
+            raise self.error
+        return None
+
+
+class _Connection:
+    """One ``PubSub`` and the task that reads it, for the inboxes of one loop and client."""
+
+    def __init__(self, hub: Hub) -> None:
+        self.hub = hub
+        self.pubsub = hub.client.pubsub()
+        self.inboxes: dict[str, set[Inbox]] = {}
+        self.confirmed: set[str] = set()
+        self.pending: dict[str, list[asyncio.Future[None]]] = {}
+        self.channels = 0  # subscribed so far, dead ones included
+        self.reader: asyncio.Task[None] | None = None
+        self.broken: BaseException | None = None
+        #: One SUBSCRIBE in flight at a time: redis-py < 5.1 connects a ``PubSub`` once per
+        #: concurrent first command, and all but the last connection would go unread.
+        self.sending = asyncio.Lock()
+
+    async def add(self, inbox: Inbox) -> None:
+        channel = inbox.channel
+        self.inboxes.setdefault(channel, set()).add(inbox)
+        if channel in self.confirmed:
+            return
+        loop = asyncio.get_running_loop()
+        confirmation = loop.create_future()
+        first = channel not in self.pending
+        self.pending.setdefault(channel, []).append(confirmation)
+        if first:
+            self.channels += 1
+            async with self.sending:
+                await self.pubsub.subscribe(channel)
+        if self.reader is None:
+            self.reader = loop.create_task(self._read(), name="celery-redlock subscription")
+        timer = loop.call_later(SUBSCRIBE_TIMEOUT, _unconfirmed, confirmation, channel)
+        try:
+            await confirmation
+        finally:
+            timer.cancel()
+
+    def remove(self, inbox: Inbox) -> None:
+        inboxes = self.inboxes.get(inbox.channel)
+        if inboxes is not None:
+            inboxes.discard(inbox)
+            if not inboxes:
+                del self.inboxes[inbox.channel]
+        if not self.inboxes and (self.broken or self is not self.hub.current):
+            self.close()
+
+    def close(self) -> None:
+        if self.hub.current is self:
+            self.hub.current = None
+        if self.reader is not None and not self.reader.done():
+            self.reader.cancel()
+        elif self.reader is None:
+            asyncio.get_running_loop().create_task(_close(self.pubsub))
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        channel = _text(message["channel"])
+        if message["type"] == "subscribe":
+            self.confirmed.add(channel)
+            for confirmation in self.pending.pop(channel, []):
+                if not confirmation.done():
+                    confirmation.set_result(None)
+        elif message["type"] == "message":
+            for inbox in self.inboxes.get(channel, ()):
+                inbox.put(message["data"])
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                message = await self.pubsub.get_message(timeout=IDLE_READ)
+                if message is not None:
+                    self._dispatch(message)
+                elif not self.inboxes and not self.pending:
+                    return  # idle: the next wait subscribes anew
+        except Exception as exc:
+            if classify(exc) is None:
+                raise
+            self._break(exc)
+        finally:
+            if self.hub.current is self:
+                self.hub.current = None
+            await _close(self.pubsub)
+
+    def _break(self, exc: BaseException) -> None:
+        self.broken = exc
+        for confirmations in self.pending.values():
+            for confirmation in confirmations:
+                if not confirmation.done():
+                    confirmation.set_exception(exc)
+        self.pending.clear()
+        for inboxes in self.inboxes.values():
+            for inbox in inboxes:
+                inbox.fail(exc)
+
+
+def _unconfirmed(confirmation: asyncio.Future[None], channel: str) -> None:
+    if not confirmation.done():
+        confirmation.set_exception(
+            redis_py.exceptions.TimeoutError(f"no SUBSCRIBE confirmation for {channel}")
+        )
+
+
+async def _close(pubsub: Any) -> None:
+    with contextlib.suppress(Exception):
+        await (pubsub.aclose() if hasattr(pubsub, "aclose") else pubsub.close())
+
+
+class Hub:
+    """The subscriptions of one event loop on one client: one connection carries every
+    waiting task's channel, and each message goes to the inboxes of its channel only.
+
+    Timeline of a wait: (1) the task subscribes its inbox (:meth:`subscribe`) and returns once
+    the server confirmed the channel; (2) it tries the lock; (3) a release publishes on the
+    channel; (4) the hub's reader puts the message into the inbox, which wakes the task. A
+    connection that carries :data:`HUB_CHANNELS` channels takes no new ones: the next one
+    opens beside it, and the old one closes when its last waiter leaves.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.current: _Connection | None = None
+
+    async def subscribe(self, channel: str) -> tuple[_Connection, Inbox]:
+        connection = self.current
+        if connection is None or connection.broken or connection.channels >= HUB_CHANNELS:
+            if connection is not None and not connection.inboxes:
+                connection.close()
+            connection = self.current = _Connection(self)
+        inbox = Inbox(channel)
+        try:
+            await connection.add(inbox)
+        except BaseException:
+            connection.remove(inbox)
+            raise
+        return connection, inbox
+
+
+_hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, tuple[Any, Hub]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def hub_for(client: Any) -> Hub:
+    """The running loop's :class:`Hub` for ``client``."""
+    hubs = _hubs.setdefault(asyncio.get_running_loop(), {})
+    entry = hubs.get(id(client))
+    if entry is None or entry[0] is not client:
+        entry = hubs[id(client)] = (client, Hub(client))
+    return entry[1]
+
+
+#: Seconds to wait for the server to confirm a SUBSCRIBE before subscribing again.
+SUBSCRIBE_TIMEOUT = 5.0
+
+#: Seconds the asyncio reader waits for a message before it checks whether anyone listens.
+IDLE_READ = 30.0
+
+#: Channels one asyncio subscription connection takes, dead ones included.
+HUB_CHANNELS = 1024

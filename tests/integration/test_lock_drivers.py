@@ -1,0 +1,491 @@
+"""Every lock behaviour, pinned once for both drivers: the thread :class:`celery_redlock.Lock`
+and the asyncio :class:`celery_redlock.asyncio.Lock` (and each over a ``valkey`` client, when
+valkey is installed), against real ``redis-server`` processes.
+
+A test receives a :class:`Driver`: ``d.lock(...)`` builds the driver's lock and ``d(x)`` runs
+what the lock returned (a value for the thread lock, a coroutine on the test's own event loop
+for the asyncio lock), so one test body pins both. Behaviours only one driver has
+(cancellation, the thread watchdog) are tested there alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.util
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis as redis_py
+
+import celery_redlock
+import celery_redlock.asyncio
+from celery_redlock import LockLost, LockNotOwned, LockUnavailable
+from celery_redlock._redis import aionodes
+from celery_redlock._redis.core import Extended
+from celery_redlock._redis.owner import parse
+from celery_redlock.testing import RedisServer
+from tests.conftest import lock_keys
+
+HAS_VALKEY = importlib.util.find_spec("valkey") is not None
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Driver:
+    """One lock implementation, and how a test runs what it returns."""
+
+    def __init__(self, kind: str, client: str) -> None:
+        self.kind = kind
+        self.client = client
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._made: list[Any] = []
+
+    @property
+    def is_async(self) -> bool:
+        return self.kind == "asyncio"
+
+    def target(self, url: str) -> Any:
+        """What the lock is given for ``url``: the URL itself, or a client of the driver's."""
+        if self.client == "url":
+            return url
+        if self.is_async:
+            import valkey.asyncio
+
+            client = valkey.asyncio.Valkey.from_url(url)
+        else:
+            import valkey
+
+            client = valkey.Valkey.from_url(url)
+        self._made.append(client)
+        return client
+
+    def lock(self, redis: Any, name: str, ttl: float = 30.0, **options: Any) -> Any:
+        if isinstance(redis, str) or (
+            isinstance(redis, list) and all(isinstance(r, str) for r in redis)
+        ):
+            redis = (
+                [self.target(r) for r in redis] if isinstance(redis, list) else self.target(redis)
+            )
+        cls = celery_redlock.asyncio.Lock if self.is_async else celery_redlock.Lock
+        return cls(redis, name, ttl, **options)
+
+    def __call__(self, value: Any) -> Any:
+        if not self.is_async:
+            return value
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+        return self.loop.run_until_complete(value)
+
+    def close(self) -> None:
+        for client in self._made:
+            with contextlib.suppress(Exception):
+                self(client.aclose()) if self.is_async else client.close()
+        if self.loop is not None:
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.close()
+
+
+DRIVERS = [
+    pytest.param(("thread", "url"), id="thread"),
+    pytest.param(("asyncio", "url"), id="asyncio"),
+    pytest.param(
+        ("thread", "valkey"),
+        id="thread-valkey",
+        marks=pytest.mark.skipif(not HAS_VALKEY, reason="valkey is not installed"),
+    ),
+    pytest.param(
+        ("asyncio", "valkey"),
+        id="asyncio-valkey",
+        marks=pytest.mark.skipif(not HAS_VALKEY, reason="valkey is not installed"),
+    ),
+]
+
+
+@pytest.fixture(params=DRIVERS)
+def d(request: pytest.FixtureRequest) -> Iterator[Driver]:
+    driver = Driver(*request.param)
+    yield driver
+    driver.close()
+
+
+@pytest.fixture(params=DRIVERS[:2])
+def d2(request: pytest.FixtureRequest) -> Iterator[Driver]:
+    """The two drivers over URLs only (for tests where the client makes no difference)."""
+    driver = Driver(*request.param)
+    yield driver
+    driver.close()
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def acl_user(r: redis_py.Redis, name: str, *rules: str) -> Iterator[str]:
+    """An ACL user ``name`` with ``rules`` (on keys and channels ``redlock*``); its password."""
+    r.execute_command(
+        "ACL", "SETUSER", name, "reset", "on", ">pw", "~redlock*", "&redlock*", *rules
+    )
+    try:
+        yield "pw"
+    finally:
+        r.execute_command("ACL", "DELUSER", name)
+
+
+def user_url(server: RedisServer, user: str) -> str:
+    return f"redis://{user}:pw@127.0.0.1:{server.port}/0"
+
+
+#: The documented least-privilege rules (docs/guide.md), waiter queue included.
+RULES = [
+    "-@all",
+    "+evalsha",
+    "+script|load",
+    "+get",
+    "+set",
+    "+del",
+    "+pexpire",
+    "+pttl",
+    "+time",
+    "+publish",
+    "+subscribe",
+    "+ping",
+    "+zadd",
+    "+zrem",
+    "+zpopmin",
+    "+exists",
+]
+
+
+# -- acquire / release / extend ------------------------------------------------------------------
+
+
+def test_acquire_extend_release(d: Driver, redis_url: str, r: redis_py.Redis) -> None:
+    lock = d.lock(redis_url, "basic", ttl=5, owner="task-1", host="w1")
+    assert not lock.held
+    assert d(lock.acquire(blocking=False)) and lock.held and not lock.lost
+    assert r.get(lock.key) == lock.token.encode() and d(lock.locked())
+    owner = parse(r.get(lock.key))
+    assert owner is not None and (owner.task_id, owner.host, owner.pid) == (
+        "task-1",
+        "w1",
+        os.getpid(),
+    )
+    assert 4.0 < (d(lock.remaining_ttl()) or 0) <= 5.0
+    assert isinstance(lock.fencing_token, int)
+    with pytest.raises(RuntimeError, match="already acquired"):
+        d(lock.acquire(blocking=False))
+    d(lock.extend(60))
+    assert 50_000 < r.pttl(lock.key) <= 60_000
+    d(lock.release())
+    assert not lock.held and not lock.lost and lock.token is None
+    assert lock_keys(r) == [] and d(lock.remaining_ttl()) is None and not d(lock.locked())
+    with pytest.raises(LockNotOwned):
+        d(lock.release())
+    with pytest.raises(LockNotOwned):
+        d(lock.extend())
+    assert d(lock.acquire(blocking=False))  # free again, and reusable
+    d(lock.release())
+
+
+def test_a_second_lock_cannot_acquire_and_sees_the_holder(
+    d: Driver, redis_url: str, r: redis_py.Redis
+) -> None:
+    first = d.lock(redis_url, "seen", ttl=10, owner="task-1", host="w1")
+    second = d.lock(redis_url, "seen", ttl=10, owner="task-2", host="w2")
+    assert d(first.acquire(blocking=False))
+    assert not d(second.acquire(blocking=False))
+    assert not d(second.acquire(blocking=True, timeout=0))
+    assert not second.held and second.token is None
+    assert second.last_holder is not None and second.last_holder.task_id == "task-1"
+    assert second.last_holder.host == "w1" and second.last_holder.token == first.token
+    assert second.last_holder_ttl is not None and 9.0 < second.last_holder_ttl <= 10.0
+    with pytest.raises(LockNotOwned) as info:
+        d(second.release())
+    assert info.value.key == second.key
+    d(first.release())
+    assert d(second.acquire(blocking=False))
+    assert second.last_holder is None and second.last_holder_ttl is None
+    d(second.release())
+
+
+def test_release_of_a_lock_taken_over_is_lost_and_leaves_the_new_owner(
+    d2: Driver, redis_url: str, r: redis_py.Redis
+) -> None:
+    lock = d2.lock(redis_url, "taken", ttl=10)
+    assert d2(lock.acquire(blocking=False))
+    r.set(lock.key, "someone-else", keepttl=True)
+    with pytest.raises(LockLost) as info:
+        d2(lock.release())
+    assert info.value.key == lock.key
+    assert lock.lost and not lock.held and r.get(lock.key) == b"someone-else"
+    r.delete(lock.key)
+
+
+# -- loss by clock (drift 2) ---------------------------------------------------------------------
+
+
+def test_a_fixed_ttl_lock_is_lost_by_its_clock_once_its_ttl_passed(
+    d2: Driver, redis_url: str, r: redis_py.Redis
+) -> None:
+    """No renewal: from the TTL's end, by the lock's clock, it says lost and not held, like a
+    lock whose renewal died with its event loop. (The asyncio lock said held on main.)"""
+    clock = FakeClock()
+    lock = d2.lock(redis_url, "by-clock", ttl=10, clock=clock)
+    assert d2(lock.acquire(blocking=False))
+    clock.now += 9.9
+    assert lock.held and not lock.lost
+    clock.now += 0.2
+    assert lock.lost and not lock.held
+    with contextlib.suppress(LockLost):
+        d2(lock.release())
+    assert lock_keys(r) == []
+
+
+def test_an_asyncio_lock_whose_loop_ended_says_lost_after_its_lease(redis_url: str) -> None:
+    clock = FakeClock()
+    lock = celery_redlock.asyncio.Lock(redis_url, "loop-ended", ttl=5, auto_renew=True, clock=clock)
+    assert asyncio.run(lock.acquire(blocking=False))  # the loop, and its renewal task, end here
+    assert lock.held
+    clock.now += 5
+    assert lock.lost and not lock.held
+
+
+# -- refused replies (drift 1) -------------------------------------------------------------------
+
+
+def test_a_user_without_set_gets_lock_unavailable(
+    d: Driver, redis_server: RedisServer, r: redis_py.Redis
+) -> None:
+    rules = [rule for rule in RULES if rule != "+set"]
+    with acl_user(r, "noset", *rules):
+        lock = d.lock(user_url(redis_server, "noset"), "refused", ttl=10)
+        with pytest.raises(LockUnavailable, match="refused") as raised:
+            d(lock.acquire(blocking=False))
+        assert raised.value.key == lock.key
+    assert lock_keys(r) == []
+
+
+def test_an_out_of_memory_server_gives_lock_unavailable(
+    d: Driver, redis_url: str, r: redis_py.Redis
+) -> None:
+    lock = d.lock(redis_url, "oom", ttl=10)
+    r.config_set("maxmemory-policy", "noeviction")
+    r.config_set("maxmemory", 1)
+    try:
+        with pytest.raises(LockUnavailable, match=r"OOM|maxmemory"):
+            d(lock.acquire(blocking=False))
+    finally:
+        r.config_set("maxmemory", 0)
+    assert lock_keys(r) == []
+
+
+def test_a_server_down_gives_lock_unavailable_naming_it(d: Driver) -> None:
+    server = RedisServer()
+    lock = d.lock(server.url, "down", ttl=10)
+    with pytest.raises(LockUnavailable, match=f"127.0.0.1:{server.port}"):
+        d(lock.acquire(blocking=False))
+
+
+def test_scripts_are_loaded_again_after_a_script_flush(
+    d: Driver, redis_url: str, r: redis_py.Redis
+) -> None:
+    lock = d.lock(redis_url, "noscript", ttl=10, limit=2)  # a semaphore runs the acquire script
+    r.script_flush()
+    assert d(lock.acquire(blocking=False))
+    r.script_flush()
+    d(lock.extend(20))
+    r.script_flush()
+    d(lock.release())
+    assert lock_keys(r) == []
+
+
+# -- renewal (drift 3) ---------------------------------------------------------------------------
+
+
+def failing(d: Driver, error: BaseException) -> type:
+    base = celery_redlock.asyncio.Lock if d.is_async else celery_redlock.Lock
+    if d.is_async:
+
+        class AsyncFailing(base):  # type: ignore[misc, valid-type]
+            async def do_extend(self, token: str, ttl: float) -> Extended:
+                raise error
+
+        return AsyncFailing
+
+    class ThreadFailing(base):  # type: ignore[misc, valid-type]
+        def do_extend(self, token: str, ttl: float) -> Extended:
+            raise error
+
+    return ThreadFailing
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        LockUnavailable("Redis at x did not answer"),
+        redis_py.exceptions.ResponseError("BUSY Redis is busy running a script"),
+        RuntimeError("a bug in an override"),
+    ],
+    ids=["unavailable", "error-reply", "bug"],
+)
+def test_renewal_retries_every_failure_with_one_delay_formula(
+    d2: Driver,
+    redis_url: str,
+    r: redis_py.Redis,
+    caplog: pytest.LogCaptureFixture,
+    error: Exception,
+) -> None:
+    """Half the time left, at most ttl/3 and 1 s; under 50 ms, at the lease's end; then lost."""
+    clock = FakeClock()
+    lock = failing(d2, error)(redis_url, "renew-policy", ttl=3, clock=clock)
+    assert d2(lock.acquire(blocking=False))
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.lock"):
+        assert d2(lock.renew_step()) == pytest.approx(1.0)  # min(ttl/3, 1 s, left/2 = 1.5)
+        clock.now += 2.0
+        assert d2(lock.renew_step()) == pytest.approx(0.5)  # left/2
+        clock.now += 0.94
+        assert d2(lock.renew_step()) == pytest.approx(0.06)  # left/2 = 0.03 < 50 ms: at the end
+    assert [re.search(r"renewal failed.*s\)", rec.getMessage())[0] for rec in caplog.records] == [
+        "renewal failed, retrying (lease ends in 3.0s)",
+        "renewal failed, retrying (lease ends in 1.0s)",
+        "renewal failed, retrying (lease ends in 0.1s)",
+    ]
+    clock.now += 0.06
+    assert d2(lock.renew_step()) is None and lock.lost
+    r.delete(lock.keys.lock)
+
+
+def test_auto_renew_keeps_a_short_lease_alive(
+    d2: Driver, redis_url: str, r: redis_py.Redis
+) -> None:
+    lock = d2.lock(redis_url, "renewed", ttl=0.6, auto_renew=True)
+    assert d2(lock.acquire(blocking=False))
+    first = lock.token
+
+    async def later() -> None:
+        await asyncio.sleep(1.5)
+
+    d2(later()) if d2.is_async else time.sleep(1.5)
+    assert lock.held and r.get(lock.key) == first.encode()
+    d2(lock.release())
+
+
+def test_renewal_finding_the_key_gone_marks_lost(
+    d2: Driver, redis_url: str, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    lock = d2.lock(redis_url, "renew-gone", ttl=10)
+    assert d2(lock.acquire(blocking=False))
+    r.delete(lock.key)
+    with caplog.at_level(logging.ERROR, logger="celery_redlock.lock"):
+        assert d2(lock.renew_step()) is None
+    assert lock.lost and "renewal found it expired" in caplog.text
+
+
+# -- blocking waits ------------------------------------------------------------------------------
+
+
+def test_a_blocking_acquire_times_out_and_leaves_the_queue(
+    d2: Driver, redis_url: str, r: redis_py.Redis
+) -> None:
+    holder = celery_redlock.Lock(redis_url, "wait-timeout", ttl=30, owner="task-A")
+    assert holder.acquire(blocking=False)
+    lock = d2.lock(redis_url, "wait-timeout", ttl=10)
+    start = time.monotonic()
+    assert not d2(lock.acquire(timeout=0.3))
+    assert 0.3 <= time.monotonic() - start < 3.0
+    assert lock.last_holder is not None and lock.last_holder.task_id == "task-A"
+    assert r.zcard(holder.keys.waiters) == 0
+    holder.release()
+    assert lock_keys(r) == []
+
+
+def test_a_blocking_acquire_gets_the_lock_of_a_dead_holder_at_its_ttl(
+    d2: Driver, redis_url: str, r: redis_py.Redis
+) -> None:
+    dead = celery_redlock.Lock(redis_url, "dead-holder", ttl=0.3, owner="dead-task")
+    assert dead.acquire(blocking=False)  # and never released
+    lock = d2.lock(redis_url, "dead-holder", ttl=10)
+    start = time.monotonic()
+    assert d2(lock.acquire(timeout=10))
+    assert time.monotonic() - start < 5.0  # woke when the TTL ran out, not at the timeout
+    assert lock.last_holder is None and r.get(lock.key) == lock.token.encode()
+    d2(lock.release())
+
+
+# -- quorum (drifts 4 and the empty "first error") -----------------------------------------------
+
+
+@pytest.fixture
+def three() -> Iterator[list[RedisServer]]:
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(RedisServer()) for _ in range(3)]
+
+
+def test_publish_refused_on_a_quorum_release_warns(
+    d2: Driver, three: list[RedisServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    rules = [rule for rule in RULES if rule != "+publish"]
+    admins = [s.client() for s in three]
+    with contextlib.ExitStack() as stack:
+        for admin in admins:
+            stack.enter_context(acl_user(admin, "nopublish", *rules))
+        lock = d2.lock([user_url(s, "nopublish") for s in three], "q-publish", ttl=10)
+        assert d2(lock.acquire(blocking=False))
+        with caplog.at_level(logging.WARNING, logger="celery_redlock.lock"):
+            d2(lock.release())
+    assert "waiters were not notified (PUBLISH was refused" in caplog.text
+    assert all(admin.get(lock.keys.lock) is None for admin in admins)
+
+
+def test_a_quorum_without_a_majority_names_the_first_error(
+    d2: Driver, three: list[RedisServer]
+) -> None:
+    """Two nodes paused: their replies never come within the node timeout."""
+    lock = d2.lock([s.url for s in three], "q-paused", ttl=10)
+    for server in three[1:]:
+        server.client().execute_command("CLIENT", "PAUSE", 3000, "ALL")
+    try:
+        with pytest.raises(LockUnavailable) as raised:
+            d2(lock.acquire(blocking=False))
+    finally:
+        for server in three[1:]:
+            server.client().execute_command("CLIENT", "UNPAUSE")
+    first = str(raised.value).partition("first error: ")[2]
+    assert first.strip(), str(raised.value)
+
+
+def test_a_quorum_acquires_extends_and_releases_on_every_node(
+    d2: Driver, three: list[RedisServer]
+) -> None:
+    lock = d2.lock([s.url for s in three], "q-basic", ttl=10)
+    assert d2(lock.acquire(blocking=False)) and lock.fencing_token is not None
+    assert all(s.client().get(lock.key) == lock.token.encode() for s in three)
+    d2(lock.extend(20))
+    d2(lock.release())
+    assert all(s.client().get(lock.keys.lock) is None for s in three)
+
+
+def test_the_asyncio_nodes_docstring_names_what_they_send() -> None:
+    """They never send EVAL (the documented ACL user lacks it): SCRIPT LOAD, then EVALSHA."""
+    doc = aionodes.__doc__ or ""
+    assert "``EVAL``" not in doc.replace("never ``EVAL``", "")
+    assert "SCRIPT LOAD" in doc

@@ -1,0 +1,70 @@
+"""The lock core's error classifier: by meaning, the same for redis-py and valkey errors."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+
+import pytest
+import redis as redis_py
+
+from celery_redlock import LockUnavailable
+from celery_redlock._redis.core import Outcome, classify, describe, unavailable
+
+E = redis_py.exceptions
+
+CASES = [
+    (E.ConnectionError("Error 111 connecting"), Outcome.UNAVAILABLE),
+    (E.TimeoutError("Timeout reading from socket"), Outcome.UNAVAILABLE),
+    (E.BusyLoadingError("Redis is loading the dataset in memory"), Outcome.UNAVAILABLE),
+    (E.ResponseError("LOADING Redis is loading the dataset in memory"), Outcome.UNAVAILABLE),
+    (E.ResponseError("CLUSTERDOWN The cluster is down"), Outcome.UNAVAILABLE),
+    (ConnectionResetError(104, "reset"), Outcome.UNAVAILABLE),
+    (asyncio.TimeoutError(), Outcome.UNAVAILABLE),
+    (LockUnavailable("no"), Outcome.UNAVAILABLE),
+    (E.ResponseError("BUSY Redis is busy running a script"), Outcome.REFUSED),
+    (E.ResponseError("MISCONF Errors writing to the AOF file"), Outcome.REFUSED),
+    (E.ReadOnlyError("You can't write against a read only replica."), Outcome.REFUSED),
+    (E.ResponseError("READONLY You can't write against a read only replica."), Outcome.REFUSED),
+    (E.ResponseError("MASTERDOWN Link with MASTER is down"), Outcome.REFUSED),
+    (E.OutOfMemoryError("command not allowed when used memory > 'maxmemory'"), Outcome.REFUSED),
+    (E.NoPermissionError("this user has no permissions to run the 'set' command"), Outcome.REFUSED),
+    (
+        E.ResponseError("The user executing the script can't run this command or subcommand"),
+        Outcome.REFUSED,
+    ),
+    (E.NoScriptError("No matching script. Please use EVAL."), Outcome.NOSCRIPT),
+    (E.ResponseError("NOSCRIPT No matching script"), Outcome.NOSCRIPT),
+    (E.ResponseError("ERR syntax error"), Outcome.REPLY),
+    (RuntimeError("a bug"), None),
+    (KeyError("a bug"), None),
+]
+
+
+@pytest.mark.parametrize(("exc", "outcome"), CASES, ids=[repr(c[0])[:40] for c in CASES])
+def test_redis_py_errors_are_classified_by_meaning(exc: BaseException, outcome: Outcome) -> None:
+    assert classify(exc) is outcome
+
+
+#: The cases raised by redis-py's own classes, which valkey has twins of.
+REDIS_PY = [c for c in CASES if type(c[0]).__module__ == "redis.exceptions"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("valkey") is None, reason="valkey not installed")
+@pytest.mark.parametrize(("exc", "outcome"), REDIS_PY, ids=[repr(c[0])[:40] for c in REDIS_PY])
+def test_valkey_errors_are_classified_as_redis_py_ones(
+    exc: BaseException, outcome: Outcome
+) -> None:
+    import valkey.exceptions
+
+    twin = getattr(valkey.exceptions, type(exc).__name__)
+    assert twin is not type(exc)
+    assert classify(twin(*exc.args)) is outcome
+
+
+def test_messages_name_an_exhausted_pool_and_never_end_empty() -> None:
+    pool = unavailable(E.ConnectionError("Too many connections"), "k", ("h:1",))
+    assert "connection pool for Redis at h:1 is exhausted for lock k" in str(pool)
+    assert describe(asyncio.TimeoutError()) == "no reply in time"
+    refused = unavailable(E.ResponseError("BUSY Redis is busy"), "k", ("h:1",))
+    assert str(refused) == "Redis at h:1 refused lock k: BUSY Redis is busy"
