@@ -30,7 +30,7 @@ from celery_redlock._redis import aionodes
 from celery_redlock._redis.core import Extended
 from celery_redlock._redis.owner import parse
 from celery_redlock.testing import RedisServer
-from tests.conftest import lock_keys
+from support.apps import lock_keys
 
 HAS_VALKEY = importlib.util.find_spec("valkey") is not None
 
