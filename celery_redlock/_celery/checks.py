@@ -42,6 +42,7 @@ from .._redis.clients import redact
 from .identity import spec_of
 from .options import TaskLockOptions, quorum_size, settings_for
 from .supersede import supersedes
+from .timeline import size_for
 
 logger = logging.getLogger("celery_redlock.worker")
 
@@ -106,6 +107,12 @@ def features_of(app: Any) -> dict[str, list[str]]:
         if spec is not None:
             for feature in _uses(spec.options):
                 found.setdefault(feature, []).append(task.name)
+    try:
+        ring = size_for(app) > 0
+    except ValueError:  # said once by the ring itself, which then stays off
+        ring = False
+    if ring and "lock" in found:  # every locked task pushes its events to the ring
+        found["timeline"] = list(found["lock"])
     return found
 
 
@@ -166,6 +173,7 @@ _CONSEQUENCES = {
     "enqueue": "lock_enqueue=True needs",
     "newest": "lock_enqueue='replace' and lock_debounce need",
     "rate": "lock_rate needs",
+    "timeline": "redlock_timeline needs",
 }
 _UNTIL = {
     "lock": "until then lock operations fail and locked tasks follow redlock_on_unavailable={!r}",
@@ -173,6 +181,8 @@ _UNTIL = {
     "newest": "until then their calls are published unmarked (each runs, none is superseded) "
     "with a WARNING in the caller",
     "rate": "until then their rate check follows redlock_on_unavailable={!r}",
+    "timeline": "until then their events are not recorded (the dashboard's timeline stays "
+    "empty; the tasks run on)",
 }
 
 
@@ -195,7 +205,7 @@ def _report_dry_run(
             on_unavailable,
         )
     reported: set[str] = set()
-    for feature in ("lock", "enqueue", "newest", "rate"):
+    for feature in ("lock", "enqueue", "newest", "rate", "timeline"):
         if feature not in features:
             continue
         commands = probe.FEATURES[feature].commands

@@ -26,6 +26,7 @@ import redis as redis_py
 from redis.cluster import RedisCluster
 
 from . import scripts as _scripts
+from . import timeline as _timeline
 from .clients import UNAVAILABLE_ERRORS, client_for, refused
 from .keys import keys_for, lock_pattern, stats_key
 from .scripts.base import Script
@@ -56,7 +57,8 @@ def _named(scripts: tuple[Script, ...], *names: str) -> tuple[Script, ...]:
 #: The features, by name. ``lock``: every locked task (the acquire ``SET ... NX PX GET`` and
 #: the holder's ``PTTL``, the release notification, ``SUBSCRIBE`` for blocking waits, ``PING``
 #: for a quorum, ``HINCRBY`` for the event counters); ``queue``: the queue of blocking waiters
-#: (without it a release wakes every waiter); ``cli``: ``celery redlock ls/inspect/stats``.
+#: (without it a release wakes every waiter); ``timeline``: an app's ``redlock_timeline`` ring
+#: (every locked task pushes its events); ``cli``: ``celery redlock ls/inspect/stats``.
 FEATURES: dict[str, Feature] = {
     feature.name: feature
     for feature in (
@@ -80,6 +82,7 @@ FEATURES: dict[str, Feature] = {
             _named(_scripts.COMPANION_SCRIPTS, "mark_newest", "confirm_newest", "check_newest"),
         ),
         Feature("rate", _named(_scripts.COMPANION_SCRIPTS, "rate")),
+        Feature("timeline", (), _timeline.COMMANDS),
         Feature(
             "cli",
             _named(_scripts.LOCK_SCRIPTS, "pttls", "release_unrenewed"),
@@ -108,6 +111,7 @@ ORDER = (
     "HDEL",
     "HINCRBY",
     "RPUSH",
+    "LPUSH",
     "LINDEX",
     "LLEN",
     "LTRIM",
@@ -170,6 +174,7 @@ def _probes(client: Any, prefix: str, timeout: float) -> dict[str, Callable[[], 
         "HDEL": lambda: client.hdel(hash_, "check"),
         "HINCRBY": lambda: client.hincrby(counters, "check", 0),
         "RPUSH": lambda: client.rpush(list_, "0"),
+        "LPUSH": lambda: client.lpush(list_, "0"),
         "LINDEX": lambda: client.lindex(list_, 0),
         "LLEN": lambda: client.llen(list_),
         "LTRIM": lambda: client.ltrim(list_, 1, 0),  # empties the list: it is deleted
