@@ -189,7 +189,8 @@ def one_setup(label: str, url: str, nodes: list[redis_py.Redis], route: Any, n: 
 
 
 def main() -> None:
-    sizes = [int(s) for s in os.environ.get("REDLOCK_TEST_WEB_BENCH_SIZES", "100000,1000000").split(",")]
+    asked = os.environ.get("REDLOCK_TEST_WEB_BENCH_SIZES", "100000,1000000")
+    sizes = [int(s) for s in asked.split(",")]
     cluster_size = int(os.environ.get("REDLOCK_TEST_WEB_BENCH_CLUSTER", "1000000"))
     out: dict[str, Any] = {
         "machine": f"{platform.node()} ({os.cpu_count()} CPUs, {platform.platform()})",
