@@ -350,8 +350,10 @@ class Inventory:
             for lock in self._read_page(self._slots(keys), listed_by=listed_by):
                 if lock is not None:
                     locks[lock.key] = lock
-            kinds = {k: m[1] for k in keys if not is_slot(k) and (m := self._marker(k)) is not None}
-            markers.update((m.key, m) for m in self._read_markers(i, kinds))
+            named = {
+                k: m[1:] for k in keys if not is_slot(k) and (m := self._marker(k)) is not None
+            }
+            markers.update((m.key, m) for m in self._read_markers(i, named))
         held = sorted(locks.values(), key=lambda lk: lk.key)
         return View(
             held,
@@ -457,7 +459,7 @@ class Inventory:
         marker = self._marker(key)
         if marker is None:
             raise ValueError(f"{key!r} is not an enqueue marker, rate window or debounce marker")
-        keys, kind = marker
+        keys, _, kind = marker
         call = ([key, keys.rate_next if kind == "rate" else key], [fingerprint])
         cleared = self._each(lambda c: _scripts.run(c, _scripts.CLEAR_MARKER, *call))
         return any(bool(r) for r in cleared)
@@ -528,9 +530,9 @@ class Inventory:
                 parsed[key] = slot
         return list(parsed.values())
 
-    def _marker(self, key: str) -> tuple[LockKeys, str] | None:
-        """The keys of the lock whose marker ``key`` is, and the :class:`Marker` kind; ``None``
-        for any other key."""
+    def _marker(self, key: str) -> tuple[LockKeys, str, str] | None:
+        """The keys and the name of the lock whose marker ``key`` is, and the :class:`Marker`
+        kind; ``None`` for any other key."""
         head = f"{self.prefix}:{{"
         name = key[len(head) : key.rfind("}")] if key.startswith(head) else ""
         try:
@@ -538,18 +540,18 @@ class Inventory:
         except ValueError:
             return None
         kind = next((kind for kind in MARKERS if getattr(keys, kind) == key), None)
-        return None if kind is None else (keys, kind)
+        return None if kind is None else (keys, name, kind)
 
-    def _read_markers(self, i: int, kinds: dict[str, str]) -> list[Marker]:
-        """The markers ``{key: kind}`` found on the ``i``-th node of the walk, read there (a
-        quorum keeps them on the first node that answers): one pipelined round trip. A marker
-        gone since the ``SCAN`` is left out."""
-        if not kinds:
+    def _read_markers(self, i: int, named: dict[str, tuple[str, str]]) -> list[Marker]:
+        """The markers ``{key: (name, kind)}`` found on the ``i``-th node of the walk, read
+        there (a quorum keeps them on the first node that answers): one pipelined round trip.
+        A marker gone since the ``SCAN`` is left out."""
+        if not named:
             return []
         client = self._targets()[i][0]
         url = self.urls[i if len(self.urls) > 1 else 0]
         pipe = client.pipeline(transaction=False)
-        for key, kind in kinds.items():
+        for key, (_, kind) in named.items():
             pipe.pttl(key)
             pipe.dump(key)
             if kind == "queued":
@@ -563,15 +565,14 @@ class Inventory:
         except Exception as exc:
             raise self._failure(url, exc) from exc
         out = []
-        for n, (key, kind) in enumerate(kinds.items()):
+        for n, (key, (name, kind)) in enumerate(named.items()):
             pttl, dumped, info = replies[3 * n : 3 * n + 3]
             if dumped is None:
                 continue
-            head = f"{self.prefix}:{{"
             out.append(
                 Marker(
                     key=key,
-                    name=key[len(head) : key.rfind("}")],
+                    name=name,
                     kind=kind,
                     ttl=None if int(pttl) < 0 else int(pttl) / 1000.0,
                     task_id=None if kind == "rate" or info is None else _text(info),
