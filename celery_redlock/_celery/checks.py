@@ -236,12 +236,13 @@ def _report_dry_run(
             "; ".join(f"{name}: {refusals[name]}" for name in queue),
             _grant(queue),
         )
-    cli = [c for c in probe.FEATURES["cli"].commands if c in refusals and c not in reported]
+    tools = [*probe.FEATURES["cli"].commands, *probe.FEATURES["dashboard"].commands]
+    cli = [c for c in dict.fromkeys(tools) if c in refusals and c not in reported]
     if cli:
         logger.info(
             "celery_redlock: the lock Redis at %s refuses commands that only the `celery "
-            "redlock` command line sends: %s (grant %s to the user it runs as); workers do not "
-            "need them",
+            "redlock` command line and dashboard send: %s (grant %s to the user they run as); "
+            "workers do not need them",
             shown,
             ", ".join(cli),
             _grant(cli),
