@@ -19,7 +19,7 @@ the figures are the inventory's own cost. (With workers, a page pings the holder
 dead.)
 
 Also the module of the app the measured processes load: ``-A benchmarks.bench_web``, with the
-lock URL from ``REDLOCK_WEB_BENCH_URL``.
+lock URL from ``REDLOCK_TEST_WEB_BENCH_URL``.
 """
 
 from __future__ import annotations
@@ -39,18 +39,18 @@ from typing import Any
 import redis as redis_py
 from celery import Celery
 
+from celery_redlock._redis.inventory import ROWS as STEP
 from celery_redlock._redis.keys import digest, keys_for
 from celery_redlock._redis.owner import new_token
 from celery_redlock.testing import RedisServer, free_port, wait_until
-from celery_redlock.web._inventory import STEP
 from support.servers import ClusterNodes
 
 ROOT = Path(__file__).resolve().parents[1]
 
 app = Celery("bench_web", set_as_current=False)
-app.conf.redlock_url = os.environ.get("REDLOCK_WEB_BENCH_URL", "redis://127.0.0.1:1/0")
+app.conf.redlock_url = os.environ.get("REDLOCK_TEST_WEB_BENCH_URL", "redis://127.0.0.1:1/0")
 # The ping's broker: a page view pings nobody here (no holder is a worker).
-app.conf.broker_url = os.environ.get("REDLOCK_WEB_BENCH_BROKER", "memory://")
+app.conf.broker_url = os.environ.get("REDLOCK_TEST_WEB_BENCH_BROKER", "memory://")
 
 PAGE_VIEWS = 20
 
@@ -101,7 +101,7 @@ def measure_page(url: str, clients: list[redis_py.Redis]) -> dict[str, Any]:
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
-        "REDLOCK_WEB_BENCH_URL": url,
+        "REDLOCK_TEST_WEB_BENCH_URL": url,
     }
     env = {k: v for k, v in env.items() if not k.startswith("REDLOCK_WEB_") or "BENCH" in k}
     started = time.perf_counter()
@@ -142,7 +142,7 @@ def measure_page(url: str, clients: list[redis_py.Redis]) -> dict[str, Any]:
 
 
 def measure_ls(url: str) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "REDLOCK_WEB_BENCH_URL": url}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "REDLOCK_TEST_WEB_BENCH_URL": url}
     cmd = [sys.executable, "-m", "celery", "-A", "benchmarks.bench_web", "redlock", "ls", "--json"]
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE)
@@ -189,8 +189,9 @@ def one_setup(label: str, url: str, nodes: list[redis_py.Redis], route: Any, n: 
 
 
 def main() -> None:
-    sizes = [int(s) for s in os.environ.get("REDLOCK_WEB_BENCH_SIZES", "100000,1000000").split(",")]
-    cluster_size = int(os.environ.get("REDLOCK_WEB_BENCH_CLUSTER", "1000000"))
+    asked = os.environ.get("REDLOCK_TEST_WEB_BENCH_SIZES", "100000,1000000")
+    sizes = [int(s) for s in asked.split(",")]
+    cluster_size = int(os.environ.get("REDLOCK_TEST_WEB_BENCH_CLUSTER", "1000000"))
     out: dict[str, Any] = {
         "machine": f"{platform.node()} ({os.cpu_count()} CPUs, {platform.platform()})",
         "python": platform.python_version(),

@@ -44,6 +44,7 @@ from .._redis.clients import redact
 from .identity import spec_of
 from .options import TaskLockOptions, quorum_size, settings_for
 from .supersede import supersedes
+from .timeline import size_for
 
 logger = logging.getLogger("celery_redlock.worker")
 
@@ -108,6 +109,12 @@ def features_of(app: Any) -> dict[str, list[str]]:
         if spec is not None:
             for feature in _uses(spec.options):
                 found.setdefault(feature, []).append(task.name)
+    try:
+        ring = size_for(app) > 0
+    except ValueError:  # said once by the ring itself, which then stays off
+        ring = False
+    if ring and "lock" in found:  # every locked task pushes its events to the ring
+        found["timeline"] = list(found["lock"])
     return found
 
 
@@ -168,6 +175,7 @@ _CONSEQUENCES = {
     "enqueue": "lock_enqueue=True needs",
     "newest": "lock_enqueue='replace' and lock_debounce need",
     "rate": "lock_rate needs",
+    "timeline": "redlock_timeline needs",
 }
 _UNTIL = {
     "lock": "until then lock operations fail and locked tasks follow redlock_on_unavailable={!r}",
@@ -175,6 +183,8 @@ _UNTIL = {
     "newest": "until then their calls are published unmarked (each runs, none is superseded) "
     "with a WARNING in the caller",
     "rate": "until then their rate check follows redlock_on_unavailable={!r}",
+    "timeline": "until then their events are not recorded (the dashboard's timeline stays "
+    "empty; the tasks run on)",
 }
 
 
@@ -197,7 +207,7 @@ def _report_dry_run(
             on_unavailable,
         )
     reported: set[str] = set()
-    for feature in ("lock", "enqueue", "newest", "rate"):
+    for feature in ("lock", "enqueue", "newest", "rate", "timeline"):
         if feature not in features:
             continue
         commands = probe.FEATURES[feature].commands
@@ -228,12 +238,13 @@ def _report_dry_run(
             "; ".join(f"{name}: {refusals[name]}" for name in queue),
             _grant(queue),
         )
-    cli = [c for c in probe.FEATURES["cli"].commands if c in refusals and c not in reported]
+    tools = [*probe.FEATURES["cli"].commands, *probe.FEATURES["dashboard"].commands]
+    cli = [c for c in dict.fromkeys(tools) if c in refusals and c not in reported]
     if cli:
         logger.info(
             "celery_redlock: the lock Redis at %s refuses commands that only the `celery "
-            "redlock` command line sends: %s (grant %s to the user it runs as); workers do not "
-            "need them",
+            "redlock` command line and dashboard send: %s (grant %s to the user they run as); "
+            "workers do not need them",
             shown,
             ", ".join(cli),
             _grant(cli),

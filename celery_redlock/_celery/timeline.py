@@ -3,7 +3,8 @@
 Off by default. With ``app.conf.redlock_timeline = N`` (N > 0), every lock event a worker
 reports (acquired, skipped, waited, retried, rate_limited, lost, released, ...) is also pushed
 to one Redis list, ``<prefix>:timeline``, newest first, and the list is cut to its N newest
-entries in the same round trip (``LPUSH``, ``LTRIM``, ``PEXPIRE``): the ring never holds more
+entries in the same round trip (:func:`celery_redlock._redis.timeline.push`: ``LPUSH``,
+``LTRIM``, ``PEXPIRE``; the worker's startup check asks for them): the ring never holds more
 than N entries, whatever the traffic (an unbounded event log in Redis once grew to 3 GB in
 another library). It expires an hour after the last event. Each entry is about 200 bytes of
 JSON (``t`` wall-clock ms of the reporting process, ``task``, ``id``, ``event``, ``key`` where
@@ -16,27 +17,23 @@ for people, never a reason for a task to fail.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import weakref
 from typing import Any
 
-from .._redis.clients import client_for, redact
-from .._redis.keys import timeline_key
+from .._redis import timeline as _ring
+from .._redis.clients import redact
 from .options import settings_for
 
-__all__ = ["SETTING", "TTL_MS", "read", "record", "size_for"]
+__all__ = ["SETTING", "read", "record", "size_for"]
 
 logger = logging.getLogger("celery_redlock.timeline")
 
 #: The app setting: how many events the ring keeps (0 or unset: no ring).
 SETTING = "redlock_timeline"
 
-#: The ring expires this long after its last event.
-TTL_MS = 3600 * 1000
-
-#: Per app: ``(size, url, key)``, read once (``app.conf`` is read lazily, on the first event).
+#: Per app: ``(size, url, prefix)``, read once (``app.conf`` is read lazily, on the first event).
 _targets: weakref.WeakKeyDictionary[Any, tuple[int, str, str]] = weakref.WeakKeyDictionary()
 
 
@@ -51,6 +48,13 @@ def size_for(app: Any) -> int:
     return value
 
 
+def _url(app: Any) -> tuple[str, str]:
+    """The node the ring lives on (a quorum's first) and the prefix, from ``app``'s settings."""
+    settings = settings_for(app)
+    url = settings.url if isinstance(settings.url, str) else settings.url[0]
+    return url, settings.prefix
+
+
 def _target(app: Any) -> tuple[int, str, str]:
     try:
         return _targets[app]
@@ -60,39 +64,29 @@ def _target(app: Any) -> tuple[int, str, str]:
         except ValueError as exc:  # said once, then no ring: the tasks run on
             logger.warning("lock timeline disabled: %s", exc)
             size = 0
-        settings = settings_for(app)
-        url = settings.url if isinstance(settings.url, str) else settings.url[0]
-        target = _targets[app] = (size, url, timeline_key(settings.prefix))
+        target = _targets[app] = (size, *_url(app))
         return target
 
 
 def record(task: Any, task_id: str, event: str, fields: dict[str, Any]) -> None:
     """Push one event of ``task`` to its app's ring, if the app keeps one. Never raises."""
     try:
-        size, url, key = _target(task.app)
+        size, url, prefix = _target(task.app)
         if not size:
             return
         entry = {"t": int(time.time() * 1000), "task": task.name, "id": task_id, "event": event}
         for name in ("key", "policy", "holder"):
             if fields.get(name) is not None:
                 entry[name] = str(fields[name])
-        pipe = client_for(url).pipeline(transaction=False)
-        pipe.lpush(key, json.dumps(entry, separators=(",", ":")))
-        pipe.ltrim(key, 0, size - 1)
-        pipe.pexpire(key, TTL_MS)
-        pipe.execute()
+        _ring.push(url, prefix, entry, size)
     except Exception as exc:  # Redis down, a bad setting: the task goes on
         logger.debug("lock timeline: event %r of %s not recorded: %s", event, task_id, redact(exc))
 
 
-def read(client: Any, prefix: str, limit: int) -> list[dict[str, Any]]:
-    """The ring's newest ``limit`` entries, oldest first (entries that are not JSON skipped)."""
-    out: list[dict[str, Any]] = []
-    for raw in reversed(client.lrange(timeline_key(prefix), 0, max(limit, 1) - 1)):
-        try:
-            entry = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and isinstance(entry.get("t"), int):
-            out.append(entry)
-    return out
+def read(app: Any, limit: int) -> list[dict[str, Any]]:
+    """The newest ``limit`` entries of ``app``'s ring, oldest first.
+
+    :raises ~celery_redlock.LockConfigError: for bad ``redlock_*`` settings; Redis errors
+        propagate (the dashboard says them on the page).
+    """
+    return _ring.read(*_url(app), limit)

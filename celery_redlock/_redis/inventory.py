@@ -8,6 +8,8 @@ What ``celery redlock`` and a dashboard read and change, in the Redis layer (no 
         page = inventory.page(page.cursor)       # cursors page across Cluster primaries too
     inventory.read("redlock:{proj.sync:9f…}")    # one lock, or None
     inventory.release(lock, unless_renewed=True) # owner-checked, never a renewed lease
+    view = inventory.view(name_prefix="proj.")   # a dashboard's page: locks, markers, waiters
+    inventory.clear_marker(view.markers[0].key, view.markers[0].fingerprint)
 
 Every read returns :class:`HeldLock` values; a node that does not answer raises
 :class:`~celery_redlock.LockUnavailable` naming it (credentials hidden), and an ACL user refused
@@ -27,14 +29,29 @@ With ``unless_renewed`` the delete also requires that the lock's TTL did not gro
 read: a holder's renewal resets the TTL to the full lease, so a holder that renewed between the
 read and the delete (alive, whatever else said it was dead) keeps its lock
 (:attr:`Released.RENEWED`). Both checks run in the one script that deletes.
+
+A :meth:`Inventory.view` is a page for people: ``SCAN`` steps over the same cursor as
+:meth:`Inventory.page` until it has :data:`ROWS` keys or has looked at :data:`BUDGET`, so the
+first page costs the same at 1,000 locks or 1,000,000, and a filter that matches few keys
+returns a short page and a cursor instead of walking the whole key space (a step that matched
+little makes the next one look at four times as many keys, up to :data:`MAX_STEP`). Beside the
+locks it lists the markers that keep calls out (:class:`Marker`: ``lock_enqueue``'s queued
+marker, ``lock_rate``'s window, the newest-call marker of ``replace``/``lock_debounce``) and
+counts each lock's blocking waiters. A marker is cleared only if unchanged since it was shown
+(:meth:`Inventory.clear_marker` compares a digest of its ``DUMP``):
+
+1. the page shows the queued marker of call A;
+2. A starts, and a newer call B is queued: the marker now names B;
+3. the operator clears "A's" marker: the digest differs, nothing is deleted (B stays queued).
 """
 
 from __future__ import annotations
 
 import datetime
 import enum
+import hashlib
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -46,6 +63,7 @@ from . import owner as _owner
 from . import scripts as _scripts
 from .clients import UNAVAILABLE_ERRORS, client_for, redact, refused
 from .keys import (
+    LockKeys,
     call_key,
     fence_of,
     is_slot,
@@ -57,7 +75,21 @@ from .keys import (
 )
 from .nodes import majority
 
-__all__ = ["PAGE", "HeldLock", "Inventory", "InventoryRefused", "Page", "Released", "lease_age"]
+__all__ = [
+    "BUDGET",
+    "MAX_FILTER",
+    "PAGE",
+    "ROWS",
+    "HeldLock",
+    "Inventory",
+    "InventoryRefused",
+    "Marker",
+    "Page",
+    "Released",
+    "View",
+    "check_filter",
+    "lease_age",
+]
 
 T = TypeVar("T")
 
@@ -65,7 +97,40 @@ T = TypeVar("T")
 #: trip per node.
 PAGE = 1000
 
+#: Keys a :meth:`Inventory.view` aims at (also the ``COUNT`` of its first step); the largest
+#: ``COUNT`` of a step; the keys a view looks at, at most.
+ROWS = 100
+MAX_STEP = 5000
+BUDGET = 50_000
+
+#: The longest name prefix a view takes: long ``SCAN`` patterns made Redis < 7.2.6 crash
+#: (CVE-2024-31228).
+MAX_FILTER = 200
+
+#: The markers a view lists, by :class:`Marker` ``kind`` (a :class:`LockKeys` property).
+MARKERS = ("queued", "rate", "newest")
+
 _HEX = frozenset("0123456789abcdef")
+
+
+def _lock_name(name: str) -> str:
+    """``name`` without its argument digest (a task lock's ``<lock_name>:<32 hex>``)."""
+    head, _, tail = name.rpartition(":")
+    is_digest = len(tail) == 32 and _HEX.issuperset(tail)
+    return head if head and is_digest else name
+
+
+def check_filter(name_prefix: str) -> str:
+    """``name_prefix`` if a view may filter by it (``SCAN`` matches it literally).
+
+    :raises ValueError: for one longer than :data:`MAX_FILTER`, with control characters, or
+        with braces (a name has none).
+    """
+    if len(name_prefix) > MAX_FILTER:
+        raise ValueError(f"the filter is {len(name_prefix)} characters; at most {MAX_FILTER}")
+    if not name_prefix.isprintable() or "{" in name_prefix or "}" in name_prefix:
+        raise ValueError("the filter must be printable and have no '{' or '}'")
+    return name_prefix
 
 
 class InventoryRefused(LockUnavailable):
@@ -98,9 +163,14 @@ class HeldLock:
     @property
     def lock_name(self) -> str:
         """The name without the argument digest: the task's ``lock_name`` for a task lock."""
-        head, _, tail = self.name.rpartition(":")
-        is_digest = len(tail) == 32 and _HEX.issuperset(tail)
-        return head if head and is_digest else self.name
+        return _lock_name(self.name)
+
+    @property
+    def fingerprint(self) -> str:
+        """A digest of the stored value, for a page to show and an action to compare: never
+        the value, whose secret part would let anyone who sees the page release the lock as
+        its owner."""
+        return hashlib.sha256(self.value.encode()).hexdigest()[:16]
 
     def as_dict(self, alive: str | None = None) -> dict[str, Any]:
         """JSON-ready fields; the token's secret part is never shown, only its first 8 chars."""
@@ -156,6 +226,47 @@ class Page:
     cursor: str
 
 
+@dataclass(frozen=True)
+class Marker:
+    """A companion key that keeps calls out of a lock, as read by :meth:`Inventory.view`."""
+
+    key: str
+    #: The lock's name (inside the braces).
+    name: str
+    #: ``queued`` (``lock_enqueue``), ``rate`` (``lock_rate``'s window) or ``newest`` (the
+    #: newest-call marker of ``lock_enqueue='replace'`` and ``lock_debounce``).
+    kind: str
+    #: Seconds left; ``None``: no expiry.
+    ttl: float | None
+    #: The queued call's task id, or the newest call's; ``None`` for a rate window.
+    task_id: str | None
+    #: Starts in a rate window; ``None`` for the other kinds.
+    starts: int | None
+    #: What :meth:`Inventory.clear_marker` compares: the first 16 hex characters of the SHA1
+    #: of the marker's ``DUMP`` (as ``CLEAR_MARKER`` computes it).
+    fingerprint: str
+
+    @property
+    def lock_name(self) -> str:
+        """The name without the argument digest, as :attr:`HeldLock.lock_name`."""
+        return _lock_name(self.name)
+
+
+@dataclass(frozen=True)
+class View:
+    """One :meth:`Inventory.view`: the locks and markers of a few ``SCAN`` steps."""
+
+    #: Sorted by key.
+    locks: list[HeldLock]
+    markers: list[Marker]
+    #: Blocking waiters queued for each lock, by :attr:`HeldLock.key` (0 for none).
+    waiters: dict[str, int]
+    #: Pass to the next :meth:`Inventory.view` (or :meth:`Inventory.page`); ``"0"``: done.
+    cursor: str
+    #: Keys the ``SCAN`` steps looked at (their ``COUNT``), at most :data:`BUDGET`.
+    looked_at: int
+
+
 class Released(enum.Enum):
     """What :meth:`Inventory.release` did."""
 
@@ -201,34 +312,8 @@ class Inventory:
         during the whole walk is listed at least once, and may be listed twice when the key
         space shrinks a lot meanwhile.
         """
-        targets = self._targets()
-        index, _, scan_cursor = cursor.partition(":") if cursor != "0" else ("0", "", "0")
-        if not (index.isdigit() and scan_cursor.isdigit()) or int(index) >= len(targets):
-            raise ValueError(f"not an inventory cursor: {cursor!r}")
-        i = int(index)
-        client, node = targets[i]
-        pattern = lock_pattern(self.prefix, name_prefix)
-        try:
-            if node is None:
-                next_scan, raw = client.scan(int(scan_cursor), match=pattern, count=count)
-            else:
-                cursors, raw = client.scan(
-                    int(scan_cursor), match=pattern, count=count, target_nodes=node
-                )
-                next_scan = next(iter(cursors.values()))
-        except Exception as exc:
-            raise self._failure(self.urls[i if len(self.urls) > 1 else 0], exc) from exc
-        parsed: dict[str, tuple[str, str, int]] = {}
-        for item in raw:
-            key = _text(item)
-            slot = self.parse(key) if is_slot(key) else None
-            if slot is not None:
-                parsed[key] = slot
-        locks = self._read_page(list(parsed.values()), listed_by=i if self.quorum > 1 else None)
-        if int(next_scan) != 0:
-            next_cursor = f"{i}:{int(next_scan)}"
-        else:
-            next_cursor = f"{i + 1}:0" if i + 1 < len(targets) else "0"
+        i, raw, next_cursor = self._step(cursor, lock_pattern(self.prefix, name_prefix), count)
+        locks = self._read_page(self._slots(raw), listed_by=i if self.quorum > 1 else None)
         kept = [
             lock
             for lock in locks
@@ -236,6 +321,47 @@ class Inventory:
             and (task_id is None or (lock.holder is not None and lock.holder.task_id == task_id))
         ]
         return Page(kept, next_cursor)
+
+    def view(self, cursor: str = "0", *, name_prefix: str = "") -> View:
+        """The locks, markers and waiter counts of ``SCAN`` steps from ``cursor`` (``"0"``: the
+        start) until :data:`ROWS` keys matched or :data:`BUDGET` keys were looked at; names
+        start with ``name_prefix`` (:func:`check_filter`). Read-only: ``SCAN``, then one
+        pipelined round trip per node for the locks (as :meth:`page`) and one for the markers
+        and the waiters.
+
+        :raises ValueError: for a refused filter or a cursor this walk did not hand out.
+        """
+        pattern = lock_pattern(self.prefix, check_filter(name_prefix))
+        found: dict[int, list[str]] = {}  # keys by the index of the node that listed them
+        looked_at, count, matched = 0, ROWS, 0
+        while True:
+            i, raw, cursor = self._step(cursor, pattern, count)
+            looked_at += count
+            found.setdefault(i, []).extend(_text(k) for k in raw)
+            matched += len(raw)
+            if len(raw) < count // 2:
+                count = min(count * 4, MAX_STEP)
+            if cursor == "0" or matched >= ROWS or looked_at >= BUDGET:
+                break
+        locks: dict[str, HeldLock] = {}
+        markers: dict[str, Marker] = {}
+        for i, keys in found.items():
+            listed_by = i if self.quorum > 1 else None
+            for lock in self._read_page(self._slots(keys), listed_by=listed_by):
+                if lock is not None:
+                    locks[lock.key] = lock
+            named = {
+                k: m[1:] for k in keys if not is_slot(k) and (m := self._marker(k)) is not None
+            }
+            markers.update((m.key, m) for m in self._read_markers(i, named))
+        held = sorted(locks.values(), key=lambda lk: lk.key)
+        return View(
+            held,
+            sorted(markers.values(), key=lambda m: m.key),
+            self._waiters(held),
+            cursor,
+            looked_at,
+        )
 
     def pages(self, *, name_prefix: str = "") -> Iterator[list[HeldLock]]:
         """Every held lock, a :meth:`page` at a time: memory stays flat."""
@@ -323,20 +449,20 @@ class Inventory:
         marker = self._first(lambda c: c.get(keys_for(self.prefix, name).queued))
         return None if marker is None else _text(marker)
 
-    def clear_queued(self, name: str, task_id: str) -> bool:
-        """Delete ``name``'s queued-call marker if it still names ``task_id`` (so that the next
-        call is queued again); whether it did."""
-        keys = keys_for(self.prefix, name)
-        call = ([keys.queued], [task_id])
-        cleared = self._each(lambda c: _scripts.run(c, _scripts.CLEAR_QUEUED, *call))
-        return any(bool(r) for r in cleared)
+    def clear_marker(self, key: str, fingerprint: str) -> bool:
+        """Delete the marker at ``key`` (a rate window with its promised next slot) if its
+        :attr:`Marker.fingerprint` is still ``fingerprint``, on every node; whether it did.
+        The next call is then queued, marked or admitted afresh.
 
-    def reset_rate(self, name: str) -> bool:
-        """Forget ``name``'s ``lock_rate`` window (its starts and the promised slots): the next
-        call starts at once. Whether there was one."""
-        keys = keys_for(self.prefix, name)
-        deleted = self._each(lambda c: int(c.delete(keys.rate, keys.rate_next)))
-        return any(bool(r) for r in deleted)
+        :raises ValueError: when ``key`` is not a marker's key under the prefix.
+        """
+        marker = self._marker(key)
+        if marker is None:
+            raise ValueError(f"{key!r} is not an enqueue marker, rate window or debounce marker")
+        keys, _, kind = marker
+        call = ([key, keys.rate_next if kind == "rate" else key], [fingerprint])
+        cleared = self._each(lambda c: _scripts.run(c, _scripts.CLEAR_MARKER, *call))
+        return any(bool(r) for r in cleared)
 
     # -- counters -------------------------------------------------------------------------------
 
@@ -373,6 +499,108 @@ class Inventory:
             return client_for(self.urls[i])
         except Exception as exc:
             raise self._failure(self.urls[i], exc) from exc
+
+    def _step(self, cursor: str, pattern: str, count: int) -> tuple[int, list[Any], str]:
+        """One ``SCAN`` step of about ``count`` keys from ``cursor``: the index of the node
+        scanned, the keys matching ``pattern``, and the cursor to go on from (``"0"``: every
+        node is scanned). The one walker of :meth:`page` and :meth:`view`."""
+        targets = self._targets()
+        i, position = _cursor(cursor, len(targets))
+        client, node = targets[i]
+        try:
+            if node is None:
+                next_scan, raw = client.scan(position, match=pattern, count=count)
+            else:
+                cursors, raw = client.scan(position, match=pattern, count=count, target_nodes=node)
+                next_scan = next(iter(cursors.values()))
+        except Exception as exc:
+            raise self._failure(self.urls[i if len(self.urls) > 1 else 0], exc) from exc
+        if int(next_scan) != 0:
+            return i, list(raw), f"{i}:{int(next_scan)}"
+        return i, list(raw), f"{i + 1}:0" if i + 1 < len(targets) else "0"
+
+    def _slots(self, keys: Iterable[Any]) -> list[tuple[str, str, int]]:
+        """``(slot key, name, slot)`` of each slot key among the keys a ``SCAN`` matched (once
+        each: a ``SCAN`` may return a key twice)."""
+        parsed: dict[str, tuple[str, str, int]] = {}
+        for item in keys:
+            key = _text(item)
+            slot = self.parse(key) if is_slot(key) else None
+            if slot is not None:
+                parsed[key] = slot
+        return list(parsed.values())
+
+    def _marker(self, key: str) -> tuple[LockKeys, str, str] | None:
+        """The keys and the name of the lock whose marker ``key`` is, and the :class:`Marker`
+        kind; ``None`` for any other key."""
+        head = f"{self.prefix}:{{"
+        name = key[len(head) : key.rfind("}")] if key.startswith(head) else ""
+        try:
+            keys = keys_for(self.prefix, name)
+        except ValueError:
+            return None
+        kind = next((kind for kind in MARKERS if getattr(keys, kind) == key), None)
+        return None if kind is None else (keys, name, kind)
+
+    def _read_markers(self, i: int, named: dict[str, tuple[str, str]]) -> list[Marker]:
+        """The markers ``{key: (name, kind)}`` found on the ``i``-th node of the walk, read
+        there (a quorum keeps them on the first node that answers): one pipelined round trip.
+        A marker gone since the ``SCAN`` is left out."""
+        if not named:
+            return []
+        client = self._targets()[i][0]
+        url = self.urls[i if len(self.urls) > 1 else 0]
+        pipe = client.pipeline(transaction=False)
+        for key, (_, kind) in named.items():
+            pipe.pttl(key)
+            pipe.dump(key)
+            if kind == "queued":
+                pipe.get(key)
+            elif kind == "rate":
+                pipe.llen(key)
+            else:
+                pipe.hget(key, "id")
+        try:
+            replies = pipe.execute()
+        except Exception as exc:
+            raise self._failure(url, exc) from exc
+        out = []
+        for n, (key, (name, kind)) in enumerate(named.items()):
+            pttl, dumped, info = replies[3 * n : 3 * n + 3]
+            if dumped is None:
+                continue
+            out.append(
+                Marker(
+                    key=key,
+                    name=name,
+                    kind=kind,
+                    ttl=None if int(pttl) < 0 else int(pttl) / 1000.0,
+                    task_id=None if kind == "rate" or info is None else _text(info),
+                    starts=int(info or 0) if kind == "rate" else None,
+                    fingerprint=hashlib.sha1(bytes(dumped)).hexdigest()[:16],
+                )
+            )
+        return out
+
+    def _waiters(self, locks: Sequence[HeldLock]) -> dict[str, int]:
+        """The blocking waiters queued for each of ``locks``, by key, read on the first node
+        (one ``EXISTS`` for them all where it can: waiters are rare; a ``ZCARD`` each then)."""
+        counts = dict.fromkeys((lock.key for lock in locks), 0)
+        if not locks:
+            return counts
+        queues = [keys_for(self.prefix, lock.name).waiters for lock in locks]
+        client = self._client(0)
+        try:
+            if not isinstance(client, RedisCluster) and not client.exists(*queues):
+                return counts
+            pipe = client.pipeline(transaction=False)
+            for queue in queues:
+                pipe.zcard(queue)
+            replies = pipe.execute()
+        except Exception as exc:
+            raise self._failure(self.urls[0], exc) from exc
+        counts.update((lock.key, int(n or 0)) for lock, n in zip(locks, replies, strict=True))
+        return counts
 
     def _targets(self) -> list[tuple[Any, Any]]:
         """What the cursor walks: ``(client, cluster node or None)`` in a stable order."""
@@ -523,6 +751,18 @@ class Inventory:
             overrides=overrides,
             pttl_ms=largest,
         )
+
+
+def _cursor(cursor: str, nodes: int) -> tuple[int, int]:
+    """``(node index, SCAN cursor)`` of an inventory cursor (``"0"``: the start).
+
+    :raises ValueError: for a cursor this walk of ``nodes`` nodes did not hand out.
+    """
+    index, _, position = cursor.partition(":") if cursor != "0" else ("0", "", "0")
+    digits = all(p.isascii() and p.isdigit() for p in (index, position))
+    if not digits or int(index) >= nodes or len(position) > 20:  # SCAN cursors are 64-bit
+        raise ValueError(f"not an inventory cursor: {cursor!r}")
+    return int(index), int(position)
 
 
 def _overrides(token: str, records: Sequence[Any]) -> dict[str, Any] | None:

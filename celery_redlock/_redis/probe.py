@@ -26,6 +26,7 @@ import redis as redis_py
 from redis.cluster import RedisCluster
 
 from . import scripts as _scripts
+from . import timeline as _timeline
 from .clients import UNAVAILABLE_ERRORS, client_for, refused
 from .keys import keys_for, lock_pattern, stats_key
 from .scripts.base import Script
@@ -56,7 +57,9 @@ def _named(scripts: tuple[Script, ...], *names: str) -> tuple[Script, ...]:
 #: The features, by name. ``lock``: every locked task (the acquire ``SET ... NX PX GET`` and
 #: the holder's ``PTTL``, the release notification, ``SUBSCRIBE`` for blocking waits, ``PING``
 #: for a quorum, ``HINCRBY`` for the event counters); ``queue``: the queue of blocking waiters
-#: (without it a release wakes every waiter); ``cli``: ``celery redlock ls/inspect/stats``.
+#: (without it a release wakes every waiter); ``timeline``: an app's ``redlock_timeline`` ring
+#: (every locked task pushes its events); ``cli``: ``celery redlock ls/inspect/stats``;
+#: ``dashboard``: what ``celery redlock web`` adds to those (markers, waiters, the ring).
 FEATURES: dict[str, Feature] = {
     feature.name: feature
     for feature in (
@@ -80,10 +83,16 @@ FEATURES: dict[str, Feature] = {
             _named(_scripts.COMPANION_SCRIPTS, "mark_newest", "confirm_newest", "check_newest"),
         ),
         Feature("rate", _named(_scripts.COMPANION_SCRIPTS, "rate")),
+        Feature("timeline", (), _timeline.COMMANDS),
         Feature(
             "cli",
             _named(_scripts.LOCK_SCRIPTS, "pttls", "release_unrenewed"),
             ("SCAN", "GET", "MGET", "EXISTS", "HGETALL"),
+        ),
+        Feature(
+            "dashboard",
+            _named(_scripts.COMPANION_SCRIPTS, "clear_marker"),
+            ("PTTL", "DUMP", "GET", "LLEN", "HGET", "ZCARD", "LRANGE"),
         ),
     )
 }
@@ -95,6 +104,7 @@ ORDER = (
     "TIME",
     "SET",
     "GET",
+    "DUMP",
     "MGET",
     "PTTL",
     "PEXPIRE",
@@ -108,10 +118,13 @@ ORDER = (
     "HDEL",
     "HINCRBY",
     "RPUSH",
+    "LPUSH",
     "LINDEX",
     "LLEN",
+    "LRANGE",
     "LTRIM",
     "ZADD",
+    "ZCARD",
     "ZREM",
     "ZPOPMIN",
     "SCAN",
@@ -157,6 +170,7 @@ def _probes(client: Any, prefix: str, timeout: float) -> dict[str, Callable[[], 
         "TIME": client.time,
         "SET": lambda: client.set(string, "check", px=1000),
         "GET": lambda: client.get(string),
+        "DUMP": lambda: client.dump(string),
         "MGET": lambda: client.mget([string]),
         "PTTL": lambda: client.pttl(string),
         "PEXPIRE": lambda: client.pexpire(string, 1000),
@@ -170,10 +184,13 @@ def _probes(client: Any, prefix: str, timeout: float) -> dict[str, Callable[[], 
         "HDEL": lambda: client.hdel(hash_, "check"),
         "HINCRBY": lambda: client.hincrby(counters, "check", 0),
         "RPUSH": lambda: client.rpush(list_, "0"),
+        "LPUSH": lambda: client.lpush(list_, "0"),
         "LINDEX": lambda: client.lindex(list_, 0),
         "LLEN": lambda: client.llen(list_),
+        "LRANGE": lambda: client.lrange(list_, 0, 0),
         "LTRIM": lambda: client.ltrim(list_, 1, 0),  # empties the list: it is deleted
         "ZADD": lambda: client.zadd(zset, {"check": 0}),
+        "ZCARD": lambda: client.zcard(zset),
         "ZREM": lambda: client.zrem(zset, "check"),
         "ZPOPMIN": lambda: client.zpopmin(zset),
         "SCAN": lambda: client.scan(0, match=lock_pattern(prefix), count=10),

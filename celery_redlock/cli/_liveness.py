@@ -37,7 +37,7 @@ renewal; a fixed-TTL lock as soon as its worker does not answer.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,9 +61,11 @@ class Verdict:
 
 
 def _ping(app: Any, destination: list[str] | None, timeout: float) -> set[str]:
-    """Node names of the workers that answer a control ping (``None``: every worker)."""
+    """Node names of the workers that answer a control ping (``None``: every worker),
+    without waiting for the timeout once every destination answered."""
+    limit = len(destination) if destination else None
     try:
-        replies = app.control.ping(destination=destination, timeout=timeout) or []
+        replies = app.control.ping(destination=destination, timeout=timeout, limit=limit) or []
     except Exception as exc:
         raise click.ClickException(
             f"cannot ping workers through the broker ({redact(exc)}); nothing was released"
@@ -110,10 +112,12 @@ def verdicts(
     """The :class:`Verdict` on each lock's holder, by key: the ping, then the renewal."""
     locks = list(locks)
     pinged = liveness(app, (lk.holder.host for lk in locks if lk.holder), timeout)
-    return {lock.key: _verdict(lock, pinged, timeout, lease) for lock in locks}
+    return {lock.key: verdict(lock, pinged, timeout, lease) for lock in locks}
 
 
-def _verdict(lock: HeldLock, pinged: dict[str, str], timeout: float, lease: float) -> Verdict:
+def verdict(lock: HeldLock, pinged: Mapping[str, str], timeout: float, lease: float) -> Verdict:
+    """The :class:`Verdict` on ``lock``'s holder from what its worker's ping said (``pinged``:
+    :func:`liveness` of the holder hosts, perhaps heard a moment ago) and the lock's TTL."""
     if lock.holder is None:
         return Verdict(UNKNOWN, "its value is not a celery-redlock token")
     host = lock.holder.host

@@ -7,11 +7,14 @@ adapters only turn a request into a call here and check who is asking.
 Actions, each refused unless the dashboard was built with ``actions=True``:
 
 * ``release`` (``key``, ``fingerprint``, ``force``): owner-checked release of one slot; it
-  refuses when the slot changed holder since the page was drawn, and refuses a holder whose
-  worker answers a ping, renewed the lock within ``lease / 3`` (:meth:`Dashboard.verdict`) or
-  whose liveness is unknown, unless ``force`` is set;
-* ``release-dead`` (``prefix``): the slots, among those the filter selects, whose worker does
-  not answer a ping;
+  refuses when the slot changed holder since the page was drawn, and refuses a holder that is
+  alive (its worker answers a ping, or it renewed the lock within ``lease / 3``) or whose
+  liveness is unknown, unless ``force`` is set: the verdict of ``celery redlock release``
+  (:func:`celery_redlock.cli._liveness.verdicts`). Unforced, the release also refuses a lock
+  renewed between the read and the delete (one script); forced, it deletes the value read
+  whatever its TTL, as ``release --force`` does;
+* ``release-dead`` (``prefix``): the slots, among those the filter selects, whose holder is
+  dead by that verdict (each released unless renewed meanwhile);
 * ``clear-marker`` / ``reset-rate`` (``key``, ``fingerprint``): delete an enqueue or
   newest-call marker, or a rate window, if it is unchanged since the page was drawn.
 
@@ -32,22 +35,22 @@ from typing import Any
 
 import click
 import jinja2
-from redis.exceptions import RedisClusterException, RedisError
 
 from .._celery import timeline
 from .._celery.options import settings_for
-from .._redis.clients import client_for, redact
+from .._redis.clients import redact
+from .._redis.inventory import MAX_FILTER, HeldLock, Inventory, Released, check_filter
 from .._redis.keys import is_slot
+from ..cli._liveness import DEAD, Verdict, liveness, verdict
+from ..exceptions import LockUnavailable
 from ..metrics import EVENTS, read_stats
 from ..signals import lock_admin_action
 from . import _svg
-from ._inventory import MAX_FILTER, Inventory, Row, fingerprint_of
+from ._rows import Row, rows_of
 
 __all__ = ["ActionResult", "Dashboard"]
 
 logger = logging.getLogger("celery_redlock.web")
-
-ALIVE, DEAD, UNKNOWN = "alive", "dead", "unknown"
 
 #: How long a ping answer is reused for the next page views.
 LIVENESS_TTL = 5.0
@@ -58,8 +61,10 @@ TIMELINE_ENTRIES = 10_000
 
 ACTIONS = ("release", "release-dead", "clear-marker", "reset-rate")
 
-#: What a page says instead of a traceback: the lock Redis (or a node of it) does not answer.
-_UNREACHABLE = (RedisError, RedisClusterException, click.ClickException, OSError)
+#: What a page says instead of a traceback: the lock Redis (or a node of it) does not answer
+#: or refuses (:class:`~celery_redlock._redis.inventory.InventoryRefused` is one), the broker
+#: does not carry the ping.
+_UNREACHABLE = (LockUnavailable, click.ClickException, OSError)
 
 _env = jinja2.Environment(
     loader=jinja2.PackageLoader("celery_redlock.web", "templates"),
@@ -101,59 +106,34 @@ class Dashboard:
     @property
     def inventory(self) -> Inventory:
         if self._inventory is None:
-            self._inventory = Inventory(settings_for(self.app))
+            settings = settings_for(self.app)
+            self._inventory = Inventory(settings.url, settings.prefix)
         return self._inventory
 
     # -- liveness -----------------------------------------------------------------------------
 
-    def liveness(self, hosts: Iterable[str], fresh: bool = False) -> dict[str, str]:
-        """``alive``/``dead``/``unknown`` per holder host, as ``celery redlock inspect`` says
-        it, with one control ping for the hosts not asked in the last :data:`LIVENESS_TTL`
-        seconds (an action asks ``fresh``: it never trusts an older answer).
-
-        A host without ``@`` (not a worker) is ``unknown``. A silent one is ``dead`` unless a
-        live worker answers under a look-alike name (an older version stored ``|`` as ``_``):
-        then ``unknown``. Never ``dead`` when unsure.
-        """
+    def verdicts(self, locks: Iterable[HeldLock], fresh: bool = False) -> dict[str, Verdict]:
+        """The verdict on each lock's holder, by key, as ``celery redlock inspect`` gives it
+        (a ping, then the lease's renewal), pinging only the hosts not heard in the last
+        :data:`LIVENESS_TTL` seconds (an action asks ``fresh``: it never trusts an older
+        answer)."""
+        locks = list(locks)
+        hosts = {lock.holder.host for lock in locks if lock.holder}
         now = time.monotonic()
-        hosts = set(hosts)
         with self._alive_lock:
             known = {
-                h: s
-                for h, (s, at) in self._alive.items()
+                h: state
+                for h, (state, at) in self._alive.items()
                 if h in hosts and now - at < LIVENESS_TTL and not fresh
             }
-        ask = sorted(h for h in hosts - known.keys() if "@" in h)
+        ask = hosts - known.keys()
         if ask:
-            answered = self._ping(ask)
-            silent = [h for h in ask if h not in answered and "_" in h]
-            everyone = {n.replace("|", "_") for n in self._ping(None)} if silent else set()
-            heard = {h: ALIVE if h in answered else UNKNOWN if h in everyone else DEAD for h in ask}
+            heard = liveness(self.app, ask, self.ping_timeout)
             with self._alive_lock:
-                self._alive.update({h: (s, now) for h, s in heard.items()})
+                self._alive.update({h: (state, now) for h, state in heard.items()})
             known.update(heard)
-        return {h: known.get(h, UNKNOWN) for h in hosts}
-
-    def _ping(self, destination: list[str] | None) -> set[str]:
-        """The node names that answer a ping (``None``: every worker), without waiting for
-        the timeout once every destination answered."""
-        limit = len(destination) if destination else None
-        replies = self.app.control.ping(
-            destination=destination, timeout=self.ping_timeout, limit=limit
-        )
-        return {str(name) for reply in replies or [] for name in reply}
-
-    def verdict(self, ping_state: str, ttl: float | None) -> str:
-        """The holder's state from its worker's ping and its lock's TTL: a TTL within the last
-        third of the lease from full means the holder renewed (or acquired) less than
-        ``lease / 3`` ago, so it runs, whatever the ping says. Hazard, as a timeline, that
-        this closes: (1) a worker gets SIGTERM and enters warm shutdown; (2) it stops
-        answering pings while its task runs and renews; (3) a release of "dead" holders
-        would delete a live lock. A lock with its own longer TTL (``lock_ttl``) is judged by
-        the ping alone."""
         lease = settings_for(self.app).lease
-        renewed = ttl is not None and ttl <= lease and lease - ttl < lease / 3
-        return ALIVE if ping_state != ALIVE and renewed else ping_state
+        return {lock.key: verdict(lock, known, self.ping_timeout, lease) for lock in locks}
 
     # -- pages --------------------------------------------------------------------------------
 
@@ -173,26 +153,25 @@ class Dashboard:
         task = prefix = ""
         rows: list[Row] = []
         next_cursor = None
+        alive: dict[str, str] = {}
         try:
             task = _text(query.get("task"), "the task filter")
             prefix = _text(query.get("prefix"), "the name prefix")
-            page = self.inventory.page(_name_prefix(task, prefix), query.get("cursor") or "0:0")
-            rows, next_cursor = page.rows, page.next_cursor
+            cursor = query.get("cursor") or "0"
+            view = self.inventory.view(cursor, name_prefix=_name_prefix(task, prefix))
+            rows, next_cursor = rows_of(view), None if view.cursor == "0" else view.cursor
+            held = [lock for lock in view.locks if lock.holder]
+            alive = {key: v.state for key, v in self.verdicts(held).items()}
         except ValueError as exc:
             status, error = 400, str(exc)
         except _UNREACHABLE as exc:
             status, error = 503, f"cannot read the lock Redis: {redact(exc)}"
-        hosts = {r.host for r in rows if r.host}
-        alive = self.liveness(hosts) if hosts else {}
         now_ms = int(time.time() * 1000)
         body = self.render(
             "locks.html",
             tab="locks",
             rows=rows,
-            alive={
-                r.key: self.verdict(alive.get(r.host, UNKNOWN), r.ttl) if r.host else "-"
-                for r in rows
-            },
+            alive={r.key: alive.get(r.key, "-") for r in rows},
             age={r.key: _age(now_ms, r.acquired_ms) for r in rows},
             task=task,
             prefix=prefix,
@@ -267,13 +246,11 @@ class Dashboard:
 
     def timeline_svg(self, task: str, key: str, minutes: int) -> Any:
         """The SVG of the ring's events of ``task`` (a task name) or ``key`` (a lock key)."""
-        settings = settings_for(self.app)
-        url = settings.url if isinstance(settings.url, str) else settings.url[0]
         end = int(time.time() * 1000)
         start = end - minutes * 60_000
         entries = [
             e
-            for e in timeline.read(client_for(url), settings.prefix, TIMELINE_ENTRIES)
+            for e in timeline.read(self.app, TIMELINE_ENTRIES)
             if e["t"] >= start
             and (not task or e.get("task") == task)
             and (not key or e.get("key") == key)
@@ -330,42 +307,41 @@ class Dashboard:
             return ActionResult(409, f"not cleared: {key} changed or is gone since it was shown")
         if not is_slot(key):
             raise ValueError(f"{key!r} is not the key of a held lock")
-        lock = inv.read_slot(key)
-        if lock is None:
+        lock = inv.read(key)
+        if lock is None or lock.key != key:
             return ActionResult(409, f"not released: {key} is not held")
-        if fingerprint_of(lock.value) != fingerprint:
+        if lock.fingerprint != fingerprint:
             return ActionResult(
                 409, f"not released: {key} changed holder since the page was drawn; reload"
             )
-        host = lock.holder.host if lock.holder else ""
-        pinged = self.liveness([host], fresh=True)[host] if host else UNKNOWN
-        state = self.verdict(pinged, lock.ttl)
-        if state != DEAD and not forced:
-            why = {
-                ALIVE: "answers a ping" if pinged == ALIVE else "renewed it within lease/3",
-                UNKNOWN: "cannot be pinged (liveness unknown)",
-            }[state]
+        said = self.verdicts([lock], fresh=True)[key]
+        if said.state != DEAD and not forced:
+            holder = lock.holder.host if lock.holder else "a value that is not a token"
             return ActionResult(
-                409, f"refused: {key} is held by {host or 'a non-worker'}, which {why}; use force"
+                409, f"refused: {key} is held by {holder}: {said.reason}; use force"
             )
-        if inv.release(lock):
-            return ActionResult(200, f"released {key} (holder {state})")
-        return ActionResult(409, f"not released: {key} expired or changed owner meanwhile")
+        outcome = inv.release(lock, unless_renewed=not forced)
+        if outcome is Released.RELEASED:
+            return ActionResult(200, f"released {key} (holder {said.state})")
+        return ActionResult(409, f"not released: {key} {_NOT_RELEASED[outcome]}")
 
     def _release_dead(self, prefix: str) -> ActionResult:
-        locks = self.inventory.each_slot(prefix)
-        hosts = {lk.holder.host for lk in locks if lk.holder}
-        alive = self.liveness(hosts, fresh=True) if hosts else {}
+        locks = self.inventory.all(name_prefix=check_filter(prefix))
+        judged = self.verdicts(locks, fresh=True)
         released = kept = 0
         for lock in locks:
-            state = (
-                self.verdict(alive.get(lock.holder.host, UNKNOWN), lock.ttl) if lock.holder else ""
-            )
-            if state == DEAD and self.inventory.release(lock):
+            if judged[lock.key].state == DEAD and self.inventory.release(lock, unless_renewed=True):
                 released += 1
             else:
                 kept += 1
         return ActionResult(200, f"released {released} lock(s) of dead workers; kept {kept}")
+
+
+#: Why an owner-checked release deleted nothing.
+_NOT_RELEASED = {
+    Released.CHANGED: "expired or changed owner meanwhile",
+    Released.RENEWED: "was renewed by its holder since it was read: the holder is alive",
+}
 
 
 def _name_prefix(task: str, prefix: str) -> str:

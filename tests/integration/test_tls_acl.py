@@ -57,6 +57,7 @@ ACL_ADDITIONS = {
     "rate": "+llen +lindex +rpush +ltrim",  # lock_rate
     "queue": "+zadd +zrem +zpopmin +exists",  # the queue of blocking waiters
     "cli": "+scan +exists +mget +hgetall",  # celery redlock ls / inspect / stats
+    "timeline": "+lpush +ltrim",  # redlock_timeline, the dashboard's ring
 }
 ADMIN_PASSWORD = "admin-pw"
 
@@ -332,6 +333,32 @@ def test_the_startup_check_asks_only_what_the_registered_tasks_need(
         assert logging.ERROR not in _checked(app, caplog)
         app.close()
     plain.close()
+
+
+def test_an_app_with_a_timeline_ring_is_told_what_to_grant(
+    tls: TlsServer,
+    servers: list[TlsServer],
+    redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``redlock_timeline`` makes every locked task push its events: with the guide's line the
+    startup check's ERROR names LPUSH and LTRIM and the tasks; gone with the addition."""
+    app = make_app(
+        redis_server, "acl-ring", redlock_url=tls.url("redlock", "secret"), redlock_timeline=50
+    )
+
+    @app.task(base=LockedTask, shared=False, name="acl.ring")
+    def ringed() -> None: ...
+
+    (error,) = _checked(app, caplog)[logging.ERROR]
+    assert "redlock_timeline needs (tasks: acl.ring): LPUSH, LTRIM" in error, error
+    assert f"grant them to the ACL user ({ACL_ADDITIONS['timeline']})" in error
+    assert "their events are not recorded" in error
+    _user(servers, "with-timeline", "timeline")
+    app.conf.redlock_url = tls.url("with-timeline", "secret")
+    reset_settings(app)
+    assert logging.ERROR not in _checked(app, caplog)
+    app.close()
 
 
 def test_a_replace_call_refused_by_the_acl_is_published_with_a_permission_warning(

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+from celery_redlock.web._security import TOKEN_ENV
 from support import ROOT
 
 
@@ -55,5 +56,5 @@ def test_no_actions_without_credentials() -> None:
 
 
 def test_a_short_token_is_refused() -> None:
-    done = run(*CMD, "web", env={"REDLOCK_WEB_TOKEN": "abc"})
+    done = run(*CMD, "web", env={TOKEN_ENV: "abc"})
     assert done.returncode == 1 and "REDLOCK_WEB_TOKEN must be at least 16" in done.stderr

@@ -4,17 +4,20 @@ checked actions, and a page view that writes nothing."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import pytest
 import redis as redis_py
 
+from celery_redlock import Lock
 from celery_redlock._celery.options import settings_for
+from celery_redlock._redis.inventory import BUDGET, ROWS, HeldLock, Inventory
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.owner import new_token
+from celery_redlock.cli._liveness import Verdict
 from celery_redlock.testing import RedisServer
 from celery_redlock.web._core import Dashboard
-from celery_redlock.web._inventory import BUDGET, ROWS, Inventory
+from celery_redlock.web._rows import Row, rows_of
 from support.apps import layout_app
 from support.servers import ClusterNodes
 
@@ -26,17 +29,28 @@ def fill(client: redis_py.Redis, names: list[str], ttl_ms: int = 60_000) -> None
     pipe.execute()
 
 
+def inventory_of(app: object) -> Inventory:
+    settings = settings_for(app)
+    return Inventory(settings.url, settings.prefix)
+
+
+def rows(inventory: Inventory, name_prefix: str = "", cursor: str = "0") -> dict[str, Row]:
+    """The rows of one page, by key."""
+    return {r.key: r for r in rows_of(inventory.view(cursor, name_prefix=name_prefix))}
+
+
 def walk(inventory: Inventory, name_prefix: str = "") -> tuple[list[str], int]:
     """Every key of every page, and the number of pages."""
-    cursor: str | None = "0:0"
+    cursor = "0"
     keys: list[str] = []
     pages = 0
-    while cursor is not None:
-        page = inventory.page(name_prefix, cursor)
-        assert page.looked_at <= BUDGET
-        keys += [r.key for r in page.rows]
-        cursor, pages = page.next_cursor, pages + 1
-    return keys, pages
+    while True:
+        view = inventory.view(cursor, name_prefix=name_prefix)
+        assert view.looked_at <= BUDGET
+        keys += [r.key for r in rows_of(view)]
+        cursor, pages = view.cursor, pages + 1
+        if cursor == "0":
+            return keys, pages
 
 
 def test_pages_cover_every_lock_once_in_bounded_steps(redis_url: str, r: redis_py.Redis) -> None:
@@ -44,9 +58,9 @@ def test_pages_cover_every_lock_once_in_bounded_steps(redis_url: str, r: redis_p
     fill(r, names)
     r.set("unrelated", 1)
     app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
-    inventory = Inventory(settings_for(app))
-    first = inventory.page()
-    assert ROWS <= len(first.rows) < 3000 and first.next_cursor is not None
+    inventory = inventory_of(app)
+    first = inventory.view()
+    assert ROWS <= len(first.locks) < 3000 and first.cursor != "0"
     keys, pages = walk(inventory)
     assert sorted(set(keys)) == sorted(keys_for("redlock", n).lock for n in names)
     assert pages > 1
@@ -58,12 +72,12 @@ def test_pages_cover_every_lock_once_in_bounded_steps(redis_url: str, r: redis_p
 def test_the_filter_is_a_literal_prefix(redis_url: str, r: redis_py.Redis) -> None:
     fill(r, ["a*b", "a?b", "a[b]", "a\\b", "axb"])
     app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
-    inventory = Inventory(settings_for(app))
+    inventory = inventory_of(app)
     for literal in ("a*", "a?", "a[", "a\\"):
         keys, _ = walk(inventory, literal)
         assert [k.split("{")[1][:2] for k in keys] == [literal], literal
     with pytest.raises(ValueError, match="at most 200"):
-        inventory.page("x" * 201)
+        inventory.view(name_prefix="x" * 201)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +94,7 @@ def test_pages_cover_every_primary_of_a_cluster(cluster: ClusterNodes) -> None:
         rc.set(keys_for("redlock", name).lock, new_token(f"id-{i}", "w9@gone", 7), px=60_000)
         rc.set(keys_for("redlock", name).queued, f"q-{i}", px=60_000)
     app = Celery_app(cluster.url)
-    inventory = Inventory(settings_for(app))
+    inventory = inventory_of(app)
     keys, pages = walk(inventory)
     slots = sorted(keys_for("redlock", n).lock for n in names)
     queued = sorted(keys_for("redlock", n).queued for n in names)
@@ -88,8 +102,7 @@ def test_pages_cover_every_primary_of_a_cluster(cluster: ClusterNodes) -> None:
     assert pages >= 3  # at least one per primary
     ports = {int(rc.get_node_from_key(k).port) for k in slots}
     assert ports == {n.port for n in cluster.nodes}
-    rows = {r.key: r for r in inventory.page("job:7", "0:0").rows}
-    assert rows[keys_for("redlock", "job:7").queued].mode == "enqueue marker"
+    assert rows(inventory, "job:7")[keys_for("redlock", "job:7").queued].mode == "enqueue marker"
     rc.close()
 
 
@@ -126,20 +139,20 @@ def test_actions_compare_what_the_page_showed(redis_url: str, r: redis_py.Redis)
     r.set(lock.queued, "q-1", px=60_000)
     app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
     board = Dashboard(app, actions=True, ping_timeout=0.2)
-    rows = {row.key: row for row in board.inventory.page().rows}
+    shown = rows(board.inventory)
     # The queued call changed since the page was drawn: not cleared.
     r.set(lock.queued, "q-2", px=60_000)
     stale = board.act(
-        "clear-marker", {"key": lock.queued, "fingerprint": rows[lock.queued].fingerprint}, "t"
+        "clear-marker", {"key": lock.queued, "fingerprint": shown[lock.queued].fingerprint}, "t"
     )
     assert stale.status == 409 and r.get(lock.queued) == b"q-2"
     # The slot changed holder: not released, even forced.
-    old = rows[lock.lock].fingerprint
+    old = shown[lock.lock].fingerprint
     r.set(lock.lock, new_token("id-new", "w9@gone", 8), px=60_000)
     moved = board.act("release", {"key": lock.lock, "fingerprint": old, "force": "1"}, "t")
     assert moved.status == 409 and "changed holder" in moved.message and r.exists(lock.lock)
     # A worker that does not answer a ping is dead: released without force.
-    fresh = {row.key: row for row in board.inventory.page().rows}[lock.lock].fingerprint
+    fresh = rows(board.inventory)[lock.lock].fingerprint
     done = board.act("release", {"key": lock.lock, "fingerprint": fresh}, "t")
     assert done.status == 200 and not r.exists(lock.lock)
     # Read-only: refused, nothing touched.
@@ -154,8 +167,8 @@ def test_rows_count_the_waiters(redis_url: str, r: redis_py.Redis) -> None:
     fill(r, ["job:1", "job:2"])
     r.zadd(keys_for("redlock", "job:2").waiters, {"w-a": 1, "w-b": 2})
     app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
-    rows = {row.name: row for row in Inventory(settings_for(app)).page().rows if row.lock}
-    assert (rows["job:1"].waiters, rows["job:2"].waiters) == (0, 2)
+    by_name = {row.name: row for row in rows(inventory_of(app)).values() if row.lock}
+    assert (by_name["job:1"].waiters, by_name["job:2"].waiters) == (0, 2)
 
 
 def test_an_unreachable_redis_is_said_on_the_page() -> None:
@@ -219,9 +232,59 @@ def test_a_holder_that_renewed_within_a_third_of_the_lease_is_alive(
     cells = {k: body.split(f'<tr data-key="{k}">')[1].split("</tr>")[0] for k in (renewed, stale)}
     assert '<td class="alive">alive</td>' in cells[renewed]
     assert '<td class="dead">dead</td>' in cells[stale]
-    rows = {row.key: row for row in board.inventory.page().rows}
-    refused = board.act("release", {"key": renewed, "fingerprint": rows[renewed].fingerprint}, "t")
-    assert refused.status == 409 and "renewed it within lease/3" in refused.message
+    shown = rows(board.inventory)
+    refused = board.act("release", {"key": renewed, "fingerprint": shown[renewed].fingerprint}, "t")
+    assert refused.status == 409 and "within a third of redlock_lease" in refused.message
     done = board.act("release-dead", {"prefix": "job:"}, "t")
     assert done.message == "released 1 lock(s) of dead workers; kept 1"
     assert r.exists(renewed) and not r.exists(stale)
+
+
+class RenewingDashboard(Dashboard):
+    """A dashboard during whose ping the holder renews ``key`` to a full lease: what a live
+    holder in warm shutdown does between the action's read and its release."""
+
+    def __init__(self, app: object, r: redis_py.Redis, key: str) -> None:
+        super().__init__(app, actions=True, ping_timeout=0.2)
+        self.r, self.key = r, key
+
+    def verdicts(self, locks: Iterable[HeldLock], fresh: bool = False) -> dict[str, Verdict]:
+        judged = super().verdicts(locks, fresh)
+        if fresh:
+            self.r.pexpire(self.key, 30_000)
+        return judged
+
+
+def test_a_renewal_during_the_action_keeps_the_lock_unless_forced(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """Unforced, the release is the CLI's: it deletes nothing renewed since it was read.
+    Forced, it deletes the value read whatever its TTL, as ``release --force`` does."""
+    fill(r, ["job:1"], ttl_ms=15_000)  # a dead worker's lock, a half lease left
+    key = keys_for("redlock", "job:1").lock
+    app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
+    board = RenewingDashboard(app, r, key)
+    shown = rows(board.inventory)[key].fingerprint
+    kept = board.act("release", {"key": key, "fingerprint": shown}, "t")
+    assert kept.status == 409 and "was renewed by its holder" in kept.message
+    assert r.exists(key)
+    r.pexpire(key, 15_000)
+    forced = board.act("release", {"key": key, "fingerprint": shown, "force": "1"}, "t")
+    assert forced.status == 200 and not r.exists(key)
+
+
+def test_a_quorum_lock_missing_from_the_first_node_is_listed() -> None:
+    with RedisServer() as a, RedisServer() as b, RedisServer() as c:
+        app = layout_app("q", a.url.rsplit("/", 1)[0], set_as_current=False)
+        app.conf.redlock_url = [a.url, b.url, c.url]
+        locks = [Lock([a.url, b.url, c.url], f"q-{i}", ttl=60) for i in range(3)]
+        for lock in locks:
+            assert lock.acquire(blocking=False)
+        a.client().delete(locks[0].key)  # held by b and c: a majority
+        b.client().set(keys_for("redlock", "q-1").queued, "t-1", px=60_000)
+        keys, _ = walk(inventory_of(app))
+        assert sorted(keys) == sorted(
+            [*(lk.key for lk in locks), keys_for("redlock", "q-1").queued]
+        )
+        for lock in locks:
+            lock.release()

@@ -12,7 +12,8 @@ from celery_redlock import LockedTask
 from celery_redlock._redis.keys import timeline_key
 from celery_redlock.testing import RedisServer
 from celery_redlock.web._core import Dashboard
-from tests.conftest import make_app, running_worker
+from support.apps import make_app
+from support.workers import running_worker
 
 
 def _task(app: Celery) -> Any:

@@ -7,7 +7,7 @@ import pytest
 
 from celery_redlock._redis import owner as _owner
 from celery_redlock._redis.inventory import HeldLock
-from celery_redlock.cli._liveness import ALIVE, DEAD, UNKNOWN, _verdict
+from celery_redlock.cli._liveness import ALIVE, DEAD, UNKNOWN, verdict
 
 LEASE = 30.0
 
@@ -32,13 +32,13 @@ def held(ttl: float | None, host: str = "w1@web-1") -> HeldLock:
 def test_a_holder_is_alive_by_its_ping_or_its_renewal(
     ttl: float | None, ping: str, state: str, renewed: bool, says: str
 ) -> None:
-    verdict = _verdict(held(ttl), {"w1@web-1": ping}, 1.0, LEASE)
-    assert (verdict.state, verdict.renewed) == (state, renewed)
-    assert says in verdict.reason
+    said = verdict(held(ttl), {"w1@web-1": ping}, 1.0, LEASE)
+    assert (said.state, said.renewed) == (state, renewed)
+    assert says in said.reason
 
 
 def test_a_lock_taken_outside_a_worker_is_unknown() -> None:
-    verdict = _verdict(held(29.0, host="laptop"), {"laptop": UNKNOWN}, 1.0, LEASE)
-    assert verdict.state == UNKNOWN and "not taken in a worker" in verdict.reason
+    said = verdict(held(29.0, host="laptop"), {"laptop": UNKNOWN}, 1.0, LEASE)
+    assert said.state == UNKNOWN and "not taken in a worker" in said.reason
     foreign = HeldLock("redlock:{x}", "x", 1, "not a token", None, 29.0, None)
-    assert _verdict(foreign, {}, 1.0, LEASE).state == UNKNOWN
+    assert verdict(foreign, {}, 1.0, LEASE).state == UNKNOWN

@@ -216,3 +216,13 @@ def _redis_uses(name: str) -> list[str]:
 def test_the_celery_layer_sends_no_redis_command(name: str) -> None:
     """The Celery layer decides; the Redis layer (``_redis``) sends: no client, no script."""
     assert _redis_uses(name) == [], name
+
+
+#: The adapters over the inventory: the command line and the dashboard.
+ADAPTERS = sorted(m for m in MODULES if m.startswith(("celery_redlock.cli", "celery_redlock.web")))
+
+
+@pytest.mark.parametrize("name", ADAPTERS)
+def test_the_command_line_and_the_dashboard_send_no_redis_command(name: str) -> None:
+    """They read and change locks through the Redis layer's inventory only."""
+    assert _redis_uses(name) == [], name

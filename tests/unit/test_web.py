@@ -7,18 +7,19 @@ import base64
 
 import pytest
 
+from celery_redlock._redis.inventory import MAX_FILTER, _cursor, check_filter
+from celery_redlock._redis.keys import glob_escape, lock_pattern
 from celery_redlock.web._core import _name_prefix
-from celery_redlock.web._inventory import MAX_FILTER, _parse_cursor, escape_glob, pattern_for
 from celery_redlock.web._security import Credentials, Guard, origin_ok
 from celery_redlock.web._svg import draw
 
 
 def test_a_filter_is_an_escaped_literal_prefix() -> None:
-    assert pattern_for("redlock", "") == "redlock:{*}*"
-    assert pattern_for("redlock", "proj.sync:") == "redlock:{proj.sync:*}*"
-    assert pattern_for("redlock", "a*b?[c]\\") == "redlock:{a\\*b\\?\\[c\\]\\\\*}*"
-    assert pattern_for("my[p]", "x") == "my\\[p\\]:{x*}*"
-    assert escape_glob("*?[]\\") == "\\*\\?\\[\\]\\\\"
+    assert lock_pattern("redlock", check_filter("")) == "redlock:{*}*"
+    assert lock_pattern("redlock", check_filter("proj.sync:")) == "redlock:{proj.sync:*}*"
+    assert lock_pattern("redlock", check_filter("a*b?[c]\\")) == "redlock:{a\\*b\\?\\[c\\]\\\\*}*"
+    assert lock_pattern("my[p]", check_filter("x")) == "my\\[p\\]:{x*}*"
+    assert glob_escape("*?[]\\") == "\\*\\?\\[\\]\\\\"
 
 
 @pytest.mark.parametrize(
@@ -32,7 +33,7 @@ def test_a_filter_is_an_escaped_literal_prefix() -> None:
 )
 def test_a_bad_filter_is_refused(bad: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        pattern_for("redlock", bad)
+        check_filter(bad)
 
 
 def test_the_task_filter_and_the_name_prefix_combine() -> None:
@@ -44,15 +45,16 @@ def test_the_task_filter_and_the_name_prefix_combine() -> None:
         _name_prefix("proj.t", "other")
 
 
-@pytest.mark.parametrize("cursor", ["", "x:1", "1", "0:-1", "3:0", "0:" + "9" * 21])
+@pytest.mark.parametrize("cursor", ["", "x:1", "1", "0:-1", "3:0", "0:" + "9" * 21, "0:\u0663"])
 def test_a_foreign_cursor_is_refused(cursor: str) -> None:
     with pytest.raises(ValueError, match="cursor"):
-        _parse_cursor(cursor, 3)
+        _cursor(cursor, 3)
 
 
 def test_cursors_name_a_node_and_its_scan_position() -> None:
-    assert _parse_cursor("0:0", 1) == (0, 0)
-    assert _parse_cursor("2:12345", 3) == (2, 12345)
+    assert _cursor("0", 1) == (0, 0)
+    assert _cursor("0:0", 1) == (0, 0)
+    assert _cursor("2:12345", 3) == (2, 12345)
 
 
 def test_credentials_come_from_the_environment_and_are_checked() -> None:

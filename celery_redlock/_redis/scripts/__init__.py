@@ -18,6 +18,7 @@ from __future__ import annotations
 from .base import Script, run, sha1
 from .companions import (
     CHECK_NEWEST,
+    CLEAR_MARKER,
     CLEAR_QUEUED,
     CONFIRM_NEWEST,
     MARK_NEWEST,
@@ -71,6 +72,7 @@ SCRIPTS: tuple[Script, ...] = (*LOCK_SCRIPTS, *QUEUE_SCRIPTS, *COMPANION_SCRIPTS
 __all__ = [
     "ACQUIRE",
     "CHECK_NEWEST",
+    "CLEAR_MARKER",
     "CLEAR_QUEUED",
     "COMPANION_SCRIPTS",
     "CONFIRM_NEWEST",

@@ -1,7 +1,9 @@
-"""The scripts of a lock's companion keys: the queued marker, the newest-call marker, the rate.
+"""The scripts of a lock's companion keys: the queued marker, the newest-call marker, the rate,
+and an operator's fingerprinted clean-up of any of them (``CLEAR_MARKER``).
 
-Their callers are the typed functions of :mod:`celery_redlock._redis.companions`; the keys are
-those of :class:`~celery_redlock._redis.keys.LockKeys` (``queued``, ``newest``, ``rate``,
+Their callers are the typed functions of :mod:`celery_redlock._redis.companions` (and, for
+``CLEAR_MARKER``, :meth:`celery_redlock._redis.inventory.Inventory.clear_marker`); the keys
+are those of :class:`~celery_redlock._redis.keys.LockKeys` (``queued``, ``newest``, ``rate``,
 ``rate_next``).
 """
 
@@ -200,6 +202,21 @@ def decode_check_newest(reply: Any) -> str | None:
     return newest.decode("utf-8", "replace") if isinstance(newest, bytes) else str(newest)
 
 
+CLEAR_MARKER = """
+-- KEYS[1] a companion marker (queued marker, newest-call marker, rate window), KEYS[2] a key
+--         deleted with it (the rate window's promised next slot; else KEYS[1] again)
+-- ARGV[1] the marker's fingerprint as it was shown: the first 16 hex characters of the SHA1
+--         of its DUMP (the inventory's Marker.fingerprint)
+-- returns 1 deleted, 0 it changed (or is gone) since it was read: nothing deleted
+-- For an operator's clean-up (the dashboard): the DUMP compares the whole value, whatever
+-- its type, so a marker rewritten by a newer call is never deleted on a stale page.
+local dumped = redis.call('DUMP', KEYS[1])
+if not dumped then return 0 end
+if string.sub(redis.sha1hex(dumped), 1, 16) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+return 1
+"""
+
 #: What each script runs (:class:`~celery_redlock._redis.scripts.base.Script`).
 SCRIPTS = (
     Script("mark_queued", MARK_QUEUED, ("SET", "GET")),
@@ -208,4 +225,5 @@ SCRIPTS = (
     Script("confirm_newest", CONFIRM_NEWEST, ("HGET", "HSET")),
     Script("check_newest", CHECK_NEWEST, ("HGET", "HDEL", "HSET")),
     Script("rate", RATE, ("TIME", "LLEN", "LINDEX", "RPUSH", "LTRIM", "PEXPIRE", "GET", "SET")),
+    Script("clear_marker", CLEAR_MARKER, ("DUMP", "DEL")),
 )

@@ -21,7 +21,7 @@ import redis as redis_py
 from celery import Celery
 
 from celery_redlock.testing import RedisServer, free_port, wait_until
-from tests.e2e.web.conftest import HOLD, TOKEN, Dashboard
+from tests.e2e.web.tooling import HOLD, TOKEN, Dashboard
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("shot")]
 
@@ -99,7 +99,7 @@ def test_a_release_from_the_page_frees_the_lock(
     # Without force, a live holder is refused.
     row_of(browser, holder["id"]).find_element(By.CSS_SELECTOR, "button").click()
     result = wait_until(lambda: browser.find_elements(By.ID, "result"), 10, "the refusal")[0]
-    assert result.text.startswith("refused:") and "answers a ping" in result.text
+    assert result.text.startswith("refused:") and "answers a control ping" in result.text
     assert r.exists(lock_key)
     # With force, released.
     browser.get(dashboard.url + "/?task=" + urllib.parse.quote(HOLD))

@@ -1,0 +1,72 @@
+"""The opt-in ring of recent lock events, in Redis: push one entry, read the newest ones.
+
+One list, ``<prefix>:timeline`` (:func:`~celery_redlock._redis.keys.timeline_key`), newest
+first. :func:`push` sends ``LPUSH``, ``LTRIM`` and ``PEXPIRE`` in one pipelined round trip, so
+the list never holds more than ``size`` entries whatever the traffic, and expires
+:data:`TTL_MS` after the last push. Two processes pushing at once may interleave their three
+commands; each ``LTRIM`` still cuts the list to ``size``, so the bound holds. Entries are
+compact JSON objects; :func:`read` skips what is not one with a whole ``t`` (ms).
+
+What goes in an entry, and when to push, is the Celery layer's decision
+(:mod:`celery_redlock._celery.timeline`); this module only sends the commands, which the
+``timeline`` feature of :data:`celery_redlock._redis.probe.FEATURES` declares.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import redis as redis_py
+
+from ..exceptions import LockUnavailable
+from .clients import UNAVAILABLE_ERRORS, client_for, redact
+from .keys import timeline_key
+
+__all__ = ["COMMANDS", "TTL_MS", "push", "read"]
+
+#: The ring expires this long after its last event.
+TTL_MS = 3600 * 1000
+
+#: What :func:`push` sends (the startup check's ``timeline`` feature).
+COMMANDS = ("LPUSH", "LTRIM", "PEXPIRE")
+
+_ERRORS: tuple[type[BaseException], ...] = (*UNAVAILABLE_ERRORS, redis_py.RedisError)
+
+
+def push(url: str, prefix: str, entry: Mapping[str, Any], size: int) -> None:
+    """Push ``entry`` to the ring under ``prefix`` on ``url`` and cut it to ``size`` entries.
+
+    Raises what the client raises (a node that does not answer, a refused command).
+    """
+    key = timeline_key(prefix)
+    pipe = client_for(url).pipeline(transaction=False)
+    pipe.lpush(key, json.dumps(dict(entry), separators=(",", ":")))
+    pipe.ltrim(key, 0, size - 1)
+    pipe.pexpire(key, TTL_MS)
+    pipe.execute()
+
+
+def read(url: str, prefix: str, limit: int) -> list[dict[str, Any]]:
+    """The ring's newest ``limit`` entries, oldest first (entries that are not JSON skipped).
+
+    :raises ~celery_redlock.LockUnavailable: naming the node (credentials hidden) when it does
+        not answer or refuses.
+    """
+    out: list[dict[str, Any]] = []
+    try:
+        raw_entries = client_for(url).lrange(timeline_key(prefix), 0, max(limit, 1) - 1)
+    except _ERRORS as exc:
+        shown = redact(url)
+        raise LockUnavailable(
+            f"cannot read the lock Redis: {shown} ({redact(exc)})", nodes=(shown,)
+        ) from exc
+    for raw in reversed(raw_entries):
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("t"), int):
+            out.append(entry)
+    return out
