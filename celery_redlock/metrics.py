@@ -20,6 +20,7 @@ With ``prometheus_client`` installed, :class:`PrometheusCollector` exposes the s
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import threading
 from collections import Counter
@@ -28,7 +29,7 @@ from typing import Any
 
 from celery.signals import worker_process_shutdown
 
-from ._celery.options import settings_for
+from ._celery.options import Settings, settings_for
 from ._redis.clients import UNAVAILABLE_ERRORS, client_for, redact
 from ._redis.keys import stats_key
 from ._redis.owner import current_pid
@@ -129,14 +130,22 @@ def _stats_url(app: Any) -> str:
     return url if isinstance(url, str) else url[0]
 
 
-def count(app: Any, task_name: str, event: str) -> None:
-    """Count one ``event`` of the task called ``task_name`` (flushed within a second)."""
+def count(app: Any, task_name: str, event: str, settings: Settings | None = None) -> None:
+    """Count one ``event`` of the task called ``task_name`` (flushed within a second).
+
+    ``settings``: ``app``'s, when the caller has them resolved."""
     counters = _counters
     if counters is None or counters.pid != current_pid():
         counters = _current()
-    settings = settings_for(app)
+    if settings is None:
+        settings = settings_for(app)
     url = settings.url if isinstance(settings.url, str) else settings.url[0]
-    counters.add(url, stats_key(settings.prefix, task_name), event)
+    counters.add(url, _stats_key(settings.prefix, task_name), event)
+
+
+@functools.lru_cache(maxsize=4096)
+def _stats_key(prefix: str, task_name: str) -> str:
+    return stats_key(prefix, task_name)
 
 
 def flush() -> None:

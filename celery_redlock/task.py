@@ -33,7 +33,7 @@ from ._celery import (
     routing,
     wiring,  # noqa: F401  (importing it connects the worker receivers)
 )
-from ._celery.identity import OPTIONS_ATTR, spec_of
+from ._celery.identity import OPTIONS_ATTR, check_task_name, spec_of
 from ._celery.options import OPTIONS, cross_check, parameters_of, resolve, validate_options
 from .exceptions import LockConfigError, LockUnavailable
 
@@ -51,14 +51,24 @@ class LockedTask(Task):  # type: ignore[misc]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        owner = f"task {cls.__dict__.get('name') or cls.__qualname__}"
+        _refuse_decorator_keywords(owner, cls)
         raw = {name: getattr(cls, name) for name in dir(cls) if name.startswith("lock_")}
         run = inspect.getattr_static(cls, "run")
         params = None
         if run is not Task.__dict__["run"]:
             fun = run.__func__ if isinstance(run, staticmethod) else run
+            if getattr(fun, OPTIONS_ATTR, None) is not None:
+                raise LockConfigError(
+                    f"{owner}: base=LockedTask and @single_instance on one task; the call "
+                    "would take the same lock twice and contend with itself forever. Expected "
+                    "one of them: drop @single_instance (and give its keywords as lock_* task "
+                    "options), or drop base=LockedTask"
+                )
             params = parameters_of(fun, bound=not isinstance(run, staticmethod))
-        owner = f"task {cls.__dict__.get('name') or cls.__qualname__}"
-        setattr(cls, OPTIONS_ATTR, validate_options(owner, raw, params))
+        options = validate_options(owner, raw, params)
+        check_task_name(cls.__dict__.get("name"), options)
+        setattr(cls, OPTIONS_ATTR, options)
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -145,6 +155,21 @@ class LockedTask(Task):  # type: ignore[misc]
     ) -> None:
         """Backstop (idempotent): the engine released when the body returned."""
         engine.leave(self)
+
+
+#: The ``@single_instance`` keywords that are no Celery task attribute: given to a
+#: ``LockedTask`` without their ``lock_`` prefix, they would be ignored.
+_DECORATOR_KEYWORDS = frozenset(OPTIONS) - set(dir(Task))
+
+
+def _refuse_decorator_keywords(owner: str, cls: type) -> None:
+    """Refuse ``@app.task(base=LockedTask, by=[...])``: the other API's spelling, which Celery
+    would set as a plain class attribute that no lock reads (locking on every argument)."""
+    for name in sorted(_DECORATOR_KEYWORDS & set(vars(cls))):
+        raise LockConfigError(
+            f"{owner}: option {name}={vars(cls)[name]!r} is not a LockedTask option; expected "
+            f"lock_{name}= (the names without lock_ are @single_instance's keywords)"
+        )
 
 
 for _option in OPTIONS.values():

@@ -37,13 +37,10 @@ from __future__ import annotations
 
 import datetime
 import logging
-import sys
 from collections.abc import MutableMapping
-from types import FrameType
 from typing import Any
 
 from celery import current_app, current_task
-from celery.app.base import Celery
 from celery.utils.time import maybe_make_aware
 
 from .._redis import keys as _keys
@@ -51,6 +48,7 @@ from .._redis import scripts as _scripts
 from .._redis.clients import redact
 from .._redis.nodes import nodes_for
 from ..exceptions import LockUnavailable
+from . import routing
 from .events import emit
 from .identity import Spec, lock_name_for, spec_of
 from .options import Settings, TaskLockOptions, settings_for
@@ -59,10 +57,6 @@ logger = logging.getLogger("celery_redlock.task")
 
 #: Message header: ``true`` when the publish marked the call as the newest of its key.
 HEADER = "redlock_newest"
-
-#: How many frames above the receiver :func:`publishing_task` looks for ``Celery.send_task``.
-_MAX_DEPTH = 12
-_SEND_TASK = Celery.send_task.__code__
 
 
 def supersedes(options: TaskLockOptions) -> bool:
@@ -73,19 +67,13 @@ def supersedes(options: TaskLockOptions) -> bool:
 def publishing_task(name: str) -> Any:
     """The task published as ``name`` in this thread, or ``None``.
 
-    It is the ``task_type`` of the ``Celery.send_task`` call on the stack (``apply_async``
-    passes the task itself, ``send_task`` looks the name up in its app), or else the current
-    app's task of that name.
+    It is the task the app's router saw for this call
+    (:func:`celery_redlock._celery.routing.routed_task`: ``apply_async`` passes the task
+    itself, ``send_task`` looks the name up in its app), or else the current app's task of
+    that name.
     """
-    frame: FrameType | None = sys._getframe(1)
-    for _ in range(_MAX_DEPTH):
-        if frame is None:
-            break
-        if frame.f_code is _SEND_TASK:
-            task = frame.f_locals.get("task_type")
-            return task if getattr(task, "name", None) == name else None
-        frame = frame.f_back
-    return current_app.tasks.get(name)
+    task = routing.routed_task(name)
+    return task if task is not None else current_app.tasks.get(name)
 
 
 def _republished(headers: MutableMapping[str, Any]) -> bool:
