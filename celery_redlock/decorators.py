@@ -115,7 +115,8 @@ def _label(fun: Any) -> str:
     """The name of the function behind ``fun`` (a task, a task's lazy proxy, or else)."""
     try:
         # A task's class is named after its function; a proxy builds its task to tell.
-        name = type(fun).__name__ if isinstance(fun, Task) else fun.__name__
+        task = fun._get_current_object() if isinstance(fun, Proxy) else fun
+        name = type(task).__name__ if isinstance(task, Task) else task.__name__
     except Exception:
         name = None
     return name if isinstance(name, str) and name.isidentifier() else "my_task"

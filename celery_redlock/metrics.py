@@ -20,7 +20,6 @@ With ``prometheus_client`` installed, :class:`PrometheusCollector` exposes the s
 from __future__ import annotations
 
 import atexit
-import functools
 import logging
 import threading
 from collections import Counter
@@ -140,12 +139,7 @@ def count(app: Any, task_name: str, event: str, settings: Settings | None = None
     if settings is None:
         settings = settings_for(app)
     url = settings.url if isinstance(settings.url, str) else settings.url[0]
-    counters.add(url, _stats_key(settings.prefix, task_name), event)
-
-
-@functools.lru_cache(maxsize=4096)
-def _stats_key(prefix: str, task_name: str) -> str:
-    return stats_key(prefix, task_name)
+    counters.add(url, stats_key(settings.prefix, task_name), event)
 
 
 def flush() -> None:

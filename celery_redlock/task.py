@@ -8,7 +8,8 @@
 Each execution runs through the one engine path shared with ``@single_instance``
 (:func:`celery_redlock._celery.engine.execute`): the lock is taken when the tracer calls the
 task, and released as soon as the body returns or raises, *before* Celery stores the result and
-sends callbacks. ``after_return`` and the worker receivers are idempotent backstops.
+sends callbacks. The ``task_postrun`` receiver (which Celery runs on every ending, unlike
+``after_return``) is the idempotent backstop.
 
 Options are class attributes (Celery turns ``@app.task(lock_...=...)`` keywords into class
 attributes), one per row of :data:`celery_redlock._celery.options.OPTIONS`, and are validated
@@ -142,19 +143,7 @@ class LockedTask(Task):  # type: ignore[misc]
         request = self.request_stack.top
         if request is None or request.called_directly:
             return super().__call__(*args, **kwargs)
-        return engine.execute(self, args, kwargs, lambda: self.run(*args, **kwargs))
-
-    def after_return(
-        self,
-        status: str,
-        retval: Any,
-        task_id: str,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        einfo: Any,
-    ) -> None:
-        """Backstop (idempotent): the engine released when the body returned."""
-        engine.leave(self)
+        return engine.execute(self, args, kwargs, lambda: self.run(*args, **kwargs), request)
 
 
 #: The ``@single_instance`` keywords that are no Celery task attribute: given to a

@@ -79,14 +79,18 @@ class Execution:
     settings: Settings | None = None
 
 
-def execute(task: Any, args: Any, kwargs: Any, body: Callable[[], T]) -> T | None:
+def execute(
+    task: Any, args: Any, kwargs: Any, body: Callable[[], T], request: Any = None
+) -> T | None:
     """Run ``body`` as one locked attempt of ``task`` called with ``args``/``kwargs``.
 
     Returns the body's result, or ``None`` when the call is skipped. Raises ``Retry``
     (through ``task.retry``), :class:`LockContended` or :class:`LockUnavailable` according to
     the policies. A direct call (``task(x)``, no worker, no ``apply()``) runs unlocked.
+    ``request``: ``task.request``, when the caller has it.
     """
-    request = task.request
+    if request is None:
+        request = task.request
     spec = None if request.called_directly else spec_of(task)
     if spec is None:
         return body()
@@ -124,7 +128,8 @@ def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
     9. the per-call overrides recorded beside the lock, the acquisition reported.
     """
     header = calls.header_of(request)
-    spec = calls.call_spec(spec, header)
+    if header:  # the usual call carries no header
+        spec = calls.call_spec(spec, header)
     settings = settings_for(task.app)
     if task.__dict__.get(_CHECKED) is not settings:
         cross_check(spec.owner, spec.options, settings)
@@ -132,7 +137,7 @@ def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
     name = lock_name_for(task, spec, args, kwargs, settings)
     if spec.options.enqueue == "keep":
         _clear_queued(task, settings, name, request.id)
-    if calls.bypassed(header):
+    if header and calls.bypassed(header):
         return _bypass(task, settings, name, request)
     if supersede.superseded(task, spec, settings, name, request):
         setattr(request, REQUEST_ATTR, Execution(None, skipped=True))
@@ -195,14 +200,8 @@ class TaskLock(Lock):
     task: Any = None
     #: ``(url, key)`` of the per-call overrides record written at acquisition, if any.
     call_record: tuple[str, str] | None = None
-    #: When the lock was taken, on its clock (``None``: not yet).
+    #: When the lock was taken, on its clock (``None``: not yet); set by :func:`_acquire`.
     taken_at: float | None = None
-
-    def acquire(self, blocking: bool | None = None, timeout: float | None = None) -> bool:
-        acquired = super().acquire(blocking, timeout)
-        if acquired:
-            self.taken_at = self.clock()
-        return acquired
 
     def on_lost(self, reason: str) -> None:
         ran = None if self.taken_at is None else self.clock() - self.taken_at
@@ -285,12 +284,14 @@ def _acquire(
     as contended when it began).
     """
     if lock.acquire(blocking=False):
+        lock.taken_at = lock.clock()
         return True
     timeout = spec.options.wait_timeout
     if policy != "wait" or timeout <= 0:
         return False
     _report_contended(task, request, lock, "waited", policy)
     if lock.acquire(blocking=True, timeout=timeout):
+        lock.taken_at = lock.clock()
         return True
     emit(task, request.id, "failed", settings=settings)
     raise _contended_error(task, request, lock, waited=timeout)

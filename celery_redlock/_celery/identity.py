@@ -181,8 +181,38 @@ def encode_call(
     return _encode_arguments(owner, names, bind(owner, params, args, kwargs))
 
 
+def _scalar_json(value: Any) -> str | None:
+    """The text :data:`_compact_json` gives ``value``, for the usual scalars; ``None`` for any
+    other value (the encoder then writes it).
+
+    A string needs no escape when it is printable (no character below U+0020) and holds no
+    ``"`` or ``\\``: the encoder, with ``ensure_ascii=False``, escapes only those. A test
+    compares the two on many values (``tests/unit/test_canonical_text.py``).
+    """
+    kind = type(value)
+    if kind is str:
+        return (
+            f'"{value}"' if value.isprintable() and '"' not in value and "\\" not in value else None
+        )
+    if kind is int:
+        return int.__repr__(value)
+    if value is None:
+        return "null"
+    if kind is bool:
+        return "true" if value else "false"
+    return None  # floats (repr, NaN, infinities), subclasses, containers: the encoder
+
+
 def _encode_arguments(owner: str, names: Sequence[str], arguments: Mapping[str, Any]) -> bytes:
     """The canonical bytes of the parameters ``names`` of a bound call (``["A", ...]``)."""
+    parts = ['"A"']
+    for name in names:  # the usual call: names and scalars written directly (no encoder)
+        text, key = _scalar_json(arguments[name]), _scalar_json(name)
+        if text is None or key is None:
+            break
+        parts.append(f"[{key},{text}]")
+    else:
+        return f"[{','.join(parts)}]".encode()
     encoded = [[name, _encode(arguments[name], owner, name)] for name in names]
     return _compact_json(["A", *encoded]).encode()
 

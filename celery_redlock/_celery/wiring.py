@@ -5,8 +5,9 @@ for each way an attempt ends (measured on Celery 5.7, see ``docs/guide.md``):
 
 * return, exception, soft time limit, ``Ignore``, ``Reject``, ``SystemExit`` (SIGTERM from
   revoke/hard limit/cold shutdown): the pool child, in
-  :func:`celery_redlock._celery.engine.execute`, before the result is stored; ``after_return``
-  (``LockedTask``) and the ``task_postrun`` receiver below are idempotent backstops;
+  :func:`celery_redlock._celery.engine.execute`, before the result is stored; the
+  ``task_postrun`` receiver below, which Celery runs on every one of these endings, is the
+  idempotent backstop;
 * ``self.retry()``: the child, from the ``before_task_publish`` receiver, because Celery
   publishes the retry message *before* the body's ``Retry`` reaches ``execute``:
 
