@@ -116,6 +116,7 @@ class LockedTask(Task):  # type: ignore[misc]
         :class:`~celery_redlock.LockConfigError`, and travel in the message's ``redlock`` header.
         """
         calls.put(options, calls.take(f"task {self.name}", options))
+        routing.note(self)  # the task, with its app, for the before_task_publish receiver
         spec = spec_of(self)
         if (
             spec is None

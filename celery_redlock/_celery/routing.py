@@ -73,10 +73,20 @@ def check_lock_options(
     """A router that routes nothing: raise :class:`~celery_redlock.LockConfigError` for a bad
     per-call ``lock_*`` option in ``options`` (naming the task, the option and what was
     expected), return ``None`` otherwise. Notes ``task`` for :func:`routed_task`."""
-    _routing.task = task
+    note(task)
     raw = {n: v for n, v in options.items() if isinstance(n, str) and n.startswith("lock_")}
     if raw:
         calls.take(f"task {name}", raw)
+
+
+def note(task: Any) -> None:
+    """Note ``task`` as the task of the call this thread is about to publish.
+
+    ``LockedTask.apply_async`` notes itself too: an app whose ``amqp`` was built, by a
+    concurrent first publish, before it could be given the checking router has no
+    :func:`check_lock_options` to note it.
+    """
+    _routing.task = task
 
 
 def routed_task(name: str) -> Any:

@@ -67,10 +67,10 @@ def supersedes(options: TaskLockOptions) -> bool:
 def publishing_task(name: str) -> Any:
     """The task published as ``name`` in this thread, or ``None``.
 
-    It is the task the app's router saw for this call
-    (:func:`celery_redlock._celery.routing.routed_task`: ``apply_async`` passes the task
-    itself, ``send_task`` looks the name up in its app), or else the current app's task of
-    that name.
+    It is the task noted for this call (:func:`celery_redlock._celery.routing.routed_task`:
+    by ``LockedTask.apply_async``, and by the app's router, to which ``apply_async`` passes
+    the task itself and ``send_task`` the task it looks up in its app), or else the current
+    app's task of that name.
     """
     task = routing.routed_task(name)
     return task if task is not None else current_app.tasks.get(name)
