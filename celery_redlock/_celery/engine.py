@@ -130,20 +130,21 @@ def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
     header = calls.header_of(request)
     if header:  # the usual call carries no header
         spec = calls.call_spec(spec, header)
+    options = spec.options
     settings = settings_for(task.app)
     if task.__dict__.get(_CHECKED) is not settings:
-        cross_check(spec.owner, spec.options, settings)
+        cross_check(spec.owner, options, settings)
         task.__dict__[_CHECKED] = settings
     name = lock_name_for(task, spec, args, kwargs, settings)
-    if spec.options.enqueue == "keep":
+    if options.enqueue == "keep":
         _clear_queued(task, settings, name, request.id)
     if header and calls.bypassed(header):
         return _bypass(task, settings, name, request)
-    if supersede.superseded(task, spec, settings, name, request):
+    if supersede.supersedes(options) and supersede.superseded(task, spec, settings, name, request):
         setattr(request, REQUEST_ATTR, Execution(None, skipped=True))
         return False
     lock = _make_lock(task, spec, settings, name, request)
-    if spec.options.limit is None:  # lock_rate alone: nothing to exclude
+    if options.limit is None:  # lock_rate alone: nothing to exclude
         _check_rate(task, spec, settings, request, lock)
         setattr(request, REQUEST_ATTR, Execution(None, settings=settings))
         return True
@@ -154,11 +155,11 @@ def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
         return _on_unavailable(task, spec, settings, request, exc)
     if not acquired:
         return _on_contended(task, spec, request, lock, policy)
-    _check_rate(task, spec, settings, request, lock)
-    setattr(
-        request, REQUEST_ATTR, Execution(lock, cooldown=spec.options.cooldown, settings=settings)
-    )
-    _record_overrides(settings, lock, request, header)
+    if options.rate is not None:
+        _check_rate(task, spec, settings, request, lock)
+    setattr(request, REQUEST_ATTR, Execution(lock, cooldown=options.cooldown, settings=settings))
+    if header:  # the usual call has no overrides to record
+        _record_overrides(settings, lock, request, header)
     logger.debug("%s[%s] acquired %s", task.name, request.id, lock.key)
     # A single-node lock reads its fencing token on first use (one round trip): only when
     # someone listens for it.
