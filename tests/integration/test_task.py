@@ -531,3 +531,35 @@ def test_the_last_failure_of_an_outage_gives_up_by_name_without_a_traceback(
     ]
     assert failure and all(r.exc_info is None for r in failure)  # no traceback for the outage
     assert all("raised unexpected" not in r.getMessage() for r in failure)
+
+
+def test_an_execution_resolves_the_settings_once_and_cross_checks_once_per_task(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 19, item 2: the settings are looked up once per execution (not again for each
+    counter), and the cross-check runs once per task, not per execution."""
+    from celery_redlock import metrics
+    from celery_redlock._celery import engine, options
+
+    looked_up: list[object] = []
+    checked: list[str] = []
+
+    def settings_for(app: Any) -> Any:
+        looked_up.append(app)
+        return options.settings_for(app)
+
+    def cross_check(owner: str, *args: Any) -> None:
+        checked.append(owner)
+        options.cross_check(owner, *args)
+
+    monkeypatch.setattr(engine, "settings_for", settings_for)
+    monkeypatch.setattr(metrics, "settings_for", settings_for)
+    monkeypatch.setattr(engine, "cross_check", cross_check)
+
+    @app.task(base=LockedTask)
+    def work(n: int) -> int:
+        return n
+
+    assert [work.apply((n,)).get() for n in range(3)] == [0, 1, 2]
+    assert len(looked_up) == 3  # one per execution: acquired and released counted with it
+    assert checked == [f"task {work.name}"]
