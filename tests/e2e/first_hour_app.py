@@ -6,7 +6,8 @@ policy (no ``lock_on_contention``) and ``max_retries=0``, so a lock requeue that
 ``max_retries`` would fail the call:
 
 * ``rated`` (``LockedTask``) and ``plain_rated`` (``@single_instance``): ``lock_rate="4/s"``
-  on one lock identity; each start appends its argument to ``starts:<task name>`` in db 3;
+  on one lock identity (and a short ``lock_retry_countdown``); each start appends its argument
+  to ``starts:<task name>`` in db 3;
 * ``side_by_side`` (only with ``REDLOCK_TEST_SIDE_BY_SIDE=1``): ``lock_rate`` with
   ``lock_limit=None`` (no exclusion); it appends its
   argument to ``together`` and then waits (``BLPOP``, at most 10 s) for the test to push to
@@ -35,14 +36,25 @@ app = layout_app(
 records = redis.Redis.from_url(f"{BASE}/3")
 
 
-@app.task(base=LockedTask, bind=True, max_retries=0, lock_by=(), lock_rate="4/s")
+#: The contention retries' countdown (default 5 s): kept short so that 24 calls end soon.
+COUNTDOWN = 0.5
+
+
+@app.task(
+    base=LockedTask,
+    bind=True,
+    max_retries=0,
+    lock_by=(),
+    lock_rate="4/s",
+    lock_retry_countdown=COUNTDOWN,
+)
 def rated(self: Any, n: int) -> int:
     records.rpush(f"starts:{self.name}", n)
     return n
 
 
 @app.task(bind=True, max_retries=0)
-@single_instance(by=(), rate="4/s")
+@single_instance(by=(), rate="4/s", retry_countdown=COUNTDOWN)
 def plain_rated(self: Any, n: int) -> int:
     records.rpush(f"starts:{self.name}", n)
     return n

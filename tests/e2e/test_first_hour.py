@@ -58,7 +58,8 @@ def test_a_rate_under_the_default_policy_runs_every_call(
 ) -> None:
     name = f"{APP}.{task}"
     results = [client.send_task(name, (n,)) for n in range(24)]
-    assert sorted(r.get(timeout=120) for r in results) == list(range(24))  # none skipped
+    wait_until(lambda: all(r.ready() for r in results), 90, "the 24 calls to end")
+    assert sorted(r.get(timeout=5) for r in results) == list(range(24))  # none skipped
     assert sorted(int(n) for n in records.lrange(f"starts:{name}", 0, -1)) == list(range(24))
 
 
