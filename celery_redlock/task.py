@@ -16,7 +16,10 @@ attributes), one per row of :data:`celery_redlock._celery.options.OPTIONS`, and 
 when Celery builds the task class: at decoration time for a finalized app or ``lazy=False``,
 otherwise when the app finalizes (worker start, the first ``delay()``, or ``app.finalize()``).
 Combinations with the app's settings that cannot work (``lock_limit`` > 1 over a quorum) are
-rejected when the task is bound to its app. Every name starting with ``lock_`` is reserved.
+rejected when the task is bound to its app. Every name starting with ``lock_`` is reserved, and
+the other API's spelling is refused with the right one (``by=[...]`` names ``lock_by``). So is a
+``run`` already decorated with ``@single_instance``: the call would take its lock twice and
+contend with itself.
 """
 
 from __future__ import annotations
