@@ -348,21 +348,7 @@ def _on_contended(task: Any, spec: Spec, request: Any, lock: Lock, policy: str) 
         # run and may be the only copy left: never skip it (a skip would store SUCCESS/None
         # and hide the holder's result); come back when the holder's TTL ends.
         countdown = max(lock.last_holder_ttl or 0.0, 1.0)
-
-        def redelivered_report(event: str) -> None:
-            if event == "retried":
-                logger.info(
-                    "%s[%s] redelivered while %s is held by task %s: retrying in %.1fs",
-                    task.name,
-                    request.id,
-                    lock.key,
-                    holder,
-                    countdown,
-                )
-            _report_contended(task, request, lock, event, "redelivered")
-
-        contended = _contended_error(task, request, lock)
-        lock_retry(task, request, spec, countdown, contended, redelivered_report)
+        _requeue(task, request, spec, lock, countdown, "redelivered", "redelivered while")
     if policy == "skip":
         setattr(request, REQUEST_ATTR, Execution(None, skipped=True))
         logger.info(
@@ -372,22 +358,30 @@ def _on_contended(task: Any, spec: Spec, request: Any, lock: Lock, policy: str) 
         return False
     if policy == "retry":
         countdown = _jittered(spec.options.retry_countdown)
-
-        def report(event: str) -> None:
-            if event == "retried":
-                logger.info(
-                    "%s[%s] contended: %s is held by task %s; retrying in %.1fs",
-                    task.name,
-                    request.id,
-                    lock.key,
-                    holder,
-                    countdown,
-                )
-            _report_contended(task, request, lock, event, policy)
-
-        lock_retry(task, request, spec, countdown, _contended_error(task, request, lock), report)
+        _requeue(task, request, spec, lock, countdown, policy, "contended:")
     _report_contended(task, request, lock, "failed", policy)
     raise _contended_error(task, request, lock)
+
+
+def _requeue(
+    task: Any, request: Any, spec: Spec, lock: Lock, countdown: float, policy: str, why: str
+) -> NoReturn:
+    """Requeue a contended call through :func:`lock_retry`, logging ``<why> <key> is held``."""
+
+    def report(event: str) -> None:
+        if event == "retried":
+            logger.info(
+                "%s[%s] %s %s is held by task %s; retrying in %.1fs",
+                task.name,
+                request.id,
+                why,
+                lock.key,
+                _holder(lock),
+                countdown,
+            )
+        _report_contended(task, request, lock, event, policy)
+
+    lock_retry(task, request, spec, countdown, _contended_error(task, request, lock), report)
 
 
 def _report_contended(task: Any, request: Any, lock: Lock, event: str, policy: str) -> None:
