@@ -111,11 +111,28 @@ def single_instance(fun: Callable[..., Any] | None = None, /, **options: Any) ->
     return lambda f: _decorate(f, options)
 
 
+def _label(fun: Any) -> str:
+    """The name of the function behind ``fun`` (a task, a task's lazy proxy, or else)."""
+    try:
+        # A task's class is named after its function; a proxy builds its task to tell.
+        task = fun._get_current_object() if isinstance(fun, Proxy) else fun
+        name = type(task).__name__ if isinstance(task, Task) else task.__name__
+    except Exception:
+        name = None
+    return name if isinstance(name, str) and name.isidentifier() else "my_task"
+
+
 def _decorate(fun: Any, options: dict[str, Any]) -> Any:
     if isinstance(fun, (Proxy, Task)) or not inspect.isfunction(fun):
-        label = getattr(fun, "__name__", None) if not isinstance(fun, Proxy) else None
-        raise TypeError(_WRONG_ORDER.format(name=label or "my_task"))
+        raise TypeError(_WRONG_ORDER.format(name=_label(fun)))
     owner = f"task function {fun.__module__}.{fun.__qualname__}"
+    for name in options:
+        if name.startswith("lock_") and name[len("lock_") :] in OPTIONS:
+            raise LockConfigError(
+                f"{owner}: unknown @single_instance keyword {name!r}; drop the lock_ prefix: "
+                f"{name[len('lock_') :]}= (the lock_ names are the task options of "
+                "base=LockedTask)"
+            )
     check_unknown(owner, list(options), list(OPTIONS), "@single_instance keyword")
     if options.get("enqueue") in (True, "keep", "until_executed"):
         raise LockConfigError(

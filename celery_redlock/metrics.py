@@ -28,7 +28,7 @@ from typing import Any
 
 from celery.signals import worker_process_shutdown
 
-from ._celery.options import settings_for
+from ._celery.options import Settings, settings_for
 from ._redis.clients import client_for, redact
 from ._redis.inventory import Inventory
 from ._redis.keys import stats_key
@@ -126,12 +126,15 @@ def _current() -> _Counters:
         return _counters
 
 
-def count(app: Any, task_name: str, event: str) -> None:
-    """Count one ``event`` of the task called ``task_name`` (flushed within a second)."""
+def count(app: Any, task_name: str, event: str, settings: Settings | None = None) -> None:
+    """Count one ``event`` of the task called ``task_name`` (flushed within a second).
+
+    ``settings``: ``app``'s, when the caller has them resolved."""
     counters = _counters
     if counters is None or counters.pid != current_pid():
         counters = _current()
-    settings = settings_for(app)
+    if settings is None:
+        settings = settings_for(app)
     url = settings.url if isinstance(settings.url, str) else settings.url[0]
     counters.add(url, stats_key(settings.prefix, task_name), event)
 

@@ -8,14 +8,18 @@
 Each execution runs through the one engine path shared with ``@single_instance``
 (:func:`celery_redlock._celery.engine.execute`): the lock is taken when the tracer calls the
 task, and released as soon as the body returns or raises, *before* Celery stores the result and
-sends callbacks. ``after_return`` and the worker receivers are idempotent backstops.
+sends callbacks. The ``task_postrun`` receiver (which Celery runs on every ending, unlike
+``after_return``) is the idempotent backstop.
 
 Options are class attributes (Celery turns ``@app.task(lock_...=...)`` keywords into class
 attributes), one per row of :data:`celery_redlock._celery.options.OPTIONS`, and are validated
 when Celery builds the task class: at decoration time for a finalized app or ``lazy=False``,
 otherwise when the app finalizes (worker start, the first ``delay()``, or ``app.finalize()``).
 Combinations with the app's settings that cannot work (``lock_limit`` > 1 over a quorum) are
-rejected when the task is bound to its app. Every name starting with ``lock_`` is reserved.
+rejected when the task is bound to its app. Every name starting with ``lock_`` is reserved, and
+the other API's spelling is refused with the right one (``by=[...]`` names ``lock_by``). So is a
+``run`` already decorated with ``@single_instance``: the call would take its lock twice and
+contend with itself.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from ._celery import (
     routing,
     wiring,  # noqa: F401  (importing it connects the worker receivers)
 )
-from ._celery.identity import OPTIONS_ATTR, spec_of
+from ._celery.identity import OPTIONS_ATTR, check_task_name, spec_of
 from ._celery.options import (
     KEEPING_MODES,
     OPTIONS,
@@ -58,14 +62,24 @@ class LockedTask(Task):  # type: ignore[misc]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        owner = f"task {cls.__dict__.get('name') or cls.__qualname__}"
+        _refuse_decorator_keywords(owner, cls)
         raw = {name: getattr(cls, name) for name in dir(cls) if name.startswith("lock_")}
         run = inspect.getattr_static(cls, "run")
         params = None
         if run is not Task.__dict__["run"]:
             fun = run.__func__ if isinstance(run, staticmethod) else run
+            if getattr(fun, OPTIONS_ATTR, None) is not None:
+                raise LockConfigError(
+                    f"{owner}: base=LockedTask and @single_instance on one task; the call "
+                    "would take the same lock twice and contend with itself forever. Expected "
+                    "one of them: drop @single_instance (and give its keywords as lock_* task "
+                    "options), or drop base=LockedTask"
+                )
             params = parameters_of(fun, bound=not isinstance(run, staticmethod))
-        owner = f"task {cls.__dict__.get('name') or cls.__qualname__}"
-        setattr(cls, OPTIONS_ATTR, validate_options(owner, raw, params))
+        options = validate_options(owner, raw, params)
+        check_task_name(cls.__dict__.get("name"), options)
+        setattr(cls, OPTIONS_ATTR, options)
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -114,6 +128,7 @@ class LockedTask(Task):  # type: ignore[misc]
         :class:`~celery_redlock.LockConfigError`, and travel in the message's ``redlock`` header.
         """
         calls.put(options, calls.take(f"task {self.name}", options))
+        routing.note(self)  # the task, with its app, for the before_task_publish receiver
         spec = spec_of(self)
         if (
             spec is None
@@ -141,19 +156,22 @@ class LockedTask(Task):  # type: ignore[misc]
         request = self.request_stack.top
         if request is None or request.called_directly:
             return super().__call__(*args, **kwargs)
-        return engine.execute(self, args, kwargs, lambda: self.run(*args, **kwargs))
+        return engine.execute(self, args, kwargs, lambda: self.run(*args, **kwargs), request)
 
-    def after_return(
-        self,
-        status: str,
-        retval: Any,
-        task_id: str,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        einfo: Any,
-    ) -> None:
-        """Backstop (idempotent): the engine released when the body returned."""
-        engine.leave(self)
+
+#: The ``@single_instance`` keywords that are no Celery task attribute: given to a
+#: ``LockedTask`` without their ``lock_`` prefix, they would be ignored.
+_DECORATOR_KEYWORDS = frozenset(OPTIONS) - set(dir(Task))
+
+
+def _refuse_decorator_keywords(owner: str, cls: type) -> None:
+    """Refuse ``@app.task(base=LockedTask, by=[...])``: the other API's spelling, which Celery
+    would set as a plain class attribute that no lock reads (locking on every argument)."""
+    for name in sorted(_DECORATOR_KEYWORDS & set(vars(cls))):
+        raise LockConfigError(
+            f"{owner}: option {name}={vars(cls)[name]!r} is not a LockedTask option; expected "
+            f"lock_{name}= (the names without lock_ are @single_instance's keywords)"
+        )
 
 
 for _option in OPTIONS.values():

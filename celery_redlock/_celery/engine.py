@@ -1,8 +1,9 @@
 """The one execution path of a locked task, shared by ``LockedTask`` and ``@single_instance``.
 
-:func:`execute` runs one attempt: it takes the lock (:func:`enter`), runs the body, and releases
-(:func:`leave`) as soon as the body returns or raises. ``LockedTask.__call__`` and the
-``@single_instance`` wrapper both call it, so both APIs release at the same moment:
+:func:`execute` runs one attempt: it takes the lock (:func:`enter`, whose docstring lists its
+steps in order), runs the body, and releases (:func:`leave`) as soon as the body returns or
+raises. ``LockedTask.__call__`` and the ``@single_instance`` wrapper both call it, so both APIs
+release at the same moment:
 
 1. the body returns (or raises);
 2. the lock is released here, with ``lock_cooldown`` applied;
@@ -18,6 +19,7 @@ idempotent: each release happens at most once.
 The state of one attempt (its :class:`~celery_redlock.Lock`, or the decision to skip) lives on
 ``task.request``, which Celery keeps per thread and per greenlet: with the threads or gevent
 pool many executions share one task instance, so nothing per-execution is stored on the task.
+The app's settings are resolved once per attempt, in :func:`enter`, and travel with it.
 
 TTL rule, decided in :func:`_make_lock` for each execution:
 
@@ -45,6 +47,7 @@ from celery.exceptions import Reject, Retry
 from .. import signals
 from .._redis import companions
 from .._redis import keys as _keys
+from .._redis.clients import redact
 from .._redis.lock import Lock
 from .._redis.nodes import Extended
 from ..exceptions import LockContended, LockLost, LockUnavailable, RateLimited
@@ -61,6 +64,9 @@ T = TypeVar("T")
 #: Attribute of ``task.request`` holding the :class:`Execution` of the running attempt.
 REQUEST_ATTR = "redlock_execution"
 
+#: Key of ``task.__dict__``: the :class:`Settings` the task was cross-checked against.
+_CHECKED = "_redlock_checked"
+
 
 @dataclass(slots=True)
 class Execution:
@@ -68,6 +74,9 @@ class Execution:
 
     lock: Lock | None
     skipped: bool = False
+    #: ``lock_cooldown`` of the attempt: how long its release keeps the key.
+    cooldown: float = 0.0
+    settings: Settings | None = None
 
 
 def until_executed(execute: Callable[..., T | None]) -> Callable[..., T | None]:
@@ -100,14 +109,18 @@ def until_executed(execute: Callable[..., T | None]) -> Callable[..., T | None]:
 
 
 @until_executed
-def execute(task: Any, args: Any, kwargs: Any, body: Callable[[], T]) -> T | None:
+def execute(
+    task: Any, args: Any, kwargs: Any, body: Callable[[], T], request: Any = None
+) -> T | None:
     """Run ``body`` as one locked attempt of ``task`` called with ``args``/``kwargs``.
 
     Returns the body's result, or ``None`` when the call is skipped. Raises ``Retry``
     (through ``task.retry``), :class:`LockContended` or :class:`LockUnavailable` according to
     the policies. A direct call (``task(x)``, no worker, no ``apply()``) runs unlocked.
+    ``request``: ``task.request``, when the caller has it.
     """
-    request = task.request
+    if request is None:
+        request = task.request
     spec = None if request.called_directly else spec_of(task)
     if spec is None:
         return body()
@@ -123,6 +136,84 @@ def execute(task: Any, args: Any, kwargs: Any, body: Callable[[], T]) -> T | Non
         raise
     leave(task, request)
     return result
+
+
+@tracing.traced_acquire
+def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
+    """Take the lock of the attempt behind ``request``; return False when the body must be
+    skipped. ``spec`` is the task's (:func:`spec_of`).
+
+    The steps, in order; each may end the attempt (skip, requeue or raise):
+
+    1. the call's header, parsed once: its per-call overrides applied to ``spec``
+       (:class:`~celery_redlock.LockConfigError` if one is invalid);
+    2. the app's settings, resolved once for the whole attempt; the task's options
+       cross-checked against them, once per task;
+    3. the lock name: the task's lock name and the digest of the call's identity;
+    4. ``lock_enqueue='keep'``: the queued marker cleared (one more call may queue);
+    5. ``lock_bypass``: the call runs without the lock;
+    6. ``lock_enqueue='replace'`` or ``lock_debounce``: a call superseded by a newer one skips;
+    7. the lock, non-blocking; under ``wait`` then blocking; if still held, the contention
+       policy (skip, requeue or fail); with ``lock_limit=None`` there is no lock to take;
+    8. ``lock_rate``: the start admitted, or the call requeued for its slot;
+    9. the per-call overrides recorded beside the lock, the acquisition reported.
+    """
+    header = calls.header_of(request)
+    if header:  # the usual call carries no header
+        spec = calls.call_spec(spec, header)
+    options = spec.options
+    settings = settings_for(task.app)
+    if task.__dict__.get(_CHECKED) is not settings:
+        cross_check(spec.owner, options, settings)
+        task.__dict__[_CHECKED] = settings
+    name = lock_name_for(task, spec, args, kwargs, settings)
+    if options.enqueue == "keep":
+        _clear_queued(task, settings, name, request.id)
+    if header and calls.bypassed(header):
+        return _bypass(task, settings, name, request)
+    if supersede.supersedes(options) and supersede.superseded(task, spec, settings, name, request):
+        setattr(request, REQUEST_ATTR, Execution(None, skipped=True))
+        return False
+    lock = _make_lock(task, spec, settings, name, request)
+    if options.limit is None:  # lock_rate alone: nothing to exclude
+        _check_rate(task, spec, settings, request, lock)
+        setattr(request, REQUEST_ATTR, Execution(None, settings=settings))
+        return True
+    policy = contention_policy(spec, settings)
+    try:
+        acquired = _acquire(task, spec, request, lock, policy, settings)
+    except LockUnavailable as exc:
+        return _on_unavailable(task, spec, settings, request, exc)
+    if not acquired:
+        return _on_contended(task, spec, request, lock, policy)
+    if options.rate is not None:
+        _check_rate(task, spec, settings, request, lock)
+    setattr(request, REQUEST_ATTR, Execution(lock, cooldown=options.cooldown, settings=settings))
+    if header:  # the usual call has no overrides to record
+        _record_overrides(settings, lock, request, header)
+    logger.debug("%s[%s] acquired %s", task.name, request.id, lock.key)
+    # A single-node lock reads its fencing token on first use (one round trip): only when
+    # someone listens for it.
+    fencing = lock.fencing_token if signals.lock_acquired.receivers else None
+    emit(
+        task,
+        request.id,
+        "acquired",
+        signals.lock_acquired,
+        settings=settings,
+        key=lock.key,
+        fencing_token=fencing,
+    )
+    return True
+
+
+def contention_policy(spec: Spec, settings: Settings) -> str:
+    """The task's ``lock_on_contention``; unset, ``retry`` under a ``lock_rate`` (a rate never
+    drops a call: it delays it, as Celery's ``rate_limit`` does), else ``redlock_on_contention``.
+    """
+    if spec.options.on_contention is not None:
+        return spec.options.on_contention
+    return "retry" if spec.options.rate is not None else settings.on_contention
 
 
 def _hard_limit(task: Any, request: Any) -> float | None:
@@ -141,8 +232,17 @@ class TaskLock(Lock):
     task: Any = None
     #: ``(url, slot)`` of the per-call overrides record written at acquisition, if any.
     call_record: tuple[str, str] | None = None
+    #: When the lock was taken, on its clock (``None``: not yet); set by :func:`_acquire`.
+    taken_at: float | None = None
 
     def on_lost(self, reason: str) -> None:
+        ran = None if self.taken_at is None else self.clock() - self.taken_at
+        if not self.auto_renew and ran is not None and ran >= self.ttl:
+            reason = (
+                f"the run took longer than lock_ttl={self.ttl:g}s (about {ran:.1f}s), so the "
+                "key expired while it ran and another call may have started beside it; raise "
+                "lock_ttl, or leave it None for a lease renewed while the task runs"
+            )
         super().on_lost(reason)
         if self.task is not None:
             emit(self.task, self.owner, "lost", signals.lock_lost, key=self.key, reason=reason)
@@ -194,62 +294,36 @@ def _make_lock(task: Any, spec: Spec, settings: Settings, name: str, request: An
         host=request.hostname,
         auto_renew=renewed,
         max_hold=max_hold,
-        limit=options.limit,
+        limit=options.limit or 1,
     )
     lock.task = task
     return lock
 
 
+def _acquire(
+    task: Any, spec: Spec, request: Any, lock: TaskLock, policy: str, settings: Settings
+) -> bool:
+    """Take ``lock`` without blocking; under ``wait``, then wait up to ``lock_wait_timeout``.
+
+    Returns whether it is held. A wait that times out fails the call here (it was reported
+    as contended when it began).
+    """
+    if lock.acquire(blocking=False):
+        lock.taken_at = lock.clock()
+        return True
+    timeout = spec.options.wait_timeout
+    if policy != "wait" or timeout <= 0:
+        return False
+    _report_contended(task, request, lock, "waited", policy)
+    if lock.acquire(blocking=True, timeout=timeout):
+        lock.taken_at = lock.clock()
+        return True
+    emit(task, request.id, "failed", settings=settings)
+    raise _contended_error(task, request, lock, waited=timeout)
+
+
 def _jittered(seconds: float) -> float:
     return seconds * random.uniform(1.0, 1.2)
-
-
-@tracing.traced_acquire
-def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
-    """Take the lock of the attempt behind ``request``; return False when the body must be
-    skipped. ``spec`` is the task's (:func:`spec_of`)."""
-    header = calls.header_of(request)  # parsed once per attempt
-    spec = calls.call_spec(spec, header)  # this call's overrides (LockConfigError if invalid)
-    settings = settings_for(task.app)
-    cross_check(spec.owner, spec.options, settings)
-    name = lock_name_for(task, spec, args, kwargs, settings)
-    if spec.options.enqueue == "keep":
-        _clear_queued(task, settings, name, request.id)
-    if calls.bypassed(header):
-        return _bypass(task, settings, name, request)
-    if supersede.superseded(task, spec, settings, name, request):
-        setattr(request, REQUEST_ATTR, Execution(None, skipped=True))
-        return False
-    policy = spec.options.on_contention or settings.on_contention
-    try:
-        lock = _make_lock(task, spec, settings, name, request)
-        acquired = lock.acquire(blocking=False)
-        if not acquired and policy == "wait" and spec.options.wait_timeout > 0:
-            _report_contended(task, request, lock, "waited", policy)
-            acquired = lock.acquire(blocking=True, timeout=spec.options.wait_timeout)
-            if not acquired:  # the wait timed out: fail, already reported as contended
-                emit(task, request.id, "failed")
-                raise _contended_error(task, request, lock)
-    except LockUnavailable as exc:
-        return _on_unavailable(task, spec, settings, request, exc)
-    if acquired:
-        _check_rate(task, spec, settings, request, lock)
-        setattr(request, REQUEST_ATTR, Execution(lock))
-        _record_overrides(settings, lock, request, header)
-        logger.debug("%s[%s] acquired %s", task.name, request.id, lock.key)
-        # A single-node lock reads its fencing token on first use (one round trip): only
-        # when someone listens for it.
-        fencing = lock.fencing_token if signals.lock_acquired.receivers else None
-        emit(
-            task,
-            request.id,
-            "acquired",
-            signals.lock_acquired,
-            key=lock.key,
-            fencing_token=fencing,
-        )
-        return True
-    return _on_contended(task, spec, request, lock, policy)
 
 
 def _bypass(task: Any, settings: Settings, name: str, request: Any) -> bool:
@@ -261,7 +335,7 @@ def _bypass(task: Any, settings: Settings, name: str, request: Any) -> bool:
         _keys.keys_for(settings.prefix, name).lock,
     )
     setattr(request, REQUEST_ATTR, Execution(None))
-    emit(task, request.id, "bypassed")
+    emit(task, request.id, "bypassed", settings=settings)
     return True
 
 
@@ -269,7 +343,16 @@ def _holder(lock: Lock) -> str | None:
     return lock.last_holder.task_id if lock.last_holder else None
 
 
-def _contended_error(task: Any, request: Any, lock: Lock) -> LockContended:
+def _contended_error(
+    task: Any, request: Any, lock: Lock, waited: float | None = None
+) -> LockContended:
+    if waited is not None:  # the TTL read when the wait began is stale by now: not shown
+        return LockContended(
+            f"{task.name}[{request.id}]: {lock.key} still held by task {_holder(lock)} after "
+            f"waiting {waited:.1f} s (lock_wait_timeout)",
+            key=lock.key,
+            holder=_holder(lock),
+        )
     ttl = lock.last_holder_ttl
     return LockContended(
         f"{task.name}[{request.id}]: {lock.key} is held by task {_holder(lock)} "
@@ -289,21 +372,7 @@ def _on_contended(task: Any, spec: Spec, request: Any, lock: Lock, policy: str) 
         # run and may be the only copy left: never skip it (a skip would store SUCCESS/None
         # and hide the holder's result); come back when the holder's TTL ends.
         countdown = max(lock.last_holder_ttl or 0.0, 1.0)
-
-        def redelivered_report(event: str) -> None:
-            if event == "retried":
-                logger.info(
-                    "%s[%s] redelivered while %s is held by task %s: retrying in %.1fs",
-                    task.name,
-                    request.id,
-                    lock.key,
-                    holder,
-                    countdown,
-                )
-            _report_contended(task, request, lock, event, "redelivered")
-
-        contended = _contended_error(task, request, lock)
-        lock_retry(task, request, spec, countdown, contended, redelivered_report)
+        _requeue(task, request, spec, lock, countdown, "redelivered", "redelivered while")
     if policy == "skip":
         setattr(request, REQUEST_ATTR, Execution(None, skipped=True))
         logger.info(
@@ -313,22 +382,30 @@ def _on_contended(task: Any, spec: Spec, request: Any, lock: Lock, policy: str) 
         return False
     if policy == "retry":
         countdown = _jittered(spec.options.retry_countdown)
-
-        def report(event: str) -> None:
-            if event == "retried":
-                logger.info(
-                    "%s[%s] contended: %s is held by task %s; retrying in %.1fs",
-                    task.name,
-                    request.id,
-                    lock.key,
-                    holder,
-                    countdown,
-                )
-            _report_contended(task, request, lock, event, policy)
-
-        lock_retry(task, request, spec, countdown, _contended_error(task, request, lock), report)
+        _requeue(task, request, spec, lock, countdown, policy, "contended:")
     _report_contended(task, request, lock, "failed", policy)
     raise _contended_error(task, request, lock)
+
+
+def _requeue(
+    task: Any, request: Any, spec: Spec, lock: Lock, countdown: float, policy: str, why: str
+) -> NoReturn:
+    """Requeue a contended call through :func:`lock_retry`, logging ``<why> <key> is held``."""
+
+    def report(event: str) -> None:
+        if event == "retried":
+            logger.info(
+                "%s[%s] %s %s is held by task %s; retrying in %.1fs",
+                task.name,
+                request.id,
+                why,
+                lock.key,
+                _holder(lock),
+                countdown,
+            )
+        _report_contended(task, request, lock, event, policy)
+
+    lock_retry(task, request, spec, countdown, _contended_error(task, request, lock), report)
 
 
 def _report_contended(task: Any, request: Any, lock: Lock, event: str, policy: str) -> None:
@@ -357,11 +434,14 @@ def lock_retry(
     duplicate, the rate limit). It publishes the retry as ``self.retry()`` does, with the same
     ``Retry`` (state RETRY, the worker's ``Retry in Ns`` line, ``on_retry``), but leaves
     ``request.retries`` unchanged: ``max_retries`` and ``autoretry_for`` count only the task's
-    own failures. Its own bound is ``lock_retry_for``, from the call's first attempt (carried
-    in the message, see :mod:`celery_redlock._celery.calls`); past it the call fails with
-    :class:`LockContended` (``exc`` itself when it is one), an expected outcome that Celery
-    logs at INFO. ``report(event)`` reports the outcome: ``"retried"`` just before the retry is
-    published, ``"failed"`` when the call gives up (without it, the event is only counted).
+    own failures. Its own bound is ``lock_retry_for``, measured from the call's first requeue
+    by the lock (its time travels in the message, see :mod:`celery_redlock._celery.calls`): a
+    requeue whose countdown would end past the bound is not made, and the call fails at once
+    with :class:`LockContended` (``exc`` itself when it is one), an expected outcome that
+    Celery logs at INFO. So with ``lock_retry_for=2`` and a rate slot 60 s away, the call
+    fails now instead of running a minute later. ``report(event)`` reports the outcome:
+    ``"retried"`` just before the retry is published, ``"failed"`` when the call gives up
+    (without it, the event is only counted).
 
     A lock held by this attempt is released first, without cooldown. An eager call
     (``apply()``, ``task_always_eager``) retries through ``task.retry``, which counts.
@@ -374,20 +454,22 @@ def lock_retry(
     now = time.time()
     header = calls.header_of(request)
     first = calls.first_attempt(header, now)
-    if now - first >= spec.options.retry_for:
+    budget = spec.options.retry_for
+    if now - first + countdown > budget:
         logger.info(
-            "%s[%s] gives up: requeued by the lock for %.1fs (lock_retry_for=%ss)",
+            "%s[%s] gives up: requeued by the lock for %.1fs, and the next try in %.1fs would "
+            "end past lock_retry_for=%ss",
             task.name,
             request.id,
             now - first,
-            spec.options.retry_for,
+            countdown,
+            budget,
         )
         report("failed")
         if isinstance(exc, LockContended):
             raise exc
         raise LockContended(
-            f"{task.name}[{request.id}]: requeued by the lock for longer than "
-            f"lock_retry_for={spec.options.retry_for}s: {exc}",
+            f"{task.name}[{request.id}]: requeued by the lock past lock_retry_for={budget}s: {exc}",
             key=getattr(exc, "key", None),
         ) from exc
     report("retried")
@@ -407,30 +489,46 @@ def lock_retry(
 def _on_unavailable(
     task: Any, spec: Spec, settings: Settings, request: Any, exc: LockUnavailable
 ) -> bool:
+    """Apply ``redlock_on_unavailable``: run unlocked, retry (counted against
+    ``max_retries``, with backoff) or fail. A call that fails for it, or whose retries are
+    used up, fails with the :class:`LockUnavailable` itself, an expected outcome that Celery
+    logs at INFO without a traceback, after one WARNING naming ``redlock_url``."""
     policy = settings.on_unavailable
-    emit(task, request.id, "unavailable")
+    emit(task, request.id, "unavailable", settings=settings)
+    where = f"the lock Redis at {redact(str(settings.url))} (redlock_url)"
     if policy == "run":
         logger.warning(
-            "%s[%s] runs WITHOUT a lock because Redis is unavailable "
+            "%s[%s] runs WITHOUT a lock because %s does not answer "
             "(redlock_on_unavailable='run'): %s",
             task.name,
             request.id,
+            where,
             exc,
         )
         setattr(request, REQUEST_ATTR, Execution(None))
         return True
-    if policy == "retry":
+    retries = request.retries or 0
+    if policy == "retry" and (task.max_retries is None or retries < task.max_retries):
         base = spec.options.retry_countdown or 1.0
-        countdown = _jittered(min(base * 2 ** (request.retries or 0), 300.0))
+        countdown = _jittered(min(base * 2**retries, 300.0))
         logger.warning(
-            "%s[%s] could not reach Redis to lock; retrying in %.1fs: %s",
+            "%s[%s] could not reach %s to lock; retrying in %.1fs: %s",
             task.name,
             request.id,
+            where,
             countdown,
             exc,
         )
         raise task.retry(countdown=countdown, exc=exc)
-    raise exc
+    ending = (
+        f"giving up (max_retries={task.max_retries} used up)"
+        if policy == "retry"
+        else "failing (redlock_on_unavailable='fail')"
+    )
+    logger.warning(
+        "%s[%s] could not reach %s to lock; %s: %s", task.name, request.id, where, ending, exc
+    )
+    raise exc.with_traceback(None) from None
 
 
 def leave(task: Any, request: Any = None, *, cooldown: bool = True) -> None:
@@ -446,16 +544,24 @@ def leave(task: Any, request: Any = None, *, cooldown: bool = True) -> None:
         return
     lock = execution.lock
     execution.lock = None
-    spec = spec_of(task)
-    keep = spec.options.cooldown if spec is not None and cooldown else 0
-    if _release(task, request, lock, keep):
+    if _release(task, request, lock, execution.cooldown if cooldown else 0):
         logger.debug("%s[%s] released %s", task.name, request.id, lock.key)
-        emit(task, request.id, "released", signals.lock_released, key=lock.key, by="task")
+        emit(
+            task,
+            request.id,
+            "released",
+            signals.lock_released,
+            settings=execution.settings,
+            key=lock.key,
+            by="task",
+        )
 
 
 @tracing.traced_release
 def _release(task: Any, request: Any, lock: Lock, keep: float = 0) -> bool:
     """Release ``lock``; whether it was released. Never raises (see :func:`leave`)."""
+    if lock.token is None:
+        return False  # never taken (lock_limit=None: a rate alone)
     try:
         lock.release(keep=keep)
     except LockLost:

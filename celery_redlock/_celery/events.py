@@ -11,22 +11,32 @@ from typing import Any
 
 from .. import metrics, signals
 from . import timeline, tracing
-from .options import settings_for
+from .options import Settings, settings_for
 from .state import state
 
 logger = logging.getLogger("celery_redlock.task")
 
 
-def emit(task: Any, task_id: str, event: str, signal: Any = None, **fields: Any) -> None:
-    """Count ``event``, send ``signal`` and, with task events on, a ``redlock-*`` event."""
+def emit(
+    task: Any,
+    task_id: str,
+    event: str,
+    signal: Any = None,
+    *,
+    settings: Settings | None = None,
+    **fields: Any,
+) -> None:
+    """Count ``event``, send ``signal`` and, with task events on, a ``redlock-*`` event.
+
+    ``settings``: the app's, when the caller has them (spares resolving them again)."""
     tracing.record(task_id, event, fields)
     try:
-        metrics.count(task.app, task.name, event)
+        metrics.count(task.app, task.name, event, settings)
         timeline.record(task, task_id, event, fields)
         if signal is not None and signal.receivers:  # send() does nothing without receivers
             signal.send(sender=task, task_id=task_id, **fields)
         if state.task_events and signal is signals.lock_contended:
-            group = settings_for(task.app).event_names  # redlock-*, or task-lock-* (deprecated)
+            group = (settings or settings_for(task.app)).event_names  # or task-lock (deprecated)
             task.send_event(f"{group}-{event}", key=fields["key"], holder=fields["holder"])
     except Exception:
         logger.exception("%s[%s]: reporting lock event %r failed", task.name, task_id, event)

@@ -35,7 +35,7 @@ from typing import Any
 from celery.local import Proxy
 
 from .._redis import keys as _keys
-from ..exceptions import LockConfigError, LockContended
+from ..exceptions import LockConfigError, LockContended, LockUnavailable
 from .options import Settings, TaskLockOptions, parameters_of, settings_for
 
 _SCALARS = (str, int, float, type(None))
@@ -44,27 +44,12 @@ _SCALARS = (str, int, float, type(None))
 MAX_DEPTH = 64
 
 
-def _compact_encoder() -> Callable[[Any], str]:
-    """``json.dumps(value, ensure_ascii=False, separators=(",", ":"))``, built once.
-
-    ``json.dumps`` with arguments builds an encoder per call (a few microseconds per
-    execution). The values come from :func:`_encode` (lists, strings, numbers, ``None``) and
-    are never circular, so the circular-reference check is left out: the text is the same.
-    Without the C accelerator, the encoder's own ``encode``.
-    """
-    encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), check_circular=False)
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None:
-        return encoder.encode
-    # The arguments JSONEncoder.iterencode passes (markers, default, encoder, indent,
-    # separators, sort_keys, skipkeys, allow_nan), the same on Python 3.10 to 3.13.
-    chunks = make(
-        None, encoder.default, json.encoder.encode_basestring, None, ":", ",", False, False, True
-    )
-    return lambda value: "".join(chunks(value, 0))
-
-
-_compact_json = _compact_encoder()
+#: ``json.dumps(value, ensure_ascii=False, separators=(",", ":"))`` without building an encoder
+#: per call. The values come from :func:`_encode` (lists, strings, numbers, ``None``) and are
+#: never circular, so the circular-reference check is left out: the text is the same.
+_compact_json = json.JSONEncoder(
+    ensure_ascii=False, separators=(",", ":"), check_circular=False
+).encode
 
 
 def _encode(value: Any, owner: str, param: str, depth: int = 0) -> Any:
@@ -196,8 +181,38 @@ def encode_call(
     return _encode_arguments(owner, names, bind(owner, params, args, kwargs))
 
 
+def _scalar_json(value: Any) -> str | None:
+    """The text :data:`_compact_json` gives ``value``, for the usual scalars; ``None`` for any
+    other value (the encoder then writes it).
+
+    A string needs no escape when it is printable (no character below U+0020) and holds no
+    ``"`` or ``\\``: the encoder, with ``ensure_ascii=False``, escapes only those. A test
+    compares the two on many values (``tests/unit/test_canonical_text.py``).
+    """
+    kind = type(value)
+    if kind is str:
+        return (
+            f'"{value}"' if value.isprintable() and '"' not in value and "\\" not in value else None
+        )
+    if kind is int:
+        return int.__repr__(value)
+    if value is None:
+        return "null"
+    if kind is bool:
+        return "true" if value else "false"
+    return None  # floats (repr, NaN, infinities), subclasses, containers: the encoder
+
+
 def _encode_arguments(owner: str, names: Sequence[str], arguments: Mapping[str, Any]) -> bytes:
     """The canonical bytes of the parameters ``names`` of a bound call (``["A", ...]``)."""
+    parts = ['"A"']
+    for name in names:  # the usual call: names and scalars written directly (no encoder)
+        text, key = _scalar_json(arguments[name]), _scalar_json(name)
+        if text is None or key is None:
+            break
+        parts.append(f"[{key},{text}]")
+    else:
+        return f"[{','.join(parts)}]".encode()
     encoded = [[name, _encode(arguments[name], owner, name)] for name in names]
     return _compact_json(["A", *encoded]).encode()
 
@@ -238,9 +253,10 @@ def spec_of(task: Any) -> Spec | None:
     """The lock spec of ``task``, or ``None`` if the task is not locked. Cached per task.
 
     ``task`` may be the lazy proxy ``@app.task`` returns before the app is finalized. The
-    first call also makes :class:`~celery_redlock.LockContended` an expected outcome of the
-    task (``task.throws``), so Celery logs a contention failure at INFO without a traceback,
-    under both APIs.
+    first call also makes :class:`~celery_redlock.LockContended` and
+    :class:`~celery_redlock.LockUnavailable` expected outcomes of the task (``task.throws``),
+    so Celery logs such a failure at INFO without a traceback, under both APIs (the engine
+    logs a WARNING naming ``redlock_url`` before failing for an outage).
     """
     if isinstance(task, Proxy):
         task = task._get_current_object()
@@ -251,11 +267,24 @@ def spec_of(task: Any) -> Spec | None:
     options = getattr(fun, OPTIONS_ATTR, None) or getattr(type(task), OPTIONS_ATTR, None)
     spec = None
     if options is not None:
+        check_task_name(task.name, options)
         spec = Spec(options, parameters_of(fun, bound), bound, f"task {task.name}")
-        if LockContended not in task.throws:
-            task.throws = (*task.throws, LockContended)
+        expected = tuple(e for e in (LockContended, LockUnavailable) if e not in task.throws)
+        if expected:
+            task.throws = (*task.throws, *expected)
     task.__dict__["_redlock_spec"] = spec
     return spec
+
+
+def check_task_name(name: str | None, options: TaskLockOptions) -> None:
+    """Refuse a task name that cannot name its lock: one with ``{`` or ``}``, when no
+    ``lock_name`` replaces it (braces delimit the key's Redis Cluster hash tag)."""
+    if options.name is None and name and set(name) & set("{}"):
+        raise LockConfigError(
+            f"task {name}: its name contains '{{' or '}}', which a lock name cannot (they delimit "
+            "the key's Redis Cluster hash tag); expected a task name without braces, or a "
+            "lock_name option (name= with @single_instance) without them"
+        )
 
 
 def lock_name_for(

@@ -143,9 +143,11 @@ def _name(owner: str, option: str, value: Any, _: Params) -> str | None:
     return value
 
 
-def _limit(owner: str, option: str, value: Any, _: Params) -> int:
+def _limit(owner: str, option: str, value: Any, _: Params) -> int | None:
+    if value is None:
+        return None
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 1000:
-        raise _invalid(owner, option, value, "an integer from 1 to 1000")
+        raise _invalid(owner, option, value, "an integer from 1 to 1000, or None (with lock_rate)")
     return value
 
 
@@ -180,7 +182,9 @@ def _rate(owner: str, option: str, value: Any, _: Params) -> Rate | None:
     if not isinstance(value, str):
         raise _invalid(owner, option, value, expected)
     count, _sep, unit = value.strip().partition("/")
-    if not count.isdigit() or not 1 <= int(count) <= 1_000_000 or unit not in RATE_PERIODS:
+    # isascii: str.isdigit() accepts '²', which int() refuses.
+    digits = count.isascii() and count.isdigit()
+    if not digits or not 1 <= int(count) <= 1_000_000 or unit not in RATE_PERIODS:
         raise _invalid(owner, option, value, expected)
     return Rate(int(count), RATE_PERIODS[unit])
 
@@ -236,9 +240,9 @@ OPTIONS: dict[str, Option] = {
         Option(
             "limit",
             1,
-            "int, 1 to 1000",
+            "int, 1 to 1000, or None",
             "How many executions may hold the key at once (a semaphore); needs one Redis "
-            "deployment, not a quorum.",
+            "deployment, not a quorum. None, with lock_rate: no exclusion, only the rate.",
             _limit,
         ),
         Option(
@@ -289,8 +293,8 @@ OPTIONS: dict[str, Option] = {
             None,
             "'N/s', 'N/m', 'N/h' or None",
             "At most N starts in any sliding window of the period, per lock identity, across "
-            "all workers; a call over it is retried when its slot comes (single Redis "
-            "deployment).",
+            "all workers; a call over it is requeued for its slot, never dropped: with a rate, "
+            "lock_on_contention None means 'retry' (single Redis deployment).",
             _rate,
         ),
         Option(
@@ -298,7 +302,8 @@ OPTIONS: dict[str, Option] = {
             3600.0,
             "seconds",
             "How long requeues caused by the lock (contention, redelivery, rate) may go on, "
-            "from the call's first attempt; they never count against max_retries.",
+            "from the first one; a requeue that would end past it fails the call at once. "
+            "They never count against max_retries.",
             seconds(),
         ),
     )
@@ -318,7 +323,7 @@ class TaskLockOptions:
     on_contention: Policy | None
     retry_countdown: float
     wait_timeout: float
-    limit: int
+    limit: int | None
     cooldown: float
     enqueue: EnqueueMode
     enqueue_ttl: float
@@ -362,12 +367,22 @@ def validate_options(owner: str, raw: Mapping[str, Any], params: Params) -> Task
         option.name: option.check(owner, attr, raw.get(attr, option.default), params)
         for attr, option in attrs.items()
     }
-    _check_debounce(owner, values)
+    _check_mixes(owner, values)
     return TaskLockOptions(**values)
 
 
-def _check_debounce(owner: str, values: Mapping[str, Any]) -> None:
-    """Reject option mixes a debounce cannot honour."""
+def _check_mixes(owner: str, values: Mapping[str, Any]) -> None:
+    """Reject option mixes that cannot be honoured."""
+    if values["limit"] is None and (values["rate"] is None or values["cooldown"]):
+        raise LockConfigError(
+            f"{owner}: option lock_limit=None (no exclusion) is invalid "
+            + (
+                f"with lock_cooldown={values['cooldown']!r} (a cooldown keeps a held key); "
+                if values["rate"] is not None
+                else "without lock_rate (it would lock nothing); "
+            )
+            + "expected lock_limit from 1 to 1000, or lock_limit=None with a lock_rate alone"
+        )
     debounce, cap = values["debounce"], values["debounce_max"]
     if cap is not None and (debounce is None or cap < debounce):
         raise _invalid(
@@ -384,7 +399,7 @@ def _check_debounce(owner: str, values: Mapping[str, Any]) -> None:
 
 def cross_check(owner: str, options: TaskLockOptions, settings: Settings) -> None:
     """Reject task options that cannot work with the app's settings (LockConfigError)."""
-    if options.limit > 1 and isinstance(settings.url, tuple):
+    if (options.limit or 1) > 1 and isinstance(settings.url, tuple):
         raise LockConfigError(
             f"{owner}: option lock_limit={options.limit} is invalid with a Redlock quorum "
             f"(redlock_url lists {len(settings.url)} independent nodes); expected lock_limit=1, "
@@ -405,7 +420,7 @@ def cross_check(owner: str, options: TaskLockOptions, settings: Settings) -> Non
 
 @dataclass(frozen=True)
 class Settings:
-    """The ``redlock_*`` settings of one app, validated."""
+    """The ``redlock_*`` settings of one app, validated (the rows of :data:`SETTINGS`)."""
 
     #: One URL, or a tuple of 3, 5, ... URLs of independent nodes (the Redlock quorum).
     url: str | tuple[str, ...]
@@ -419,27 +434,14 @@ class Settings:
     #: Group of the Celery events of a contended task: ``"redlock"`` (``redlock-skipped``...)
     #: or the deprecated ``"task-lock"`` (``task-lock-skipped``...).
     event_names: str = "redlock"
+    #: ``redlock_timeline``: events the dashboard's ring keeps (checked by the ring).
+    timeline: Any = 0
 
-
-#: App settings and their defaults.
-SETTING_DEFAULTS: dict[str, Any] = {
-    "redlock_url": None,
-    "redlock_prefix": "redlock",
-    "redlock_lease": 30.0,
-    "redlock_ttl_margin": 5.0,
-    "redlock_on_contention": "skip",
-    "redlock_on_unavailable": "retry",
-    "redlock_key_secret": None,
-    "redlock_event_names": "redlock",
-}
-
-#: ``redlock_event_names`` values; ``"task-lock"`` is deprecated (docs/guide.md#task-events).
-EVENT_NAMES = ("redlock", "task-lock")
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
 
 
-def _urls(owner: str, url: Any) -> list[str]:
+def _url(owner: str, setting: str, url: Any) -> str | tuple[str, ...]:
     urls = [url] if isinstance(url, str) else url
     expected = (
         f"a Redis URL ({', '.join(s.rstrip('/') for s in SCHEMES)}) or a list of 3, 5, ... of them"
@@ -448,11 +450,11 @@ def _urls(owner: str, url: Any) -> list[str]:
         isinstance(u, str) and u.startswith(SCHEMES) for u in urls
     ):
         raise LockConfigError(
-            f"{owner}: setting redlock_url={redact(repr(url))} is invalid; expected {expected}"
+            f"{owner}: setting {setting}={redact(repr(url))} is invalid; expected {expected}"
         )
     if len(urls) != 1 and (len(urls) < 3 or len(urls) % 2 == 0):
         raise LockConfigError(
-            f"{owner}: setting redlock_url lists {len(urls)} nodes; a Redlock quorum needs an "
+            f"{owner}: setting {setting} lists {len(urls)} nodes; a Redlock quorum needs an "
             "odd number of independent nodes, at least 3"
         )
     seen: dict[tuple[Any, ...], str] = {}
@@ -461,73 +463,44 @@ def _urls(owner: str, url: Any) -> list[str]:
             identity = node_identity(item)
         except ValueError as exc:
             raise LockConfigError(
-                f"{owner}: setting redlock_url={redact(repr(item))} is invalid ({redact(exc)}); "
+                f"{owner}: setting {setting}={redact(repr(item))} is invalid ({redact(exc)}); "
                 f"expected {expected}"
             ) from None
         if identity in seen:
             raise LockConfigError(
-                f"{owner}: setting redlock_url names the same node twice ({redact(seen[identity])}"
+                f"{owner}: setting {setting} names the same node twice ({redact(seen[identity])}"
                 f" and {redact(item)}); a Redlock quorum needs independent nodes, each once"
             )
         seen[identity] = item
-    return list(urls)
+    return urls[0] if len(urls) == 1 else tuple(urls)
 
 
-def resolve(app: Any) -> Settings:
-    """Read and validate ``app``'s ``redlock_*`` settings (uncached: see :func:`settings_for`)."""
-    conf = app.conf
-    owner = f"app {app.main or app!r}"
-    values = {k: conf.get(k, d) for k, d in SETTING_DEFAULTS.items()}
-    url = values["redlock_url"]
-    if url is None:
-        broker = conf.get("broker_url") or ""
-        if isinstance(broker, str) and broker.startswith(_REDIS_SCHEMES):
-            url = broker
-            logger.info("redlock_url is not set; using the Redis broker's URL for locks")
-        else:
-            raise LockConfigError(
-                f"{owner}: setting redlock_url is missing; expected a Redis URL such as "
-                "'redis://localhost:6379/0' (the broker is not Redis, so it cannot be reused)"
-            )
-    urls = _urls(owner, url)
-    prefix = values["redlock_prefix"]
-    if (
-        not isinstance(prefix, str)
-        or not prefix
-        or set(prefix) & set("{}")
-        or not prefix.isprintable()
-    ):
-        raise LockConfigError(
-            f"{owner}: setting redlock_prefix={prefix!r} is invalid; expected a non-empty "
-            "string without '{', '}' or control characters"
-        )
-    secret = values["redlock_key_secret"]
-    if secret is not None and (not isinstance(secret, (str, bytes)) or not secret):
-        shown = "***" if isinstance(secret, (str, bytes)) else type(secret).__name__
-        raise LockConfigError(
-            f"{owner}: setting redlock_key_secret={shown} is invalid; expected a non-empty "
-            "str or bytes, or None"
-        )
-    return Settings(
-        url=urls[0] if len(urls) == 1 else tuple(urls),
-        prefix=prefix,
-        lease=seconds()(owner, "redlock_lease", values["redlock_lease"], None),
-        ttl_margin=seconds(zero=True)(
-            owner, "redlock_ttl_margin", values["redlock_ttl_margin"], None
-        ),
-        on_contention=choice(POLICIES)(
-            owner, "redlock_on_contention", values["redlock_on_contention"], None
-        ),
-        on_unavailable=choice(UNAVAILABLE_POLICIES)(
-            owner, "redlock_on_unavailable", values["redlock_on_unavailable"], None
-        ),
-        key_secret=None if secret is None else _keys.secret_key(secret),
-        event_names=_event_names(owner, values["redlock_event_names"]),
+def _prefix(owner: str, setting: str, value: Any) -> str:
+    if isinstance(value, str) and value and not set(value) & set("{}") and value.isprintable():
+        return value
+    raise _invalid(
+        owner, setting, value, "a non-empty string without '{', '}' or control characters"
     )
 
 
-def _event_names(owner: str, value: Any) -> str:
-    names = choice(EVENT_NAMES)(owner, "redlock_event_names", value, None)
+def _secret(owner: str, setting: str, value: Any) -> bytes | None:
+    if value is None:
+        return None
+    if not isinstance(value, (str, bytes)) or not value:
+        shown = "***" if isinstance(value, (str, bytes)) else type(value).__name__
+        raise LockConfigError(
+            f"{owner}: setting {setting}={shown} is invalid; expected a non-empty str or bytes, "
+            "or None"
+        )
+    return _keys.secret_key(value)
+
+
+#: ``redlock_event_names`` values; ``"task-lock"`` is deprecated (docs/guide.md#task-events).
+EVENT_NAMES = ("redlock", "task-lock")
+
+
+def _event_names(owner: str, setting: str, value: Any) -> str:
+    names = choice(EVENT_NAMES)(owner, setting, value, None)
     if names == "task-lock":
         warnings.warn(
             f"{owner}: redlock_event_names='task-lock' is deprecated: task-lock-* events are "
@@ -539,16 +512,221 @@ def _event_names(owner: str, value: Any) -> str:
     return str(names)
 
 
-_settings: weakref.WeakKeyDictionary[Any, Settings] = weakref.WeakKeyDictionary()
+def _timeline(owner: str, setting: str, value: Any) -> Any:
+    """Passed through: the ring checks it when first used (a bad value: one WARNING, no ring;
+    :mod:`celery_redlock._celery.timeline`)."""
+    return value
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One app setting: ``redlock_<name>`` in ``app.conf`` (``CELERY_REDLOCK_<NAME>`` under
+    ``config_from_object(..., namespace="CELERY")``)."""
+
+    name: str
+    default: Any
+    #: The default as the docs show it.
+    shown: str
+    #: The accepted values, as shown in the docs.
+    kind: str
+    doc: str
+    #: ``check(owner, setting, value)`` returns the validated value or raises.
+    check: Callable[[str, str, Any], Any]
+
+    @property
+    def key(self) -> str:
+        """The ``app.conf`` key: ``redlock_<name>``."""
+        return f"redlock_{self.name}"
+
+
+def _as(check: Check) -> Callable[[str, str, Any], Any]:
+    return lambda owner, setting, value: check(owner, setting, value, None)
+
+
+#: The app settings, in the order the docs list them; the fields of :class:`Settings`.
+SETTINGS: dict[str, Setting] = {
+    s.key: s
+    for s in (
+        Setting(
+            "url",
+            None,
+            "the broker's URL if it is Redis",
+            "a Redis URL, or a list of 3, 5, ... URLs of independent nodes",
+            "Where locks live ([URL forms](guide.md#where-locks-live)); unset with a non-Redis "
+            "broker, a worker refuses to start and the first lock operation raises "
+            "LockConfigError.",
+            _url,
+        ),
+        Setting(
+            "prefix",
+            "redlock",
+            "`'redlock'`",
+            "a non-empty string without `{`, `}` or control characters",
+            "First part of every key.",
+            _prefix,
+        ),
+        Setting(
+            "lease",
+            30.0,
+            "`30.0`",
+            "seconds > 0",
+            "The lease, renewed every lease/3 while the task runs.",
+            _as(seconds()),
+        ),
+        Setting(
+            "ttl_margin",
+            5.0,
+            "`5.0`",
+            "seconds >= 0",
+            "Added to the hard time limit T: renewal never extends a lock past acquisition + "
+            "T + margin.",
+            _as(seconds(zero=True)),
+        ),
+        Setting(
+            "on_contention",
+            "skip",
+            "`'skip'`",
+            "'skip', 'retry', 'fail', 'wait'",
+            "Policy of tasks whose lock_on_contention is None (except tasks with a lock_rate, "
+            "which retry: a rate never drops a call).",
+            _as(choice(POLICIES)),
+        ),
+        Setting(
+            "on_unavailable",
+            "retry",
+            "`'retry'`",
+            "'retry', 'fail', 'run'",
+            "What a call does when the lock Redis does not answer "
+            "([guide](guide.md#when-redis-does-not-answer)).",
+            _as(choice(UNAVAILABLE_POLICIES)),
+        ),
+        Setting(
+            "key_secret",
+            None,
+            "`None`",
+            "None, or a non-empty str or bytes",
+            "Keys the argument digests of task keys (keyed BLAKE2b, a MAC), so that "
+            "low-entropy arguments (an account number) cannot be found from a key by trying "
+            "guesses; None uses a plain hash. Keys then differ between apps with different "
+            "secrets (and across a rotation), which do not exclude each other: set the same "
+            "secret wherever keys of the same tasks are computed (workers, and producers or "
+            "beat using lock_enqueue or lock_key()).",
+            _secret,
+        ),
+        Setting(
+            "event_names",
+            "redlock",
+            "`'redlock'`",
+            "'redlock', 'task-lock' (deprecated)",
+            "Group of the Celery events a contended task sends with -E: redlock-skipped, "
+            "redlock-retried, redlock-failed, redlock-waited; 'task-lock' sends the old "
+            "task-lock-* names, which Celery's State (Flower) reads as task states and some "
+            "exporters fail on ([operations](operations.md#signals-and-events)).",
+            _event_names,
+        ),
+        Setting(
+            "timeline",
+            0,
+            "`0` (off)",
+            "a whole number >= 0",
+            "How many recent lock events the in-Redis ring of the dashboard's timeline keeps "
+            "(`<prefix>:timeline`, [operations](operations.md#dashboard)); each event then "
+            "costs the task one pipelined round trip.",
+            _timeline,
+        ),
+    )
+}
+
+#: App settings and their defaults (from :data:`SETTINGS`).
+SETTING_DEFAULTS: dict[str, Any] = {key: s.default for key, s in SETTINGS.items()}
+
+if [f"redlock_{f.name}" for f in dataclasses.fields(Settings)] != list(SETTINGS):
+    raise AssertionError("Settings must list the rows of SETTINGS, in order")
+
+
+def resolve(app: Any) -> Settings:
+    """Read and validate ``app``'s ``redlock_*`` settings (uncached: see :func:`settings_for`)."""
+    conf = app.conf
+    owner = f"app {app.main or app!r}"
+    values = {key: conf.get(key, s.default) for key, s in SETTINGS.items()}
+    if values["redlock_url"] is None:
+        broker = conf.get("broker_url") or ""
+        if not (isinstance(broker, str) and broker.startswith(_REDIS_SCHEMES)):
+            raise LockConfigError(
+                f"{owner}: setting redlock_url is missing and the broker is not Redis, so its "
+                "URL cannot be reused; set redlock_url to a Redis URL such as "
+                "'redis://localhost:6379/0' (CELERY_REDLOCK_URL with the CELERY namespace)"
+            )
+        values["redlock_url"] = broker
+        _tell_once(app, "redlock_url is not set; using the Redis broker's URL for locks")
+    checked = {s.name: s.check(owner, key, values[key]) for key, s in SETTINGS.items()}
+    return Settings(**checked)
+
+
+#: The apps already told that their broker's URL is used for locks (once per process).
+_told: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _tell_once(app: Any, message: str) -> None:
+    if app not in _told:
+        _told.add(app)
+        logger.info(message)
+
+
+def unknown_settings(app: Any) -> list[str]:
+    """A message for each ``redlock_*``/``CELERY_REDLOCK_*`` key of ``app.conf`` that is no
+    setting (a misspelling is silently ignored by Celery), with a "did you mean" hint."""
+    known = [s.name for s in SETTINGS.values()]
+    messages = []
+    for key in list(app.conf.keys()):
+        if not isinstance(key, str):
+            continue
+        lower = key.lower()
+        namespaced = lower.startswith("celery_redlock_")
+        base = lower[len("celery_") :] if namespaced else lower
+        if not base.startswith("redlock_") or base in SETTINGS:
+            continue
+        hint = difflib.get_close_matches(base[len("redlock_") :], known, n=1)
+        spelled = (lambda name: name.upper()) if key.isupper() else (lambda name: name)
+        prefix = "celery_redlock_" if namespaced else "redlock_"
+        did_you_mean = f"; did you mean {spelled(prefix + hint[0])!r}?" if hint else ""
+        messages.append(
+            f"app {app.main or app!r}: unknown setting {key!r}{did_you_mean} (it is ignored; "
+            f"known: {', '.join(spelled(prefix + n) for n in known)})"
+        )
+    return messages
+
+
+def warn_unknown_settings(app: Any) -> None:
+    """Log each of :func:`unknown_settings` at WARNING; never raises."""
+    try:
+        messages = unknown_settings(app)
+    except Exception:  # a conf that cannot be read is reported by the lock operations
+        return
+    for message in messages:
+        logger.warning("%s", message)
+
+
+#: ``id(app)`` -> (a weak reference to the app, its settings). Read once per execution: a
+#: plain dict lookup by id is several times cheaper than a ``WeakKeyDictionary``'s, and the
+#: reference tells a reused id from the app it was cached for.
+_settings: dict[int, tuple[weakref.ref[Any], Settings]] = {}
 
 
 def settings_for(app: Any) -> Settings:
     """The resolved settings of ``app``, computed on first use and then cached."""
-    try:
-        return _settings[app]
-    except KeyError:
-        settings = _settings[app] = resolve(app)
-        return settings
+    cached = _settings.get(id(app))
+    if cached is not None and cached[0]() is app:
+        return cached[1]
+    settings = resolve(app)  # outside an except block: its errors chain to nothing
+    key = id(app)
+
+    def forget(ref: weakref.ref[Any]) -> None:  # the app is collected: drop its entry
+        if _settings.get(key, (None,))[0] is ref:
+            del _settings[key]
+
+    _settings[key] = (weakref.ref(app, forget), settings)
+    return settings
 
 
 def reset_settings(app: Any) -> None:
@@ -556,7 +734,7 @@ def reset_settings(app: Any) -> None:
 
     For tests that change ``redlock_*`` settings after the first lock operation.
     """
-    _settings.pop(app, None)
+    _settings.pop(id(app), None)
 
 
 def quorum_size(settings: Settings) -> int:

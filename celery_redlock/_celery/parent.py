@@ -206,7 +206,7 @@ def release_for_dead_child(request: Any) -> None:
     task = request.task
     try:
         spec = spec_of(task)
-        if spec is None:
+        if spec is None or spec.options.limit is None:  # lock_limit=None takes no lock
             return
         settings = settings_for(task.app)
         name = lock_name_for(task, spec, request.args, request.kwargs)

@@ -49,6 +49,7 @@ Hazards:
 
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any
 
@@ -61,15 +62,43 @@ from . import calls
 _installed: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
+#: The task of the call this thread is publishing: set by :func:`check_lock_options`, read
+#: (once) by :func:`routed_task` from the ``before_task_publish`` receiver that follows.
+_routing = threading.local()
+
+
 def check_lock_options(
     name: str, args: Any, kwargs: Any, options: dict[str, Any], task: Any = None, **_: Any
 ) -> None:
     """A router that routes nothing: raise :class:`~celery_redlock.LockConfigError` for a bad
     per-call ``lock_*`` option in ``options`` (naming the task, the option and what was
-    expected), return ``None`` otherwise."""
+    expected), return ``None`` otherwise. Notes ``task`` for :func:`routed_task`."""
+    note(task)
     raw = {n: v for n, v in options.items() if isinstance(n, str) and n.startswith("lock_")}
     if raw:
         calls.take(f"task {name}", raw)
+
+
+def note(task: Any) -> None:
+    """Note ``task`` as the task of the call this thread is about to publish.
+
+    ``LockedTask.apply_async`` notes itself too: an app whose ``amqp`` was built, by a
+    concurrent first publish, before it could be given the checking router has no
+    :func:`check_lock_options` to note it.
+    """
+    _routing.task = task
+
+
+def routed_task(name: str) -> Any:
+    """The task this thread's last routed call named ``name`` (its app's), once; else ``None``.
+
+    ``Celery.send_task`` routes a call, then publishes it, in one thread, so the
+    ``before_task_publish`` receiver finds the task (with its app) that the signal does not
+    carry. The note is taken, so a later publish never reads a stale one.
+    """
+    task = getattr(_routing, "task", None)
+    _routing.task = None
+    return task if getattr(task, "name", None) == name else None
 
 
 def _put_first(router: Any) -> None:

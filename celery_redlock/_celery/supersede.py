@@ -49,21 +49,18 @@ from __future__ import annotations
 
 import datetime
 import logging
-import sys
 import threading
 from collections.abc import Mapping, MutableMapping
-from types import FrameType
 from typing import Any
 
 from celery import current_app, current_task
-from celery.app.base import Celery
 from celery.utils.time import maybe_make_aware
 
 from .._redis import companions
 from .._redis import keys as _keys
 from .._redis.clients import redact
 from ..exceptions import LockUnavailable
-from . import calls
+from . import calls, routing
 from .events import emit
 from .identity import Spec, lock_name_for, spec_of
 from .options import Settings, TaskLockOptions, settings_for
@@ -82,10 +79,6 @@ REQUEUE_ATTR = "redlock_requeue"
 #: :func:`on_published`.
 _pending = threading.local()
 
-#: How many frames above the receiver :func:`publishing_task` looks for ``Celery.send_task``.
-_MAX_DEPTH = 12
-_SEND_TASK = Celery.send_task.__code__
-
 
 def supersedes(options: TaskLockOptions) -> bool:
     """Whether a later call of a key supersedes the waiting ones (replace or debounce)."""
@@ -95,19 +88,13 @@ def supersedes(options: TaskLockOptions) -> bool:
 def publishing_task(name: str) -> Any:
     """The task published as ``name`` in this thread, or ``None``.
 
-    It is the ``task_type`` of the ``Celery.send_task`` call on the stack (``apply_async``
-    passes the task itself, ``send_task`` looks the name up in its app), or else the current
+    It is the task noted for this call (:func:`celery_redlock._celery.routing.routed_task`:
+    by ``LockedTask.apply_async``, and by the app's router, to which ``apply_async`` passes
+    the task itself and ``send_task`` the task it looks up in its app), or else the current
     app's task of that name.
     """
-    frame: FrameType | None = sys._getframe(1)
-    for _ in range(_MAX_DEPTH):
-        if frame is None:
-            break
-        if frame.f_code is _SEND_TASK:
-            task = frame.f_locals.get("task_type")
-            return task if getattr(task, "name", None) == name else None
-        frame = frame.f_back
-    return current_app.tasks.get(name)
+    task = routing.routed_task(name)
+    return task if task is not None else current_app.tasks.get(name)
 
 
 def _republished(headers: MutableMapping[str, Any]) -> bool:

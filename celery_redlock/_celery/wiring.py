@@ -5,8 +5,9 @@ for each way an attempt ends (measured on Celery 5.7, see ``docs/guide.md``):
 
 * return, exception, soft time limit, ``Ignore``, ``Reject``, ``SystemExit`` (SIGTERM from
   revoke/hard limit/cold shutdown): the pool child, in
-  :func:`celery_redlock._celery.engine.execute`, before the result is stored; ``after_return``
-  (``LockedTask``) and the ``task_postrun`` receiver below are idempotent backstops;
+  :func:`celery_redlock._celery.engine.execute`, before the result is stored; the
+  ``task_postrun`` receiver below, which Celery runs on every one of these endings, is the
+  idempotent backstop;
 * ``self.retry()``: the child, from the ``before_task_publish`` receiver, because Celery
   publishes the retry message *before* the body's ``Retry`` reaches ``execute``:
 
@@ -28,12 +29,20 @@ the ``before_task_publish`` receiver here moves them into the message's header.
 At worker start the options of every locked task are cross-checked against the app's
 settings (:func:`celery_redlock._celery.options.cross_check`): a combination that cannot work,
 or settings that are invalid, stop the worker before it consumes anything, so no task fails
-one execution at a time.
+one execution at a time. Under Celery's command line (``celery -A proj worker``), such a
+:class:`~celery_redlock.LockConfigError` ends the process with one ``Error:`` line naming the
+task or setting and the fix, exit status 1, instead of a traceback through Celery and click
+(:func:`_brief_config_errors`; every other exception keeps the usual traceback).
+
+Unknown ``redlock_*`` (``CELERY_REDLOCK_*``) settings, which Celery would silently ignore, are
+logged at WARNING with a "did you mean" hint when an app finalizes and when a worker starts.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+from types import TracebackType
 from typing import Any
 
 from celery import bootsteps, current_task, signals
@@ -41,10 +50,11 @@ from celery._state import _get_active_apps, connect_on_app_finalize
 from celery.concurrency import get_implementation
 from kombu.utils.imports import symbol_by_name
 
+from ..exceptions import LockConfigError
 from . import calls, checks, routing, supersede
 from .engine import clear_queued, leave
 from .identity import spec_of
-from .options import cross_check, settings_for
+from .options import cross_check, settings_for, warn_unknown_settings
 from .parent import ParentReleaseMixin
 from .state import state
 
@@ -72,6 +82,7 @@ class CrossCheck(bootsteps.Step):  # type: ignore[misc]
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
+        warn_unknown_settings(parent.app)
         check_app(parent.app)
 
 
@@ -84,14 +95,33 @@ def check_app(app: Any) -> None:
             cross_check(spec.owner, spec.options, settings)
 
 
+def _on_app_finalize(app: Any) -> None:
+    routing.install(app)
+    warn_unknown_settings(app)
+
+
+def _brief_config_errors(
+    kind: type[BaseException], error: BaseException, tb: TracebackType | None
+) -> None:
+    """``sys.excepthook`` under Celery's command line: a :class:`LockConfigError` that ends the
+    process (a worker refusing to start) is one line; anything else goes to the hook before."""
+    if isinstance(error, LockConfigError) and "celery.bin.celery" in sys.modules:
+        print(f"Error: {kind.__name__}: {error}", file=sys.stderr)
+        return
+    _previous_hook(kind, error, tb)
+
+
+_previous_hook = sys.excepthook
+sys.excepthook = _brief_config_errors
+
 # Every app that has not built its amqp yet checks from its first publish; as shared_task
 # does, every app at its finalize, and the apps finalized before this import (routing's
 # module docstring).
 routing.adopt_all()
-connect_on_app_finalize(routing.install)
+connect_on_app_finalize(_on_app_finalize)
 for _app in _get_active_apps():
     if _app.finalized:
-        routing.install(_app)
+        _on_app_finalize(_app)
 
 
 @signals.worker_init.connect(weak=False)

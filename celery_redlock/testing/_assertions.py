@@ -192,6 +192,8 @@ def hold_lock(task: Any, *args: Any, ttl: float = 60.0, **kwargs: Any) -> Iterat
     spec = spec_of(task)
     if spec is None:
         raise ValueError(f"{task.name} is not a locked task")
+    if spec.options.limit is None:
+        raise ValueError(f"{task.name} takes no lock (lock_limit=None): there is none to hold")
     settings = settings_for(task.app)
     name = lock_name_for(task, spec, args, kwargs)
     held: list[Lock] = []

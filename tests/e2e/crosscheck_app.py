@@ -1,9 +1,12 @@
 """A Celery app whose locked task cannot work with its settings: the worker must refuse to start.
 
 Configured from the environment: ``REDLOCK_TEST_PORT`` is the test's private redis-server
-(broker db 1), ``REDLOCK_TEST_URL`` is ``redlock_url`` (a JSON list of URLs, or one URL), and
-``REDLOCK_TEST_API`` (``task`` or ``decorator``) picks the API declaring the one locked task,
-``limited``, with ``REDLOCK_TEST_LIMIT`` (default 2) executions at once.
+(broker db 1), ``REDLOCK_TEST_URL`` is ``redlock_url`` (a JSON list of URLs, or one URL; the
+JSON ``null`` leaves it unset), ``REDLOCK_TEST_CONF`` more settings (a JSON object, such as
+``{"broker_url": "memory://"}``), and ``REDLOCK_TEST_API`` (``task``, ``decorator`` or ``both``:
+``base=LockedTask`` over ``@single_instance``) picks the API declaring the one locked task,
+``limited``, with ``REDLOCK_TEST_LIMIT`` (default 2) executions at once and the task options of
+``REDLOCK_TEST_OPTIONS`` (a JSON object, ``lock_*`` names).
 """
 
 from __future__ import annotations
@@ -13,24 +16,39 @@ import os
 from typing import Any
 
 from celery_redlock import LockedTask, single_instance
-from support.apps import layout_app
+from support.apps import env, layout_app
 
 PORT = int(os.environ["REDLOCK_TEST_PORT"])
 BASE = f"redis://127.0.0.1:{PORT}"
 URL = os.environ["REDLOCK_TEST_URL"]
-LIMIT = int(os.environ.get("REDLOCK_TEST_LIMIT", "2"))
+LIMIT = int(env("LIMIT") or "2")
+OPTIONS: dict[str, Any] = json.loads(env("OPTIONS") or "{}")
+CONF: dict[str, Any] = json.loads(env("CONF") or "{}")
 
-app = layout_app("crosscheck_app", BASE, redlock_url=json.loads(URL) if URL[0] == "[" else URL)
+app = layout_app(
+    "crosscheck_app",
+    BASE,
+    redlock_url=json.loads(URL) if URL[0] in "[n" else URL,
+    **CONF,
+)
+API = os.environ["REDLOCK_TEST_API"]
 
-if os.environ["REDLOCK_TEST_API"] == "task":
+if API == "task":
 
-    @app.task(base=LockedTask, lock_limit=LIMIT)
+    @app.task(base=LockedTask, lock_limit=LIMIT, **OPTIONS)
+    def limited(key: str) -> Any:
+        return key
+
+elif API == "both":
+
+    @app.task(base=LockedTask)
+    @single_instance(limit=LIMIT)
     def limited(key: str) -> Any:
         return key
 
 else:
 
     @app.task
-    @single_instance(limit=LIMIT)
+    @single_instance(limit=LIMIT, **{k.removeprefix("lock_"): v for k, v in OPTIONS.items()})
     def limited(key: str) -> Any:
         return key

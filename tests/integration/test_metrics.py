@@ -48,7 +48,8 @@ def test_every_outcome_is_counted_per_task(app: Celery, redis_url: str) -> None:
             lock_name="m",
             lock_on_contention=policy,
             lock_wait_timeout=0.2,
-            lock_retry_for=0.001,  # one lock retry, then LockContended
+            lock_retry_countdown=0,  # one lock retry at once; the next would end past
+            lock_retry_for=0.001,  # lock_retry_for: LockContended
             max_retries=0,
         )
         def task() -> str:

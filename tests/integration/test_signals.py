@@ -87,7 +87,8 @@ def test_contended_names_the_holder_and_the_policy(
         base=LockedTask,
         lock_on_contention=policy,
         lock_wait_timeout=0.2,
-        lock_retry_for=0.001,  # 'retry': one lock retry, then the call gives up
+        lock_retry_countdown=0,  # 'retry': one lock retry at once; the next would end past
+        lock_retry_for=0.001,  # lock_retry_for: the call gives up
     )
     def work(x: int) -> int:
         return x

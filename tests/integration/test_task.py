@@ -469,3 +469,98 @@ def test_a_retry_does_not_find_its_own_cooldown(app: Celery, r: redis_py.Redis) 
         assert work.delay("k").get(timeout=10) == 1  # the retry ran, at once
         assert r.pttl(lock_key(work, "k")) > 25_000  # the finished run keeps its cooldown
         assert work.delay("k").get(timeout=10) is None  # a new call inside the window skips
+
+
+# -- messages that name the fix (issue 24, items 8 and 9) -------------------------------------
+
+
+def test_a_wait_timeout_says_it_waited_and_shows_no_stale_ttl(h: Holder, app: Celery) -> None:
+    @app.task(base=LockedTask, lock_on_contention="wait", lock_wait_timeout=0.3, lock_by=())
+    def work(role: str) -> str:
+        if role == "holder":
+            h.hold()
+        return role
+
+    with running_worker(app):
+        first = work.delay("holder")
+        assert h.entered.wait(10)
+        with pytest.raises(LockContended) as info:
+            work.delay("waiter").get(timeout=10)
+        h.gate.set()
+        first.get(timeout=10)
+    message = str(info.value)
+    assert f"still held by task {first.id} after waiting 0.3 s (lock_wait_timeout)" in message
+    assert "ttl" not in message
+
+
+def test_a_lock_ttl_overrun_says_the_run_took_longer_than_lock_ttl(
+    app: Celery, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    @app.task(base=LockedTask, lock_ttl=0.2)
+    def work(key: str) -> str:
+        lock = current_lock()
+        assert lock is not None
+        wait_until(lambda: not r.exists(lock.key), 10, "the fixed TTL to run out")
+        return key
+
+    with caplog.at_level(logging.ERROR, logger="celery_redlock.lock"), running_worker(app):
+        assert work.delay("k").get(timeout=10) == "k"
+    (lost,) = [r.getMessage() for r in caplog.records if "lost" in r.getMessage()]
+    assert "the run took longer than lock_ttl=0.2s" in lost
+
+
+def test_the_last_failure_of_an_outage_gives_up_by_name_without_a_traceback(
+    redis_server: RedisServer, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = free_port()
+    app = make_app(redis_server, redlock_url=f"redis://127.0.0.1:{port}/0")
+
+    @app.task(base=LockedTask, max_retries=2, lock_retry_countdown=0.01)
+    def work(key: str) -> None: ...
+
+    with caplog.at_level(logging.INFO), running_worker(app):
+        res = work.delay("k")
+        with pytest.raises(LockUnavailable):
+            res.get(timeout=30)
+    ours = [r for r in caplog.records if r.name == "celery_redlock.task"]
+    assert [("retrying in" in r.getMessage()) for r in ours] == [True, True, False]
+    last = ours[-1].getMessage()
+    assert "giving up (max_retries=2 used up)" in last
+    assert f"127.0.0.1:{port}/0 (redlock_url)" in last
+    failure = [
+        r for r in caplog.records if r.name == "celery.app.trace" and res.id in r.getMessage()
+    ]
+    assert failure and all(r.exc_info is None for r in failure)  # no traceback for the outage
+    assert all("raised unexpected" not in r.getMessage() for r in failure)
+
+
+def test_an_execution_resolves_the_settings_once_and_cross_checks_once_per_task(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 19, item 2: the settings are looked up once per execution (not again for each
+    counter), and the cross-check runs once per task, not per execution."""
+    from celery_redlock import metrics
+    from celery_redlock._celery import engine, options
+
+    looked_up: list[object] = []
+    checked: list[str] = []
+
+    def settings_for(app: Any) -> Any:
+        looked_up.append(app)
+        return options.settings_for(app)
+
+    def cross_check(owner: str, *args: Any) -> None:
+        checked.append(owner)
+        options.cross_check(owner, *args)
+
+    monkeypatch.setattr(engine, "settings_for", settings_for)
+    monkeypatch.setattr(metrics, "settings_for", settings_for)
+    monkeypatch.setattr(engine, "cross_check", cross_check)
+
+    @app.task(base=LockedTask)
+    def work(n: int) -> int:
+        return n
+
+    assert [work.apply((n,)).get() for n in range(3)] == [0, 1, 2]
+    assert len(looked_up) == 3  # one per execution: acquired and released counted with it
+    assert checked == [f"task {work.name}"]

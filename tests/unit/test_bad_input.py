@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_redlock import LockConfigError, LockedTask, lock_key
+from celery_redlock import LockConfigError, LockedTask, lock_key, single_instance
 from celery_redlock._celery.options import MAX_SECONDS, reset_settings, settings_for
 from celery_redlock._redis import keys as _keys
 
@@ -185,3 +185,98 @@ def test_a_lock_name_or_prefix_with_a_control_character_is_refused(app: Celery, 
     app.conf.redlock_prefix = name
     with pytest.raises(LockConfigError, match="control characters"):
         settings_for(app)
+
+
+# -- the first hour (issue 24, items 1, 4 and 9; issue 22, item 12) ---------------------------
+
+
+def test_a_rate_with_a_non_ascii_digit_is_a_config_error_naming_task_and_option(
+    app: Celery,
+) -> None:
+    with pytest.raises(LockConfigError) as info:
+        declare(app, lock_rate="²/s")
+    assert "task bad.task: option lock_rate='²/s' is invalid" in str(info.value)
+    assert "'N/s'" in str(info.value)
+
+
+def test_a_task_name_with_braces_is_refused_when_the_class_is_built(app: Celery) -> None:
+    with pytest.raises(LockConfigError) as info:
+
+        @app.task(base=LockedTask, name="bad.{tagged}", lazy=False)
+        def tagged() -> None: ...
+
+    message = str(info.value)
+    assert "task bad.{tagged}" in message and "hash tag" in message and "lock_name" in message
+
+
+def test_a_task_name_with_braces_works_when_lock_name_names_the_lock(app: Celery) -> None:
+    @app.task(base=LockedTask, name="bad.{tagged}", lazy=False, lock_name="tagged")
+    def tagged() -> None: ...
+
+    assert lock_key(tagged).startswith("redlock:{tagged:")
+
+
+def test_a_decorated_task_name_with_braces_is_refused_at_its_first_use(app: Celery) -> None:
+    @app.task(name="bad.{decorated}", lazy=False)
+    @single_instance
+    def decorated() -> None: ...
+
+    with pytest.raises(LockConfigError, match=r"task bad\.\{decorated\}: its name contains"):
+        decorated.apply().get()
+
+
+def test_the_decorator_keyword_on_a_locked_task_is_refused_naming_the_task_option(
+    app: Celery,
+) -> None:
+    with pytest.raises(LockConfigError) as info:
+        declare(app, by=["account_id"])
+    message = str(info.value)
+    assert "task bad.task: option by=['account_id'] is not a LockedTask option" in message
+    assert "lock_by=" in message
+
+
+def test_a_lock_prefixed_decorator_keyword_says_to_drop_the_prefix() -> None:
+    def work(account_id: int) -> None: ...
+
+    with pytest.raises(LockConfigError) as info:
+        single_instance(lock_by=["account_id"])(work)  # type: ignore[call-overload]
+    assert "drop the lock_ prefix: by=" in str(info.value)
+
+
+def test_both_apis_on_one_task_are_refused_when_the_class_is_built(app: Celery) -> None:
+    with pytest.raises(LockConfigError) as info:
+
+        @app.task(base=LockedTask, lazy=False)
+        @single_instance(by=["account_id"])
+        def twice(account_id: int) -> None: ...
+
+    message = str(info.value)
+    assert "base=LockedTask and @single_instance on one task" in message
+    assert "twice" in message and "contend with itself" in message
+
+
+def test_the_wrong_order_error_names_the_real_function(app: Celery) -> None:
+    with pytest.raises(TypeError) as info:
+
+        @single_instance
+        @app.task  # the app is not finalized: a lazy proxy of the task
+        def sync_account(account_id: int) -> None: ...
+
+    assert "def sync_account(...)" in str(info.value)
+    assert "my_task" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"lock_limit": None}, "without lock_rate"),
+        ({"lock_limit": None, "lock_rate": "1/s", "lock_cooldown": 5}, "lock_cooldown=5"),
+    ],
+)
+def test_no_exclusion_is_refused_without_a_rate_or_with_a_cooldown(
+    app: Celery, options: dict[str, Any], expected: str
+) -> None:
+    with pytest.raises(LockConfigError) as info:
+        declare(app, **options)
+    assert "option lock_limit=None (no exclusion) is invalid" in str(info.value)
+    assert expected in str(info.value)

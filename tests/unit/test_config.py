@@ -312,3 +312,65 @@ def test_single_instance_above_a_built_task_is_a_type_error(bare_app: Celery) ->
         @single_instance(by=())
         @bare_app.task(shared=False, lazy=False)
         def t() -> None: ...
+
+
+# -- unknown settings and how a settings error reads (issue 24, items 3, 7 and 9) -------------
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "celery_redlock.config" and r.levelno == logging.WARNING
+    ]
+
+
+def test_a_misspelled_setting_is_a_warning_with_a_hint_when_the_app_finalizes(
+    bare_app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    bare_app.conf.update(redlock_ulr=LOCK_URL, redlock_prefix="p")
+    import celery_redlock  # noqa: F401  (the wiring checks every app at its finalize)
+
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.config"):
+        bare_app.finalize()
+    (warning,) = _warnings(caplog)
+    assert "unknown setting 'redlock_ulr'; did you mean 'redlock_url'?" in warning
+    assert "app 'cfg'" in warning
+
+
+def test_a_misspelled_namespaced_setting_is_a_warning_in_its_own_spelling(
+    bare_app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Config:
+        CELERY_REDLOCK_ULR = LOCK_URL
+        CELERY_REDLOCK_LEASE = 12
+
+    bare_app.config_from_object(Config, namespace="CELERY")
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.config"):
+        bare_app.finalize()
+    (warning,) = _warnings(caplog)
+    assert "'CELERY_REDLOCK_ULR'; did you mean 'CELERY_REDLOCK_URL'?" in warning
+
+
+def test_a_settings_error_chains_no_internal_lookup_error(bare_app: Celery) -> None:
+    bare_app.conf.update(redlock_url=LOCK_URL, redlock_on_contention="skipp")
+    with pytest.raises(LockConfigError) as info:
+        settings_for(bare_app)
+    assert info.value.__context__ is None  # was: KeyError: <weakref ...> from the cache
+    assert "redlock_on_contention='skipp'" in str(info.value)
+
+
+def test_the_broker_url_fallback_is_logged_once_per_process_in_eager_mode(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = Celery("cfg", broker="redis://127.0.0.1:1/1", set_as_current=False)
+
+    @app.task(base=LockedTask, shared=False)
+    def work() -> None: ...
+
+    with caplog.at_level(logging.INFO, logger="celery_redlock.config"):
+        app.finalize()  # LockedTask.on_bound reads the settings ...
+        settings_for(app)  # ... and so does the first lock operation
+    told = [r for r in caplog.records if "redlock_url is not set" in r.getMessage()]
+    assert len(told) == 1
+    app.close()

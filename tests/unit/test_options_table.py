@@ -7,13 +7,14 @@ No Redis is contacted: the URLs name free-looking ports that are never connected
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
 
 from celery_redlock import LockConfigError, LockedTask, single_instance
-from celery_redlock._celery.options import OPTIONS
+from celery_redlock._celery.options import OPTIONS, SETTINGS
 from celery_redlock.decorators import InstanceOptions
 
 QUORUM = [f"redis://127.0.0.1:{port}/0" for port in (1, 2, 3)]
@@ -87,3 +88,31 @@ def test_lock_limit_over_one_node_and_limit_one_over_a_quorum_are_accepted() -> 
     assert "tests.unit.test_options_table.limited" in one_node.tasks
     one_node.close()
     quorum.close()
+
+
+#: The marker line right above the generated settings table in docs/configuration.md.
+SETTINGS_MARKER = "<!-- app settings: generated from celery_redlock._celery.options.SETTINGS -->"
+CONFIGURATION = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+
+
+def render_settings_table() -> str:
+    """The app settings table of docs/configuration.md, one row per row of SETTINGS."""
+    lines = ["| setting | default | accepted values | meaning |", "|---|---|---|---|"]
+    for setting in SETTINGS.values():
+        cells = (f"`{setting.key}`", setting.shown, setting.kind, setting.doc)
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def test_the_settings_table_is_rendered_from_the_declaration() -> None:
+    text = CONFIGURATION.read_text()
+    assert text.count(SETTINGS_MARKER) == 1, f"configuration.md needs {SETTINGS_MARKER!r} once"
+    table = text.split(SETTINGS_MARKER, 1)[1].lstrip("\n").split("\n\n", 1)[0]
+    expected = render_settings_table()
+    assert table == expected, f"the settings table differs from SETTINGS; use:\n\n{expected}"
+
+
+def test_each_setting_has_one_row_and_is_a_field_of_the_resolved_settings() -> None:
+    table = render_settings_table()
+    assert [line.split("`")[1] for line in table.splitlines()[2:]] == list(SETTINGS)
+    assert len(set(SETTINGS)) == len(SETTINGS)  # redlock_key_secret was listed twice once

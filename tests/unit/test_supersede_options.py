@@ -4,11 +4,13 @@ and the mixes a debounce cannot honour refused at registration. No Redis is cont
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
 
+import celery_redlock
 from celery_redlock import LockConfigError, LockedTask, single_instance
 from celery_redlock._celery.identity import spec_of
 from celery_redlock._celery.supersede import supersedes
@@ -53,3 +55,13 @@ def test_keep_is_still_refused_by_the_decorator() -> None:
     for value in (True, "keep"):
         with pytest.raises(LockConfigError, match="base=LockedTask"):
             single_instance(enqueue=value)(work)
+
+
+def test_the_celery_layer_uses_no_private_python_or_celery_internals() -> None:
+    """No private CPython JSON encoder, no stack-frame walk into Celery (issue 19, item 4):
+    each can break on any release. The canonical JSON comes from the public encoder, the
+    publishing task from the router (``routing.routed_task``)."""
+    package = Path(celery_redlock.__file__).parent / "_celery"
+    text = {path.name: path.read_text() for path in package.glob("*.py")}
+    for forbidden in ("c_make_encoder", "_getframe", "f_locals", "__code__"):
+        assert not [name for name, source in text.items() if forbidden in source], forbidden

@@ -1,0 +1,140 @@
+"""What a new user meets in the first hour, on a real prefork worker (issue 24, items 1, 5 and
+7; issue 22, item 5).
+
+The tasks are those of :mod:`tests.e2e.first_hour_app` (default contention policy,
+``max_retries=0``), served by one ``celery worker -c 2`` on a private redis-server. The
+refusals start their own worker (:mod:`tests.e2e.crosscheck_app`), which must exit by itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis as redis_py
+from celery import Celery
+
+from celery_redlock import LockContended
+from celery_redlock.testing import RedisServer, wait_until
+from support.workers import WorkerProcess
+from support.apps import make_app
+
+pytestmark = pytest.mark.slow
+
+APP = "tests.e2e.first_hour_app"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def worker(server: RedisServer) -> Iterator[WorkerProcess]:
+    with WorkerProcess(server.port, "w1", app=APP, concurrency=2) as worker:
+        yield worker
+
+
+@pytest.fixture
+def client(server: RedisServer, worker: WorkerProcess) -> Iterator[Celery]:
+    app = make_app(server, name="first_hour_app")
+    yield app
+    app.close()
+
+
+@pytest.fixture
+def records(server: RedisServer) -> Iterator[redis_py.Redis]:
+    client = redis_py.Redis.from_url(f"{server.url.rsplit('/', 1)[0]}/3")
+    yield client
+    client.close()
+
+
+@pytest.mark.parametrize("task", ["rated", "plain_rated"])
+def test_a_rate_under_the_default_policy_runs_every_call(
+    client: Celery, records: redis_py.Redis, task: str
+) -> None:
+    name = f"{APP}.{task}"
+    results = [client.send_task(name, (n,)) for n in range(24)]
+    wait_until(lambda: all(r.ready() for r in results), 90, "the 24 calls to end")
+    assert sorted(r.get(timeout=5) for r in results) == list(range(24))  # none skipped
+    assert sorted(int(n) for n in records.lrange(f"starts:{name}", 0, -1)) == list(range(24))
+
+
+def test_a_rate_without_exclusion_runs_calls_side_by_side(
+    server: RedisServer, client: Celery, records: redis_py.Redis
+) -> None:
+    env = {"REDLOCK_TEST_SIDE_BY_SIDE": "1"}
+    with WorkerProcess(server.port, "w3", app=APP, args=["-Q", "side"], env=env):
+        results = [client.send_task(f"{APP}.side_by_side", (n,), queue="side") for n in range(2)]
+        _both_ran_at_once(records, results)
+
+
+def _both_ran_at_once(records: redis_py.Redis, results: list[Any]) -> None:
+    # Both bodies run at once: each waits inside for the test, which lets them go only then.
+    wait_until(lambda: records.llen("together") == 2, 20, "two calls running at once")
+    records.rpush("go", 1, 2)
+    assert sorted(r.get(timeout=20) for r in results) == [0, 1]
+
+
+def test_lock_retry_for_bounds_a_rate_requeue(client: Celery, worker: WorkerProcess) -> None:
+    first = client.send_task(f"{APP}.bounded", (1,))
+    assert first.get(timeout=20) == 1
+    second = client.send_task(f"{APP}.bounded", (2,))
+    # Its slot is a minute away, past lock_retry_for=2: it fails now, it does not run later.
+    with pytest.raises(LockContended) as info:
+        second.get(timeout=20, propagate=True)
+    assert "over its rate" in str(info.value)
+    assert "lock_retry_for=2.0s" in worker.wait_for_log(rf"{second.id}\] gives up.*").group(0)
+
+
+# -- a worker refused by a configuration error: one line (issue 24, items 1 and 7) -------------
+
+
+def refusal(server: RedisServer, **knobs: object) -> list[str]:
+    """Start ``tests.e2e.crosscheck_app`` with ``knobs``; assert that it exits non-zero
+    without becoming ready; return the lines it printed (log file included)."""
+    env = {
+        "REDLOCK_TEST_API": "task",
+        "REDLOCK_TEST_URL": f"redis://127.0.0.1:{server.port}/0",
+        "REDLOCK_TEST_LIMIT": "1",
+    }
+    env.update({f"REDLOCK_TEST_{k.upper()}": str(v) for k, v in knobs.items()})
+    status, output = WorkerProcess(
+        server.port, "w2", app="tests.e2e.crosscheck_app", env=env
+    ).run_to_exit()
+    assert status != 0, output[-3000:]
+    assert "ready." not in output
+    # Python's SecurityWarning when the tests run as root (7 lines) is Celery's, not ours.
+    return [line for line in output.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize(
+    ("knobs", "expected"),
+    [
+        (
+            {"url": "null", "conf": json.dumps({"broker_url": "memory://"})},
+            "setting redlock_url is missing and the broker is not Redis",
+        ),
+        (
+            {"conf": json.dumps({"redlock_on_contention": "skipp"})},
+            "setting redlock_on_contention='skipp' is invalid; expected one of 'skip'",
+        ),
+        (
+            {"options": json.dumps({"lock_tll": 5})},
+            "unknown option 'lock_tll'; did you mean 'lock_ttl'?",
+        ),
+        ({"api": "both"}, "base=LockedTask and @single_instance on one task"),
+    ],
+    ids=["no-url", "skipp", "lock_tll", "both-apis"],
+)
+def test_a_refused_worker_prints_the_error_line_and_no_traceback(
+    server: RedisServer, knobs: dict[str, str], expected: str
+) -> None:
+    lines = refusal(server, **knobs)
+    errors = [line for line in lines if line.startswith("Error: LockConfigError: ")]
+    assert len(errors) == 1 and expected in errors[0], "\n".join(lines[-40:])
+    assert not any("Traceback" in line or "KeyError" in line for line in lines)
+    assert len(lines) <= 10, "\n".join(lines)
