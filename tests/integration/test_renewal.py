@@ -19,33 +19,33 @@ def renewed(r: redis_py.Redis, key: str) -> bool:
     def went_up() -> bool:
         return bool(r.pttl(key) > first - (time.monotonic() - read) * 1000 + 100)
 
-    return wait_until(went_up, 3.0, f"a renewal of {key}")
+    return wait_until(went_up, 5.0, f"a renewal of {key}")
 
 
 def test_an_abandoned_auto_renewed_lock_is_no_longer_renewed_and_expires(
     redis_url: str, r: redis_py.Redis
 ) -> None:
-    lock = Lock(redis_url, "abandoned", ttl=1, auto_renew=True)
+    lock = Lock(redis_url, "abandoned", ttl=3, auto_renew=True)
     assert lock.acquire(blocking=False)
     key = lock.key
-    renewed(r, key)  # referenced: renewed every ttl/3, it outlives its 1 s TTL
+    renewed(r, key)  # referenced: renewed every ttl/3, it outlives its 3 s TTL
     collected = weakref.ref(lock)
     del lock
     gc.collect()
-    wait_until(lambda: not r.exists(key), 3.0, f"{key} to expire after the lock was dropped")
+    wait_until(lambda: not r.exists(key), 8.0, f"{key} to expire after the lock was dropped")
     assert collected() is None  # nothing but the watchdog's weak reference was left
 
 
 def test_a_referenced_lock_is_still_renewed_beside_an_abandoned_one(
     redis_url: str, r: redis_py.Redis
 ) -> None:
-    kept = Lock(redis_url, "kept", ttl=1, auto_renew=True)
-    dropped = Lock(redis_url, "dropped", ttl=1, auto_renew=True)
+    kept = Lock(redis_url, "kept", ttl=3, auto_renew=True)
+    dropped = Lock(redis_url, "dropped", ttl=3, auto_renew=True)
     assert kept.acquire(blocking=False) and dropped.acquire(blocking=False)
     dropped_key = dropped.key
     del dropped
     gc.collect()
-    wait_until(lambda: not r.exists(dropped_key), 3.0, f"{dropped_key} to expire")
+    wait_until(lambda: not r.exists(dropped_key), 8.0, f"{dropped_key} to expire")
     renewed(r, kept.key)  # the watchdog goes on for the locks still referenced
     kept.release()
     assert not r.exists(kept.key)
