@@ -151,7 +151,9 @@ def dry_run(client: Any, prefix: str) -> dict[str, str]:
     waiters), ``SCAN`` (``celery redlock ls``), ``HINCRBY`` and ``HGETALL`` (counters).
     An ACL user may lack any of them (``NOPERM``), and a command refused inside a script stops
     the script half-way, where Redis 7 does not name the command: the direct calls do. A full
-    ``noeviction`` node is reported under the name ``"OOM"``. The keys live a second at most;
+    ``noeviction`` node is reported under the name ``"OOM"``. The keys live a second at most,
+    but for the high-water mark of fencing tokens in the check lock's Cluster slot (one of the
+    16384 a deployment keeps at most; raising it to the server time changes no later token);
     nothing of a real lock is touched. Redis errors other than refusals propagate.
     """
     lock = keys_for(prefix, f"celery-redlock-check:{os.getpid()}:{secrets.token_hex(4)}")
@@ -197,9 +199,13 @@ def dry_run(client: Any, prefix: str) -> dict[str, str]:
     with contextlib.suppress(redis_py.RedisError):
         client.pexpire(counters, ttl_ms)
     scripts: dict[str, tuple[str, list[str], list[Any]]] = {
-        "acquire": (_scripts.ACQUIRE, [lock.fence, lock.lock], [token, ttl_ms, ttl_ms, "0", "1"]),
+        "acquire": (
+            _scripts.ACQUIRE,
+            [lock.fence, lock.high_water, lock.lock],
+            [token, ttl_ms, ttl_ms, "0", "1"],
+        ),
         "extend": (_scripts.EXTEND, [lock.lock], [token, ttl_ms, "0"]),
-        "raise_fence": (_scripts.RAISE_FENCE, [lock.fence], [0, ttl_ms]),
+        "raise_fence": (_scripts.RAISE_FENCE, [lock.fence, lock.high_water], [0, ttl_ms]),
         "wait": (
             _scripts.WAIT,
             [lock.lock, lock.waiters],
