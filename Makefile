@@ -32,3 +32,11 @@ lint: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	$(PY) -m benchmarks
+
+# Fault runs (docs/faults.md), as root: every fault on real network namespaces, tc, libfaketime
+# and the local PostgreSQL. Short (about 3 minutes), and the full run of the docs' table.
+.PHONY: test-faults test-faults-full
+test-faults: $(VENV)/.installed
+	$(PY) -m chaos.faults --seconds 6
+test-faults-full: $(VENV)/.installed
+	$(PY) -m chaos.faults --seconds 20 --json faults.json

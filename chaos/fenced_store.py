@@ -2,7 +2,8 @@
 
 The guard is the guide's recipe (``docs/guide.md``, "A fenced PostgreSQL store"): one statement
 that writes only where the stored token is lower than the writer's,
-``UPDATE ... SET fence = $new ... WHERE key = $key AND fence < $new``. Every write, accepted or
+``UPDATE ... SET fence = $new ... WHERE key = $key AND fence <= $new`` (equal: the same
+holder writing again). Every write, accepted or
 not, is appended to a log in the order PostgreSQL applied it: the row of the key is locked
 (``SELECT ... FOR UPDATE``) before the guarded ``UPDATE`` and the log ``INSERT``, in one
 transaction, so the log's ``seq`` order per key is the store's own order of writes. The
@@ -60,7 +61,7 @@ class FencedStore:
 
     def write(self, key: str, token: int, writer: str) -> bool:
         """Write ``writer`` to ``key`` through ``token``: True if the store accepted it (no
-        write with a token as large or larger came first)."""
+        write with a larger token came first)."""
         conn = self.connection()
         with conn.transaction():
             conn.execute(
@@ -71,7 +72,7 @@ class FencedStore:
             accepted = (
                 conn.execute(
                     f"UPDATE {self.state} SET fence = %s, writer = %s"
-                    " WHERE key = %s AND fence < %s",
+                    " WHERE key = %s AND fence <= %s",
                     (token, writer, key, token),
                 ).rowcount
                 == 1
@@ -80,7 +81,7 @@ class FencedStore:
                 f"INSERT INTO {self.log} (key, fence, writer, accepted) VALUES (%s, %s, %s, %s)",
                 (key, token, writer, accepted),
             )
-        return accepted
+        return bool(accepted)
 
     def writes(self) -> list[StoreWrite]:
         """The log, in the store's order."""

@@ -21,8 +21,9 @@ The store keeps its own log of every write, in the order it applied them
 1. **overlaps**: two holders of one key whose bodies overlap in time. An overlap that lies
    inside a fault window whose fault is a documented limit (:class:`Window` with ``limit``)
    is *explained* and counted under that limit; any other is a violation;
-2. **stale writes**: the store accepted a write whose token was not larger than every token it
-   had accepted before for that key (a violation); rejected writes are counted;
+2. **stale writes**: the store accepted a write whose token was lower than a token it had
+   accepted before for that key (a violation; an equal token is the same holder writing
+   again); rejected writes are counted;
 3. **token order**: of two holders of a key, the one whose body ended before the other was
    admitted has the smaller token (a violation otherwise);
 4. **lost calls**: a submitted call with no final state, or one outside :data:`FINAL_STATES`;
@@ -105,6 +106,8 @@ class Verdict:
     """What :func:`check` found; :attr:`ok` is False on any violation."""
 
     overlaps_explained: dict[str, int] = field(default_factory=dict)
+    #: Per limit, the longest explained overlap, in seconds (the measured window).
+    overlap_max_s: dict[str, float] = field(default_factory=dict)
     overlaps_unexplained: list[tuple[str, str, str]] = field(default_factory=list)
     stale_accepted: list[StoreWrite] = field(default_factory=list)
     rejected: int = 0
@@ -128,6 +131,7 @@ class Verdict:
         return {
             "ok": self.ok,
             "overlaps_explained": dict(self.overlaps_explained),
+            "overlap_max_s": dict(self.overlap_max_s),
             "overlaps_unexplained": len(self.overlaps_unexplained),
             "stale_writes_accepted": len(self.stale_accepted),
             "stale_writes_rejected": self.rejected,
@@ -185,6 +189,8 @@ def check(
                     verdict.overlaps_unexplained.append((key, a.call, b.call))
                 else:
                     verdict.overlaps_explained[limit] = verdict.overlaps_explained.get(limit, 0) + 1
+                    lasted = min(a.ended, b.ended) - max(a.admitted, b.admitted)
+                    verdict.overlap_max_s[limit] = max(verdict.overlap_max_s.get(limit, 0), lasted)
             first, second = (a, b) if a.ended <= b.admitted else (b, a)
             if first.ended <= second.admitted and (
                 first.token is None or second.token is None or first.token >= second.token
@@ -196,7 +202,7 @@ def check(
             verdict.rejected += 1
             continue
         verdict.accepted += 1
-        if w.key in best and w.token <= best[w.key]:
+        if w.key in best and w.token < best[w.key]:
             verdict.stale_accepted.append(w)
         best[w.key] = max(best.get(w.key, w.token), w.token)
     submitted = {e.call for e in events if e.kind == "submitted"}

@@ -34,9 +34,11 @@ def test_a_stale_holder_s_write_is_refused_after_a_newer_holder_wrote(
     assert new.acquire(blocking=False) and new.fencing_token is not None
     assert store.write("account", new.fencing_token, "new")
     assert not store.write("account", stale, "old")  # arrives last, refused
+    assert store.write("account", new.fencing_token, "new")  # the holder writes again
     new.release()
     writes = store.writes()
-    assert [(w.token, w.accepted) for w in writes] == [(new.fencing_token, True), (stale, False)]
+    expected = [(new.fencing_token, True), (stale, False), (new.fencing_token, True)]
+    assert [(w.token, w.accepted) for w in writes] == expected
 
 
 def test_racing_writers_never_get_a_lower_token_accepted_after_a_higher_one(
