@@ -508,8 +508,8 @@ def table(rows: list[dict[str, Any]]) -> str:
     """The result table, in Markdown."""
     head = (
         "| fault | deployment | calls | overlaps explained (longest, s) | overlaps unexplained |"
-        " stale writes accepted | stale writes rejected | lost calls | leftover keys |"
-        " takeover (s) |\n|---|---|---|---|---|---|---|---|---|---|\n"
+        " token inversions | stale writes accepted | stale writes rejected | lost calls |"
+        " leftover keys | takeover (s) |\n|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     lines = []
     for r in rows:
@@ -519,8 +519,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         takeover = "" if r["takeover_s"] is None else f"{r['takeover_s']:.2f}"
         lines.append(
             f"| {r['fault']} | {r['deployment']} | {r['calls']} | {explained} |"
-            f" {r['overlaps_unexplained']} | {r['stale_writes_accepted']} |"
-            f" {r['stale_writes_rejected']} | {r['lost_calls']} | {r['leftover_keys']} |"
+            f" {r['overlaps_unexplained']} | {r['token_inversions']} |"
+            f" {r['stale_writes_accepted']} | {r['stale_writes_rejected']} | {r['lost_calls']} |"
+            f" {r['leftover_keys']} |"
             f" {takeover} |"
         )
     return head + "\n".join(lines) + "\n"

@@ -17,8 +17,9 @@ a documented state, nothing waits unboundedly). While it holds the lock it write
 fencing token to the fenced store every 50 ms, and stops as soon as its lock reports itself
 lost, *judged by this process's own clock* (:attr:`~celery_redlock.Lock.lost`: the lease counts
 from before the acquire request was sent, so the holder gives up before any Redis node lets the
-key expire). With ``heed_loss=False`` it is a careless body that writes on regardless: then only
-the fence stops its stale writes. It returns ``"done"`` or ``"lost"``; a skipped call returns
+key expire). With ``heed_loss=False`` it is a careless body that makes all its writes regardless
+(``duration / 50 ms`` of them, however long it was paused): then only the fence stops the
+stale ones. It returns ``"done"`` or ``"lost"``; a skipped call returns
 ``None``.
 """
 
@@ -82,7 +83,11 @@ def step(key: str, duration: float, call: str, heed_loss: bool = True) -> str:
     outcome = "done"
     try:
         deadline = time.monotonic() + duration
-        while time.monotonic() < deadline:
+        steps = max(1, round(duration / STEP))
+        # A careful body ends by its deadline; a careless one makes all its writes, however
+        # long it was paused in between.
+        while time.monotonic() < deadline if heed_loss else steps > 0:
+            steps -= 1
             if (heed_loss and lock.lost) or token is None:
                 outcome = "lost"
                 record(call, "lost", key)
