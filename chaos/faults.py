@@ -249,6 +249,23 @@ def _crash(keep_data: bool) -> Callable[[Run], None]:
     return inject
 
 
+def _early_rejoin(run: Run) -> None:
+    """The delayed-restart hazard of ``nodes.py``, broken on purpose: (a) n4 and n5 crash, so
+    new holders hold on n1, n2, n3 only; (b) n1 crashes and restarts empty; (c) n4 and n5
+    restart empty at once, before the leases ran out: n1, n4, n5 are a majority that knows no
+    holder."""
+    for node in run.nodes[3:]:
+        node.kill()
+    run.note("SIGKILL nodes", nodes=["n4", "n5"])
+    time.sleep(LEASE)  # new holders are admitted on the bare majority meanwhile
+    run.nodes[0].kill()
+    run.nodes[0].restart(keep_data=False)
+    run.note("node restarted", node="n1", keep_data=False)
+    for node in run.nodes[3:]:
+        node.restart(keep_data=False)
+    run.note("nodes restarted", nodes=["n4", "n5"], keep_data=False)
+
+
 def _cut(pairs: Sequence[tuple[str, str]]) -> Callable[[Run], None]:
     def inject(run: Run) -> None:
         for a, b in pairs:
@@ -267,6 +284,7 @@ def _netem(run: Run) -> None:
 PAUSED = "a holder paused longer than its lease runs on (its writes are fenced)"
 CLOCK_AHEAD = "a lock server's clock stepped forward expires its leases early"
 EMPTY = "a single lock server that restarts empty has forgotten its locks"
+EARLY = "quorum nodes restarting empty rejoined before the longest lease ran out"
 
 FAULTS = [
     Fault("netem-one-node", False, _netem, netem=True),
@@ -286,6 +304,9 @@ FAULTS = [
     ),
     Fault("netem-quorum", True, _netem, netem=True),
     Fault("quorum-node-restart-empty", True, _crash(False)),
+    Fault("quorum-early-rejoin", True, _early_rejoin, EARLY),
+    Fault("quorum-node-paused", True, _pause_node),
+    Fault("quorum-node-clock-forward", True, _clock(3600.0, restore=False)),
 ]
 
 
