@@ -49,7 +49,7 @@ from typing import Any
 import redis as redis_py
 
 from celery_redlock.testing import RedisServer, free_port
-from chaos.clock import SteppedClockServer, missing
+from chaos.clock import SteppedClockServer, libc_redis_server, missing
 from chaos.fenced_store import FencedStore
 from chaos.history import Event, Window, check, takeover_times
 
@@ -176,6 +176,9 @@ class Fault:
     leases: float = 3.0
     #: It needs the kernel's ``sch_netem`` qdisc.
     netem: bool = False
+    #: The deployment is a Sentinel-managed primary (n1) with a replica (n2), watched by one
+    #: Sentinel (n3), instead of one node or a quorum.
+    sentinel: bool = False
     #: The bodies stop when their lock is lost (``False``: they write on; only the fence stops
     #: their stale writes).
     heed_loss: bool = True
@@ -192,6 +195,8 @@ class Run:
     notes: list[dict[str, Any]] = field(default_factory=list)
     paused: list[int] = field(default_factory=list)
     on_heal: list[Callable[[], None]] = field(default_factory=list)
+    #: Set while a healed fault still settles (the phase goes on until it is clear).
+    settling: threading.Event = field(default_factory=threading.Event)
 
     def note(self, action: str, **detail: Any) -> None:
         self.notes.append({"at": time.time(), "action": action, **detail})
@@ -285,6 +290,7 @@ PAUSED = "a holder paused longer than its lease runs on (its writes are fenced)"
 CLOCK_AHEAD = "a lock server's clock stepped forward expires its leases early"
 EMPTY = "a single lock server that restarts empty has forgotten its locks"
 EARLY = "quorum nodes restarting empty rejoined before the longest lease ran out"
+FAILOVER = "a failover to an asynchronously replicated replica (two primaries for a while)"
 
 FAULTS = [
     Fault("netem-one-node", False, _netem, netem=True),
@@ -307,6 +313,14 @@ FAULTS = [
     Fault("quorum-early-rejoin", True, _early_rejoin, EARLY),
     Fault("quorum-node-paused", True, _pause_node),
     Fault("quorum-node-clock-forward", True, _clock(3600.0, restore=False)),
+    Fault(
+        "sentinel-primary-isolated",
+        False,
+        lambda run: _isolate_primary(run),
+        FAILOVER,
+        leases=5.0,
+        sentinel=True,
+    ),
 ]
 
 
@@ -363,6 +377,73 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def start_sentinel(
+    net: Net, primary: SteppedClockServer, workdir: Path
+) -> tuple[subprocess.Popen[bytes], str]:
+    """One Sentinel on n3 watching ``primary`` as ``faults`` (1 s down-after, quorum 1);
+    returns it and the lock URL that follows it."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    port, ip = free_port(), net.ip["n3"]
+    conf = workdir / "sentinel.conf"
+    conf.write_text(
+        f"port {port}\nbind {ip}\nprotected-mode no\ndir {workdir}\n"
+        f"sentinel monitor faults {primary.bind} {primary.port} 1\n"
+        "sentinel down-after-milliseconds faults 1000\n"
+        "sentinel failover-timeout faults 2000\n"
+    )
+    binary = libc_redis_server() or "redis-server"
+    process = subprocess.Popen(
+        [*net.exec_prefix("n3"), binary, str(conf), "--sentinel"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    probe = redis_py.Redis(host=ip, port=port, socket_timeout=1)
+
+    def watching() -> bool:
+        with contextlib.suppress(redis_py.RedisError):
+            return bool(probe.execute_command("SENTINEL", "REPLICAS", "faults"))
+        return False
+
+    wait_for(watching, 20, "the Sentinel to see the replica")
+    probe.close()
+    return process, f"redis+sentinel://{ip}:{port}/faults/0"
+
+
+def _isolate_primary(run: Run) -> None:
+    """Cut the primary n1 from its replica n2 and from the Sentinel (n3); the workers still
+    reach it. The Sentinel promotes n2 after 1 s: two primaries until the heal."""
+    _cut([("n1", "n2"), ("n1", "n3")])(run)
+
+    def promoted() -> None:
+        roles = {}
+        for name, node in zip(("n1", "n2"), run.nodes, strict=True):
+            with contextlib.suppress(redis_py.RedisError):
+                roles[name] = node.client(timeout=1).info("replication")["role"]
+        run.note("roles at heal", roles=roles)
+
+    def watch() -> None:
+        """The old primary keeps granting locks until the Sentinel turns it into a replica:
+        the phase (and the fault's window) lasts until then, 20 s at most."""
+        deadline = time.monotonic() + 20
+        try:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(redis_py.RedisError):
+                    if run.nodes[0].client(timeout=1).info("replication")["role"] == "slave":
+                        run.note("old primary demoted", node="n1")
+                        return
+                time.sleep(0.1)
+            run.note("old primary still a primary after 20 s", node="n1")
+        finally:
+            run.settling.clear()
+
+    def demoted() -> None:
+        run.settling.set()
+        threading.Thread(target=watch, daemon=True).start()
+
+    run.on_heal[:0] = [promoted, demoted]
+
+
 def final_state(result: Any) -> str:
     """A call's documented end state (:data:`chaos.history.FINAL_STATES`), or Celery's."""
     if result.state == "SUCCESS":
@@ -381,20 +462,29 @@ def run_fault(
     run_id = f"r{uuid.uuid4().hex[:10]}"
     store = FencedStore(run_id)
     store.create()
-    hosts = [f"n{i}" for i in range(1, 6 if fault.quorum else 2)]
+    hosts = [f"n{i}" for i in range(1, 6 if fault.quorum else 3 if fault.sentinel else 2)]
     bridge_broker = f"redis://{SUBNET}.1:{broker.port}"
     records = redis_py.Redis(host="127.0.0.1", port=broker.port, db=3, socket_timeout=5)
     records.flushdb()
     nodes: list[SteppedClockServer] = []
     workers: list[subprocess.Popen[bytes]] = []
     run = Run(net, nodes, workers, records)
+    sentinel: subprocess.Popen[bytes] | None = None
     try:
         for host in hosts:
+            replica = ["--replicaof", nodes[0].bind, str(nodes[0].port)] if nodes else []
             node = SteppedClockServer(
-                free_port(), persist=True, prefix=net.exec_prefix(host), bind=net.ip[host]
+                free_port(),
+                persist=True,
+                prefix=net.exec_prefix(host),
+                bind=net.ip[host],
+                args=replica if fault.sentinel else (),
             )
             nodes.append(node.start())
         urls = [f"{n.url}?socket_timeout=0.5&socket_connect_timeout=0.5" for n in nodes]
+        if fault.sentinel:
+            sentinel, url = start_sentinel(net, nodes[0], logdir / f"{fault.name}-sentinel")
+            urls = [url]
         env = {
             **os.environ,
             "FAULTS_BROKER": f"{bridge_broker}/1",
@@ -416,7 +506,7 @@ def run_fault(
         fault_at, heal_at = start + seconds * 0.25, start + seconds * 0.25 + fault.leases * LEASE
         end = max(start + seconds, heal_at + 3 * LEASE)
         injected = healed = False
-        while time.time() < end:
+        while time.time() < end or (run.settling.is_set() and time.time() < end + 25):
             now = time.time()
             if not injected and now >= fault_at:
                 fault.inject(run)
@@ -436,7 +526,9 @@ def run_fault(
             time.sleep(0.1)
         if not healed:
             heal(run)
-        window = Window(fault.name, fault_at, heal_at + LEASE, fault.limit)
+        # A fault ends when its heal did (a demotion may take a while), plus a lease.
+        healed_at = max([heal_at, *(n["at"] for n in run.notes)])
+        window = Window(fault.name, fault_at, healed_at + LEASE, fault.limit)
         finals = collect(submitted, deadline=time.monotonic() + 30)
         for call, state in finals.items():
             records.rpush(
@@ -457,7 +549,11 @@ def run_fault(
         takeovers = takeover_times(events, [window])
         return {
             "fault": fault.name,
-            "deployment": "5-node quorum" if fault.quorum else "one node",
+            "deployment": "5-node quorum"
+            if fault.quorum
+            else "Sentinel (primary, replica)"
+            if fault.sentinel
+            else "one node",
             "calls": len(submitted),
             **verdict.summary(),
             "takeover_s": max(takeovers) if takeovers else None,
@@ -473,6 +569,9 @@ def run_fault(
         }
     finally:
         heal(run)
+        if sentinel is not None:
+            sentinel.kill()
+            sentinel.wait()
         for w in workers:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(w.pid, signal.SIGKILL)
