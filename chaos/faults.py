@@ -4,7 +4,7 @@ partitions, slow and lossy links, pauses, clock steps and node crashes; judged b
 
 Run from the repository root, as root (namespaces, routes and ``tc`` need it)::
 
-    python -m chaos.faults                    # every fault, short (about 2 minutes)
+    python -m chaos.faults                    # every fault, 6 s each (203 s in all)
     python -m chaos.faults --seconds 20       # every fault, 20 s each: the docs' table
     python -m chaos.faults --only clock-forward --json out.json
 
@@ -17,10 +17,20 @@ time out); delay, jitter and loss are ``tc qdisc ... netem`` on a host's veth en
 is removed on every exit path (:meth:`Net.down` in ``finally``, also after SIGINT/SIGTERM),
 and a leftover of a killed run is removed before a new one starts.
 
-**The load.** Each phase runs one fault against one deployment (one node, or a 5-node
-quorum): a producer submits ``faults.step`` calls at a fixed rate on 4 keys (0.2-1.2 s bodies,
-lease 1 s) for the phase; the fault starts after a warm-up and is healed before a cool-down;
-then every result is read with a deadline. Every loop is bounded by the phase's deadline.
+**The faults** (:data:`FAULTS`, one per phase): a holder paused (SIGSTOP) past its lease, with
+a careful and a careless body; a lock node paused; a node's clock stepped forward or back one
+hour (libfaketime, :mod:`chaos.clock`); a node crashed and restarted at once with its fsync'd
+append-only file or empty; on the quorum, a worker cut from the majority or from a minority,
+two workers seeing different majorities, a node restarting empty, empty nodes rejoining
+early onto a bare majority, a node paused, a node's clock stepped forward; a Sentinel primary
+cut from its replica and its Sentinel during the failover; delay, jitter and loss on the
+workers' links where the kernel has ``sch_netem`` (skipped, and said so, where not).
+
+**The load.** Each phase runs one fault against one deployment (one node, a 5-node quorum,
+or a Sentinel-managed primary with one replica): a producer submits ``faults.step`` calls at
+a fixed rate on 4 keys (0.2-1.2 s bodies, lease 1 s) for the phase; the fault starts after a
+warm-up and is healed before a cool-down; then every result is read with a deadline. Every
+loop is bounded by the phase's deadline.
 
 **The schedule** is recorded: each fault's window (start, end, and the documented limit that
 explains an overlap inside it, if any) goes into the result with the checker's verdict.
