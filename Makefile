@@ -46,3 +46,11 @@ test-soak: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m benchmarks
+
+# Fault runs (docs/faults.md), as root: every fault on real network namespaces, tc, libfaketime
+# and the local PostgreSQL. Short (203 s on the VM of docs/faults.md), and the full run of its table.
+.PHONY: test-faults test-faults-full
+test-faults: $(VENV)/.installed
+	$(PY) -m chaos.faults --seconds 6
+test-faults-full: $(VENV)/.installed
+	$(PY) -m chaos.faults --seconds 20 --json faults.json

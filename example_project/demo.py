@@ -107,14 +107,17 @@ def alive(pid: int) -> bool:
 
 
 def package_keys(server: RedisServer) -> list[str]:
-    """Every key the package wrote in the lock database, but the counter hashes.
+    """Every key the package wrote in the lock database, but the counter hashes and the
+    fencing high-water marks.
 
     Lock slots, fencing counters, queued and newest-call markers, rate logs and override
     records all live under ``redlock:{<name>}``; the event counters (``redlock:stats:<task>``)
-    are kept on purpose, so ``celery redlock stats`` can show them.
+    are kept on purpose, so ``celery redlock stats`` can show them, and so are the high-water
+    marks of fencing tokens (``redlock:fence:{<tag>}``, one per Cluster slot at most).
     """
     keys = (k.decode() for k in server.client().scan_iter(match="redlock:*"))
-    return [k for k in keys if not k.startswith("redlock:stats:")]
+    kept = ("redlock:stats:", "redlock:fence:{")
+    return [k for k in keys if not k.startswith(kept)]
 
 
 def counter_hashes(server: RedisServer) -> int:
@@ -246,7 +249,8 @@ def main() -> int:
     print("\n".join([*lines, *produced]))
     print(
         f"left behind: {len(left_pids)} processes, {len(left_keys)} keys written by the package "
-        f"(besides {counters} event-counter hashes, kept for `celery redlock stats`)"
+        f"(besides {counters} event-counter hashes, kept for `celery redlock stats`, and the "
+        "fencing high-water marks)"
     )
     ok = bool(max_inside) and set(max_inside.values()) == {1} and not left_pids and not left_keys
     print("OK: no key ever ran twice at once; everything stopped" if ok else "FAILED")

@@ -6,6 +6,9 @@ one Redis Cluster slot::
     <prefix>:{<name>}            the lock (slot 1) (string: owner token), TTL = lease
     <prefix>:{<name>}:<i>        slot i = 2..lock_limit of a semaphore, like slot 1
     <prefix>:{<name>}:fence      fencing counter (string: integer), TTL = FENCE_TTL_MS
+    <prefix>:fence:{<tag>}       high-water mark of the fencing tokens of every lock in one
+                                 Cluster hash slot (string: integer), no TTL; ``<tag>`` is 14
+                                 characters '0'/'1' chosen to hash to that slot (16384 at most)
     <prefix>:{<name>}:queued     task id of the queued call (lock_enqueue), TTL = its own
     <prefix>:{<name>}:newest     newest call published (lock_enqueue='replace', lock_debounce):
                                  hash of id and first (debounce window start, server ms), TTL =
@@ -38,13 +41,14 @@ call and do not exclude each other.
 
 from __future__ import annotations
 
+import binascii
+import functools
 import hashlib
 from dataclasses import dataclass
 
-#: How long a fencing counter outlives the last acquisition of its lock.  After that the next
-#: token restarts from the Redis server's clock (microseconds), which is still larger than any
-#: token handed out before unless that server's clock stepped backwards by more than the idle
-#: period.
+#: How long a fencing counter outlives the last acquisition of its lock. After that the next
+#: token is still above every token of the name: the high-water mark of its slot
+#: (:func:`high_water_of`, no TTL) remembers them, whatever the server's clock did meanwhile.
 FENCE_TTL_MS = 24 * 3600 * 1000
 
 
@@ -64,6 +68,12 @@ class LockKeys:
     def fence(self) -> str:
         """The fencing counter (an integer)."""
         return f"{self.lock}:fence"
+
+    @property
+    def high_water(self) -> str:
+        """The high-water mark of fencing tokens in this lock's Cluster slot (see
+        :func:`high_water_of`)."""
+        return high_water_of(self.lock)
 
     @property
     def channel(self) -> str:
@@ -187,3 +197,59 @@ def fence_of(slot: str) -> str:
 def call_key(slot: str) -> str:
     """The record of the per-call overrides the holder of the slot key ``slot`` took it with."""
     return f"{slot}:call"
+
+
+#: Redis Cluster's number of hash slots, and the characters of a high-water mark's tag.
+CLUSTER_SLOTS = 16384
+_TAG_WIDTH = 14
+
+
+def key_slot(key: str) -> int:
+    """The Redis Cluster hash slot of ``key``: CRC16 (XMODEM) of its hash tag (the text
+    between the first ``{`` and the next ``}``, if not empty), else of the whole key."""
+    raw = key.encode()
+    start = raw.find(b"{")
+    if start >= 0:
+        end = raw.find(b"}", start + 1)
+        if end > start + 1:
+            raw = raw[start + 1 : end]
+    return binascii.crc_hqx(raw, 0) % CLUSTER_SLOTS
+
+
+@functools.cache
+def _tag_basis() -> tuple[int, dict[int, tuple[int, int]]]:
+    """CRC16 with a zero start value is linear over GF(2) for messages of one length, so the
+    slot of a tag of '0'/'1' characters is the slot of all-'0' XOR the slots of the flipped
+    positions. Returns that base slot and an echelon basis: pivot bit -> (slot bits, flips)."""
+    base = binascii.crc_hqx(b"0" * _TAG_WIDTH, 0) % CLUSTER_SLOTS
+    pivots: dict[int, tuple[int, int]] = {}
+    for i in range(_TAG_WIDTH):
+        unit = bytearray(_TAG_WIDTH)
+        unit[i] = 1
+        bits, flips = binascii.crc_hqx(bytes(unit), 0) % CLUSTER_SLOTS, 1 << i
+        for bit in sorted(pivots, reverse=True):
+            if bits >> bit & 1:
+                bits, flips = bits ^ pivots[bit][0], flips ^ pivots[bit][1]
+        if bits:
+            pivots[bits.bit_length() - 1] = (bits, flips)
+    return base, pivots
+
+
+def slot_tag(slot: int) -> str:
+    """A hash tag of 14 '0'/'1' characters whose Cluster slot is ``slot``: solved, not
+    searched (:func:`_tag_basis`), so no table is built."""
+    base, pivots = _tag_basis()
+    want, flips = (slot % CLUSTER_SLOTS) ^ base, 0
+    for bit in sorted(pivots, reverse=True):
+        if want >> bit & 1:
+            want, flips = want ^ pivots[bit][0], flips ^ pivots[bit][1]
+    return "".join("1" if flips >> i & 1 else "0" for i in range(_TAG_WIDTH))
+
+
+def high_water_of(lock: str) -> str:
+    """The high-water mark of the fencing tokens handed out in the Cluster slot of the lock
+    key ``lock``: ``<prefix>:fence:{<tag>}``, in the same slot, so a script touching both
+    stays single-slot. One key per slot used: at most 16384 per deployment, whatever the
+    number of names, and none for a deployment that never hands out a token."""
+    prefix = lock[: lock.rindex("{") - 1]
+    return f"{prefix}:fence:{{{slot_tag(key_slot(lock))}}}"

@@ -101,8 +101,9 @@ class Lock(LockCore):
         A single-node lock reads it on first use: one owner-checked round trip
         (:data:`~celery_redlock._redis.scripts.FENCE`), then cached; an acquisition whose token
         nobody reads costs nothing for it and leaves no counter key. Read after the lock was
-        lost, it is ``None`` and the lock is marked lost. The tokens of one name increase as
-        long as the Redis server's clock does not step backwards. Raises
+        lost, it is ``None`` and the lock is marked lost. The tokens of one name increase,
+        also across a step back of the Redis server's clock (the high-water mark of the
+        lock's slot, :func:`~celery_redlock._redis.keys.high_water_of`). Raises
         :class:`LockUnavailable` when Redis does not answer.
         """
         token = self._token

@@ -18,8 +18,8 @@ from celery import Celery
 
 from celery_redlock import LockContended
 from celery_redlock.testing import RedisServer, wait_until
-from support.workers import WorkerProcess
 from support.apps import make_app
+from support.workers import WorkerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -17,6 +17,7 @@ import redis as redis_py
 from celery import Celery
 
 from celery_redlock import Lock, LockedTask, lock_key
+from celery_redlock._redis.keys import high_water_of, keys_for
 from celery_redlock.metrics import flush
 from celery_redlock.testing import RedisServer, wait_until
 from support.apps import make_app
@@ -35,8 +36,18 @@ def commands(r: redis_py.Redis) -> dict[str, int]:
 
 
 def keys_left(r: redis_py.Redis) -> list[bytes]:
-    """Every key of the lock database but the event counters (one hash per task name)."""
-    return [k for k in r.scan_iter() if not k.startswith(b"redlock:stats:")]
+    """Every key of the lock database but the event counters (one hash per task name) and the
+    high-water marks of fencing tokens (one per Cluster slot a token was handed out in)."""
+    return [
+        k
+        for k in r.scan_iter()
+        if not k.startswith(b"redlock:stats:") and not k.startswith(b"redlock:fence:{")
+    ]
+
+
+def marks_left(r: redis_py.Redis) -> set[str]:
+    """The high-water marks of fencing tokens: bounded by the slots, not by the names."""
+    return {k.decode() for k in r.scan_iter(match="redlock:fence:{*}")}
 
 
 def assert_nobody_polls(r: redis_py.Redis) -> None:
@@ -58,6 +69,9 @@ def test_a_released_lock_leaves_no_key_even_after_its_fencing_token_was_read(
         assert lock.fencing_token is not None
         lock.release()
     assert keys_left(r) == []
+    assert marks_left(r) == {
+        high_water_of(keys_for("redlock", f"user:{i}").lock) for i in range(20)
+    }
 
 
 def test_a_locked_task_leaves_no_key_after_release_and_after_its_cooldown(
@@ -92,6 +106,7 @@ def test_fencing_tokens_strictly_increase_across_holders_without_a_counter(
     assert all(isinstance(t, int) for t in tokens)
     assert all(a < b for a, b in itertools.pairwise(tokens))  # type: ignore[operator]
     assert keys_left(r) == []
+    assert marks_left(r) == {high_water_of(keys_for("redlock", "fenced").lock)}  # one key
 
 
 def test_a_fencing_token_is_never_read_for_a_lock_that_was_lost(r: redis_py.Redis) -> None:

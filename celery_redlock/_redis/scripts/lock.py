@@ -20,31 +20,34 @@ from ..keys import FENCE_TTL_MS, LockKeys
 from .base import Script
 
 ACQUIRE = """
--- KEYS[1] fencing counter key, KEYS[2..n] the lock's slot keys (one, or lock_limit of them)
+-- KEYS[1] fencing counter key, KEYS[2] the high-water mark of tokens in the lock's Cluster
+--         slot, KEYS[3..n] the lock's slot keys (one, or lock_limit of them)
 -- ARGV[1] owner token, ARGV[2] ttl in ms (> 0), ARGV[3] fencing counter ttl in ms,
 -- ARGV[4] '1': the server time in microseconds, else in whole seconds * 10^6,
 -- ARGV[5] '1': write the counter, '0': only read it (a lock of one slot on one deployment)
 -- returns {1, fencing_token, slot}     acquired the first free slot (1-based)
 --         {0, holder_token, pttl_ms}   every slot held; the holder of the one freeing first
--- The fencing token is max(counter + 1, server time): it keeps increasing after the counter
--- itself expires, as long as the server clock does not step backwards. Whole seconds make
--- independent nodes (quorum) usually agree on the token; microseconds keep a single node's
--- tokens above those read lazily by FENCE (which writes no counter either). Without the
--- counter, the tokens of a one-slot lock increase as FENCE's do: the next holder's SET runs
--- after this key is gone, so after this script.
-for i = 2, #KEYS do
+-- The fencing token is max(server time, counter + 1, high-water mark + 1), and the mark is
+-- set to it (no TTL): tokens keep increasing after the counter expires, and across a step
+-- back of the server clock (the mark is ahead of the clock until the clock catches up).
+-- Whole seconds make independent nodes (quorum) usually agree on the token; microseconds
+-- keep a single node's tokens above those read lazily by FENCE.
+for i = 3, #KEYS do
   if redis.call('SET', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) then
     local now = redis.call('TIME')
     local token = tonumber(now[1]) * 1000000
     if ARGV[4] == '1' then token = token + tonumber(now[2]) end
-    local last = tonumber(redis.call('GET', KEYS[1]) or '0')
+    local last = math.max(tonumber(redis.call('GET', KEYS[1]) or '0'),
+                          tonumber(redis.call('GET', KEYS[2]) or '0'))
     if last + 1 > token then token = last + 1 end
-    if ARGV[5] == '1' then redis.call('SET', KEYS[1], string.format('%d', token), 'PX', ARGV[3]) end
-    return {1, token, i - 1}
+    local text = string.format('%d', token)
+    if ARGV[5] == '1' then redis.call('SET', KEYS[1], text, 'PX', ARGV[3]) end
+    redis.call('SET', KEYS[2], text)
+    return {1, token, i - 2}
   end
 end
-local first, first_ttl = 2, redis.call('PTTL', KEYS[2])
-for i = 3, #KEYS do
+local first, first_ttl = 3, redis.call('PTTL', KEYS[3])
+for i = 4, #KEYS do
   local ttl = redis.call('PTTL', KEYS[i])
   if ttl < first_ttl then first, first_ttl = i, ttl end
 end
@@ -203,29 +206,34 @@ return out
 
 FENCE = """
 -- KEYS[1] the held slot key, KEYS[2] fencing counter key (if any: the acquire script writes
---         one, FENCE never does)
+--         one, FENCE never does), KEYS[3] the high-water mark of tokens in its Cluster slot
 -- ARGV[1] owner token
--- returns the fencing token, max(server time in microseconds, counter + 1), while ARGV[1]
---         holds KEYS[1]; false when it does not (expired or taken over)
+-- returns the fencing token, max(server time in microseconds, counter + 1, mark + 1), and
+--         sets the mark to it (no TTL), while ARGV[1] holds KEYS[1]; false when it does not
+--         (expired or taken over)
 -- Read on first use by a single-node lock, which acquired with a plain SET NX PX. Tokens of
 -- one name strictly increase: the next holder's SET runs after this key is gone, so after
--- this read, and its own read comes at least one round trip after its SET; so its server
--- time is later, unless the server clock steps backwards (see the guide's fencing section).
+-- this script, and its own read finds the mark this script set. So a server clock stepping
+-- backwards cannot make a token smaller than one handed out before in the same slot.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
 local now = redis.call('TIME')
 local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local last = tonumber(redis.call('GET', KEYS[2]) or '0')
+local last = math.max(tonumber(redis.call('GET', KEYS[2]) or '0'),
+                      tonumber(redis.call('GET', KEYS[3]) or '0'))
 if last + 1 > token then token = last + 1 end
+redis.call('SET', KEYS[3], string.format('%d', token))
 return token
 """
 
 RAISE_FENCE = """
--- KEYS[1] fencing counter key
+-- KEYS[1] fencing counter key, KEYS[2] the high-water mark of its Cluster slot
 -- ARGV[1] fencing token, ARGV[2] fencing counter ttl in ms
--- Raises the counter to the token if it is lower (quorum write-back). returns 1
-local last = tonumber(redis.call('GET', KEYS[1]) or '0')
-if tonumber(ARGV[1]) > last then
+-- Raises the counter and the mark to the token where lower (quorum write-back). returns 1
+if tonumber(ARGV[1]) > tonumber(redis.call('GET', KEYS[1]) or '0') then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+end
+if tonumber(ARGV[1]) > tonumber(redis.call('GET', KEYS[2]) or '0') then
+  redis.call('SET', KEYS[2], ARGV[1])
 end
 return 1
 """
@@ -267,12 +275,12 @@ def acquire_call(
     for a lock of one slot, no counter written), else on a quorum node."""
     counter = not single or len(keys.slots) > 1
     argv = [token, ttl_ms, FENCE_TTL_MS, "1" if single else "0", "1" if counter else "0"]
-    return [keys.fence, *keys.slots], argv
+    return [keys.fence, keys.high_water, *keys.slots], argv
 
 
 def fence_call(keys: LockKeys, slot: str, token: str) -> tuple[list[str], list[Any]]:
     """``(KEYS, ARGV)`` of :data:`FENCE` for the held ``slot``."""
-    return [slot, keys.fence], [token]
+    return [slot, keys.fence, keys.high_water], [token]
 
 
 def release_call(
@@ -307,7 +315,7 @@ def release_unrenewed_call(
 
 def raise_fence_call(keys: LockKeys, token: int) -> tuple[list[str], list[Any]]:
     """``(KEYS, ARGV)`` of :data:`RAISE_FENCE`."""
-    return [keys.fence], [token, FENCE_TTL_MS]
+    return [keys.fence, keys.high_water], [token, FENCE_TTL_MS]
 
 
 #: What each script runs (:class:`~celery_redlock._redis.scripts.base.Script`).
@@ -326,7 +334,7 @@ SCRIPTS = (
         ("GET", "SET", "DEL", "TIME"),
         tolerated=("EXISTS", "ZPOPMIN", "PUBLISH"),
     ),
-    Script("fence", FENCE, ("GET", "TIME")),
+    Script("fence", FENCE, ("GET", "TIME", "SET")),
     Script("raise_fence", RAISE_FENCE, ("GET", "SET")),
     Script("pttls", PTTLS, ("PTTL",)),
     Script(

@@ -1,0 +1,101 @@
+"""A PostgreSQL store that accepts a write only with a newer fencing token, and logs them all.
+
+The guard is the guide's recipe (``docs/guide.md``, "A fenced PostgreSQL store"): one statement
+that writes only where the stored token is lower than the writer's,
+``UPDATE ... SET fence = $new ... WHERE key = $key AND fence <= $new`` (equal: the same
+holder writing again). Every write, accepted or
+not, is appended to a log in the order PostgreSQL applied it: the row of the key is locked
+(``SELECT ... FOR UPDATE``) before the guarded ``UPDATE`` and the log ``INSERT``, in one
+transaction, so the log's ``seq`` order per key is the store's own order of writes. The
+history checker (:mod:`chaos.history`) reads it back as :class:`~chaos.history.StoreWrite`.
+
+Each run has its own two tables, named after a run id (``faults_<id>_state`` and
+``faults_<id>_log``), dropped by :meth:`FencedStore.drop`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import psycopg
+
+from chaos.history import StoreWrite
+
+#: The local PostgreSQL of the machine: trust authentication, database ``test``.
+DEFAULT_DSN = "host=127.0.0.1 port=5432 dbname=test user=postgres connect_timeout=5"
+
+
+class FencedStore:
+    """The two tables of one run, and the fenced write.
+
+    :param run: the run id (letters, digits, ``_``): part of the table names.
+    :param dsn: a libpq connection string.
+    """
+
+    def __init__(self, run: str, dsn: str = DEFAULT_DSN) -> None:
+        if not re.fullmatch(r"[a-z0-9_]{1,40}", run):
+            raise ValueError(f"run id must be 1-40 of [a-z0-9_], got {run!r}")
+        self.dsn = dsn
+        self.state = f"faults_{run}_state"
+        self.log = f"faults_{run}_log"
+        self._conn: Any = None
+
+    def connection(self) -> Any:
+        """This process's connection (made on first use: a forked child makes its own)."""
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.dsn, autocommit=False)
+        return self._conn
+
+    def create(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(
+                f"CREATE TABLE {self.state} (key text PRIMARY KEY, fence bigint NOT NULL,"
+                " writer text NOT NULL)"
+            )
+            conn.execute(
+                f"CREATE TABLE {self.log} (seq bigserial PRIMARY KEY, key text NOT NULL,"
+                " fence bigint NOT NULL, writer text NOT NULL, accepted boolean NOT NULL,"
+                " at timestamptz NOT NULL DEFAULT clock_timestamp())"
+            )
+
+    def write(self, key: str, token: int, writer: str) -> bool:
+        """Write ``writer`` to ``key`` through ``token``: True if the store accepted it (no
+        write with a larger token came first)."""
+        conn = self.connection()
+        with conn.transaction():
+            conn.execute(
+                f"INSERT INTO {self.state} VALUES (%s, 0, '') ON CONFLICT (key) DO NOTHING",
+                (key,),
+            )
+            conn.execute(f"SELECT fence FROM {self.state} WHERE key = %s FOR UPDATE", (key,))
+            accepted = (
+                conn.execute(
+                    f"UPDATE {self.state} SET fence = %s, writer = %s"
+                    " WHERE key = %s AND fence <= %s",
+                    (token, writer, key, token),
+                ).rowcount
+                == 1
+            )
+            conn.execute(
+                f"INSERT INTO {self.log} (key, fence, writer, accepted) VALUES (%s, %s, %s, %s)",
+                (key, token, writer, accepted),
+            )
+        return bool(accepted)
+
+    def writes(self) -> list[StoreWrite]:
+        """The log, in the store's order."""
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            rows = conn.execute(f"SELECT seq, key, fence, accepted FROM {self.log} ORDER BY seq")
+            return [StoreWrite(int(s), str(k), int(f), bool(a)) for s, k, f, a in rows]
+
+    def close(self) -> None:
+        """Close this process's connection (if any)."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def drop(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {self.state}, {self.log}")
+        self.close()
