@@ -240,6 +240,7 @@ CALLS: dict[str, Call] = {
     "export_account": Call((3,)),
     "rebuild_index": Call((42,)),
     "set_balance": Call((42, 300), direct_raises=RuntimeError),
+    "post_balance": Call((8, 50), direct_raises=RuntimeError),
 }
 #: The pages whose examples run in a worker and on a direct call.
 RUN_BOTH_WAYS = {"README.md", "guide.md"}
