@@ -27,16 +27,12 @@ import contextlib
 import os
 import shutil
 import signal
-import subprocess
-import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 
 import redis as redis_py
 
-from celery_redlock.testing import free_port
+from celery_redlock.testing import RedisServer
 
 #: Where Debian's ``libfaketime`` package puts the library.
 LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
@@ -60,8 +56,9 @@ def missing() -> str | None:
     return None
 
 
-class SteppedClockServer:
-    """A ``redis-server`` on 127.0.0.1 whose clock offset :meth:`step` sets.
+class SteppedClockServer(RedisServer):
+    """A ``redis-server`` whose clock offset :meth:`step` sets (the libc-malloc binary under
+    libfaketime).
 
     :param port: the port (default: a free one; kept across restarts).
     :param persist: keep an fsync'd append-only file, so a restart may keep the data.
@@ -79,15 +76,13 @@ class SteppedClockServer:
         prefix: Sequence[str] = (),
         bind: str = "127.0.0.1",
     ) -> None:
-        self.port = port or free_port()
+        super().__init__(port, args)
         self.persist = persist
-        self.args = list(args)
         self.prefix = list(prefix)
         self.bind = bind
-        self.dir = Path(tempfile.mkdtemp(prefix="redlock-clock-"))
+        self.dir = Path(self._dir)
         self.clock_file = self.dir / "offset"
         self.offset = 0.0
-        self.process: subprocess.Popen[bytes] | None = None
         self.step(0)
 
     @property
@@ -114,12 +109,12 @@ class SteppedClockServer:
         finally:
             c.close()
 
-    def start(self, timeout: float = 10.0) -> SteppedClockServer:
+    def command(self) -> list[str]:
         binary = libc_redis_server()
         if binary is None or not Path(LIBFAKETIME).exists():
             raise RuntimeError(f"a stepped clock needs {missing()}")
         persistence = ["--appendonly", "yes", "--appendfsync", "always"]
-        cmd = [
+        return [
             *self.prefix,
             binary,
             *("--port", str(self.port), "--bind", self.bind, "--save", "", "--dir", str(self.dir)),
@@ -127,42 +122,23 @@ class SteppedClockServer:
             *("--protected-mode", "no", "--maxmemory-policy", "noeviction"),
             *self.args,
         ]
-        env = {
+
+    def environment(self) -> dict[str, str]:
+        return {
             **os.environ,
             "LD_PRELOAD": LIBFAKETIME,
             "FAKETIME_TIMESTAMP_FILE": str(self.clock_file),
             "FAKETIME_NO_CACHE": "1",
             "FAKETIME_DONT_FAKE_MONOTONIC": "1",
         }
-        self.process = subprocess.Popen(
-            cmd,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + timeout
-        client = self.client(timeout=1)
-        try:
-            while True:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"redis-server exited with {self.process.returncode}")
-                try:
-                    if client.ping():
-                        return self
-                except redis_py.exceptions.ConnectionError:
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.02)  # waiting for the server to bind: nothing to sync on
-        finally:
-            client.close()
+
+    def start(self, timeout: float = 10.0) -> SteppedClockServer:
+        super().start(timeout)
+        return self
 
     def kill(self) -> None:
         """SIGKILL the server (a crash) and wait for it."""
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        self.process = None
+        super().stop()
 
     def restart(self, *, keep_data: bool) -> None:
         """Crash and start again; ``keep_data=False`` drops the append-only file first (a node
@@ -192,11 +168,3 @@ class SteppedClockServer:
 
     def __enter__(self) -> SteppedClockServer:
         return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()

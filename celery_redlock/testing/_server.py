@@ -91,8 +91,9 @@ class RedisServer:
     :param port: port to listen on (default: a free one; kept across :meth:`restart`).
     :param args: extra ``redis-server`` arguments, e.g. ``["--maxmemory-policy", "noeviction"]``.
 
-    Override points: :meth:`command` (the arguments that start the process) and :meth:`client`
-    (the client that waits for its first ``PING``), e.g. for a Sentinel or a TLS-only server.
+    Override points: :meth:`command` (the arguments that start the process), :meth:`environment`
+    (its environment) and :meth:`client` (the client that waits for its first ``PING``), e.g.
+    for a Sentinel, a TLS-only server or a server whose clock is stepped.
     """
 
     def __init__(self, port: int | None = None, args: Sequence[str] = ()) -> None:
@@ -125,10 +126,15 @@ class RedisServer:
             *self.args,
         ]
 
+    def environment(self) -> dict[str, str] | None:
+        """The environment of the server process (``None``: this process's)."""
+        return None
+
     def start(self, timeout: float = 10.0) -> RedisServer:
         """Start the server and wait until it answers ``PING``."""
         self.process = subprocess.Popen(
             self.command(),
+            env=self.environment(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
