@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -92,6 +93,11 @@ REFUSED_REPLIES = ("BUSY", "MISCONF", "READONLY", "MASTERDOWN", "NOREPLICAS", "O
 #: Reply prefixes that mean "no answer" even when a client reports them as a plain error reply.
 _UNAVAILABLE_REPLIES = ("LOADING", "CLUSTERDOWN", "TRYAGAIN")
 
+#: The reply a command gave inside a script, as Redis 6.2 wraps it: ``ERR Error running script
+#: (call to f_...): @user_script:15: @user_script: 15: -OOM command not allowed ...`` (Redis 7
+#: passes the command's own reply through).
+_SCRIPT_REPLY = re.compile(r"@user_script: ?\d+: -([A-Z]+) ")
+
 
 def classify(exc: BaseException) -> Outcome | None:
     """What ``exc`` means for a lock, or ``None`` when it is no Redis error at all (a bug)."""
@@ -107,7 +113,8 @@ def classify(exc: BaseException) -> Outcome | None:
     if names & _REFUSED_CLASSES:
         return Outcome.REFUSED
     text = str(exc)
-    prefix = text.split(" ", 1)[0]
+    inner = _SCRIPT_REPLY.search(text)
+    prefix = inner.group(1) if inner else text.split(" ", 1)[0]
     if prefix == "NOSCRIPT":
         return Outcome.NOSCRIPT
     if prefix in _UNAVAILABLE_REPLIES:

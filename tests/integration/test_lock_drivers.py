@@ -142,7 +142,16 @@ def wait_until(condition: Callable[[], Any], timeout: float = 10.0) -> None:
 def acl_user(r: redis_py.Redis, name: str, *rules: str) -> Iterator[str]:
     """An ACL user ``name`` with ``rules`` (on keys and channels ``redlock*``); its password."""
     r.execute_command(
-        "ACL", "SETUSER", name, "reset", "on", ">pw", "~redlock*", "&redlock*", *rules
+        "ACL",
+        "SETUSER",
+        name,
+        "reset",
+        "on",
+        ">pw",
+        "~redlock*",
+        "resetchannels",
+        "&redlock*",
+        *rules,
     )
     try:
         yield "pw"
