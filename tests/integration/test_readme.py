@@ -347,6 +347,10 @@ def test_every_python_block_runs(
                 check(namespace, redis_server)
         runs.append(Ran(block, dict(namespace), mains, tasks_bound(namespace, before)))
     end_program()
+    # A program ends with its process, and its connections with it: the guide's PostgreSQL one.
+    for value in namespace.values():
+        if type(value).__module__.startswith("psycopg"):
+            value.close()
 
 
 def test_blocks_that_do_not_run_say_why() -> None:
