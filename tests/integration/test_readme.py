@@ -235,6 +235,7 @@ CALLS: dict[str, Call] = {
     "save_draft": Call((7, "Hi")),
     "export_report": Call(),
     "call_partner_api": Call((2,)),
+    "call_search_api": Call(("shoes",)),
     "send_digest": Call((1,)),
     "export_account": Call((3,)),
     "rebuild_index": Call((42,)),
