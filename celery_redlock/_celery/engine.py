@@ -33,7 +33,6 @@ TTL rule, decided in :func:`_make_lock` for each execution:
 
 from __future__ import annotations
 
-import functools
 import logging
 import random
 import time
@@ -79,36 +78,6 @@ class Execution:
     settings: Settings | None = None
 
 
-def until_executed(execute: Callable[..., T | None]) -> Callable[..., T | None]:
-    """Wrap :func:`execute`: under ``lock_enqueue='until_executed'`` the queued marker of a
-    call is cleared when its execution ends (returns, raises, is skipped), not when it starts.
-
-    So a ``delay()`` while the call is queued *or running* returns that call's
-    ``AsyncResult``. A retry (``Retry``) keeps it: the call is not finished, and its retry has
-    the same task id. The marker is cleared before Celery stores the result, so a caller that
-    holds the result can call again at once. An execution that never ends here (the pool
-    child killed, a hard time limit) leaves the marker until ``lock_enqueue_ttl``.
-    """
-
-    @functools.wraps(execute)
-    def wrapper(task: Any, args: Any, kwargs: Any, *rest: Any, **more: Any) -> T | None:
-        spec = None if task.request.called_directly else spec_of(task)
-        if spec is None or spec.options.enqueue != "until_executed":
-            return execute(task, args, kwargs, *rest, **more)
-        task_id = task.request.id
-        try:
-            return execute(task, args, kwargs, *rest, **more)
-        except Retry:
-            task_id = None
-            raise
-        finally:
-            if task_id is not None:
-                clear_queued(task, args, kwargs, task_id)
-
-    return wrapper
-
-
-@until_executed
 def execute(
     task: Any, args: Any, kwargs: Any, body: Callable[[], T], request: Any = None
 ) -> T | None:
@@ -124,6 +93,15 @@ def execute(
     spec = None if request.called_directly else spec_of(task)
     if spec is None:
         return body()
+    if spec.options.enqueue == "until_executed":
+        return _until_executed(task, request, spec, args, kwargs, body)
+    return _attempt(task, request, spec, args, kwargs, body)
+
+
+def _attempt(
+    task: Any, request: Any, spec: Spec, args: Any, kwargs: Any, body: Callable[[], T]
+) -> T | None:
+    """:func:`enter`, the body, :func:`leave`."""
     if not enter(task, request, spec, args, kwargs):
         return None
     try:
@@ -136,6 +114,29 @@ def execute(
         raise
     leave(task, request)
     return result
+
+
+def _until_executed(
+    task: Any, request: Any, spec: Spec, args: Any, kwargs: Any, body: Callable[[], T]
+) -> T | None:
+    """:func:`_attempt` under ``lock_enqueue='until_executed'``: the queued marker of a call
+    is cleared when its execution ends (returns, raises, is skipped), not when it starts.
+
+    So a ``delay()`` while the call is queued *or running* returns that call's
+    ``AsyncResult``. A retry (``Retry``) keeps it: the call is not finished, and its retry has
+    the same task id. The marker is cleared before Celery stores the result, so a caller that
+    holds the result can call again at once. An execution that never ends here (the pool
+    child killed, a hard time limit) leaves the marker until ``lock_enqueue_ttl``.
+    """
+    task_id = request.id
+    try:
+        return _attempt(task, request, spec, args, kwargs, body)
+    except Retry:
+        task_id = None
+        raise
+    finally:
+        if task_id is not None:
+            clear_queued(task, args, kwargs, task_id)
 
 
 @tracing.traced_acquire

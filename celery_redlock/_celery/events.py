@@ -31,12 +31,15 @@ def emit(
     ``settings``: the app's, when the caller has them (spares resolving them again)."""
     tracing.record(task_id, event, fields)
     try:
+        if settings is None:
+            settings = settings_for(task.app)
         metrics.count(task.app, task.name, event, settings)
-        timeline.record(task, task_id, event, fields)
+        if settings.timeline:  # off by default: no ring, no lookup
+            timeline.record(task, task_id, event, fields)
         if signal is not None and signal.receivers:  # send() does nothing without receivers
             signal.send(sender=task, task_id=task_id, **fields)
         if state.task_events and signal is signals.lock_contended:
-            group = (settings or settings_for(task.app)).event_names  # or task-lock (deprecated)
+            group = settings.event_names  # or task-lock (deprecated)
             task.send_event(f"{group}-{event}", key=fields["key"], holder=fields["holder"])
     except Exception:
         logger.exception("%s[%s]: reporting lock event %r failed", task.name, task_id, event)

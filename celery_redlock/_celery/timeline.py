@@ -11,7 +11,9 @@ JSON (``t`` wall-clock ms of the reporting process, ``task``, ``id``, ``event``,
 the event has one, ``policy``, ``holder``); argument values are never in it, only key names.
 
 The cost: one pipelined round trip per event on the task's path, two per execution
-(acquired, released). A push that fails is logged at DEBUG and dropped: the ring is a picture
+(acquired, released); off, one check of the resolved settings per event (in
+:func:`~celery_redlock._celery.events.emit`: :func:`record` is not called).
+A push that fails is logged at DEBUG and dropped: the ring is a picture
 for people, never a reason for a task to fail.
 """
 

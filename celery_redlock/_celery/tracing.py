@@ -28,8 +28,12 @@ The spans are fed by the engine's report points (:func:`record` is called by
 :func:`~celery_redlock._celery.events.emit` for every lock event) and by three wrappers
 (:func:`traced_acquire`, :func:`traced_release`, :func:`traced_enqueue`). Without
 ``opentelemetry-api`` (checked once, at import) each wrapper returns the function itself and
-:func:`record` returns at once. Every tracing call is guarded: an error in a tracer, an
-exporter or this module is logged at DEBUG and the lock operation goes on unchanged.
+:func:`record` returns at once. With it but no tracer provider set, the acquire and enqueue
+wrappers ask whether one is set and call through (no span object is built), the release
+wrapper calls through while no hold span is open; once a provider is set, that is decided for
+good (a process sets its global provider at most once). Every tracing call is guarded: an
+error in a tracer, an exporter or this module is logged at DEBUG and the lock operation goes
+on unchanged.
 
 A loss is usually found by the renewal thread, where the task's trace context is not current:
 
@@ -122,6 +126,30 @@ def _key_attributes(key: str) -> dict[str, str]:
 
 #: Our tracer: a proxy until a tracer provider is set, then the provider's (looked up once).
 _tracer = None if _trace is None else _trace.get_tracer("celery_redlock")
+
+#: Whether spans can be recorded: ``None`` while no tracer provider is set (asked again on the
+#: next operation), then decided for good: a global provider is set at most once per process.
+_recording: bool | None = None if _trace is not None else False
+
+
+def _active() -> bool:
+    """Whether a tracer provider that records spans is set: asked of ``opentelemetry-api``
+    (about 0.8 us: it looks at one environment variable) once per acquisition or enqueue
+    until a provider is set, then a cached answer. :func:`record` needs no check: without an
+    operation under way (no span started) it returns at its first lookup.
+
+    The usual order in a worker: this module is imported at 0 s (no provider yet: no spans,
+    and no span objects built), the provider is set at worker start, and the next operation
+    sees it and records from then on.
+    """
+    global _recording
+    if _recording is not None:
+        return _recording
+    provider = _trace.get_tracer_provider()
+    if isinstance(provider, _trace.ProxyTracerProvider):
+        return False  # none set yet
+    _recording = not isinstance(provider, _trace.NoOpTracerProvider)
+    return _recording
 
 
 def _start(name: str, attributes: Mapping[str, Any]) -> _Operation | None:
@@ -227,6 +255,8 @@ def traced_acquire(enter: F) -> F:
 
     @functools.wraps(enter)
     def wrapper(task: Any, request: Any, spec: Any, *args: Any, **kwargs: Any) -> Any:
+        if not (_recording or _active()):
+            return enter(task, request, spec, *args, **kwargs)
         try:
             mode = _mode(spec)
         except Exception:
@@ -261,6 +291,8 @@ def traced_release(release: F) -> F:
 
     @functools.wraps(release)
     def wrapper(task: Any, request: Any, lock: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _holds:  # no hold span open anywhere (the usual case without a provider)
+            return release(task, request, lock, *args, **kwargs)
         span = _holds.pop((request.id or "", str(lock.key)), None)
         released = release(task, request, lock, *args, **kwargs)
         if span is not None:
@@ -288,6 +320,8 @@ def traced_enqueue(mark_queued: F) -> F:
 
     @functools.wraps(mark_queued)
     def wrapper(task: Any, *args: Any, **kwargs: Any) -> Any:
+        if not (_recording or _active()):
+            return mark_queued(task, *args, **kwargs)
         op = _start("redlock.enqueue", {"redlock.mode": "enqueue"})
         if op is None:
             return mark_queued(task, *args, **kwargs)
