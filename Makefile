@@ -48,7 +48,7 @@ bench: $(VENV)/.installed
 	$(PY) -m benchmarks
 
 # Fault runs (docs/faults.md), as root: every fault on real network namespaces, tc, libfaketime
-# and the local PostgreSQL. Short (203 s on the VM of docs/faults.md), and the full run of its table.
+# and the local PostgreSQL. Short (222 s on the VM of docs/faults.md), and the full run of its table.
 .PHONY: test-faults test-faults-full
 test-faults: $(VENV)/.installed
 	$(PY) -m chaos.faults --seconds 6

@@ -4,7 +4,7 @@ partitions, slow and lossy links, pauses, clock steps and node crashes; judged b
 
 Run from the repository root, as root (namespaces, routes and ``tc`` need it)::
 
-    python -m chaos.faults                    # every fault, 6 s each (203 s in all)
+    python -m chaos.faults                    # every fault, 6 s each (about 4 min in all)
     python -m chaos.faults --seconds 20       # every fault, 20 s each: the docs' table
     python -m chaos.faults --only clock-forward --json out.json
 
@@ -13,7 +13,11 @@ namespace ``rlf-<host>`` joined to it by a veth pair: workers ``w1``, ``w2`` and
 ``n1`` .. ``n5``. The broker, the record list and a relay to the local PostgreSQL listen on
 10.77.0.1; nothing else is reached (no default route in any namespace). A partition between
 two hosts is a pair of ``blackhole`` routes (packets vanish, as on a cut link, and connections
-time out); delay, jitter and loss are ``tc qdisc ... netem`` on a host's veth end. Everything
+time out); a slow link is a ``tbf`` token bucket on a host's veth end; delay, jitter and the
+effect of loss are ``tc qdisc ... netem`` there where the kernel has ``sch_netem``, and a
+bounded userspace proxy (:mod:`chaos.lossy`) between ``w1`` and the lock nodes in any case
+(it delays, jitters and stalls what it forwards: what TCP shows an application after a loss,
+not packet loss itself). Everything
 is removed on every exit path (:meth:`Net.down` in ``finally``, also after SIGINT/SIGTERM),
 and a leftover of a killed run is removed before a new one starts.
 
@@ -23,8 +27,11 @@ hour (libfaketime, :mod:`chaos.clock`); a node crashed and restarted at once wit
 append-only file or empty; on the quorum, a worker cut from the majority or from a minority,
 two workers seeing different majorities, a node restarting empty, empty nodes rejoining
 early onto a bare majority, a node paused, a node's clock stepped forward; a Sentinel primary
-cut from its replica and its Sentinel during the failover; delay, jitter and loss on the
-workers' links where the kernel has ``sch_netem`` (skipped, and said so, where not).
+cut from its replica and its Sentinel during the failover; n1's link throttled to 8 kbit/s
+(``tbf``); ``w1``'s link to the node or to every quorum node delayed 40 ms plus up to 30 ms
+of jitter, with a 10 % chance per chunk of a 0.2-1 s stall (:mod:`chaos.lossy`); delay,
+jitter and loss on the workers' links with ``netem`` where the kernel has ``sch_netem``
+(skipped, and said so, where not; likewise ``tbf``).
 
 **The load.** Each phase runs one fault against one deployment (one node, a 5-node quorum,
 or a Sentinel-managed primary with one replica): a producer submits ``faults.step`` calls at
@@ -62,6 +69,7 @@ from celery_redlock.testing import RedisServer, free_port
 from chaos.clock import SteppedClockServer, libc_redis_server, missing
 from chaos.fenced_store import FencedStore
 from chaos.history import Event, Window, check, takeover_times
+from chaos.lossy import Effects, Proxy
 from support.workers import WorkerProcess
 
 BRIDGE = "rlf0"
@@ -120,9 +128,9 @@ class Net:
             sh("tc", "-n", self.ns(host), "qdisc", "del", "dev", "eth0", "root", check=False)
         self.shaped.clear()
 
-    def netem(self, host: str, *spec: str) -> None:
-        """``tc qdisc ... netem <spec>`` on ``host``'s link (what it sends)."""
-        sh("tc", "-n", self.ns(host), "qdisc", "add", "dev", "eth0", "root", "netem", *spec)
+    def shape(self, host: str, kind: str, *spec: str) -> None:
+        """``tc qdisc add ... root <kind> <spec>`` on ``host``'s link (what it sends)."""
+        sh("tc", "-n", self.ns(host), "qdisc", "add", "dev", "eth0", "root", kind, *spec)
         self.shaped.add(host)
 
     def down(self) -> None:
@@ -185,8 +193,11 @@ class Fault:
     limit: str | None = None
     #: How long the fault lasts (seconds), as a multiple of the lease.
     leases: float = 3.0
-    #: It needs the kernel's ``sch_netem`` qdisc.
-    netem: bool = False
+    #: The kernel qdisc it needs (``netem``, ``tbf``), tried at run time; ``None``: none.
+    qdisc: str | None = None
+    #: ``w1`` reaches the lock nodes through a :class:`chaos.lossy.Proxy` (one per node) that
+    #: applies these effects during the fault's window; ``w2`` reaches them directly.
+    proxy: Effects | None = None
     #: The deployment is a Sentinel-managed primary (n1) with a replica (n2), watched by one
     #: Sentinel (n3), instead of one node or a quorum.
     sentinel: bool = False
@@ -206,6 +217,7 @@ class Run:
     notes: list[dict[str, Any]] = field(default_factory=list)
     paused: list[int] = field(default_factory=list)
     on_heal: list[Callable[[], None]] = field(default_factory=list)
+    proxies: list[Proxy] = field(default_factory=list)
     #: Set while a healed fault still settles (the phase goes on until it is clear).
     settling: threading.Event = field(default_factory=threading.Event)
 
@@ -293,8 +305,65 @@ def _cut(pairs: Sequence[tuple[str, str]]) -> Callable[[Run], None]:
 
 def _netem(run: Run) -> None:
     for host in ("w1", "w2"):
-        run.net.netem(host, "delay", "40ms", "30ms", "loss", "10%")
+        run.net.shape(host, "netem", "delay", "40ms", "30ms", "loss", "10%")
     run.note("netem", hosts=["w1", "w2"], spec="delay 40ms 30ms loss 10%")
+
+
+#: n1's link during ``slow-link-node``: a token bucket of 8 kbit/s (1 KB/s) holding one full
+#: packet, with a queue of at most 300 ms; beyond it the kernel drops packets (real losses,
+#: resent by TCP). The load's replies and acks need more than that: the queue fills.
+SLOW = ("rate", "8kbit", "burst", "1600", "latency", "300ms")
+
+
+def _slow_link(run: Run) -> None:
+    """Throttle what n1 sends (its replies and acks, to both workers) with ``tbf``; meanwhile a
+    thread in the root namespace sends a ``PING`` to n1 every 0.25 s (1 s timeout) until the
+    heal and records the round trips, under the phase's load."""
+    run.net.shape("n1", "tbf", *SLOW)
+    run.note("tbf", host="n1", spec=" ".join(SLOW))
+    healing = threading.Event()
+
+    def probe() -> None:
+        client = run.nodes[0].client(timeout=1)
+        trips: list[float | None] = []
+        try:
+            while not healing.wait(0.25):
+                began = time.monotonic()
+                try:
+                    client.ping()
+                    trips.append(round(time.monotonic() - began, 3))
+                except redis_py.RedisError:
+                    trips.append(None)
+        finally:
+            client.close()
+        run.note("ping round trips through the slow link", node="n1", seconds=trips)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    thread.start()
+
+    def stop() -> None:
+        healing.set()
+        thread.join(timeout=2)
+
+    run.on_heal.insert(0, stop)
+
+
+def _lossy_link(run: Run) -> None:
+    for proxy in run.proxies:
+        proxy.active.set()
+    effects = run.proxies[0].effects
+    run.note("proxy effects on", host="w1", **vars(effects))
+
+    def off() -> None:
+        for proxy in run.proxies:
+            proxy.active.clear()
+        run.note(
+            "proxy effects off",
+            chunks=sum(p.chunks for p in run.proxies),
+            stalls=sum(p.stalls for p in run.proxies),
+        )
+
+    run.on_heal.append(off)
 
 
 PAUSED = "a holder paused longer than its lease runs on (its writes are fenced)"
@@ -304,7 +373,9 @@ EARLY = "quorum nodes restarting empty rejoined before the longest lease ran out
 FAILOVER = "a failover to an asynchronously replicated replica (two primaries for a while)"
 
 FAULTS = [
-    Fault("netem-one-node", False, _netem, netem=True),
+    Fault("netem-one-node", False, _netem, qdisc="netem"),
+    Fault("slow-link-node", False, _slow_link, qdisc="tbf"),
+    Fault("lossy-link-worker", False, _lossy_link, proxy=Effects()),
     Fault("pause-holder", False, _pause_holder, PAUSED),
     Fault("pause-holder-careless-body", False, _pause_holder, PAUSED, heed_loss=False),
     Fault("pause-node", False, _pause_node),
@@ -319,7 +390,8 @@ FAULTS = [
         True,
         _cut([("w1", "n4"), ("w1", "n5"), ("w2", "n1"), ("w2", "n2")]),
     ),
-    Fault("netem-quorum", True, _netem, netem=True),
+    Fault("netem-quorum", True, _netem, qdisc="netem"),
+    Fault("lossy-link-quorum", True, _lossy_link, proxy=Effects()),
     Fault("quorum-node-restart-empty", True, _crash(False)),
     Fault("quorum-early-rejoin", True, _early_rejoin, EARLY),
     Fault("quorum-node-paused", True, _pause_node),
@@ -335,13 +407,17 @@ FAULTS = [
 ]
 
 
-def netem_available() -> bool:
-    """Whether this kernel has ``sch_netem`` (tried on the loopback of a scratch namespace)."""
+#: How each qdisc a fault needs is tried (on the loopback of a scratch namespace).
+PROBES = {"netem": ("delay", "1ms"), "tbf": SLOW}
+
+
+def qdisc_available(kind: str) -> bool:
+    """Whether this kernel has the qdisc ``kind`` (``sch_<kind>``)."""
     sh("ip", "netns", "add", "rlf-probe", check=False)
     try:
         sh("ip", "-n", "rlf-probe", "link", "set", "lo", "up")
-        probe = ("tc", "-n", "rlf-probe", "qdisc", "add", "dev", "lo", "root", "netem")
-        return sh(*probe, "delay", "1ms", check=False).returncode == 0
+        probe = ("tc", "-n", "rlf-probe", "qdisc", "add", "dev", "lo", "root", kind)
+        return sh(*probe, *PROBES[kind], check=False).returncode == 0
     finally:
         sh("ip", "netns", "del", "rlf-probe", check=False)
 
@@ -490,8 +566,19 @@ def run_fault(
             "FAULTS_STORE_RUN": run_id,
             "FAULTS_STORE_DSN": f"host={SUBNET}.1 port={relay.port} dbname=test user=postgres",
         }
+        via = {"FAULTS_LOCKS": ",".join(urls)}
+        if fault.proxy is not None:
+            for n in nodes:
+                proxy = Proxy(f"{SUBNET}.1", (n.bind, n.port), fault.proxy, seed=fault.name)
+                run.proxies.append(proxy)
+            proxied = [
+                u.replace(f"{n.bind}:{n.port}", f"{SUBNET}.1:{p.port}")
+                for u, n, p in zip(urls, nodes, run.proxies, strict=True)
+            ]
+            via = {"FAULTS_LOCKS": ",".join(proxied)}
         for host in ("w1", "w2"):
-            workers.append(start_worker(net, host, env, logdir / f"{fault.name}-{host}.log"))
+            host_env = {**env, **via} if host == "w1" else env
+            workers.append(start_worker(net, host, host_env, logdir / f"{fault.name}-{host}.log"))
         wait_for(lambda: records.exists("ready:w1", "ready:w2") == 2, 60, "both workers ready")
         app.conf.broker_url = f"redis://127.0.0.1:{broker.port}/1"
         app.conf.result_backend = f"redis://127.0.0.1:{broker.port}/2"
@@ -570,6 +657,8 @@ def run_fault(
         for w in workers:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(w.pid, signal.SIGKILL)
+        for proxy in run.proxies:
+            proxy.close()
         for n in nodes:
             n.stop()
         records.close()
@@ -656,11 +745,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"chaos.faults cannot step clocks: {reason}", file=sys.stderr)
         return 2
     faults = [f for f in FAULTS if not args.only or f.name in args.only]
-    if not netem_available():
-        skipped = [f.name for f in faults if f.netem]
-        if skipped:
-            print(f"not run (no sch_netem in this kernel): {', '.join(skipped)}", file=sys.stderr)
-        faults = [f for f in faults if not f.netem]
+    for kind in sorted({f.qdisc for f in faults if f.qdisc}):
+        if not qdisc_available(kind):
+            skipped = [f.name for f in faults if f.qdisc == kind]
+            print(f"not run (no sch_{kind} in this kernel): {', '.join(skipped)}", file=sys.stderr)
+            faults = [f for f in faults if f.qdisc != kind]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # The namespaces and the bridge have fixed names: a second run waits for the first.
     guard = Path("/run/lock/celery-redlock-faults.lock").open("w")  # noqa: SIM115
