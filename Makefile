@@ -31,7 +31,7 @@ test-lowest: $(VENV)/.installed
 	$(NOX) -s lowest
 
 # The newest dependencies on the other Pythons the classifiers declare: unit + integration on
-# 3.12 and 3.13, unit on 3.10 (whose integration tier runs in test-lowest).
+# 3.13, unit on 3.10 (whose integration tier runs in test-lowest) and 3.12.
 test-pythons: $(VENV)/.installed
 	$(NOX) -s newest-3.10 newest-3.12 newest-3.13
 

@@ -48,8 +48,11 @@ def queued(r: redis_py.Redis, lock: Lock) -> int:
 
 
 def keys_left(r: redis_py.Redis) -> list[bytes]:
-    """Every key but the event counters (other tests' workers flush theirs at any time)."""
-    return [k for k in r.scan_iter() if not k.startswith(b"redlock:stats:")]
+    """Every key but the event counters (other tests' workers flush theirs at any time) and the
+    deployment's high-water marks of fencing tokens (bounded, kept by design; on Redis 6.2 the
+    acquire is a script that writes one)."""
+    kept = (b"redlock:stats:", b"redlock:fence:{")
+    return [k for k in r.scan_iter() if not k.startswith(kept)]
 
 
 class StandIn:
@@ -210,7 +213,9 @@ def test_a_waiter_handed_the_lock_after_a_long_wait_extends_it_before_counting_o
     assert won.get(timeout=10)
     assert waiter.held and not waiter.lost
     stats = r.info("commandstats")
-    loads = stats.get("cmdstat_script|load", {}).get("calls", 0)  # each after a NOSCRIPT
+    # Each after a NOSCRIPT; Redis 6.2 counts SCRIPT LOAD under "script" (7.0: "script|load").
+    load = stats.get("cmdstat_script|load") or stats.get("cmdstat_script") or {}
+    loads = load.get("calls", 0)
     assert stats["cmdstat_evalsha"]["calls"] - loads == 2  # the release, the waiter's extend
     waiter.release()
 
