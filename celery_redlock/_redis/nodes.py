@@ -83,6 +83,8 @@ class Nodes(Protocol):
 
     def acquire(self, keys: LockKeys, token: str, ttl_ms: int) -> AcquireResult: ...
 
+    def queues(self, keys: LockKeys) -> bool: ...
+
     def fence(self, keys: LockKeys, slot: str, token: str) -> int | None:
         """The fencing token of a lock whose acquire returned none; ``None`` if not held."""
 
