@@ -19,10 +19,9 @@ import logging
 import sys
 import weakref
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 from typing import Any, TypeVar, cast
 
-from ..exceptions import LockContended, LockLost
+from ..exceptions import LockLost
 from .aionodes import Nodes, SingleNode, nodes_for
 from .core import SUBSCRIBED, Extended, LockCore, Op, advance, ms
 from .nodes import Target
@@ -200,18 +199,10 @@ class Lock(LockCore):
 
     async def __aenter__(self) -> Lock:
         if not await self.acquire():
-            holder = self.last_holder.task_id if self.last_holder else None
-            raise LockContended(
-                self._contended_message(), key=self.key, holder=holder, ttl=self.last_holder_ttl
-            )
+            raise self._contended(self.last_holder_ttl)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         if self._token is None:
             return
         with contextlib.suppress(LockLost):
@@ -232,16 +223,11 @@ class Lock(LockCore):
         return await self.nodes.extend(self.keys, token, ms(ttl))
 
     async def do_wait(self, timeout: float | None) -> bool:
-        """Blocking acquire (hazard 4): the core's wait
-        (:meth:`~celery_redlock._redis.core.LockCore._wait`: the queue, the handoff, the
-        deadline), its requests awaited here.
-
-        The waiter's channel is subscribed through the loop's hub and confirmed before each
-        try; between tries the task awaits its inbox, a plain future (no polling, and a
-        cancellation always lands). Each call is settled (hazard 6), and a cancelled wait
-        gives back a lock handed over meanwhile (the core asks: :attr:`Op.ABANDON
-        <celery_redlock._redis.core.Op.ABANDON>`).
-        """
+        """Blocking acquire (hazard 4): the requests of the core's wait
+        (:meth:`~.core.LockCore._wait`), awaited, each call settled (hazard 6). The channel is
+        subscribed through the loop's :class:`~celery_redlock._redis.subscriptions.Hub`;
+        between tries the task awaits its inbox, a plain future (no polling, and a
+        cancellation always lands)."""
         steps = self._wait(timeout)
         reply: Any = None
         error: BaseException | None = None
@@ -278,7 +264,7 @@ class Lock(LockCore):
                 elif op is Op.ABANDON:
                     await self._abandon(queue, *arg)
                 elif op is Op.CLOSE and subscription is not None:
-                    subscription[0].remove(subscription[1])
+                    _unsubscribe(subscription)
             except BaseException as exc:  # the core decides: thrown into the wait
                 error = exc
 
@@ -373,7 +359,7 @@ class Lock(LockCore):
 
 
 def _unsubscribe(subscription: tuple[Any, Any]) -> None:
-    """A subscription made after its waiter was cancelled: drop its inbox."""
+    """Drop the inbox of a wait's subscription (also one made after its waiter was cancelled)."""
     subscription[0].remove(subscription[1])
 
 

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-from ..exceptions import LockLost, LockNotOwned, LockUnavailable
+from ..exceptions import LockContended, LockLost, LockNotOwned, LockUnavailable
 from . import keys as _keys
 from . import owner as _owner
 from .scripts import RELEASED_NOT_NOTIFIED, AcquireResult, decode_acquire, queue_member
@@ -475,8 +475,12 @@ class LockCore:
             raise LockLost(f"lock {self.key} was lost before extend", key=self.key)
         self._expires_at = start + ttl
 
-    def _contended_message(self) -> str:
-        return f"could not acquire {self.key} within {self.timeout}s"
+    def _contended(self, ttl: float | None) -> LockContended:
+        """What the context manager raises when it could not acquire in time (``ttl``: the
+        holder's, :attr:`last_holder_ttl`)."""
+        holder = self.last_holder.task_id if self.last_holder else None
+        message = f"could not acquire {self.key} within {self.timeout}s"
+        return LockContended(message, key=self.key, holder=holder, ttl=ttl)
 
     # -- acquisition ------------------------------------------------------------------------------
 
@@ -587,11 +591,7 @@ class LockCore:
                     data = yield Op.RECEIVE, max(sleep, 0.001)
                     if data is SUBSCRIBED:
                         subscribed = True
-                    elif (
-                        data is not None
-                        and wait is not None
-                        and (yield from self._handed(wait, data))
-                    ):
+                    elif wait is not None and (yield from self._handed(wait, data)):
                         return True
             except Exception as exc:
                 if isinstance(exc, LockUnavailable) or classify(exc) is not Outcome.UNAVAILABLE:
@@ -629,12 +629,12 @@ class LockCore:
         return (yield from self._handed(wait, reply.held))  # handed over before this try
 
     def _handed(self, wait: Wait, data: Any) -> Steps[bool]:
-        """Whether ``data``, a message on the waiter's channel, handed the lock to it (then
-        held). Its lease counts from its last try, which began before the handoff; after more
-        than half a lease it extends first, and a lock no longer ours once extended (the lease
-        ended before the waiter read the message) waits on."""
+        """Whether ``data``, a message on the waiter's channel (``None``: none came), handed
+        the lock to it (then held). Its lease counts from its last try, which began before the
+        handoff; after more than half a lease it extends first, and a lock no longer ours once
+        extended (the lease ended before the waiter read the message) waits on."""
         token = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
-        if not token.startswith(wait.secret + _owner.SEPARATOR):
+        if data is None or not token.startswith(wait.secret + _owner.SEPARATOR):
             return False
         since = wait.tried_at
         if self.clock() - since > wait.ttl / 2:
@@ -734,32 +734,20 @@ class LockCore:
 
 
 class Op(enum.Enum):
-    """What a blocking wait (:meth:`LockCore._wait`) asks its driver to do, with an argument;
-    the driver sends back the result, or throws in the error it raised."""
+    """A request of the blocking wait (:meth:`LockCore._wait`) to its driver, with an argument;
+    the driver sends back the result, or throws in the error it raised (:func:`advance`).
+    Each value says what the driver does: the argument, then the result."""
 
-    #: One acquisition attempt (the driver's ``_attempt()``): whether it holds the lock now.
-    ATTEMPT = "attempt"
-    #: ``(token, ttl_ms, member, secret)``: a queued waiter's try (the node's ``wait_attempt``).
-    QUEUED = "queued attempt"
-    #: The TTL in seconds of the holder the last attempt saw (``None``: unknown).
-    HOLDER_TTL = "holder ttl"
-    #: ``channel``: open a subscription to it (the confirmation comes from :attr:`RECEIVE`).
-    SUBSCRIBE = "subscribe"
-    #: ``timeout``: :data:`SUBSCRIBED`, a message's data, or ``None`` after ``timeout`` s.
-    RECEIVE = "receive"
-    #: ``(token, ttl)``: the driver's ``do_extend``.
-    EXTEND = "extend"
-    #: The lock was taken through the queue, without a fencing token: read it now, or later.
-    FENCE = "fence"
-    #: ``(member, secret)``: leave the queue (the node's ``leave``): the token a release
-    #: handed the lock over with meanwhile, or ``None``.
-    LEAVE = "leave"
-    #: ``(member, secret)``: an interrupted wait leaves the queue, errors aside, and releases
-    #: a lock handed over meanwhile.
-    ABANDON = "abandon"
-    #: ``reusable``: the wait on this subscription ended; whether its connection may serve the
-    #: next wait (:func:`~celery_redlock._redis.subscriptions.set_aside`).
-    CLOSE = "close"
+    ATTEMPT = "one try (the driver's _attempt()): whether it holds the lock now"
+    QUEUED = "(token, ttl_ms, member, secret): the node's wait_attempt reply"
+    HOLDER_TTL = "the TTL in seconds of the holder the last try saw (None: unknown)"
+    SUBSCRIBE = "channel: open a subscription to it (RECEIVE returns its confirmation)"
+    RECEIVE = "timeout: SUBSCRIBED, a message's data on the channel, or None after timeout s"
+    EXTEND = "(token, ttl): the driver's do_extend"
+    FENCE = "the lock was taken without a fencing token: read it (now, or on first use)"
+    LEAVE = "(member, secret): the node's leave; the token of a lock handed over, or None"
+    ABANDON = "(member, secret): leave, errors aside, and release a lock handed over meanwhile"
+    CLOSE = "reusable: the wait on the subscription ended; keep it for the next wait or close it"
 
 
 #: What :attr:`Op.RECEIVE` returns once the server confirmed the subscription.

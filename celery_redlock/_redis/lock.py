@@ -43,10 +43,9 @@ import functools
 import logging
 import threading
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any, cast
 
-from ..exceptions import LockContended, LockLost
+from ..exceptions import LockLost
 from . import keys as _keys
 from . import owner as _owner
 from . import renewal as _renewal
@@ -180,18 +179,10 @@ class Lock(LockCore):
 
     def __enter__(self) -> Lock:
         if not self.acquire():
-            holder = self.last_holder.task_id if self.last_holder else None
-            raise LockContended(
-                self._contended_message(), key=self.key, holder=holder, ttl=self.last_holder_ttl
-            )
+            raise self._contended(self.last_holder_ttl)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._token is None:
             return
         with contextlib.suppress(LockLost):
@@ -213,15 +204,10 @@ class Lock(LockCore):
         return self.nodes.extend(self.keys, token, ms(ttl))
 
     def do_wait(self, timeout: float | None) -> bool:
-        """Blocking acquire (hazard 4): the core's wait
-        (:meth:`~celery_redlock._redis.core.LockCore._wait`: the queue, the handoff, the
-        deadline), its requests sent from this thread.
-
-        Each wait listens on a ``PubSub`` of its own and blocks in a socket read, never
-        polling; one whose wait ended normally is set aside for the next wait of the process
-        (:mod:`~celery_redlock._redis.subscriptions`). A lock taken through the queue reads
-        its fencing token on first use, like any other (:attr:`fencing_token`).
-        """
+        """Blocking acquire (hazard 4): the requests of the core's wait
+        (:meth:`~.core.LockCore._wait`), sent from this thread. It listens on a ``PubSub`` of its
+        own, blocked in a socket read; one whose wait ended normally serves the next wait of
+        the process (:mod:`~celery_redlock._redis.subscriptions`)."""
         steps = self._wait(timeout)
         reply: Any = None
         error: BaseException | None = None
