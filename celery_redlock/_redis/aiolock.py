@@ -23,7 +23,7 @@ from typing import Any, TypeVar, cast
 
 from ..exceptions import LockLost
 from .aionodes import Nodes, SingleNode, nodes_for
-from .core import SUBSCRIBED, Extended, LockCore, Op, advance, ms
+from .core import SUBSCRIBED, Extended, LockCore, Op, Run, ms
 from .nodes import Target
 from .scripts import AcquireResult, WaitReply
 from .subscriptions import hub_for
@@ -228,45 +228,40 @@ class Lock(LockCore):
         subscribed through the loop's :class:`~celery_redlock._redis.subscriptions.Hub`;
         between tries the task awaits its inbox, a plain future (no polling, and a
         cancellation always lands)."""
-        steps = self._wait(timeout)
-        reply: Any = None
-        error: BaseException | None = None
+        run = Run(self._wait(timeout))
         queue = cast(SingleNode, self.nodes)  # asked for queue operations only if it queues
         hub: Any = None
         channel = ""
         subscription: Any = None
-        while True:
-            op, arg = advance(steps, reply, error)
-            if op is None:
-                return bool(arg)
-            reply, error = None, None
+        for op, arg in run:
             try:
                 if op is Op.ATTEMPT:
-                    reply = await self._attempt()
+                    run.reply = await self._attempt()
                 elif op is Op.QUEUED:
-                    reply = await self._wait_attempt(queue, *arg)
+                    run.reply = await self._wait_attempt(queue, *arg)
                 elif op is Op.HOLDER_TTL:
-                    reply = self._holder_ttl
+                    run.reply = self._holder_ttl
                 elif op is Op.SUBSCRIBE:
                     channel, subscription = arg, None
                     hub = hub_for(await settle(self.nodes.pubsub_client()))
                 elif op is Op.RECEIVE and subscription is None:
                     subscription = await settle(hub.subscribe(channel), _unsubscribe)
-                    reply = SUBSCRIBED
+                    run.reply = SUBSCRIBED
                 elif op is Op.RECEIVE:
-                    reply = await subscription[1].get(arg)
+                    run.reply = await subscription[1].get(arg)
                 elif op is Op.EXTEND:
-                    reply = await settle(self.do_extend(*arg))
+                    run.reply = await settle(self.do_extend(*arg))
                 elif op is Op.FENCE:
                     await self._read_fence(queue)
                 elif op is Op.LEAVE:
-                    reply = await settle(queue.leave(self.keys, *arg))
+                    run.reply = await settle(queue.leave(self.keys, *arg))
                 elif op is Op.ABANDON:
                     await self._abandon(queue, *arg)
                 elif op is Op.CLOSE and subscription is not None:
                     _unsubscribe(subscription)
             except BaseException as exc:  # the core decides: thrown into the wait
-                error = exc
+                run.error = exc
+        return run.result
 
     # -- renewal --------------------------------------------------------------------------------
 
@@ -336,11 +331,7 @@ class Lock(LockCore):
         token = self._token
         if token is None:
             return
-        value = await settle(queue.fence(self.keys, self.key, token))
-        if value is None:
-            self._mark_lost("its fencing token was read after it expired or changed owner")
-        elif self._token == token:
-            self._fencing_token = value
+        self._fenced(token, await settle(queue.fence(self.keys, self.key, token)))
 
     async def _abandon(self, queue: SingleNode, member: str, secret: str) -> None:
         """An interrupted wait: leave the queue, releasing a lock handed over meanwhile."""

@@ -9,7 +9,7 @@ lock (:mod:`~celery_redlock._redis.aiolock`) subclass :class:`LockCore` and only
 asks for, in the manner of h11's protocol core, so the two cannot drift apart. The wait
 (:meth:`LockCore._wait`) is a generator of requests (:class:`Op`: attempt, subscribe, receive
 with a timeout, leave the queue...); each driver performs them, one by one, and sends back
-the results (:func:`advance`).
+the results (:class:`Run`).
 
 Errors are classified by meaning, not by a client library's classes: by the class names along
 the exception's MRO and by the reply's prefix, so redis-py and its forks (``valkey``) land on
@@ -36,8 +36,8 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
-from typing import Any, NamedTuple, TypeVar
+from collections.abc import Callable, Generator, Iterator, Sequence
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from ..exceptions import LockContended, LockLost, LockNotOwned, LockUnavailable
 from . import keys as _keys
@@ -151,15 +151,30 @@ def unavailable(exc: BaseException, key: str, names: tuple[str, ...]) -> LockUna
     return LockUnavailable(what, key=key, nodes=names)
 
 
-def wait_refused(exc: BaseException) -> bool:
-    """Whether a queued wait's error means the user may not run the queue's commands."""
-    cause = exc.__cause__ if isinstance(exc, LockUnavailable) else exc
-    text = str(cause)
-    return (
-        "NOPERM" in text
-        or "user executing the script" in text
-        or (cause is not None and "NoPermissionError" in type(cause).__name__)
-    )
+class QueueRules:
+    """Whether blocking waiters queue on a single node, for the thread and the asyncio node."""
+
+    #: Blocking waiters queue here; False once the user was refused the queue's commands.
+    queue_allowed = True
+
+    def queues(self, keys: _keys.LockKeys) -> bool:
+        """Whether blocking waiters of this lock queue (:data:`~._scripts.WAIT`), so that a
+        release wakes one of them: a lock (one slot) whose user may run the queue commands."""
+        return self.queue_allowed and len(keys.slots) == 1
+
+    def queue_refused(self, exc: BaseException) -> bool:
+        """Whether a queued try's error means the user may not run the queue's commands (an
+        ACL written before the queue existed); then waiters stop queueing here."""
+        cause = exc.__cause__ if isinstance(exc, LockUnavailable) else exc
+        text = str(cause)
+        refused = (
+            "NOPERM" in text
+            or "user executing the script" in text
+            or (cause is not None and "NoPermissionError" in type(cause).__name__)
+        )
+        if refused:
+            self.queue_allowed = False
+        return refused
 
 
 def warn_not_notified(key: str, nodes: Sequence[str]) -> None:
@@ -519,6 +534,14 @@ class LockCore:
         if self.auto_renew:
             self._start_renewal()
 
+    def _fenced(self, token: str, value: int | None) -> None:
+        """Take in the fencing token read for ``token`` (``None``: not held any more: lost)."""
+        if value is None:
+            self._mark_lost("its fencing token was read after it expired or changed owner")
+        with self._state:
+            if value is not None and self._token == token and self._fencing_token is None:
+                self._fencing_token = value
+
     # -- the blocking wait: what to ask the driver for, and what its replies mean ---------------
 
     def _wait(self, timeout: float | None) -> Steps[bool]:
@@ -560,26 +583,24 @@ class LockCore:
                 return True
             if deadline is not None and deadline <= self.clock():
                 return False
-            channel, wait = self.keys.channel, None
-            if self.nodes.queues(self.keys):
-                channel = _keys.waiter_channel(self.keys, os.urandom(8).hex())
-                wait = Wait(channel, self._new_token(), self._lease())
-            yield Op.SUBSCRIBE, channel
-            reusable = True
+            wait = None
+            if self.nodes.queues(self.keys):  # on a channel of its own
+                wait = Wait(self.keys, self._new_token(), self._lease())
+            yield Op.SUBSCRIBE, self.keys.channel if wait is None else wait.channel
+            reusable: bool | None = True
             try:
                 subscribed = False
                 while True:
                     sleep = 1.0  # until the subscription is confirmed, or a key without expiry
                     if subscribed:
                         if wait is None:
-                            if (yield Op.ATTEMPT, None):
-                                return True
+                            won = yield Op.ATTEMPT, None
                         else:
                             won = yield from self._queued_attempt(wait)
-                            if won is None:  # the queue was refused: use the release channel
-                                break
-                            if won:
-                                return True
+                        if won is None:  # the queue was refused: use the release channel
+                            break
+                        if won:
+                            return True
                         holder_ttl = yield Op.HOLDER_TTL, None
                         if holder_ttl is not None:
                             sleep = holder_ttl
@@ -601,6 +622,9 @@ class LockCore:
                 if wait is not None and (yield from self._leave(wait, quietly=True)):
                     return True
                 continue
+            except GeneratorExit:  # closed by its driver, which performs nothing more
+                reusable = None
+                raise
             except BaseException:
                 reusable = False
                 if wait is not None:  # give back a lock handed over meanwhile
@@ -609,7 +633,8 @@ class LockCore:
             finally:
                 # A queued wait that ends normally left the queue (a script removed this
                 # waiter, or never queued it): nothing is published on its own channel again.
-                yield Op.CLOSE, reusable and wait is not None
+                if reusable is not None:
+                    yield Op.CLOSE, reusable and wait is not None
 
     def _queued_attempt(self, wait: Wait) -> Steps[bool | None]:
         """A queued waiter's try (``None``: the queue was refused)."""
@@ -735,7 +760,7 @@ class LockCore:
 
 class Op(enum.Enum):
     """A request of the blocking wait (:meth:`LockCore._wait`) to its driver, with an argument;
-    the driver sends back the result, or throws in the error it raised (:func:`advance`).
+    the driver sends back the result, or throws in the error it raised (:class:`Run`).
     Each value says what the driver does: the argument, then the result."""
 
     ATTEMPT = "one try (the driver's _attempt()): whether it holds the lock now"
@@ -759,21 +784,34 @@ T = TypeVar("T")
 Steps = Generator[tuple[Op, Any], Any, T]
 
 
-def advance(steps: Steps[T], reply: Any, error: BaseException | None) -> tuple[Op | None, Any]:
-    """Send ``steps`` the last request's ``reply`` (or throw in its ``error``): its next
-    request, or ``(None, result)`` when it is done."""
-    try:
-        return steps.throw(error) if error is not None else steps.send(reply)
-    except StopIteration as stop:
-        return None, stop.value
+class Run(Generic[T]):
+    """A driver's view of ``steps``: iterate for its requests, set :attr:`reply` (or
+    :attr:`error`, thrown into ``steps``) before the next; :attr:`result` once it is done."""
+
+    result: T
+    reply: Any = None
+    error: BaseException | None = None
+
+    def __init__(self, steps: Steps[T]) -> None:
+        self.steps = steps
+
+    def __iter__(self) -> Iterator[tuple[Op, Any]]:
+        while True:
+            reply, error, self.reply, self.error = self.reply, self.error, None, None
+            try:
+                request = self.steps.throw(error) if error is not None else self.steps.send(reply)
+            except StopIteration as stop:
+                self.result = stop.value
+                return
+            yield request
 
 
 class Wait:
     """One blocking wait in a lock's waiter queue: its channel, and the owner token and ttl a
     release hands the lock over with (:func:`~celery_redlock._redis.scripts.queue_member`)."""
 
-    def __init__(self, channel: str, token: str, ttl: float) -> None:
-        self.channel = channel
+    def __init__(self, keys: _keys.LockKeys, token: str, ttl: float) -> None:
+        self.channel = channel = _keys.waiter_channel(keys, os.urandom(8).hex())
         self.ttl = ttl
         self.secret = token.partition(_owner.SEPARATOR)[0]
         self.member = queue_member(channel, token, ms(ttl))

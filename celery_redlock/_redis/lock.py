@@ -50,7 +50,7 @@ from . import keys as _keys
 from . import owner as _owner
 from . import renewal as _renewal
 from . import subscriptions as _subscriptions
-from .core import SUBSCRIBED, Clock, Extended, LockCore, Op, advance, ms
+from .core import SUBSCRIBED, Clock, Extended, LockCore, Op, Run, ms
 from .nodes import Nodes, SingleNode, Target, nodes_for
 from .scripts import AcquireResult
 
@@ -106,12 +106,7 @@ class Lock(LockCore):
         """
         token = self._token
         if self._fencing_token is None and token is not None and not self._lost:
-            value = self.nodes.fence(self.keys, self.key, token)
-            if value is None:
-                self._mark_lost("its fencing token was read after it expired or changed owner")
-            with self._state:
-                if value is not None and self._token == token and self._fencing_token is None:
-                    self._fencing_token = value
+            self._fenced(token, self.nodes.fence(self.keys, self.key, token))
         return self._fencing_token
 
     @property
@@ -208,25 +203,19 @@ class Lock(LockCore):
         (:meth:`~.core.LockCore._wait`), sent from this thread. It listens on a ``PubSub`` of its
         own, blocked in a socket read; one whose wait ended normally serves the next wait of
         the process (:mod:`~celery_redlock._redis.subscriptions`)."""
-        steps = self._wait(timeout)
-        reply: Any = None
-        error: BaseException | None = None
+        run = Run(self._wait(timeout))
         queue = cast(SingleNode, self.nodes)  # asked for queue operations only if it queues
         client: Any = None
         pubsub: Any = None
         channel = ""
-        while True:
-            op, arg = advance(steps, reply, error)
-            if op is None:
-                return bool(arg)
-            reply, error = None, None
+        for op, arg in run:
             try:
                 if op is Op.ATTEMPT:
-                    reply = self._attempt()
+                    run.reply = self._attempt()
                 elif op is Op.QUEUED:
-                    reply = queue.wait_attempt(self.keys, *arg)
+                    run.reply = queue.wait_attempt(self.keys, *arg)
                 elif op is Op.HOLDER_TTL:
-                    reply = self.last_holder_ttl
+                    run.reply = self.last_holder_ttl
                 elif op is Op.SUBSCRIBE:
                     channel, client = arg, self.nodes.pubsub_client()
                     pubsub = _subscriptions.subscribe(client, channel)
@@ -235,22 +224,22 @@ class Lock(LockCore):
                     # Messages of other channels are left over from this connection's last wait.
                     if message is not None and _subscriptions.on(message, channel):
                         confirmed = message["type"] == "subscribe"
-                        reply = SUBSCRIBED if confirmed else message["data"]
+                        run.reply = SUBSCRIBED if confirmed else message["data"]
                 elif op is Op.EXTEND:
-                    reply = self.do_extend(*arg)
+                    run.reply = self.do_extend(*arg)
                 elif op is Op.LEAVE:
-                    reply = queue.leave(self.keys, *arg)
+                    run.reply = queue.leave(self.keys, *arg)
                 elif op is Op.ABANDON:
                     with contextlib.suppress(Exception):
                         held = queue.leave(self.keys, *arg)
                         if held is not None:
                             self.do_release(held)
-                elif op is Op.CLOSE and arg:
-                    _subscriptions.set_aside(client, pubsub)
                 elif op is Op.CLOSE:
-                    pubsub.close()
+                    _subscriptions.set_aside(client, pubsub, reusable=arg)
+                # Op.FENCE: nothing now; fencing_token reads it on first use.
             except BaseException as exc:  # the core decides: thrown into the wait
-                error = exc
+                run.error = exc
+        return run.result
 
     # -- renewal --------------------------------------------------------------------------------
 
