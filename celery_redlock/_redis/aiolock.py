@@ -251,8 +251,8 @@ class Lock(LockCore):
                     run.reply = await subscription[1].get(arg)
                 elif op is Op.EXTEND:
                     run.reply = await settle(self.do_extend(*arg))
-                elif op is Op.FENCE:
-                    await self._read_fence(queue)
+                elif op is Op.FENCE:  # a property cannot await: read it now
+                    self._fenced(arg, await settle(queue.fence(self.keys, self.key, arg)))
                 elif op is Op.LEAVE:
                     run.reply = await settle(queue.leave(self.keys, *arg))
                 elif op is Op.ABANDON:
@@ -324,14 +324,6 @@ class Lock(LockCore):
         except asyncio.CancelledError:
             await self._give_back(token)
             raise
-
-    async def _read_fence(self, queue: SingleNode) -> None:
-        """A lock taken through the queue has no fencing token yet: read it now (a property
-        cannot await, unlike the thread lock's, which reads it on first use)."""
-        token = self._token
-        if token is None:
-            return
-        self._fenced(token, await settle(queue.fence(self.keys, self.key, token)))
 
     async def _abandon(self, queue: SingleNode, member: str, secret: str) -> None:
         """An interrupted wait: leave the queue, releasing a lock handed over meanwhile."""

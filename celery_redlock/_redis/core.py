@@ -649,7 +649,7 @@ class LockCore:
             return False
         if reply.held == token:  # taken now
             self._hold(token, start, wait.ttl)
-            yield Op.FENCE, None
+            yield Op.FENCE, token
             return True
         return (yield from self._handed(wait, reply.held))  # handed over before this try
 
@@ -667,7 +667,7 @@ class LockCore:
             if not (yield Op.EXTEND, (token, wait.ttl)).held:
                 return False
         self._hold(token, since, wait.ttl)
-        yield Op.FENCE, None
+        yield Op.FENCE, token
         return True
 
     def _leave(self, wait: Wait, quietly: bool = False) -> Steps[bool]:
@@ -769,7 +769,7 @@ class Op(enum.Enum):
     SUBSCRIBE = "channel: open a subscription to it (RECEIVE returns its confirmation)"
     RECEIVE = "timeout: SUBSCRIBED, a message's data on the channel, or None after timeout s"
     EXTEND = "(token, ttl): the driver's do_extend"
-    FENCE = "the lock was taken without a fencing token: read it (now, or on first use)"
+    FENCE = "token: the lock was taken without a fencing token; read it (now, or on first use)"
     LEAVE = "(member, secret): the node's leave; the token of a lock handed over, or None"
     ABANDON = "(member, secret): leave, errors aside, and release a lock handed over meanwhile"
     CLOSE = "reusable: the wait on the subscription ended; keep it for the next wait or close it"

@@ -93,7 +93,7 @@ def test_a_waiter_whose_deadline_passes_after_the_handoff_leaves_holding_the_loc
     member, secret = past_deadline(driver)
     assert member.startswith("10000:")  # the lease, then the channel
     handed = f"{secret}{SEPARATOR}handed"
-    assert driver.next(handed) == (Op.FENCE, None)  # taken without a fencing token
+    assert driver.next(handed) == (Op.FENCE, handed)  # taken without a fencing token
     assert driver.next() == (Op.CLOSE, True)  # it left the queue: the connection serves again
     assert driver.next() == (None, True)
     assert core.token == handed and core.held  # its lease counts from its last try
@@ -117,7 +117,7 @@ def test_a_lock_handed_over_more_than_half_a_lease_ago_is_extended_first() -> No
     clock.now += 6  # the message is read more than half the 10 s lease after the last try
     handed = f"{driver.secret}{SEPARATOR}handed"
     assert driver.next(handed) == (Op.EXTEND, (handed, 10.0))
-    assert driver.next(Extended(True, True)) == (Op.FENCE, None)
+    assert driver.next(Extended(True, True)) == (Op.FENCE, handed)
     assert driver.next() == (Op.CLOSE, True)
     assert driver.next() == (None, True) and core.held
 
