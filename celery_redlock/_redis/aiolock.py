@@ -16,19 +16,16 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
 import sys
 import weakref
 from collections.abc import Awaitable, Callable
-from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from ..exceptions import LockContended, LockLost, LockUnavailable
-from . import keys as _keys
+from ..exceptions import LockLost
 from .aionodes import Nodes, SingleNode, nodes_for
-from .core import Extended, LockCore, Outcome, Wait, classify, ms
+from .core import SUBSCRIBED, Extended, LockCore, Op, Run, ms
 from .nodes import Target
-from .scripts import AcquireResult
+from .scripts import AcquireResult, WaitReply
 from .subscriptions import hub_for
 
 __all__ = ["Lock"]
@@ -202,18 +199,10 @@ class Lock(LockCore):
 
     async def __aenter__(self) -> Lock:
         if not await self.acquire():
-            holder = self.last_holder.task_id if self.last_holder else None
-            raise LockContended(
-                self._contended_message(), key=self.key, holder=holder, ttl=self.last_holder_ttl
-            )
+            raise self._contended(self.last_holder_ttl)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, *exc: object) -> None:
         if self._token is None:
             return
         with contextlib.suppress(LockLost):
@@ -234,70 +223,45 @@ class Lock(LockCore):
         return await self.nodes.extend(self.keys, token, ms(ttl))
 
     async def do_wait(self, timeout: float | None) -> bool:
-        """Blocking acquire (hazard 4): queue on a single node and be handed the lock, or, on a
-        quorum or a semaphore, retry on each release notification or holder expiry.
-
-        The waiter's channel is subscribed and confirmed before each try, so a release after
-        it is never missed; between tries the task awaits its inbox, a plain future (no
-        polling, and a cancellation always lands). If the subscription breaks, the waiter
-        leaves the queue (taking a handoff that came meanwhile) and subscribes again (to
-        another node of a quorum); a single node that is down raises
-        :class:`LockUnavailable` from the next attempt.
-        """
-        deadline = None if timeout is None else self.clock() + timeout
-        while True:
-            if await self._attempt():
-                return True
-            if deadline is not None and deadline <= self.clock():
-                return False
-            nodes = self.nodes
-            queue = nodes if isinstance(nodes, SingleNode) and nodes.queues(self.keys) else None
-            channel = self.keys.channel
-            wait = None
-            if queue is not None:
-                channel = _keys.waiter_channel(self.keys, os.urandom(8).hex())
-                wait = Wait(channel, self._new_token(), self._lease())
-            hub = hub_for(await settle(nodes.pubsub_client()))
-            subscription = None
+        """Blocking acquire (hazard 4): the requests of the core's wait
+        (:meth:`~.core.LockCore._wait`), awaited, each call settled (hazard 6). The channel is
+        subscribed through the loop's :class:`~celery_redlock._redis.subscriptions.Hub`;
+        between tries the task awaits its inbox, a plain future (no polling, and a
+        cancellation always lands)."""
+        run = Run(self._wait(timeout))
+        queue = cast(SingleNode, self.nodes)  # asked for queue operations only if it queues
+        hub: Any = None
+        channel = ""
+        subscription: Any = None
+        for op, arg in run:
             try:
-                subscription = await settle(hub.subscribe(channel), _unsubscribe)
-                inbox = subscription[1]
-                while True:
-                    if queue is None or wait is None:
-                        if await self._attempt():
-                            return True
-                    else:
-                        won = await self._queued_attempt(queue, wait)
-                        if won is None:  # the queue was refused: use the release channel
-                            break
-                        if won:
-                            return True
-                    sleep = 1.0 if self._holder_ttl is None else self._holder_ttl
-                    if deadline is not None:
-                        left = deadline - self.clock()
-                        if left <= 0:
-                            return wait is not None and await self._leave(queue, wait)
-                        sleep = min(sleep, left)
-                    data = await inbox.get(max(sleep, 0.001))
-                    if data is None or wait is None or queue is None:
-                        continue
-                    if await self._handed(wait, data, queue):
-                        return True
-            except Exception as exc:
-                if isinstance(exc, LockUnavailable) or classify(exc) is not Outcome.UNAVAILABLE:
-                    raise
-                # The channel is gone; a handoff may have come before: take it, or wait anew.
-                if wait is not None and await self._leave(queue, wait, quietly=True):
-                    return True
-                continue
-            except BaseException:
-                # Cancelled: give back a lock handed over meanwhile.
-                if wait is not None:
-                    await self._abandon(queue, wait)
-                raise
-            finally:
-                if subscription is not None:
-                    subscription[0].remove(subscription[1])
+                if op is Op.ATTEMPT:
+                    run.reply = await self._attempt()
+                elif op is Op.QUEUED:
+                    run.reply = await self._wait_attempt(queue, *arg)
+                elif op is Op.HOLDER_TTL:
+                    run.reply = self._holder_ttl
+                elif op is Op.SUBSCRIBE:
+                    channel, subscription = arg, None
+                    hub = hub_for(await settle(self.nodes.pubsub_client()))
+                elif op is Op.RECEIVE and subscription is None:
+                    subscription = await settle(hub.subscribe(channel), _unsubscribe)
+                    run.reply = SUBSCRIBED
+                elif op is Op.RECEIVE:
+                    run.reply = await subscription[1].get(arg)
+                elif op is Op.EXTEND:
+                    run.reply = await settle(self.do_extend(*arg))
+                elif op is Op.FENCE:  # a property cannot await: read it now
+                    self._fenced(arg, await settle(queue.fence(self.keys, self.key, arg)))
+                elif op is Op.LEAVE:
+                    run.reply = await settle(queue.leave(self.keys, *arg))
+                elif op is Op.ABANDON:
+                    await self._abandon(queue, *arg)
+                elif op is Op.CLOSE and subscription is not None:
+                    _unsubscribe(subscription)
+            except BaseException as exc:  # the core decides: thrown into the wait
+                run.error = exc
+        return run.result
 
     # -- renewal --------------------------------------------------------------------------------
 
@@ -348,75 +312,23 @@ class Lock(LockCore):
             raise
         return self._result(token, start, ttl, result)
 
-    async def _queued_attempt(self, queue: SingleNode, wait: Wait) -> bool | None:
-        """A queued waiter's try (``None``: the queue was refused)."""
-        token = self._new_token()
-        start = self.clock()
+    async def _wait_attempt(
+        self, queue: SingleNode, token: str, ttl_ms: int, member: str, secret: str
+    ) -> WaitReply | None:
+        """A queued waiter's try; cancelled, it gives back what the try may have taken."""
         try:
-            reply = await settle(
-                queue.wait_attempt(self.keys, token, ms(wait.ttl), wait.member, wait.secret),
-                lambda _: self._abandon(queue, wait),
+            return await settle(
+                queue.wait_attempt(self.keys, token, ttl_ms, member, secret),
+                lambda _: self._abandon(queue, member, secret),
             )
         except asyncio.CancelledError:
             await self._give_back(token)
             raise
-        if reply is None:
-            return None
-        if reply.held is None:
-            wait.tried_at = start
-            self._saw(reply.holder, reply.pttl_ms)
-            return False
-        if reply.held == token:  # taken now
-            self._hold(token, start, wait.ttl)
-            await self._read_fence(queue)
-            return True
-        return await self._handed(wait, reply.held, queue)  # handed over before this try
 
-    async def _handed(self, wait: Wait, data: Any, queue: SingleNode) -> bool:
-        """Whether ``data`` handed the lock to this waiter (then held), as the thread lock's."""
-        handoff = self._handoff(wait, data)
-        if handoff is None:
-            return False
-        token, since = handoff
-        if since < 0:
-            since = self.clock()
-            if not (await settle(self.do_extend(token, wait.ttl))).held:
-                return False
-        self._hold(token, since, wait.ttl)
-        await self._read_fence(queue)
-        return True
-
-    async def _read_fence(self, queue: SingleNode) -> None:
-        """A lock taken through the queue has no fencing token yet: read it now (a property
-        cannot await, unlike the thread lock's, which reads it on first use)."""
-        token = self._token
-        if token is None:
-            return
-        value = await settle(queue.fence(self.keys, self.key, token))
-        if value is None:
-            self._mark_lost("its fencing token was read after it expired or changed owner")
-        elif self._token == token:
-            self._fencing_token = value
-
-    async def _leave(self, queue: SingleNode | None, wait: Wait, quietly: bool = False) -> bool:
-        """Leave the queue; True if the lock was handed over meanwhile (then held).
-        ``quietly``: Redis errors mean False."""
-        if queue is None:
-            return False
-        try:
-            held = await settle(queue.leave(self.keys, wait.member, wait.secret))
-        except Exception as exc:
-            if not quietly or classify(exc) is None:
-                raise
-            return False
-        return held is not None and await self._handed(wait, held, queue)
-
-    async def _abandon(self, queue: SingleNode | None, wait: Wait) -> None:
+    async def _abandon(self, queue: SingleNode, member: str, secret: str) -> None:
         """An interrupted wait: leave the queue, releasing a lock handed over meanwhile."""
-        if queue is None:
-            return
         with contextlib.suppress(Exception):
-            held = await finish(queue.leave(self.keys, wait.member, wait.secret))
+            held = await finish(queue.leave(self.keys, member, secret))
             if held is not None:
                 await self._give_back(held)
 
@@ -430,7 +342,7 @@ class Lock(LockCore):
 
 
 def _unsubscribe(subscription: tuple[Any, Any]) -> None:
-    """A subscription made after its waiter was cancelled: drop its inbox."""
+    """Drop the inbox of a wait's subscription (also one made after its waiter was cancelled)."""
     subscription[0].remove(subscription[1])
 
 

@@ -43,6 +43,7 @@ from .clients import node_name, redact
 from .core import (
     Extended,
     Outcome,
+    QueueRules,
     QuorumRules,
     Replies,
     classify,
@@ -50,7 +51,6 @@ from .core import (
     majority,
     released,
     unavailable,
-    wait_refused,
 )
 from .keys import LockKeys
 from .nodes import QUORUM_NODE_TIMEOUT, Call, is_cluster
@@ -174,14 +174,12 @@ def _url_name(url: str) -> str:
     return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
 
 
-class SingleNode:
+class SingleNode(QueueRules):
     """An asyncio lock on one Redis deployment."""
 
     def __init__(self, node: Node) -> None:
         self.node = node
         self.names = (node.name,)
-        #: Blocking waiters queue here; False once the user was refused the queue's commands.
-        self.queue_allowed = True
 
     async def _guarded(self, key: str, aw: Awaitable[T]) -> T:
         """``await aw``; no answer, or a refusal (``OOM``, ``NOPERM``...), as LockUnavailable
@@ -201,10 +199,6 @@ class SingleNode:
         """A release hands the lock to the first queued waiter, except on a Cluster."""
         return not is_cluster(self.node.client())
 
-    def queues(self, keys: LockKeys) -> bool:
-        """Whether blocking waiters of this lock queue (see the thread lock's node)."""
-        return self.queue_allowed and len(keys.slots) == 1
-
     async def acquire(self, keys: LockKeys, token: str, ttl_ms: int) -> AcquireResult:
         call = _scripts.acquire_call(keys, token, ttl_ms, single=True)
         return _scripts.decode_acquire(await self._run(_scripts.ACQUIRE, call, keys.lock))
@@ -218,9 +212,8 @@ class SingleNode:
         try:
             reply = await self._run(_scripts.WAIT, call, keys.lock)
         except Exception as exc:
-            if not wait_refused(exc):
+            if not self.queue_refused(exc):
                 raise
-            self.queue_allowed = False
             return None
         return _scripts.decode_wait(reply)
 

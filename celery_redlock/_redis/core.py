@@ -2,11 +2,14 @@
 
 :class:`LockCore` holds a lock's state and makes every decision about it: the lease arithmetic
 on the injected clock, :attr:`~LockCore.held` and :attr:`~LockCore.lost`, the renewal policy
-(what is retried, when, and the delay), and what a reply means. :func:`classify` is the one
-place where a Redis error becomes an outcome; :func:`count_votes` is the one Redlock rule. The
-thread lock (:mod:`~celery_redlock._redis.lock`) and the asyncio lock
-(:mod:`~celery_redlock._redis.aiolock`) subclass :class:`LockCore` and only send what it asks
-for, in the manner of h11's protocol core, so the two cannot drift apart.
+(what is retried, when, and the delay), the blocking wait, and what a reply means.
+:func:`classify` is the one place where a Redis error becomes an outcome; :func:`count_votes`
+is the one Redlock rule. The thread lock (:mod:`~celery_redlock._redis.lock`) and the asyncio
+lock (:mod:`~celery_redlock._redis.aiolock`) subclass :class:`LockCore` and only send what it
+asks for, in the manner of h11's protocol core, so the two cannot drift apart. The wait
+(:meth:`LockCore._wait`) is a generator of requests (:class:`Op`: attempt, subscribe, receive
+with a timeout, leave the queue...); each driver performs them, one by one, and sends back
+the results (:class:`Run`).
 
 Errors are classified by meaning, not by a client library's classes: by the class names along
 the exception's MRO and by the reply's prefix, so redis-py and its forks (``valkey``) land on
@@ -29,13 +32,14 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Generator, Iterator, Sequence
+from typing import Any, Generic, NamedTuple, TypeVar
 
-from ..exceptions import LockLost, LockNotOwned, LockUnavailable
+from ..exceptions import LockContended, LockLost, LockNotOwned, LockUnavailable
 from . import keys as _keys
 from . import owner as _owner
 from .scripts import RELEASED_NOT_NOTIFIED, AcquireResult, decode_acquire, queue_member
@@ -147,15 +151,30 @@ def unavailable(exc: BaseException, key: str, names: tuple[str, ...]) -> LockUna
     return LockUnavailable(what, key=key, nodes=names)
 
 
-def wait_refused(exc: BaseException) -> bool:
-    """Whether a queued wait's error means the user may not run the queue's commands."""
-    cause = exc.__cause__ if isinstance(exc, LockUnavailable) else exc
-    text = str(cause)
-    return (
-        "NOPERM" in text
-        or "user executing the script" in text
-        or (cause is not None and "NoPermissionError" in type(cause).__name__)
-    )
+class QueueRules:
+    """Whether blocking waiters queue on a single node, for the thread and the asyncio node."""
+
+    #: Blocking waiters queue here; False once the user was refused the queue's commands.
+    queue_allowed = True
+
+    def queues(self, keys: _keys.LockKeys) -> bool:
+        """Whether blocking waiters of this lock queue (:data:`~._scripts.WAIT`), so that a
+        release wakes one of them: a lock (one slot) whose user may run the queue commands."""
+        return self.queue_allowed and len(keys.slots) == 1
+
+    def queue_refused(self, exc: BaseException) -> bool:
+        """Whether a queued try's error means the user may not run the queue's commands (an
+        ACL written before the queue existed); then waiters stop queueing here."""
+        cause = exc.__cause__ if isinstance(exc, LockUnavailable) else exc
+        text = str(cause)
+        refused = (
+            "NOPERM" in text
+            or "user executing the script" in text
+            or (cause is not None and "NoPermissionError" in type(cause).__name__)
+        )
+        if refused:
+            self.queue_allowed = False
+        return refused
 
 
 def warn_not_notified(key: str, nodes: Sequence[str]) -> None:
@@ -291,6 +310,10 @@ class QuorumRules:
     def pttl(self, values: list[int]) -> int:
         """Time until fewer than a majority of nodes hold a key (negative: not held)."""
         return sorted(values, reverse=True)[self.quorum - 1]
+
+    def queues(self, keys: _keys.LockKeys) -> bool:
+        """Blocking waiters of a quorum never queue: they wait on the release channel."""
+        return False
 
 
 # -- the lock's state and its decisions ----------------------------------------------------------
@@ -467,8 +490,12 @@ class LockCore:
             raise LockLost(f"lock {self.key} was lost before extend", key=self.key)
         self._expires_at = start + ttl
 
-    def _contended_message(self) -> str:
-        return f"could not acquire {self.key} within {self.timeout}s"
+    def _contended(self, ttl: float | None) -> LockContended:
+        """What the context manager raises when it could not acquire in time (``ttl``: the
+        holder's, :attr:`last_holder_ttl`)."""
+        holder = self.last_holder.task_id if self.last_holder else None
+        message = f"could not acquire {self.key} within {self.timeout}s"
+        return LockContended(message, key=self.key, holder=holder, ttl=ttl)
 
     # -- acquisition ------------------------------------------------------------------------------
 
@@ -507,16 +534,152 @@ class LockCore:
         if self.auto_renew:
             self._start_renewal()
 
-    def _handoff(self, wait: Wait, data: Any) -> tuple[str, float] | None:
-        """A message on a queued waiter's channel: ``(token, since)`` if it handed the lock to
-        the waiter, whose lease counts from ``since`` (its last try began before the handoff);
-        ``since`` is ``-1`` when more than half a lease passed: extend before counting on it."""
-        token = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
-        if not token.startswith(wait.secret + _owner.SEPARATOR):
+    def _fenced(self, token: str, value: int | None) -> None:
+        """Take in the fencing token read for ``token`` (``None``: not held any more: lost)."""
+        if value is None:
+            self._mark_lost("its fencing token was read after it expired or changed owner")
+        with self._state:
+            if value is not None and self._token == token and self._fencing_token is None:
+                self._fencing_token = value
+
+    # -- the blocking wait: what to ask the driver for, and what its replies mean ---------------
+
+    def _wait(self, timeout: float | None) -> Steps[bool]:
+        """Blocking acquire: retry on each release notification or holder expiry (hazard 4 of
+        :mod:`~celery_redlock._redis.lock`); a generator of the driver's requests (:class:`Op`).
+
+        The waiter subscribes to a release channel and waits for the server's confirmation
+        before it tries, so a release after that try is never missed. Then it blocks, never
+        polling, until a notification arrives, the holder's TTL ends (a holder that dies
+        without releasing publishes nothing) or the deadline passes.
+
+        On a single node, the waiters of a lock queue (:data:`~._scripts.WAIT`), each on a
+        channel of its own, and a release hands the lock straight to the first of them: the
+        key goes from the old holder's token to the waiter's in one script, never free, and the
+        waiter learns it from its channel, with no round trip of its own. The other waiters
+        sleep on. (On a Cluster the first waiter is only woken, and tries.) A handoff is never
+        lost to a waiter that gives up:
+
+        1. W1 and W2 are queued; A releases, which hands the lock to W1 and publishes it;
+        2. W1's deadline passes before it reads the message;
+        3. W1 leaves (:data:`~._scripts.LEAVE`), which finds it holding the lock: W1 returns
+           True, holding it (and W2's turn comes with W1's release).
+
+        A waiter handed the lock counts its lease from before its last try, the latest moment
+        it knows the handoff had not yet happened; if that was more than half a lease ago, it
+        extends the lock first. A waiter that dies after being handed the lock holds it until
+        the lease ends, like any holder that dies. A semaphore, a quorum, or an ACL user
+        without the queue's commands waits on the lock's shared release channel instead: a
+        release wakes every waiter, each tries once, one wins. If the node carrying the
+        notifications stops answering, the waiter leaves the queue (taking a handoff that came
+        meanwhile) and subscribes again (to another node of a quorum); a single node that is
+        down raises :class:`LockUnavailable` from the next attempt. An interrupted wait
+        (``SystemExit`` from a revoke or time limit, ``KeyboardInterrupt``, a cancelled task)
+        gives back a lock handed over meanwhile, or it would sit out its lease unused.
+        """
+        deadline = None if timeout is None else self.clock() + timeout
+        while True:
+            if (yield Op.ATTEMPT, None):
+                return True
+            if deadline is not None and deadline <= self.clock():
+                return False
+            wait = None
+            if self.nodes.queues(self.keys):  # on a channel of its own
+                wait = Wait(self.keys, self._new_token(), self._lease())
+            yield Op.SUBSCRIBE, self.keys.channel if wait is None else wait.channel
+            reusable: bool | None = True
+            try:
+                subscribed = False
+                while True:
+                    sleep = 1.0  # until the subscription is confirmed, or a key without expiry
+                    if subscribed:
+                        if wait is None:
+                            won = yield Op.ATTEMPT, None
+                        else:
+                            won = yield from self._queued_attempt(wait)
+                        if won is None:  # the queue was refused: use the release channel
+                            break
+                        if won:
+                            return True
+                        holder_ttl = yield Op.HOLDER_TTL, None
+                        if holder_ttl is not None:
+                            sleep = holder_ttl
+                    if deadline is not None:
+                        left = deadline - self.clock()
+                        if left <= 0:
+                            return wait is not None and (yield from self._leave(wait))
+                        sleep = min(sleep, left)
+                    data = yield Op.RECEIVE, max(sleep, 0.001)
+                    if data is SUBSCRIBED:
+                        subscribed = True
+                    elif wait is not None and (yield from self._handed(wait, data)):
+                        return True
+            except Exception as exc:
+                if isinstance(exc, LockUnavailable) or classify(exc) is not Outcome.UNAVAILABLE:
+                    raise
+                reusable = False
+                # The channel is gone; a handoff may have come before: take it, or wait anew.
+                if wait is not None and (yield from self._leave(wait, quietly=True)):
+                    return True
+                continue
+            except GeneratorExit:  # closed by its driver, which performs nothing more
+                reusable = None
+                raise
+            except BaseException:
+                reusable = False
+                if wait is not None:  # give back a lock handed over meanwhile
+                    yield Op.ABANDON, (wait.member, wait.secret)
+                raise
+            finally:
+                # A queued wait that ends normally left the queue (a script removed this
+                # waiter, or never queued it): nothing is published on its own channel again.
+                if reusable is not None:
+                    yield Op.CLOSE, reusable and wait is not None
+
+    def _queued_attempt(self, wait: Wait) -> Steps[bool | None]:
+        """A queued waiter's try (``None``: the queue was refused)."""
+        token = self._new_token()
+        start = self.clock()
+        reply = yield Op.QUEUED, (token, ms(wait.ttl), wait.member, wait.secret)
+        if reply is None:
             return None
-        if self.clock() - wait.tried_at > wait.ttl / 2:
-            return token, -1.0
-        return token, wait.tried_at
+        if reply.held is None:
+            wait.tried_at = start
+            self._saw(reply.holder, reply.pttl_ms)
+            return False
+        if reply.held == token:  # taken now
+            self._hold(token, start, wait.ttl)
+            yield Op.FENCE, token
+            return True
+        return (yield from self._handed(wait, reply.held))  # handed over before this try
+
+    def _handed(self, wait: Wait, data: Any) -> Steps[bool]:
+        """Whether ``data``, a message on the waiter's channel (``None``: none came), handed
+        the lock to it (then held). Its lease counts from its last try, which began before the
+        handoff; after more than half a lease it extends first, and a lock no longer ours once
+        extended (the lease ended before the waiter read the message) waits on."""
+        token = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+        if data is None or not token.startswith(wait.secret + _owner.SEPARATOR):
+            return False
+        since = wait.tried_at
+        if self.clock() - since > wait.ttl / 2:
+            since = self.clock()
+            if not (yield Op.EXTEND, (token, wait.ttl)).held:
+                return False
+        self._hold(token, since, wait.ttl)
+        yield Op.FENCE, token
+        return True
+
+    def _leave(self, wait: Wait, quietly: bool = False) -> Steps[bool]:
+        """Leave the queue (the deadline passed, or the channel broke); True if the lock was
+        handed over meanwhile (then held). ``quietly``: Redis errors mean False."""
+        try:
+            held = yield Op.LEAVE, (wait.member, wait.secret)
+        except Exception as exc:
+            if not quietly or classify(exc) is None:
+                raise
+            return False
+        return held is not None and (yield from self._handed(wait, held))
 
     def _mark_lost(self, reason: str) -> None:
         with self._state:
@@ -595,12 +758,60 @@ class LockCore:
         return self.ttl / 3
 
 
+class Op(enum.Enum):
+    """A request of the blocking wait (:meth:`LockCore._wait`) to its driver, with an argument;
+    the driver sends back the result, or throws in the error it raised (:class:`Run`).
+    Each value says what the driver does: the argument, then the result."""
+
+    ATTEMPT = "one try (the driver's _attempt()): whether it holds the lock now"
+    QUEUED = "(token, ttl_ms, member, secret): the node's wait_attempt reply"
+    HOLDER_TTL = "the TTL in seconds of the holder the last try saw (None: unknown)"
+    SUBSCRIBE = "channel: open a subscription to it (RECEIVE returns its confirmation)"
+    RECEIVE = "timeout: SUBSCRIBED, a message's data on the channel, or None after timeout s"
+    EXTEND = "(token, ttl): the driver's do_extend"
+    FENCE = "token: the lock was taken without a fencing token; read it (now, or on first use)"
+    LEAVE = "(member, secret): the node's leave; the token of a lock handed over, or None"
+    ABANDON = "(member, secret): leave, errors aside, and release a lock handed over meanwhile"
+    CLOSE = "reusable: the wait on the subscription ended; keep it for the next wait or close it"
+
+
+#: What :attr:`Op.RECEIVE` returns once the server confirmed the subscription.
+SUBSCRIBED: Any = object()
+
+T = TypeVar("T")
+
+#: A decision that asks its driver for I/O: ``(op, argument)`` requests, returning a ``T``.
+Steps = Generator[tuple[Op, Any], Any, T]
+
+
+class Run(Generic[T]):
+    """A driver's view of ``steps``: iterate for its requests, set :attr:`reply` (or
+    :attr:`error`, thrown into ``steps``) before the next; :attr:`result` once it is done."""
+
+    result: T
+    reply: Any = None
+    error: BaseException | None = None
+
+    def __init__(self, steps: Steps[T]) -> None:
+        self.steps = steps
+
+    def __iter__(self) -> Iterator[tuple[Op, Any]]:
+        while True:
+            reply, error, self.reply, self.error = self.reply, self.error, None, None
+            try:
+                request = self.steps.throw(error) if error is not None else self.steps.send(reply)
+            except StopIteration as stop:
+                self.result = stop.value
+                return
+            yield request
+
+
 class Wait:
     """One blocking wait in a lock's waiter queue: its channel, and the owner token and ttl a
     release hands the lock over with (:func:`~celery_redlock._redis.scripts.queue_member`)."""
 
-    def __init__(self, channel: str, token: str, ttl: float) -> None:
-        self.channel = channel
+    def __init__(self, keys: _keys.LockKeys, token: str, ttl: float) -> None:
+        self.channel = channel = _keys.waiter_channel(keys, os.urandom(8).hex())
         self.ttl = ttl
         self.secret = token.partition(_owner.SEPARATOR)[0]
         self.member = queue_member(channel, token, ms(ttl))

@@ -41,18 +41,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import threading
 from collections.abc import Callable
-from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
-from ..exceptions import LockContended, LockLost, LockUnavailable
+from ..exceptions import LockLost
 from . import keys as _keys
 from . import owner as _owner
 from . import renewal as _renewal
 from . import subscriptions as _subscriptions
-from .core import Clock, Extended, LockCore, Outcome, Wait, classify, ms
+from .core import SUBSCRIBED, Clock, Extended, LockCore, Op, Run, ms
 from .nodes import Nodes, SingleNode, Target, nodes_for
 from .scripts import AcquireResult
 
@@ -108,12 +106,7 @@ class Lock(LockCore):
         """
         token = self._token
         if self._fencing_token is None and token is not None and not self._lost:
-            value = self.nodes.fence(self.keys, self.key, token)
-            if value is None:
-                self._mark_lost("its fencing token was read after it expired or changed owner")
-            with self._state:
-                if value is not None and self._token == token and self._fencing_token is None:
-                    self._fencing_token = value
+            self._fenced(token, self.nodes.fence(self.keys, self.key, token))
         return self._fencing_token
 
     @property
@@ -181,18 +174,10 @@ class Lock(LockCore):
 
     def __enter__(self) -> Lock:
         if not self.acquire():
-            holder = self.last_holder.task_id if self.last_holder else None
-            raise LockContended(
-                self._contended_message(), key=self.key, holder=holder, ttl=self.last_holder_ttl
-            )
+            raise self._contended(self.last_holder_ttl)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._token is None:
             return
         with contextlib.suppress(LockLost):
@@ -214,101 +199,47 @@ class Lock(LockCore):
         return self.nodes.extend(self.keys, token, ms(ttl))
 
     def do_wait(self, timeout: float | None) -> bool:
-        """Blocking acquire: retry on each release notification or holder expiry.
-
-        The waiter subscribes to a release channel and waits for the server's confirmation
-        before it tries, so a release after that try is never missed. Then it blocks in a
-        socket read, never polling, until a notification arrives, the holder's TTL ends (a
-        holder that dies without releasing publishes nothing) or the deadline passes.
-
-        On a single node, the waiters of a lock queue (:data:`~._scripts.WAIT`), each on a
-        channel of its own, and a release hands the lock straight to the first of them: the
-        key goes from the old holder's token to the waiter's in one script, never free, and the
-        waiter learns it from its channel, with no round trip of its own. The other waiters
-        sleep on. (On a Cluster the first waiter is only woken, and tries.) A handoff is never
-        lost to a waiter that gives up:
-
-        1. W1 and W2 are queued; A releases, which hands the lock to W1 and publishes it;
-        2. W1's deadline passes before it reads the message;
-        3. W1 leaves (:data:`~._scripts.LEAVE`), which finds it holding the lock: W1 returns
-           True, holding it (and W2's turn comes with W1's release).
-
-        A waiter handed the lock counts its lease from before its last try, the latest moment
-        it knows the handoff had not yet happened; if that was more than half a lease ago, it
-        extends the lock first. A waiter that dies after being handed the lock holds it until
-        the lease ends, like any holder that dies. A semaphore, a quorum, or an ACL user
-        without the queue's commands waits on the lock's shared release channel instead: a
-        release wakes every waiter, each tries once, one wins. If the node carrying the
-        notifications stops answering, subscribe again (to another node of a quorum); a single
-        node that is down raises :class:`LockUnavailable` from the next attempt.
-        """
-        deadline = None if timeout is None else self.clock() + timeout
-        while True:
-            if self._attempt():
-                return True
-            if deadline is not None and deadline <= self.clock():
-                return False
-            nodes = self.nodes
-            queue = nodes if isinstance(nodes, SingleNode) and nodes.queues(self.keys) else None
-            channel = self.keys.channel
-            wait = None
-            if queue is not None:
-                channel = _keys.waiter_channel(self.keys, os.urandom(8).hex())
-                wait = Wait(channel, self._new_token(), self._lease())
-            client = nodes.pubsub_client()
-            pubsub = _subscriptions.subscribe(client, channel)
-            reusable = True
+        """Blocking acquire (hazard 4): the requests of the core's wait
+        (:meth:`~.core.LockCore._wait`), sent from this thread. It listens on a ``PubSub`` of its
+        own, blocked in a socket read; one whose wait ended normally serves the next wait of
+        the process (:mod:`~celery_redlock._redis.subscriptions`)."""
+        run = Run(self._wait(timeout))
+        queue = cast(SingleNode, self.nodes)  # asked for queue operations only if it queues
+        client: Any = None
+        pubsub: Any = None
+        channel = ""
+        for op, arg in run:
             try:
-                subscribed = False
-                while True:
-                    sleep = 1.0  # until the subscription is confirmed, or a key without expiry
-                    if subscribed:
-                        if queue is None or wait is None:
-                            if self._attempt():
-                                return True
-                        else:
-                            won = self._queued_attempt(queue, wait)
-                            if won is None:  # the queue was refused: use the release channel
-                                break
-                            if won:
-                                return True
-                        holder_ttl = self.last_holder_ttl
-                        if holder_ttl is not None:
-                            sleep = holder_ttl
-                    if deadline is not None:
-                        left = deadline - self.clock()
-                        if left <= 0:
-                            return wait is not None and self._leave(queue, wait)
-                        sleep = min(sleep, left)
-                    message = pubsub.get_message(timeout=max(sleep, 0.001))
-                    if message is None or not _subscriptions.on(message, channel):
-                        continue  # nothing yet, or left over from this connection's last wait
-                    if message["type"] == "subscribe":
-                        subscribed = True
-                    elif wait is not None and self._handed(wait, message["data"]):
-                        return True
-            except Exception as exc:
-                if isinstance(exc, LockUnavailable) or classify(exc) is not Outcome.UNAVAILABLE:
-                    raise
-                reusable = False
-                # The channel is gone; a handoff may have come before: take it, or wait anew.
-                if wait is not None and self._leave(queue, wait, quietly=True):
-                    return True
-                continue
-            except BaseException:
-                reusable = False
-                # Interrupted (SystemExit from a revoke or time limit, KeyboardInterrupt): give
-                # back a lock handed over meanwhile, or it would sit out its lease unused.
-                if wait is not None:
-                    self._abandon(queue, wait)
-                raise
-            finally:
-                # A queued wait that ends normally left the queue (a script removed this
-                # waiter, or never queued it): nothing is published on its own channel again.
-                if reusable and wait is not None:
-                    _subscriptions.set_aside(client, pubsub)
-                else:
-                    pubsub.close()
+                if op is Op.ATTEMPT:
+                    run.reply = self._attempt()
+                elif op is Op.QUEUED:
+                    run.reply = queue.wait_attempt(self.keys, *arg)
+                elif op is Op.HOLDER_TTL:
+                    run.reply = self.last_holder_ttl
+                elif op is Op.SUBSCRIBE:
+                    channel, client = arg, self.nodes.pubsub_client()
+                    pubsub = _subscriptions.subscribe(client, channel)
+                elif op is Op.RECEIVE:
+                    message = pubsub.get_message(timeout=arg)
+                    # Messages of other channels are left over from this connection's last wait.
+                    if message is not None and _subscriptions.on(message, channel):
+                        confirmed = message["type"] == "subscribe"
+                        run.reply = SUBSCRIBED if confirmed else message["data"]
+                elif op is Op.EXTEND:
+                    run.reply = self.do_extend(*arg)
+                elif op is Op.LEAVE:
+                    run.reply = queue.leave(self.keys, *arg)
+                elif op is Op.ABANDON:
+                    with contextlib.suppress(Exception):
+                        held = queue.leave(self.keys, *arg)
+                        if held is not None:
+                            self.do_release(held)
+                elif op is Op.CLOSE:
+                    _subscriptions.set_aside(client, pubsub, reusable=arg)
+                # Op.FENCE: nothing now; fencing_token reads it on first use.
+            except BaseException as exc:  # the core decides: thrown into the wait
+                run.error = exc
+        return run.result
 
     # -- renewal --------------------------------------------------------------------------------
 
@@ -356,57 +287,6 @@ class Lock(LockCore):
     ) -> None:
         self._holder_ttl_pending = False
         super()._hold(token, start, ttl, slot, fencing)
-
-    def _queued_attempt(self, queue: SingleNode, wait: Wait) -> bool | None:
-        """A queued waiter's try (``None``: the queue was refused)."""
-        token = self._new_token()
-        start = self.clock()
-        reply = queue.wait_attempt(self.keys, token, ms(wait.ttl), wait.member, wait.secret)
-        if reply is None:
-            return None
-        if reply.held is None:
-            wait.tried_at = start
-            self._saw(reply.holder, reply.pttl_ms)
-            return False
-        if reply.held == token:  # taken now
-            self._hold(token, start, wait.ttl)
-            return True
-        return self._handed(wait, reply.held)  # handed over before this try
-
-    def _handed(self, wait: Wait, data: Any) -> bool:
-        """Whether ``data``, a message on the waiter's channel, handed the lock to it (then
-        held); see :meth:`~celery_redlock._redis.core.LockCore._handoff`. A lock no longer
-        ours once extended (the lease ended before the waiter read the message) waits on."""
-        handoff = self._handoff(wait, data)
-        if handoff is None:
-            return False
-        token, since = handoff
-        if since < 0:
-            since = self.clock()
-            if not self.do_extend(token, wait.ttl).held:
-                return False
-        self._hold(token, since, wait.ttl)
-        return True
-
-    def _leave(self, queue: SingleNode | None, wait: Wait, quietly: bool = False) -> bool:
-        """Leave the queue (the deadline passed, or the channel broke); True if the lock was
-        handed over meanwhile (then held). ``quietly``: Redis errors mean False."""
-        assert queue is not None
-        try:
-            held = queue.leave(self.keys, wait.member, wait.secret)
-        except Exception as exc:
-            if not quietly or classify(exc) is None:
-                raise
-            return False
-        return held is not None and self._handed(wait, held)
-
-    def _abandon(self, queue: SingleNode | None, wait: Wait) -> None:
-        """An interrupted wait: leave the queue, releasing a lock handed over meanwhile."""
-        assert queue is not None
-        with contextlib.suppress(Exception):
-            held = queue.leave(self.keys, wait.member, wait.secret)
-            if held is not None:
-                self.do_release(held)
 
 
 def release_attempt(

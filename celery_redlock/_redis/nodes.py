@@ -54,6 +54,7 @@ from .clients import client_for, node_name
 from .core import (
     Extended,
     Outcome,
+    QueueRules,
     QuorumRules,
     Replies,
     classify,
@@ -61,7 +62,6 @@ from .core import (
     majority,
     released,
     unavailable,
-    wait_refused,
 )
 from .keys import LockKeys
 from .scripts import AcquireResult, WaitReply
@@ -82,6 +82,8 @@ class Nodes(Protocol):
         """``host:port`` of each node, for messages (never with credentials)."""
 
     def acquire(self, keys: LockKeys, token: str, ttl_ms: int) -> AcquireResult: ...
+
+    def queues(self, keys: LockKeys) -> bool: ...
 
     def fence(self, keys: LockKeys, slot: str, token: str) -> int | None:
         """The fencing token of a lock whose acquire returned none; ``None`` if not held."""
@@ -126,15 +128,13 @@ def _connection(pool: Any) -> Any:
         return pool.get_connection("EVALSHA")
 
 
-class SingleNode:
+class SingleNode(QueueRules):
     """A lock on one Redis server (or one Sentinel-managed primary, or a Cluster)."""
 
     def __init__(self, client: Any) -> None:
         self.client = client
         #: ``SET ... NX PX ... GET`` works here (Redis >= 7.0); False once the server refused it.
         self.set_get = True
-        #: Blocking waiters queue here; False once the user was refused the queue's commands.
-        self.queue_allowed = True
         #: A release hands the lock to the first queued waiter (see ``scripts.RELEASE``): on a
         #: plain node, not a Cluster, whose PUBLISH counts the subscribers of one node only.
         self.handoff = not is_cluster(client)
@@ -183,11 +183,6 @@ class SingleNode:
         call = _scripts.acquire_call(keys, token, ttl_ms, single=True)
         return _scripts.decode_acquire(self._run(_scripts.ACQUIRE, call, keys.lock))
 
-    def queues(self, keys: LockKeys) -> bool:
-        """Whether blocking waiters of this lock queue (:data:`~._scripts.WAIT`), so that a
-        release wakes one of them: a lock (one slot) whose user may run the queue commands."""
-        return self.queue_allowed and len(keys.slots) == 1
-
     def wait_attempt(
         self, keys: LockKeys, token: str, ttl_ms: int, member: str, secret: str
     ) -> WaitReply | None:
@@ -201,9 +196,8 @@ class SingleNode:
         try:
             reply = self._run(_scripts.WAIT, call, keys.lock)
         except LockUnavailable as exc:
-            if not wait_refused(exc):
+            if not self.queue_refused(exc):
                 raise
-            self.queue_allowed = False
             return None
         return _scripts.decode_wait(reply)
 

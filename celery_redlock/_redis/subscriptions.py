@@ -106,10 +106,10 @@ def subscribe(client: Any, channel: str) -> Any:
     return pubsub
 
 
-def set_aside(client: Any, pubsub: Any) -> None:
-    """Keep ``pubsub`` for the next wait of this process (:func:`subscribe`): its wait ended,
-    and its channel is dead (a queued waiter's own channel once it left the queue: nothing is
-    published there any more).
+def set_aside(client: Any, pubsub: Any, reusable: bool = True) -> None:
+    """Keep ``pubsub`` for the next wait of this process (:func:`subscribe`) if ``reusable``:
+    its wait ended, and its channel is dead (a queued waiter's own channel once it left the
+    queue: nothing is published there any more); else close it.
 
     Closing it would cost the waiter that was just handed a lock a socket shutdown on its way
     back to the caller (on a virtual machine, a few hundred microseconds after an idle wait),
@@ -118,7 +118,8 @@ def set_aside(client: Any, pubsub: Any) -> None:
     pool's connection kept idle could outlive a failover, still subscribed on the old primary,
     where the new one's handoff would not count it.
     """
-    if type(getattr(client, "connection_pool", None)) is not redis_py.ConnectionPool:
+    pool = getattr(client, "connection_pool", None)
+    if not reusable or type(pool) is not redis_py.ConnectionPool:
         pubsub.close()
         return
     idle = _idle.get(client)

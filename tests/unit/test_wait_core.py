@@ -1,0 +1,182 @@
+"""The blocking wait's decisions, without Redis: :meth:`LockCore._wait` is a generator of I/O
+requests (:class:`~celery_redlock._redis.core.Op`), driven here by hand as each lock's
+``do_wait`` drives it, with a clock the test moves."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis as redis_py
+
+from celery_redlock._redis.core import SUBSCRIBED, Extended, LockCore, Op, Run, Steps
+from celery_redlock._redis.owner import SEPARATOR
+from celery_redlock._redis.scripts import WaitReply
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Node:
+    names = ("fake:6379",)
+
+    def __init__(self, queues: bool) -> None:
+        self.queued = queues
+
+    def queues(self, keys: Any) -> bool:
+        return self.queued
+
+
+class Core(LockCore):
+    """A core whose nodes are a stand-in that does no I/O."""
+
+    def _connect(self, redis: Any) -> Any:
+        return redis
+
+    def _stop_renewal(self) -> None:
+        pass
+
+
+class Driver:
+    """Drives a wait one request at a time, as the locks' ``do_wait`` do (:class:`Run`)."""
+
+    def __init__(self, steps: Steps[bool]) -> None:
+        self.steps = steps
+        self.run = Run(steps)
+        self.requests = iter(self.run)
+        self.secret = ""
+
+    def next(self, reply: Any = None, error: BaseException | None = None) -> tuple[Any, Any]:
+        """The next request after ``reply`` (or ``error``); ``(None, result)`` at the end."""
+        self.run.reply, self.run.error = reply, error
+        try:
+            return next(self.requests)
+        except StopIteration:
+            return None, self.run.result
+
+
+def queued_lock(clock: Clock) -> tuple[Core, Driver]:
+    """A lock whose wait is queued behind a holder: its first queued try found it held."""
+    core = Core(Node(queues=True), "job", ttl=10, clock=clock)
+    driver = Driver(core._wait(timeout=5))
+    assert driver.next() == (Op.ATTEMPT, None)
+    op, channel = driver.next(False)
+    assert op is Op.SUBSCRIBE and channel.startswith("redlock:{job}")
+    assert driver.next()[0] is Op.RECEIVE  # the try waits for the confirmation
+    op, (_, ttl_ms, _, driver.secret) = driver.next(SUBSCRIBED)
+    assert op is Op.QUEUED and ttl_ms == 10_000
+    assert driver.next(WaitReply(None, holder="other", pttl_ms=3000)) == (Op.HOLDER_TTL, None)
+    return core, driver
+
+
+def past_deadline(driver: Driver) -> tuple[str, str]:
+    """The receive timed out past the deadline: the waiter tries once more, then leaves."""
+    assert driver.next(None)[0] is Op.QUEUED  # it tries once more,
+    assert driver.next(WaitReply(None, holder="other", pttl_ms=1000))[0] is Op.HOLDER_TTL
+    op, arg = driver.next(1.0)
+    assert op is Op.LEAVE  # then leaves the queue
+    return arg  # type: ignore[no-any-return]
+
+
+def test_a_waiter_whose_deadline_passes_after_the_handoff_leaves_holding_the_lock() -> None:
+    """1. W is queued; 2. a release hands W the lock; 3. W's deadline passes before it reads
+    the message; 4. W leaves, learns that it holds the lock, and returns True."""
+    clock = Clock()
+    core, driver = queued_lock(clock)
+    assert driver.next(3.0) == (Op.RECEIVE, 3.0)  # the holder's TTL, within the deadline
+    clock.now += 5
+    member, secret = past_deadline(driver)
+    assert member.startswith("10000:")  # the lease, then the channel
+    handed = f"{secret}{SEPARATOR}handed"
+    assert driver.next(handed) == (Op.FENCE, handed)  # taken without a fencing token
+    assert driver.next() == (Op.CLOSE, True)  # it left the queue: the connection serves again
+    assert driver.next() == (None, True)
+    assert core.token == handed and core.held  # its lease counts from its last try
+
+
+def test_a_waiter_whose_deadline_passes_leaves_the_queue_empty_handed() -> None:
+    clock = Clock()
+    core, driver = queued_lock(clock)
+    driver.next(3.0)
+    clock.now += 5
+    past_deadline(driver)
+    assert driver.next(None) == (Op.CLOSE, True)
+    assert driver.next() == (None, False)
+    assert not core.held
+
+
+def test_a_lock_handed_over_more_than_half_a_lease_ago_is_extended_first() -> None:
+    clock = Clock()
+    core, driver = queued_lock(clock)
+    assert driver.next(3.0)[0] is Op.RECEIVE
+    clock.now += 6  # the message is read more than half the 10 s lease after the last try
+    handed = f"{driver.secret}{SEPARATOR}handed"
+    assert driver.next(handed) == (Op.EXTEND, (handed, 10.0))
+    assert driver.next(Extended(True, True)) == (Op.FENCE, handed)
+    assert driver.next() == (Op.CLOSE, True)
+    assert driver.next() == (None, True) and core.held
+
+
+def test_a_message_for_another_waiter_hands_nothing_over() -> None:
+    core, driver = queued_lock(Clock())
+    assert driver.next(3.0)[0] is Op.RECEIVE
+    assert driver.next(f"someone-else{SEPARATOR}x")[0] is Op.QUEUED  # it just tries again
+    assert not core.held
+
+
+def test_an_interrupted_waiter_abandons_its_place_and_closes_its_subscription() -> None:
+    core, driver = queued_lock(Clock())
+    assert driver.next(3.0)[0] is Op.RECEIVE
+    op, arg = driver.next(error=KeyboardInterrupt())
+    assert op is Op.ABANDON and len(arg) == 2
+    assert driver.next() == (Op.CLOSE, False)
+    with pytest.raises(KeyboardInterrupt):
+        driver.next()
+    assert not core.held
+
+
+def test_a_broken_subscription_leaves_quietly_and_waits_anew() -> None:
+    core, driver = queued_lock(Clock())
+    assert driver.next(3.0)[0] is Op.RECEIVE
+    lost = redis_py.exceptions.ConnectionError("Connection closed by server.")
+    assert driver.next(error=lost)[0] is Op.LEAVE
+    assert driver.next(error=lost) == (Op.CLOSE, False)  # leaving failed too: quietly False
+    assert driver.next() == (Op.ATTEMPT, None)  # tries again, then subscribes again
+    assert driver.next(False)[0] is Op.SUBSCRIBE
+    assert not core.held
+
+
+def test_a_bug_in_the_driver_is_not_taken_for_a_broken_subscription() -> None:
+    _, driver = queued_lock(Clock())
+    assert driver.next(3.0)[0] is Op.RECEIVE
+    assert driver.next(error=KeyError("bug")) == (Op.CLOSE, True)  # raised as it is
+    with pytest.raises(KeyError):
+        driver.next()
+
+
+def test_without_a_queue_each_notification_brings_a_plain_attempt() -> None:
+    core = Core(Node(queues=False), "job", ttl=10, clock=Clock())
+    driver = Driver(core._wait(timeout=None))
+    assert driver.next() == (Op.ATTEMPT, None)
+    assert driver.next(False) == (Op.SUBSCRIBE, "redlock:{job}:released")
+    assert driver.next() == (Op.RECEIVE, 1.0)  # until confirmed
+    assert driver.next(SUBSCRIBED) == (Op.ATTEMPT, None)
+    assert driver.next(False) == (Op.HOLDER_TTL, None)
+    assert driver.next(None) == (Op.RECEIVE, 1.0)  # a key without expiry: look again in 1 s
+    assert driver.next(b"1") == (Op.ATTEMPT, None)
+    assert driver.next(True) == (Op.CLOSE, False)
+    assert driver.next() == (None, True)
+
+
+def test_a_wait_its_driver_drops_asks_for_nothing_more() -> None:
+    """A driver unwound outside a request (its generator closed) leaves no request behind."""
+    _, driver = queued_lock(Clock())
+    assert driver.next(3.0)[0] is Op.RECEIVE
+    driver.steps.close()  # no "generator ignored GeneratorExit"
+    with pytest.raises(StopIteration):
+        driver.steps.send(None)
