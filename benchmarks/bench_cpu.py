@@ -5,6 +5,7 @@ Run from the repository root::
     python -m benchmarks.bench_cpu                     # 7 rounds of 2000 calls per variant
     python -m benchmarks.bench_cpu --quick             # smoke run, a few seconds
     python -m benchmarks.bench_cpu --profile locked    # cProfile of one variant, top 30
+    python -m benchmarks.bench_cpu --instructions      # instructions per call, under valgrind
 
 One process, one private ``redis-server`` (:class:`celery_redlock.testing.RedisServer`, started
 here on a free port), one Celery app whose tasks run eagerly (``task.apply()``: Celery's tracer,
@@ -22,14 +23,26 @@ per call, minus ``plain``'s, so it is what locking adds, the two round trips' cl
 included; the Redis server's time is not counted (it is another process). Rounds interleave
 the variants (ABBA order), and the median per variant is reported beside its ratio to
 ``redispy`` from the same round. Nothing is asserted: a busy machine moves every figure.
+
+``--instructions`` counts instead of timing: each variant runs in a child process under
+``valgrind --tool=callgrind`` (Debian's ``valgrind``), once with 200 calls and once with 1,200,
+and the difference over 1,000 is the user-space instructions one call costs, every thread of the
+process included (the Redis server is another process, and system calls count as the
+instructions that make them). The count does not move with the machine's load, so it decides
+what the timed rounds cannot on a noisy VM; it takes about five minutes.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
+import re
+import shutil
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -132,13 +145,67 @@ def profile(task: Any, calls: int) -> None:
     pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
 
 
+#: The two call counts of ``--instructions``: their difference over 1,000 is one call.
+INSTRUCTION_CALLS = (200, 1200)
+
+
+def child(variant: str, calls: int) -> None:
+    """The process ``--instructions`` counts: ``calls`` calls of ``variant`` after a warm-up."""
+    with RedisServer() as server:
+        task = build(server.url)[variant]
+        per_call(task, 50, -1000)
+        per_call(task, calls, 0)
+
+
+def instructions(variant: str, calls: int) -> int:
+    """User-space instructions of a :func:`child` process, counted by callgrind."""
+    command = [
+        *("valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"),
+        *(sys.executable, "-m", "benchmarks.bench_cpu", "--child", variant, str(calls)),
+    ]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    run = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+    found = re.search(r"Collected : (\d+)", run.stderr)
+    if found is None:
+        raise RuntimeError(f"no count from callgrind: {run.stderr[-500:]}")
+    return int(found.group(1))
+
+
+def count_instructions() -> None:
+    """Instructions per call of each variant, what locking adds, and the ratio to redispy."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+    low, high = INSTRUCTION_CALLS
+    per = {}
+    for variant in VARIANTS:
+        per[variant] = (instructions(variant, high) - instructions(variant, low)) / (high - low)
+    print(f"{'variant':<10} {'instr/call':>11} {'added':>9} {'vs redispy':>11}")
+    base = per["redispy"] - per["plain"]
+    for variant in VARIANTS:
+        added = per[variant] - per["plain"]
+        ratio = f"{added / base:.2f}" if variant != "plain" else "-"
+        print(f"{variant:<10} {per[variant]:11,.0f} {added:9,.0f} {ratio:>11}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--quick", action="store_true", help="3 rounds of 300 calls")
     parser.add_argument("--profile", choices=VARIANTS, help="profile one variant instead")
+    parser.add_argument(
+        "--instructions", action="store_true", help="count instructions under valgrind instead"
+    )
+    parser.add_argument("--child", nargs=2, metavar=("VARIANT", "CALLS"), help=argparse.SUPPRESS)
     options = parser.parse_args(argv)
+    if options.child:
+        child(options.child[0], int(options.child[1]))
+        return
+    if options.instructions:
+        with RedisServer() as server:
+            print(" ".join(f"{k}={v}" for k, v in environment(server).items()))
+        count_instructions()
+        return
     rounds, calls = (3, 300) if options.quick else (options.rounds, options.calls)
     with RedisServer() as server:
         env = environment(server)
