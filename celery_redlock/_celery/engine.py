@@ -307,20 +307,23 @@ def _acquire(
     """Take ``lock`` without blocking; under ``wait``, then wait up to ``lock_wait_timeout``.
 
     Returns whether it is held. A wait that times out fails the call here (it was reported
-    as contended when it began).
+    as contended when it began). However it ends, the tries the lock made go to the span.
     """
-    if lock.acquire(blocking=False):
-        lock.taken_at = lock.clock()
-        return True
-    timeout = spec.options.wait_timeout
-    if policy != "wait" or timeout <= 0:
-        return False
-    _report_contended(task, request, lock, "waited", policy)
-    if lock.acquire(blocking=True, timeout=timeout):
-        lock.taken_at = lock.clock()
-        return True
-    emit(task, request.id, "failed", settings=settings)
-    raise _contended_error(task, request, lock, waited=timeout)
+    try:
+        if lock.acquire(blocking=False):
+            lock.taken_at = lock.clock()
+            return True
+        timeout = spec.options.wait_timeout
+        if policy != "wait" or timeout <= 0:
+            return False
+        _report_contended(task, request, lock, "waited", policy)
+        if lock.acquire(blocking=True, timeout=timeout):
+            lock.taken_at = lock.clock()
+            return True
+        emit(task, request.id, "failed", settings=settings)
+        raise _contended_error(task, request, lock, waited=timeout)
+    finally:
+        tracing.attempts(lock.attempts)
 
 
 def _jittered(seconds: float) -> float:

@@ -18,7 +18,8 @@ Attributes, all in the ``redlock.*`` namespace (there are no semantic convention
 (``acquired``, ``waited`` (acquired after a wait), ``skipped``, ``retried``, ``failed``,
 ``bypassed``, ``unavailable``, and on the hold span ``released``, ``lost``, ``unreleased``),
 ``redlock.reason`` (``superseded``, ``rate_limited``, a loss's reason), ``redlock.policy``,
-``redlock.wait_time`` (seconds), ``redlock.fencing_token`` (only when one was read for a
+``redlock.wait_time`` (seconds), ``redlock.attempts`` (the tries the lock made: 1 without a
+wait, one more per try of a wait), ``redlock.fencing_token`` (only when one was read for a
 ``lock_acquired`` receiver: reading it costs a round trip), ``redlock.key.prefix``,
 ``redlock.key.name`` (the ``lock_name``) and ``redlock.key.hash`` (the argument digest), and
 on a skipped enqueue ``redlock.queued_task_id`` (the call ``delay()`` returned instead).
@@ -60,6 +61,7 @@ except ImportError:  # the otel extra is not installed: every function here is a
     _trace = None  # type: ignore[assignment]
 
 __all__ = [
+    "attempts",
     "enabled",
     "record",
     "renewal_failed",
@@ -175,6 +177,15 @@ def _finish(op: _Operation, outcome: str, error: BaseException | None = None) ->
         op.span.end()
     except Exception:
         logger.debug("ending a lock span failed", exc_info=True)
+
+
+def attempts(count: int) -> None:
+    """Record on the acquisition under way how many tries its lock made (``redlock.attempts``)."""
+    if _trace is None:
+        return
+    op = _current.get()
+    if op is not None:
+        op.attributes["redlock.attempts"] = count
 
 
 def record(task_id: str | None, event: str, fields: Mapping[str, Any]) -> None:

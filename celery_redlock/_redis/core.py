@@ -407,6 +407,10 @@ class LockCore:
         #: The holder seen by the last failed attempt (``None`` if it was not contended).
         self.last_holder: _owner.Owner | None = None
         self._holder_ttl: float | None = None
+        #: How many acquisition tries this object has made and had answered: each
+        #: non-blocking try, and each try of a blocking wait (a lock handed over to a waiter
+        #: costs none).
+        self.attempts = 0
 
     @property
     def key(self) -> str:
@@ -508,6 +512,7 @@ class LockCore:
 
     def _result(self, token: str, start: float, ttl: float, result: AcquireResult) -> bool:
         """Take in an acquisition's reply; whether it holds the lock now."""
+        self.attempts += 1
         if not result.acquired:
             self._saw(result.holder, result.pttl_ms)
             return False
@@ -643,6 +648,7 @@ class LockCore:
         reply = yield Op.QUEUED, (token, ms(wait.ttl), wait.member, wait.secret)
         if reply is None:
             return None
+        self.attempts += 1
         if reply.held is None:
             wait.tried_at = start
             self._saw(reply.holder, reply.pttl_ms)

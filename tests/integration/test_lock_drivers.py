@@ -427,6 +427,24 @@ def test_a_blocking_acquire_times_out_and_leaves_the_queue(
     assert lock_keys(r) == []
 
 
+def test_the_lock_counts_its_tries(d2: Driver, redis_url: str) -> None:
+    """One per non-blocking try, one per try of a blocking wait (what ``redlock.attempts``
+    of the acquire span records)."""
+    holder = celery_redlock.Lock(redis_url, "tries", ttl=30)
+    assert holder.acquire(blocking=False)
+    lock = d2.lock(redis_url, "tries", ttl=10)
+    assert lock.attempts == 0
+    assert not d2(lock.acquire(blocking=False))
+    assert lock.attempts == 1
+    assert not d2(lock.acquire(timeout=0.2))  # a try, then one more once subscribed
+    assert lock.attempts >= 3
+    holder.release()
+    tried = lock.attempts
+    assert d2(lock.acquire(blocking=False))
+    assert lock.attempts == tried + 1
+    d2(lock.release())
+
+
 def test_a_blocking_acquire_gets_the_lock_of_a_dead_holder_at_its_ttl(
     d2: Driver, redis_url: str, r: redis_py.Redis
 ) -> None:

@@ -111,6 +111,7 @@ def test_acquire_and_hold_spans_nest_under_the_run_span(
     assert dict(acquire.attributes) == {
         "redlock.mode": "run",
         "redlock.outcome": "acquired",
+        "redlock.attempts": 1,
         "redlock.key.prefix": prefix,
         "redlock.key.name": name,
         "redlock.key.hash": digest,
@@ -177,10 +178,12 @@ def test_a_skip_and_a_wait_show_in_the_trace(
     skip = by_run[f"run/{skipped.name}"]
     assert skip.attributes["redlock.outcome"] == "skipped"
     assert skip.attributes["redlock.policy"] == "skip"
+    assert skip.attributes["redlock.attempts"] == 1
     wait = by_run[f"run/{waiter.name}"]
     assert wait.attributes["redlock.outcome"] == "waited"
     assert wait.attributes["redlock.policy"] == "wait"
     assert 0 < wait.attributes["redlock.wait_time"] < 10
+    assert wait.attributes["redlock.attempts"] >= 2  # the first try, and at least one waiting
     assert by_run[f"run/{held.name}"].attributes["redlock.outcome"] == "acquired"
     # Only the two that got the lock held it.
     assert sorted(parent_of(spans, s).name for s in named(spans, "redlock.hold")) == sorted(
