@@ -22,18 +22,9 @@ from redis.retry import Retry
 from celery_redlock import Lock, LockContended, LockLost, LockNotOwned, LockUnavailable
 from celery_redlock._redis.lock import release_attempt
 from celery_redlock.testing import RedisServer
+from support.clock import FakeClock
 
 POLL = 0.01  # poll interval while waiting on Redis state; every poll loop has a deadline
-
-
-class FakeClock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class RecordingLock(Lock):

@@ -31,18 +31,9 @@ from celery_redlock._redis.core import Extended
 from celery_redlock._redis.owner import parse
 from celery_redlock.testing import RedisServer
 from support.apps import lock_keys
+from support.clock import FakeClock
 
 HAS_VALKEY = importlib.util.find_spec("valkey") is not None
-
-
-class FakeClock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Driver:

@@ -24,16 +24,7 @@ from celery_redlock._redis.nodes import SingleNode
 from celery_redlock._redis.owner import SEPARATOR, new_token, parse
 from celery_redlock.asyncio import Lock as AsyncLock
 from celery_redlock.testing import RedisServer, wait_until
-
-
-class FakeClock:
-    """A monotonic clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from support.clock import FakeClock
 
 
 def blocked(lock: Lock, timeout: float | None = 30) -> queue.Queue[bool]:

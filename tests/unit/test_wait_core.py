@@ -12,14 +12,7 @@ import redis as redis_py
 from celery_redlock._redis.core import SUBSCRIBED, Extended, LockCore, Op, Run, Steps
 from celery_redlock._redis.owner import SEPARATOR
 from celery_redlock._redis.scripts import WaitReply
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from support.clock import FakeClock
 
 
 class Node:
@@ -60,7 +53,7 @@ class Driver:
             return None, self.run.result
 
 
-def queued_lock(clock: Clock) -> tuple[Core, Driver]:
+def queued_lock(clock: FakeClock) -> tuple[Core, Driver]:
     """A lock whose wait is queued behind a holder: its first queued try found it held."""
     core = Core(Node(queues=True), "job", ttl=10, clock=clock)
     driver = Driver(core._wait(timeout=5))
@@ -86,7 +79,7 @@ def past_deadline(driver: Driver) -> tuple[str, str]:
 def test_a_waiter_whose_deadline_passes_after_the_handoff_leaves_holding_the_lock() -> None:
     """1. W is queued; 2. a release hands W the lock; 3. W's deadline passes before it reads
     the message; 4. W leaves, learns that it holds the lock, and returns True."""
-    clock = Clock()
+    clock = FakeClock()
     core, driver = queued_lock(clock)
     assert driver.next(3.0) == (Op.RECEIVE, 3.0)  # the holder's TTL, within the deadline
     clock.now += 5
@@ -100,7 +93,7 @@ def test_a_waiter_whose_deadline_passes_after_the_handoff_leaves_holding_the_loc
 
 
 def test_a_waiter_whose_deadline_passes_leaves_the_queue_empty_handed() -> None:
-    clock = Clock()
+    clock = FakeClock()
     core, driver = queued_lock(clock)
     driver.next(3.0)
     clock.now += 5
@@ -111,7 +104,7 @@ def test_a_waiter_whose_deadline_passes_leaves_the_queue_empty_handed() -> None:
 
 
 def test_a_lock_handed_over_more_than_half_a_lease_ago_is_extended_first() -> None:
-    clock = Clock()
+    clock = FakeClock()
     core, driver = queued_lock(clock)
     assert driver.next(3.0)[0] is Op.RECEIVE
     clock.now += 6  # the message is read more than half the 10 s lease after the last try
@@ -123,14 +116,14 @@ def test_a_lock_handed_over_more_than_half_a_lease_ago_is_extended_first() -> No
 
 
 def test_a_message_for_another_waiter_hands_nothing_over() -> None:
-    core, driver = queued_lock(Clock())
+    core, driver = queued_lock(FakeClock())
     assert driver.next(3.0)[0] is Op.RECEIVE
     assert driver.next(f"someone-else{SEPARATOR}x")[0] is Op.QUEUED  # it just tries again
     assert not core.held
 
 
 def test_an_interrupted_waiter_abandons_its_place_and_closes_its_subscription() -> None:
-    core, driver = queued_lock(Clock())
+    core, driver = queued_lock(FakeClock())
     assert driver.next(3.0)[0] is Op.RECEIVE
     op, arg = driver.next(error=KeyboardInterrupt())
     assert op is Op.ABANDON and len(arg) == 2
@@ -141,7 +134,7 @@ def test_an_interrupted_waiter_abandons_its_place_and_closes_its_subscription() 
 
 
 def test_a_broken_subscription_leaves_quietly_and_waits_anew() -> None:
-    core, driver = queued_lock(Clock())
+    core, driver = queued_lock(FakeClock())
     assert driver.next(3.0)[0] is Op.RECEIVE
     lost = redis_py.exceptions.ConnectionError("Connection closed by server.")
     assert driver.next(error=lost)[0] is Op.LEAVE
@@ -152,7 +145,7 @@ def test_a_broken_subscription_leaves_quietly_and_waits_anew() -> None:
 
 
 def test_a_bug_in_the_driver_is_not_taken_for_a_broken_subscription() -> None:
-    _, driver = queued_lock(Clock())
+    _, driver = queued_lock(FakeClock())
     assert driver.next(3.0)[0] is Op.RECEIVE
     assert driver.next(error=KeyError("bug")) == (Op.CLOSE, True)  # raised as it is
     with pytest.raises(KeyError):
@@ -160,7 +153,7 @@ def test_a_bug_in_the_driver_is_not_taken_for_a_broken_subscription() -> None:
 
 
 def test_without_a_queue_each_notification_brings_a_plain_attempt() -> None:
-    core = Core(Node(queues=False), "job", ttl=10, clock=Clock())
+    core = Core(Node(queues=False), "job", ttl=10, clock=FakeClock())
     driver = Driver(core._wait(timeout=None))
     assert driver.next() == (Op.ATTEMPT, None)
     assert driver.next(False) == (Op.SUBSCRIBE, "redlock:{job}:released")
@@ -175,7 +168,7 @@ def test_without_a_queue_each_notification_brings_a_plain_attempt() -> None:
 
 def test_a_wait_its_driver_drops_asks_for_nothing_more() -> None:
     """A driver unwound outside a request (its generator closed) leaves no request behind."""
-    _, driver = queued_lock(Clock())
+    _, driver = queued_lock(FakeClock())
     assert driver.next(3.0)[0] is Op.RECEIVE
     driver.steps.close()  # no "generator ignored GeneratorExit"
     with pytest.raises(StopIteration):
