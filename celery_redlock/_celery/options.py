@@ -434,8 +434,8 @@ class Settings:
     #: Group of the Celery events of a contended task: ``"redlock"`` (``redlock-skipped``...)
     #: or the deprecated ``"task-lock"`` (``task-lock-skipped``...).
     event_names: str = "redlock"
-    #: ``redlock_timeline``: events the dashboard's ring keeps (checked by the ring).
-    timeline: Any = 0
+    #: ``redlock_timeline``: events the dashboard's ring keeps (0: no ring).
+    timeline: int = 0
 
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
@@ -512,9 +512,11 @@ def _event_names(owner: str, setting: str, value: Any) -> str:
     return str(names)
 
 
-def _timeline(owner: str, setting: str, value: Any) -> Any:
-    """Passed through: the ring checks it when first used (a bad value: one WARNING, no ring;
-    :mod:`celery_redlock._celery.timeline`)."""
+def _timeline(owner: str, setting: str, value: Any) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _invalid(owner, setting, value, "a whole number >= 0")
     return value
 
 

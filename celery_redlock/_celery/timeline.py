@@ -28,12 +28,9 @@ from .._redis import timeline as _ring
 from .._redis.clients import redact
 from .options import settings_for
 
-__all__ = ["SETTING", "read", "record", "size_for"]
+__all__ = ["read", "record", "size_for"]
 
 logger = logging.getLogger("celery_redlock.timeline")
-
-#: The app setting: how many events the ring keeps (0 or unset: no ring).
-SETTING = "redlock_timeline"
 
 #: Per app: ``(size, url, prefix)``, read once (``app.conf`` is read lazily, on the first event).
 _targets: weakref.WeakKeyDictionary[Any, tuple[int, str, str]] = weakref.WeakKeyDictionary()
@@ -42,12 +39,10 @@ _targets: weakref.WeakKeyDictionary[Any, tuple[int, str, str]] = weakref.WeakKey
 def size_for(app: Any) -> int:
     """How many events ``app``'s ring keeps (``redlock_timeline``; 0: none).
 
-    :raises ValueError: when the setting is not a whole number >= 0.
+    :raises ~celery_redlock.LockConfigError: for bad ``redlock_*`` settings (a worker refuses
+        to start with one, as for every setting).
     """
-    value = app.conf.get(SETTING, 0) or 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"setting {SETTING}={value!r} is invalid; expected a whole number >= 0")
-    return value
+    return int(settings_for(app).timeline)
 
 
 def _url(app: Any) -> tuple[str, str]:
@@ -61,12 +56,7 @@ def _target(app: Any) -> tuple[int, str, str]:
     try:
         return _targets[app]
     except KeyError:
-        try:
-            size = size_for(app)
-        except ValueError as exc:  # said once, then no ring: the tasks run on
-            logger.warning("lock timeline disabled: %s", exc)
-            size = 0
-        target = _targets[app] = (size, *_url(app))
+        target = _targets[app] = (size_for(app), *_url(app))
         return target
 
 

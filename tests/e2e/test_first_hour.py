@@ -127,8 +127,12 @@ def refusal(server: RedisServer, **knobs: object) -> list[str]:
             "unknown option 'lock_tll'; did you mean 'lock_ttl'?",
         ),
         ({"api": "both"}, "base=LockedTask and @single_instance on one task"),
+        (
+            {"conf": json.dumps({"redlock_timeline": "many"})},
+            "setting redlock_timeline='many' is invalid; expected a whole number >= 0",
+        ),
     ],
-    ids=["no-url", "skipp", "lock_tll", "both-apis"],
+    ids=["no-url", "skipp", "lock_tll", "both-apis", "timeline"],
 )
 def test_a_refused_worker_prints_the_error_line_and_no_traceback(
     server: RedisServer, knobs: dict[str, str], expected: str

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 import redis as redis_py
 from celery import Celery
 
-from celery_redlock import LockedTask
+from celery_redlock import LockConfigError, LockedTask
 from celery_redlock._redis.keys import timeline_key
 from celery_redlock.testing import RedisServer
 from celery_redlock.web._core import Dashboard
@@ -50,19 +51,12 @@ def test_the_ring_keeps_at_most_its_size(
     assert status == 200 and 'class="mark"' in body and 'data-event="released"' in body
 
 
-def test_a_bad_size_is_said_once_and_records_nothing(
-    redis_server: RedisServer, redis_url: str, r: redis_py.Redis, caplog: Any
-) -> None:
+def test_a_bad_size_is_a_config_error_and_the_page_says_it(redis_server: RedisServer) -> None:
+    """As every setting: the worker refuses it at start (``tests/e2e/test_first_hour.py``), a
+    task fails with it, and the dashboard's timeline page shows it."""
     app = make_app(redis_server, redlock_timeline="many")
     job = _task(app)
-    with running_worker(app):
-        assert job.delay(1).get(timeout=10) == 1
-        assert job.delay(2).get(timeout=10) == 2
-    assert not r.exists(timeline_key("redlock"))
-    said = [m for m in caplog.messages if m.startswith("lock timeline disabled")]
-    assert said == [
-        "lock timeline disabled: setting redlock_timeline='many' is invalid; "
-        "expected a whole number >= 0"
-    ]
+    with pytest.raises(LockConfigError, match="redlock_timeline='many' is invalid"):
+        job.apply((1,)).get()
     status, body = Dashboard(app).timeline_page({"task": "ring.job"}, {})
     assert status == 400 and "redlock_timeline=&#39;many&#39; is invalid" in body
