@@ -130,8 +130,9 @@ class Lock(LockCore):
 
     @property
     def fencing_token(self) -> int | None:
-        """Strictly increasing number of the current acquisition (``None`` if not held)."""
-        return self._fencing_token
+        """Strictly increasing number of the current acquisition (``None`` if not held, or once
+        :attr:`lost`)."""
+        return None if self.lost else self._fencing_token
 
     @property
     def last_holder_ttl(self) -> float | None:

@@ -99,15 +99,19 @@ class Lock(LockCore):
         A single-node lock reads it on first use: one owner-checked round trip
         (:data:`~celery_redlock._redis.scripts.FENCE`), then cached; an acquisition whose token
         nobody reads costs nothing for it and leaves no counter key. Read after the lock was
-        lost, it is ``None`` and the lock is marked lost. The tokens of one name increase,
-        also across a step back of the Redis server's clock (the high-water mark of the
-        lock's slot, :func:`~celery_redlock._redis.keys.high_water_of`). Raises
-        :class:`LockUnavailable` when Redis does not answer.
+        lost, it is ``None`` and the lock is marked lost; once the lock is :attr:`lost` (a
+        renewal or release found it gone, or its lease ended by :attr:`clock`), it is ``None``
+        too, even if it was read before. The tokens of one name increase, also across a step
+        back of the Redis server's clock (the high-water mark of the lock's slot,
+        :func:`~celery_redlock._redis.keys.high_water_of`). Raises :class:`LockUnavailable`
+        when Redis does not answer.
         """
+        if self.lost:
+            return None
         token = self._token
-        if self._fencing_token is None and token is not None and not self._lost:
+        if self._fencing_token is None and token is not None:
             self._fenced(token, self.nodes.fence(self.keys, self.key, token))
-        return self._fencing_token
+        return None if self._lost else self._fencing_token
 
     @property
     def last_holder_ttl(self) -> float | None:

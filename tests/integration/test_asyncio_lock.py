@@ -59,16 +59,16 @@ def queued(r: redis_py.Redis, name: str = NAME) -> int:
 
 
 class Counting(Lock):
-    """Counts completed acquisition attempts and renewals through the override points."""
+    """Counts completed do_acquire calls and renewals through the override points."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.attempts = 0
+        self.acquires = 0
         self.extends = 0
 
     async def do_acquire(self, token: str, ttl: float) -> AcquireResult:
         result = await super().do_acquire(token, ttl)
-        self.attempts += 1
+        self.acquires += 1
         return result
 
     async def do_extend(self, token: str, ttl: float) -> Extended:
@@ -191,7 +191,7 @@ def test_blocking_acquire_is_woken_by_a_sync_release(redis_url: str, r: redis_py
         holder.release()
         # The holder's TTL has ~60 s left: only the handoff can give the waiter the lock.
         assert await asyncio.wait_for(task, 30)
-        assert waiter.attempts == 1 and waiter.held  # handed over: no try of its own
+        assert waiter.acquires == 1 and waiter.held  # handed over: no try of its own
         assert waiter.fencing_token is not None
         assert r.get(KEY) == waiter.token.encode()  # type: ignore[union-attr]
         await waiter.release()

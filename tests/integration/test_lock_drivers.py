@@ -240,6 +240,21 @@ def test_release_of_a_lock_taken_over_is_lost_and_leaves_the_new_owner(
     r.delete(lock.key)
 
 
+def test_a_fencing_token_read_before_a_loss_is_none_after_it(
+    d2: Driver, redis_url: str, r: redis_py.Redis
+) -> None:
+    """What ``current_fencing_token()`` promises: ``None`` once the lock was lost, also when
+    the token was read (and cached) while it was held."""
+    lock = d2.lock(redis_url, "fenced-then-lost", ttl=10)
+    assert d2(lock.acquire(blocking=False))
+    assert lock.fencing_token is not None
+    r.set(lock.key, "someone-else", keepttl=True)
+    with pytest.raises(LockLost):
+        d2(lock.extend())
+    assert lock.lost and lock.fencing_token is None
+    r.delete(lock.key)
+
+
 # -- loss by clock (drift 2) ---------------------------------------------------------------------
 
 
@@ -253,8 +268,10 @@ def test_a_fixed_ttl_lock_is_lost_by_its_clock_once_its_ttl_passed(
     assert d2(lock.acquire(blocking=False))
     clock.now += 9.9
     assert lock.held and not lock.lost
+    assert lock.fencing_token is not None
     clock.now += 0.2
     assert lock.lost and not lock.held
+    assert lock.fencing_token is None  # another owner may exist: no token to write with
     with contextlib.suppress(LockLost):
         d2(lock.release())
     assert lock_keys(r) == []
