@@ -109,7 +109,7 @@ def features_of(app: Any) -> dict[str, list[str]]:
         if spec is not None:
             for feature in _uses(spec.options):
                 found.setdefault(feature, []).append(task.name)
-    if size_for(app) > 0 and "lock" in found:  # every locked task pushes its events to the ring
+    if "lock" in found and size_for(app) > 0:  # every locked task pushes its events to the ring
         found["timeline"] = list(found["lock"])
     return found
 

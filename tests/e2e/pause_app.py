@@ -73,12 +73,13 @@ def wait_for(predicate: Any, timeout: float) -> None:
 def fenced_write(self: Any, key: str, role: str) -> int:
     lock = current_lock()
     assert lock is not None
+    fence = lock.fencing_token  # read once, at the start, as a task writing through it does
     me = f"holder:{role}"
     records.hset(
         me,
         mapping={
             "pid": os.getpid(),
-            "fence": str(lock.fencing_token),
+            "fence": str(fence),
             "lock_key": lock.key,
             "lock_token": lock.token or "",
         },
@@ -86,8 +87,9 @@ def fenced_write(self: Any, key: str, role: str) -> int:
     if role == "stale":
         wait_for(lambda: records.exists("resumed"), 30.0)  # frozen in here by the test
         wait_for(lambda: lock.lost, 10.0)  # the overdue renewal runs first thing on resume
-        records.hset(me, "lost", int(lock.lost))
-    written = int(write_if_newer(keys=[store_key(key)], args=[lock.fencing_token, role]))
+        # Read again now, the token is None: the lock says it is lost.
+        records.hset(me, mapping={"lost": int(lock.lost), "fence_now": str(lock.fencing_token)})
+    written = int(write_if_newer(keys=[store_key(key)], args=[fence, role]))
     records.hset(me, "written", written)
     if role == "new":
         wait_for(lambda: records.exists("finish"), 30.0)

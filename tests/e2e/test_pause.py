@@ -8,9 +8,9 @@ Timeline, on one prefork worker with a 1 s lease (``tests/e2e/pause_app.py``):
    is gone); ``new`` takes the lock (F2 > F1) and writes to the fenced store: accepted;
 3. ``stale`` is resumed with SIGCONT: it still runs its body, **beside** ``new``, which is the
    documented limit; its overdue renewal finds the key owned by someone else and marks
-   ``current_lock().lost``;
-4. ``stale`` writes with F1: the fenced store rejects it; its release at the end is
-   owner-checked and leaves ``new``'s lock alone.
+   ``current_lock().lost`` (read now, its ``fencing_token`` is ``None``);
+4. ``stale`` writes with F1, read at its start: the fenced store rejects it; its release at
+   the end is owner-checked and leaves ``new``'s lock alone.
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ def test_frozen_holder_loses_its_lock_and_its_late_write_is_fenced_off(
         wait_until(lambda: holder("stale").get("written"), 20, "stale to try its late write")
         stale = holder("stale")
         assert stale["lost"] == "1"
+        assert stale["fence_now"] == "None"  # read after the loss, the lock gives no token
         # 4. ... and the fenced store rejects its late write.
         assert stale["written"] == "0"
         assert records.hgetall("store:acct") == {"value": "new", "token": new["fence"]}
