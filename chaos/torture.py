@@ -258,11 +258,20 @@ class Producer:
         self.states: dict[str, dict[str, Any]] = {}
         self._kinds = list(config.mix)
         self._weights = [k.weight for k in config.mix]
+        #: Patterns whose first task is still to come: it is time-limited, so that even a
+        #: short run ends at least one task by its hard time limit per pattern. Its id goes
+        #: to the records' ``no-revoke`` set, which :meth:`Chaos.revoke` leaves alone.
+        self._first = {p for p in config.patterns if any(k.limited for k in self._kinds)}
 
     def submit(self, pattern: str, short_only: bool = False) -> None:
         cfg, rng = self.config, self.rng
         key = f"k{rng.randrange(cfg.keys)}"
-        kind = self._kinds[0] if short_only else rng.choices(self._kinds, self._weights)[0]
+        first = pattern in self._first and not short_only
+        if first:
+            self._first.discard(pattern)
+            kind = next(k for k in self._kinds if k.limited)
+        else:
+            kind = self._kinds[0] if short_only else rng.choices(self._kinds, self._weights)[0]
         scale = cfg.time_limit if kind.limited else 1.0
         duration = round(rng.uniform(kind.low, kind.high) * scale, 3)
         options: dict[str, Any] = {"time_limit": cfg.time_limit} if kind.limited else {}
@@ -273,6 +282,8 @@ class Producer:
         else:
             name, args = "torture.flawed", (pattern, key, duration, seq)
         task_id = uuid()
+        if first:
+            self.records.sadd("no-revoke", task_id)
         self.app.send_task(name, args=args, task_id=task_id, **options)
         self.records.hset("published", f"{task_id}:0", time.time())
         self.tasks[task_id] = Submitted(pattern, key, kind.name, kind.limited)
@@ -441,10 +452,12 @@ class Chaos:
 
     def revoke(self) -> bool:
         inside = []
+        kept = self.records.smembers("no-revoke")  # each pattern's first, time-limited task
         for key in self.records.scan_iter(match="inside:*", count=1000):
             for proc in self.records.hvals(key):
                 info = json.loads(proc)
-                if start_time(int(info["pid"])) == info["start"]:
+                alive = start_time(int(info["pid"])) == info["start"]
+                if alive and info["tid"].encode() not in kept:
                     inside.append(info["tid"])
         if not inside:
             return False
