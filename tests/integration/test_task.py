@@ -140,23 +140,6 @@ def test_wait_policy_is_woken_by_release_not_ttl(h: Holder, app: Celery, r: redi
     assert lock_keys(r) == []
 
 
-def test_wait_policy_times_out_as_fail(h: Holder, app: Celery) -> None:
-
-    @app.task(base=LockedTask, lock_on_contention="wait", lock_wait_timeout=0.3, lock_by=())
-    def work(role: str) -> str:
-        if role == "holder":
-            h.hold()
-        return role
-
-    with running_worker(app):
-        first = work.delay("holder")
-        assert h.entered.wait(10)
-        with pytest.raises(LockContended):
-            work.delay("waiter").get(timeout=10)
-        h.gate.set()
-        first.get(timeout=10)
-
-
 def test_current_lock_and_fencing_tokens_increase(app: Celery, r: redis_py.Redis) -> None:
     @app.task(base=LockedTask, bind=True)
     def work(self: Task, key: str) -> dict[str, Any]:
@@ -475,6 +458,8 @@ def test_a_retry_does_not_find_its_own_cooldown(app: Celery, r: redis_py.Redis) 
 
 
 def test_a_wait_timeout_says_it_waited_and_shows_no_stale_ttl(h: Holder, app: Celery) -> None:
+    """A ``wait`` that times out fails the call (``LockContended``), saying it waited."""
+
     @app.task(base=LockedTask, lock_on_contention="wait", lock_wait_timeout=0.3, lock_by=())
     def work(role: str) -> str:
         if role == "holder":
