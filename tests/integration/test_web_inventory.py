@@ -114,19 +114,25 @@ def Celery_app(url: str) -> object:
     return app
 
 
-def test_a_page_view_writes_nothing(redis_url: str, r: redis_py.Redis) -> None:
-    fill(r, [f"job:{i}" for i in range(50)])
+def test_a_page_view_writes_nothing() -> None:
+    """On servers of its own: every command counted is the page's (on the shared one, a result
+    consumer of an earlier test may unsubscribe meanwhile)."""
     lock = keys_for("redlock", "job:1")
-    r.set(lock.queued, "q", px=60_000)
-    r.rpush(lock.rate, 1, 2)
-    with RedisServer() as broker:  # the ping's broker traffic elsewhere: only locks here
+    # The ping's broker traffic on one server, the locks on the other: only locks counted.
+    with RedisServer() as broker, RedisServer() as locks:
+        r = locks.client()
+        fill(r, [f"job:{i}" for i in range(50)])
+        r.set(lock.queued, "q", px=60_000)
+        r.rpush(lock.rate, 1, 2)
         app = layout_app(
-            "inv", f"redis://127.0.0.1:{broker.port}", set_as_current=False, redlock_url=redis_url
+            "inv", f"redis://127.0.0.1:{broker.port}", set_as_current=False, redlock_url=locks.url
         )
         board = Dashboard(app, actions=True, ping_timeout=0.2)
+        board.locks_page({}, {"csrf_token": "x"})  # connects (HELLO): not the view's commands
         before = r.info("commandstats")
         status, body = board.locks_page({}, {"csrf_token": "x"})
         after = r.info("commandstats")
+        r.close()
     assert status == 200 and lock.lock in body
     used = {k for k in after if after[k]["calls"] != before.get(k, {}).get("calls")}
     # "script": Redis 6.2 counts SCRIPT LOAD under its command (7.0: "script|load").
