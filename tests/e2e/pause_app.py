@@ -26,6 +26,7 @@ import redis
 from celery import signals
 
 from celery_redlock import LockedTask, current_lock
+from celery_redlock import signals as lock_signals
 from celery_redlock.testing import wait_until
 from support.apps import layout_app
 
@@ -86,7 +87,9 @@ def fenced_write(self: Any, key: str, role: str) -> int:
     )
     if role == "stale":
         wait_for(lambda: records.exists("resumed"), 30.0)  # frozen in here by the test
-        wait_for(lambda: lock.lost, 10.0)  # the overdue renewal runs first thing on resume
+        # The overdue renewal runs first thing on resume and reports the loss; ``lock.lost``
+        # alone says so by the clock at once, and the body would race the renewal to it.
+        wait_for(lambda: records.exists(f"lost-reported:{self.request.id}"), 10.0)
         # Read again now, the token is None: the lock says it is lost.
         records.hset(me, mapping={"lost": int(lock.lost), "fence_now": str(lock.fencing_token)})
     written = int(write_if_newer(keys=[store_key(key)], args=[fence, role]))
@@ -94,6 +97,12 @@ def fenced_write(self: Any, key: str, role: str) -> int:
     if role == "new":
         wait_for(lambda: records.exists("finish"), 30.0)
     return written
+
+
+@lock_signals.lock_lost.connect(weak=False)
+def _record_lost(sender: Any = None, task_id: str = "", **_: Any) -> None:
+    """The lock of ``task_id`` reported itself lost (from the renewal thread, or a release)."""
+    records.set(f"lost-reported:{task_id}", 1)
 
 
 @signals.task_postrun.connect(weak=False)
