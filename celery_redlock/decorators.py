@@ -122,6 +122,16 @@ def _label(fun: Any) -> str:
     return name if isinstance(name, str) and name.isidentifier() else "my_task"
 
 
+def _runs(task: Any, wrapper: Any) -> bool:
+    """Whether ``task`` runs ``wrapper`` (and not a task calling the wrapped function as a
+    plain function). Celery's task class holds ``run`` itself (a ``staticmethod``, or the
+    function for ``bind=True``): read there, without :func:`inspect.getattr_static`'s walk."""
+    run = vars(type(task)).get("run")
+    if run is None:
+        return run_function(task)[0] is wrapper
+    return getattr(run, "__func__", run) is wrapper
+
+
 def _decorate(fun: Any, options: dict[str, Any]) -> Any:
     if isinstance(fun, (Proxy, Task)) or not inspect.isfunction(fun):
         raise TypeError(_WRONG_ORDER.format(name=_label(fun)))
@@ -149,7 +159,7 @@ def _decorate(fun: Any, options: dict[str, Any]) -> Any:
     @functools.wraps(fun)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         task = current_task._get_current_object()
-        if task is None or run_function(task)[0] is not wrapper:
+        if task is None or not _runs(task, wrapper):
             return fun(*args, **kwargs)
         spec = spec_of(task)
         call_args = args[1:] if spec is not None and spec.bound else args

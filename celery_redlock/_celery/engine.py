@@ -192,7 +192,8 @@ def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
     setattr(request, REQUEST_ATTR, Execution(lock, cooldown=options.cooldown, settings=settings))
     if header:  # the usual call has no overrides to record
         _record_overrides(settings, lock, request, header)
-    logger.debug("%s[%s] acquired %s", task.name, request.id, lock.key)
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug("%s[%s] acquired %s", task.name, request.id, lock.key)
     # A single-node lock reads its fencing token on first use (one round trip): only when
     # someone listens for it.
     fencing = lock.fencing_token if signals.lock_acquired.receivers else None
@@ -549,7 +550,8 @@ def leave(task: Any, request: Any = None, *, cooldown: bool = True) -> None:
     lock = execution.lock
     execution.lock = None
     if _release(task, request, lock, execution.cooldown if cooldown else 0):
-        logger.debug("%s[%s] released %s", task.name, request.id, lock.key)
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("%s[%s] released %s", task.name, request.id, lock.key)
         emit(
             task,
             request.id,

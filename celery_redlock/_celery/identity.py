@@ -240,6 +240,14 @@ class Spec:
             return tuple(p.name for p in self.params)
         return tuple(by)
 
+    @functools.cached_property
+    def positional(self) -> tuple[str, ...] | None:
+        """The parameters' names when every parameter is positional-or-keyword: then a call
+        with one positional argument per parameter and no keywords binds them in order."""
+        if all(p.kind is _POSITIONAL_OR_KEYWORD for p in self.params):
+            return tuple(p.name for p in self.params)
+        return None
+
 
 def run_function(task: Any) -> tuple[Any, bool]:
     """The function behind ``task.run`` and whether it takes ``self`` (``bind=True``)."""
@@ -296,7 +304,11 @@ def lock_name_for(
     if callable(by):
         canonical = encode_call(task.name, spec.params, args, kwargs, by)
     else:
-        arguments = bind(task.name, spec.params, args, kwargs)
+        positional = spec.positional
+        if not kwargs and positional is not None and len(args) == len(positional):
+            arguments: Mapping[str, Any] = dict(zip(positional, args, strict=True))
+        else:
+            arguments = bind(task.name, spec.params, args, kwargs)
         canonical = _encode_arguments(task.name, spec.names, arguments)
     secret = (settings if settings is not None else settings_for(task.app)).key_secret
     return _keys.task_lock_name(spec.options.name or task.name, canonical, secret)

@@ -136,7 +136,7 @@ def check_url(url: str) -> None:
 
 async def run_script(client: Any, source: str, call: Call) -> Any:
     """Run ``source`` on ``client`` with ``EVALSHA``; after a ``NOSCRIPT`` reply, ``SCRIPT
-    LOAD`` it and run it again (as :func:`~celery_redlock._redis.nodes.run_script`)."""
+    LOAD`` it and run it again (as :func:`~celery_redlock._redis.commands.run_script`)."""
     keys, args = call
     sha = _scripts.sha1(source)
     try:

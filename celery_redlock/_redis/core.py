@@ -366,6 +366,21 @@ class LockCore:
     #: What ``repr()`` calls it.
     _kind = "Lock"
 
+    # The state of a lock never acquired: class attributes, set on the instance once they
+    # change (a lock is built per task execution; this spares the constructor eight stores).
+    _token: str | None = None
+    _slot: str | None = None
+    _fencing_token: int | None = None
+    _acquired_at = 0.0
+    _expires_at = 0.0
+    _lost = False
+    #: The holder seen by the last failed attempt (``None`` if it was not contended).
+    last_holder: _owner.Owner | None = None
+    _holder_ttl: float | None = None
+    #: How many acquisition tries this object has made and had answered: each non-blocking
+    #: try, and each try of a blocking wait (a lock handed over to a waiter costs none).
+    attempts = 0
+
     def __init__(
         self,
         redis: Any,
@@ -398,19 +413,6 @@ class LockCore:
         self.max_hold = max_hold
         self.clock = clock
         self._state = threading.Lock()
-        self._token: str | None = None
-        self._slot: str | None = None
-        self._fencing_token: int | None = None
-        self._acquired_at = 0.0
-        self._expires_at = 0.0
-        self._lost = False
-        #: The holder seen by the last failed attempt (``None`` if it was not contended).
-        self.last_holder: _owner.Owner | None = None
-        self._holder_ttl: float | None = None
-        #: How many acquisition tries this object has made and had answered: each
-        #: non-blocking try, and each try of a blocking wait (a lock handed over to a waiter
-        #: costs none).
-        self.attempts = 0
 
     @property
     def key(self) -> str:

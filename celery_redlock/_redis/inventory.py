@@ -62,6 +62,7 @@ from ..exceptions import LockUnavailable
 from . import owner as _owner
 from . import scripts as _scripts
 from .clients import UNAVAILABLE_ERRORS, client_for, redact, refused
+from .commands import run_script
 from .keys import (
     LockKeys,
     call_key,
@@ -434,7 +435,7 @@ class Inventory:
             # and a Cluster's waiters listen on the shared channel; see scripts.RELEASE).
             handoff = len(self.urls) == 1 and not isinstance(client, RedisCluster)
             call = _scripts.release_unrenewed_call(keys, lock.key, lock.value, limit, handoff)
-            return int(_scripts.run(client, _scripts.RELEASE_UNRENEWED, *call))
+            return int(run_script(client, _scripts.RELEASE_UNRENEWED, *call))
 
         replies = [r for r in self._each(one) if r is not None]
         if -1 in replies:
@@ -461,7 +462,7 @@ class Inventory:
             raise ValueError(f"{key!r} is not an enqueue marker, rate window or debounce marker")
         keys, _, kind = marker
         call = ([key, keys.rate_next if kind == "rate" else key], [fingerprint])
-        cleared = self._each(lambda c: _scripts.run(c, _scripts.CLEAR_MARKER, *call))
+        cleared = self._each(lambda c: run_script(c, _scripts.CLEAR_MARKER, *call))
         return any(bool(r) for r in cleared)
 
     # -- counters -------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ import redis as redis_py
 from ..exceptions import LockUnavailable
 from . import scripts as _scripts
 from .clients import client_for, node_name
+from .commands import execute, run_script
 from .core import (
     Extended,
     Outcome,
@@ -99,20 +100,6 @@ class Nodes(Protocol):
     def pubsub_client(self) -> Any: ...
 
     def run(self, source: str, call: Call, key: str) -> Any: ...
-
-
-def run_script(client: Any, source: str, keys: list[str], args: list[Any]) -> Any:
-    """Run ``source`` with ``EVALSHA``; after a ``NOSCRIPT`` reply (a server that restarted or
-    ran ``SCRIPT FLUSH``), ``SCRIPT LOAD`` it and run it again (not ``EVAL``: an ACL user may
-    have ``+evalsha +script|load`` only). Any redis-py-like client (``valkey`` too)."""
-    sha = _scripts.sha1(source)
-    try:
-        return client.execute_command("EVALSHA", sha, len(keys), *keys, *args)
-    except Exception as exc:
-        if classify(exc) is not Outcome.NOSCRIPT:
-            raise
-    client.script_load(source)
-    return client.execute_command("EVALSHA", sha, len(keys), *keys, *args)
 
 
 def is_cluster(client: Any) -> bool:
@@ -166,8 +153,8 @@ class SingleNode(QueueRules):
             try:
                 holder = self._guarded(
                     lock,
-                    self.client.execute_command,
-                    *("SET", lock, token, "NX", "PX", ttl_ms, "GET"),
+                    execute,
+                    *(self.client, "SET", lock, token, "NX", "PX", ttl_ms, "GET"),
                     get=True,  # redis-py's reply callback: the old value, not a bool
                 )
             except Exception as exc:

@@ -15,7 +15,7 @@ restart, ``SCRIPT FLUSH``): :func:`run`. Every name is importable from this pack
 
 from __future__ import annotations
 
-from .base import Script, run, sha1
+from .base import Script, sha1
 from .companions import (
     CHECK_NEWEST,
     CLEAR_MARKER,
@@ -114,7 +114,6 @@ __all__ = [
     "release_attempt_call",
     "release_call",
     "release_unrenewed_call",
-    "run",
     "sha1",
     "wait_call",
 ]

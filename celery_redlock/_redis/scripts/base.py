@@ -1,4 +1,5 @@
-"""How a script is declared and run: its source, the commands it runs, ``EVALSHA`` with reload.
+"""How a script is declared: its source, the commands it runs, and its ``EVALSHA`` digest
+(:func:`celery_redlock._redis.commands.run_script` runs it).
 
 Each script opens with its contract (``KEYS[]``, ``ARGV[]``, what it returns) and is declared
 once as a :class:`Script`, with the Redis commands it runs. Those declarations are what the
@@ -12,9 +13,6 @@ from __future__ import annotations
 import functools
 import hashlib
 from dataclasses import dataclass
-from typing import Any
-
-from redis.exceptions import NoScriptError
 
 
 @dataclass(frozen=True)
@@ -34,15 +32,3 @@ def sha1(source: str) -> str:
     """The SHA1 under which Redis caches ``source`` (what ``EVALSHA`` takes); computed once
     per script."""
     return hashlib.sha1(source.encode()).hexdigest()
-
-
-def run(client: Any, source: str, keys: list[str], args: list[Any]) -> Any:
-    """Run ``source`` on ``client`` with ``EVALSHA``; after a ``NOSCRIPT`` reply (a server
-    that restarted or ran ``SCRIPT FLUSH``), ``SCRIPT LOAD`` it and run it again (not ``EVAL``:
-    an ACL user may have ``+evalsha +script|load`` only)."""
-    sha = sha1(source)
-    try:
-        return client.execute_command("EVALSHA", sha, len(keys), *keys, *args)
-    except NoScriptError:
-        client.script_load(source)
-        return client.execute_command("EVALSHA", sha, len(keys), *keys, *args)

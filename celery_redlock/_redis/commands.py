@@ -1,0 +1,164 @@
+"""One command on a synchronous client: the lock's round trips, with as little Python as
+redis-py allows.
+
+:func:`execute` is what the thread lock sends every command with. redis-py's
+``Redis.execute_command`` costs, per command, about as many instructions as packing, sending
+and parsing it (a retry closure, the maintenance-notification and ``HIMPORT`` checks, the
+reply callbacks, two metrics calls that do nothing unless redis-py's observability is on).
+A task lock makes two commands per execution, so that is a third of what locking adds to a
+task. So, on a plain client, :func:`execute` takes a connection from the client's pool, sends
+the command, reads the reply and gives the connection back, all through the pool's and the
+connection's public methods, as ``execute_command`` does.
+
+It goes through ``execute_command`` instead, unchanged, whenever the direct path would skip
+something a user set up:
+
+* the client is not a plain ``redis.Redis`` or ``valkey.Valkey`` (a Cluster client, an
+  asyncio client, a subclass that overrides ``execute_command``);
+* ``execute_command`` is wrapped (OpenTelemetry's and Sentry's Redis instrumentations wrap
+  it on the class; a wrapper is not a plain function), or replaced on the instance;
+* the client has one dedicated connection (``single_connection_client=True``);
+* redis-py's own observability is enabled (its command metrics are recorded there).
+
+Errors: a reply error (``NOSCRIPT``, ``OOM``, ``NOPERM``...) is raised as redis-py raises it,
+and the connection goes back to the pool. A connection error or time-out on the direct path
+disconnects that connection (redis-py's ``send_command``/``read_response`` do) and the command
+is sent again through ``execute_command``, which applies the client's retry policy: the
+command is tried once more than the policy alone would. A command the server may have run
+before its reply was lost is seen as today by the callers (the acquire sees its own token as
+the holder, and the core's checks decide).
+
+The direct path is pinned by ``tests/integration/test_commands.py`` on every redis-py and
+valkey version of the test matrix.
+"""
+
+from __future__ import annotations
+
+import inspect
+from types import FunctionType
+from typing import Any
+
+from . import scripts as _scripts
+from .core import Outcome, classify
+
+#: Per client class: its library's own ``execute_command`` (the direct path is taken only while
+#: the class still has it), or ``None`` for a class that never takes it.
+_plain: dict[type, Any] = {}
+
+#: Per pool class: whether ``get_connection`` wants a command name (redis-py < 5.3, valkey).
+_named: dict[type, bool] = {}
+
+#: ``(module, qualified name)`` of the ``execute_command`` functions the direct path stands for.
+_LIBRARY_METHODS = {
+    ("redis.client", "Redis.execute_command"),
+    ("valkey.client", "Valkey.execute_command"),
+}
+
+
+def _plain_method(cls: type) -> Any:
+    """``cls.execute_command`` if it is the library's own function, else ``None``: a wrapper
+    is not a plain function (wrapt's proxies), or has ``__wrapped__`` (``functools.wraps``,
+    which also copies the name and module)."""
+    method = getattr(cls, "execute_command", None)
+    if (
+        type(method) is FunctionType
+        and not hasattr(method, "__wrapped__")
+        and (method.__module__, method.__qualname__) in _LIBRARY_METHODS
+    ):
+        return method
+    return None
+
+
+def _observed() -> bool:
+    """Whether redis-py's observability records command metrics (redis-py >= 7.1)."""
+    return _observability is not None and _observability().is_enabled()
+
+
+_observability: Any
+try:
+    from redis.observability.providers import get_observability_instance as _observability
+except ImportError:  # redis-py < 7.1, valkey: no command metrics of their own
+    _observability = None
+
+
+def _takes_name(pool: Any) -> bool:
+    cls = type(pool)
+    named = _named.get(cls)
+    if named is None:
+        parameters = list(inspect.signature(cls.get_connection).parameters.values())[1:]
+        named = _named[cls] = bool(parameters) and parameters[0].default is parameters[0].empty
+    return named
+
+
+def execute(client: Any, *args: Any, **options: Any) -> Any:
+    """``client.execute_command(*args, **options)``: the reply as the connection reads it.
+
+    ``options`` go to ``execute_command`` only (redis-py's reply callbacks read them); the
+    caller passes those that make the callback return the reply unchanged (``get=True`` for
+    ``SET ... GET``), so both paths give the same value.
+    """
+    cls = type(client)
+    method = _plain.get(cls, False)
+    if method is False:
+        method = _plain[cls] = _plain_method(cls)
+    if (
+        method is None
+        or cls.execute_command is not method
+        or "execute_command" in client.__dict__
+        or client.connection is not None
+        or _observed()
+    ):
+        return client.execute_command(*args, **options)
+    pool = client.connection_pool
+    connection = pool.get_connection(args[0]) if _takes_name(pool) else pool.get_connection()
+    try:
+        connection.send_packed_command((pack(connection.encoder, args),))
+        reply = connection.read_response()
+    except Exception as exc:
+        if classify(exc) is not Outcome.UNAVAILABLE:
+            raise
+    else:
+        return reply
+    finally:
+        pool.release(connection)
+    return client.execute_command(*args, **options)
+
+
+def pack(encoder: Any, args: tuple[Any, ...]) -> bytes:
+    """``args`` as one RESP request (an array of bulk strings), text encoded as ``encoder``
+    (the connection's: the client's ``encoding`` and ``encoding_errors``) encodes it.
+
+    What redis-py's Python packer sends for the same arguments, for the commands of one word
+    and the argument types this package sends (``str``, ``int``, ``bytes``); it skips that
+    packer's chunking of values over 6 kB (a lock's arguments are short) and its checks for
+    other types, which cost as much as the round trip's own Python. Anything else is a
+    :class:`TypeError` (a bug here, not a user's input).
+    """
+    encoding, errors = encoder.encoding, encoder.encoding_errors
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        kind = type(arg)
+        if kind is str:
+            data = arg.encode(encoding, errors)
+        elif kind is int:
+            data = b"%d" % arg
+        elif kind is bytes:
+            data = arg
+        else:
+            raise TypeError(f"cannot send a {kind.__name__} argument: {arg!r}")
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+def run_script(client: Any, source: str, keys: list[str], args: list[Any]) -> Any:
+    """Run ``source`` with ``EVALSHA``; after a ``NOSCRIPT`` reply (a server that restarted or
+    ran ``SCRIPT FLUSH``), ``SCRIPT LOAD`` it and run it again (not ``EVAL``: an ACL user may
+    have ``+evalsha +script|load`` only). Any redis-py-like client (``valkey`` too)."""
+    sha = _scripts.sha1(source)
+    try:
+        return execute(client, "EVALSHA", sha, len(keys), *keys, *args)
+    except Exception as exc:
+        if classify(exc) is not Outcome.NOSCRIPT:
+            raise
+    client.script_load(source)
+    return execute(client, "EVALSHA", sha, len(keys), *keys, *args)

@@ -1,0 +1,185 @@
+"""The lock's direct command path (:mod:`celery_redlock._redis.commands`), pinned on every
+redis-py and valkey version of the test matrix: what it sends, what it returns, when it steps
+aside for ``execute_command``, and how it fails."""
+
+from __future__ import annotations
+
+import functools
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis as redis_py
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from celery_redlock._redis.commands import execute, pack
+from celery_redlock.testing import RedisServer
+
+try:
+    import valkey
+except ImportError:  # the lowest-dependency session has no valkey
+    valkey = None
+
+LIBRARIES = [
+    "redis",
+    pytest.param("valkey", marks=pytest.mark.skipif(valkey is None, reason="no valkey")),
+]
+
+
+def client_of(library: str, url: str, **options: Any) -> Any:
+    module = redis_py if library == "redis" else valkey
+    cls = module.Redis if library == "redis" else module.Valkey
+    return cls.from_url(url, **options)
+
+
+@pytest.fixture(params=LIBRARIES)
+def client(request: pytest.FixtureRequest, redis_url: str) -> Iterator[Any]:
+    made = client_of(request.param, redis_url)
+    yield made
+    made.close()
+
+
+def library_calls(run: Callable[[], Any]) -> tuple[Any, int]:
+    """``run()``'s result, and how many times a library's own ``execute_command`` ran in it."""
+    calls = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        code = frame.f_code
+        library = frame.f_globals.get("__name__") in ("redis.client", "valkey.client")
+        if event == "call" and code.co_name == "execute_command" and library:
+            calls.append(code)
+
+    sys.setprofile(profile)
+    try:
+        result = run()
+    finally:
+        sys.setprofile(None)
+    return result, len(calls)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("SET", "redlock:{t:ab}", "0f|12|1700000000000|hôst|id", "NX", "PX", 30000, "GET"),
+        ("EVALSHA", "a" * 40, 3, "k1", "k2", "k3", "token", 0, "1"),
+        ("SET", b"\x00\xffbytes", b"", "PX", -1),
+    ],
+)
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
+def test_the_packer_sends_the_bytes_the_library_packs(
+    args: tuple[Any, ...], encoding: str, redis_url: str
+) -> None:
+    for library in ("redis", "valkey") if valkey is not None else ("redis",):
+        connection = client_of(
+            library, redis_url, encoding=encoding
+        ).connection_pool.make_connection()
+        assert pack(connection.encoder, args) == b"".join(connection.pack_command(*args))
+
+
+def test_the_packer_refuses_a_type_it_does_not_send(r: redis_py.Redis) -> None:
+    connection = r.connection_pool.make_connection()
+    with pytest.raises(TypeError, match="float"):
+        pack(connection.encoder, ("SET", "k", 1.5))
+
+
+def test_a_plain_client_gets_the_replies_of_execute_command_without_calling_it(client: Any) -> None:
+    client.delete("direct")
+    command = ("SET", "direct", "mine", "NX", "PX", 60000, "GET")
+    first, calls = library_calls(lambda: execute(client, *command, get=True))
+    assert (first, calls) == (None, 0)
+    second, calls = library_calls(lambda: execute(client, *command, get=True))
+    assert (second, calls) == (b"mine", 0)
+    assert second == client.execute_command(*command, get=True)
+    script = "return {KEYS[1], ARGV[1], 7}"
+    sha = client.script_load(script)
+    reply, calls = library_calls(lambda: execute(client, "EVALSHA", sha, 1, "k", "v"))
+    assert (reply, calls) == ([b"k", b"v", 7], 0)
+
+
+def test_a_reply_error_is_raised_and_the_connection_goes_back_to_the_pool(client: Any) -> None:
+    pool = client.connection_pool
+    execute(client, "PING")
+    with pytest.raises(Exception) as raised:  # the library's own class, checked by name
+        execute(client, "EVALSHA", "0" * 40, 0)
+    assert "NoScriptError" in {cls.__name__ for cls in type(raised.value).__mro__}
+    assert len(pool._in_use_connections) == 0
+    assert execute(client, "PING") in (b"PONG", True)
+
+
+def wrapped(client: Any) -> list[tuple[Any, ...]]:
+    """Wrap ``client.execute_command`` on the instance, recording each call."""
+    seen: list[tuple[Any, ...]] = []
+    original = client.execute_command
+
+    def recording(*args: Any, **options: Any) -> Any:
+        seen.append(args)
+        return original(*args, **options)
+
+    client.execute_command = recording
+    return seen
+
+
+def test_an_instance_wrapper_and_a_single_connection_client_take_execute_command(
+    redis_url: str,
+) -> None:
+    for options in ({}, {"single_connection_client": True}):
+        made = redis_py.Redis.from_url(redis_url, **options)
+        seen = wrapped(made)
+        assert execute(made, "SET", "instrumented", "v", "PX", 1000) in (b"OK", True)
+        assert seen == [("SET", "instrumented", "v", "PX", 1000)]
+        made.close()
+
+
+def test_a_class_wrapper_takes_execute_command(redis_url: str) -> None:
+    """A wrapper installed on the class, as OpenTelemetry's and Sentry's Redis
+    instrumentations install theirs (``functools.wraps`` copies the name and module)."""
+    seen: list[tuple[Any, ...]] = []
+
+    class Instrumented(redis_py.Redis):  # type: ignore[misc]
+        pass
+
+    original = redis_py.Redis.execute_command
+
+    @functools.wraps(original)
+    def traced(self: Any, *args: Any, **options: Any) -> Any:
+        seen.append(args)
+        return original(self, *args, **options)
+
+    Instrumented.execute_command = traced
+    made = Instrumented.from_url(redis_url)
+    assert execute(made, "PING") in (b"PONG", True)
+    assert seen == [("PING",)]
+    made.close()
+
+
+def test_a_server_that_stops_answering_is_asked_once_more_through_execute_command() -> None:
+    """A time-out on the direct path hands the command to ``execute_command`` (the client's
+    retry policy: none here), once; its error is raised, no connection is left checked out,
+    and the direct path serves again once the server answers."""
+    with RedisServer() as server:
+        made = redis_py.Redis.from_url(
+            server.url, socket_timeout=0.3, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
+        )
+        assert execute(made, "PING") in (b"PONG", True)
+        assert server.process is not None
+        server.process.send_signal(signal.SIGSTOP)
+        failed: list[BaseException] = []
+
+        def attempt() -> None:
+            try:
+                execute(made, "PING")
+            except redis_py.TimeoutError as exc:
+                failed.append(exc)
+
+        try:
+            _, calls = library_calls(attempt)
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        assert len(failed) == 1 and calls == 1
+        assert len(made.connection_pool._in_use_connections) == 0
+        reply, calls = library_calls(lambda: execute(made, "PING"))
+        assert (reply in (b"PONG", True), calls) == (True, 0)
+        made.close()
