@@ -22,13 +22,14 @@ something a user set up:
 
 Errors: a reply error (``NOSCRIPT``, ``OOM``, ``NOPERM``...) is raised as redis-py raises it,
 and the connection goes back to the pool. A connection error or time-out on the direct path
-disconnects that connection (redis-py's ``send_command``/``read_response`` do) and the command
+disconnects that connection (``send_packed_command``/``read_response`` do) and the command
 is sent again through ``execute_command``, which applies the client's retry policy: the
 command is tried once more than the policy alone would. A command the server may have run
 before its reply was lost is seen as today by the callers (the acquire sees its own token as
 the holder, and the core's checks decide).
 
-The direct path is pinned by ``tests/integration/test_commands.py`` on every redis-py and
+``tests/integration/test_commands.py`` pins the direct path and each case above but the last
+(redis-py's observability, which needs its OpenTelemetry metrics set up) on every redis-py and
 valkey version of the test matrix.
 """
 
@@ -81,13 +82,15 @@ except ImportError:  # redis-py < 7.1, valkey: no command metrics of their own
     _observability = None
 
 
-def _takes_name(pool: Any) -> bool:
+def connection_of(pool: Any, command: str = "EVALSHA") -> Any:
+    """A connected connection from ``pool`` (redis-py < 5.3 and valkey want the command's
+    name; whether a pool class does is read from its signature once)."""
     cls = type(pool)
     named = _named.get(cls)
     if named is None:
         parameters = list(inspect.signature(cls.get_connection).parameters.values())[1:]
         named = _named[cls] = bool(parameters) and parameters[0].default is parameters[0].empty
-    return named
+    return pool.get_connection(command) if named else pool.get_connection()
 
 
 def execute(client: Any, *args: Any, **options: Any) -> Any:
@@ -110,7 +113,7 @@ def execute(client: Any, *args: Any, **options: Any) -> Any:
     ):
         return client.execute_command(*args, **options)
     pool = client.connection_pool
-    connection = pool.get_connection(args[0]) if _takes_name(pool) else pool.get_connection()
+    connection = connection_of(pool, args[0])
     try:
         connection.send_packed_command((pack(connection.encoder, args),))
         reply = connection.read_response()

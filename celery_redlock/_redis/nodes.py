@@ -51,7 +51,7 @@ import redis as redis_py
 from ..exceptions import LockUnavailable
 from . import scripts as _scripts
 from .clients import client_for, node_name
-from .commands import execute, run_script
+from .commands import connection_of, execute, run_script
 from .core import (
     Extended,
     Outcome,
@@ -105,14 +105,6 @@ class Nodes(Protocol):
 def is_cluster(client: Any) -> bool:
     """Whether ``client`` is a Redis Cluster client (redis-py's or a fork's, sync or asyncio)."""
     return any(cls.__name__ in ("RedisCluster", "ValkeyCluster") for cls in type(client).__mro__)
-
-
-def _connection(pool: Any) -> Any:
-    """A connected connection from ``pool`` (redis-py < 5.3 wants a command name)."""
-    try:
-        return pool.get_connection()
-    except TypeError:
-        return pool.get_connection("EVALSHA")
 
 
 class SingleNode(QueueRules):
@@ -266,7 +258,7 @@ class Quorum(QuorumRules):
         for i in indexes:
             pool = self.clients[i].connection_pool
             try:
-                conn = _connection(pool)
+                conn = connection_of(pool)
                 try:
                     conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
                 except BaseException:
