@@ -29,8 +29,8 @@ from typing import Any
 from celery.signals import worker_process_shutdown
 
 from ._celery.options import Settings, settings_for
-from ._redis.clients import client_for, redact
-from ._redis.inventory import Inventory
+from ._redis.clients import redact
+from ._redis.inventory import Inventory, add_counts
 from ._redis.keys import stats_key
 from ._redis.owner import current_pid
 from .exceptions import LockUnavailable
@@ -95,10 +95,7 @@ class _Counters:
             pending, self.pending = self.pending, {}
         for (url, key), counts in pending.items():
             try:
-                pipe = client_for(url).pipeline(transaction=False)
-                for event, n in counts.items():
-                    pipe.hincrby(key, event, n)
-                pipe.execute()
+                add_counts(url, key, counts)
             except Exception as exc:  # RedisError, RedisClusterException, LockUnavailable...
                 with self.lock:  # keep them for the next flush
                     self.pending.setdefault((url, key), Counter()).update(counts)

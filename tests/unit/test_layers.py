@@ -212,17 +212,23 @@ def _redis_uses(name: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("name", CELERY_LAYER)
-def test_the_celery_layer_sends_no_redis_command(name: str) -> None:
-    """The Celery layer decides; the Redis layer (``_redis``) sends: no client, no script."""
-    assert _redis_uses(name) == [], name
+#: The one module outside the Redis layer that holds a client: the test server wrapper, which
+#: pings the ``redis-server`` it started until it answers.
+SERVER_WRAPPER = "celery_redlock.testing._server"
+#: Every other module: the Celery layer, the public adapters (task, decorators, metrics), the
+#: command line and the dashboard.
+OUTSIDE = sorted(m for m in MODULES if m not in REDIS_LAYER and m != SERVER_WRAPPER)
 
 
-#: The adapters over the inventory: the command line and the dashboard.
-ADAPTERS = sorted(m for m in MODULES if m.startswith(("celery_redlock.cli", "celery_redlock.web")))
+def test_the_outside_covers_every_layer() -> None:
+    outside = set(OUTSIDE)
+    assert {"celery_redlock.metrics", "celery_redlock.task", "celery_redlock.cli._group"} <= outside
+    assert set(CELERY_LAYER) <= outside
+    assert any(m.startswith("celery_redlock.web") for m in outside)
 
 
-@pytest.mark.parametrize("name", ADAPTERS)
-def test_the_command_line_and_the_dashboard_send_no_redis_command(name: str) -> None:
-    """They read and change locks through the Redis layer's inventory only."""
+@pytest.mark.parametrize("name", OUTSIDE)
+def test_only_the_redis_layer_sends_redis_commands(name: str) -> None:
+    """The Celery layer decides, the command line and the dashboard read and change locks
+    through the inventory, the counters flush through it: the Redis layer (``_redis``) sends."""
     assert _redis_uses(name) == [], name
