@@ -28,9 +28,9 @@ command is tried once more than the policy alone would. A command the server may
 before its reply was lost is seen as today by the callers (the acquire sees its own token as
 the holder, and the core's checks decide).
 
-``tests/integration/test_commands.py`` pins the direct path and each case above but the last
-(redis-py's observability, which needs its OpenTelemetry metrics set up) on every redis-py and
-valkey version of the test matrix.
+``tests/integration/test_commands.py`` pins the direct path and each case above on every
+redis-py and valkey version of the test matrix (redis-py's observability where it has one:
+redis-py >= 7.1 with ``opentelemetry-sdk``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ aside for ``execute_command``, and how it fails."""
 from __future__ import annotations
 
 import functools
+import json
 import signal
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -183,3 +185,44 @@ def test_a_server_that_stops_answering_is_asked_once_more_through_execute_comman
         reply, calls = library_calls(lambda: execute(made, "PING"))
         assert (reply in (b"PONG", True), calls) == (True, 0)
         made.close()
+
+
+#: A process of its own (redis-py's observability and OpenTelemetry's meter provider are set
+#: once per process): the Redis operations redis-py recorded for one lock's acquire and release.
+OBSERVED = """
+import json, sys
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from redis.observability.config import MetricGroup, OTelConfig
+from redis.observability.providers import get_observability_instance
+import celery_redlock
+
+reader = InMemoryMetricReader()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+get_observability_instance().init(OTelConfig(metric_groups=[MetricGroup.COMMAND]))
+lock = celery_redlock.Lock(sys.argv[1], "observed", 30)
+assert lock.acquire(blocking=False)
+lock.release()
+names = [
+    point.attributes.get("db.operation.name")
+    for resource in reader.get_metrics_data().resource_metrics
+    for scope in resource.scope_metrics
+    for metric in scope.metrics
+    if metric.name == "db.client.operation.duration"
+    for point in metric.data.data_points
+]
+print(json.dumps(sorted(set(filter(None, names)))))
+"""
+
+
+def test_with_redis_py_observability_on_the_lock_commands_are_recorded(redis_url: str) -> None:
+    """redis-py's own command metrics (redis-py >= 7.1) see the lock's ``SET`` and
+    ``EVALSHA``: with observability enabled the lock sends them through ``execute_command``."""
+    pytest.importorskip("redis.observability.providers")
+    pytest.importorskip("opentelemetry.sdk.metrics")
+    run = subprocess.run(
+        [sys.executable, "-c", OBSERVED, redis_url], capture_output=True, text=True, timeout=60
+    )
+    assert run.returncode == 0, run.stderr
+    assert {"SET", "EVALSHA"} <= set(json.loads(run.stdout.splitlines()[-1]))
