@@ -5,12 +5,13 @@ decoded.
 * :mod:`.queue`: the queue of blocking waiters (wait, leave);
 * :mod:`.companions`: the queued marker (``lock_enqueue``), the newest-call marker
   (``replace``, ``lock_debounce``) and the rate window (``lock_rate``);
-* :mod:`.base`: the :class:`Script` declaration (the commands each script runs) and
-  :func:`run`.
+* :mod:`.base`: the :class:`Script` declaration (the commands each script runs) and its
+  ``EVALSHA`` digest.
 
 Keys always arrive through ``KEYS[]`` (built by :mod:`celery_redlock._redis.keys`); no script
 builds a key name. Scripts run with ``EVALSHA``, loaded again after a ``NOSCRIPT`` reply (server
-restart, ``SCRIPT FLUSH``): :func:`run`. Every name is importable from this package.
+restart, ``SCRIPT FLUSH``): :func:`celery_redlock._redis.commands.run_script`. Every name is
+importable from this package.
 """
 
 from __future__ import annotations
