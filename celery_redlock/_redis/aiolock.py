@@ -55,25 +55,36 @@ async def settle(aw: Awaitable[T], late: Callable[[T], Any] | None = None) -> T:
     meanwhile, even if ``aw`` swallowed the cancellation (hazard 6); ``late(result)`` then
     undoes what ``aw`` did.
 
-    From Python 3.11 the task counts the cancellations asked of it (``cancelling()``), so a
-    dropped one is seen after ``aw`` returns. Before, ``aw`` runs in a task of its own, the
-    cancellation lands on the wait for it and is raised at once; ``aw`` is cancelled and left
-    to end in the background (redis-py < 5.1 can take up to its socket timeout), and
-    ``late`` undoes it if it still returns.
+    With ``late`` (``aw`` takes something: a lock, a queue place, a subscription), ``aw`` runs
+    in a task of its own that a cancellation never reaches: the caller's wait raises at once,
+    and ``aw`` runs to its reply in the background, where ``late`` undoes it. Cancelling
+    ``aw`` itself would not unsend its command: the command can leave the client's buffer
+    after the caller's own give-back went out on another connection:
+
+    1. the acquire is written to connection 1's buffer; the caller is cancelled;
+    2. the caller gives back on connection 2, and Redis runs it first (nothing to delete);
+    3. connection 1 flushes as it closes, and Redis runs the acquire: the key stays held until
+       its TTL, by nobody.
+
+    Waiting for the reply orders the undo after the command. Without ``late``, from Python 3.11
+    the task counts the cancellations asked of it (``cancelling()``), so a dropped one is seen
+    after ``aw`` returns; before, ``aw`` runs in a task of its own, the cancellation lands on
+    the wait for it and is raised at once, and ``aw`` is cancelled.
     """
-    if _COUNTS_CANCELS:
+    if _COUNTS_CANCELS and late is None:
         result = await aw
         if _cancelling():
-            if late is not None:
-                _run_late(late, result)
             raise asyncio.CancelledError
         return result
     task = asyncio.ensure_future(aw)
     try:
         await asyncio.wait((task,))
     except asyncio.CancelledError:
-        task.cancel()
-        if late is not None:
+        if late is None:
+            task.cancel()
+        else:
+            _background.add(task)
+            task.add_done_callback(_background.discard)
             task.add_done_callback(functools.partial(_undo, late))
         raise
     return task.result()
