@@ -196,7 +196,8 @@ ONLY_IN = {"sync_account": {"README.md"}}
 
 
 def cleanup(ns: dict[str, Any]) -> None:
-    """Undo what blocks registered globally: signal receivers, collectors; close the apps."""
+    """Undo what blocks registered globally: signal receivers, collectors; close the apps and
+    connections (a program's end with its process: the guide's PostgreSQL one), pass or fail."""
     if "on_contended" in ns:
         lock_contended.disconnect(ns["on_contended"])
     if "collector" in ns:
@@ -204,7 +205,9 @@ def cleanup(ns: dict[str, Any]) -> None:
 
         REGISTRY.unregister(ns["collector"])
     for value in ns.values():
-        if isinstance(value, Celery | sqlite3.Connection):
+        if isinstance(value, Celery | sqlite3.Connection) or type(value).__module__.startswith(
+            "psycopg"
+        ):
             value.close()
 
 
@@ -347,10 +350,6 @@ def test_every_python_block_runs(
                 check(namespace, redis_server)
         runs.append(Ran(block, dict(namespace), mains, tasks_bound(namespace, before)))
     end_program()
-    # A program ends with its process, and its connections with it: the guide's PostgreSQL one.
-    for value in namespace.values():
-        if type(value).__module__.startswith("psycopg"):
-            value.close()
 
 
 def test_blocks_that_do_not_run_say_why() -> None:
