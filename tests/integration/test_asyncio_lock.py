@@ -282,6 +282,54 @@ def test_cancel_while_the_acquire_reply_is_in_flight_releases(
     run(main())
 
 
+class SentLate(Lock):
+    """An acquire whose command is on its way when the caller is cancelled, and reaches Redis
+    only once ``gate`` opens: a buffer flushed after the caller gave up."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.entered, self.gate, self.ran = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        self.won = False
+
+    async def do_acquire(self, token: str, ttl: float) -> AcquireResult:
+        self.entered.set()
+        return await asyncio.shield(self._sent(token, ttl))  # a cancel cannot unsend it
+
+    async def _sent(self, token: str, ttl: float) -> AcquireResult:
+        await self.gate.wait()
+        try:
+            result = await super().do_acquire(token, ttl)
+            self.won = result.acquired
+            return result
+        finally:
+            self.ran.set()
+
+
+@pytest.mark.usefixtures("cancel_path")
+def test_an_acquire_reaching_redis_after_its_cancel_is_given_back(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """1. the acquire is on its way, and the caller is cancelled; 2. the caller gives back
+    (nothing held yet); 3. the acquire reaches Redis and wins. The lock is given back once its
+    reply arrives, not left held by nobody for its 10 s TTL."""
+
+    async def main() -> None:
+        lock = SentLate(redis_url, NAME, ttl=10)
+        task = asyncio.create_task(lock.acquire(blocking=False))
+        await lock.entered.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert r.get(KEY) is None and not lock.held  # steps 1 and 2: nothing ran yet
+        lock.gate.set()
+        await lock.ran.wait()
+        assert lock.won  # step 3: the script ran on the server, and took the key
+        await until(lambda: r.get(KEY) is None, 3)
+        assert not lock.held
+
+    run(main())
+
+
 class WonThenCancelled(Lock):
     """A blocking acquire that wins, then is cancelled before returning (closing pub/sub)."""
 
