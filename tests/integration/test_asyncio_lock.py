@@ -24,6 +24,7 @@ import redis.asyncio as aioredis
 import celery_redlock
 from celery_redlock import LockContended, LockLost
 from celery_redlock._redis import aiolock
+from celery_redlock._redis.aionodes import SingleNode
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.nodes import Extended
 from celery_redlock._redis.scripts import AcquireResult
@@ -328,6 +329,55 @@ def test_an_acquire_reaching_redis_after_its_cancel_is_given_back(
         assert not lock.held
 
     run(main())
+
+
+@pytest.mark.usefixtures("cancel_path")
+def test_a_queued_try_reaching_redis_after_its_cancel_leaves_the_queue(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """The same for a queued waiter's try: 1. its try (which joins the queue) is on its way,
+    and the waiter is cancelled; 2. it leaves a queue it is not in yet; 3. the try reaches
+    Redis and queues it. Its place is given up once the reply arrives, so the holder's release
+    frees the key instead of handing it to a waiter that is gone."""
+    holder = celery_redlock.Lock(redis_url, NAME, ttl=60)
+    assert holder.acquire(blocking=False)
+
+    async def main() -> None:
+        waiter = Lock(redis_url, NAME, ttl=10)
+        queue = waiter.nodes
+        assert isinstance(queue, SingleNode)  # one node: its waiters queue
+        entered, gate, ran = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        sent_try = queue.wait_attempt
+        queued_after_try: list[int] = []
+
+        async def sent(*args: Any) -> Any:
+            await gate.wait()
+            try:
+                reply = await sent_try(*args)
+                queued_after_try.append(queued(r))  # before anyone sees the reply
+                return reply
+            finally:
+                ran.set()
+
+        async def gated(*args: Any) -> Any:
+            entered.set()
+            return await asyncio.shield(sent(*args))  # a cancel cannot unsend it
+
+        queue.wait_attempt = gated  # type: ignore[method-assign,assignment]
+        task = asyncio.create_task(waiter.acquire(timeout=30))
+        await entered.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert queued(r) == 0  # steps 1 and 2: not queued yet
+        gate.set()
+        await ran.wait()
+        assert queued_after_try == [1]  # step 3: the try queued it
+        await until(lambda: queued(r) == 0, 3)  # and once the reply came, it left
+
+    run(main())
+    holder.release()
+    assert r.get(KEY) is None and lock_keys(r) == []
 
 
 class WonThenCancelled(Lock):
