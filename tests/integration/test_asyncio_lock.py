@@ -283,25 +283,26 @@ def test_cancel_while_the_acquire_reply_is_in_flight_releases(
     run(main())
 
 
-class SentLate(Lock):
-    """An acquire whose command is on its way when the caller is cancelled, and reaches Redis
-    only once ``gate`` opens: a buffer flushed after the caller gave up."""
+class SentLate:
+    """Wraps a lock's command so it is on its way when the caller is cancelled, and reaches
+    Redis only once ``gate`` opens: a buffer flushed after the caller gave up. ``seen`` holds
+    ``probe()`` right after the command ran, before anyone gets its reply."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, send: Callable[..., Any], probe: Callable[[], Any]) -> None:
+        self.send, self.probe = send, probe
         self.entered, self.gate, self.ran = asyncio.Event(), asyncio.Event(), asyncio.Event()
-        self.won = False
+        self.seen: list[Any] = []
 
-    async def do_acquire(self, token: str, ttl: float) -> AcquireResult:
+    async def __call__(self, *args: Any) -> Any:
         self.entered.set()
-        return await asyncio.shield(self._sent(token, ttl))  # a cancel cannot unsend it
+        return await asyncio.shield(self._sent(*args))  # a cancel cannot unsend it
 
-    async def _sent(self, token: str, ttl: float) -> AcquireResult:
+    async def _sent(self, *args: Any) -> Any:
         await self.gate.wait()
         try:
-            result = await super().do_acquire(token, ttl)
-            self.won = result.acquired
-            return result
+            reply = await self.send(*args)
+            self.seen.append(self.probe())
+            return reply
         finally:
             self.ran.set()
 
@@ -315,16 +316,18 @@ def test_an_acquire_reaching_redis_after_its_cancel_is_given_back(
     reply arrives, not left held by nobody for its 10 s TTL."""
 
     async def main() -> None:
-        lock = SentLate(redis_url, NAME, ttl=10)
+        lock = Lock(redis_url, NAME, ttl=10)
+        late = SentLate(lock.do_acquire, lambda: r.get(KEY) is not None)
+        lock.do_acquire = late  # type: ignore[method-assign,assignment]
         task = asyncio.create_task(lock.acquire(blocking=False))
-        await lock.entered.wait()
+        await late.entered.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert r.get(KEY) is None and not lock.held  # steps 1 and 2: nothing ran yet
-        lock.gate.set()
-        await lock.ran.wait()
-        assert lock.won  # step 3: the script ran on the server, and took the key
+        late.gate.set()
+        await late.ran.wait()
+        assert late.seen == [True]  # step 3: the script ran on the server, and took the key
         await until(lambda: r.get(KEY) is None, 3)
         assert not lock.held
 
@@ -346,33 +349,17 @@ def test_a_queued_try_reaching_redis_after_its_cancel_leaves_the_queue(
         waiter = Lock(redis_url, NAME, ttl=10)
         queue = waiter.nodes
         assert isinstance(queue, SingleNode)  # one node: its waiters queue
-        entered, gate, ran = asyncio.Event(), asyncio.Event(), asyncio.Event()
-        sent_try = queue.wait_attempt
-        queued_after_try: list[int] = []
-
-        async def sent(*args: Any) -> Any:
-            await gate.wait()
-            try:
-                reply = await sent_try(*args)
-                queued_after_try.append(queued(r))  # before anyone sees the reply
-                return reply
-            finally:
-                ran.set()
-
-        async def gated(*args: Any) -> Any:
-            entered.set()
-            return await asyncio.shield(sent(*args))  # a cancel cannot unsend it
-
-        queue.wait_attempt = gated  # type: ignore[method-assign,assignment]
+        late = SentLate(queue.wait_attempt, lambda: queued(r))
+        queue.wait_attempt = late  # type: ignore[method-assign,assignment]
         task = asyncio.create_task(waiter.acquire(timeout=30))
-        await entered.wait()
+        await late.entered.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
         assert queued(r) == 0  # steps 1 and 2: not queued yet
-        gate.set()
-        await ran.wait()
-        assert queued_after_try == [1]  # step 3: the try queued it
+        late.gate.set()
+        await late.ran.wait()
+        assert late.seen == [1]  # step 3: the try queued it
         await until(lambda: queued(r) == 0, 3)  # and once the reply came, it left
 
     run(main())
