@@ -234,12 +234,17 @@ class TaskLock(Lock):
     task: Any = None
     #: ``(url, slot)`` of the per-call overrides record written at acquisition, if any.
     call_record: tuple[str, str] | None = None
-    #: When the lock was taken, on its clock (``None``: not yet); set by :func:`_acquire`.
-    taken_at: float | None = None
 
     def on_lost(self, reason: str) -> None:
-        ran = None if self.taken_at is None else self.clock() - self.taken_at
-        if not self.auto_renew and ran is not None and ran >= self.ttl:
+        """Report the loss; a fixed-TTL lock held past its TTL says that the run overran it.
+
+        The run is timed from the lock's acquisition moment: (1) the lock reads its clock and
+        sends the acquire; (2) Redis runs it, and the TTL starts; (3) the reply arrives. Timed
+        from (3), a reply late by d made a run that outlived its key read as ``ttl - d``, and
+        the loss as a plain "no longer held"; timed from (1), it reads at least the key's life.
+        """
+        ran = self.clock() - self._acquired_at
+        if not self.auto_renew and ran >= self.ttl:
             reason = (
                 f"the run took longer than lock_ttl={self.ttl:g}s (about {ran:.1f}s), so the "
                 "key expired while it ran and another call may have started beside it; raise "
@@ -312,14 +317,12 @@ def _acquire(
     """
     try:
         if lock.acquire(blocking=False):
-            lock.taken_at = lock.clock()
             return True
         timeout = spec.options.wait_timeout
         if policy != "wait" or timeout <= 0:
             return False
         _report_contended(task, request, lock, "waited", policy)
         if lock.acquire(blocking=True, timeout=timeout):
-            lock.taken_at = lock.clock()
             return True
         emit(task, request.id, "failed", settings=settings)
         raise _contended_error(task, request, lock, waited=timeout)

@@ -20,6 +20,8 @@ from celery_redlock import (
     lock_key,
     single_instance,
 )
+from celery_redlock._celery.engine import TaskLock
+from celery_redlock._redis.scripts import AcquireResult
 from celery_redlock.testing import RedisServer, free_port, wait_until
 from support.apps import lock_keys, make_app
 from support.workers import Holder, running_worker
@@ -479,8 +481,22 @@ def test_a_wait_timeout_says_it_waited_and_shows_no_stale_ttl(h: Holder, app: Ce
 
 
 def test_a_lock_ttl_overrun_says_the_run_took_longer_than_lock_ttl(
-    app: Celery, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
+    app: Celery,
+    r: redis_py.Redis,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Also when the acquire's reply came late (a loaded machine, a slow link): the run is
+    timed from before the acquire was sent, not from its reply."""
+    acquire = TaskLock.do_acquire
+
+    def late_reply(self: TaskLock, token: str, ttl: float) -> AcquireResult:
+        result = acquire(self, token, ttl)
+        time.sleep(0.1)  # the reply is late by half the TTL
+        return result
+
+    monkeypatch.setattr(TaskLock, "do_acquire", late_reply)
+
     @app.task(base=LockedTask, lock_ttl=0.2)
     def work(key: str) -> str:
         lock = current_lock()
