@@ -40,7 +40,10 @@ warm-up and is healed before a cool-down; then every result is read with a deadl
 loop is bounded by the phase's deadline.
 
 **The schedule** is recorded: each fault's window (start, end, and the documented limit that
-explains an overlap inside it, if any) goes into the result with the checker's verdict.
+explains an overlap inside it, if any) goes into the result with the checker's verdict. The
+workers' logs and each phase's history (``<fault>-events.jsonl``, one event a line) are kept
+in ``$FAULTS_LOGDIR/faults-<pid>/`` (``/tmp`` by default), so a failed check can be read
+event by event.
 """
 
 from __future__ import annotations
@@ -617,7 +620,9 @@ def run_fault(
                 "events",
                 json.dumps({"at": time.time(), "call": call, "kind": "final", "state": state}),
             )
-        events = [Event.from_dict(json.loads(e)) for e in records.lrange("events", 0, -1)]
+        raw = records.lrange("events", 0, -1)
+        (logdir / f"{fault.name}-events.jsonl").write_bytes(b"\n".join(raw) + b"\n")
+        events = [Event.from_dict(json.loads(e)) for e in raw]
         for w in workers:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(w.pid, signal.SIGTERM)

@@ -25,9 +25,17 @@ The store keeps its own log of every write, in the order it applied them
    accepted before for that key (a violation; an equal token is the same holder writing
    again); rejected writes are counted;
 3. **token order**: of two holders of a key, the one whose body ended before the other was
-   admitted has the smaller token (a violation otherwise);
+   admitted has the smaller token (a violation otherwise, also when either has none);
 4. **lost calls**: a submitted call with no final state, or one outside :data:`FINAL_STATES`;
 5. **leftover keys**: lock keys present after the run (given by the harness).
+
+A call admitted without a token (``admitted`` with ``token`` None) and without a write is no
+holder: its lock was lost before its body read the token (``Lock.fencing_token`` is ``None``
+once the lock is lost) and the body stopped before its first write. Timeline, on a quorum
+behind a slow link: (1) the acquire's replies come back late, just inside the lock's validity
+time, and the task is admitted; (2) the lease runs out by the worker's clock before the body
+starts; (3) the body reads no token and stops; (4) the key expires and the next holder is
+admitted. Such calls are counted (:attr:`Verdict.admitted_lost`), not judged as holders.
 """
 
 from __future__ import annotations
@@ -116,6 +124,8 @@ class Verdict:
     lost_calls: list[str] = field(default_factory=list)
     leftover_keys: list[str] = field(default_factory=list)
     states: dict[str, int] = field(default_factory=dict)
+    #: Calls admitted with their lock already lost (no token, no write): no holders.
+    admitted_lost: int = 0
 
     @property
     def ok(self) -> bool:
@@ -139,6 +149,7 @@ class Verdict:
             "token_inversions": len(self.token_inversions),
             "lost_calls": len(self.lost_calls),
             "leftover_keys": len(self.leftover_keys),
+            "admitted_lost": self.admitted_lost,
             "states": dict(self.states),
         }
 
@@ -179,8 +190,12 @@ def check(
     events = list(events)
     verdict = Verdict(leftover_keys=list(leftover_keys))
     by_key: dict[str, list[Holding]] = defaultdict(list)
+    wrote = {e.call for e in events if e.kind == "write"}
     for hold in holdings(events):
-        by_key[hold.key].append(hold)
+        if hold.token is None and hold.call not in wrote:
+            verdict.admitted_lost += 1
+        else:
+            by_key[hold.key].append(hold)
     for key, holds in by_key.items():
         for a, b in itertools.combinations(holds, 2):
             if a.admitted < b.ended and b.admitted < a.ended:

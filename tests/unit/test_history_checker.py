@@ -63,6 +63,25 @@ def test_tokens_must_increase_from_one_holder_to_the_next() -> None:
     assert other_keys.ok  # tokens are per key
 
 
+def test_a_call_admitted_with_its_lock_already_lost_is_counted_not_judged() -> None:
+    # Admitted after a late acquire reply, its lease over by the worker's clock before its
+    # body read the token (None once lost): the body stops before its first write.
+    late = [
+        Event(2.5, "b", "submitted", "k"),
+        Event(3, "b", "admitted", "k", token=None),
+        Event(3.01, "b", "lost", "k"),
+        Event(3.02, "b", "body_end", "k"),
+        Event(3.5, "b", "final", "k", state="LOST"),
+    ]
+    verdict = check(call("a", "k", 10, 1, 2) + late + call("c", "k", 11, 4, 5), [])
+    assert verdict.ok, verdict.summary()
+    assert verdict.summary()["admitted_lost"] == 1
+    wrote = [*late, Event(3.015, "b", "write", "k", accepted=False)]
+    judged = check(call("a", "k", 10, 1, 2) + wrote + call("c", "k", 11, 4, 5), [])
+    assert judged.token_inversions == [("k", "a", "b"), ("k", "b", "c")]
+    assert judged.admitted_lost == 0 and not judged.ok
+
+
 def test_a_call_without_a_documented_final_state_is_lost() -> None:
     events = [*call("a", "k", 10, 1, 2, state="SKIPPED"), Event(0, "b", "submitted", "k")]
     verdict = check(events, [])
