@@ -147,7 +147,7 @@ def _decorate(fun: Any, options: dict[str, Any]) -> Any:
     if options.get("enqueue") in (True, "keep", "until_executed"):
         raise LockConfigError(
             f"{owner}: keyword enqueue={options['enqueue']!r} is not supported by "
-            "@single_instance; expected base=LockedTask with lock_enqueue='keep' "
+            f"@single_instance; expected base=LockedTask with lock_enqueue={options['enqueue']!r} "
             "(keeping the queued call changes what delay() "
             "returns, which only the task class can do)"
         )

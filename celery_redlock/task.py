@@ -62,34 +62,20 @@ class LockedTask(Task):  # type: ignore[misc]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        owner = f"task {cls.__dict__.get('name') or cls.__qualname__}"
-        _refuse_decorator_keywords(owner, cls)
-        raw = {name: getattr(cls, name) for name in dir(cls) if name.startswith("lock_")}
-        run = inspect.getattr_static(cls, "run")
-        params = None
-        if run is not Task.__dict__["run"]:
-            fun = run.__func__ if isinstance(run, staticmethod) else run
-            if getattr(fun, OPTIONS_ATTR, None) is not None:
-                raise LockConfigError(
-                    f"{owner}: base=LockedTask and @single_instance on one task; the call "
-                    "would take the same lock twice and contend with itself forever. Expected "
-                    "one of them: drop @single_instance (and give its keywords as lock_* task "
-                    "options), or drop base=LockedTask"
-                )
-            params = parameters_of(fun, bound=not isinstance(run, staticmethod))
-        options = validate_options(owner, raw, params)
-        check_task_name(cls.__dict__.get("name"), options)
-        setattr(cls, OPTIONS_ATTR, options)
+        _freeze_options(cls)
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
-        """When the task is bound to ``app`` (the app finalizes): cross-check the options.
+        """When the task is bound to ``app`` (the app finalizes): validate the options again,
+        as Celery's ``task_annotations`` may have set some (``{"lock_ttl": 60}``) just before,
+        then cross-check them with the settings.
 
         Settings that do not resolve yet (``redlock_url`` set later, say) are not an error
         here: they are checked at worker start and at the first lock operation.
         """
         super().on_bound(app)
         routing.adopt(app)  # app.send_task(name, lock_ttl=...) is checked too
+        _freeze_options(cls)
         if cls.__dict__.get("name") is None:
             return  # an abstract base, not a task
         try:
@@ -122,12 +108,18 @@ class LockedTask(Task):  # type: ignore[misc]
            rejected by a marker. ``app.send_task()`` never looks at markers.
         4. If Redis does not answer, the call is published anyway (never dropped); the lock
            still guarantees exclusion when it runs.
+        5. A ``lock_bypass`` call, and a call with callbacks or in a canvas (``link``,
+           ``link_error``, a chain, a group or a chord), always publish and write no marker:
+           the bypass runs on purpose; a canvas call de-duplicated would drop its callbacks
+           and the rest of its chain, and leave its group or chord waiting forever on a task
+           id that never runs. The lock still excludes it when it runs.
 
         Per-call options (``lock_on_contention``, ``lock_wait_timeout``, ``lock_ttl``,
         ``lock_retry_countdown``, ``lock_bypass``) are validated here, raising
         :class:`~celery_redlock.LockConfigError`, and travel in the message's ``redlock`` header.
         """
-        calls.put(options, calls.take(f"task {self.name}", options))
+        header = calls.take(f"task {self.name}", options)
+        calls.put(options, header)
         routing.note(self)  # the task, with its app, for the before_task_publish receiver
         spec = spec_of(self)
         if (
@@ -135,6 +127,8 @@ class LockedTask(Task):  # type: ignore[misc]
             or spec.options.enqueue not in KEEPING_MODES  # 'replace', debounce: _celery.supersede
             or options.get("retries") is not None  # a retry (lock retries keep retries at 0)
             or self.app.conf.task_always_eager
+            or (header is not None and calls.bypassed(header))
+            or any(options.get(name) for name in _CANVAS_OPTIONS)
         ):
             return super().apply_async(args, kwargs, task_id=task_id, **options)
         task_id = task_id or uuid()
@@ -154,10 +148,36 @@ class LockedTask(Task):  # type: ignore[misc]
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request_stack.top
-        if request is None or request.called_directly:
+        if request is None or engine.called_directly(request):
             return super().__call__(*args, **kwargs)
         return engine.execute(self, args, kwargs, lambda: self.run(*args, **kwargs), request)
 
+
+def _freeze_options(cls: type) -> None:
+    """Validate the ``lock_*`` class attributes of ``cls`` and store them (``OPTIONS_ATTR``)."""
+    owner = f"task {cls.__dict__.get('name') or cls.__qualname__}"
+    _refuse_decorator_keywords(owner, cls)
+    raw = {name: getattr(cls, name) for name in dir(cls) if name.startswith("lock_")}
+    run = inspect.getattr_static(cls, "run")
+    params = None
+    if run is not Task.__dict__["run"]:
+        fun = run.__func__ if isinstance(run, staticmethod) else run
+        if getattr(fun, OPTIONS_ATTR, None) is not None:
+            raise LockConfigError(
+                f"{owner}: base=LockedTask and @single_instance on one task; the call "
+                "would take the same lock twice and contend with itself forever. Expected "
+                "one of them: drop @single_instance (and give its keywords as lock_* task "
+                "options), or drop base=LockedTask"
+            )
+        params = parameters_of(fun, bound=not isinstance(run, staticmethod))
+    options = validate_options(owner, raw, params)
+    check_task_name(cls.__dict__.get("name"), options)
+    setattr(cls, OPTIONS_ATTR, options)
+
+
+#: ``apply_async`` options by which Celery sends a call's callbacks or its canvas: a call
+#: carrying one is never de-duplicated (point 5 of :meth:`LockedTask.apply_async`).
+_CANVAS_OPTIONS = ("link", "link_error", "chain", "chord", "group_id")
 
 #: The ``@single_instance`` keywords that are no Celery task attribute: given to a
 #: ``LockedTask`` without their ``lock_`` prefix, they would be ignored.

@@ -90,12 +90,28 @@ def execute(
     """
     if request is None:
         request = task.request
-    spec = None if request.called_directly else spec_of(task)
+    spec = None if called_directly(request) else spec_of(task)
     if spec is None:
         return body()
     if spec.options.enqueue == "until_executed":
         return _until_executed(task, request, spec, args, kwargs, body)
     return _attempt(task, request, spec, args, kwargs, body)
+
+
+def called_directly(request: Any) -> bool:
+    """Whether a call on ``request`` is a direct call, which runs the body unlocked.
+
+    That is ``task(x)`` outside a worker and ``apply()``, and also a body calling its own task
+    directly (recursion): the running execution's request is on top then (``LockedTask``'s
+    ``__call__`` runs before Celery pushes one; Celery 5.5 and later copy it for the inner
+    call), with its execution begun (:data:`REQUEST_ATTR`). The inner call is part of that
+    execution: it runs under the execution's lock (:func:`current_lock` there is that lock
+    where Celery copied the request, ``None`` on 5.3 and 5.4, which push a fresh one). Taking
+    a lock of its own instead would contend with the running execution on the same key
+    (skipped, or waiting on itself), or, for ``LockedTask``, replace the execution's lock on
+    the request, leaving it held after the task until its lease ended.
+    """
+    return bool(request.called_directly) or getattr(request, REQUEST_ATTR, None) is not None
 
 
 def _attempt(

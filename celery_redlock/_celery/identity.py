@@ -276,12 +276,29 @@ def spec_of(task: Any) -> Spec | None:
     spec = None
     if options is not None:
         check_task_name(task.name, options)
-        spec = Spec(options, parameters_of(fun, bound), bound, f"task {task.name}")
+        params = parameters_of(fun, bound)
+        if bound:
+            _check_bound_by(task.name, fun, options, params)
+        spec = Spec(options, params, bound, f"task {task.name}")
         expected = tuple(e for e in (LockContended, LockUnavailable) if e not in task.throws)
         if expected:
             task.throws = (*task.throws, *expected)
     task.__dict__["_redlock_spec"] = spec
     return spec
+
+
+def _check_bound_by(
+    name: str, fun: Any, options: TaskLockOptions, params: list[inspect.Parameter]
+) -> None:
+    """Refuse ``by`` naming a bound task's first parameter: ``@single_instance`` checks its
+    names before ``bind=True`` is known, and that parameter is then the task itself."""
+    first = next(iter(inspect.signature(fun).parameters), None)
+    if isinstance(options.by, tuple) and first in options.by:
+        raise LockConfigError(
+            f"task {name}: by={list(options.by)!r} names {first!r}, which is the task itself "
+            "(bind=True), not an argument of the call; expected parameter names among: "
+            + (", ".join(p.name for p in params) or "none (use by=())")
+        )
 
 
 def check_task_name(name: str | None, options: TaskLockOptions) -> None:

@@ -28,7 +28,6 @@ import dataclasses
 import difflib
 import inspect
 import logging
-import math
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -95,7 +94,7 @@ def seconds(*, none: bool = False, zero: bool = False, ms: bool = False) -> Chec
             return None
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         positive = ok and (value >= 0.001 if ms else value > 0 or (zero and value == 0))
-        if positive and math.isfinite(value) and value <= MAX_SECONDS:
+        if positive and value <= MAX_SECONDS:  # not NaN, inf, nor an int no float can hold
             return float(value)
         low = "> 0 (at least 0.001: whole milliseconds)" if ms else ">= 0" if zero else "> 0"
         expected = f"a number of seconds {low} and <= {MAX_SECONDS:.0f}"

@@ -99,9 +99,14 @@ def _undo(late: Callable[[T], Any], task: asyncio.Future[T]) -> None:
 def _run_late(late: Callable[[T], Any], result: T) -> None:
     undo = late(result)
     if asyncio.iscoroutine(undo):
-        background = asyncio.ensure_future(undo)
-        _background.add(background)
-        background.add_done_callback(_background.discard)
+        _in_background(undo)
+
+
+def _in_background(undo: Awaitable[Any]) -> None:
+    """Run the clean-up ``undo`` in a task of its own, referenced until it ends."""
+    background = asyncio.ensure_future(undo)
+    _background.add(background)
+    background.add_done_callback(_background.discard)
 
 
 #: Clean-ups running after a cancellation (referenced until they end).
@@ -156,8 +161,9 @@ class Lock(LockCore):
         Non-blocking: one round trip. Blocking: wait for the lock to be handed over (or a
         release notification, or the holder's expiry), at most ``timeout`` seconds (``None``:
         the instance default, which may be forever). Raises :class:`LockUnavailable` when
-        Redis does not answer. Cancelling the waiting task gives up at once and cleanly:
-        nothing stays held (hazards 1, 2 and 6).
+        Redis does not answer. Cancelling the waiting task gives up at once and cleanly: the
+        cancellation is raised without waiting for Redis, and what the acquire may have taken
+        is given back in the background (hazards 1, 2 and 6).
         """
         timeout = self._acquire_mode(blocking, timeout)
         try:
@@ -168,15 +174,20 @@ class Lock(LockCore):
             if _cancelling():  # a cancellation dropped on the way (hazard 6)
                 raise asyncio.CancelledError
             return taken
-        except BaseException:
-            if self._token is not None:  # taken, but the caller will never know: give it back
-                await self._give_back(self._token)
+        except BaseException as exc:
+            token = self._token
+            if token is not None:  # taken, but the caller will never know: give it back
+                if isinstance(exc, asyncio.CancelledError):
+                    self._give_back_later(token)
+                else:
+                    await self._give_back(token)
             raise
 
     async def release(self, keep: float = 0) -> None:
         """Release the lock. Raises :class:`LockNotOwned` if it is not held by this object.
 
-        ``keep`` > 0 keeps the key held for that many more seconds instead of deleting it.
+        ``keep`` > 0 keeps the key held for that many more seconds instead of deleting it;
+        blocking waiters are woken all the same, and try when it ends.
         A lock that expired or changed owner meanwhile is left alone (the owner check) and
         :class:`LockLost` is raised. The release runs to its end even if the calling task is
         cancelled meanwhile (the cancellation is re-raised after).
@@ -267,8 +278,8 @@ class Lock(LockCore):
                     self._fenced(arg, await settle(queue.fence(self.keys, self.key, arg)))
                 elif op is Op.LEAVE:
                     run.reply = await settle(queue.leave(self.keys, *arg))
-                elif op is Op.ABANDON:
-                    await self._abandon(queue, *arg)
+                elif op is Op.ABANDON:  # the wait was interrupted: not waiting for Redis
+                    _in_background(self._abandon(queue, *arg))
                 elif op is Op.CLOSE and subscription is not None:
                     _unsubscribe(subscription)
             except BaseException as exc:  # the core decides: thrown into the wait
@@ -320,7 +331,7 @@ class Lock(LockCore):
         try:
             result = await settle(self.do_acquire(token, ttl), lambda _: self._give_back(token))
         except asyncio.CancelledError:  # the script may have run, its reply is lost (hazard 1)
-            await self._give_back(token)
+            self._give_back_later(token)
             raise
         return self._result(token, start, ttl, result)
 
@@ -334,7 +345,7 @@ class Lock(LockCore):
                 lambda _: self._abandon(queue, member, secret),
             )
         except asyncio.CancelledError:
-            await self._give_back(token)
+            self._give_back_later(token)
             raise
 
     async def _abandon(self, queue: SingleNode, member: str, secret: str) -> None:
@@ -346,11 +357,22 @@ class Lock(LockCore):
 
     async def _give_back(self, token: str) -> None:
         """Give back whatever ``token`` may hold, to the end, errors aside."""
-        self._stop_renewal()
-        if self._token == token:
-            self._token = None
+        self._drop(token)
         with contextlib.suppress(Exception):
             await finish(self.do_release(token))
+
+    def _give_back_later(self, token: str) -> None:
+        """:meth:`_give_back` for a cancelled caller: forget ``token`` now, and release it in
+        the background, so that the cancellation is raised without waiting for Redis."""
+        self._drop(token)
+        _in_background(self._give_back(token))
+
+    def _drop(self, token: str) -> None:
+        """Forget ``token`` if this lock holds it, and stop its renewal (not another's: a
+        give-back may run after the same object took the lock again)."""
+        if self._token == token:
+            self._token = None
+            self._stop_renewal()
 
 
 def _unsubscribe(subscription: tuple[Any, Any]) -> None:

@@ -144,7 +144,9 @@ def unavailable(exc: BaseException, key: str, names: tuple[str, ...]) -> LockUna
             f"the client's connection pool for Redis at {names[0]} is exhausted for lock {key} "
             f"({text}): raise its max_connections, or use a BlockingConnectionPool"
         )
-    elif classify(exc) is Outcome.REFUSED:
+    elif classify(exc) is Outcome.REFUSED or {"AuthenticationError", "AuthorizationError"} & {
+        cls.__name__ for cls in type(exc).__mro__
+    }:
         what = f"Redis at {names[0]} refused lock {key}: {text}"
     else:
         what = f"Redis at {names[0]} did not answer for lock {key}: {text}"
@@ -319,12 +321,19 @@ class QuorumRules:
 # -- the lock's state and its decisions ----------------------------------------------------------
 
 
+#: The longest ttl a lock takes, in seconds (ten years): finite, and whole milliseconds of it
+#: fit any Redis expiry.
+MAX_TTL = 10 * 365 * 24 * 3600.0
+
+
 def check_arguments(ttl: Any, max_hold: Any, timeout: Any, limit: Any) -> None:
     """Raise :class:`ValueError` for lock arguments out of range."""
-    if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or ttl <= 0:
-        raise ValueError(f"Lock ttl must be a positive number of seconds, got {ttl!r}")
-    if max_hold is not None and max_hold <= 0:
-        raise ValueError(f"Lock max_hold must be positive seconds, got {max_hold!r}")
+    if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or not 0 < ttl <= MAX_TTL:
+        raise ValueError(f"Lock ttl must be seconds > 0 and <= {MAX_TTL:.0f}, got {ttl!r}")
+    if max_hold is not None and not 0 < max_hold <= MAX_TTL:
+        raise ValueError(
+            f"Lock max_hold must be seconds > 0 and <= {MAX_TTL:.0f}, got {max_hold!r}"
+        )
     if timeout is not None and timeout < 0:
         raise ValueError(f"Lock timeout must be >= 0 seconds or None, got {timeout!r}")
     if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
@@ -458,6 +467,11 @@ class LockCore:
     def _acquire_mode(self, blocking: bool | None, timeout: float | None) -> float | None:
         """The timeout of a blocking acquire, or ``-1.0`` for a single attempt."""
         if self._token is not None:
+            if self.lost:
+                raise RuntimeError(
+                    f"lock {self.key} was lost while held by this object; release() it first "
+                    "(which raises LockLost), or use a new Lock"
+                )
             raise RuntimeError(f"lock {self.key} is already acquired by this object")
         blocking = self.blocking if blocking is None else blocking
         timeout = self.timeout if timeout is None else timeout
@@ -500,7 +514,10 @@ class LockCore:
         """What the context manager raises when it could not acquire in time (``ttl``: the
         holder's, :attr:`last_holder_ttl`)."""
         holder = self.last_holder.task_id if self.last_holder else None
-        message = f"could not acquire {self.key} within {self.timeout}s"
+        if self.blocking and self.timeout is not None:
+            message = f"could not acquire {self.key} within {self.timeout}s"
+        else:
+            message = f"could not acquire {self.key}: it is held (blocking=False)"
         return LockContended(message, key=self.key, holder=holder, ttl=ttl)
 
     # -- acquisition ------------------------------------------------------------------------------
@@ -716,15 +733,15 @@ class LockCore:
         if token is None or self._lost:
             return None
         now = self.clock()
+        ttl = self.ttl
+        if self.max_hold is not None:
+            ttl = min(ttl, self._acquired_at + self.max_hold - now)
+            if ttl <= 0.001:  # the cap, planned: no ERROR (`lost` says it from the lease's end)
+                return None
         left = self._expires_at - now
         if left <= 0:
             self._mark_lost("the lease ran out before a renewal was confirmed")
             return None
-        ttl = self.ttl
-        if self.max_hold is not None:
-            ttl = min(ttl, self._acquired_at + self.max_hold - now)
-            if ttl <= 0.001:
-                return None
         return token, ttl, now, left
 
     def _renewal_failed(self, token: str, exc: BaseException) -> float | None:

@@ -34,6 +34,13 @@ Hazards, as timelines:
    (c) A releases and the release script publishes; (d) B wakes and tries again. Subscribing
    before the retry means a release between B's two attempts is never missed; a holder that
    dies without releasing wakes B when the key's TTL runs out.
+5. An interrupted acquire. (a) A's script runs on Redis and takes the key; (b) before its reply
+   is read, A's thread is interrupted (``KeyboardInterrupt``, ``SystemExit`` from a time limit
+   or a revoke, any exception raised from a signal handler); (c) the key would stay held by
+   nobody until its TTL. So an attempt or queued try that ends in anything but a Redis error
+   gives its token back (owner-checked, errors aside) before the interruption goes on. A
+   Redis error (no answer in time) does not: the command may still be on its way, and a
+   give-back on another connection could run before it.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from ..exceptions import LockLost
@@ -50,7 +57,7 @@ from . import keys as _keys
 from . import owner as _owner
 from . import renewal as _renewal
 from . import subscriptions as _subscriptions
-from .core import SUBSCRIBED, Clock, Extended, LockCore, Op, Run, ms
+from .core import SUBSCRIBED, Clock, Extended, LockCore, Op, Run, classify, ms
 from .nodes import Nodes, SingleNode, Target, nodes_for
 from .scripts import AcquireResult
 
@@ -143,7 +150,8 @@ class Lock(LockCore):
         """Release the lock. Raises :class:`LockNotOwned` if it is not held by this object.
 
         ``keep`` > 0 keeps the key held for that many more seconds instead of deleting it
-        (no other owner can take it in that window; nobody can release it early).
+        (no other owner can take it in that window; nobody can release it early). Blocking
+        waiters are woken all the same: each reads the new TTL and tries when it ends.
         A lock that expired or changed owner meanwhile is left alone (the owner check) and
         :class:`LockLost` is raised.
         """
@@ -217,7 +225,8 @@ class Lock(LockCore):
                 if op is Op.ATTEMPT:
                     run.reply = self._attempt()
                 elif op is Op.QUEUED:
-                    run.reply = queue.wait_attempt(self.keys, *arg)
+                    with self._given_back_if_interrupted(arg[0]):
+                        run.reply = queue.wait_attempt(self.keys, *arg)
                 elif op is Op.HOLDER_TTL:
                     run.reply = self.last_holder_ttl
                 elif op is Op.SUBSCRIBE:
@@ -278,7 +287,21 @@ class Lock(LockCore):
         token = self._new_token()
         ttl = self._lease()
         start = self.clock()
-        return self._result(token, start, ttl, self.do_acquire(token, ttl))
+        with self._given_back_if_interrupted(token):
+            result = self.do_acquire(token, ttl)
+        return self._result(token, start, ttl, result)
+
+    @contextlib.contextmanager
+    def _given_back_if_interrupted(self, token: str) -> Iterator[None]:
+        """Release ``token`` if the call in the block ends in anything but a Redis error: it
+        may have taken the lock (hazard 5)."""
+        try:
+            yield
+        except BaseException as exc:
+            if classify(exc) is None:
+                with contextlib.suppress(Exception):
+                    self.do_release(token)
+            raise
 
     def _saw(self, holder: str | None, pttl: int | None) -> None:
         """As the core's; without a PTTL in the reply, :attr:`last_holder_ttl` asks Redis on

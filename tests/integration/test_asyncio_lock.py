@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import signal
 import subprocess
 import sys
 import textwrap
@@ -246,7 +247,7 @@ def test_cancelled_waiter_gives_up_cleanly(redis_url: str, r: redis_py.Redis) ->
             await task
         assert not waiter.held and waiter.token is None
         assert r.get(KEY) == holder.token.encode()  # type: ignore[union-attr]
-        assert queued(r) == 0  # it left the queue
+        await until(lambda: queued(r) == 0)  # it left the queue (in the background)
         holder.release()
         assert lock_keys(r) == []
 
@@ -278,9 +279,36 @@ def test_cancel_while_the_acquire_reply_is_in_flight_releases(
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert not lock.held and lock_keys(r) == []
+        assert not lock.held
+        await until(lambda: lock_keys(r) == [])  # given back in the background
 
     run(main())
+
+
+def when_done(obj: Any, name: str) -> asyncio.Event:
+    """Wrap the coroutine method ``obj.name``; the event is set each time a call ended."""
+    done, original = asyncio.Event(), getattr(obj, name)
+
+    async def wrapped(*args: Any) -> Any:
+        try:
+            return await original(*args)
+        finally:
+            done.set()
+
+    setattr(obj, name, wrapped)
+    return done
+
+
+def when_started(obj: Any, name: str) -> asyncio.Event:
+    """Wrap the coroutine method ``obj.name``; the event is set when a call begins."""
+    started, original = asyncio.Event(), getattr(obj, name)
+
+    async def wrapped(*args: Any) -> Any:
+        started.set()
+        return await original(*args)
+
+    setattr(obj, name, wrapped)
+    return started
 
 
 class SentLate:
@@ -319,11 +347,13 @@ def test_an_acquire_reaching_redis_after_its_cancel_is_given_back(
         lock = Lock(redis_url, NAME, ttl=10)
         late = SentLate(lock.do_acquire, lambda: r.get(KEY) is not None)
         lock.do_acquire = late  # type: ignore[method-assign,assignment]
+        gave_back = when_done(lock, "do_release")
         task = asyncio.create_task(lock.acquire(blocking=False))
         await late.entered.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        await gave_back.wait()  # step 2, in the background
         assert r.get(KEY) is None and not lock.held  # steps 1 and 2: nothing ran yet
         late.gate.set()
         await late.ran.wait()
@@ -351,11 +381,13 @@ def test_a_queued_try_reaching_redis_after_its_cancel_leaves_the_queue(
         assert isinstance(queue, SingleNode)  # one node: its waiters queue
         late = SentLate(queue.wait_attempt, lambda: queued(r))
         queue.wait_attempt = late  # type: ignore[method-assign,assignment]
+        left = when_done(queue, "leave")
         task = asyncio.create_task(waiter.acquire(timeout=30))
         await late.entered.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        await left.wait()  # step 2, in the background
         assert queued(r) == 0  # steps 1 and 2: not queued yet
         late.gate.set()
         await late.ran.wait()
@@ -390,9 +422,53 @@ def test_cancel_after_winning_before_returning_releases(redis_url: str, r: redis
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert not lock.held and lock_keys(r) == []
+        assert not lock.held
+        await until(lambda: lock_keys(r) == [])  # given back in the background
 
     run(main())
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["queued-waiter", "attempt"])
+def test_a_cancel_is_raised_at_once_while_redis_is_frozen(
+    redis_server: RedisServer, redis_url: str, r: redis_py.Redis, blocking: bool
+) -> None:
+    """Cancelled while the server does not answer (SIGSTOP), an acquire raises at once, not
+    after the client's socket timeout; what it may have taken is given back in the background
+    once the server answers again."""
+    holder = celery_redlock.Lock(redis_url, NAME, ttl=60)
+    if blocking:
+        assert holder.acquire(blocking=False)
+    process = redis_server.process
+    assert process is not None
+
+    async def main() -> None:
+        lock = Lock(redis_url, NAME, ttl=30)
+        assert (await lock.locked()) is blocking  # the lock's connection is made
+        if blocking:
+            task = asyncio.create_task(lock.acquire(timeout=30))
+            await until(lambda: queued(r) == 1)
+            process.send_signal(signal.SIGSTOP)
+        else:
+            process.send_signal(signal.SIGSTOP)
+            sending = when_started(lock, "do_acquire")
+            task = asyncio.create_task(lock.acquire(blocking=False))
+            await sending.wait()
+        try:
+            task.cancel()
+            done, _ = await asyncio.wait((task,), timeout=2.0)
+            assert done, "the cancellation waited for the frozen server"
+        finally:
+            process.send_signal(signal.SIGCONT)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not lock.held
+        await until(lambda: not aiolock._background)  # the give-backs ran to their end
+        assert queued(r) == 0
+
+    run(main())
+    if blocking:
+        holder.release()
+    assert lock_keys(r) == []
 
 
 def test_cancelled_holder_releases(redis_url: str, r: redis_py.Redis) -> None:

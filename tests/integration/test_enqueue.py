@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import redis as redis_py
-from celery import Celery, Task
+from celery import Celery, Task, chain, chord, group
 
 from celery_redlock import LockedTask, lock_key
 from celery_redlock.testing import RedisServer, free_port, wait_until
@@ -196,6 +196,44 @@ def test_a_contended_retry_is_never_rejected_by_a_marker(
         # Both ran after lock retries, which leave request.retries unchanged.
         assert contender.get(timeout=10) == 0
         assert late.get(timeout=10) == 0
+
+
+@pytest.mark.parametrize("mode", [True, "until_executed"])
+def test_bypass_and_canvas_calls_are_never_deduplicated(
+    app: Celery, r: redis_py.Redis, broker: redis_py.Redis, mode: Any
+) -> None:
+    """A ``lock_bypass`` call and a call with callbacks or in a canvas publish even while the
+    same call is queued: returning the queued call's result instead would drop the bypass, the
+    callbacks and the rest of the chain, and leave the group or chord waiting forever."""
+    ran: list[int] = []
+
+    @app.task(base=LockedTask, lock_enqueue=mode, lock_by=["n"], lock_on_contention="wait")
+    def job(n: int) -> int:
+        ran.append(n)
+        return n
+
+    @app.task
+    def then(value: Any) -> list[Any]:
+        return ["then", value]
+
+    queued = {n: job.delay(n) for n in (7, 8, 9, 10, 11)}
+    bypass = job.apply_async((7,), lock_bypass=True)
+    members = group(job.s(8), job.s(8)).apply_async()
+    body = chord([job.s(9), job.s(9)], then.s()).apply_async()
+    chained = chain(job.s(10), then.s()).apply_async()
+    linked = job.apply_async((11,), link=then.s())
+    assert bypass.id != queued[7].id and linked.id != queued[11].id
+    assert broker.llen("celery") == 12  # every call published
+    with running_worker(app):
+        assert bypass.get(timeout=10) == 7
+        assert members.get(timeout=10) == [8, 8]
+        assert body.get(timeout=10) == ["then", [9, 9]]
+        assert chained.get(timeout=10) == ["then", 10]
+        assert linked.get(timeout=10) == 11
+        assert linked.children and linked.children[0].get(timeout=10) == ["then", 11]
+        assert all(result.get(timeout=10) == n for n, result in queued.items())
+        wait_until(lambda: lock_keys(r) == [], 5, "the locks to be released")
+    assert sorted(ran) == [7, 7, 8, 8, 8, 9, 9, 9, 10, 10, 11, 11]
 
 
 def test_send_task_bypasses_markers(app: Celery, r: redis_py.Redis, broker: redis_py.Redis) -> None:

@@ -16,6 +16,7 @@ import importlib.util
 import logging
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,9 +26,10 @@ import redis as redis_py
 
 import celery_redlock
 import celery_redlock.asyncio
-from celery_redlock import LockLost, LockNotOwned, LockUnavailable
+from celery_redlock import LockContended, LockLost, LockNotOwned, LockUnavailable
 from celery_redlock._redis import aionodes
 from celery_redlock._redis.core import Extended
+from celery_redlock._redis.nodes import SingleNode
 from celery_redlock._redis.owner import parse
 from celery_redlock.testing import RedisServer
 from support.apps import lock_keys
@@ -272,6 +274,8 @@ def test_a_fixed_ttl_lock_is_lost_by_its_clock_once_its_ttl_passed(
     clock.now += 0.2
     assert lock.lost and not lock.held
     assert lock.fencing_token is None  # another owner may exist: no token to write with
+    with pytest.raises(RuntimeError, match="lost while held by this object; release"):
+        d2(lock.acquire(blocking=False))
     with contextlib.suppress(LockLost):
         d2(lock.release())
     assert lock_keys(r) == []
@@ -466,6 +470,71 @@ def test_a_blocking_acquire_gets_the_lock_of_a_dead_holder_at_its_ttl(
     d2(lock.release())
 
 
+def test_a_non_blocking_context_manager_says_the_lock_is_held(d2: Driver, redis_url: str) -> None:
+    holder = celery_redlock.Lock(redis_url, "in-use", ttl=30)
+    assert holder.acquire(blocking=False)
+    lock = d2.lock(redis_url, "in-use", blocking=False)
+    with pytest.raises(LockContended) as info:
+        d2(lock.__aenter__()) if d2.is_async else lock.__enter__()
+    assert str(info.value) == f"could not acquire {holder.key}: it is held (blocking=False)"
+    holder.release()
+
+
+def test_a_release_hands_a_non_ascii_lock_to_its_queued_waiter(
+    d2: Driver, redis_url: str, r: redis_py.Redis
+) -> None:
+    """The queue member gives its channel's length in bytes, as the release script cuts it: a
+    name with non-ASCII characters is handed over on release like any other, not left to the
+    waiter's timeout (the holder's lease had 60 s left)."""
+    holder = celery_redlock.Lock(redis_url, "rapport-été-报告", ttl=60)
+    assert holder.acquire(blocking=False)
+
+    def release_once_queued() -> None:
+        wait_until(lambda: r.zcard(holder.keys.waiters))
+        holder.release()
+
+    releaser = threading.Thread(target=release_once_queued)
+    releaser.start()
+    lock = d2.lock(redis_url, "rapport-été-报告", ttl=10)
+    start = time.monotonic()
+    try:
+        assert d2(lock.acquire(timeout=20))
+    finally:
+        releaser.join()
+    assert time.monotonic() - start < 10.0  # handed over at the release, not at the timeout
+    assert r.get(lock.key) == lock.token.encode()
+    d2(lock.release())
+
+
+@pytest.mark.parametrize("limit", [1, 2], ids=["queued", "semaphore"])
+def test_a_release_that_keeps_the_key_wakes_the_waiters_for_its_end(
+    d2: Driver, redis_url: str, r: redis_py.Redis, limit: int
+) -> None:
+    """``release(keep=...)`` (a task's ``lock_cooldown``) wakes the blocking waiters, queued
+    (one slot) or on the release channel (a semaphore): each reads the kept key's TTL and
+    tries when it ends, not at its timeout's last try (the old lease had 60 s left)."""
+    holders = [celery_redlock.Lock(redis_url, "kept", ttl=60, limit=limit) for _ in range(limit)]
+    assert all(holder.acquire(blocking=False) for holder in holders)
+    keys = holders[0].keys
+
+    def release_once_waiting() -> None:
+        wait_until(lambda: r.zcard(keys.waiters) or r.pubsub_numsub(keys.channel)[0][1])
+        for holder in holders:
+            holder.release(keep=0.3)
+
+    releaser = threading.Thread(target=release_once_waiting)
+    releaser.start()
+    lock = d2.lock(redis_url, "kept", ttl=10, limit=limit)
+    start = time.monotonic()
+    try:
+        assert d2(lock.acquire(timeout=20))
+    finally:
+        releaser.join()
+    assert time.monotonic() - start < 10.0  # woke for the kept key's end, not at the timeout
+    assert r.get(lock.key) == lock.token.encode()
+    d2(lock.release())
+
+
 # -- quorum (drifts 4 and the empty "first error") -----------------------------------------------
 
 
@@ -517,6 +586,68 @@ def test_a_quorum_acquires_extends_and_releases_on_every_node(
     d2(lock.extend(20))
     d2(lock.release())
     assert all(s.client().get(lock.keys.lock) is None for s in three)
+
+
+class InterruptedAfterTheScript(celery_redlock.Lock):
+    """A thread lock interrupted (``interrupt``) after its acquire script ran on Redis, before
+    it read the reply: Ctrl-C, or ``SystemExit`` from a time limit."""
+
+    interrupt: type[BaseException] = KeyboardInterrupt
+
+    def do_acquire(self, token: str, ttl: float) -> Any:
+        super().do_acquire(token, ttl)
+        raise self.interrupt
+
+
+INTERRUPTS = [KeyboardInterrupt, SystemExit]
+
+
+@pytest.mark.parametrize("interrupt", INTERRUPTS)
+@pytest.mark.parametrize("nodes", [1, 3], ids=["one-node", "quorum"])
+def test_an_interrupted_thread_acquire_gives_its_token_back(
+    three: list[RedisServer], interrupt: type[BaseException], nodes: int
+) -> None:
+    """The asyncio lock's cancelled acquire gives back what it took; so does an interrupted
+    thread lock, or the key would stay held by nobody for its TTL."""
+    urls = [s.url for s in three][:nodes]
+    lock = InterruptedAfterTheScript(urls if nodes > 1 else urls[0], "interrupted", ttl=60)
+    lock.interrupt = interrupt
+    with pytest.raises(interrupt):
+        lock.acquire(blocking=False)
+    assert not lock.held
+    assert all(s.client().get(lock.keys.lock) is None for s in three)
+    other = celery_redlock.Lock(urls if nodes > 1 else urls[0], "interrupted", ttl=5)
+    assert other.acquire(blocking=False)
+    other.release()
+
+
+@pytest.mark.parametrize("interrupt", INTERRUPTS)
+def test_an_interrupted_queued_try_gives_its_token_back(
+    redis_url: str,
+    r: redis_py.Redis,
+    interrupt: type[BaseException],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A queued try that took the lock (the holder released just before it) and is interrupted
+    before reading its reply gives it back, and leaves the queue."""
+    holder = celery_redlock.Lock(redis_url, "queued-interrupt", ttl=60)
+    assert holder.acquire(blocking=False)
+    lock = celery_redlock.Lock(redis_url, "queued-interrupt", ttl=60)
+    queue = lock.nodes
+    assert isinstance(queue, SingleNode)
+    original = queue.wait_attempt
+
+    def released_then_interrupted(*args: Any) -> Any:
+        holder.release()  # free: this try takes the lock with its own token
+        original(*args)
+        assert r.get(lock.keys.lock) is not None
+        raise interrupt
+
+    monkeypatch.setattr(queue, "wait_attempt", released_then_interrupted)  # nodes are shared
+    with pytest.raises(interrupt):
+        lock.acquire(timeout=30)
+    assert not lock.held
+    assert lock_keys(r) == [] and r.zcard(lock.keys.waiters) == 0
 
 
 def test_the_asyncio_nodes_docstring_names_what_they_send() -> None:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from typing import Any, ClassVar
 
+import celery
 import pytest
 import redis as redis_py
 from celery import Celery, Task, chord, group
 from celery.exceptions import Ignore, Reject
 
 from celery_redlock import (
+    LockConfigError,
     LockContended,
     LockedTask,
     LockUnavailable,
@@ -315,6 +318,59 @@ def test_eager_and_apply_take_and_release(app: Celery, r: redis_py.Redis) -> Non
     # A direct call is a plain function call: no lock.
     assert work("k") == "k"
     assert seen[-1] is False
+
+
+@pytest.mark.parametrize("by", [["n"], []], ids=["other-key", "same-key"])
+@pytest.mark.parametrize("api", ["task", "decorator"])
+def test_a_body_calling_its_own_task_directly_makes_a_plain_call(
+    app: Celery, r: redis_py.Redis, api: str, by: list[str]
+) -> None:
+    """A direct call made inside the running body (recursion) is part of that execution: it
+    takes no lock of its own (on the same key it would contend with itself), and the
+    execution's lock is released when the execution ends. ``current_lock()`` in the inner call
+    is the execution's lock from Celery 5.5, which copies the running request into a direct
+    call's, and ``None`` before (a fresh request)."""
+    held: dict[int, str | None] = {}
+
+    def body(n: int) -> int:
+        if n > 0:
+            assert walk(n - 1) == n - 1
+        lock = current_lock()
+        held[n] = lock.key if lock else None
+        return n
+
+    if api == "task":
+        walk = app.task(base=LockedTask, lock_by=by, name="walk")(body)
+    else:
+        walk = app.task(name="walk")(single_instance(by=by)(body))
+    assert walk.apply(args=(1,)).get() == 1
+    copies_request = celery.VERSION >= (5, 5)
+    assert held == {0: lock_key(walk, 1) if copies_request else None, 1: lock_key(walk, 1)}
+    assert lock_keys(r) == []
+
+
+def test_task_annotations_set_lock_options_and_are_validated(redis_server: RedisServer) -> None:
+    """Celery's ``task_annotations`` set task attributes when the task is bound: ``lock_*``
+    options set there are used, and checked like the others when the app finalizes."""
+    app = make_app(redis_server, task_annotations={"annotated": {"lock_ttl": 7.0}})
+
+    @app.task(base=LockedTask, name="annotated")
+    def annotated() -> float | None:
+        lock = current_lock()
+        return lock.ttl if lock else None
+
+    assert annotated.apply().get() == 7.0
+    for bad, message in [
+        ({"lock_on_contention": "wiat"}, "task wrong: option lock_on_contention='wiat' is invalid"),
+        ({"lock_tll": 3}, "task wrong: unknown option 'lock_tll'; did you mean 'lock_ttl'?"),
+    ]:
+        other = make_app(redis_server, task_annotations={"wrong": bad})
+
+        @other.task(base=LockedTask, name="wrong")
+        def wrong() -> None: ...
+
+        with pytest.raises(LockConfigError, match=re.escape(message)):
+            other.finalize()
 
 
 def test_solo_pool(app: Celery, r: redis_py.Redis) -> None:

@@ -40,9 +40,12 @@ def declare(app: Celery, **options: Any) -> Any:
 
 # -- row 4: numbers that no Redis TTL can hold ----------------------------------------------------
 
+#: An int that no float can hold (``float()`` of it raises ``OverflowError``).
+HUGE_INT = pytest.param(10**400, id="10**400")
+
 
 @pytest.mark.parametrize("option", ["lock_ttl", "lock_enqueue_ttl", "lock_cooldown"])
-@pytest.mark.parametrize("value", [float("inf"), float("nan"), 1e17])
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), 1e17, HUGE_INT])
 def test_a_non_finite_or_huge_task_option_is_refused_at_registration(
     app: Celery, option: str, value: float
 ) -> None:
@@ -53,7 +56,7 @@ def test_a_non_finite_or_huge_task_option_is_refused_at_registration(
     assert f"<= {MAX_SECONDS:.0f}" in message  # the largest accepted value
 
 
-@pytest.mark.parametrize("value", [float("inf"), 1e17])
+@pytest.mark.parametrize("value", [float("inf"), 1e17, HUGE_INT])
 def test_a_non_finite_or_huge_lease_is_refused_at_the_settings_read(
     app: Celery, value: float
 ) -> None:
@@ -223,6 +226,22 @@ def test_a_decorated_task_name_with_braces_is_refused_at_its_first_use(app: Cele
 
     with pytest.raises(LockConfigError, match=r"task bad\.\{decorated\}: its name contains"):
         decorated.apply().get()
+
+
+def test_by_naming_the_bound_task_itself_is_refused_at_its_first_use(app: Celery) -> None:
+    """``@single_instance`` checks ``by`` before ``bind=True`` is known; ``self`` is then the
+    task, not an argument of the call (``lock_by=["self"]`` is refused when the class is
+    built)."""
+
+    @app.task(name="bad.bound", bind=True, lazy=False)
+    @single_instance(by=["self"])
+    def bound(self: Any, account_id: int) -> None: ...
+
+    with pytest.raises(LockConfigError) as info:
+        bound.apply(args=(1,)).get()
+    message = str(info.value)
+    assert "task bad.bound: by=['self'] names 'self', which is the task itself" in message
+    assert "expected parameter names among: account_id" in message
 
 
 def test_the_decorator_keyword_on_a_locked_task_is_refused_naming_the_task_option(

@@ -68,3 +68,5 @@ def test_messages_name_an_exhausted_pool_and_never_end_empty() -> None:
     assert describe(asyncio.TimeoutError()) == "no reply in time"
     refused = unavailable(E.ResponseError("BUSY Redis is busy"), "k", ("h:1",))
     assert str(refused) == "Redis at h:1 refused lock k: BUSY Redis is busy"
+    auth = unavailable(E.AuthenticationError("invalid username-password pair"), "k", ("h:1",))
+    assert str(auth) == "Redis at h:1 refused lock k: invalid username-password pair"

@@ -31,14 +31,17 @@ def test_locked_task_has_each_option_with_its_default(name: str) -> None:
     assert getattr(LockedTask, option.attr) == option.default
 
 
-def test_enqueue_on_the_decorator_is_refused_at_decoration_naming_the_alternative() -> None:
+@pytest.mark.parametrize("mode", [True, "keep", "until_executed"])
+def test_enqueue_on_the_decorator_is_refused_at_decoration_naming_the_alternative(
+    mode: bool | str,
+) -> None:
     def work(key: str) -> None: ...
 
     with pytest.raises(LockConfigError) as info:
-        single_instance(enqueue=True)(work)
+        single_instance(enqueue=mode)(work)  # type: ignore[arg-type]
     message = str(info.value)
-    assert "enqueue=True" in message and "work" in message
-    assert "base=LockedTask" in message and "lock_enqueue='keep'" in message
+    assert f"enqueue={mode!r}" in message and "work" in message
+    assert f"expected base=LockedTask with lock_enqueue={mode!r} " in message
 
 
 @pytest.fixture

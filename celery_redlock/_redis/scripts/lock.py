@@ -93,13 +93,18 @@ end
 -- Frees a slot its owner gives up: hands it to the first queued waiter, or deletes it and
 -- notifies the release channel (quorum, semaphore and asyncio waiters) and the first queued
 -- waiter. Returns 1 released, 2 deleted but PUBLISH was refused (waiters not notified).
+-- kept: the owner keeps the slot until its TTL ends (a release with keep, which has just set
+-- that TTL): nothing is handed over or deleted, but the same waiters are woken, so that they
+-- read the new TTL and try when it ends, not when the old lease would have.
 -- The queue is looked at only if it exists (most releases have nobody queued, and EXISTS
 -- costs less than a ZPOPMIN pcall answering an empty table).
-local function free_slot(channel, queue, slot, handoff)
+local function free_slot(channel, queue, slot, handoff, kept)
   local handed = 0
-  if redis.pcall('EXISTS', queue) == 1 then handed = hand_on(queue, slot, handoff) end
+  if redis.pcall('EXISTS', queue) == 1 then
+    handed = hand_on(queue, slot, handoff and not kept)
+  end
   if handed == 2 then return 1 end
-  redis.call('DEL', slot)
+  if not kept then redis.call('DEL', slot) end
   local published = redis.pcall('PUBLISH', channel, '1')
   if type(published) == 'table' and published.err then return 2 end
   if handed == -1 then return 2 end
@@ -114,14 +119,14 @@ RELEASE = (
 -- ARGV[1] owner token, ARGV[2] keep in ms ('0': delete now; > 0: keep the slot that long),
 -- ARGV[3] '1': hand a single-slot lock over to the first queued waiter (a plain node, where
 --         PUBLISH counts every subscriber; not a Cluster, where it counts one node's)
--- returns 1 released (handed over, or deleted and the waiters notified, or kept until expiry),
---         2 released (deleted) but PUBLISH was refused: waiters were not notified,
+-- returns 1 released (handed over, or deleted, or kept until expiry; the waiters notified),
+--         2 released (deleted or kept) but PUBLISH was refused: waiters not notified,
 --         0 not the owner of any slot (expired or taken over)
 for i = 3, #KEYS do
   if redis.call('GET', KEYS[i]) == ARGV[1] then
     if ARGV[2] ~= '0' then
       redis.call('PEXPIRE', KEYS[i], ARGV[2])
-      return 1
+      return free_slot(KEYS[1], KEYS[2], KEYS[i], false, true)
     end
     return free_slot(KEYS[1], KEYS[2], KEYS[i], ARGV[3] == '1' and #KEYS == 3)
   end

@@ -95,8 +95,9 @@ QUEUE_GRACE_MS = 5000
 
 
 def queue_member(channel: str, token: str, ttl_ms: int) -> str:
-    """A waiter's member of the queue (see :data:`WAIT`): its ttl, channel and owner token."""
-    return f"{ttl_ms}:{len(channel)}:{channel}{token}"
+    """A waiter's member of the queue (see :data:`WAIT`): its ttl, channel and owner token.
+    The channel's length is in bytes, as the scripts cut it (a lock name may be non-ASCII)."""
+    return f"{ttl_ms}:{len(channel.encode())}:{channel}{token}"
 
 
 def wait_call(
