@@ -39,7 +39,7 @@ import redis as redis_py
 import redis.asyncio as aioredis
 
 from . import scripts as _scripts
-from .clients import node_name, redact
+from .clients import check_client, node_name, redact
 from .core import (
     Extended,
     Outcome,
@@ -158,7 +158,7 @@ class Node:
             check_url(target)
             self.name = _url_name(target)
         else:
-            self.name = node_name(target)
+            self.name = node_name(check_client(target, asyncio=True))
 
     def client(self) -> Any:
         """The client: the given one, or the running loop's client for the URL."""

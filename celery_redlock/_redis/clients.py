@@ -22,6 +22,7 @@ This module never imports Celery.
 
 from __future__ import annotations
 
+import inspect
 import re
 import threading
 from typing import Any
@@ -204,3 +205,28 @@ def node_name(client: Any) -> str:
     if "path" in kwargs:
         return str(kwargs["path"])
     return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+
+
+#: Modules whose clients send commands synchronously (redis-py's and valkey's).
+_SYNC_MODULES = frozenset({"redis.client", "redis.cluster", "valkey.client", "valkey.cluster"})
+
+
+def check_client(client: Any, *, asyncio: bool) -> Any:
+    """``client``; :class:`TypeError` when it is of the other kind than the lock's (an asyncio
+    client for the thread lock, whose commands would be unawaited coroutines; a blocking one
+    for the asyncio lock, which would block the loop, take the lock, then fail)."""
+    definer = next((c for c in type(client).__mro__ if "execute_command" in vars(c)), None)
+    if definer is None:
+        return client  # no client at all: the first command says so
+    coroutine = inspect.iscoroutinefunction(vars(definer)["execute_command"])
+    if asyncio and not coroutine and definer.__module__ in _SYNC_MODULES:
+        wanted, other = "an asyncio client (redis.asyncio.Redis, valkey.asyncio.Valkey)", "Lock"
+    elif not asyncio and coroutine:
+        wanted, other = "a blocking client (redis.Redis, valkey.Valkey)", "asyncio.Lock"
+    else:
+        return client
+    kind = "celery_redlock.asyncio.Lock" if asyncio else "celery_redlock.Lock"
+    raise TypeError(
+        f"{kind} needs a URL or {wanted}, got {type(client).__module__}."
+        f"{type(client).__qualname__}: use celery_redlock.{other} with it"
+    )

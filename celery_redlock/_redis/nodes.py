@@ -50,7 +50,7 @@ import redis as redis_py
 
 from ..exceptions import LockUnavailable
 from . import scripts as _scripts
-from .clients import client_for, node_name
+from .clients import check_client, client_for, node_name
 from .commands import connection_of, execute, run_script
 from .core import (
     Extended,
@@ -422,11 +422,16 @@ def nodes_for(redis: Target, timeout: float | None = None) -> Nodes:
                 node = _single.setdefault((redis, timeout), SingleNode(client_for(redis, timeout)))
         return node
     if not isinstance(redis, (list, tuple)) and not isinstance(redis, Sequence):
-        return _node_of(redis)
+        return _node_of(check_client(redis, asyncio=False))
     if len(redis) == 1:
         return nodes_for(redis[0], timeout)
     # One slow node must not stall the quorum for the default 5 s: a node that does not answer
     # within QUORUM_NODE_TIMEOUT counts as failed (its connect is bounded the same way).
     node_timeout = min(timeout or QUORUM_NODE_TIMEOUT, QUORUM_NODE_TIMEOUT)
-    clients = [client_for(item, node_timeout) if isinstance(item, str) else item for item in redis]
+    clients = [
+        client_for(item, node_timeout)
+        if isinstance(item, str)
+        else check_client(item, asyncio=False)
+        for item in redis
+    ]
     return Quorum(clients, node_timeout=node_timeout)

@@ -588,6 +588,26 @@ def test_a_quorum_acquires_extends_and_releases_on_every_node(
     assert all(s.client().get(lock.keys.lock) is None for s in three)
 
 
+@pytest.mark.parametrize("nodes", [1, 3], ids=["one-node", "quorum"])
+def test_a_client_of_the_other_kind_is_a_type_error_naming_the_right_lock(
+    three: list[RedisServer], nodes: int
+) -> None:
+    """A blocking client given to the asyncio lock (it would block the loop, take the lock,
+    then fail), or an asyncio client given to the thread lock, is refused when the lock is
+    built, naming the lock to use."""
+    import redis.asyncio as aioredis
+
+    def clients(make: Callable[[str], Any]) -> Any:
+        made = [make(s.url) for s in three][:nodes]
+        return made if nodes > 1 else made[0]
+
+    with pytest.raises(TypeError, match=r"got redis\.client\.Redis: use celery_redlock\.Lock "):
+        celery_redlock.asyncio.Lock(clients(redis_py.Redis.from_url), "kind")
+    with pytest.raises(TypeError, match=r"use celery_redlock\.asyncio\.Lock with it"):
+        celery_redlock.Lock(clients(aioredis.Redis.from_url), "kind")
+    assert all(s.client().keys("*") == [] for s in three)
+
+
 class InterruptedAfterTheScript(celery_redlock.Lock):
     """A thread lock interrupted (``interrupt``) after its acquire script ran on Redis, before
     it read the reply: Ctrl-C, or ``SystemExit`` from a time limit."""
