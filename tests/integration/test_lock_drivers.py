@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import redis as redis_py
+import redis.asyncio as aioredis
 
 import celery_redlock
 import celery_redlock.asyncio
@@ -595,7 +596,6 @@ def test_a_client_of_the_other_kind_is_a_type_error_naming_the_right_lock(
     """A blocking client given to the asyncio lock (it would block the loop, take the lock,
     then fail), or an asyncio client given to the thread lock, is refused when the lock is
     built, naming the lock to use."""
-    import redis.asyncio as aioredis
 
     def clients(make: Callable[[str], Any]) -> Any:
         made = [make(s.url) for s in three][:nodes]
