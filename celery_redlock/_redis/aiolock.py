@@ -312,9 +312,9 @@ class Lock(LockCore):
             return self._renewal_failed(token, exc)
         return self._renewed(token, start, ttl, call.result())
 
-    def _start_renewal(self) -> None:
+    def _start_renewal(self, delay: float) -> None:
         self._renewer = asyncio.get_running_loop().create_task(
-            _renew(weakref.ref(self), self.ttl / 3), name=f"celery-redlock renewal {self.key}"
+            _renew(weakref.ref(self), delay), name=f"celery-redlock renewal {self.key}"
         )
 
     def _stop_renewal(self) -> None:

@@ -94,6 +94,15 @@ _REFUSED_CLASSES = frozenset({"OutOfMemoryError", "ReadOnlyError", "NoPermission
 #: script "The user executing the script can't ...").
 REFUSED_REPLIES = ("BUSY", "MISCONF", "READONLY", "MASTERDOWN", "NOREPLICAS", "OOM", "NOPERM")
 
+#: Error replies that refuse the connection itself, by their text, with what to do about each;
+#: no retry changes them.
+_REFUSED_TEXTS = {
+    "DB index is out of range": (
+        "the URL names a database number the server does not have: see its `databases` "
+        "setting, 16 by default"
+    ),
+}
+
 #: Reply prefixes that mean "no answer" even when a client reports them as a plain error reply.
 _UNAVAILABLE_REPLIES = ("LOADING", "CLUSTERDOWN", "TRYAGAIN")
 
@@ -125,6 +134,8 @@ def classify(exc: BaseException) -> Outcome | None:
         return Outcome.UNAVAILABLE
     if prefix in REFUSED_REPLIES or "user executing the script" in text:
         return Outcome.REFUSED
+    if any(refusal in text for refusal in _REFUSED_TEXTS):
+        return Outcome.REFUSED
     return Outcome.REPLY
 
 
@@ -148,6 +159,7 @@ def unavailable(exc: BaseException, key: str, names: tuple[str, ...]) -> LockUna
         cls.__name__ for cls in type(exc).__mro__
     }:
         what = f"Redis at {names[0]} refused lock {key}: {text}"
+        what += "".join(f" ({hint})" for refusal, hint in _REFUSED_TEXTS.items() if refusal in text)
     else:
         what = f"Redis at {names[0]} did not answer for lock {key}: {text}"
     return LockUnavailable(what, key=key, nodes=names)
@@ -358,8 +370,8 @@ def ms(seconds: float) -> int:
 #: Shortest delay between two renewal attempts after a failure (unless the lease ends sooner).
 MIN_RETRY = 0.05
 
-#: Shortest delay until the next renewal after one that found the lock missing on a quorum
-#: node (the delay is lease/30, at least this).
+#: Shortest delay until the next renewal after an acquisition or renewal that a quorum node
+#: lacked (the delay is lease/30, at least this).
 DEGRADED_RENEWAL = 0.1
 
 
@@ -535,7 +547,7 @@ class LockCore:
         if not result.acquired:
             self._saw(result.holder, result.pttl_ms)
             return False
-        self._hold(token, start, ttl, result.slot or 1, result.fencing_token)
+        self._hold(token, start, ttl, result.slot or 1, result.fencing_token, result.complete)
         return True
 
     def _saw(self, holder: str | None, pttl: int | None) -> None:
@@ -544,7 +556,13 @@ class LockCore:
         self._holder_ttl = None if pttl is None or pttl < 0 else pttl / 1000.0
 
     def _hold(
-        self, token: str, start: float, ttl: float, slot: int = 1, fencing: int | None = None
+        self,
+        token: str,
+        start: float,
+        ttl: float,
+        slot: int = 1,
+        fencing: int | None = None,
+        complete: bool = True,
     ) -> None:
         with self._state:
             self._acquired_at = start
@@ -556,7 +574,7 @@ class LockCore:
             self.last_holder = None
             self._holder_ttl = None
         if self.auto_renew:
-            self._start_renewal()
+            self._start_renewal(self._renewal_delay(complete))
 
     def _fenced(self, token: str, value: int | None) -> None:
         """Take in the fencing token read for ``token`` (``None``: not held any more: lost)."""
@@ -717,8 +735,8 @@ class LockCore:
     def _connect(self, redis: Any) -> Any:
         raise NotImplementedError  # each driver builds its own nodes
 
-    def _start_renewal(self) -> None:
-        raise NotImplementedError  # each driver schedules its own renewal
+    def _start_renewal(self, delay: float) -> None:
+        raise NotImplementedError  # each driver schedules its own renewal, first in ``delay`` s
 
     def _stop_renewal(self) -> None:
         raise NotImplementedError
@@ -776,11 +794,18 @@ class LockCore:
             self._mark_lost("renewal found it expired or owned by someone else")
             return None
         self._expires_at = start + ttl
-        if not extended.complete:
-            # A quorum node lacked it (down, or rejoined empty): renew sooner, so that a node
-            # that comes back gets the lock again before another node can fail.
-            return min(self.ttl / 3, max(DEGRADED_RENEWAL, self.ttl / 30))
-        return self.ttl / 3
+        return self._renewal_delay(extended.complete)
+
+    def _renewal_delay(self, complete: bool) -> float:
+        """Seconds until the next renewal: ``ttl / 3``; lease/30 (at least
+        :data:`DEGRADED_RENEWAL`) after an acquisition or renewal that a quorum node lacked
+        (down, late, or rejoined empty). So a node that comes back gets the lock again before
+        another node can fail, and a renewal that waits for a silent node's timeout still
+        fits in the lease: the first renewal at ``ttl / 3`` of a 1.5 s lock acquired in the
+        0.5 s a frozen node took would have had 0.5 s left for another 0.5 s round."""
+        if complete:
+            return self.ttl / 3
+        return min(self.ttl / 3, max(DEGRADED_RENEWAL, self.ttl / 30))
 
 
 class Op(enum.Enum):

@@ -275,8 +275,8 @@ class Lock(LockCore):
             return self._renewal_failed(token, exc)
         return self._renewed(token, start, ttl, extended)
 
-    def _start_renewal(self) -> None:
-        _renewal.watch(self, self.ttl / 3)
+    def _start_renewal(self, delay: float) -> None:
+        _renewal.watch(self, delay)
 
     def _stop_renewal(self) -> None:
         _renewal.unwatch(self)
@@ -310,10 +310,16 @@ class Lock(LockCore):
         self._holder_ttl_pending = pttl is None and holder is not None
 
     def _hold(
-        self, token: str, start: float, ttl: float, slot: int = 1, fencing: int | None = None
+        self,
+        token: str,
+        start: float,
+        ttl: float,
+        slot: int = 1,
+        fencing: int | None = None,
+        complete: bool = True,
     ) -> None:
         self._holder_ttl_pending = False
-        super()._hold(token, start, ttl, slot, fencing)
+        super()._hold(token, start, ttl, slot, fencing, complete)
 
 
 def release_attempt(

@@ -307,7 +307,9 @@ class Quorum(QuorumRules):
         if vote.fencing is not None and (
             not vote.lagging or self._raise_fence(keys, vote.fencing, vote.lagging, vote.won)
         ):
-            return AcquireResult(True, fencing_token=vote.fencing)
+            return AcquireResult(
+                True, fencing_token=vote.fencing, complete=vote.won == len(replies)
+            )
         self._call_all(_scripts.RELEASE, _scripts.release_call(keys, token))
         self.check_answered(keys.lock, replies, "acquire failed")
         return vote.refusal

@@ -16,6 +16,7 @@ import importlib.util
 import logging
 import os
 import re
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -327,6 +328,17 @@ def test_a_server_down_gives_lock_unavailable_naming_it(d: Driver) -> None:
         d(lock.acquire(blocking=False))
 
 
+def test_a_database_the_server_lacks_is_a_refusal_naming_the_setting(
+    d: Driver, redis_server: RedisServer, r: redis_py.Redis
+) -> None:
+    """A URL naming database 99 of a server with 16: the connection's ``SELECT`` is refused.
+    That is :class:`LockUnavailable`, as every refusal is, not redis-py's bare ``ResponseError``."""
+    lock = d.lock(redis_server.url.rsplit("/", 1)[0] + "/99", "no-such-db", ttl=10)
+    with pytest.raises(LockUnavailable, match=r"refused .*database number .*`databases` setting"):
+        d(lock.acquire(blocking=False))
+    assert lock_keys(r) == []
+
+
 def test_scripts_are_loaded_again_after_a_script_flush(
     d: Driver, redis_url: str, r: redis_py.Redis
 ) -> None:
@@ -587,6 +599,31 @@ def test_a_quorum_acquires_extends_and_releases_on_every_node(
     d2(lock.extend(20))
     d2(lock.release())
     assert all(s.client().get(lock.keys.lock) is None for s in three)
+
+
+def test_a_quorum_with_a_frozen_node_keeps_a_short_lease_alive(
+    d2: Driver, three: list[RedisServer]
+) -> None:
+    """One node of three frozen (SIGSTOP): every round waits the 0.5 s node timeout for it.
+    The acquisition then already knows a node lacks the lock, so the first renewal comes at
+    lease/30 (0.1 s), as after a renewal a node lacked: at ``ttl / 3`` it would come at 1.0 s
+    and have 0.5 s of a 1.5 s lease left for a 0.5 s round, and the lock would be lost."""
+    lock = d2.lock([s.url for s in three], "q-frozen", ttl=1.5, auto_renew=True)
+    frozen = three[2].process
+    assert frozen is not None
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        assert d2(lock.acquire(blocking=False))
+
+        async def hold() -> None:
+            await asyncio.sleep(3.0)  # two leases: several renewals, each 0.5 s long
+
+        d2(hold()) if d2.is_async else time.sleep(3.0)
+        assert lock.held and not lock.lost
+        assert all(s.client().get(lock.key) == lock.token.encode() for s in three[:2])
+        d2(lock.release())
+    finally:
+        frozen.send_signal(signal.SIGCONT)
 
 
 @pytest.mark.parametrize("nodes", [1, 3], ids=["one-node", "quorum"])

@@ -35,6 +35,7 @@ CASES = [
     ),
     (E.NoScriptError("No matching script. Please use EVAL."), Outcome.NOSCRIPT),
     (E.ResponseError("NOSCRIPT No matching script"), Outcome.NOSCRIPT),
+    (E.ResponseError("DB index is out of range"), Outcome.REFUSED),
     (E.ResponseError("ERR syntax error"), Outcome.REPLY),
     (RuntimeError("a bug"), None),
     (KeyError("a bug"), None),

@@ -255,6 +255,8 @@ class AcquireResult(NamedTuple):
     slot: int | None = None
     holder: str | None = None
     pttl_ms: int | None = None
+    #: Every node granted it; False when a quorum acquired without a node (down or late).
+    complete: bool = True
 
 
 def _text(value: Any) -> str | None:
