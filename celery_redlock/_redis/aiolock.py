@@ -8,6 +8,36 @@ the server clock, on a quorum from one counter). Renewal is an asyncio task of t
 holder's loop, not a thread: when the loop stops, renewal stops and the lease expires.
 
 This module never imports Celery.
+
+Hazards, as timelines (the thread lock's, :mod:`~celery_redlock._redis.lock`, where they apply
+to threads too):
+
+1. Cancelled during the acquire script. (a) A sends the acquire; (b) A is cancelled before
+   the reply; (c) Redis runs it, and the key is A's. The cancellation is raised at once; the
+   command runs to its reply in a task of its own, and what it took is given back after
+   (:func:`settle`). A give-back sent at once on another connection could run first.
+2. Cancelled just after winning. (a) A blocking acquire wins; (b) the task is cancelled before
+   ``acquire`` returns ``True``. :meth:`Lock.acquire` gives back what it took before letting
+   the cancellation through.
+3. Cancelled while holding. (a) ``async with lock:`` runs the body; (b) the task is cancelled;
+   (c) ``__aexit__`` releases. A release runs to its end even if the task is cancelled again
+   meanwhile (the cancellation is re-raised after), so ``held`` and Redis agree.
+4. Blocking acquire. (a) A holds; (b) B subscribes to the release channel, then tries again;
+   (c) A releases and the release script publishes; (d) B wakes and tries again. Subscribing
+   before the retry means a release in between is never missed; a holder that dies without
+   releasing wakes B when its TTL runs out.
+5. A dying loop. The renewal task dies with its loop; the lease then expires within ``ttl``.
+   The renewal task holds only a weak reference to the lock, so an abandoned lock (dropped
+   without release) stops being renewed too. Background give-backs (1, 7) die with the loop
+   too: their keys then expire by their TTL.
+6. A swallowed cancellation. A client call can catch the ``CancelledError`` meant for the
+   caller and return normally; the caller would then go on as if it had not been cancelled.
+   Every call is settled (:func:`settle`): a cancellation asked meanwhile is raised after it.
+7. A lost reply. (a) A's attempt is sent; (b) the server stops answering past the socket
+   timeout, and A raises :class:`LockUnavailable`; (c) the server resumes and runs the
+   attempt: the key is held by nobody until its TTL. The token is given back in a background
+   task until two releases in a row were answered
+   (:class:`~celery_redlock._redis.core.GiveBack`).
 """
 
 from __future__ import annotations
@@ -17,13 +47,14 @@ import contextlib
 import functools
 import logging
 import sys
+import time
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 from ..exceptions import LockLost
 from .aionodes import Nodes, SingleNode, nodes_for
-from .core import SUBSCRIBED, Extended, LockCore, Op, Run, ms
+from .core import SUBSCRIBED, Extended, GiveBack, LockCore, Op, Run, lost_reply, ms
 from .nodes import Target
 from .scripts import AcquireResult, WaitReply
 from .subscriptions import hub_for
@@ -333,6 +364,9 @@ class Lock(LockCore):
         except asyncio.CancelledError:  # the script may have run, its reply is lost (hazard 1)
             self._give_back_later(token)
             raise
+        except Exception as exc:
+            self._give_back_if_lost(exc, token)
+            raise
         return self._result(token, start, ttl, result)
 
     async def _wait_attempt(
@@ -346,6 +380,9 @@ class Lock(LockCore):
             )
         except asyncio.CancelledError:
             self._give_back_later(token)
+            raise
+        except Exception as exc:
+            self._give_back_if_lost(exc, token)
             raise
 
     async def _abandon(self, queue: SingleNode, member: str, secret: str) -> None:
@@ -366,6 +403,24 @@ class Lock(LockCore):
         the background, so that the cancellation is raised without waiting for Redis."""
         self._drop(token)
         _in_background(self._give_back(token))
+
+    def _give_back_if_lost(self, error: Exception, token: str) -> None:
+        """An attempt raised ``error``: if its reply was lost, give ``token`` back in the
+        background as :class:`~celery_redlock._redis.core.GiveBack` plans (hazard 7)."""
+        if lost_reply(error):
+            _in_background(self._give_back_when_answered(token))
+
+    async def _give_back_when_answered(self, token: str) -> None:
+        plan = GiveBack(self.key, time.monotonic())
+        delay: float | None = plan.delay
+        while delay is not None:
+            await asyncio.sleep(delay)
+            error: Exception | None = None
+            try:
+                await self.do_release(token)
+            except Exception as exc:  # judged by the plan: retried, or the end
+                error = exc
+            delay = plan.after(error, time.monotonic())
 
     def _drop(self, token: str) -> None:
         """Forget ``token`` if this lock holds it, and stop its renewal (not another's: a

@@ -47,6 +47,7 @@ from .scripts import RELEASED_NOT_NOTIFIED, AcquireResult, decode_acquire, queue
 __all__ = [
     "Clock",
     "Extended",
+    "GiveBack",
     "LockCore",
     "Outcome",
     "Vote",
@@ -373,6 +374,72 @@ MIN_RETRY = 0.05
 #: Shortest delay until the next renewal after an acquisition or renewal that a quorum node
 #: lacked (the delay is lease/30, at least this).
 DEGRADED_RENEWAL = 0.1
+
+#: How long the give-back of an acquisition whose reply was lost keeps trying (seconds), and
+#: its first and longest delay between tries.
+GIVE_BACK_FOR = 600.0
+GIVE_BACK_DELAYS = (0.1, 5.0)
+
+
+class GiveBack:
+    """When to release the token of an acquisition whose reply was lost, and when to stop.
+
+    The timeline it closes: (a) A sends its acquisition (``SET NX PX``, or the script); (b)
+    the server stops answering (``SIGSTOP``, a paused VM, a long fork) past A's socket
+    timeout, with A's command in its socket buffer; A gets :class:`LockUnavailable`; (c) the
+    server resumes and runs A's command: the key is held by nobody for its whole TTL, and A's
+    retry, which carries the same task id, finds it held by itself. So the driver releases the
+    token (owner-checked: it deletes only a key holding this token) until **two releases in a
+    row were answered**. The first answer shows the server ran again after A's command was in
+    its buffer, so the second release, sent after that answer, runs after A's command if it
+    ran at all. A refusal (``NOPERM``, ``OOM``...) is an answer too.
+
+    What it does not close: a network partition, where the kernel may still resend A's
+    command after both releases went through; and a server silent for longer than
+    :data:`GIVE_BACK_FOR` (a WARNING then says the key may stay until its TTL).
+    """
+
+    __slots__ = ("answers", "delay", "key", "until")
+
+    def __init__(self, key: str, now: float) -> None:
+        self.key = key
+        self.until = now + GIVE_BACK_FOR
+        self.answers = 0
+        self.delay = GIVE_BACK_DELAYS[0]
+
+    def after(self, error: BaseException | None, now: float) -> float | None:
+        """Seconds until the next release, given how the last one ended (``error`` is
+        ``None`` when it was answered); ``None`` to stop."""
+        outcome = None if error is None else classify(cause(error))
+        if outcome is None and error is not None:  # a bug: not retried
+            logger.error("lock %s: giving back a lost acquisition failed", self.key, exc_info=error)
+            return None
+        if outcome in (None, Outcome.REFUSED, Outcome.REPLY):
+            self.answers += 1
+            return None if self.answers >= 2 else 0.0
+        if now >= self.until:
+            logger.warning(
+                "lock %s: an acquisition's reply was lost and Redis has not answered its "
+                "give-back for %.0f s; if that acquisition ran, the key stays until its TTL",
+                self.key,
+                GIVE_BACK_FOR,
+            )
+            return None
+        delay, self.delay = self.delay, min(self.delay * 2, GIVE_BACK_DELAYS[1])
+        return delay
+
+
+def cause(error: BaseException) -> BaseException:
+    """The Redis error behind ``error`` (a :class:`LockUnavailable` wraps one)."""
+    if isinstance(error, LockUnavailable) and error.__cause__ is not None:
+        return error.__cause__
+    return error
+
+
+def lost_reply(error: BaseException) -> bool:
+    """Whether an acquisition that raised ``error`` may still run on Redis: no answer came
+    (a refusal was an answer: nothing ran)."""
+    return classify(cause(error)) is Outcome.UNAVAILABLE
 
 
 class LockCore:

@@ -38,9 +38,13 @@ Hazards, as timelines:
    is read, A's thread is interrupted (``KeyboardInterrupt``, ``SystemExit`` from a time limit
    or a revoke, any exception raised from a signal handler); (c) the key would stay held by
    nobody until its TTL. So an attempt or queued try that ends in anything but a Redis error
-   gives its token back (owner-checked, errors aside) before the interruption goes on. A
-   Redis error (no answer in time) does not: the command may still be on its way, and a
-   give-back on another connection could run before it.
+   gives its token back (owner-checked, errors aside) before the interruption goes on.
+6. A lost reply. (a) A's attempt is sent; (b) the server stops answering past the socket
+   timeout, and A raises :class:`LockUnavailable`; (c) the server resumes and runs the
+   attempt: the key is held by nobody until its TTL. A give-back sent at once on another
+   connection could run before the attempt, so the attempt's token is given back in the
+   background (:mod:`~celery_redlock._redis.givebacks`) until two releases in a row were
+   answered (:class:`~celery_redlock._redis.core.GiveBack`).
 """
 
 from __future__ import annotations
@@ -53,11 +57,12 @@ from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from ..exceptions import LockLost
+from . import givebacks as _givebacks
 from . import keys as _keys
 from . import owner as _owner
 from . import renewal as _renewal
 from . import subscriptions as _subscriptions
-from .core import SUBSCRIBED, Clock, Extended, LockCore, Op, Run, classify, ms
+from .core import SUBSCRIBED, Clock, Extended, LockCore, Op, Run, classify, lost_reply, ms
 from .nodes import Nodes, SingleNode, Target, nodes_for
 from .scripts import AcquireResult
 
@@ -293,14 +298,17 @@ class Lock(LockCore):
 
     @contextlib.contextmanager
     def _given_back_if_interrupted(self, token: str) -> Iterator[None]:
-        """Release ``token`` if the call in the block ends in anything but a Redis error: it
-        may have taken the lock (hazard 5)."""
+        """Give ``token`` back if the call in the block raised, for it may have taken the lock:
+        at once if it was interrupted (hazard 5), in the background if its reply was lost
+        (hazard 6); a refusal took nothing."""
         try:
             yield
         except BaseException as exc:
             if classify(exc) is None:
                 with contextlib.suppress(Exception):
                     self.do_release(token)
+            elif lost_reply(exc):
+                _givebacks.give_back(self.key, functools.partial(self.do_release, token))
             raise
 
     def _saw(self, holder: str | None, pttl: int | None) -> None:

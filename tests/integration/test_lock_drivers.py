@@ -339,6 +339,80 @@ def test_a_database_the_server_lacks_is_a_refusal_naming_the_setting(
     assert lock_keys(r) == []
 
 
+def lost_reply_lock(d: Driver, redis: Any, name: str, nodes: int = 1) -> Any:
+    """A lock whose acquisition runs on Redis, then loses its reply (no answer in time), as
+    when the server resumes after the socket timeout and runs what was in its buffer."""
+    base = celery_redlock.asyncio.Lock if d.is_async else celery_redlock.Lock
+
+    def lost(lock: Any) -> LockUnavailable:
+        error = LockUnavailable("no answer in time", key=lock.key)
+        error.__cause__ = redis_py.exceptions.TimeoutError("Timeout reading from socket")
+        return error
+
+    if d.is_async:
+
+        class AsyncLostReply(base):  # type: ignore[misc,valid-type]
+            async def do_acquire(self, token: str, ttl: float) -> Any:
+                assert (await super().do_acquire(token, ttl)).acquired
+                raise lost(self)
+
+        return AsyncLostReply(redis, name, 60)
+
+    class LostReply(base):  # type: ignore[misc,valid-type]
+        def do_acquire(self, token: str, ttl: float) -> Any:
+            assert super().do_acquire(token, ttl).acquired
+            raise lost(self)
+
+    return LostReply(redis, name, 60)
+
+
+def keep_running(d: Driver) -> None:
+    """Let the asyncio lock's background tasks run on the test's loop for a moment."""
+    if d.is_async:
+        d(asyncio.sleep(0.05))
+
+
+@pytest.mark.parametrize("nodes", [1, 3], ids=["one-node", "quorum"])
+def test_an_acquisition_whose_reply_was_lost_is_given_back(
+    d2: Driver, three: list[RedisServer], nodes: int
+) -> None:
+    """The acquisition took the key, but its reply was lost: the caller gets
+    :class:`LockUnavailable`, and the token is given back once Redis answers. Without the
+    give-back the key stays, held by nobody, for its whole TTL (60 s here)."""
+    urls = [s.url for s in three][:nodes]
+    lock = lost_reply_lock(d2, urls if nodes > 1 else urls[0], "lost-reply")
+    with pytest.raises(LockUnavailable, match="no answer in time"):
+        d2(lock.acquire(blocking=False))
+    assert not lock.held
+
+    def given_back() -> bool:
+        keep_running(d2)
+        return all(s.client().get(lock.keys.lock) is None for s in three)
+
+    wait_until(given_back)
+
+
+def test_a_frozen_server_that_runs_an_acquisition_late_gets_it_given_back(
+    redis_server: RedisServer, r: redis_py.Redis
+) -> None:
+    """The thread lock against a server frozen (SIGSTOP) past the socket timeout with the
+    ``SET`` in its buffer: the server runs it when it resumes, and the give-back, whose second
+    release is sent after the server answered the first, removes it. (The asyncio client
+    aborts its connection on a timeout, and the server then drops the command.)"""
+    lock = celery_redlock.Lock(redis_server.url + "?socket_timeout=0.3", "frozen-set", ttl=60)
+    assert lock.remaining_ttl() is None  # connected before the freeze
+    r.config_resetstat()
+    process = redis_server.process
+    assert process is not None
+    process.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(LockUnavailable, match="did not answer"):
+            lock.acquire(blocking=False)
+    finally:
+        process.send_signal(signal.SIGCONT)
+    wait_until(lambda: r.info("commandstats").get("cmdstat_set") and not r.exists(lock.key))
+
+
 def test_scripts_are_loaded_again_after_a_script_flush(
     d: Driver, redis_url: str, r: redis_py.Redis
 ) -> None:

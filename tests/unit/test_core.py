@@ -9,7 +9,14 @@ import pytest
 import redis as redis_py
 
 from celery_redlock import LockUnavailable
-from celery_redlock._redis.core import Outcome, classify, describe, unavailable
+from celery_redlock._redis.core import (
+    GIVE_BACK_FOR,
+    GiveBack,
+    Outcome,
+    classify,
+    describe,
+    unavailable,
+)
 
 E = redis_py.exceptions
 
@@ -71,3 +78,28 @@ def test_messages_name_an_exhausted_pool_and_never_end_empty() -> None:
     assert str(refused) == "Redis at h:1 refused lock k: BUSY Redis is busy"
     auth = unavailable(E.AuthenticationError("invalid username-password pair"), "k", ("h:1",))
     assert str(auth) == "Redis at h:1 refused lock k: invalid username-password pair"
+
+
+def test_a_give_back_stops_after_two_answers_in_a_row() -> None:
+    """The first answer shows the server ran after the lost command was in its buffer; the
+    second release, sent after it, runs after that command. A refusal is an answer too."""
+    plan = GiveBack("k", now=0.0)
+    assert plan.after(E.TimeoutError("no answer"), 1.0) == 0.1
+    assert plan.after(None, 2.0) == 0.0
+    assert plan.after(LockUnavailable("x"), 2.1) is not None  # no answer: the count goes on
+    assert plan.after(E.NoPermissionError("NOPERM"), 3.0) is None
+
+
+def test_a_give_back_backs_off_to_five_seconds_and_gives_up_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    plan = GiveBack("k", now=0.0)
+    delays = [plan.after(ConnectionRefusedError(), 1.0) for _ in range(9)]
+    assert delays == [0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0, 5.0, 5.0]
+    assert plan.after(ConnectionRefusedError(), GIVE_BACK_FOR) is None
+    assert "the key stays until its TTL" in caplog.text
+
+
+def test_a_give_back_that_hits_a_bug_stops_with_an_error(caplog: pytest.LogCaptureFixture) -> None:
+    assert GiveBack("k", now=0.0).after(KeyError("bug"), 0.0) is None
+    assert "giving back a lost acquisition failed" in caplog.text

@@ -1,0 +1,83 @@
+"""Give-backs of acquisitions whose reply was lost, in one daemon thread per process.
+
+The thread lock hands :func:`give_back` the owner-checked release of a token whose
+acquisition got no answer; this thread sends it until the lock core's
+:class:`~celery_redlock._redis.core.GiveBack` says stop (its docstring has the timeline).
+
+Hazards, as timelines:
+
+1. Fork. A prefork child inherits the pending give-backs but not the thread. The first
+   :func:`give_back` in the child notices the PID change and starts afresh with none of the
+   parent's, which the parent's own thread still sends.
+2. An outage. Every acquisition that fails while Redis is silent adds one give-back: each is
+   one entry here, not a thread, and tries with a growing delay (at most 5 s apart). A release
+   that blocks until its socket timeout delays the others by that long, never a renewal: the
+   renewal watchdog is another thread.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable
+
+from .core import GiveBack
+from .owner import current_pid
+
+__all__ = ["give_back"]
+
+
+class _Sender:
+    def __init__(self) -> None:
+        self.pid = current_pid()
+        self._cond = threading.Condition()
+        #: ``(due, seq, release, plan)``.
+        self._heap: list[tuple[float, int, Callable[[], object], GiveBack]] = []
+        self._seq = itertools.count()
+        thread = threading.Thread(target=self._run, name="celery-redlock-give-back")
+        thread.daemon = True
+        thread.start()
+
+    def add(self, release: Callable[[], object], plan: GiveBack, delay: float) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (time.monotonic() + delay, next(self._seq), release, plan))
+            self._cond.notify()
+
+    def _next_due(self) -> tuple[Callable[[], object], GiveBack]:
+        with self._cond:
+            while True:
+                due = self._heap[0][0] - time.monotonic() if self._heap else None
+                if due is not None and due <= 0:
+                    _, _, release, plan = heapq.heappop(self._heap)
+                    return release, plan
+                self._cond.wait(due)
+
+    def _run(self) -> None:
+        while True:
+            release, plan = self._next_due()
+            error: BaseException | None = None
+            try:
+                release()
+            except Exception as exc:  # judged by the plan: retried, or the end
+                error = exc
+            delay = plan.after(error, time.monotonic())
+            if delay is not None:
+                self.add(release, plan, delay)
+
+
+_sender: _Sender | None = None
+_sender_lock = threading.Lock()
+
+
+def give_back(key: str, release: Callable[[], object]) -> None:
+    """Send ``release()`` (the owner-checked release of a token whose acquisition's reply was
+    lost, for lock ``key``) in the background, as :class:`GiveBack` plans."""
+    global _sender
+    with _sender_lock:
+        if _sender is None or _sender.pid != current_pid():
+            _sender = _Sender()
+        sender = _sender
+    plan = GiveBack(key, time.monotonic())
+    sender.add(release, plan, plan.delay)
