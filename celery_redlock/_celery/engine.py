@@ -248,6 +248,9 @@ class TaskLock(Lock):
     """The lock of one task execution: reports a loss through signals and counters too."""
 
     task: Any = None
+    #: A task id holds one slot of a ``lock_limit`` semaphore at most: a duplicate delivery
+    #: finds its own run holding and is requeued, as with a lock of one slot.
+    one_slot_per_owner = True
     #: ``(url, slot)`` of the per-call overrides record written at acquisition, if any.
     call_record: tuple[str, str] | None = None
 

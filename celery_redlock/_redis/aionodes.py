@@ -199,8 +199,10 @@ class SingleNode(QueueRules):
         """A release hands the lock to the first queued waiter, except on a Cluster."""
         return not is_cluster(self.node.client())
 
-    async def acquire(self, keys: LockKeys, token: str, ttl_ms: int) -> AcquireResult:
-        call = _scripts.acquire_call(keys, token, ttl_ms, single=True)
+    async def acquire(
+        self, keys: LockKeys, token: str, ttl_ms: int, sole: str = ""
+    ) -> AcquireResult:
+        call = _scripts.acquire_call(keys, token, ttl_ms, single=True, sole=sole)
         return _scripts.decode_acquire(await self._run(_scripts.ACQUIRE, call, keys.lock))
 
     async def wait_attempt(
@@ -288,7 +290,10 @@ class Quorum(QuorumRules):
             out[i] = reply
         return out
 
-    async def acquire(self, keys: LockKeys, token: str, ttl_ms: int) -> AcquireResult:
+    async def acquire(
+        self, keys: LockKeys, token: str, ttl_ms: int, sole: str = ""
+    ) -> AcquireResult:
+        """The Redlock acquisition (``sole`` is for semaphores, which a quorum refuses)."""
         loop = asyncio.get_running_loop()
         start = loop.time()
         replies = await self._call_all(_scripts.ACQUIRE, _scripts.acquire_call(keys, token, ttl_ms))

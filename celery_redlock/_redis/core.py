@@ -451,6 +451,12 @@ class LockCore:
 
     #: Where the lock lives (:meth:`_connect`): a driver's nodes.
     nodes: Any
+    #: An owner label (a task id) holds at most one slot of a semaphore: an attempt that finds
+    #: a slot held under its label is refused, naming that holder. True for the lock of a
+    #: task execution, where two slots under one task id mean a duplicate delivery (a
+    #: redelivered message) running beside its own run; False for a plain :class:`Lock`,
+    #: whose label several holders may share.
+    one_slot_per_owner = False
     #: What ``repr()`` calls it.
     _kind = "Lock"
 
@@ -607,6 +613,14 @@ class LockCore:
 
     def _new_token(self) -> str:
         return _owner.new_token(self.owner, self.host)
+
+    @property
+    def _sole(self) -> str:
+        """The owner label an attempt passes as the one that may hold one slot only, or ``""``
+        (:attr:`one_slot_per_owner`; a lock of one slot has nothing to check)."""
+        if self.one_slot_per_owner and self.owner and len(self.keys.slots) > 1:
+            return self.owner
+        return ""
 
     def _result(self, token: str, start: float, ttl: float, result: AcquireResult) -> bool:
         """Take in an acquisition's reply; whether it holds the lock now."""

@@ -204,7 +204,7 @@ class Lock(LockCore):
 
     def do_acquire(self, token: str, ttl: float) -> AcquireResult:
         """One acquisition attempt on Redis."""
-        return self.nodes.acquire(self.keys, token, ms(ttl))
+        return self.nodes.acquire(self.keys, token, ms(ttl), self._sole)
 
     def do_release(self, token: str, keep: float = 0) -> bool:
         """Owner-checked delete (or expiry in ``keep`` s); False when it was not ours any more."""

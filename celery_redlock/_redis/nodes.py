@@ -82,7 +82,8 @@ class Nodes(Protocol):
     def names(self) -> tuple[str, ...]:
         """``host:port`` of each node, for messages (never with credentials)."""
 
-    def acquire(self, keys: LockKeys, token: str, ttl_ms: int) -> AcquireResult: ...
+    def acquire(self, keys: LockKeys, token: str, ttl_ms: int, sole: str = "") -> AcquireResult:
+        """One attempt; ``sole``: a task id that may hold one slot of a semaphore only."""
 
     def queues(self, keys: LockKeys) -> bool: ...
 
@@ -135,7 +136,7 @@ class SingleNode(QueueRules):
                 raise
             raise unavailable(exc, key, self.names) from exc
 
-    def acquire(self, keys: LockKeys, token: str, ttl_ms: int) -> AcquireResult:
+    def acquire(self, keys: LockKeys, token: str, ttl_ms: int, sole: str = "") -> AcquireResult:
         """A lock: one ``SET key token NX PX ttl GET``, no script and no fencing counter (the
         token is read on first use, :meth:`fence`); the holder's TTL is left for the caller
         to ask. A semaphore, or a server older than 7.0 (no ``NX`` with ``GET``), runs the
@@ -159,7 +160,7 @@ class SingleNode(QueueRules):
                 if isinstance(holder, bytes):
                     holder = holder.decode("utf-8", "replace")
                 return AcquireResult(False, holder=holder or None)
-        call = _scripts.acquire_call(keys, token, ttl_ms, single=True)
+        call = _scripts.acquire_call(keys, token, ttl_ms, single=True, sole=sole)
         return _scripts.decode_acquire(self._run(_scripts.ACQUIRE, call, keys.lock))
 
     def wait_attempt(
@@ -300,7 +301,8 @@ class Quorum(QuorumRules):
 
     # -- operations -----------------------------------------------------------------------------
 
-    def acquire(self, keys: LockKeys, token: str, ttl_ms: int) -> AcquireResult:
+    def acquire(self, keys: LockKeys, token: str, ttl_ms: int, sole: str = "") -> AcquireResult:
+        """The Redlock acquisition (``sole`` is for semaphores, which a quorum refuses)."""
         start = self.clock()
         replies = self._call_all(_scripts.ACQUIRE, _scripts.acquire_call(keys, token, ttl_ms))
         vote = count_votes(replies, ttl_ms, (self.clock() - start) * 1000, self.quorum)

@@ -57,6 +57,31 @@ def test_skip_returns_none_and_logs_holder(
     assert lock_keys(r) == []
 
 
+@pytest.mark.parametrize("limit", [1, 2])
+def test_a_duplicate_delivery_of_a_running_task_is_requeued_not_run_beside_it(
+    h: Holder, app: Celery, r: redis_py.Redis, caplog: pytest.LogCaptureFixture, limit: int
+) -> None:
+    """A second message with the task id of a running execution (a redelivered message, under
+    ``acks_late`` after a visibility timeout) is requeued until its own run's lease ends. With
+    ``lock_limit=2`` it found a free slot and ran beside its own run, although the skip policy
+    would have skipped it: a semaphore slot is one per task id."""
+    entered: list[str] = []
+
+    @app.task(base=LockedTask, bind=True, lock_limit=limit, lock_by=())
+    def work(self: Task) -> None:
+        entered.append(self.request.id)
+        h.hold()
+
+    with running_worker(app), caplog.at_level(logging.INFO, logger="celery_redlock"):
+        work.apply_async(task_id="dup-1")
+        assert h.entered.wait(10)
+        work.apply_async(task_id="dup-1")
+        wait_until(lambda: "[dup-1] redelivered while" in caplog.text, 10, "the requeue")
+        assert entered == ["dup-1"]
+        h.gate.set()
+    assert "skipped" not in caplog.text
+
+
 def test_fail_raises_lock_contended_with_context(h: Holder, app: Celery, r: redis_py.Redis) -> None:
 
     @app.task(base=LockedTask, lock_on_contention="fail", lock_by=())

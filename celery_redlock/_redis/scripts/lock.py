@@ -25,13 +25,24 @@ ACQUIRE = """
 -- ARGV[1] owner token, ARGV[2] ttl in ms (> 0), ARGV[3] fencing counter ttl in ms,
 -- ARGV[4] '1': the server time in microseconds, else in whole seconds * 10^6,
 -- ARGV[5] '1': write the counter, '0': only read it (a lock of one slot on one deployment)
+-- ARGV[6] a task id that may hold one slot only ('' for none): a slot held by a token of
+--         that task id refuses the attempt (a duplicate delivery of a running task)
 -- returns {1, fencing_token, slot}     acquired the first free slot (1-based)
---         {0, holder_token, pttl_ms}   every slot held; the holder of the one freeing first
+--         {0, holder_token, pttl_ms}   every slot held, the holder of the one freeing first;
+--                                      or the slot of the same task id
 -- The fencing token is max(server time, counter + 1, high-water mark + 1), and the mark is
 -- set to it (no TTL): tokens keep increasing after the counter expires, and across a step
 -- back of the server clock (the mark is ahead of the clock until the clock catches up).
 -- Whole seconds make independent nodes (quorum) usually agree on the token; microseconds
 -- keep a single node's tokens above those read lazily by FENCE.
+if ARGV[6] ~= '' then
+  for i = 3, #KEYS do
+    local held = redis.call('GET', KEYS[i])
+    if held and string.match(held, '^[^|]*|[^|]*|[^|]*|[^|]*|(.*)$') == ARGV[6] then
+      return {0, held, redis.call('PTTL', KEYS[i])}
+    end
+  end
+end
 for i = 3, #KEYS do
   if redis.call('SET', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) then
     local now = redis.call('TIME')
@@ -276,12 +287,13 @@ def decode_acquire(reply: Any) -> AcquireResult:
 
 
 def acquire_call(
-    keys: LockKeys, token: str, ttl_ms: int, single: bool = False
+    keys: LockKeys, token: str, ttl_ms: int, single: bool = False, sole: str = ""
 ) -> tuple[list[str], list[Any]]:
     """``(KEYS, ARGV)`` of :data:`ACQUIRE`. ``single``: on one deployment (microseconds; and
-    for a lock of one slot, no counter written), else on a quorum node."""
+    for a lock of one slot, no counter written), else on a quorum node. ``sole``: a task id
+    that may hold one slot of a semaphore only."""
     counter = not single or len(keys.slots) > 1
-    argv = [token, ttl_ms, FENCE_TTL_MS, "1" if single else "0", "1" if counter else "0"]
+    argv = [token, ttl_ms, FENCE_TTL_MS, "1" if single else "0", "1" if counter else "0", sole]
     return [keys.fence, keys.high_water, *keys.slots], argv
 
 
