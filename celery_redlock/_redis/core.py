@@ -388,9 +388,9 @@ class GiveBack:
     the server stops answering (``SIGSTOP``, a paused VM, a long fork) past A's socket
     timeout, with A's command in its socket buffer; A gets :class:`LockUnavailable`; (c) the
     server resumes and runs A's command: the key is held by nobody for its whole TTL, and A's
-    retry, which carries the same task id, finds it held by itself. So the driver releases the
-    token (owner-checked: it deletes only a key holding this token) until **two releases in a
-    row were answered**. The first answer shows the server ran again after A's command was in
+    retry, which carries the same task id, finds it held by itself. So the token is released
+    (owner-checked: only a key holding this token is deleted; by the thread lock's nodes, and
+    by the asyncio lock) until **two releases in a row were answered**. The first answer shows the server ran again after A's command was in
     its buffer, so the second release, sent after that answer, runs after A's command if it
     ran at all. A refusal (``NOPERM``, ``OOM``...) is an answer too.
 
@@ -437,9 +437,11 @@ def cause(error: BaseException) -> BaseException:
 
 
 def lost_reply(error: BaseException) -> bool:
-    """Whether an acquisition that raised ``error`` may still run on Redis: no answer came
-    (a refusal was an answer: nothing ran)."""
-    return classify(cause(error)) is Outcome.UNAVAILABLE
+    """Whether a command that raised ``error`` may still run on Redis: no answer came, after
+    the connection was made (a refusal was an answer, and a failed connect sent nothing: a
+    node that is down gets no give-backs)."""
+    error = cause(error)
+    return classify(error) is Outcome.UNAVAILABLE and "connecting" not in str(error)
 
 
 class LockCore:

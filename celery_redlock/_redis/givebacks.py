@@ -12,13 +12,15 @@ Hazards, as timelines:
 2. An outage. Every acquisition that fails while Redis is silent adds one give-back: each is
    one entry here, not a thread, and tries with a growing delay (at most 5 s apart). A release
    that blocks until its socket timeout delays the others by that long, never a renewal: the
-   renewal watchdog is another thread.
+   renewal watchdog is another thread. At most :data:`MAX_PENDING` wait at once; past that a
+   WARNING says so, and the key of an acquisition not given back expires by its TTL.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +29,11 @@ from .core import GiveBack
 from .owner import current_pid
 
 __all__ = ["give_back"]
+
+logger = logging.getLogger("celery_redlock.lock")
+
+#: Give-backs waiting at most (a frozen node and thousands of releases a second).
+MAX_PENDING = 10_000
 
 
 class _Sender:
@@ -42,6 +49,14 @@ class _Sender:
 
     def add(self, release: Callable[[], object], plan: GiveBack, delay: float) -> None:
         with self._cond:
+            if len(self._heap) >= MAX_PENDING:
+                logger.warning(
+                    "lock %s: %d give-backs wait for Redis already; this one is dropped, and "
+                    "the key expires by its TTL if its acquisition ran",
+                    plan.key,
+                    MAX_PENDING,
+                )
+                return
             heapq.heappush(self._heap, (time.monotonic() + delay, next(self._seq), release, plan))
             self._cond.notify()
 

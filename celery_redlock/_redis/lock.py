@@ -42,9 +42,9 @@ Hazards, as timelines:
 6. A lost reply. (a) A's attempt is sent; (b) the server stops answering past the socket
    timeout, and A raises :class:`LockUnavailable`; (c) the server resumes and runs the
    attempt: the key is held by nobody until its TTL. A give-back sent at once on another
-   connection could run before the attempt, so the attempt's token is given back in the
-   background (:mod:`~celery_redlock._redis.givebacks`) until two releases in a row were
-   answered (:class:`~celery_redlock._redis.core.GiveBack`).
+   connection could run before the attempt, so the nodes (:mod:`~celery_redlock._redis.nodes`)
+   give the attempt's token back in the background (:mod:`~celery_redlock._redis.givebacks`)
+   until two releases in a row were answered (:class:`~celery_redlock._redis.core.GiveBack`).
 """
 
 from __future__ import annotations
@@ -57,12 +57,11 @@ from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 from ..exceptions import LockLost
-from . import givebacks as _givebacks
 from . import keys as _keys
 from . import owner as _owner
 from . import renewal as _renewal
 from . import subscriptions as _subscriptions
-from .core import SUBSCRIBED, Clock, Extended, LockCore, Op, Run, classify, lost_reply, ms
+from .core import SUBSCRIBED, Clock, Extended, LockCore, Op, Run, classify, ms
 from .nodes import Nodes, SingleNode, Target, nodes_for
 from .scripts import AcquireResult
 
@@ -298,17 +297,14 @@ class Lock(LockCore):
 
     @contextlib.contextmanager
     def _given_back_if_interrupted(self, token: str) -> Iterator[None]:
-        """Give ``token`` back if the call in the block raised, for it may have taken the lock:
-        at once if it was interrupted (hazard 5), in the background if its reply was lost
-        (hazard 6); a refusal took nothing."""
+        """Release ``token`` if the call in the block ends in anything but a Redis error: it
+        may have taken the lock (hazard 5). A lost reply is given back by the nodes (hazard 6)."""
         try:
             yield
         except BaseException as exc:
             if classify(exc) is None:
                 with contextlib.suppress(Exception):
                     self.do_release(token)
-            elif lost_reply(exc):
-                _givebacks.give_back(self.key, functools.partial(self.do_release, token))
             raise
 
     def _saw(self, holder: str | None, pttl: int | None) -> None:

@@ -23,6 +23,8 @@ waiters listen on live in :mod:`celery_redlock._redis.subscriptions`.
    acquisition overlaps it: tokens strictly increase across acquisitions that completed.
 
 Release, extend and the parent-side release go to every node. Extend succeeds with a majority.
+A release that a node did not answer is sent to it again in the background until it answers
+(:meth:`Quorum.release`).
 
 Error replies by which a node refuses for now (``BUSY``, ``OOM``, ``READONLY``, ``MISCONF``,
 ``NOPERM``: :func:`~celery_redlock._redis.core.classify`) count like no answer: on a single
@@ -38,17 +40,19 @@ majority (the normal case: all live nodes), one node restarting empty cannot let
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import redis as redis_py
 
 from ..exceptions import LockUnavailable
+from . import givebacks as _givebacks
 from . import scripts as _scripts
 from .clients import check_client, client_for, node_name
 from .commands import connection_of, execute, run_script
@@ -60,6 +64,7 @@ from .core import (
     Replies,
     classify,
     count_votes,
+    lost_reply,
     majority,
     released,
     unavailable,
@@ -141,6 +146,10 @@ class SingleNode(QueueRules):
         token is read on first use, :meth:`fence`); the holder's TTL is left for the caller
         to ask. A semaphore, or a server older than 7.0 (no ``NX`` with ``GET``), runs the
         acquire script."""
+        with self._given_back_if_lost(keys, token):
+            return self._acquire(keys, token, ttl_ms, sole)
+
+    def _acquire(self, keys: LockKeys, token: str, ttl_ms: int, sole: str) -> AcquireResult:
         if self.set_get and len(keys.slots) == 1:
             lock = keys.lock
             try:
@@ -174,7 +183,8 @@ class SingleNode(QueueRules):
         """
         call = _scripts.wait_call(keys, token, ttl_ms, member, secret)
         try:
-            reply = self._run(_scripts.WAIT, call, keys.lock)
+            with self._given_back_if_lost(keys, token):
+                reply = self._run(_scripts.WAIT, call, keys.lock)
         except LockUnavailable as exc:
             if not self.queue_refused(exc):
                 raise
@@ -186,6 +196,17 @@ class SingleNode(QueueRules):
         Returns the token it holds the lock with if a release handed it over meanwhile."""
         call = _scripts.leave_call(keys, member, secret, self.handoff)
         return _scripts.decode_wait(self._run(_scripts.LEAVE, call, keys.lock)).held
+
+    @contextlib.contextmanager
+    def _given_back_if_lost(self, keys: LockKeys, token: str) -> Iterator[None]:
+        """An attempt whose reply was lost may still run: give ``token`` back in the background
+        (:class:`~celery_redlock._redis.core.GiveBack` has the timeline)."""
+        try:
+            yield
+        except LockUnavailable as exc:
+            if lost_reply(exc):
+                _givebacks.give_back(keys.lock, functools.partial(self.release, keys, token))
+            raise
 
     def fence(self, keys: LockKeys, slot: str, token: str) -> int | None:
         reply = self._run(_scripts.FENCE, _scripts.fence_call(keys, slot, token), slot)
@@ -312,7 +333,7 @@ class Quorum(QuorumRules):
             return AcquireResult(
                 True, fencing_token=vote.fencing, complete=vote.won == len(replies)
             )
-        self._call_all(_scripts.RELEASE, _scripts.release_call(keys, token))
+        self.release(keys, token, quiet=True)
         self.check_answered(keys.lock, replies, "acquire failed")
         return vote.refusal
 
@@ -326,9 +347,28 @@ class Quorum(QuorumRules):
             self._call_all(_scripts.RAISE_FENCE, call, only=lagging), lagging, won
         )
 
-    def release(self, keys: LockKeys, token: str, keep_ms: int = 0) -> bool:
+    def release(self, keys: LockKeys, token: str, keep_ms: int = 0, quiet: bool = False) -> bool:
+        """Release on every node; ``quiet``: the give-back of a failed acquisition, whose
+        outcome is not asked for (no error when too few nodes answer).
+
+        A node whose reply was lost is given the release again in the background
+        (:mod:`~celery_redlock._redis.givebacks`). Timeline it closes: (a) node C is frozen
+        while A acquires on A, B (and C's acquire waits in C's socket buffer); (b) A releases:
+        the release to C gets no answer; (c) C resumes and runs the acquire: C holds the
+        released lock for a whole TTL, and one more node down then stops every acquisition.
+        """
         call = _scripts.release_call(keys, token, keep_ms)
-        return self.released(keys.lock, self._call_all(_scripts.RELEASE, call))
+        replies = self._call_all(_scripts.RELEASE, call)
+        for i, (_, error) in enumerate(replies):
+            if error is not None and lost_reply(error):
+                _givebacks.give_back(keys.lock, functools.partial(self._release_on, i, call))
+        return quiet or self.released(keys.lock, replies)
+
+    def _release_on(self, node: int, call: Call) -> None:
+        """The release ``call`` on one node; raises that node's error."""
+        error = self._call_all(_scripts.RELEASE, call, only=[node])[node][1]
+        if error is not None:
+            raise error
 
     def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> Extended:
         """Extend where we hold it; re-assert where the key is missing (repair).

@@ -339,57 +339,92 @@ def test_a_database_the_server_lacks_is_a_refusal_naming_the_setting(
     assert lock_keys(r) == []
 
 
-def lost_reply_lock(d: Driver, redis: Any, name: str, nodes: int = 1) -> Any:
-    """A lock whose acquisition runs on Redis, then loses its reply (no answer in time), as
-    when the server resumes after the socket timeout and runs what was in its buffer."""
-    base = celery_redlock.asyncio.Lock if d.is_async else celery_redlock.Lock
-
-    def lost(lock: Any) -> LockUnavailable:
-        error = LockUnavailable("no answer in time", key=lock.key)
-        error.__cause__ = redis_py.exceptions.TimeoutError("Timeout reading from socket")
-        return error
-
-    if d.is_async:
-
-        class AsyncLostReply(base):  # type: ignore[misc,valid-type]
-            async def do_acquire(self, token: str, ttl: float) -> Any:
-                assert (await super().do_acquire(token, ttl)).acquired
-                raise lost(self)
-
-        return AsyncLostReply(redis, name, 60)
-
-    class LostReply(base):  # type: ignore[misc,valid-type]
-        def do_acquire(self, token: str, ttl: float) -> Any:
-            assert super().do_acquire(token, ttl).acquired
-            raise lost(self)
-
-    return LostReply(redis, name, 60)
+def lost(key: str) -> LockUnavailable:
+    """What a lock raises for an attempt whose reply never came."""
+    error = LockUnavailable("no answer in time", key=key)
+    error.__cause__ = redis_py.exceptions.TimeoutError("Timeout reading from socket")
+    return error
 
 
-def keep_running(d: Driver) -> None:
-    """Let the asyncio lock's background tasks run on the test's loop for a moment."""
-    if d.is_async:
-        d(asyncio.sleep(0.05))
+class AsyncLostReply(celery_redlock.asyncio.Lock):
+    """An asyncio lock whose acquisition runs on Redis, then loses its reply."""
+
+    async def do_acquire(self, token: str, ttl: float) -> Any:
+        assert (await super().do_acquire(token, ttl)).acquired
+        raise lost(self.key)
+
+
+class LosesItsFirstReply(redis_py.Redis):
+    """A client whose first ``SET`` runs on the server, then loses its reply."""
+
+    lost = False
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        reply = super().execute_command(*args, **options)
+        if args[0] == "SET" and not self.lost:
+            self.lost = True
+            raise redis_py.exceptions.TimeoutError("Timeout reading from socket")
+        return reply
+
+
+def test_a_thread_acquisition_whose_reply_was_lost_is_given_back(
+    redis_server: RedisServer, r: redis_py.Redis
+) -> None:
+    """The ``SET`` took the key, but its reply was lost: the caller gets
+    :class:`LockUnavailable`, and the token is given back once Redis answers. Without the
+    give-back the key stays, held by nobody, for its whole TTL (60 s here)."""
+    client = LosesItsFirstReply(port=redis_server.port)
+    lock = celery_redlock.Lock(client, "lost-reply", ttl=60)
+    with pytest.raises(LockUnavailable, match="Timeout reading"):
+        lock.acquire(blocking=False)
+    assert client.lost and not lock.held
+    wait_until(lambda: not r.exists(lock.key))
 
 
 @pytest.mark.parametrize("nodes", [1, 3], ids=["one-node", "quorum"])
-def test_an_acquisition_whose_reply_was_lost_is_given_back(
-    d2: Driver, three: list[RedisServer], nodes: int
+def test_an_asyncio_acquisition_whose_reply_was_lost_is_given_back(
+    three: list[RedisServer], nodes: int
 ) -> None:
-    """The acquisition took the key, but its reply was lost: the caller gets
-    :class:`LockUnavailable`, and the token is given back once Redis answers. Without the
-    give-back the key stays, held by nobody, for its whole TTL (60 s here)."""
     urls = [s.url for s in three][:nodes]
-    lock = lost_reply_lock(d2, urls if nodes > 1 else urls[0], "lost-reply")
-    with pytest.raises(LockUnavailable, match="no answer in time"):
-        d2(lock.acquire(blocking=False))
-    assert not lock.held
+    driver = Driver("asyncio", "url")
+    try:
+        lock = AsyncLostReply(urls if nodes > 1 else urls[0], "lost-reply", ttl=60)
+        with pytest.raises(LockUnavailable, match="no answer in time"):
+            driver(lock.acquire(blocking=False))
+        assert not lock.held
 
-    def given_back() -> bool:
-        keep_running(d2)
-        return all(s.client().get(lock.keys.lock) is None for s in three)
+        def given_back() -> bool:
+            driver(asyncio.sleep(0.05))  # the give-back runs on the test's loop
+            return all(s.client().get(lock.keys.lock) is None for s in three)
 
-    wait_until(given_back)
+        wait_until(given_back)
+    finally:
+        driver.close()
+
+
+def test_a_quorum_release_a_frozen_node_missed_is_given_back_when_it_resumes(
+    three: list[RedisServer],
+) -> None:
+    """Node C frozen (SIGSTOP) while a thread lock acquires on A and B and releases: C's
+    acquire waits in its socket buffer, and the release never reaches it. When C resumes it
+    runs the acquire; the give-back then removes it. Without it, C holds the released lock for
+    a whole TTL, and one more node down would stop every acquisition of it."""
+    lock = celery_redlock.Lock([s.url for s in three], "q-frozen-release", ttl=60)
+    warm = celery_redlock.Lock([s.url for s in three], "q-warm", ttl=5)
+    assert warm.acquire(blocking=False)  # connections open and scripts loaded on every node
+    warm.release()
+    c = three[2].client()
+    c.config_resetstat()
+    frozen = three[2].process
+    assert frozen is not None
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        assert lock.acquire(blocking=False)
+        lock.release()
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+    wait_until(lambda: c.exists(lock.keys.high_water))  # C ran the acquire when it resumed
+    wait_until(lambda: all(s.client().get(lock.keys.lock) is None for s in three))
 
 
 def test_a_frozen_server_that_runs_an_acquisition_late_gets_it_given_back(

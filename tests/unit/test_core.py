@@ -9,12 +9,14 @@ import pytest
 import redis as redis_py
 
 from celery_redlock import LockUnavailable
+from celery_redlock._redis import givebacks
 from celery_redlock._redis.core import (
     GIVE_BACK_FOR,
     GiveBack,
     Outcome,
     classify,
     describe,
+    lost_reply,
     unavailable,
 )
 
@@ -103,3 +105,37 @@ def test_a_give_back_backs_off_to_five_seconds_and_gives_up_with_a_warning(
 def test_a_give_back_that_hits_a_bug_stops_with_an_error(caplog: pytest.LogCaptureFixture) -> None:
     assert GiveBack("k", now=0.0).after(KeyError("bug"), 0.0) is None
     assert "giving back a lost acquisition failed" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("error", "lost"),
+    [
+        (E.TimeoutError("Timeout reading from socket"), True),
+        (E.ConnectionError("Connection closed by server."), True),
+        (LockUnavailable("no quorum for lock k: acquire failed"), True),
+        (E.ConnectionError("Error 111 connecting to h:1. Connection refused."), False),
+        (E.TimeoutError("Timeout connecting to server"), False),
+        (E.NoPermissionError("this user has no permissions to run the 'set' command"), False),
+        (KeyError("a bug"), False),
+    ],
+)
+def test_a_reply_is_lost_only_when_a_sent_command_got_no_answer(
+    error: BaseException, lost: bool
+) -> None:
+    """A node that is down (its connect fails) sent nothing, so it gets no give-back."""
+    wrapped = LockUnavailable("wrapped")
+    wrapped.__cause__ = error
+    assert lost_reply(error) is lost
+    assert lost_reply(wrapped) is lost
+
+
+def test_give_backs_past_the_cap_are_dropped_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(givebacks, "MAX_PENDING", 1)
+    sender = givebacks._Sender()
+    calls: list[str] = []
+    sender.add(lambda: calls.append("first"), GiveBack("k1", now=0.0), delay=3600)
+    sender.add(lambda: calls.append("second"), GiveBack("k2", now=0.0), delay=3600)
+    assert "lock k2: 1 give-backs wait for Redis already" in caplog.text
+    assert len(sender._heap) == 1 and calls == []
