@@ -213,6 +213,8 @@ class Lock(LockCore):
                 else:
                     await self._give_back(token)
             raise
+        finally:
+            self._acquire_done()
 
     async def release(self, keep: float = 0) -> None:
         """Release the lock. Raises :class:`LockNotOwned` if it is not held by this object.
@@ -243,13 +245,19 @@ class Lock(LockCore):
         self._extended(await self.do_extend(token, ttl), start, ttl)
 
     async def locked(self) -> bool:
-        """Whether anyone holds the key right now (on a majority, for a quorum)."""
-        return await self.nodes.pttl_ms(self.key) != -2
+        """Whether anyone holds the lock right now: its key (on a majority, for a quorum), or
+        any slot of a semaphore."""
+        for key in self._observed:
+            if await self.nodes.pttl_ms(key) != -2:
+                return True
+        return False
 
     async def remaining_ttl(self) -> float | None:
-        """Seconds until the key expires, from Redis; ``None`` if it does not exist."""
-        pttl = await self.nodes.pttl_ms(self.key)
-        return None if pttl < 0 else pttl / 1000.0
+        """Seconds until the key expires, from Redis; ``None`` if it does not exist. For a
+        semaphore: the slot this object holds, or else the held slot that expires first."""
+        pttls = [await self.nodes.pttl_ms(key) for key in self._observed]
+        held = [pttl for pttl in pttls if pttl >= 0]
+        return min(held) / 1000.0 if held else None
 
     async def __aenter__(self) -> Lock:
         if not await self.acquire():
@@ -257,8 +265,8 @@ class Lock(LockCore):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._token is None:
-            return
+        if self._token is None or self._forked_from() is not None:
+            return  # a forked child leaves its parent's lock alone
         with contextlib.suppress(LockLost):
             await self.release()
 

@@ -339,18 +339,35 @@ class QuorumRules:
 MAX_TTL = 10 * 365 * 24 * 3600.0
 
 
-def check_arguments(ttl: Any, max_hold: Any, timeout: Any, limit: Any) -> None:
-    """Raise :class:`ValueError` for lock arguments out of range."""
-    if not isinstance(ttl, (int, float)) or isinstance(ttl, bool) or not 0 < ttl <= MAX_TTL:
+#: The most slots a semaphore has (as the task option ``lock_limit``): each acquisition may try
+#: them all in one script.
+MAX_LIMIT = 1000
+
+
+def seconds(value: Any, *, zero: bool = False) -> bool:
+    """Whether ``value`` is a number of seconds a lock takes: an int or a finite float (not a
+    bool, not a string), > 0 (>= 0 with ``zero``) and at most :data:`MAX_TTL`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return (value >= 0 if zero else value > 0) and value <= MAX_TTL
+
+
+def check_arguments(ttl: Any, max_hold: Any, timeout: Any, limit: Any, blocking: Any) -> None:
+    """Raise :class:`ValueError` for lock arguments of the wrong kind or out of range."""
+    if not seconds(ttl):
         raise ValueError(f"Lock ttl must be seconds > 0 and <= {MAX_TTL:.0f}, got {ttl!r}")
-    if max_hold is not None and not 0 < max_hold <= MAX_TTL:
+    if max_hold is not None and not seconds(max_hold):
         raise ValueError(
-            f"Lock max_hold must be seconds > 0 and <= {MAX_TTL:.0f}, got {max_hold!r}"
+            f"Lock max_hold must be seconds > 0 and <= {MAX_TTL:.0f}, or None, got {max_hold!r}"
         )
-    if timeout is not None and timeout < 0:
-        raise ValueError(f"Lock timeout must be >= 0 seconds or None, got {timeout!r}")
-    if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
-        raise ValueError(f"Lock limit must be an integer >= 1, got {limit!r}")
+    if timeout is not None and not seconds(timeout, zero=True):
+        raise ValueError(
+            f"Lock timeout must be seconds >= 0 and <= {MAX_TTL:.0f}, or None, got {timeout!r}"
+        )
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(f"Lock limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
+    if not isinstance(blocking, bool):
+        raise ValueError(f"Lock blocking must be True or False, got {blocking!r}")
 
 
 def check_limit(limit: int, nodes: tuple[str, ...]) -> None:
@@ -390,9 +407,10 @@ class GiveBack:
     server resumes and runs A's command: the key is held by nobody for its whole TTL, and A's
     retry, which carries the same task id, finds it held by itself. So the token is released
     (owner-checked: only a key holding this token is deleted; by the thread lock's nodes, and
-    by the asyncio lock) until **two releases in a row were answered**. The first answer shows the server ran again after A's command was in
-    its buffer, so the second release, sent after that answer, runs after A's command if it
-    ran at all. A refusal (``NOPERM``, ``OOM``...) is an answer too.
+    by the asyncio lock) until **two releases in a row were answered**. The first answer
+    shows the server ran again after A's command was in its buffer, so the second release,
+    sent after that answer, runs after A's command if it ran at all. A refusal (``NOPERM``,
+    ``OOM``...) is an answer too.
 
     What it does not close: a network partition, where the kernel may still resend A's
     command after both releases went through; and a server silent for longer than
@@ -469,6 +487,9 @@ class LockCore:
     _fencing_token: int | None = None
     _acquired_at = 0.0
     _expires_at = 0.0
+    #: The process that took the lock (a fork of it does not hold it), and an acquire running.
+    _pid = 0
+    _acquiring = False
     _lost = False
     #: The holder seen by the last failed attempt (``None`` if it was not contended).
     last_holder: _owner.Owner | None = None
@@ -493,7 +514,7 @@ class LockCore:
         limit: int = 1,
         clock: Clock = time.monotonic,
     ) -> None:
-        check_arguments(ttl, max_hold, timeout, limit)
+        check_arguments(ttl, max_hold, timeout, limit, blocking)
         self.nodes = self._connect(redis)
         if limit > 1:  # the node names are read only here (building them costs a URL parse)
             check_limit(limit, self.nodes.names)
@@ -514,6 +535,12 @@ class LockCore:
     def key(self) -> str:
         """The Redis key of this lock: the slot held, or the first slot when not held."""
         return self._slot or self.keys.lock
+
+    @property
+    def _observed(self) -> tuple[str, ...]:
+        """The keys :meth:`locked` and :meth:`remaining_ttl` read: the slot held, or every slot
+        (a semaphore not held by this object is locked while any of its slots is)."""
+        return (self._slot,) if self._slot is not None and self._token else self.keys.slots
 
     @property
     def token(self) -> str | None:
@@ -552,26 +579,76 @@ class LockCore:
     # -- what the public methods check ------------------------------------------------------------
 
     def _acquire_mode(self, blocking: bool | None, timeout: float | None) -> float | None:
-        """The timeout of a blocking acquire, or ``-1.0`` for a single attempt."""
-        if self._token is not None:
-            if self.lost:
+        """The timeout of a blocking acquire, or ``-1.0`` for a single attempt; the object is
+        then acquiring until the driver calls :meth:`_acquire_done`.
+
+        One object holds once: a second ``acquire()`` while it holds, or while another thread
+        or task is acquiring with it, is a :class:`RuntimeError`. Timeline this stops: (a) two
+        threads call ``acquire()`` on one semaphore object; (b) both take a slot; (c) the
+        object remembers one token, and the other slot stays taken until its TTL.
+        """
+        if blocking is not None and not isinstance(blocking, bool):
+            raise ValueError(f"acquire blocking must be True, False or None, got {blocking!r}")
+        if timeout is not None and not seconds(timeout, zero=True):
+            raise ValueError(
+                f"acquire timeout must be seconds >= 0 and <= {MAX_TTL:.0f}, or None, "
+                f"got {timeout!r}"
+            )
+        with self._state:
+            if self._token is not None:
+                if self.lost:
+                    raise RuntimeError(
+                        f"lock {self.key} was lost while held by this object; release() it "
+                        "first (which raises LockLost), or use a new Lock"
+                    )
+                raise RuntimeError(f"lock {self.key} is already acquired by this object")
+            if self._acquiring:
                 raise RuntimeError(
-                    f"lock {self.key} was lost while held by this object; release() it first "
-                    "(which raises LockLost), or use a new Lock"
+                    f"lock {self.key} is being acquired by this object in another thread or "
+                    "task; a Lock object is one holder: use one per thread or task"
                 )
-            raise RuntimeError(f"lock {self.key} is already acquired by this object")
+            self._acquiring = True
         blocking = self.blocking if blocking is None else blocking
         timeout = self.timeout if timeout is None else timeout
-        if timeout is not None and timeout < 0:
-            raise ValueError(f"timeout must be >= 0 seconds or None, got {timeout!r}")
         return -1.0 if not blocking or timeout == 0 else timeout
+
+    def _acquire_done(self) -> None:
+        """The acquire that :meth:`_acquire_mode` began has ended, taken or not."""
+        self._acquiring = False
+
+    def _forked_from(self) -> int | None:
+        """The pid that took the lock, when this process is a fork of it (else ``None``)."""
+        if self._pid == _owner.current_pid():
+            return None
+        return self._pid
+
+    def _not_ours(self, what: str) -> LockNotOwned | None:
+        """:class:`LockNotOwned` for ``what`` (release, extend) in a forked child of the holder.
+
+        Timeline: (a) a process holds the lock in ``with lock:``; (b) it forks; (c) the child
+        leaves the ``with`` block and would release the parent's lock while the parent runs
+        on. The child inherits the object, not the lock, as it inherits no renewal.
+        """
+        pid = self._forked_from()
+        if pid is None:
+            return None
+        return LockNotOwned(
+            f"cannot {what} {self.key}: process {pid} holds it, and this process "
+            f"({_owner.current_pid()}) is a fork of that one; only the holder may {what} it",
+            key=self.key,
+        )
 
     def _release_token(self, keep: float) -> str:
         token = self._token
         if token is None:
             raise LockNotOwned(f"cannot release {self.key}: not acquired", key=self.key)
-        if keep < 0:
-            raise ValueError(f"keep must be >= 0 seconds, got {keep!r}")
+        if not seconds(keep, zero=True):
+            raise ValueError(
+                f"release keep must be seconds >= 0 and <= {MAX_TTL:.0f}, got {keep!r}"
+            )
+        forked = self._not_ours("release")
+        if forked is not None:
+            raise forked
         return token
 
     def _released(self, released: bool) -> None:
@@ -583,12 +660,24 @@ class LockCore:
         self._token = None
 
     def _extend_args(self, ttl: float | None) -> tuple[str, float]:
+        """The token and TTL of an extend: ``ttl`` (default: the lock's), capped so that the
+        lock never lives past acquisition + ``max_hold``, as renewal is."""
         token = self._token
         if token is None or self._lost:
             raise LockNotOwned(f"cannot extend {self.key}: not held", key=self.key)
         ttl = self.ttl if ttl is None else ttl
-        if ttl <= 0:
-            raise ValueError(f"extend ttl must be positive, got {ttl!r}")
+        if not seconds(ttl):
+            raise ValueError(f"extend ttl must be seconds > 0 and <= {MAX_TTL:.0f}, got {ttl!r}")
+        forked = self._not_ours("extend")
+        if forked is not None:
+            raise forked
+        if self.max_hold is not None:
+            ttl = min(ttl, self._acquired_at + self.max_hold - self.clock())
+            if ttl <= 0.001:
+                raise LockNotOwned(
+                    f"cannot extend {self.key}: it reached max_hold={self.max_hold:g}s",
+                    key=self.key,
+                )
         return token, ttl
 
     def _extended(self, extended: Extended, start: float, ttl: float) -> None:
@@ -648,6 +737,7 @@ class LockCore:
         complete: bool = True,
     ) -> None:
         with self._state:
+            self._pid = _owner.current_pid()
             self._acquired_at = start
             self._expires_at = start + ttl  # before the token: `lost` reads both unlocked
             self._lost = False

@@ -146,9 +146,12 @@ class Lock(LockCore):
         forever). Raises :class:`LockUnavailable` when Redis does not answer.
         """
         timeout = self._acquire_mode(blocking, timeout)
-        if timeout == -1.0:
-            return self._attempt()
-        return self.do_wait(timeout)
+        try:
+            if timeout == -1.0:
+                return self._attempt()
+            return self.do_wait(timeout)
+        finally:
+            self._acquire_done()
 
     def release(self, keep: float = 0) -> None:
         """Release the lock. Raises :class:`LockNotOwned` if it is not held by this object.
@@ -180,13 +183,15 @@ class Lock(LockCore):
         self._extended(self.do_extend(token, ttl), start, ttl)
 
     def locked(self) -> bool:
-        """Whether anyone holds the key right now (on a majority, for a quorum)."""
-        return self.nodes.pttl_ms(self.key) != -2
+        """Whether anyone holds the lock right now: its key (on a majority, for a quorum), or
+        any slot of a semaphore."""
+        return any(self.nodes.pttl_ms(key) != -2 for key in self._observed)
 
     def remaining_ttl(self) -> float | None:
-        """Seconds until the key expires, from Redis; ``None`` if it does not exist."""
-        pttl = self.nodes.pttl_ms(self.key)
-        return None if pttl < 0 else pttl / 1000.0
+        """Seconds until the key expires, from Redis; ``None`` if it does not exist. For a
+        semaphore: the slot this object holds, or else the held slot that expires first."""
+        pttls = [pttl for pttl in map(self.nodes.pttl_ms, self._observed) if pttl >= 0]
+        return min(pttls) / 1000.0 if pttls else None
 
     def __enter__(self) -> Lock:
         if not self.acquire():
@@ -194,8 +199,8 @@ class Lock(LockCore):
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._token is None:
-            return
+        if self._token is None or self._forked_from() is not None:
+            return  # a forked child leaves its parent's lock alone
         with contextlib.suppress(LockLost):
             self.release()
 

@@ -262,6 +262,110 @@ def test_a_fencing_token_read_before_a_loss_is_none_after_it(
 # -- loss by clock (drift 2) ---------------------------------------------------------------------
 
 
+def test_extend_is_capped_at_max_hold_and_checks_its_ttl(
+    d2: Driver, redis_url: str, r: redis_py.Redis
+) -> None:
+    """``extend`` never takes the lock past acquisition + ``max_hold`` (as renewal does, and
+    as a task's hard time limit caps it), and refuses a TTL ``Lock()`` would refuse."""
+    lock = d2.lock(redis_url, "extend-capped", ttl=2, max_hold=3)
+    assert d2(lock.acquire(blocking=False))
+    d2(lock.extend(100))
+    assert 2_000 < r.pttl(lock.key) <= 3_000
+    for ttl in (10**12, float("inf"), float("nan"), "3", True, 0, -1):
+        with pytest.raises(ValueError, match=r"extend ttl must be seconds > 0"):
+            d2(lock.extend(ttl))
+    d2(lock.release())
+
+
+def test_a_semaphore_is_locked_while_any_slot_is_held(
+    d2: Driver, redis_url: str, r: redis_py.Redis
+) -> None:
+    """An observer (a semaphore object that holds nothing) sees every slot, not the first."""
+    first = d2.lock(redis_url, "sem-observed", ttl=30, limit=2)
+    second = d2.lock(redis_url, "sem-observed", ttl=10, limit=2)
+    observer = d2.lock(redis_url, "sem-observed", ttl=30, limit=2)
+    assert d2(first.acquire(blocking=False)) and d2(second.acquire(blocking=False))
+    d2(first.release())  # slot 1 free, slot 2 held
+    assert second.key != first.keys.lock
+    assert d2(observer.locked())
+    assert 9 < d2(observer.remaining_ttl()) <= 10
+    assert 9 < d2(second.remaining_ttl()) <= 10
+    d2(second.release())
+    assert not d2(observer.locked()) and d2(observer.remaining_ttl()) is None
+
+
+def test_one_object_acquired_from_two_threads_or_tasks_at_once_is_refused(
+    d2: Driver, redis_url: str, r: redis_py.Redis
+) -> None:
+    """A second ``acquire()`` on an object that is acquiring is a RuntimeError: two slots of a
+    semaphore taken through one object left one of them held until its TTL."""
+    lock = d2.lock(redis_url, "sem-shared", ttl=30, limit=2)
+    inside, go_on = threading.Event(), threading.Event()
+    original = lock.do_acquire
+
+    if d2.is_async:
+
+        async def held_up(token: str, ttl: float) -> Any:
+            inside.set()
+            while not go_on.is_set():
+                await asyncio.sleep(0.01)
+            return await original(token, ttl)
+
+        async def both() -> bool:
+            first = asyncio.ensure_future(lock.acquire(blocking=False))
+            while not inside.is_set():
+                await asyncio.sleep(0.01)
+            with pytest.raises(RuntimeError, match="being acquired by this object"):
+                await lock.acquire(blocking=False)
+            go_on.set()
+            return await first
+
+        lock.do_acquire = held_up
+        assert d2(both())
+    else:
+
+        def blocked(token: str, ttl: float) -> Any:
+            inside.set()
+            assert go_on.wait(10)
+            return original(token, ttl)
+
+        lock.do_acquire = blocked
+        results: list[bool] = []
+        thread = threading.Thread(target=lambda: results.append(lock.acquire(blocking=False)))
+        thread.start()
+        assert inside.wait(10)
+        with pytest.raises(RuntimeError, match="being acquired by this object"):
+            lock.acquire(blocking=False)
+        go_on.set()
+        thread.join(10)
+        assert results == [True]
+    assert lock_keys(r) == [lock.key.encode()]  # one slot taken
+    d2(lock.release())
+    assert lock_keys(r) == []
+
+
+def test_a_forked_child_leaves_its_parents_lock_alone(redis_url: str, r: redis_py.Redis) -> None:
+    """A child forked inside ``with lock:`` inherits the object, not the lock: leaving the
+    ``with`` block does nothing there, and ``release()`` is :class:`LockNotOwned`."""
+    lock = celery_redlock.Lock(redis_url, "forked", ttl=30)
+    with lock:
+        pid = os.fork()
+        if pid == 0:  # the child: no assertion may raise here, only the exit code says
+            code = 3
+            try:
+                lock.release()
+            except LockNotOwned as exc:
+                code = 0 if "is a fork of that one" in str(exc) else 2
+            except BaseException:
+                code = 4
+            lock.__exit__(None, None, None)
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert r.get(lock.key) == lock.token.encode()
+    assert r.get(lock.keys.lock) is None
+
+
 def test_a_fixed_ttl_lock_is_lost_by_its_clock_once_its_ttl_passed(
     d2: Driver, redis_url: str, r: redis_py.Redis
 ) -> None:
