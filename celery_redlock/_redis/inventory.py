@@ -15,7 +15,10 @@ Every read returns :class:`HeldLock` values; a node that does not answer raises
 :class:`~celery_redlock.LockUnavailable` naming it (credentials hidden), and an ACL user refused
 a command raises :class:`InventoryRefused` naming the command. For a quorum (a list of URLs) a
 lock is listed when a majority of nodes hold the same token; its TTL is the time until fewer
-than a majority do.
+than a majority do. A minority of a quorum's nodes down changes nothing, as for the locks
+themselves: the listing, reads and releases go on with the nodes that answer, and each node
+that did not is reported (:meth:`Inventory.on_unanswered`, :attr:`View.unanswered`); fewer than
+a majority answering raises, naming them.
 
 Every release is a compare-and-delete of the exact value that was read, so a lock that changed
 owner meanwhile is never deleted:
@@ -51,8 +54,11 @@ import datetime
 import enum
 import hashlib
 import json
+import os
+import re
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import redis as redis_py
@@ -113,6 +119,13 @@ MAX_FILTER = 200
 MARKERS = ("queued", "rate", "newest")
 
 _HEX = frozenset("0123456789abcdef")
+
+#: A client's repr in a redis-py message (a Sentinel's "No master found" names each Sentinel
+#: so, some 900 characters each): shown as its ``host:port``.
+_CLIENT_REPR = re.compile(r"<redis\.client\.Redis\(<.*?\bhost=([^,]+),port=(\d+),.*?\)>\)>\)>")
+
+#: The URL options that name a file the TLS connection reads.
+_TLS_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path")
 
 
 def _lock_name(name: str) -> str:
@@ -277,6 +290,9 @@ class View:
     cursor: str
     #: Keys the ``SCAN`` steps looked at (their ``COUNT``), at most :data:`BUDGET`.
     looked_at: int
+    #: The quorum nodes that did not answer while a majority did (the view shows what the
+    #: majority holds): ``{node URL, credentials hidden: why}``.
+    unanswered: dict[str, str] = field(default_factory=dict)
 
 
 class Released(enum.Enum):
@@ -304,6 +320,11 @@ class Inventory:
         self.urls = [url] if isinstance(url, str) else list(url)
         self.prefix = prefix
         self.quorum = majority(len(self.urls)) if len(self.urls) > 1 else 1
+
+    def on_unanswered(self, node: str, error: LockUnavailable) -> None:
+        """Called for each quorum node that did not answer a read or a release while a majority
+        did (the call went on without it): ``node`` is its URL, credentials hidden, and
+        ``error`` says what failed. Does nothing; a command line overrides it to warn."""
 
     # -- listing --------------------------------------------------------------------------------
 
@@ -345,9 +366,10 @@ class Inventory:
         """
         pattern = lock_pattern(self.prefix, check_filter(name_prefix))
         found: dict[int, list[str]] = {}  # keys by the index of the node that listed them
+        missed: dict[str, str] = {}
         looked_at, count, matched = 0, ROWS, 0
         while True:
-            i, raw, cursor = self._step(cursor, pattern, count)
+            i, raw, cursor = self._step(cursor, pattern, count, missed)
             looked_at += count
             found.setdefault(i, []).extend(_text(k) for k in raw)
             matched += len(raw)
@@ -359,7 +381,7 @@ class Inventory:
         markers: dict[str, Marker] = {}
         for i, keys in found.items():
             listed_by = i if self.quorum > 1 else None
-            for lock in self._read_page(self._slots(keys), listed_by=listed_by):
+            for lock in self._read_page(self._slots(keys), listed_by=listed_by, missed=missed):
                 if lock is not None:
                     locks[lock.key] = lock
             named = {
@@ -373,6 +395,7 @@ class Inventory:
             self._waiters(held),
             cursor,
             looked_at,
+            missed,
         )
 
     def pages(self, *, name_prefix: str = "") -> Iterator[list[HeldLock]]:
@@ -512,10 +535,16 @@ class Inventory:
         except Exception as exc:
             raise self._failure(self.urls[i], exc) from exc
 
-    def _step(self, cursor: str, pattern: str, count: int) -> tuple[int, list[Any], str]:
+    def _step(
+        self, cursor: str, pattern: str, count: int, missed: dict[str, str] | None = None
+    ) -> tuple[int, list[Any], str]:
         """One ``SCAN`` step of about ``count`` keys from ``cursor``: the index of the node
         scanned, the keys matching ``pattern``, and the cursor to go on from (``"0"``: every
-        node is scanned). The one walker of :meth:`page` and :meth:`view`."""
+        node is scanned). The one walker of :meth:`page` and :meth:`view`.
+
+        A quorum node that does not answer is skipped (no keys, the cursor goes on to the next
+        node) once a majority of the nodes answer a ``PING`` (else this raises): a lock is held
+        by a majority, so the nodes that answer list it."""
         targets = self._targets()
         i, position = _cursor(cursor, len(targets))
         client, node = targets[i]
@@ -526,7 +555,11 @@ class Inventory:
                 cursors, raw = client.scan(position, match=pattern, count=count, target_nodes=node)
                 next_scan = next(iter(cursors.values()))
         except Exception as exc:
-            raise self._failure(self.urls[i if len(self.urls) > 1 else 0], exc) from exc
+            error = self._failure(self.urls[i if len(self.urls) > 1 else 0], exc)
+            if len(self.urls) == 1 or isinstance(error, InventoryRefused):
+                raise error from exc
+            self._each(lambda c: c.ping(), missed, down={i: error})
+            next_scan, raw = 0, []
         if int(next_scan) != 0:
             return i, list(raw), f"{i}:{int(next_scan)}"
         return i, list(raw), f"{i + 1}:0" if i + 1 < len(targets) else "0"
@@ -596,9 +629,10 @@ class Inventory:
 
     def _waiters(self, locks: Sequence[HeldLock]) -> dict[str, int]:
         """The blocking waiters queued for each of ``locks``, by key, read on the first node
-        (one ``EXISTS`` for them all where it can: waiters are rare; a ``ZCARD`` each then)."""
+        (one ``EXISTS`` for them all where it can: waiters are rare; a ``ZCARD`` each then).
+        None for a quorum: its waiters never queue (they listen on the release channel)."""
         counts = dict.fromkeys((lock.key for lock in locks), 0)
-        if not locks:
+        if not locks or len(self.urls) > 1:
             return counts
         queues = [keys_for(self.prefix, lock.name).waiters for lock in locks]
         client = self._client(0)
@@ -643,16 +677,26 @@ class Inventory:
             return LockUnavailable(f"the lock Redis at {shown} refused: {redact(exc)}")
         if isinstance(exc, (*UNAVAILABLE_ERRORS, redis_py.RedisError)):
             return LockUnavailable(
-                f"cannot reach the lock Redis: {shown} ({redact(exc)})", nodes=(shown,)
+                f"cannot reach the lock Redis: {shown} ({_reason(url, exc)})", nodes=(shown,)
             )
         raise exc  # a bug, not Redis: its own traceback
 
-    def _each(self, call: Callable[[Any], T]) -> list[T | None]:
-        """``call(client)`` on every node; ``None`` for a node that does not answer. Raises
-        when fewer than a majority answer, or on a refused permission."""
+    def _each(
+        self,
+        call: Callable[[Any], T],
+        missed: dict[str, str] | None = None,
+        down: Mapping[int, LockUnavailable] | None = None,
+    ) -> list[T | None]:
+        """``call(client)`` on every node but those already ``down`` (``{index: error}``);
+        ``None`` for a node that does not answer. Raises when fewer than a majority answer, or
+        on a refused permission; else reports each node that did not answer
+        (:meth:`on_unanswered`, and into ``missed``)."""
         out: list[T | None] = []
-        failed: list[LockUnavailable] = []
+        failed = dict(down or {})
         for i in range(len(self.urls)):
+            if i in failed:
+                out.append(None)
+                continue
             try:
                 out.append(call(self._client(i)))
             except Exception as exc:
@@ -660,15 +704,21 @@ class Inventory:
                 if isinstance(error, InventoryRefused):
                     raise error from exc
                 out.append(None)
-                failed.append(error)
-        if len(failed) > len(self.urls) - self.quorum:
-            if len(failed) == 1:
-                raise failed[0]
+                failed[i] = error
+        errors = [failed[i] for i in sorted(failed)]
+        if len(errors) > len(self.urls) - self.quorum:
+            if len(errors) == 1:
+                raise errors[0]
             raise LockUnavailable(
                 f"fewer than {self.quorum} of the {len(self.urls)} lock Redis nodes answer: "
-                + "; ".join(map(str, failed)),
-                nodes=tuple(n for e in failed for n in e.nodes),
+                + "; ".join(map(str, errors)),
+                nodes=tuple(n for e in errors for n in e.nodes),
             )
+        for i in sorted(failed):
+            node = redact(self.urls[i])
+            if missed is not None:
+                missed[node] = str(failed[i])
+            self.on_unanswered(node, failed[i])
         return out
 
     def _first(self, call: Callable[[Any], T]) -> T | None:
@@ -676,7 +726,10 @@ class Inventory:
         return next((r for r in self._each(call) if r is not None), None)
 
     def _read_page(
-        self, parsed: Sequence[tuple[str, str, int]], listed_by: int | None = None
+        self,
+        parsed: Sequence[tuple[str, str, int]],
+        listed_by: int | None = None,
+        missed: dict[str, str] | None = None,
     ) -> list[HeldLock | None]:
         """The lock at each ``(slot key, name, slot)``: one pipelined round trip per node (a
         second one when some of them have a fencing counter or a call record). With
@@ -716,7 +769,7 @@ class Inventory:
             recorded = client.mget(records) if any_recorded else none
             return list(zip(values, pttls, fenced, recorded, strict=True))
 
-        per_node = self._each(many)
+        per_node = self._each(many, missed)
         out: list[HeldLock | None] = []
         for k, (key, name, slot) in enumerate(parsed):
             replies = [node[k] for node in per_node if node is not None]
@@ -775,6 +828,27 @@ def _cursor(cursor: str, nodes: int) -> tuple[int, int]:
     if not digits or int(index) >= nodes or len(position) > 20:  # SCAN cursors are 64-bit
         raise ValueError(f"not an inventory cursor: {cursor!r}")
     return int(index), int(position)
+
+
+def _reason(url: str, exc: BaseException) -> str:
+    """Why the node at ``url`` did not answer: redis-py's message, credentials hidden, with
+    each client repr in it shortened to ``host:port``, and naming the TLS file the URL gives
+    that does not exist (redis-py says "No such file or directory." without the name)."""
+    text = _CLIENT_REPR.sub(r"\1:\2", redact(exc))
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, FileNotFoundError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is not None:
+        options = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
+        missing = [
+            f"{name}={path}"
+            for name in _TLS_FILES
+            for path in options.get(name, [])
+            if not os.path.exists(path)
+        ]
+        if missing:
+            text += f" The URL names a file that does not exist: {', '.join(missing)}."
+    return text
 
 
 def _overrides(token: str, records: Sequence[Any]) -> dict[str, Any] | None:

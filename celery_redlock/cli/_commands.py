@@ -10,7 +10,7 @@ from .._celery.identity import spec_of
 from .._redis.inventory import HeldLock, Released
 from ..metrics import EVENTS
 from ._format import dump, fence, json_row, safe, shown_overrides, table, ttl, who
-from ._group import LockStore, answers, redlock, store_of, text_argument
+from ._group import TIMEOUT, LockStore, answers, redlock, store_of, text_argument
 from ._liveness import DEAD, UNKNOWN, Verdict, verdicts
 
 #: What KEY may be (the messages of an empty or undecodable one say so).
@@ -95,7 +95,7 @@ def _matching(ctx: click.Context, store: LockStore, key: str) -> tuple[list[Held
 @click.argument("key", required=False)
 @click.option("--task-id", help="Show the locks held by this task id instead.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.option("--timeout", default=1.0, show_default=True, help="Seconds to wait for a ping.")
+@TIMEOUT
 @click.pass_context
 def inspect_(
     ctx: click.Context, key: str | None, task_id: str | None, as_json: bool, timeout: float
@@ -147,7 +147,7 @@ def inspect_(
 @click.option("--force", is_flag=True, help="Release even if the holder is alive.")
 @click.option("--dead", is_flag=True, help="Release every lock whose holder is dead.")
 @click.option("--dry-run", is_flag=True, help="With --dead: only say what would be released.")
-@click.option("--timeout", default=1.0, show_default=True, help="Seconds to wait for a ping.")
+@TIMEOUT
 @click.pass_context
 def release(
     ctx: click.Context, key: str | None, force: bool, dead: bool, dry_run: bool, timeout: float

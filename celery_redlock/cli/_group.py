@@ -2,12 +2,15 @@
 
 A subcommand joins the group with ``@redlock.command()`` (or ``redlock.add_command``) and
 reaches the app's locks with :func:`store_of`; Redis errors reach the user as one ``Error:``
-line (:func:`answers`).
+line (:func:`answers`), and a quorum node that does not answer while a majority does as one
+``WARNING:`` line on stderr (:meth:`LockStore.on_unanswered`). A ``--timeout`` is declared
+with :data:`TIMEOUT`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +18,7 @@ import click
 
 from .._celery.options import Settings, settings_for
 from .._redis.inventory import Inventory
-from ..exceptions import LockConfigError, RedlockError
+from ..exceptions import LockConfigError, LockUnavailable, RedlockError
 from ._format import tolerant_streams
 
 
@@ -27,6 +30,18 @@ class LockStore(Inventory):
         super().__init__(settings.url, settings.prefix)
         self.settings = settings
         self.lease = settings.lease
+        self.warned: set[str] = set()
+
+    def on_unanswered(self, node: str, error: LockUnavailable) -> None:
+        """One ``WARNING:`` line on stderr per quorum node that did not answer: what the
+        command prints is what the majority of nodes shows."""
+        if node not in self.warned:
+            self.warned.add(node)
+            click.echo(
+                f"WARNING: {error}; going on with the majority of the {len(self.urls)} "
+                "nodes that answer",
+                err=True,
+            )
 
 
 @click.group(name="redlock")
@@ -67,6 +82,28 @@ def answers() -> Iterator[None]:
         yield
     except RedlockError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def seconds_above_zero(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
+    """``value`` checked: seconds to wait for the workers' answers, a finite number above 0
+    (with 0 no worker has time to answer, so every live one looks dead; ``nan`` and ``inf``
+    are no waits)."""
+    if not (math.isfinite(value) and value > 0):
+        raise click.BadParameter(
+            f"{value} is not a wait: expected a finite number of seconds above 0"
+        )
+    return value
+
+
+#: The ``--timeout`` option of the commands that ping workers.
+TIMEOUT = click.option(
+    "--timeout",
+    type=float,
+    default=1.0,
+    show_default=True,
+    callback=seconds_above_zero,
+    help="Seconds to wait for a ping (above 0).",
+)
 
 
 def text_argument(value: str | None, what: str, expected: str) -> str | None:

@@ -92,7 +92,7 @@ class RedisServer:
     :param args: extra ``redis-server`` arguments, e.g. ``["--maxmemory-policy", "noeviction"]``.
 
     Override points: :meth:`command` (the arguments that start the process), :meth:`environment`
-    (its environment) and :meth:`client` (the client that waits for its first ``PING``), e.g.
+    (its environment) and :meth:`client` (the client that asks who answers on the port), e.g.
     for a Sentinel, a TLS-only server or a server whose clock is stepped.
     """
 
@@ -131,8 +131,21 @@ class RedisServer:
         return None
 
     def start(self, timeout: float = 10.0) -> RedisServer:
-        """Start the server and wait until it answers ``PING``."""
-        self.process = subprocess.Popen(
+        """Start the server and wait until it answers on :attr:`port` as itself: the
+        ``process_id`` of its ``INFO server`` is the id of the process started here.
+
+        Any answer is not enough, as a timeline (a port given that another Redis serves, a
+        port taken between :func:`free_port` and the bind, or meanwhile, by :meth:`restart`):
+
+        1. another Redis listens on the port;
+        2. this server starts, and is about to fail to bind it;
+        3. the first command on the port is answered, by the other server, and a test would
+           use (and a fixture ``FLUSHDB``) that one.
+
+        So another server's answer stops this one and raises :class:`RuntimeError` naming the
+        port and that server's process id. The port is not changed: :attr:`url` may be in use.
+        """
+        process = self.process = subprocess.Popen(
             self.command(),
             env=self.environment(),
             stdout=subprocess.DEVNULL,
@@ -143,15 +156,23 @@ class RedisServer:
         client = self.client()
         try:
             while True:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"redis-server exited with {self.process.returncode}")
+                if process.poll() is not None:
+                    raise RuntimeError(f"redis-server exited with {process.returncode}")
                 try:
-                    if client.ping():
-                        return self
+                    answering = client.info("server").get("process_id")
                 except redis_py.exceptions.ConnectionError:
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.02)  # waiting for the server to bind: nothing to sync on
+                    continue
+                if answering == process.pid:
+                    return self
+                self.stop()
+                raise RuntimeError(
+                    f"port {self.port} is served by another process (pid {answering}), not by "
+                    f"the redis-server started here (pid {process.pid}, stopped): give a "
+                    "free port, or none to have one picked"
+                )
         finally:
             client.close()
 

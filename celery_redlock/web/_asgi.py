@@ -152,6 +152,7 @@ def create_app(
                     httponly=True,
                     samesite="strict",
                     path=base(request) or "/",
+                    max_age=int(guard.lifetime),
                 )
                 return response
             error = "wrong token"

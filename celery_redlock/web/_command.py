@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from ..cli._group import seconds_above_zero
 from ._security import Credentials
 
 __all__ = ["web"]
@@ -31,7 +32,14 @@ def _loopback(host: str) -> bool:
     show_default=True,
     help="Allow releasing locks and clearing markers from the page (needs credentials).",
 )
-@click.option("--ping-timeout", default=1.0, show_default=True, help="Seconds to wait for pings.")
+@click.option(
+    "--ping-timeout",
+    type=float,
+    default=1.0,
+    show_default=True,
+    callback=seconds_above_zero,
+    help="Seconds to wait for pings.",
+)
 @click.pass_context
 def web(ctx: click.Context, host: str, port: int, actions: bool, ping_timeout: float) -> None:
     """Serve a dashboard of the locks: held locks, counters, a timeline, and (with --actions)

@@ -19,9 +19,12 @@ Actions, each refused unless the dashboard was built with ``actions=True``:
   newest-call marker, or a rate window, if it is unchanged since the page was drawn.
 
 Each action is logged (``celery_redlock.web``, INFO: action, key, actor, outcome) and sent as
-the :data:`~celery_redlock.signals.lock_admin_action` signal. Hazard of ``release-dead``
-(as for ``celery redlock release --dead``): a live worker that cannot answer a ping in time
-(a ``solo`` pool in a long task) looks dead, and its lock is released under it.
+the :data:`~celery_redlock.signals.lock_admin_action` signal. What the request posted is
+logged with its control characters escaped and cut to :data:`SHOWN_MAX` characters: a key
+holding a newline cannot write a line of its own into the audit log. A refused request (a
+read-only dashboard, an unknown action) is no action: one WARNING, no signal. Hazard of
+``release-dead`` (as for ``celery redlock release --dead``): a live worker that cannot answer
+a ping in time (a ``solo`` pool in a long task) looks dead, and its lock is released under it.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from .._redis.clients import redact
 from .._redis.inventory import MAX_FILTER, HeldLock, Inventory, Released, check_filter
 from .._redis.keys import is_slot
 from ..cli._liveness import DEAD, Verdict, liveness, verdict
-from ..exceptions import LockUnavailable
+from ..exceptions import LockConfigError, LockUnavailable
 from ..metrics import EVENTS, read_stats
 from ..signals import lock_admin_action
 from . import _svg
@@ -60,6 +63,9 @@ TIMELINE_MINUTES = (5, 10, 30, 60)
 TIMELINE_ENTRIES = 10_000
 
 ACTIONS = ("release", "release-dead", "clear-marker", "reset-rate")
+
+#: The characters of a posted key (or filter) a log line or a message shows at most.
+SHOWN_MAX = 256
 
 #: What a page says instead of a traceback: the lock Redis (or a node of it) does not answer
 #: or refuses (:class:`~celery_redlock._redis.inventory.InventoryRefused` is one), the broker
@@ -79,6 +85,21 @@ class ActionResult:
 
     status: int
     message: str
+
+
+def _shown(text: str, limit: int = SHOWN_MAX) -> str:
+    """``text`` as a log line or a message shows it: each unprintable character (newline,
+    carriage return, escape, U+2028...) escaped as ``repr`` does, cut to ``limit``."""
+    escaped = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return escaped if len(escaped) <= limit else f"{escaped[:limit]}... ({len(text)} characters)"
+
+
+def _cause(exc: BaseException) -> str:
+    """What a page says when Redis or the broker fails: the exceptions of the lock Redis and
+    of the ping say what failed (once); a bare socket error does not."""
+    if isinstance(exc, (LockUnavailable, click.ClickException)):
+        return redact(exc)
+    return f"cannot reach the lock Redis: {redact(exc)}"
 
 
 def _text(value: str | None, name: str) -> str:
@@ -102,6 +123,7 @@ class Dashboard:
         self._inventory: Inventory | None = None
         self._alive: dict[str, tuple[str, float]] = {}
         self._alive_lock = threading.Lock()
+        self._config_error: str | None = None
 
     @property
     def inventory(self) -> Inventory:
@@ -151,21 +173,28 @@ class Dashboard:
         error = None
         status = 200
         task = prefix = ""
+        # What the filter selects; None when it is refused (the page then offers no
+        # release-dead, which would act on every lock).
+        name_prefix: str | None = None
+        tasks: list[str] = []
         rows: list[Row] = []
         next_cursor = None
         alive: dict[str, str] = {}
         try:
+            tasks = self.task_names()
             task = _text(query.get("task"), "the task filter")
             prefix = _text(query.get("prefix"), "the name prefix")
             cursor = query.get("cursor") or "0"
-            view = self.inventory.view(cursor, name_prefix=_name_prefix(task, prefix))
+            selected = _name_prefix(task, prefix)
+            view = self.inventory.view(cursor, name_prefix=selected)
             rows, next_cursor = rows_of(view), None if view.cursor == "0" else view.cursor
+            name_prefix = selected
             held = [lock for lock in view.locks if lock.holder]
             alive = {key: v.state for key, v in self.verdicts(held).items()}
-        except ValueError as exc:
+        except ValueError as exc:  # a LockConfigError too: the app's settings or task options
             status, error = 400, str(exc)
         except _UNREACHABLE as exc:
-            status, error = 503, f"cannot read the lock Redis: {redact(exc)}"
+            status, error = 503, _cause(exc)
         now_ms = int(time.time() * 1000)
         body = self.render(
             "locks.html",
@@ -175,31 +204,45 @@ class Dashboard:
             age={r.key: _age(now_ms, r.acquired_ms) for r in rows},
             task=task,
             prefix=prefix,
+            name_prefix=name_prefix,
             next_cursor=next_cursor,
             error=error,
             form=form,
             base=base,
-            tasks=self.task_names(),
+            tasks=tasks,
             max_filter=MAX_FILTER,
         )
         return status, body
 
     def task_names(self) -> list[str]:
-        """The app's task names (for the filter's suggestions)."""
-        return sorted(name for name in self.app.tasks if not name.startswith("celery."))
+        """The app's task names (for the filter's suggestions).
+
+        :raises LockConfigError: on every call once a task's lock options were found invalid.
+            Celery says it once only: (1) the first ``app.tasks`` finalizes the app, builds
+            each task, and the one with an invalid option raises; (2) every later
+            ``app.tasks`` returns the tasks without it, as if nothing were wrong. The first
+            error is kept, so each page names it.
+        """
+        if self._config_error is not None:
+            raise LockConfigError(self._config_error)
+        try:
+            names = list(self.app.tasks)
+        except LockConfigError as exc:
+            self._config_error = str(exc)
+            raise
+        return sorted(name for name in names if not name.startswith("celery."))
 
     def stats_page(self, form: dict[str, str], base: str = "") -> tuple[int, str]:
         try:
             counts = read_stats(self.app)
-        except _UNREACHABLE as exc:
-            body = self.render(
-                "result.html",
-                status=503,
-                message=f"cannot read the counters: {redact(exc)}",
-                form=form,
-                base=base,
+        except LockConfigError as exc:  # the app's settings
+            return 400, self.render(
+                "result.html", status=400, message=str(exc), form=form, base=base
             )
-            return 503, body
+        except _UNREACHABLE as exc:
+            return 503, self.render(
+                "result.html", status=503, message=_cause(exc), form=form, base=base
+            )
         events = [*EVENTS, *sorted({e for c in counts.values() for e in c} - set(EVENTS))]
         table = {t: [c.get(e, 0) for e in events] for t, c in sorted(counts.items())}
         return 200, self.render(
@@ -210,11 +253,14 @@ class Dashboard:
         self, query: Mapping[str, str], form: dict[str, str], base: str = ""
     ) -> tuple[int, str]:
         error = None
+        status = 200
         svg = None
         task = key = ""
+        tasks: list[str] = []
         minutes = 10
         size = 0
         try:
+            tasks = self.task_names()
             size = timeline.size_for(self.app)
             task = _text(query.get("task"), "the task")
             key = _text(query.get("key"), "the key")
@@ -224,10 +270,10 @@ class Dashboard:
             minutes = int(raw)
             if size and (task or key):
                 svg = self.timeline_svg(task, key, minutes)
-        except ValueError as exc:
-            error = str(exc)
+        except ValueError as exc:  # a LockConfigError too
+            status, error = 400, str(exc)
         except _UNREACHABLE as exc:
-            error = f"cannot read the timeline: {redact(exc)}"
+            status, error = 503, _cause(exc)
         body = self.render(
             "timeline.html",
             tab="timeline",
@@ -240,9 +286,9 @@ class Dashboard:
             error=error,
             form=form,
             base=base,
-            tasks=self.task_names(),
+            tasks=tasks,
         )
-        return (400 if error else 200), body
+        return status, body
 
     def timeline_svg(self, task: str, key: str, minutes: int) -> Any:
         """The SVG of the ring's events of ``task`` (a task name) or ``key`` (a lock key)."""
@@ -260,26 +306,38 @@ class Dashboard:
     # -- actions ------------------------------------------------------------------------------
 
     def act(self, action: str, form: Mapping[str, str], actor: str) -> ActionResult:
-        """Run ``action`` for ``actor`` (already authenticated, CSRF already checked)."""
+        """Run ``action`` for ``actor`` (already authenticated, CSRF already checked).
+
+        Refused on a read-only dashboard (403) and for an unknown action (400): nothing is
+        read, no signal is sent, and the refusal is logged as a WARNING.
+        """
         key = (form.get("key") or "")[:1000]
         forced = form.get("force") in ("1", "on", "true")
-        if not self.actions:
-            result = ActionResult(403, "refused: the dashboard is read-only (actions disabled)")
-        elif action not in ACTIONS:
-            result = ActionResult(400, f"unknown action {action!r}; expected one of {ACTIONS}")
-        else:
-            try:
-                result = self._act(action, key, form, forced)
-            except ValueError as exc:
-                result = ActionResult(400, f"refused: {exc}")
-            except Exception as exc:  # Redis or the broker: say so, change nothing more
-                logger.warning("dashboard: %s of %s failed: %s", action, key, redact(exc))
-                result = ActionResult(503, f"failed: {redact(exc)}")
+        target, who = _shown(key or form.get("prefix") or "-"), _shown(actor)
+        refused = self._refusal(action)
+        if refused is not None:
+            logger.warning(
+                "dashboard: refused action %s %s by %s: %s",
+                _shown(action),
+                target,
+                who,
+                _shown(refused.message),
+            )
+            return refused
+        try:
+            done = self._act(action, key, form, forced)
+        except ValueError as exc:
+            done = ActionResult(400, f"refused: {exc}")
+        except Exception as exc:  # Redis or the broker: say so, change nothing more
+            logger.warning("dashboard: %s of %s failed: %s", action, target, _shown(redact(exc)))
+            done = ActionResult(503, f"failed: {redact(exc)}")
+        # The outcome names the posted key, and a holder read from Redis: both escaped.
+        result = ActionResult(done.status, _shown(done.message, 2 * SHOWN_MAX))
         logger.info(
             "dashboard: %s %s by %s%s: %s",
             action,
-            key or form.get("prefix", "") or "-",
-            actor,
+            target,
+            who,
             " (forced)" if forced else "",
             result.message,
         )
@@ -295,6 +353,14 @@ class Dashboard:
         except Exception:
             logger.exception("dashboard: a lock_admin_action receiver failed")
         return result
+
+    def _refusal(self, action: str) -> ActionResult | None:
+        """Why ``action`` is refused before anything is read, or ``None``."""
+        if not self.actions:
+            return ActionResult(403, "refused: the dashboard is read-only (actions disabled)")
+        if action not in ACTIONS:
+            return ActionResult(400, f"unknown action {action!r}; expected one of {ACTIONS}")
+        return None
 
     def _act(self, action: str, key: str, form: Mapping[str, str], forced: bool) -> ActionResult:
         inv = self.inventory

@@ -7,6 +7,17 @@ the URL or the command line (both end up in logs and ``ps``):
   login form, which sets a session cookie (HttpOnly, ``SameSite=Strict``);
 * ``REDLOCK_WEB_USER`` and ``REDLOCK_WEB_PASSWORD``: HTTP basic auth.
 
+A session cookie is ``<issued>.<nonce>.<mac>``: an HMAC, under the secret, of a digest of the
+token, the issue time and a nonce. It ends after :data:`SESSION_LIFETIME` (12 hours), and with
+the token. Hazard it closes, as a timeline (the secret is shared by several processes, so it
+outlives the token):
+
+1. an operator logs in with the token; the browser keeps the session cookie;
+2. the token leaks, or the operator leaves; the token is rotated and the processes restart
+   with the same ``REDLOCK_WEB_SECRET``;
+3. the old cookie comes back: its HMAC covers the old token's digest, so it is refused (a
+   cookie of a nonce only would be accepted for as long as the secret lives).
+
 Every state-changing request is a POST that carries a CSRF token and no foreign ``Origin``.
 The token is an HMAC of a random per-browser cookie (``SameSite=Strict``, HttpOnly) under the
 process's secret (``REDLOCK_WEB_SECRET``, or random at start). A cross-site form post fails
@@ -27,7 +38,8 @@ import hashlib
 import hmac
 import os
 import secrets
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 __all__ = ["Credentials", "Guard"]
@@ -41,6 +53,9 @@ TOKEN_ENV, USER_ENV, PASSWORD_ENV, SECRET_ENV = (
 
 CSRF_COOKIE = "redlock_csrf"
 SESSION_COOKIE = "redlock_session"
+
+#: Seconds a session cookie is accepted after the login that set it (its ``Max-Age`` too).
+SESSION_LIFETIME = 12 * 3600
 
 
 @dataclass(frozen=True)
@@ -76,12 +91,28 @@ def _same(a: str, b: str) -> bool:
 
 
 class Guard:
-    """Authentication (standalone) and CSRF checks; no web framework in here."""
+    """Authentication (standalone) and CSRF checks; no web framework in here.
 
-    def __init__(self, credentials: Credentials, secret: bytes | None = None) -> None:
+    :param secret: the HMAC key (default ``REDLOCK_WEB_SECRET``, else random).
+    :param lifetime: seconds a session is accepted after its login.
+    :param clock: the time in seconds since the epoch (injected by tests).
+    """
+
+    def __init__(
+        self,
+        credentials: Credentials,
+        secret: bytes | None = None,
+        *,
+        lifetime: float = SESSION_LIFETIME,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.credentials = credentials
         env_secret = os.environ.get(SECRET_ENV)
         self.secret = secret or (env_secret.encode() if env_secret else secrets.token_bytes(32))
+        self.lifetime = lifetime
+        self.clock = clock
+        token = credentials.token
+        self._token_digest = hashlib.sha256(token.encode()).hexdigest() if token else None
 
     def _sign(self, purpose: str, value: str) -> str:
         mac = hmac.new(self.secret, f"{purpose}:{value}".encode(), hashlib.sha256)
@@ -111,12 +142,22 @@ class Guard:
         """A session cookie value for the right token, else ``None``."""
         if self.credentials.token is None or not _same(token, self.credentials.token):
             return None
-        nonce = secrets.token_hex(16)
-        return f"{nonce}.{self._sign('session', nonce)}"
+        issued, nonce = str(int(self.clock())), secrets.token_hex(16)
+        return f"{issued}.{nonce}.{self._session_mac(issued, nonce)}"
+
+    def _session_mac(self, issued: str, nonce: str) -> str:
+        return self._sign("session", f"{self._token_digest}:{issued}:{nonce}")
 
     def valid_session(self, cookie: str) -> bool:
-        nonce, _, mac = cookie.partition(".")
-        return bool(nonce) and _same(mac, self._sign("session", nonce))
+        """Whether ``cookie`` was set by a login with this token less than ``lifetime`` ago."""
+        parts = cookie.split(".")
+        if self._token_digest is None or len(parts) != 3:
+            return False
+        issued, nonce, mac = parts
+        if not _same(mac, self._session_mac(issued, nonce)):
+            return False
+        # Signed here, so ``issued`` is the digits login() wrote.
+        return self.clock() - int(issued) < self.lifetime
 
     # -- CSRF --------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """The lock inventory (:mod:`celery_redlock._redis.inventory`) and ``celery redlock`` on a real
-Redis: cursor pages over one server, a Cluster's primaries and a quorum's nodes; the release
-that never frees a renewed lease; prefixes with glob characters; refused permissions.
+Redis: cursor pages over one server, a Cluster's primaries and a quorum's nodes; a quorum with
+a node down; the release that never frees a renewed lease; prefixes with glob characters;
+refused permissions.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import redis as redis_py
 from celery import Celery
 from click.testing import CliRunner, Result
 
-from celery_redlock import Lock, metrics
+from celery_redlock import Lock, LockUnavailable, metrics
 from celery_redlock._redis.inventory import Inventory, InventoryRefused, Released, lease_age
 from celery_redlock.cli import redlock
 from celery_redlock.testing import RedisServer, wait_until
+from celery_redlock.web._core import Dashboard
 from support import ROOT
+from support.apps import layout_app
 from support.servers import ClusterNodes
 
 
@@ -94,6 +97,85 @@ def test_a_quorum_lock_is_released_on_every_node() -> None:
         assert seen is not None and seen.fencing_token == lock.fencing_token
         assert inventory.release(seen, unless_renewed=True) is Released.RELEASED
         assert [s.client().exists(lock.key) for s in (a, b, c)] == [0, 0, 0]
+
+
+class Reporting(Inventory):
+    """An inventory that records the nodes it went on without (:meth:`on_unanswered`)."""
+
+    def __init__(self, urls: list[str]) -> None:
+        super().__init__(urls, "redlock")
+        self.unanswered: list[str] = []
+
+    def on_unanswered(self, node: str, error: LockUnavailable) -> None:
+        assert f"cannot reach the lock Redis: {node}" in str(error)
+        self.unanswered.append(node)
+
+
+@pytest.mark.parametrize("down", [0, 2], ids=["first-node-down", "last-node-down"])
+def test_a_quorum_with_one_node_down_lists_and_releases_what_the_majority_holds(
+    down: int,
+) -> None:
+    with RedisServer() as a, RedisServer() as b, RedisServer() as c:
+        servers = [a, b, c]
+        urls = [s.url for s in servers]
+        locks = [Lock(urls, f"q-{i}", ttl=60, owner=f"t-{i}") for i in range(5)]
+        for lock in locks:
+            assert lock.acquire(blocking=False)
+        keys = sorted(lock.key for lock in locks)
+        servers[down].stop()
+        inventory = Reporting(urls)
+        assert [lk.key for lk in inventory.all()] == keys
+        assert set(inventory.unanswered) == {urls[down]}
+        assert [lk.key for lk in inventory.of_task_id("t-3")] == [locks[3].key]
+        view = inventory.view()
+        assert [lk.key for lk in view.locks] == keys
+        assert list(view.unanswered) == [urls[down]]
+        assert view.unanswered[urls[down]].startswith(f"cannot reach the lock Redis: {urls[down]}")
+        seen = inventory.read(locks[0].key)
+        assert seen is not None
+        assert inventory.release(seen, unless_renewed=True) is Released.RELEASED
+        assert inventory.read(locks[0].key) is None
+
+        servers[(down + 1) % 3].stop()  # two of three down: no majority answers
+        for read in (inventory.all, inventory.view):
+            with pytest.raises(LockUnavailable, match="fewer than 2 of the 3 lock Redis nodes"):
+                read()
+
+
+def test_the_command_line_and_the_dashboard_go_on_with_a_quorum_node_down() -> None:
+    with RedisServer() as a, RedisServer() as b, RedisServer() as c:
+        urls = [a.url, b.url, c.url]
+        app = layout_app("q", a.url.rsplit("/", 1)[0], set_as_current=False)  # broker on a
+        app.conf.redlock_url = urls
+        gone = Lock(urls, "q-gone", ttl=60, owner="t-gone", host="w-gone@nowhere")
+        assert gone.acquire(blocking=False)
+        c.stop()
+        warning = f"WARNING: cannot reach the lock Redis: {c.url}"
+        try:
+            for args in (
+                ["ls"],
+                ["ls", "--json"],
+                ["inspect", "--task-id", "t-gone"],
+                ["inspect", "q-gone"],
+                ["release", "--dead", "--dry-run"],
+            ):
+                done = run(app, *args)
+                assert done.exit_code == 0, (args, done.output)
+                assert gone.key in done.stdout, (args, done.stdout)
+                assert done.stderr.count("WARNING") == 1 and warning in done.stderr, done.stderr
+            status, body = Dashboard(app).locks_page({}, {"csrf_token": "x"})
+            assert status == 200 and gone.key in body
+            released = run(app, "release", "--dead")
+            assert released.exit_code == 0, released.output
+            assert "released 1 lock(s) of dead workers" in released.stdout
+            assert not a.client().exists(gone.key) and not b.client().exists(gone.key)
+
+            b.stop()
+            refused = run(app, "ls")
+            assert refused.exit_code == 1, refused.output
+            assert "Error: fewer than 2 of the 3 lock Redis nodes answer" in refused.stderr
+        finally:
+            app.close()
 
 
 def test_a_release_never_frees_a_lease_renewed_since_it_was_read(redis_url: str) -> None:
@@ -203,3 +285,27 @@ def test_stats_during_an_outage_names_the_url() -> None:
     assert done.exit_code == 1 and isinstance(done.exception, SystemExit), done.output
     assert f"cannot reach the lock Redis: redis://***@127.0.0.1:{gone.port}/0" in done.output
     assert "hunter2" not in done.output
+
+
+def test_an_unreachable_sentinel_is_named_by_its_address_not_its_client_repr() -> None:
+    with RedisServer() as gone:
+        url = f"redis+sentinel://:hunter2@127.0.0.1:{gone.port}/mymaster/0"
+    app = Celery("sentinel-outage", set_as_current=False)
+    app.conf.redlock_url = url
+    done = run(app, "ls")
+    app.close()
+    assert done.exit_code == 1, done.output
+    (line,) = done.output.splitlines()
+    assert f"No master found for 'mymaster' : 127.0.0.1:{gone.port} - " in line
+    assert "redis.client" not in line and len(line) < 300, line
+    assert "hunter2" not in line
+
+
+def test_a_missing_tls_file_is_named(redis_url: str, tmp_path: Path) -> None:
+    missing = tmp_path / "ca.pem"
+    app = Celery("tls-file", set_as_current=False)
+    app.conf.redlock_url = redis_url.replace("redis://", "rediss://") + f"?ssl_ca_certs={missing}"
+    done = run(app, "ls")
+    app.close()
+    assert done.exit_code == 1, done.output
+    assert f"The URL names a file that does not exist: ssl_ca_certs={missing}." in done.output

@@ -1,5 +1,5 @@
 """The dashboard's pure parts: filters turned into SCAN patterns, page cursors, credentials,
-CSRF tokens, the ``Origin`` check, escaping in the SVG, and what importing it loads."""
+sessions, CSRF tokens, the ``Origin`` check, escaping in the SVG and in log lines."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 from celery_redlock._redis.inventory import MAX_FILTER, _cursor, check_filter
 from celery_redlock._redis.keys import glob_escape, lock_pattern
-from celery_redlock.web._core import _name_prefix
-from celery_redlock.web._security import Credentials, Guard, origin_ok
+from celery_redlock.web._core import SHOWN_MAX, _name_prefix, _shown
+from celery_redlock.web._security import SESSION_LIFETIME, Credentials, Guard, origin_ok
 from celery_redlock.web._svg import draw
 
 
@@ -83,6 +83,26 @@ def test_credentials_come_from_the_environment_and_are_checked() -> None:
     assert not guard.valid_session("nonce." + "0" * 64)
 
 
+def test_a_session_lasts_its_lifetime_under_its_token_only() -> None:
+    now = [1_000_000.0]
+    token = "t" * 20
+
+    def guard(token: str) -> Guard:
+        return Guard(Credentials(token=token), secret=b"s" * 32, clock=lambda: now[0])
+
+    session = guard(token).login(token)
+    assert session is not None and session.startswith("1000000.")
+    now[0] += SESSION_LIFETIME - 1
+    assert guard(token).valid_session(session)  # another process, the same secret and token
+    assert not guard("u" * 20).valid_session(session)  # the token was rotated
+    now[0] += 1
+    assert not guard(token).valid_session(session)  # expired
+    issued, nonce, mac = session.split(".")
+    now[0] = 1_000_000.0
+    assert not guard(token).valid_session(f"{int(issued) + 60}.{nonce}.{mac}")
+    assert not guard(token).valid_session(f"{nonce}.{mac}")  # the old form: a nonce only
+
+
 def test_a_csrf_token_belongs_to_one_browser_and_one_process() -> None:
     guard = Guard(Credentials(), secret=b"a" * 32)
     other = Guard(Credentials(), secret=b"b" * 32)
@@ -125,3 +145,10 @@ def test_the_timeline_escapes_what_redis_holds() -> None:
     assert "<script>" not in svg and "<img" not in svg and "<i>" not in svg
     assert "&lt;img src=x&gt;" in svg and 'data-event="skipped"' in svg
     assert svg.count('class="bar"') == 1  # still held at the right edge
+
+
+def test_a_log_line_shows_posted_text_escaped_and_cut() -> None:
+    assert _shown("redlock:{proj.t:ab}") == "redlock:{proj.t:ab}"
+    assert _shown("a\nb\rc\x1b[31m\u2028d\u00e9") == "a\\nb\\rc\\x1b[31m\\u2028d\u00e9"
+    cut = _shown("k" * 1000)
+    assert cut == "k" * SHOWN_MAX + "... (1000 characters)"

@@ -67,6 +67,26 @@ def test_empty_values_are_refused(server: RedisServer, args: tuple[str, ...], me
     assert message in done.stderr
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("release", "--dead", "--timeout", "0"),  # every live worker would look dead
+        ("release", "--dead", "--dry-run", "--timeout", "-1"),
+        ("release", "redlock:{job}", "--timeout", "nan"),
+        ("inspect", "--task-id", "t", "--timeout", "inf"),
+        ("web", "--ping-timeout", "0"),
+    ],
+)
+def test_a_timeout_that_is_no_wait_is_a_usage_error(
+    server: RedisServer, args: tuple[str, ...]
+) -> None:
+    done = cli(server.port, *args)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"Invalid value for '{args[-2]}'" in done.stderr
+    assert "expected a finite number of seconds above 0" in done.stderr
+    assert not done.stdout and "Traceback" not in done.stderr
+
+
 def test_without_an_app_the_error_shows_how_to_give_one(server: RedisServer) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("APP", "CELERY_APP")}
     done = subprocess.run(
