@@ -40,13 +40,12 @@ majority (the normal case: all live nodes), one node restarting empty cannot let
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import redis as redis_py
@@ -146,8 +145,11 @@ class SingleNode(QueueRules):
         token is read on first use, :meth:`fence`); the holder's TTL is left for the caller
         to ask. A semaphore, or a server older than 7.0 (no ``NX`` with ``GET``), runs the
         acquire script."""
-        with self._given_back_if_lost(keys, token):
+        try:
             return self._acquire(keys, token, ttl_ms, sole)
+        except LockUnavailable as exc:
+            self._give_back_if_lost(exc, keys, token)
+            raise
 
     def _acquire(self, keys: LockKeys, token: str, ttl_ms: int, sole: str) -> AcquireResult:
         if self.set_get and len(keys.slots) == 1:
@@ -183,9 +185,9 @@ class SingleNode(QueueRules):
         """
         call = _scripts.wait_call(keys, token, ttl_ms, member, secret)
         try:
-            with self._given_back_if_lost(keys, token):
-                reply = self._run(_scripts.WAIT, call, keys.lock)
+            reply = self._run(_scripts.WAIT, call, keys.lock)
         except LockUnavailable as exc:
+            self._give_back_if_lost(exc, keys, token)
             if not self.queue_refused(exc):
                 raise
             return None
@@ -197,16 +199,12 @@ class SingleNode(QueueRules):
         call = _scripts.leave_call(keys, member, secret, self.handoff)
         return _scripts.decode_wait(self._run(_scripts.LEAVE, call, keys.lock)).held
 
-    @contextlib.contextmanager
-    def _given_back_if_lost(self, keys: LockKeys, token: str) -> Iterator[None]:
-        """An attempt whose reply was lost may still run: give ``token`` back in the background
-        (:class:`~celery_redlock._redis.core.GiveBack` has the timeline)."""
-        try:
-            yield
-        except LockUnavailable as exc:
-            if lost_reply(exc):
-                _givebacks.give_back(keys.lock, functools.partial(self.release, keys, token))
-            raise
+    def _give_back_if_lost(self, error: LockUnavailable, keys: LockKeys, token: str) -> None:
+        """An attempt that raised ``error`` may still run if its reply was lost: then give
+        ``token`` back in the background (:class:`~celery_redlock._redis.core.GiveBack` has
+        the timeline)."""
+        if lost_reply(error):
+            _givebacks.give_back(keys.lock, functools.partial(self.release, keys, token))
 
     def fence(self, keys: LockKeys, slot: str, token: str) -> int | None:
         reply = self._run(_scripts.FENCE, _scripts.fence_call(keys, slot, token), slot)
