@@ -198,11 +198,11 @@ def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
         return True
     policy = contention_policy(spec, settings)
     try:
-        acquired = _acquire(task, spec, request, lock, policy, settings)
+        acquired = _acquire(task, spec, request, lock, policy)
     except LockUnavailable as exc:
         return _on_unavailable(task, spec, settings, request, exc)
     if not acquired:
-        return _on_contended(task, spec, request, lock, policy)
+        return _on_contended(task, spec, settings, request, lock, policy)
     if options.rate is not None:
         _check_rate(task, spec, settings, request, lock)
     setattr(request, REQUEST_ATTR, Execution(lock, cooldown=options.cooldown, settings=settings))
@@ -326,25 +326,22 @@ def _make_lock(task: Any, spec: Spec, settings: Settings, name: str, request: An
     return lock
 
 
-def _acquire(
-    task: Any, spec: Spec, request: Any, lock: TaskLock, policy: str, settings: Settings
-) -> bool:
+def _acquire(task: Any, spec: Spec, request: Any, lock: TaskLock, policy: str) -> bool:
     """Take ``lock`` without blocking; under ``wait``, then wait up to ``lock_wait_timeout``.
 
-    Returns whether it is held. A wait that times out fails the call here (it was reported
-    as contended when it began). However it ends, the tries the lock made go to the span.
+    Returns whether it is held; a call that does not hold it goes to :func:`_on_contended`,
+    also after a wait that timed out. A call whose own task id holds the key does not wait:
+    it is a duplicate of that run (:func:`_on_contended` requeues it), and its wait could
+    only end with the run's release or, for a run that died with its worker, its TTL.
+    However it ends, the tries the lock made go to the span.
     """
     try:
         if lock.acquire(blocking=False):
             return True
-        timeout = spec.options.wait_timeout
-        if policy != "wait" or timeout <= 0:
+        if policy != "wait" or spec.options.wait_timeout <= 0 or _holder(lock) == request.id:
             return False
         _report_contended(task, request, lock, "waited", policy)
-        if lock.acquire(blocking=True, timeout=timeout):
-            return True
-        emit(task, request.id, "failed", settings=settings)
-        raise _contended_error(task, request, lock, waited=timeout)
+        return lock.acquire(blocking=True, timeout=spec.options.wait_timeout)
     finally:
         tracing.attempts(lock.attempts)
 
@@ -390,7 +387,13 @@ def _contended_error(
     )
 
 
-def _on_contended(task: Any, spec: Spec, request: Any, lock: Lock, policy: str) -> bool:
+def _on_contended(
+    task: Any, spec: Spec, settings: Settings, request: Any, lock: Lock, policy: str
+) -> bool:
+    """Apply the contention policy to a call that does not hold ``lock``: skip (return
+    False), requeue or fail. A duplicate delivery is requeued whatever the policy; under
+    ``wait``, the call gets here after its wait timed out (reported as contended when it
+    began), unless it is a duplicate, which does not wait (:func:`_acquire`)."""
     holder = _holder(lock)
     redelivered = bool((request.delivery_info or {}).get("redelivered"))
     if redelivered or (holder is not None and holder == request.id):
@@ -410,6 +413,10 @@ def _on_contended(task: Any, spec: Spec, request: Any, lock: Lock, policy: str) 
     if policy == "retry":
         countdown = _jittered(spec.options.retry_countdown)
         _requeue(task, request, spec, lock, countdown, policy, "contended:")
+    timeout = spec.options.wait_timeout
+    if policy == "wait" and timeout > 0:
+        emit(task, request.id, "failed", settings=settings)
+        raise _contended_error(task, request, lock, waited=timeout)
     _report_contended(task, request, lock, "failed", policy)
     raise _contended_error(task, request, lock)
 
@@ -452,7 +459,7 @@ def lock_retry(
     request: Any,
     spec: Spec,
     countdown: float,
-    exc: BaseException,
+    exc: LockContended,
     report: Callable[[str], None] | None = None,
 ) -> NoReturn:
     """Requeue the call behind ``request`` because of the lock; raise ``Retry``.
@@ -464,20 +471,29 @@ def lock_retry(
     own failures. Its own bound is ``lock_retry_for``, measured from the call's first requeue
     by the lock (its time travels in the message, see :mod:`celery_redlock._celery.calls`): a
     requeue whose countdown would end past the bound is not made, and the call fails at once
-    with :class:`LockContended` (``exc`` itself when it is one), an expected outcome that
-    Celery logs at INFO. So with ``lock_retry_for=2`` and a rate slot 60 s away, the call
-    fails now instead of running a minute later. ``report(event)`` reports the outcome:
-    ``"retried"`` just before the retry is published, ``"failed"`` when the call gives up
-    (without it, the event is only counted).
+    with ``exc``, an expected outcome that Celery logs at INFO. So with ``lock_retry_for=2``
+    and a rate slot 60 s away, the call fails now instead of running a minute later.
+    ``report(event)`` reports the outcome: ``"retried"`` just before the retry is published,
+    ``"failed"`` when the call gives up (without it, the event is only counted).
 
     A lock held by this attempt is released first, without cooldown. An eager call
-    (``apply()``, ``task_always_eager``) retries through ``task.retry``, which counts.
+    (``apply()``, ``task_always_eager``) is never requeued: it fails at once with ``exc``.
+    Celery runs an eager retry at once and inline, ignoring its countdown: the retry would find
+    the key still held and retry again, up to ``max_retries`` times, or until the recursion
+    overflows with ``max_retries=None``; ``lock_retry_for`` could not bound it.
     """
     leave(task, request, cooldown=False)
     report = report or (lambda event: emit(task, request.id, event))
     if request.is_eager:
-        report("retried")
-        raise task.retry(countdown=countdown, exc=exc)
+        logger.info(
+            "%s[%s] gives up: an eager call is not requeued by the lock (Celery would run the "
+            "retry at once, ignoring its countdown of %.1fs)",
+            task.name,
+            request.id,
+            countdown,
+        )
+        report("failed")
+        raise exc
     now = time.time()
     header = calls.header_of(request)
     first = calls.first_attempt(header, now)
@@ -493,12 +509,7 @@ def lock_retry(
             budget,
         )
         report("failed")
-        if isinstance(exc, LockContended):
-            raise exc
-        raise LockContended(
-            f"{task.name}[{request.id}]: requeued by the lock past lock_retry_for={budget}s: {exc}",
-            key=getattr(exc, "key", None),
-        ) from exc
+        raise exc
     report("retried")
     headers = dict(request.headers or {})
     headers[calls.HEADER] = {**header, "first": first}

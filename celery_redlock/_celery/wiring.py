@@ -17,6 +17,9 @@ for each way an attempt ends (measured on Celery 5.7, see ``docs/guide.md``):
   4. only now does ``Retry`` propagate out of the body.
 
   Releasing in step 4 would let the retry find its own earlier attempt's lock and skip itself.
+  ``self.replace()`` likewise publishes the replacement, with the same task id, before its
+  ``Ignore`` reaches ``execute``: released here too, or the replacement finds its own id
+  holding the key and is requeued for the lock's remaining TTL (a whole lease).
 * hard time limit, child SIGKILL/OOM, ``revoke(terminate=True)``: the worker's main process
   (:mod:`celery_redlock._celery.parent`);
 * the whole worker killed: nobody; the TTL frees the key (see the engine's TTL rule).
@@ -158,8 +161,9 @@ def _on_before_task_publish(
     sender: Any = None, headers: Any = None, properties: Any = None, **_: Any
 ) -> None:
     """Move per-call ``lock_*`` options into the message's header (``@single_instance``,
-    ``send_task``); release before a retry of the running attempt is published (see the
-    module docstring). A retry published by the lock keeps ``retries``: it holds no lock."""
+    ``send_task``); release before a retry or a replacement of the running attempt is
+    published (see the module docstring), without cooldown: the call is not finished. A retry
+    published by the lock keeps ``retries``: it holds no lock."""
     if headers is not None and properties:
         calls.move_from_properties(sender, headers, properties)
     task = current_task._get_current_object()
@@ -168,8 +172,22 @@ def _on_before_task_publish(
     request = task.request
     if headers.get("id") != request.id or request.called_directly:
         return
-    if int(headers.get("retries") or 0) > int(request.retries or 0):
+    if int(headers.get("retries") or 0) > int(request.retries or 0) or _replaces(
+        request, headers, properties
+    ):
         leave(task, request, cooldown=False)
+
+
+def _replaces(request: Any, headers: Any, properties: Any) -> bool:
+    """Whether a message with ``request``'s task id is its replacement (``Task.replace()``).
+
+    Celery marks a replacement with a ``replaced_task_nesting`` one above the running
+    request's: in the headers from Celery 5.3.5; before, in the message's properties, while the
+    running request always reads 0 (the mark never reached it). A retry, and a requeue by the
+    lock, carry the running request's own.
+    """
+    nesting = headers.get("replaced_task_nesting", (properties or {}).get("replaced_task_nesting"))
+    return int(nesting or 0) > int(request.replaced_task_nesting or 0)
 
 
 @signals.before_task_publish.connect(weak=False)

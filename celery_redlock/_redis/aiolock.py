@@ -214,7 +214,7 @@ class Lock(LockCore):
                     await self._give_back(token)
             raise
         finally:
-            self._acquire_done()
+            self._acquiring = False
 
     async def release(self, keep: float = 0) -> None:
         """Release the lock. Raises :class:`LockNotOwned` if it is not held by this object.
@@ -265,7 +265,7 @@ class Lock(LockCore):
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._token is None or self._forked_from() is not None:
+        if self._token is None or self._forked():
             return  # a forked child leaves its parent's lock alone
         with contextlib.suppress(LockLost):
             await self.release()

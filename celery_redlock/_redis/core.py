@@ -490,6 +490,9 @@ class LockCore:
     #: The process that took the lock (a fork of it does not hold it), and an acquire running.
     _pid = 0
     _acquiring = False
+    #: The owner label an attempt passes as the one that may hold one slot only, or ``""``
+    #: (:attr:`one_slot_per_owner`, on a semaphore).
+    _sole = ""
     _lost = False
     #: The holder seen by the last failed attempt (``None`` if it was not contended).
     last_holder: _owner.Owner | None = None
@@ -518,6 +521,8 @@ class LockCore:
         self.nodes = self._connect(redis)
         if limit > 1:  # the node names are read only here (building them costs a URL parse)
             check_limit(limit, self.nodes.names)
+            if self.one_slot_per_owner and owner:
+                self._sole = owner
         self.name = name
         self.limit = limit
         self.keys = _keys.keys_for(prefix, name, limit)
@@ -580,7 +585,7 @@ class LockCore:
 
     def _acquire_mode(self, blocking: bool | None, timeout: float | None) -> float | None:
         """The timeout of a blocking acquire, or ``-1.0`` for a single attempt; the object is
-        then acquiring until the driver calls :meth:`_acquire_done`.
+        then acquiring until the driver's ``acquire`` ends (it resets ``_acquiring``).
 
         One object holds once: a second ``acquire()`` while it holds, or while another thread
         or task is acquiring with it, is a :class:`RuntimeError`. Timeline this stops: (a) two
@@ -612,28 +617,19 @@ class LockCore:
         timeout = self.timeout if timeout is None else timeout
         return -1.0 if not blocking or timeout == 0 else timeout
 
-    def _acquire_done(self) -> None:
-        """The acquire that :meth:`_acquire_mode` began has ended, taken or not."""
-        self._acquiring = False
+    def _forked(self) -> bool:
+        """Whether this process is a fork of the one that took the lock."""
+        return self._pid != _owner.current_pid()
 
-    def _forked_from(self) -> int | None:
-        """The pid that took the lock, when this process is a fork of it (else ``None``)."""
-        if self._pid == _owner.current_pid():
-            return None
-        return self._pid
-
-    def _not_ours(self, what: str) -> LockNotOwned | None:
+    def _not_ours(self, what: str) -> LockNotOwned:
         """:class:`LockNotOwned` for ``what`` (release, extend) in a forked child of the holder.
 
         Timeline: (a) a process holds the lock in ``with lock:``; (b) it forks; (c) the child
         leaves the ``with`` block and would release the parent's lock while the parent runs
         on. The child inherits the object, not the lock, as it inherits no renewal.
         """
-        pid = self._forked_from()
-        if pid is None:
-            return None
         return LockNotOwned(
-            f"cannot {what} {self.key}: process {pid} holds it, and this process "
+            f"cannot {what} {self.key}: process {self._pid} holds it, and this process "
             f"({_owner.current_pid()}) is a fork of that one; only the holder may {what} it",
             key=self.key,
         )
@@ -642,13 +638,12 @@ class LockCore:
         token = self._token
         if token is None:
             raise LockNotOwned(f"cannot release {self.key}: not acquired", key=self.key)
-        if not seconds(keep, zero=True):
+        if keep and not seconds(keep, zero=True):
             raise ValueError(
                 f"release keep must be seconds >= 0 and <= {MAX_TTL:.0f}, got {keep!r}"
             )
-        forked = self._not_ours("release")
-        if forked is not None:
-            raise forked
+        if self._pid != _owner.current_pid():
+            raise self._not_ours("release")
         return token
 
     def _released(self, released: bool) -> None:
@@ -668,9 +663,8 @@ class LockCore:
         ttl = self.ttl if ttl is None else ttl
         if not seconds(ttl):
             raise ValueError(f"extend ttl must be seconds > 0 and <= {MAX_TTL:.0f}, got {ttl!r}")
-        forked = self._not_ours("extend")
-        if forked is not None:
-            raise forked
+        if self._pid != _owner.current_pid():
+            raise self._not_ours("extend")
         if self.max_hold is not None:
             ttl = min(ttl, self._acquired_at + self.max_hold - self.clock())
             if ttl <= 0.001:
@@ -704,14 +698,6 @@ class LockCore:
 
     def _new_token(self) -> str:
         return _owner.new_token(self.owner, self.host)
-
-    @property
-    def _sole(self) -> str:
-        """The owner label an attempt passes as the one that may hold one slot only, or ``""``
-        (:attr:`one_slot_per_owner`; a lock of one slot has nothing to check)."""
-        if self.one_slot_per_owner and self.owner and len(self.keys.slots) > 1:
-            return self.owner
-        return ""
 
     def _result(self, token: str, start: float, ttl: float, result: AcquireResult) -> bool:
         """Take in an acquisition's reply; whether it holds the lock now."""
@@ -747,7 +733,7 @@ class LockCore:
             self.last_holder = None
             self._holder_ttl = None
         if self.auto_renew:
-            self._start_renewal(self._renewal_delay(complete))
+            self._start_renewal(self.ttl / 3 if complete else self._renewal_delay(False))
 
     def _fenced(self, token: str, value: int | None) -> None:
         """Take in the fencing token read for ``token`` (``None``: not held any more: lost)."""

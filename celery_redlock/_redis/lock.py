@@ -151,7 +151,7 @@ class Lock(LockCore):
                 return self._attempt()
             return self.do_wait(timeout)
         finally:
-            self._acquire_done()
+            self._acquiring = False
 
     def release(self, keep: float = 0) -> None:
         """Release the lock. Raises :class:`LockNotOwned` if it is not held by this object.
@@ -199,7 +199,7 @@ class Lock(LockCore):
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._token is None or self._forked_from() is not None:
+        if self._token is None or self._forked():
             return  # a forked child leaves its parent's lock alone
         with contextlib.suppress(LockLost):
             self.release()

@@ -144,14 +144,7 @@ class SingleNode(QueueRules):
         """A lock: one ``SET key token NX PX ttl GET``, no script and no fencing counter (the
         token is read on first use, :meth:`fence`); the holder's TTL is left for the caller
         to ask. A semaphore, or a server older than 7.0 (no ``NX`` with ``GET``), runs the
-        acquire script."""
-        try:
-            return self._acquire(keys, token, ttl_ms, sole)
-        except LockUnavailable as exc:
-            self._give_back_if_lost(exc, keys, token)
-            raise
-
-    def _acquire(self, keys: LockKeys, token: str, ttl_ms: int, sole: str) -> AcquireResult:
+        acquire script. An attempt whose reply was lost is given back in the background."""
         if self.set_get and len(keys.slots) == 1:
             lock = keys.lock
             try:
@@ -163,6 +156,7 @@ class SingleNode(QueueRules):
                 )
             except Exception as exc:
                 if classify(exc) is not Outcome.REPLY or "syntax" not in str(exc).lower():
+                    self._give_back_if_lost(exc, keys, token)
                     raise
                 self.set_get = False
             else:
@@ -172,7 +166,12 @@ class SingleNode(QueueRules):
                     holder = holder.decode("utf-8", "replace")
                 return AcquireResult(False, holder=holder or None)
         call = _scripts.acquire_call(keys, token, ttl_ms, single=True, sole=sole)
-        return _scripts.decode_acquire(self._run(_scripts.ACQUIRE, call, keys.lock))
+        try:
+            reply = self._run(_scripts.ACQUIRE, call, keys.lock)
+        except LockUnavailable as exc:
+            self._give_back_if_lost(exc, keys, token)
+            raise
+        return _scripts.decode_acquire(reply)
 
     def wait_attempt(
         self, keys: LockKeys, token: str, ttl_ms: int, member: str, secret: str
@@ -199,7 +198,7 @@ class SingleNode(QueueRules):
         call = _scripts.leave_call(keys, member, secret, self.handoff)
         return _scripts.decode_wait(self._run(_scripts.LEAVE, call, keys.lock)).held
 
-    def _give_back_if_lost(self, error: LockUnavailable, keys: LockKeys, token: str) -> None:
+    def _give_back_if_lost(self, error: BaseException, keys: LockKeys, token: str) -> None:
         """An attempt that raised ``error`` may still run if its reply was lost: then give
         ``token`` back in the background (:class:`~celery_redlock._redis.core.GiveBack` has
         the timeline)."""

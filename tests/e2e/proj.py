@@ -102,7 +102,8 @@ def plain_critical(self: Any, key: str, duration: float = 0.0) -> str:
 #   lockkey:<id>       the lock key an execution holds
 #   hooks:<id>         "<hook>:<state>:<pid>" for after_return, on_failure, on_retry, postrun
 #   retry_seen:<id>    "1" when on_retry of the first attempt saw the retry attempt start
-#   lock_at_publish:<id>  "1"/"0": whether the lock key existed when the retry was published
+#   lock_at_publish:<id>  "1"/"0": whether the lock key existed when the retry, or the
+#                      replacement (``how="replace"``), was published
 
 
 def _start_record(task: Any, key: str, n: int) -> None:
@@ -141,6 +142,8 @@ def _act(task: Any, key: str, how: str, duration: float, first: bool) -> str:
         raise task.retry(countdown=0)
     if how == "autoretry" and retries == 0:
         raise KeyError("autoretry")
+    if how == "replace":
+        raise task.replace(task.si(key))  # the same task id, on the same key: it returns
     if first and how in ("sleep", "soft"):
         time.sleep(duration)
     if first and how == "sleep_noterm":
@@ -268,9 +271,14 @@ def _record_postrun(task_id: str | None = None, state: str | None = None, **_: A
 
 
 @signals.before_task_publish.connect(weak=False)
-def _record_retry_publish(headers: Any = None, **_: Any) -> None:
-    """Runs after the package's receiver: is the lock free when a retry is published?"""
-    if not headers or not int(headers.get("retries") or 0):
+def _record_retry_publish(headers: Any = None, properties: Any = None, **_: Any) -> None:
+    """Runs after the package's receiver: is the lock free when a retry or a replacement is
+    published? (A replacement's ``replaced_task_nesting`` is in the headers from Celery 5.3.5,
+    in the properties before.)"""
+    if not headers:
+        return
+    nesting = headers.get("replaced_task_nesting", (properties or {}).get("replaced_task_nesting"))
+    if not int(headers.get("retries") or 0) and not int(nesting or 0):
         return
     key = records.get(f"lockkey:{headers['id']}")
     if key is not None:

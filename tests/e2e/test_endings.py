@@ -270,6 +270,29 @@ def test_retry_is_released_before_publish_and_never_skips_itself(
     assert lock_keys(env.locks) == []
 
 
+@over_apis
+def test_replace_is_released_before_publish_and_the_replacement_runs_at_once(
+    env: Env, api: str
+) -> None:
+    """``self.replace()`` publishes the replacement (same task id) before its ``Ignore``
+    leaves the body: released at that publish, as for a retry, the replacement never finds
+    the replaced attempt's lock (it was requeued for the lease, as a "redelivered" duplicate)."""
+    key = f"k-replace-{api}"
+    with env.worker("w1", concurrency=2) as worker:
+        result = env.send(key=key, how="replace")
+        assert env.finished(result) == key
+        text = worker.text()
+    replaced, replacement = env.starts(key)
+    report(f"replace ({api})", replaced_start_to_replacement_start=replacement["t"] - replaced["t"])
+    assert replaced["id"] == replacement["id"] == result.id
+    assert env.records.get(f"lock_at_publish:{result.id}") == b"0"
+    # Celery behaviour relied on: the replaced attempt ends IGNORED (postrun only).
+    assert f"postrun:IGNORED:{replaced['pid']}" in env.hooks(result.id)
+    assert "redelivered while" not in text
+    assert env.records.get("overlaps") is None
+    assert lock_keys(env.locks) == []
+
+
 # -- Ignore and Reject: released by the postrun backstop ----------------------------------------
 
 

@@ -11,7 +11,8 @@ from typing import Any, ClassVar
 import celery
 import pytest
 import redis as redis_py
-from celery import Celery, Task, chord, group
+from celery import Celery, Task, chord, current_task, group
+from celery import signals as celery_signals
 from celery.exceptions import Ignore, Reject
 
 from celery_redlock import (
@@ -24,8 +25,16 @@ from celery_redlock import (
     single_instance,
 )
 from celery_redlock._celery.engine import TaskLock
+from celery_redlock._celery.wiring import _replaces
 from celery_redlock._redis.scripts import AcquireResult
-from celery_redlock.testing import RedisServer, free_port, wait_until
+from celery_redlock.testing import (
+    HOLDER,
+    RedisServer,
+    free_port,
+    hold_lock,
+    record_lock_events,
+    wait_until,
+)
 from support.apps import lock_keys, make_app
 from support.workers import Holder, running_worker
 
@@ -646,3 +655,162 @@ def test_an_execution_resolves_the_settings_once_and_cross_checks_once_per_task(
     assert [work.apply((n,)).get() for n in range(3)] == [0, 1, 2]
     assert len(looked_up) == 3  # one per execution: acquired and released counted with it
     assert checked == [f"task {work.name}"]
+
+
+# -- duplicates under wait, eager retries, replace() -------------------------------------------
+
+
+def _locked(app: Celery, api: str, body: Any, max_retries: int | None = 3, **options: Any) -> Any:
+    """``body`` as a bound task of ``api`` (``LockedTask`` or ``@single_instance``) locked on
+    its ``key`` argument, with ``options`` given without their ``lock_`` prefix."""
+    if api == "task":
+        return app.task(
+            base=LockedTask,
+            bind=True,
+            max_retries=max_retries,
+            lock_by=["key"],
+            **{f"lock_{name}": value for name, value in options.items()},
+        )(body)
+    locked = single_instance(by=["key"], **options)(body)
+    return app.task(bind=True, max_retries=max_retries)(locked)
+
+
+@pytest.mark.parametrize("api", ["task", "decorator"])
+def test_a_duplicate_delivery_under_wait_is_requeued_for_the_ttl_not_failed(
+    h: Holder, app: Celery, caplog: pytest.LogCaptureFixture, api: str
+) -> None:
+    """A second message with the task id of a running execution (a redelivered message) under
+    ``wait`` is requeued for its run's remaining TTL, at once, as under the other policies.
+    It used to wait ``lock_wait_timeout`` on its own run, then fail with ``LockContended``
+    ("still held by task <its own id>"): with ``acks_late`` after its worker died, the only
+    copy of the call was lost."""
+    entered: list[str] = []
+
+    def body(self: Task, key: str) -> None:
+        entered.append(self.request.id)
+        h.hold()
+
+    work = _locked(app, api, body, on_contention="wait", wait_timeout=0.5)
+    with running_worker(app), caplog.at_level(logging.INFO):
+        work.apply_async(("k",), task_id="dup-wait")
+        assert h.entered.wait(10)
+        duplicate = work.apply_async(("k",), task_id="dup-wait")
+        wait_until(lambda: duplicate.state in ("RETRY", "FAILURE"), 10, "the duplicate's end")
+        ended = duplicate.state  # before the run's own SUCCESS, stored under the same id
+        h.gate.set()
+    assert ended == "RETRY"
+    assert entered == ["dup-wait"]
+    requeue = re.search(
+        r"\[dup-wait\] redelivered while \S+ is held by task dup-wait; "
+        r"retrying in ([\d.]+)s",
+        caplog.text,
+    )
+    assert requeue is not None, caplog.text
+    assert float(requeue.group(1)) > 25  # the lease's TTL (30 s), not a wait's
+    assert "after waiting" not in caplog.text
+
+
+@pytest.mark.parametrize("api", ["task", "decorator"])
+def test_an_eager_call_under_retry_fails_at_once_with_lock_contended(
+    app: Celery, r: redis_py.Redis, caplog: pytest.LogCaptureFixture, api: str
+) -> None:
+    """Celery runs an eager retry at once and inline, ignoring its countdown, and the key is
+    still held then: with ``max_retries=None`` the call recursed against Redis until
+    ``RecursionError``, ignoring ``lock_retry_for``. It fails at once with ``LockContended``,
+    as an eager call over its ``lock_rate`` does, and is never retried."""
+    runs: list[str] = []
+
+    def body(self: Task, key: str) -> str:
+        runs.append(key)
+        return key
+
+    work = _locked(
+        app, api, body, max_retries=None, on_contention="retry", retry_countdown=1, retry_for=5
+    )
+    app.conf.task_always_eager = True
+    with caplog.at_level(logging.INFO), record_lock_events() as events:
+        with hold_lock(work, "k"):
+            result = work.delay("k")
+        assert result.state == "FAILURE"
+        assert isinstance(result.result, LockContended)
+        assert result.result.holder == HOLDER
+        assert [e.policy for e in events.contended(result)] == ["retry"]  # one try, no retry
+        assert work.delay("k").get() == "k"  # the key is free again: it runs
+    assert runs == ["k"]
+    assert caplog.text.count("gives up: an eager call is not requeued by the lock") == 1
+    assert lock_keys(r) == []
+
+
+def test_celery_marks_a_replacement_with_a_nesting_above_the_running_requests(
+    app: Celery,
+) -> None:
+    """What the release before a replacement relies on (``wiring._replaces``), on every
+    supported Celery: ``Task.replace()`` publishes a message with the running task's id and a
+    ``replaced_task_nesting`` above the running request's (in the headers from Celery 5.3.5, in
+    the message's properties before); a retry carries the running request's own."""
+    published: list[tuple[str, bool]] = []
+    intent: list[str] = []
+
+    def record(headers: Any = None, properties: Any = None, **_: Any) -> None:
+        task = current_task._get_current_object()
+        if task is not None and headers["id"] == task.request.id:
+            published.append((intent[-1], _replaces(task.request, headers, properties)))
+
+    @app.task(bind=True, max_retries=1)
+    def step(self: Task, n: int) -> str:
+        if n > 0:
+            intent.append("replace")
+            raise self.replace(step.si(n - 1))
+        if self.request.retries == 0:
+            intent.append("retry")
+            raise self.retry(countdown=0)
+        return "done"
+
+    celery_signals.before_task_publish.connect(record)
+    try:
+        with running_worker(app):
+            assert step.delay(2).get(timeout=10) == "done"
+    finally:
+        celery_signals.before_task_publish.disconnect(record)
+    assert published == [("replace", True), ("replace", True), ("retry", False)]
+
+
+@pytest.mark.parametrize("api", ["task", "decorator"])
+def test_a_replacement_on_the_same_key_runs_at_once(
+    app: Celery, r: redis_py.Redis, caplog: pytest.LogCaptureFixture, api: str
+) -> None:
+    """``self.replace()`` publishes the replacement, with the same task id, before its
+    ``Ignore`` reaches the lock code; the lock is released before that publish, as before a
+    retry's. Released only at ``Ignore``, it was still held while a slow ``after_task_publish``
+    receiver ran (here: until the replacement's outcome is known): the replacement found its
+    own id holding the key and was requeued for the whole lease ("redelivered while")."""
+    ran: list[int] = []
+    finished = threading.Event()
+
+    def body(self: Task, key: str, n: int) -> str:
+        ran.append(n)
+        if n > 0:
+            raise self.replace(work.si(key, n - 1))
+        finished.set()
+        return "done"
+
+    def slow(headers: Any = None, **_: Any) -> None:
+        task = current_task._get_current_object()
+        if task is not None and headers["id"] == task.request.id:
+            wait_until(
+                lambda: finished.is_set() or "redelivered while" in caplog.text,
+                10,
+                "the replacement to run or be requeued",
+            )
+
+    work = _locked(app, api, body)
+    celery_signals.after_task_publish.connect(slow)
+    try:
+        with caplog.at_level(logging.INFO), running_worker(app):
+            result = work.delay("k", 2)
+            assert result.get(timeout=10) == "done"
+    finally:
+        celery_signals.after_task_publish.disconnect(slow)
+    assert "redelivered while" not in caplog.text
+    assert ran == [2, 1, 0]
+    assert lock_keys(r) == []
