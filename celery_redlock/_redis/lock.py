@@ -132,7 +132,7 @@ class Lock(LockCore):
         A single-node attempt does not return it: the first read asks Redis (``PTTL``, one
         round trip), so a caller that only needs the holder pays nothing for it.
         """
-        if self._holder_ttl_pending:
+        if self._holder_ttl_pending and self.last_holder is not None:  # not held since
             self._holder_ttl_pending = False
             pttl = self.nodes.pttl_ms(self.key)
             self._holder_ttl = None if pttl < 0 else pttl / 1000.0
@@ -317,18 +317,6 @@ class Lock(LockCore):
         first read."""
         super()._saw(holder, pttl)
         self._holder_ttl_pending = pttl is None and holder is not None
-
-    def _hold(
-        self,
-        token: str,
-        start: float,
-        ttl: float,
-        slot: int = 1,
-        fencing: int | None = None,
-        complete: bool = True,
-    ) -> None:
-        self._holder_ttl_pending = False
-        super()._hold(token, start, ttl, slot, fencing, complete)
 
 
 def release_attempt(

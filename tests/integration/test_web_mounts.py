@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,9 +16,9 @@ import redis as redis_py
 
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.owner import new_token
-from celery_redlock.signals import lock_admin_action
-from celery_redlock.testing import RedisServer, free_port, wait_until
+from celery_redlock.testing import RedisServer
 from support.apps import layout_app
+from support.web import admin_actions, served
 
 
 @pytest.fixture
@@ -36,14 +35,8 @@ def celery_app(redis_url: str, redis_server: RedisServer) -> Any:
 
 @pytest.fixture
 def actions() -> Iterator[list[dict[str, Any]]]:
-    seen: list[dict[str, Any]] = []
-
-    def receiver(sender: Any = None, **fields: Any) -> None:
-        seen.append({k: v for k, v in fields.items() if k != "signal"})
-
-    lock_admin_action.connect(receiver, weak=False)
-    yield seen
-    lock_admin_action.disconnect(receiver)
+    with admin_actions() as seen:
+        yield seen
 
 
 def fields(html: str) -> dict[str, str]:
@@ -66,7 +59,6 @@ class HostUser:
 def test_mounted_in_fastapi(
     celery_app: Any, held: str, r: redis_py.Redis, actions: list[dict[str, Any]], caplog: Any
 ) -> None:
-    import uvicorn
     from fastapi import FastAPI
 
     from celery_redlock.web import create_app
@@ -82,13 +74,7 @@ def test_mounted_in_fastapi(
             ping_timeout=0.3,
         ),
     )
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(host, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        wait_until(lambda: server.started, 10, "uvicorn to start")
-        base = f"http://127.0.0.1:{port}"
+    with served(host) as base:
         assert httpx.get(f"{base}/locks/").status_code == 401  # the host app's login decides
         with httpx.Client(base_url=base, headers={"x-host-user": "alice"}) as alice:
             page = alice.get("/locks/")
@@ -104,9 +90,6 @@ def test_mounted_in_fastapi(
             with caplog.at_level(logging.INFO, logger="celery_redlock.web"):
                 done = alice.post("/locks/action/release", data=form)
             assert done.status_code == 200 and not r.exists(held), done.text
-    finally:
-        server.should_exit = True
-        thread.join(10)
     assert f"dashboard: release {held} by alice: released {held} (holder dead)" in caplog.text
     assert actions[-1] == {
         "action": "release",

@@ -23,12 +23,12 @@ from celery import Celery
 from celery_redlock import LockedTask
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.owner import new_token
-from celery_redlock.signals import lock_admin_action
 from celery_redlock.testing import RedisServer, free_port
 from celery_redlock.web import create_app
 from celery_redlock.web._security import SECRET_ENV, SESSION_COOKIE, SESSION_LIFETIME, Credentials
 from support.apps import layout_app, make_app
-from tests.e2e.web.tooling import TOKEN, served
+from support.web import admin_actions, served
+from tests.e2e.web.tooling import TOKEN
 
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
 TASK = "proj.hold"
@@ -48,14 +48,8 @@ def celery_app(redis_url: str, redis_server: RedisServer) -> Celery:
 @pytest.fixture
 def actions() -> Iterator[list[dict[str, Any]]]:
     """Every ``lock_admin_action`` sent during the test."""
-    seen: list[dict[str, Any]] = []
-
-    def receiver(sender: Any = None, **fields: Any) -> None:
-        seen.append({k: v for k, v in fields.items() if k != "signal"})
-
-    lock_admin_action.connect(receiver, weak=False)
-    yield seen
-    lock_admin_action.disconnect(receiver)
+    with admin_actions() as seen:
+        yield seen
 
 
 def dead_lock(r: redis_py.Redis, name: str) -> str:

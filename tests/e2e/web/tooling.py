@@ -4,17 +4,13 @@ uvicorn in a thread."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import subprocess
 import sys
 import tempfile
-import threading
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 from celery_redlock.testing import free_port, wait_until
 from celery_redlock.web._security import TOKEN_ENV
@@ -62,20 +58,3 @@ class Dashboard:
     def stop(self) -> None:
         self.process.terminate()
         self.process.wait(10)
-
-
-@contextlib.contextmanager
-def served(asgi: Any) -> Iterator[str]:
-    """``asgi`` served by uvicorn on a free loopback port, in a thread: yields its base URL."""
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(asgi, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        wait_until(lambda: server.started, 10, "uvicorn to start")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
