@@ -353,8 +353,9 @@ def seconds(value: Any, *, zero: bool = False) -> bool:
 
 
 def check_arguments(ttl: Any, max_hold: Any, timeout: Any, limit: Any, blocking: Any) -> None:
-    """Raise :class:`ValueError` for lock arguments of the wrong kind or out of range."""
-    if not seconds(ttl):
+    """Raise :class:`ValueError` for lock arguments of the wrong kind or out of range (``ttl``
+    checked inline: a lock is built per task execution)."""
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= MAX_TTL:
         raise ValueError(f"Lock ttl must be seconds > 0 and <= {MAX_TTL:.0f}, got {ttl!r}")
     if max_hold is not None and not seconds(max_hold):
         raise ValueError(
