@@ -530,7 +530,10 @@ def _on_unavailable(
     """Apply ``redlock_on_unavailable``: run unlocked, retry (counted against
     ``max_retries``, with backoff) or fail. A call that fails for it, or whose retries are
     used up, fails with the :class:`LockUnavailable` itself, an expected outcome that Celery
-    logs at INFO without a traceback, after one WARNING naming ``redlock_url``."""
+    logs at INFO without a traceback, after one WARNING naming ``redlock_url``. An eager call
+    under ``retry`` fails at once: Celery would run each retry at once and inline, against the
+    same silent Redis, until ``max_retries`` (or, with ``max_retries=None``, the recursion
+    limit)."""
     policy = settings.on_unavailable
     emit(task, request.id, "unavailable", settings=settings)
     where = f"the lock Redis at {redact(str(settings.url))} (redlock_url)"
@@ -546,7 +549,8 @@ def _on_unavailable(
         setattr(request, REQUEST_ATTR, Execution(None))
         return True
     retries = request.retries or 0
-    if policy == "retry" and (task.max_retries is None or retries < task.max_retries):
+    requeued = policy == "retry" and not request.is_eager  # an eager retry runs at once, inline
+    if requeued and (task.max_retries is None or retries < task.max_retries):
         base = spec.options.retry_countdown or 1.0
         countdown = _jittered(min(base * 2**retries, 300.0))
         logger.warning(
@@ -558,11 +562,12 @@ def _on_unavailable(
             exc,
         )
         raise task.retry(countdown=countdown, exc=exc)
-    ending = (
-        f"giving up (max_retries={task.max_retries} used up)"
-        if policy == "retry"
-        else "failing (redlock_on_unavailable='fail')"
-    )
+    if policy == "fail":
+        ending = "failing (redlock_on_unavailable='fail')"
+    elif requeued:
+        ending = f"giving up (max_retries={task.max_retries} used up)"
+    else:
+        ending = "giving up (an eager call is not retried: Celery would run it at once)"
     logger.warning(
         "%s[%s] could not reach %s to lock; %s: %s", task.name, request.id, where, ending, exc
     )

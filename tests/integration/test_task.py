@@ -460,6 +460,25 @@ def test_redis_unavailable_default_retries_then_fails_visibly(
     assert runs == []  # never ran unlocked
 
 
+def test_an_eager_call_with_redis_unavailable_fails_at_once_not_recursing(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``apply()`` under the default ``retry`` policy, ``max_retries=None``: Celery runs an
+    eager retry at once and inline, so each retry found the same dead Redis and the call
+    recursed until ``RecursionError``."""
+    app = make_app(redis_server, redlock_url=f"redis://127.0.0.1:{free_port()}/0")
+
+    @app.task(base=LockedTask, max_retries=None)
+    def work(key: str) -> str:
+        return "ran"
+
+    with caplog.at_level(logging.WARNING, logger="celery_redlock"):
+        result = work.apply(("k",))
+    assert result.state == "FAILURE" and isinstance(result.result, LockUnavailable)
+    assert caplog.text.count("could not reach") == 1
+    assert "an eager call is not retried" in caplog.text
+
+
 class AuditedTask(Task):
     audited: ClassVar[list[str]] = []
 
