@@ -122,7 +122,11 @@ _HEX = frozenset("0123456789abcdef")
 
 #: A client's repr in a redis-py message (a Sentinel's "No master found" names each Sentinel
 #: so, some 900 characters each): shown as its ``host:port``.
-_CLIENT_REPR = re.compile(r"<redis\.client\.Redis\(<.*?\bhost=([^,]+),port=(\d+),.*?\)>\)>\)>")
+#: redis-py 5.0 writes ``Redis<ConnectionPool<Connection<host=h,port=p,db=0>>>``.
+_CLIENT_REPR = re.compile(
+    r"<redis\.client\.Redis\(<.*?\bhost=([^,]+),port=(\d+),.*?\)>\)>\)>"
+    r"|Redis<ConnectionPool<Connection<host=([^,>]+),port=(\d+)[^>]*>>>"
+)
 
 #: The URL options that name a file the TLS connection reads.
 _TLS_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path")
@@ -834,7 +838,7 @@ def _reason(url: str, exc: BaseException) -> str:
     """Why the node at ``url`` did not answer: redis-py's message, credentials hidden, with
     each client repr in it shortened to ``host:port``, and naming the TLS file the URL gives
     that does not exist (redis-py says "No such file or directory." without the name)."""
-    text = _CLIENT_REPR.sub(r"\1:\2", redact(exc))
+    text = _CLIENT_REPR.sub(lambda m: f"{m[1] or m[3]}:{m[2] or m[4]}", redact(exc))
     cause: BaseException | None = exc
     while cause is not None and not isinstance(cause, FileNotFoundError):
         cause = cause.__cause__ or cause.__context__

@@ -89,7 +89,12 @@ class Driver:
         for client in self._made:
             with contextlib.suppress(Exception):
                 self(client.aclose()) if self.is_async else client.close()
-        if self.loop is not None:
+        if self.loop is not None:  # as asyncio.run ends: background give-backs are cancelled
+            pending = asyncio.all_tasks(self.loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                self.loop.run_until_complete(asyncio.wait(pending))
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
             self.loop.close()
 
@@ -459,13 +464,14 @@ class AsyncLostReply(celery_redlock.asyncio.Lock):
 
 
 class LosesItsFirstReply(redis_py.Redis):
-    """A client whose first ``SET`` runs on the server, then loses its reply."""
+    """A client whose first acquisition (``SET``; the script on Redis 6.2, which refuses
+    ``SET NX GET``) runs on the server, then loses its reply."""
 
     lost = False
 
     def execute_command(self, *args: Any, **options: Any) -> Any:
         reply = super().execute_command(*args, **options)
-        if args[0] == "SET" and not self.lost:
+        if args[0] in ("SET", "EVALSHA", "EVAL") and not self.lost:
             self.lost = True
             raise redis_py.exceptions.TimeoutError("Timeout reading from socket")
         return reply
