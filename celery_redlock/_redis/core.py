@@ -620,7 +620,7 @@ class LockCore:
 
     def _forked(self) -> bool:
         """Whether this process is a fork of the one that took the lock."""
-        return self._pid != _owner.current_pid()
+        return self._pid != _owner.process_id
 
     def _not_ours(self, what: str) -> LockNotOwned:
         """:class:`LockNotOwned` for ``what`` (release, extend) in a forked child of the holder.
@@ -643,7 +643,7 @@ class LockCore:
             raise ValueError(
                 f"release keep must be seconds >= 0 and <= {MAX_TTL:.0f}, got {keep!r}"
             )
-        if self._pid != _owner.current_pid():
+        if self._pid != _owner.process_id:
             raise self._not_ours("release")
         return token
 
@@ -664,7 +664,7 @@ class LockCore:
         ttl = self.ttl if ttl is None else ttl
         if not seconds(ttl):
             raise ValueError(f"extend ttl must be seconds > 0 and <= {MAX_TTL:.0f}, got {ttl!r}")
-        if self._pid != _owner.current_pid():
+        if self._pid != _owner.process_id:
             raise self._not_ours("extend")
         if self.max_hold is not None:
             ttl = min(ttl, self._acquired_at + self.max_hold - self.clock())
@@ -724,7 +724,7 @@ class LockCore:
         complete: bool = True,
     ) -> None:
         with self._state:
-            self._pid = _owner.current_pid()
+            self._pid = _owner.process_id
             self._acquired_at = start
             self._expires_at = start + ttl  # before the token: `lost` reads both unlocked
             self._lost = False

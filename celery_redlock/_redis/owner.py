@@ -70,7 +70,9 @@ def unescape_host(field: str) -> str:
 #: Bytes drawn from ``os.urandom`` at once for :func:`new_secret`.
 ENTROPY_BLOCK = 4096
 
-_pid = os.getpid()
+#: This process's id, set again in a forked child: read it as ``owner.process_id`` (an import
+#: of the name would keep the parent's), or call :func:`current_pid`.
+process_id = os.getpid()
 _block = b""
 _used = 0
 _block_guard = threading.Lock()
@@ -78,8 +80,8 @@ _block_guard = threading.Lock()
 
 def _forked() -> None:
     """In a forked child: its own pid, and none of the parent's unused random bytes."""
-    global _pid, _block, _used
-    _pid = os.getpid()
+    global process_id, _block, _used
+    process_id = os.getpid()
     _block, _used = b"", 0
 
 
@@ -88,7 +90,7 @@ os.register_at_fork(after_in_child=_forked)
 
 def current_pid() -> int:
     """This process's id, without a system call (``os.getpid`` makes one each time)."""
-    return _pid
+    return process_id
 
 
 def new_secret() -> str:
@@ -105,7 +107,7 @@ def new_secret() -> str:
 
 def new_token(task_id: str = "", host: str | None = None, pid: int | None = None) -> str:
     """Build a fresh, unguessable owner token for one acquisition attempt."""
-    pid = _pid if pid is None else pid
+    pid = process_id if pid is None else pid
     acquired_ms = int(time.time() * 1000)
     # The fields joined by SEPARATOR, in one f-string (once per acquisition attempt).
     return f"{new_secret()}|{pid}|{acquired_ms}|{normalize_host(host)}|{task_id}"

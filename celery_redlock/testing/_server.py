@@ -143,7 +143,8 @@ class RedisServer:
            use (and a fixture ``FLUSHDB``) that one.
 
         So another server's answer stops this one and raises :class:`RuntimeError` naming the
-        port and that server's process id. The port is not changed: :attr:`url` may be in use.
+        port and that server's process id, also when this one already exited for want of the
+        port. The port is not changed: :attr:`url` may be in use.
         """
         process = self.process = subprocess.Popen(
             self.command(),
@@ -156,11 +157,14 @@ class RedisServer:
         client = self.client()
         try:
             while True:
-                if process.poll() is not None:
-                    raise RuntimeError(f"redis-server exited with {process.returncode}")
+                exited = process.poll() is not None
                 try:
                     answering = client.info("server").get("process_id")
                 except redis_py.exceptions.ConnectionError:
+                    if exited:
+                        raise RuntimeError(
+                            f"redis-server exited with {process.returncode}"
+                        ) from None
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.02)  # waiting for the server to bind: nothing to sync on

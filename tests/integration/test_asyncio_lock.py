@@ -658,6 +658,7 @@ def test_a_blocking_acquire_cancelled_at_once_raises_cancelled_promptly(
         # A place the cancelled join took is given back when its reply arrives (in the
         # background): within a round trip, long before the place would lapse.
         await until(lambda: queued(r) == 0, 3)
+        await until(lambda: not aiolock._background, 3)  # before the loop ends (hazard 5)
 
     run(main())
     assert r.get(KEY) == holder.token.encode()  # type: ignore[union-attr]
@@ -687,6 +688,7 @@ def test_a_cancelled_non_blocking_acquire_never_returns_true(
             # A lock the cancelled script won is given back once its reply arrives (in the
             # background): within a round trip, where a stale holder would keep it 10 s.
             await until(lambda: r.get(KEY) is None, 3)
+        await until(lambda: not aiolock._background, 3)  # before the loop ends (hazard 5)
 
     run(main())
 

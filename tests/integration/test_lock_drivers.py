@@ -89,11 +89,13 @@ class Driver:
         for client in self._made:
             with contextlib.suppress(Exception):
                 self(client.aclose()) if self.is_async else client.close()
-        if self.loop is not None:  # as asyncio.run ends: background give-backs are cancelled
-            pending = asyncio.all_tasks(self.loop)
-            for task in pending:
-                task.cancel()
-            if pending:
+        if self.loop is not None:  # as asyncio.run ends: background give-backs are cancelled,
+            for _ in range(3):  # and those their cancellation starts
+                pending = asyncio.all_tasks(self.loop)
+                if not pending:
+                    break
+                for task in pending:
+                    task.cancel()
                 self.loop.run_until_complete(asyncio.wait(pending))
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
             self.loop.close()
