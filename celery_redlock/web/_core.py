@@ -44,6 +44,7 @@ from .._celery.options import settings_for
 from .._redis.clients import redact
 from .._redis.inventory import MAX_FILTER, HeldLock, Inventory, Released, check_filter
 from .._redis.keys import is_slot
+from ..cli._format import safe
 from ..cli._liveness import DEAD, Verdict, liveness, verdict
 from ..exceptions import LockConfigError, LockUnavailable
 from ..metrics import EVENTS, read_stats
@@ -89,8 +90,9 @@ class ActionResult:
 
 def _shown(text: str, limit: int = SHOWN_MAX) -> str:
     """``text`` as a log line or a message shows it: each unprintable character (newline,
-    carriage return, escape, U+2028...) escaped as ``repr`` does, cut to ``limit``."""
-    escaped = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    carriage return, escape, U+2028...) escaped as the command line shows it
+    (:func:`~celery_redlock.cli._format.safe`), cut to ``limit``."""
+    escaped = safe(text)
     return escaped if len(escaped) <= limit else f"{escaped[:limit]}... ({len(text)} characters)"
 
 
