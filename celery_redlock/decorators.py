@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, overload
 
@@ -132,6 +133,18 @@ def _runs(task: Any, wrapper: Any) -> bool:
     return getattr(run, "__func__", run) is wrapper
 
 
+#: A task option's name in a message (``lock_ttl``), and the word before it.
+_OPTION_NAME = re.compile(
+    r"\b(?:(option) )?lock_(" + "|".join(sorted(OPTIONS, key=len, reverse=True)) + r")\b"
+)
+
+
+def _in_keywords(message: str) -> str:
+    """A message of the options' checks in the decorator's words: ``option lock_ttl='x'``
+    becomes ``@single_instance keyword ttl='x'`` (the user wrote ``ttl=``)."""
+    return _OPTION_NAME.sub(lambda m: ("@single_instance keyword " if m[1] else "") + m[2], message)
+
+
 def _decorate(fun: Any, options: dict[str, Any]) -> Any:
     if isinstance(fun, (Proxy, Task)) or not inspect.isfunction(fun):
         raise TypeError(_WRONG_ORDER.format(name=_label(fun)))
@@ -154,7 +167,10 @@ def _decorate(fun: Any, options: dict[str, Any]) -> Any:
     raw = {OPTIONS[name].attr: value for name, value in options.items()}
     routing.adopt_all()  # the app of this task, unknown here, checks per-call options
     # bind=True is not known yet: check lock_by names against every parameter.
-    validated = validate_options(owner, raw, parameters_of(fun, bound=False))
+    try:
+        validated = validate_options(owner, raw, parameters_of(fun, bound=False))
+    except LockConfigError as exc:
+        raise LockConfigError(_in_keywords(str(exc))) from exc.__cause__
 
     @functools.wraps(fun)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

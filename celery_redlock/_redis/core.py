@@ -578,6 +578,16 @@ class LockCore:
             reason,
         )
 
+    def __getstate__(self) -> Any:
+        """Refuse pickling and copying (``copy.copy`` included): the owner token is the
+        ownership. Timeline this stops: (a) a copy is made while the lock is held; (b) the
+        original releases; (c) the copy still says it is held and extends or releases as the
+        owner, and in another process two objects would each act as the one holder."""
+        raise TypeError(
+            f"{self._kind} {self.name!r} cannot be pickled or copied: its owner token is its "
+            "ownership; build a new lock of that name where it is needed"
+        )
+
     def __repr__(self) -> str:
         state = "lost" if self._lost else "held" if self._token else "free"
         return f"<{self._kind} {self.key} {state} fencing_token={self._fencing_token}>"

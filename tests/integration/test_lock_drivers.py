@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import importlib.util
 import logging
 import os
+import pickle
 import re
 import signal
 import threading
@@ -371,6 +373,20 @@ def test_a_forked_child_leaves_its_parents_lock_alone(redis_url: str, r: redis_p
         assert os.waitstatus_to_exitcode(status) == 0
         assert r.get(lock.key) == lock.token.encode()
     assert r.get(lock.keys.lock) is None
+
+
+@pytest.mark.parametrize("how", ["pickle", "copy", "deepcopy"])
+def test_a_lock_cannot_be_pickled_or_copied(
+    d2: Driver, redis_url: str, r: redis_py.Redis, how: str
+) -> None:
+    """A copy would share the owner token: two objects each acting as the one holder."""
+    lock = d2.lock(redis_url, "copied", ttl=30)
+    assert d2(lock.acquire(blocking=False))
+    make = {"pickle": pickle.dumps, "copy": copy.copy, "deepcopy": copy.deepcopy}[how]
+    with pytest.raises(TypeError, match="'copied' cannot be pickled or copied: its owner token"):
+        make(lock)
+    d2(lock.release())
+    assert lock_keys(r) == []
 
 
 def test_a_fixed_ttl_lock_is_lost_by_its_clock_once_its_ttl_passed(

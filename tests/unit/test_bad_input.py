@@ -262,6 +262,26 @@ def test_a_lock_prefixed_decorator_keyword_says_to_drop_the_prefix() -> None:
     assert "drop the lock_ prefix: by=" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("keywords", "named"),
+    [
+        ({"limit": 0}, "@single_instance keyword limit=0 is invalid; expected an integer"),
+        ({"ttl": "abc"}, "@single_instance keyword ttl='abc' is invalid; expected a number"),
+        ({"limit": None}, "keyword limit=None (no exclusion) is invalid without rate"),
+    ],
+)
+def test_a_bad_decorator_keyword_is_named_as_the_user_wrote_it(
+    keywords: dict[str, object], named: str
+) -> None:
+    def work(account_id: int) -> None: ...
+
+    with pytest.raises(LockConfigError) as info:
+        single_instance(**keywords)(work)  # type: ignore[call-overload]
+    message = str(info.value)
+    assert named in message
+    assert "lock_" not in message  # the task options' names are not what was written
+
+
 def test_both_apis_on_one_task_are_refused_when_the_class_is_built(app: Celery) -> None:
     with pytest.raises(LockConfigError) as info:
 

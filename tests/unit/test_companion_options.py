@@ -19,10 +19,11 @@ def test_sub_millisecond_durations_are_refused_naming_task_and_option(option: st
         @app.task(base=LockedTask, shared=False, lazy=False, name="proj.tiny", **{option: 0.0004})
         def tiny() -> None: ...
 
-    with pytest.raises(LockConfigError, match=rf"{option}=0.0004 is invalid"):
+    keyword = option.removeprefix("lock_")
+    with pytest.raises(LockConfigError, match=rf"keyword {keyword}=0.0004 is invalid"):
 
         @app.task(shared=False, name="proj.decorated")
-        @single_instance(**{option.removeprefix("lock_"): 0.0004})
+        @single_instance(**{keyword: 0.0004})
         def decorated() -> None: ...
 
     @app.task(base=LockedTask, shared=False, lazy=False, name="proj.fine")

@@ -292,7 +292,7 @@ def test_single_instance_rejects_unknown_parameter_at_decoration() -> None:
 
 
 def test_single_instance_rejects_bad_ttl_at_decoration() -> None:
-    with pytest.raises(LockConfigError, match="lock_ttl=-1"):
+    with pytest.raises(LockConfigError, match="@single_instance keyword ttl=-1"):
 
         @single_instance(ttl=-1)
         def t() -> None: ...
