@@ -146,6 +146,19 @@ class LockedTask(Task):  # type: ignore[misc]
             return self.AsyncResult(queued)
         return super().apply_async(args, kwargs, task_id=task_id, **options)
 
+    def on_replace(self, sig: Any) -> Any:
+        """Release the lock, then let Celery publish the replacement (``self.replace()`` calls
+        this hook on every supported Celery, before its ``Ignore``), as before a retry.
+
+        The ``before_task_publish`` receiver also releases before a message marked as a
+        replacement (:mod:`celery_redlock._celery.wiring`), for ``@single_instance``, but
+        Celery before 5.3.5 leaves the mark off a chain built for a running task that is
+        itself in a chain: its first message then found the key held, and was skipped or
+        requeued for the whole lease.
+        """
+        engine.leave(self, cooldown=False)
+        return super().on_replace(sig)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request_stack.top
         if request is None or engine.called_directly(request):

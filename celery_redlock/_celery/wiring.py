@@ -17,9 +17,12 @@ for each way an attempt ends (measured on Celery 5.7, see ``docs/guide.md``):
   4. only now does ``Retry`` propagate out of the body.
 
   Releasing in step 4 would let the retry find its own earlier attempt's lock and skip itself.
-  ``self.replace()`` likewise publishes the replacement, with the same task id, before its
-  ``Ignore`` reaches ``execute``: released here too, or the replacement finds its own id
-  holding the key and is requeued for the lock's remaining TTL (a whole lease).
+  ``self.replace()`` likewise publishes the replacement before its ``Ignore`` reaches
+  ``execute``: released here too, or the replacement finds the key held. A task replacement
+  has the running task's id: it would be requeued for the lock's remaining TTL (a whole
+  lease). A chain's or group's first message has a new id (Celery gives the running id to a
+  chain's last task): under ``skip`` it would be skipped. Every message of a replacement
+  carries a ``replaced_task_nesting`` above the running request's, whatever its id.
 * hard time limit, child SIGKILL/OOM, ``revoke(terminate=True)``: the worker's main process
   (:mod:`celery_redlock._celery.parent`);
 * the whole worker killed: nobody; the TTL frees the key (see the engine's TTL rule).
@@ -170,16 +173,18 @@ def _on_before_task_publish(
     if task is None or not headers:
         return
     request = task.request
-    if headers.get("id") != request.id or request.called_directly:
+    if request.called_directly:
         return
-    if int(headers.get("retries") or 0) > int(request.retries or 0) or _replaces(
-        request, headers, properties
+    if _replaces(request, headers, properties) or (
+        headers.get("id") == request.id
+        and int(headers.get("retries") or 0) > int(request.retries or 0)
     ):
         leave(task, request, cooldown=False)
 
 
 def _replaces(request: Any, headers: Any, properties: Any) -> bool:
-    """Whether a message with ``request``'s task id is its replacement (``Task.replace()``).
+    """Whether a message published by the running ``request`` is (part of) its replacement
+    (``Task.replace()``): the task, or a chain's or group's message, whose id is new.
 
     Celery marks a replacement with a ``replaced_task_nesting`` one above the running
     request's: in the headers from Celery 5.3.5; before, in the message's properties, while the
