@@ -107,7 +107,10 @@ class LockedTask(Task):  # type: ignore[misc]
         3. Retries (``self.retry()``, ``autoretry_for``) always publish: an execution is never
            rejected by a marker. ``app.send_task()`` never looks at markers.
         4. If Redis does not answer, the call is published anyway (never dropped); the lock
-           still guarantees exclusion when it runs.
+           still guarantees exclusion when it runs. If the publish fails (the broker is down,
+           an argument does not serialize), the marker it set is cleared, owner-checked, as
+           the error propagates: a marker left behind would send every later call of the key
+           to a task id that was never queued, for ``lock_enqueue_ttl``.
         5. A ``lock_bypass`` call, and a call with callbacks or in a canvas (``link``,
            ``link_error``, a chain, a group or a chord), always publish and write no marker:
            the bypass runs on purpose; a canvas call de-duplicated would drop its callbacks
@@ -132,8 +135,10 @@ class LockedTask(Task):  # type: ignore[misc]
         ):
             return super().apply_async(args, kwargs, task_id=task_id, **options)
         task_id = task_id or uuid()
+        marked = False
         try:
             queued = engine.mark_queued(self, args, kwargs, task_id)
+            marked = queued is None
         except LockUnavailable as exc:
             logger.warning(
                 "%s: enqueue de-duplication skipped, Redis unavailable: %s", self.name, exc
@@ -144,7 +149,12 @@ class LockedTask(Task):  # type: ignore[misc]
                 "%s[%s] not queued: the same call is queued as %s", self.name, task_id, queued
             )
             return self.AsyncResult(queued)
-        return super().apply_async(args, kwargs, task_id=task_id, **options)
+        try:
+            return super().apply_async(args, kwargs, task_id=task_id, **options)
+        except BaseException:
+            if marked:  # never published: nothing is queued under this id
+                engine.clear_queued(self, args, kwargs, task_id)
+            raise
 
     def on_replace(self, sig: Any) -> Any:
         """Release the lock, then let Celery publish the replacement (``self.replace()`` calls

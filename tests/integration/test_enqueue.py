@@ -62,6 +62,29 @@ def test_a_queued_call_is_returned_instead_of_queued_again(
     assert not r.exists(marker)  # cleared when that execution started
 
 
+@pytest.mark.parametrize("mode", [True, "until_executed"])
+def test_a_failed_publish_leaves_no_marker(
+    app: Celery, r: redis_py.Redis, broker: redis_py.Redis, mode: object
+) -> None:
+    """A call whose publish raises (here an argument outside ``lock_by`` that JSON cannot
+    encode; a broker outage alike) is not queued: its marker is cleared as the error
+    propagates. Left behind, every later call of the key returned the never-published id
+    for ``lock_enqueue_ttl``, and none ran."""
+
+    @app.task(base=LockedTask, lock_enqueue=mode, lock_by=["account_id"])
+    def sync(account_id: int, extra: object = None) -> int:
+        return account_id
+
+    with pytest.raises(Exception, match="not JSON serializable"):
+        sync.delay(1, object())
+    assert not r.exists(queued_key(sync, 1))
+    assert broker.llen("celery") == 0
+    later = sync.delay(1)
+    assert r.get(queued_key(sync, 1)) == later.id.encode()
+    with running_worker(app):
+        assert later.get(timeout=10) == 1
+
+
 def test_one_running_and_one_queued(
     h: Holder, app: Celery, r: redis_py.Redis, broker: redis_py.Redis
 ) -> None:
