@@ -29,6 +29,9 @@ Where it is written:
   caller and the worker fails the call with ``LockConfigError`` without running its body.
 
 The worker validates the header again (:func:`call_spec`), whoever published it.
+
+A message the running call publishes under its own task id is a retry or a requeue by the
+lock, unless Celery marks it as the call's replacement (``self.replace()``): :func:`replaces`.
 """
 
 from __future__ import annotations
@@ -181,3 +184,17 @@ def first_attempt(header: Mapping[str, Any], now: float) -> float:
     if isinstance(first, (int, float)) and not isinstance(first, bool) and math.isfinite(first):
         return float(first)
     return now
+
+
+def replaces(request: Any, headers: Any, properties: Any) -> bool:
+    """Whether a message published by the running ``request`` is (part of) its replacement
+    (``Task.replace()``): the task, or a chain's or group's message, whose id is new.
+
+    Celery marks a replacement with a ``replaced_task_nesting`` one above the running
+    request's: in the headers from Celery 5.3.5; before, in the message's properties, while the
+    running request always reads 0 (the mark never reached it). A retry, and a requeue by the
+    lock, carry the running request's own. Celery before 5.3.5 leaves the mark off a chain
+    built for a running task that is itself a link of a chain.
+    """
+    nesting = headers.get("replaced_task_nesting", (properties or {}).get("replaced_task_nesting"))
+    return int(nesting or 0) > int(request.replaced_task_nesting or 0)

@@ -30,7 +30,9 @@ What is never superseded:
    (``self.retry()``, ``autoretry_for``) is stamped ``false`` here, although Celery copies the
    original headers into it; so are messages published while Redis was unreachable or refused
    the marker (``false``), messages without the header (older versions, eager calls) and
-   ``lock_bypass`` calls, which write no marker either. A requeue by the lock itself
+   ``lock_bypass`` calls, which write no marker either. A replacement (``self.replace()``)
+   is not such a message although it carries the running task id: it is a new call, numbered
+   (and debounced) as any. A requeue by the lock itself
    (contention ``retry``, ``lock_rate``), whose body did not start, keeps its number and is
    checked again when it comes back: an older call retried with jitter never runs after a
    newer one.
@@ -97,21 +99,30 @@ def publishing_task(name: str) -> Any:
     return task if task is not None else current_app.tasks.get(name)
 
 
-def _republished(headers: MutableMapping[str, Any]) -> bool:
-    """Whether this message requeues the execution running in this thread."""
+def _republished(headers: MutableMapping[str, Any], properties: Any) -> bool:
+    """Whether this message requeues the execution running in this thread: its task id and
+    task, and not its replacement (``self.replace()`` gives the running task id to another
+    call, a new one: numbered and debounced as any call)."""
     task = current_task._get_current_object()
     if task is None:
         return False
     request = task.request
-    return not request.called_directly and headers.get("id") == request.id
+    return (
+        not request.called_directly
+        and headers.get("id") == request.id
+        and headers.get("task") == task.name
+        and not calls.replaces(request, headers, properties)
+    )
 
 
-def on_publish(headers: MutableMapping[str, Any] | None, body: Any) -> None:
+def on_publish(
+    headers: MutableMapping[str, Any] | None, body: Any, properties: Any = None
+) -> None:
     """Number the call being published (see the module docstring); with a debounce, delay it."""
     _pending.call = None
     if not headers or "id" not in headers:
         return  # task protocol 1: the call is not marked, and runs
-    if _republished(headers):
+    if _republished(headers, properties):
         task = current_task._get_current_object()
         if HEADER in headers and not getattr(task.request, REQUEUE_ATTR, False):
             headers[HEADER] = False  # a started call is never superseded

@@ -175,31 +175,20 @@ def _on_before_task_publish(
     request = task.request
     if request.called_directly:
         return
-    if _replaces(request, headers, properties) or (
+    if calls.replaces(request, headers, properties) or (
         headers.get("id") == request.id
         and int(headers.get("retries") or 0) > int(request.retries or 0)
     ):
         leave(task, request, cooldown=False)
 
 
-def _replaces(request: Any, headers: Any, properties: Any) -> bool:
-    """Whether a message published by the running ``request`` is (part of) its replacement
-    (``Task.replace()``): the task, or a chain's or group's message, whose id is new.
-
-    Celery marks a replacement with a ``replaced_task_nesting`` one above the running
-    request's: in the headers from Celery 5.3.5; before, in the message's properties, while the
-    running request always reads 0 (the mark never reached it). A retry, and a requeue by the
-    lock, carry the running request's own.
-    """
-    nesting = headers.get("replaced_task_nesting", (properties or {}).get("replaced_task_nesting"))
-    return int(nesting or 0) > int(request.replaced_task_nesting or 0)
-
-
 @signals.before_task_publish.connect(weak=False)
-def _on_publish_newest(headers: Any = None, body: Any = None, **_: Any) -> None:
+def _on_publish_newest(
+    headers: Any = None, body: Any = None, properties: Any = None, **_: Any
+) -> None:
     """``lock_enqueue='replace'``, ``lock_debounce``: mark the call as its key's newest (and
     delay it), or stamp a requeue of the running call as never superseded."""
-    supersede.on_publish(headers, body)
+    supersede.on_publish(headers, body, properties)
 
 
 @signals.after_task_publish.connect(weak=False)

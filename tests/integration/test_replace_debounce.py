@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import redis as redis_py
 from celery import Celery, Task
+from celery import signals as celery_signals
 
 from celery_redlock import LockedTask, lock_key, single_instance
 from celery_redlock.testing import RedisServer, free_port, record_lock_events, wait_until
@@ -289,6 +290,61 @@ def test_a_failed_publish_supersedes_nothing(
         assert queued.get(timeout=10) == 1  # not superseded by the call that never existed
     assert ran == [0, 1]
     dead.close()
+
+
+@pytest.mark.parametrize("via", ["another-task", "the-task-itself"])
+@pytest.mark.parametrize("mode", ["replace", "debounce"])
+@pytest.mark.parametrize("api", APIS)
+def test_a_call_published_by_task_replace_is_numbered_as_any_call(
+    app: Celery, r: redis_py.Redis, api: str, mode: str, via: str
+) -> None:
+    """``self.replace()`` gives the running task's id to its replacement, a new call of the
+    locked task (here of key ``d``, replacing a call of another task, or of the same task on
+    key ``e``): it is numbered and becomes the newest (with a debounce, it is delayed too).
+    It used to pass for a requeue of the running call: unnumbered and run at once, so an older
+    queued call of the key still ran after it, with older arguments."""
+    ran: list[int] = []
+    etas: dict[str, Any] = {}
+
+    def reindex(self: Task, doc: str, version: int, to: str | None = None) -> int | None:
+        if to is not None:
+            raise self.replace(task.si(to, version))
+        ran.append(version)
+        return version
+
+    options: dict[str, Any] = {"enqueue": "replace"} if mode == "replace" else {"debounce": 3600}
+    task = define(app, api, reindex, by=["doc"], **options)
+
+    @app.task(bind=True, shared=False)
+    def other(self: Task, doc: str, version: int) -> None:
+        raise self.replace(task.si(doc, version))
+
+    def replacer_delay(doc: str, version: int) -> Any:
+        if via == "another-task":
+            return other.delay(doc, version)
+        # A bypass call is neither delayed by the debounce nor numbered: it runs at once.
+        return task.apply_async(("e", version), {"to": doc}, lock_bypass=True)
+
+    def record(headers: Any = None, **_: Any) -> None:
+        etas[headers["id"]] = headers.get("eta")
+
+    marker = lock_key(task, "d", 0) + ":newest"
+    older = task.apply_async(("d", 1), countdown=3600)  # queued: due in an hour
+    assert r.hget(marker, "id") == older.id.encode()
+    celery_signals.after_task_publish.connect(record)
+    try:
+        with running_worker(app):
+            newer = replacer_delay("d", 2)
+            wait_until(lambda: r.hget(marker, "id") == newer.id.encode(), 10, "the newest call")
+            if mode == "replace":
+                assert newer.get(timeout=10) == 2
+            else:
+                assert etas[newer.id] is not None  # the replacement waits for its debounce
+            older.revoke()
+            newer.revoke()
+    finally:
+        celery_signals.after_task_publish.disconnect(record)
+    assert ran == ([2] if mode == "replace" else [])
 
 
 @pytest.mark.parametrize("trial", range(3))

@@ -25,7 +25,7 @@ from celery_redlock import (
     single_instance,
 )
 from celery_redlock._celery.engine import TaskLock
-from celery_redlock._celery.wiring import _replaces
+from celery_redlock._celery.calls import replaces
 from celery_redlock._redis.scripts import AcquireResult
 from celery_redlock.testing import (
     HOLDER,
@@ -763,7 +763,7 @@ def test_an_eager_call_under_retry_fails_at_once_with_lock_contended(
 def test_celery_marks_a_replacement_with_a_nesting_above_the_running_requests(
     app: Celery,
 ) -> None:
-    """What the release before a replacement relies on (``wiring._replaces``), on every
+    """What the release before a replacement relies on (``calls.replaces``), on every
     supported Celery: ``Task.replace()`` publishes a message with the running task's id and a
     ``replaced_task_nesting`` above the running request's (in the headers from Celery 5.3.5, in
     the message's properties before); a retry carries the running request's own."""
@@ -773,7 +773,7 @@ def test_celery_marks_a_replacement_with_a_nesting_above_the_running_requests(
     def record(headers: Any = None, properties: Any = None, **_: Any) -> None:
         task = current_task._get_current_object()
         if task is not None and headers["id"] == task.request.id:
-            published.append((intent[-1], _replaces(task.request, headers, properties)))
+            published.append((intent[-1], replaces(task.request, headers, properties)))
 
     @app.task(bind=True, max_retries=1)
     def step(self: Task, n: int) -> str:
@@ -815,7 +815,7 @@ def test_celery_marks_a_chain_replacements_first_message_though_its_id_is_new(
         task = current_task._get_current_object()
         if task is not None and task.name == outer.name:
             same_id = headers["id"] == task.request.id
-            seen.append((same_id, _replaces(task.request, headers, properties)))
+            seen.append((same_id, replaces(task.request, headers, properties)))
 
     celery_signals.before_task_publish.connect(record)
     try:
