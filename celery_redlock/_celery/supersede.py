@@ -115,9 +115,7 @@ def _republished(headers: MutableMapping[str, Any], properties: Any) -> bool:
     )
 
 
-def on_publish(
-    headers: MutableMapping[str, Any] | None, body: Any, properties: Any = None
-) -> None:
+def on_publish(headers: MutableMapping[str, Any] | None, body: Any, properties: Any = None) -> None:
     """Number the call being published (see the module docstring); with a debounce, delay it."""
     _pending.call = None
     if not headers or "id" not in headers:

@@ -24,8 +24,8 @@ from celery_redlock import (
     lock_key,
     single_instance,
 )
-from celery_redlock._celery.engine import TaskLock
 from celery_redlock._celery.calls import replaces
+from celery_redlock._celery.engine import TaskLock
 from celery_redlock._redis.scripts import AcquireResult
 from celery_redlock.testing import (
     HOLDER,
