@@ -211,8 +211,20 @@ def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
     if logger.isEnabledFor(logging.DEBUG):
         logger.debug("%s[%s] acquired %s", task.name, request.id, lock.key)
     # A single-node lock reads its fencing token on first use (one round trip): only when
-    # someone listens for it.
-    fencing = lock.fencing_token if signals.lock_acquired.receivers else None
+    # someone listens for it. The lock is held by then: a read that fails gives the receivers
+    # None, and the call runs (failing it would leave its lock held until the TTL).
+    fencing = None
+    if signals.lock_acquired.receivers:
+        try:
+            fencing = lock.fencing_token
+        except LockUnavailable as exc:
+            logger.warning(
+                "%s[%s] acquired %s; lock_acquired gets no fencing token, reading it failed: %s",
+                task.name,
+                request.id,
+                lock.key,
+                exc,
+            )
     emit(
         task,
         request.id,

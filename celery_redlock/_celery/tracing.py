@@ -304,8 +304,11 @@ def traced_release(release: F) -> F:
     def wrapper(task: Any, request: Any, lock: Any, *args: Any, **kwargs: Any) -> Any:
         if not _holds:  # no hold span open anywhere (the usual case without a provider)
             return release(task, request, lock, *args, **kwargs)
-        span = _holds.pop((request.id or "", str(lock.key)), None)
-        released = release(task, request, lock, *args, **kwargs)
+        key = (request.id or "", str(lock.key))
+        try:  # the span stays findable while releasing: a loss found there is its event
+            released = release(task, request, lock, *args, **kwargs)
+        finally:
+            span = _holds.pop(key, None)
         if span is not None:
             try:
                 if released:

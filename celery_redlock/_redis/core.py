@@ -664,6 +664,7 @@ class LockCore:
             self._token = None
             raise LockLost(f"lock {self.key} expired or changed owner before release", key=self.key)
         self._token = None
+        self._fencing_token = None  # the number of an acquisition that ended
 
     def _extend_args(self, ttl: float | None) -> tuple[str, float]:
         """The token and TTL of an extend: ``ttl`` (default: the lock's), capped so that the

@@ -79,10 +79,14 @@ _block_guard = threading.Lock()
 
 
 def _forked() -> None:
-    """In a forked child: its own pid, and none of the parent's unused random bytes."""
-    global process_id, _block, _used
+    """In a forked child: its own pid, none of the parent's unused random bytes, and a guard
+    of its own. Timeline this stops: (a) a thread of the parent takes the guard to draw a
+    secret; (b) another thread forks; (c) the child's copy of the guard is held by a thread
+    the child does not have, and its first acquisition would wait forever."""
+    global process_id, _block, _used, _block_guard
     process_id = os.getpid()
     _block, _used = b"", 0
+    _block_guard = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forked)

@@ -268,6 +268,19 @@ def test_a_fencing_token_read_before_a_loss_is_none_after_it(
     r.delete(lock.key)
 
 
+def test_a_fencing_token_read_while_held_is_none_after_release(
+    d2: Driver, redis_url: str, r: redis_py.Redis
+) -> None:
+    """``None`` if not held: a token read (and cached) while held is not returned after the
+    release, when a write fenced with it would pass as the holder's."""
+    lock = d2.lock(redis_url, "fenced-then-released", ttl=10)
+    assert d2(lock.acquire(blocking=False))
+    assert lock.fencing_token is not None
+    d2(lock.release())
+    assert not lock.held and lock.fencing_token is None
+    assert lock_keys(r) == []
+
+
 # -- loss by clock (drift 2) ---------------------------------------------------------------------
 
 

@@ -224,6 +224,28 @@ def test_a_loss_found_by_the_renewal_thread_is_an_event_of_the_hold_span(
     assert parent_of(spans, hold).name == f"run/{renewed.name}"
 
 
+def test_a_loss_found_at_release_is_an_event_of_the_hold_span(
+    redis_server: RedisServer, app: Celery, spans: InMemorySpanExporter
+) -> None:
+    """The body deletes its own key (an eviction, an operator's mistake): the release finds
+    the lock gone, and the hold span says so, as the ``lock_lost`` signal does."""
+    client = redis_server.client()
+
+    @app.task(base=LockedTask)
+    def evicted() -> None:
+        client.delete(*lock_keys(client))
+
+    try:
+        with running_worker(app):
+            evicted.delay().get(timeout=10)
+            hold = one(spans, "redlock.hold")
+    finally:
+        client.close()
+    assert hold.attributes["redlock.outcome"] == "lost"
+    assert [e.name for e in hold.events] == ["redlock.lost"]
+    assert "no longer held by this owner at release" in hold.events[0].attributes["redlock.reason"]
+
+
 class Lines(logging.Handler):
     def __init__(self) -> None:
         super().__init__()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import threading
 
 from celery_redlock._redis import owner
@@ -49,3 +50,19 @@ def test_a_forked_child_never_hands_out_the_parents_unused_secrets() -> None:
     assert owner.current_pid() == os.getpid()
     assert not set(child_secrets) & set(parent_secrets)
     assert owner.new_token("t").split("|")[1] == str(os.getpid())
+
+
+def test_a_child_forked_while_a_secret_is_drawn_can_draw_its_own() -> None:
+    """A fork while another thread holds the secrets' guard (here the forking thread itself,
+    which makes it certain) leaves the child a guard of its own: its first secret used to
+    wait forever on a copy held by a thread it does not have."""
+    with owner._block_guard:
+        pid = os.fork()
+        if pid == 0:  # the child: SIGALRM ends it if the draw waits
+            signal.alarm(10)
+            try:
+                os._exit(0 if len(owner.new_secret()) == 32 else 2)
+            finally:
+                os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
