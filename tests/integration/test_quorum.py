@@ -162,10 +162,11 @@ def test_fencing_tokens_increase_through_lagging_and_stopped_nodes(
     def take() -> int:
         lock = Lock(urls(nodes), "job", ttl=10)
         assert lock.acquire(blocking=False)
+        token = lock.fencing_token
         lock.release()
-        assert lock.fencing_token is not None
-        tokens.append(lock.fencing_token)
-        return lock.fencing_token
+        assert token is not None
+        tokens.append(token)
+        return token
 
     take()
     # Node 0 saw acquisitions the others did not: its counter is far ahead.
