@@ -7,7 +7,15 @@ holder writing again). Every write, accepted or
 not, is appended to a log in the order PostgreSQL applied it: the row of the key is locked
 (``SELECT ... FOR UPDATE``) before the guarded ``UPDATE`` and the log ``INSERT``, in one
 transaction, so the log's ``seq`` order per key is the store's own order of writes. The
-history checker (:mod:`chaos.history`) reads it back as :class:`~chaos.history.StoreWrite`.
+history checker (:mod:`chaos.history`) reads it back, with each write's writer, as
+:class:`~chaos.history.StoreWrite`.
+
+A connection belongs to the process that made it. A prefork worker's pool children are forks:
+(1) a parent writes, making its connection; (2) it forks; (3) the child writes. Had the child
+used the inherited connection, both would speak on one socket and their statements and
+replies would interleave (a write applied in the wrong transaction, a reply read by the wrong
+process), and closing it in the child would end the parent's session. So the store remembers
+the pid that made its connection: a child makes its own, and leaves the parent's alone.
 
 Each run has its own two tables, named after a run id (``faults_<id>_state`` and
 ``faults_<id>_log``), dropped by :meth:`FencedStore.drop`.
@@ -15,6 +23,7 @@ Each run has its own two tables, named after a run id (``faults_<id>_state`` and
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -40,11 +49,18 @@ class FencedStore:
         self.state = f"faults_{run}_state"
         self.log = f"faults_{run}_log"
         self._conn: Any = None
+        #: The pid of the process that made ``_conn``.
+        self._pid = 0
 
     def connection(self) -> Any:
         """This process's connection (made on first use: a forked child makes its own)."""
+        if self._pid != os.getpid():
+            # Inherited across a fork: the parent's, never to be used or closed here (the
+            # object is dropped; psycopg does not end a connection another process made).
+            self._conn = None
         if self._conn is None or self._conn.closed:
             self._conn = psycopg.connect(self.dsn, autocommit=False)
+            self._pid = os.getpid()
         return self._conn
 
     def create(self) -> None:
@@ -86,14 +102,16 @@ class FencedStore:
     def writes(self) -> list[StoreWrite]:
         """The log, in the store's order."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            rows = conn.execute(f"SELECT seq, key, fence, accepted FROM {self.log} ORDER BY seq")
-            return [StoreWrite(int(s), str(k), int(f), bool(a)) for s, k, f, a in rows]
+            rows = conn.execute(
+                f"SELECT seq, key, fence, accepted, writer FROM {self.log} ORDER BY seq"
+            )
+            return [StoreWrite(int(s), str(k), int(f), bool(a), str(w)) for s, k, f, a, w in rows]
 
     def close(self) -> None:
-        """Close this process's connection (if any)."""
-        if self._conn is not None:
+        """Close this process's connection (if any; a parent's inherited one is left open)."""
+        if self._conn is not None and self._pid == os.getpid():
             self._conn.close()
-            self._conn = None
+        self._conn = None
 
     def drop(self) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:

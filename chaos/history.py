@@ -10,24 +10,51 @@ clocks are the ones a fault steps, never this one):
 ``body_start`` its body began; ``body_end``: it ended (normally or not)
 ``write``      a write through the token to the fenced store; ``accepted`` says how it went
 ``released``   the lock was released; ``lost``: the task saw its lock lost
-``final``      the call's end state (``state``), read from the result backend
+``final``      the call's end state (``state``), read from the result backend after the
+               run (stamped then: it says nothing of when the body ran)
 =============  ===================================================================
 
-The store keeps its own log of every write, in the order it applied them
+Any other kind is an error of the recorder: :class:`Event` refuses it (a typo such as
+``admited`` would otherwise drop a holder silently).
+
+The store keeps its own log of every write, in the order it applied them, with its writer
 (:class:`StoreWrite`, see :mod:`chaos.fenced_store`).
+
+A **holding** is one admission: from an ``admitted`` event to the call's next ``body_end``. A
+call admitted twice (a redelivery, a retry) holds twice, and each holding is judged (a body
+event belongs to the call's latest admission: two admissions of one call running at once
+cannot be told apart, as events carry no run id). A body
+that never recorded its end holds until its last event that proves it ran (``admitted``,
+``body_start``, ``write``, ``lost``), never until its ``released`` or ``final``. A holding
+is half-open, ``[admitted, ended)``: a holder admitted at the instant another ended follows
+it. It always holds its admission instant, though, so two admissions of one key at one
+instant overlap even if one body took no time.
 
 :func:`check` then judges:
 
-1. **overlaps**: two holders of one key whose bodies overlap in time. An overlap that lies
-   inside a fault window whose fault is a documented limit (:class:`Window` with ``limit``)
-   is *explained* and counted under that limit; any other is a violation;
+1. **overlaps**: two holdings of one key that overlap in time. An overlap that *begins*
+   inside a fault window (``start <= begin <= end``) whose fault is a documented limit
+   (:class:`Window` with ``limit``) is *explained* and counted under that limit; it may last
+   beyond the window (the stale holder runs on until its body ends), and the harness already
+   ends each window a lease after the heal. An overlap that began before the window cannot
+   have been caused by the fault, and any other is a violation;
 2. **stale writes**: the store accepted a write whose token was lower than a token it had
-   accepted before for that key (a violation; an equal token is the same holder writing
-   again); rejected writes are counted;
-3. **token order**: of two holders of a key, the one whose body ended before the other was
-   admitted has the smaller token (a violation otherwise, also when either has none);
-4. **lost calls**: a submitted call with no final state, or one outside :data:`FINAL_STATES`;
-5. **leftover keys**: lock keys present after the run (given by the harness).
+   accepted before for that key (a violation). A rejected write is counted if a larger token
+   was accepted before it; a rejection of a write whose token is at least every token
+   accepted so far is a *wrong rejection* (the fence refused the newest holder: a violation);
+3. **token order**: of two holdings of a key that do not overlap, the earlier one has the
+   smaller token (a violation otherwise, also when either has none);
+4. **shared tokens**: two holdings of a key with one token, or two writers accepted with one
+   token. Tokens are unique per acquisition (``docs/guide.md``, "Fencing tokens": they
+   strictly increase), and the fence lets an equal token through, so a shared token would
+   let a stale writer's writes in (a violation);
+5. **writes outside an admission**: a ``write`` of a call that held no admission then, or a
+   store write whose writer was never admitted for that key (a violation: nothing judged it);
+6. **lost calls**: a submitted call with no final state, or any call whose final state is
+   outside :data:`FINAL_STATES` (of two ``final`` events, the later one counts);
+7. **leftover keys**: lock keys present after the run (given by the harness);
+8. **an empty history**: no call submitted at all proves nothing (:attr:`Verdict.empty`:
+   the verdict is not ok, so the harness reports the phase failed and runs the next one).
 
 A call admitted without a token (``admitted`` with ``token`` None) and without a write is no
 holder: its lock was lost before its body read the token (``Lock.fencing_token`` is ``None``
@@ -51,6 +78,13 @@ from typing import Any
 #: did not answer and ``redlock_on_unavailable`` refused it (``UNAVAILABLE``).
 FINAL_STATES = frozenset({"SUCCESS", "LOST", "SKIPPED", "UNAVAILABLE"})
 
+#: Every kind of event (see the module docstring).
+KINDS = frozenset(
+    {"submitted", "admitted", "body_start", "body_end", "write", "released", "lost", "final"}
+)
+#: The kinds a body records while it runs: each proves that it ran at that moment.
+BODY_KINDS = frozenset({"admitted", "body_start", "write", "lost", "body_end"})
+
 
 @dataclass(frozen=True)
 class Event:
@@ -63,6 +97,13 @@ class Event:
     token: int | None = None
     accepted: bool | None = None
     state: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(
+                f"unknown event kind {self.kind!r} (call {self.call!r});"
+                f" the kinds are {', '.join(sorted(KINDS))}"
+            )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Event:
@@ -79,18 +120,20 @@ class Event:
 
 @dataclass(frozen=True)
 class StoreWrite:
-    """A write as the store applied it: in its own order (``seq``), with its verdict."""
+    """A write as the store applied it: in its own order (``seq``), with its verdict and the
+    call that made it (``writer``)."""
 
     seq: int
     key: str
     token: int
     accepted: bool
+    writer: str
 
 
 @dataclass(frozen=True)
 class Window:
     """A fault from ``start`` to ``end``. ``limit``: the documented limit it exercises (an
-    overlap inside it is explained), or ``None``: no overlap is allowed during it."""
+    overlap that begins inside it is explained), or ``None``: it explains no overlap."""
 
     fault: str
     start: float
@@ -100,13 +143,15 @@ class Window:
 
 @dataclass
 class Holding:
-    """One admitted holder of a key: when it was admitted and when its body ended."""
+    """One admission of a call: when it was admitted, when its body ended (or last showed it
+    ran), and how many writes it made."""
 
     call: str
     key: str
     token: int | None
     admitted: float
     ended: float
+    writes: int = 0
 
 
 @dataclass
@@ -118,23 +163,36 @@ class Verdict:
     overlap_max_s: dict[str, float] = field(default_factory=dict)
     overlaps_unexplained: list[tuple[str, str, str]] = field(default_factory=list)
     stale_accepted: list[StoreWrite] = field(default_factory=list)
+    #: Stale writes the store rejected (a larger token had been accepted before).
     rejected: int = 0
     accepted: int = 0
+    #: Writes the store rejected although no larger token had been accepted before them.
+    wrong_rejections: list[StoreWrite] = field(default_factory=list)
     token_inversions: list[tuple[str, str, str]] = field(default_factory=list)
+    #: ``(key, call, call)``: two holdings, or two accepted writers, with one token.
+    shared_tokens: list[tuple[str, str, str]] = field(default_factory=list)
+    #: ``(key, call)``: a write by a call outside its admissions, or never admitted.
+    unadmitted_writes: list[tuple[str, str]] = field(default_factory=list)
     lost_calls: list[str] = field(default_factory=list)
     leftover_keys: list[str] = field(default_factory=list)
     states: dict[str, int] = field(default_factory=dict)
     #: Calls admitted with their lock already lost (no token, no write): no holders.
     admitted_lost: int = 0
+    #: No call was submitted: the history proves nothing (a run that lost its records).
+    empty: bool = False
 
     @property
     def ok(self) -> bool:
         return not (
             self.overlaps_unexplained
             or self.stale_accepted
+            or self.wrong_rejections
             or self.token_inversions
+            or self.shared_tokens
+            or self.unadmitted_writes
             or self.lost_calls
             or self.leftover_keys
+            or self.empty
         )
 
     def summary(self) -> dict[str, Any]:
@@ -146,38 +204,69 @@ class Verdict:
             "stale_writes_accepted": len(self.stale_accepted),
             "stale_writes_rejected": self.rejected,
             "writes_accepted": self.accepted,
+            "wrong_rejections": len(self.wrong_rejections),
             "token_inversions": len(self.token_inversions),
+            "shared_tokens": len(self.shared_tokens),
+            "unadmitted_writes": len(self.unadmitted_writes),
             "lost_calls": len(self.lost_calls),
             "leftover_keys": len(self.leftover_keys),
             "admitted_lost": self.admitted_lost,
+            "empty": self.empty,
             "states": dict(self.states),
         }
 
 
 def holdings(events: Iterable[Event]) -> list[Holding]:
-    """Every admitted holder, from its ``admitted`` event to its ``body_end`` (or, for a body
-    that never recorded its end, the last event of the call: the last moment we know of)."""
-    found: dict[str, Holding] = {}
-    body_end: dict[str, float] = {}
-    last_seen: dict[str, float] = {}
+    """Every admission (see the module docstring), in the order of admission."""
+    return _unfold(events)[0]
+
+
+def _unfold(events: Iterable[Event]) -> tuple[list[Holding], list[Event]]:
+    """The holdings, and the ``write`` events made outside any admission of their call."""
+    found: list[Holding] = []
+    unheld: list[Event] = []
+    open_: dict[str, Holding] = {}
+    # Stable: events of one instant keep the order they were recorded in.
     for event in sorted(events, key=lambda e: e.at):
-        last_seen[event.call] = event.at
+        if event.kind not in BODY_KINDS:
+            continue  # submitted, released, final: nothing about when the body ran
         if event.kind == "admitted":
-            found[event.call] = Holding(event.call, event.key, event.token, event.at, event.at)
+            # A second admission is a holding of its own; the one before, if it recorded no
+            # end, ends at its last body event.
+            hold = Holding(event.call, event.key, event.token, event.at, event.at)
+            open_[event.call] = hold
+            found.append(hold)
+            continue
+        current = open_.get(event.call)
+        if current is None:
+            if event.kind == "write":
+                unheld.append(event)
+            continue
+        current.ended = event.at
+        if event.kind == "write":
+            current.writes += 1
         elif event.kind == "body_end":
-            body_end[event.call] = event.at
-    for call, hold in found.items():
-        hold.ended = body_end.get(call, last_seen[call])
-    return sorted(found.values(), key=lambda h: h.admitted)
+            del open_[event.call]
+    return sorted(found, key=lambda h: h.admitted), unheld
+
+
+def _overlap(a: Holding, b: Holding) -> bool:
+    """Whether two holdings overlap: half-open intervals, each holding its admission instant."""
+    return a.admitted == b.admitted or (a.admitted < b.ended and b.admitted < a.ended)
 
 
 def _explained(a: Holding, b: Holding, windows: Sequence[Window]) -> str | None:
-    """The limit of a fault window that covers the overlap of ``a`` and ``b``, if any."""
-    start, end = max(a.admitted, b.admitted), min(a.ended, b.ended)
+    """The limit of a fault window in which the overlap of ``a`` and ``b`` began, if any."""
+    begin = max(a.admitted, b.admitted)
     for w in windows:
-        if w.limit is not None and w.start <= end and start <= w.end:
+        if w.limit is not None and w.start <= begin <= w.end:
             return w.limit
     return None
+
+
+def _share(verdict: Verdict, key: str, a: str, b: str) -> None:
+    if all((k, {x, y}) != (key, {a, b}) for k, x, y in verdict.shared_tokens):
+        verdict.shared_tokens.append((key, a, b))
 
 
 def check(
@@ -188,17 +277,20 @@ def check(
 ) -> Verdict:
     """Judge a run (see the module docstring)."""
     events = list(events)
-    verdict = Verdict(leftover_keys=list(leftover_keys))
+    submitted = {e.call for e in events if e.kind == "submitted"}
+    verdict = Verdict(leftover_keys=list(leftover_keys), empty=not submitted)
+    holds, unheld = _unfold(events)
     by_key: dict[str, list[Holding]] = defaultdict(list)
-    wrote = {e.call for e in events if e.kind == "write"}
-    for hold in holdings(events):
-        if hold.token is None and hold.call not in wrote:
+    for hold in holds:
+        if hold.token is None and not hold.writes:
             verdict.admitted_lost += 1
         else:
             by_key[hold.key].append(hold)
-    for key, holds in by_key.items():
-        for a, b in itertools.combinations(holds, 2):
-            if a.admitted < b.ended and b.admitted < a.ended:
+    for key, held in by_key.items():
+        for a, b in itertools.combinations(held, 2):
+            if a.token is not None and a.token == b.token:
+                _share(verdict, key, a.call, b.call)
+            if _overlap(a, b):
                 limit = _explained(a, b, windows)
                 if limit is None:
                     verdict.overlaps_unexplained.append((key, a.call, b.call))
@@ -206,24 +298,38 @@ def check(
                     verdict.overlaps_explained[limit] = verdict.overlaps_explained.get(limit, 0) + 1
                     lasted = min(a.ended, b.ended) - max(a.admitted, b.admitted)
                     verdict.overlap_max_s[limit] = max(verdict.overlap_max_s.get(limit, 0), lasted)
+                continue
             first, second = (a, b) if a.ended <= b.admitted else (b, a)
-            if first.ended <= second.admitted and (
-                first.token is None or second.token is None or first.token >= second.token
-            ):
+            if first.token is None or second.token is None or first.token > second.token:
                 verdict.token_inversions.append((key, first.call, second.call))
-    best: dict[str, int] = {}
+    admitted = {(h.key, h.call) for h in holds}
+    for event in unheld:
+        if (event.key, event.call) not in verdict.unadmitted_writes:
+            verdict.unadmitted_writes.append((event.key, event.call))
+    best: dict[str, StoreWrite] = {}
     for w in sorted(writes, key=lambda w: w.seq):
+        if (w.key, w.writer) not in admitted and (w.key, w.writer) not in verdict.unadmitted_writes:
+            verdict.unadmitted_writes.append((w.key, w.writer))
+        top = best.get(w.key)
         if not w.accepted:
-            verdict.rejected += 1
+            if top is not None and w.token < top.token:
+                verdict.rejected += 1
+            else:
+                verdict.wrong_rejections.append(w)
             continue
         verdict.accepted += 1
-        if w.key in best and w.token < best[w.key]:
+        if top is not None and w.token < top.token:
             verdict.stale_accepted.append(w)
-        best[w.key] = max(best.get(w.key, w.token), w.token)
-    submitted = {e.call for e in events if e.kind == "submitted"}
-    finals = {e.call: e.state or "" for e in events if e.kind == "final"}
-    for call in sorted(submitted):
-        state = finals.get(call)
+            continue
+        if top is not None and w.token == top.token and w.writer != top.writer:
+            _share(verdict, w.key, top.writer, w.writer)
+        best[w.key] = w
+    finals: dict[str, Event] = {}
+    for e in events:
+        if e.kind == "final" and (e.call not in finals or e.at >= finals[e.call].at):
+            finals[e.call] = e
+    for call in sorted(submitted | set(finals)):
+        state = finals[call].state if call in finals else None
         verdict.states[state or "none"] = verdict.states.get(state or "none", 0) + 1
         if state not in FINAL_STATES:
             verdict.lost_calls.append(call)

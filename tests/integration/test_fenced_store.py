@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import threading
 from collections.abc import Iterator
@@ -31,14 +32,16 @@ def test_a_stale_holder_s_write_is_refused_after_a_newer_holder_wrote(
     assert stale is not None
     r.delete(old.key)  # its lease ran out while it was paused, say
     new = Lock(r, "account", ttl=10)
-    assert new.acquire(blocking=False) and new.fencing_token is not None
-    assert store.write("account", new.fencing_token, "new")
+    assert new.acquire(blocking=False)
+    token = new.fencing_token  # read while held: it is None once released
+    assert token is not None
+    assert store.write("account", token, "new")
     assert not store.write("account", stale, "old")  # arrives last, refused
-    assert store.write("account", new.fencing_token, "new")  # the holder writes again
+    assert store.write("account", token, "new")  # the holder writes again
     new.release()
     writes = store.writes()
-    expected = [(new.fencing_token, True), (stale, False), (new.fencing_token, True)]
-    assert [(w.token, w.accepted) for w in writes] == expected
+    expected = [(token, True, "new"), (stale, False, "old"), (token, True, "new")]
+    assert [(w.token, w.accepted, w.writer) for w in writes] == expected
 
 
 def test_racing_writers_never_get_a_lower_token_accepted_after_a_higher_one(
@@ -62,7 +65,33 @@ def test_racing_writers_never_get_a_lower_token_accepted_after_a_higher_one(
         t.join()
     writes = store.writes()
     assert len(writes) == 200
-    verdict = check([], writes)
-    assert verdict.ok and not verdict.stale_accepted
+    verdict = check([], writes)  # the store's log alone: no history of holders
+    assert not verdict.stale_accepted and not verdict.wrong_rejections
     assert max(w.token for w in writes if w.accepted) == 200
     assert verdict.rejected > 0
+
+
+def test_a_forked_child_writes_on_a_connection_of_its_own(store: FencedStore) -> None:
+    """A prefork pool child inherits the store with its parent's connection: it makes its own,
+    and closing it leaves the parent's open."""
+    assert store.write("k", 10, "parent")  # the parent's connection is made
+    parent = store.connection().info.backend_pid
+    pid = os.fork()
+    if pid == 0:  # the child: no assertion may raise here, only the exit code says
+        code = 3
+        try:
+            if store.connection().info.backend_pid == parent:
+                code = 2  # the parent's session
+            elif store.write("k", 11, "child"):
+                code = 0
+            store.close()
+        except BaseException:
+            code = 4
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert store.connection().info.backend_pid == parent  # still open, still its own
+    assert store.write("k", 12, "parent")
+    store.close()
+    writes = [(w.token, w.accepted, w.writer) for w in store.writes()]
+    assert writes == [(10, True, "parent"), (11, True, "child"), (12, True, "parent")]

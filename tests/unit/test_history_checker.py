@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from chaos.history import Event, StoreWrite, Window, check, takeover_times
+import pytest
+
+from chaos.history import Event, StoreWrite, Window, check, holdings, takeover_times
 
 
 def call(
@@ -20,7 +22,7 @@ def call(
 
 def test_a_clean_history_passes() -> None:
     events = call("a", "k", 10, 1, 2) + call("b", "k", 11, 3, 4) + call("c", "j", 5, 1, 4)
-    writes = [StoreWrite(1, "k", 10, True), StoreWrite(2, "k", 11, True)]
+    writes = [StoreWrite(1, "k", 10, True, "a"), StoreWrite(2, "k", 11, True, "b")]
     verdict = check(events, writes)
     assert verdict.ok, verdict.summary()
     assert verdict.summary()["writes_accepted"] == 2
@@ -45,12 +47,12 @@ def test_an_overlap_inside_a_documented_limit_s_window_is_counted_not_failed() -
 
 def test_a_stale_write_accepted_is_a_violation_and_rejections_are_counted() -> None:
     events = call("a", "k", 10, 1, 2) + call("b", "k", 11, 3, 4)
-    writes = [StoreWrite(1, "k", 11, True), StoreWrite(2, "k", 10, False)]
+    writes = [StoreWrite(1, "k", 11, True, "b"), StoreWrite(2, "k", 10, False, "a")]
     verdict = check(events, writes)
     assert verdict.ok and verdict.rejected == 1
-    stale = check(events, [StoreWrite(1, "k", 11, True), StoreWrite(2, "k", 10, True)])
+    stale = check(events, [StoreWrite(1, "k", 11, True, "b"), StoreWrite(2, "k", 10, True, "a")])
     assert not stale.ok and [w.seq for w in stale.stale_accepted] == [2]
-    again = check(events, [StoreWrite(1, "k", 11, True), StoreWrite(2, "k", 11, True)])
+    again = check(events, [StoreWrite(1, "k", 11, True, "b"), StoreWrite(2, "k", 11, True, "b")])
     assert again.ok  # the same holder writing twice
 
 
@@ -104,3 +106,131 @@ def test_leftover_keys_fail_the_run() -> None:
 def test_takeover_time_is_from_the_fault_to_the_next_holder() -> None:
     events = call("a", "k", 10, 1, 9) + call("b", "k", 11, 4.5, 6)
     assert takeover_times(events, [Window("pause", 2.0, 8.0)]) == [2.5]
+
+
+def test_an_overlap_that_began_before_a_fault_window_is_not_explained_by_it() -> None:
+    # A real exclusion failure of the warm-up that lasts into the fault: not the fault's doing.
+    clock = [Window("clock-forward", 5, 9, limit="clock stepped forward")]
+    early = check(call("c", "k", 10, 1.0, 5.2) + call("d", "k", 11, 2.0, 5.3), [], clock)
+    assert early.overlaps_unexplained == [("k", "c", "d")] and not early.overlaps_explained
+    pause = [Window("pause-holder", 19.5, 30, limit="holder paused past its lease")]
+    long = check(call("a", "k", 10, 1, 20) + call("b", "k", 11, 2, 21), [], pause)
+    assert long.overlaps_unexplained == [("k", "a", "b")]
+    # One that begins inside the window may outlast it: the paused holder runs on.
+    late = check(call("a", "k", 10, 1, 8) + call("b", "k", 11, 6, 9), [], clock)
+    assert late.ok and late.overlaps_explained == {"clock stepped forward": 1}
+
+
+def test_each_admission_of_a_call_is_a_holding_of_its_own() -> None:
+    def twice(first: int, second: int) -> list[Event]:
+        return [
+            Event(0.5, "a", "submitted", "k"),
+            Event(1, "a", "admitted", "k", token=first),
+            Event(1.01, "a", "body_start", "k"),
+            Event(3, "a", "body_end", "k"),
+            Event(5, "a", "admitted", "k", token=second),  # redelivered
+            Event(5.01, "a", "body_start", "k"),
+            Event(6, "a", "body_end", "k"),
+            Event(7, "a", "final", "k", state="SUCCESS"),
+        ]
+
+    runs = [(h.call, h.admitted, h.ended) for h in holdings(twice(10, 12))]
+    assert runs == [("a", 1, 3), ("a", 5, 6)]
+    verdict = check(twice(10, 12) + call("b", "k", 11, 2, 4), [])
+    assert verdict.overlaps_unexplained == [("k", "a", "b")]  # the first run overlaps b
+    inverted = check(twice(12, 13) + call("b", "k", 11, 3.5, 4), [])
+    assert inverted.token_inversions == [("k", "a", "b")] and not inverted.overlaps_unexplained
+
+
+def test_a_holder_without_its_end_holds_until_its_last_body_event_not_its_final() -> None:
+    # The harness stamps ``final`` when it collects the results, long after the run.
+    a = [
+        Event(0.5, "a", "submitted", "k"),
+        Event(1.0, "a", "admitted", "k", token=10),
+        Event(1.01, "a", "body_start", "k"),
+        Event(1.5, "a", "write", "k", token=10, accepted=True),
+        Event(1.6, "a", "released", "k"),
+        Event(30.0, "a", "final", state="SUCCESS"),
+    ]
+    verdict = check(a + call("b", "k", 11, 12, 13), [])
+    assert verdict.ok, verdict.summary()
+    assert [(h.call, h.ended) for h in holdings(a)] == [("a", 1.5)]
+
+
+def test_an_unknown_event_kind_is_an_error_not_ignored() -> None:
+    with pytest.raises(ValueError, match=r"unknown event kind 'admited' .*admitted, body_end"):
+        Event(1, "a", "admited", "k", token=10)
+    with pytest.raises(ValueError, match="'admited'"):
+        Event.from_dict({"at": 1, "call": "a", "kind": "admited", "key": "k"})
+
+
+def test_an_empty_history_proves_nothing() -> None:
+    verdict = check([], [])
+    assert not verdict.ok and verdict.empty and verdict.summary()["empty"] is True
+    assert not check(call("a", "k", 10, 1, 2), []).empty
+
+
+def test_of_two_final_events_the_later_one_counts() -> None:
+    ran = [e for e in call("a", "k", 10, 1, 2) if e.kind != "final"]
+    later_bad = [
+        Event(9, "a", "final", "k", state="BOGUS"),
+        Event(3, "a", "final", "k", state="SUCCESS"),
+    ]
+    assert check(ran + later_bad, []).lost_calls == ["a"]
+    later_good = [
+        Event(9, "a", "final", "k", state="SUCCESS"),
+        Event(3, "a", "final", "k", state="BOGUS"),
+    ]
+    assert check(ran + later_good, []).ok
+
+
+def test_a_final_state_is_judged_even_without_its_submission() -> None:
+    unsubmitted = [e for e in call("a", "k", 10, 1, 2, state="WEIRD") if e.kind != "submitted"]
+    verdict = check(call("b", "k", 11, 3, 4) + unsubmitted, [])
+    assert verdict.lost_calls == ["a"] and not verdict.ok
+
+
+def test_two_admissions_of_a_key_at_one_instant_overlap_even_with_an_empty_body() -> None:
+    # Holdings are half-open, [admitted, ended), but each holds its admission instant.
+    verdict = check(call("a", "k", 10, 2, 2) + call("b", "k", 11, 2, 3), [])
+    assert verdict.overlaps_unexplained == [("k", "a", "b")]
+    handover = check(call("a", "k", 10, 1, 2) + call("b", "k", 11, 2, 3), [])
+    assert handover.ok  # admitted at the instant the other ended: it follows it
+
+
+def test_a_rejected_write_of_the_newest_token_is_a_violation() -> None:
+    events = call("a", "k", 10, 1, 2) + call("b", "k", 11, 3, 4)
+    wrong = check(events, [StoreWrite(1, "k", 10, True, "a"), StoreWrite(2, "k", 11, False, "b")])
+    assert [w.seq for w in wrong.wrong_rejections] == [2] and wrong.rejected == 0
+    assert not wrong.ok and wrong.summary()["wrong_rejections"] == 1
+    first = check(events, [StoreWrite(1, "k", 10, False, "a")])
+    assert [w.seq for w in first.wrong_rejections] == [1] and not first.ok
+
+
+def test_a_write_outside_every_admission_of_its_call_is_a_violation() -> None:
+    stranger = [
+        Event(0.5, "x", "submitted", "k"),
+        Event(3, "x", "write", "k", token=11, accepted=True),
+        Event(5, "x", "final", "k", state="SUCCESS"),
+    ]
+    events = call("b", "k", 11, 2, 4) + stranger
+    verdict = check(events, [])
+    assert verdict.unadmitted_writes == [("k", "x")] and not verdict.ok
+    after_end = [*call("a", "k", 10, 1, 2), Event(2.2, "a", "write", "k", token=10)]
+    assert check(after_end, []).unadmitted_writes == [("k", "a")]
+    store = check(call("b", "k", 11, 2, 4), [StoreWrite(1, "k", 11, True, "y")])
+    assert store.unadmitted_writes == [("k", "y")] and not store.ok
+
+
+def test_two_holders_sharing_a_token_are_a_violation_even_inside_a_limit_s_window() -> None:
+    events = call("a", "k", 10, 1, 3) + call("b", "k", 10, 2, 4)
+    window = [Window("pause-holder", 1.5, 3.5, limit="holder paused")]
+    verdict = check(events, [], window)
+    assert verdict.overlaps_explained == {"holder paused": 1}
+    assert verdict.shared_tokens == [("k", "a", "b")] and not verdict.ok
+    # Seen by the store alone (the holders' tokens were not recorded): the fence let both in.
+    writes = [StoreWrite(1, "k", 10, True, "a"), StoreWrite(2, "k", 10, True, "b")]
+    untold = [e if e.kind != "admitted" else Event(e.at, e.call, e.kind, e.key) for e in events]
+    by_store = check(untold, writes, window)
+    assert by_store.shared_tokens == [("k", "a", "b")] and not by_store.stale_accepted
+    assert not by_store.ok
