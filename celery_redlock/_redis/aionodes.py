@@ -39,7 +39,7 @@ import redis as redis_py
 import redis.asyncio as aioredis
 
 from . import scripts as _scripts
-from .clients import check_client, node_name, redact
+from .clients import check_client, node_name, redact, validate_url
 from .core import (
     Extended,
     Outcome,
@@ -126,12 +126,17 @@ def _pool_for(url: str, options: dict[str, Any]) -> Any:
 
 
 def check_url(url: str) -> None:
-    """ValueError for a URL scheme :func:`client_for` does not build clients for."""
+    """ValueError for a URL scheme :func:`client_for` does not build clients for, or a URL
+    no client could be built from (:func:`~celery_redlock._redis.clients.validate_url`)."""
     if not url.startswith(SCHEMES):
         raise ValueError(
             f"an asyncio Lock builds clients for {', '.join(SCHEMES)} URLs only, got "
             f"{redact(url)}: pass a redis.asyncio client (Sentinel, Cluster) instead"
         )
+    try:
+        validate_url(url)
+    except ValueError as exc:
+        raise ValueError(f"{redact(url)} is not a valid Redis URL: {exc}") from None
 
 
 async def run_script(client: Any, source: str, call: Call) -> Any:

@@ -89,6 +89,10 @@ def client_for(url: str, timeout: float | None = None) -> Any:
             if "socket_connect_timeout=" not in url:
                 options["socket_connect_timeout"] = timeout or 2.0
             try:
+                validate_url(url)
+            except ValueError as exc:
+                raise ValueError(f"{redact(url)} is not a valid Redis URL: {exc}") from None
+            try:
                 client = _connect(url, options)
             except UNAVAILABLE_ERRORS as exc:  # a Cluster client connects when built
                 raise LockUnavailable(
@@ -98,8 +102,11 @@ def client_for(url: str, timeout: float | None = None) -> Any:
         return client
 
 
-#: ``user:password@`` after a ``/`` or ``:`` (also in malformed URLs such as ``redis//u:p@h``).
-_USERINFO = re.compile(r"(?<=[/:])[^\s/@]*@")
+#: ``user:password@`` after a ``/`` or ``:`` (also in malformed URLs such as ``redis//u:p@h``
+#: and passwords holding an unencoded ``/``), up to the last ``@`` before a space or a quote.
+_USERINFO = re.compile(r"(?<=[/:])(?!/)[^\s'\"]*@")
+#: ``user:pass word@`` right after ``://``: a password holding a space (redis-py accepts it).
+_SPACED_USERINFO = re.compile(r"(?<=://)[^/\n'\"]*@")
 #: ``password=...`` (``sentinel_password=`` too) in a query string or a message.
 _PASSWORD_PARAM = re.compile(r"(password=)[^&\s'\"]*", re.IGNORECASE)
 
@@ -108,9 +115,12 @@ def redact(text: Any) -> str:
     """``text`` (a URL, a list of them, a message) with anything like credentials hidden.
 
     ``redis://user:secret@host:6379/0`` becomes ``redis://***@host:6379/0``; so do malformed
-    forms (``redis//u:pw@h``, ``redis:/u:pw@h``), and ``password=`` query values become ``***``.
+    forms (``redis//u:pw@h``, ``redis:/u:pw@h``, ``redis://u:p/w@h``, ``redis://u:p w@h``), and
+    ``password=`` query values become ``***``. It errs on the side of hiding: in a message where
+    a URL without a path is followed by an ``@`` on the same line, the text between is hidden.
     """
-    return _PASSWORD_PARAM.sub(r"\1***", _USERINFO.sub("***@", str(text)))
+    hidden = _USERINFO.sub("***@", _SPACED_USERINFO.sub("***@", str(text)))
+    return _PASSWORD_PARAM.sub(r"\1***", hidden)
 
 
 _LOCALHOST = {"localhost": "127.0.0.1", "::1": "127.0.0.1", "[::1]": "127.0.0.1"}
@@ -120,8 +130,9 @@ def node_identity(url: str) -> tuple[Any, ...]:
     """What makes two URLs the same Redis database: scheme family, hosts, ports, database.
 
     Parses ``url`` as :func:`client_for` would, without connecting; raises :class:`ValueError`
-    for a URL that no client could be built from (a port that is not a number, say).
+    (see :func:`validate_url`) for a URL that no client could be built from.
     """
+    validate_url(url)
     scheme = url.partition("://")[0]
     if scheme.endswith(("+sentinel", "+cluster")):
         _, nodes, path, _ = _split(url)
@@ -133,6 +144,78 @@ def node_identity(url: str) -> tuple[Any, ...]:
         return ("unix", kwargs["path"], db)
     host = str(kwargs.get("host") or "localhost").lower()
     return ("tcp", _LOCALHOST.get(host, host), int(kwargs.get("port") or 6379), db)
+
+
+#: Query options of the Sentinel and Cluster forms (the plain forms take redis-py's).
+_TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs")
+_CERT_REQS = ("none", "optional", "required")
+
+
+def validate_url(url: str) -> None:
+    """Raise :class:`ValueError` if no client could be built from ``url``; never connects.
+
+    Caught here, not at the first lock: a scheme this package does not build clients for, a
+    ``user:password`` holding an unencoded ``/`` or ``#`` (it would be read as the path), a
+    port or database that is not a number, a query option redis-py does not take
+    (``?sockettimeout=3``) or a bad value of one (``ssl_cert_reqs=maybe``), a Sentinel URL
+    without its service, and Celery's ``;``-separated failover form (a quorum is a list). The
+    message never contains the credentials.
+    """
+    if not url.startswith(SCHEMES):
+        raise ValueError(f"the scheme is not one of {', '.join(s[:-3] for s in SCHEMES)}")
+    if re.search(r";\s*[a-z+]+://", url):
+        raise ValueError(
+            "it holds ';' (Celery's failover form): give one URL, or a quorum as a list of URLs"
+        )
+    parts = urlsplit(url)
+    if "@" in parts.path or "@" in parts.fragment:
+        raise ValueError(
+            "its user name or password holds '/' or '#': percent-encode them (%2F, %23)"
+        )
+    scheme = parts.scheme
+    if scheme.endswith(("+sentinel", "+cluster")):
+        _validate_multi_host(url, scheme)
+        return
+    try:
+        parts.port  # noqa: B018 (a ValueError for a port that is not a number)
+    except ValueError:
+        raise ValueError("its port is not a number") from None
+    if scheme != "unix" and not re.fullmatch(r"/?(\d+/?)?", parts.path):
+        raise ValueError(f"its database {parts.path!r} is not a number (redis://host:port/<db>)")
+    try:
+        pool = redis_py.ConnectionPool.from_url(url)
+        pool.connection_class(**pool.connection_kwargs)
+    except TypeError as exc:
+        raise ValueError(f"a query option is not one redis-py takes ({exc})") from None
+    except (ValueError, redis_py.exceptions.RedisError) as exc:
+        raise ValueError(f"a query option has a bad value ({redact(exc)})") from None
+
+
+def _validate_multi_host(url: str, scheme: str) -> None:
+    try:
+        auth, nodes, path, query = _split(url)
+    except ValueError:
+        raise ValueError("a port is not a number") from None
+    if not all(host for host, _ in nodes):
+        raise ValueError("a host is missing (host:port[,host:port...])")
+    accepted = ["sentinel_password"] if scheme.endswith("+sentinel") else []
+    unknown = sorted(set(query) - set(accepted))
+    if unknown:
+        if scheme.startswith("rediss"):
+            accepted += _TLS_OPTIONS
+        raise ValueError(
+            f"query option {unknown[0]!r} is not taken by a {scheme}:// URL "
+            f"(it takes {', '.join(accepted) or 'none'})"
+        )
+    if auth.get("ssl_cert_reqs", "none") not in _CERT_REQS:
+        raise ValueError(f"ssl_cert_reqs takes {', '.join(_CERT_REQS)}")
+    if scheme.endswith("+cluster"):
+        if path not in ([], ["0"]):
+            raise ValueError("a Redis Cluster has database 0 only: end the URL at host:port/")
+    elif not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ValueError(
+            f"a {scheme}:// URL names the service and may name a database: .../<service>[/<db>]"
+        )
 
 
 def _connect(url: str, options: dict[str, Any]) -> Any:
@@ -158,7 +241,7 @@ def _split(url: str) -> tuple[dict[str, Any], list[tuple[str, int]], list[str], 
     query = dict(parse_qsl(parts.query))
     if parts.scheme.startswith("rediss"):
         auth["ssl"] = True
-        for name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs"):
+        for name in _TLS_OPTIONS:
             if name in query:
                 auth[name] = query.pop(name)
     nodes = []

@@ -6,15 +6,18 @@ No Redis is contacted: every URL here is only parsed.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from celery import Celery
 
+import celery_redlock.asyncio
 from celery_redlock import LockConfigError, LockedTask, lock_key, single_instance
 from celery_redlock._celery.options import MAX_SECONDS, reset_settings, settings_for
 from celery_redlock._redis import keys as _keys
+from celery_redlock._redis.clients import redact
 
 LOCK_URL = "redis://127.0.0.1:1/0"  # never connected to
 PASSWORD = "hunter2"
@@ -92,6 +95,86 @@ def test_a_failed_call_does_not_show_the_password_in_its_result(app: Celery, url
     assert isinstance(result.result, LockConfigError)
     assert PASSWORD not in str(result.result)
     assert PASSWORD not in (result.traceback or "")
+
+
+#: URLs that parse but that no client could use, and what the refusal says.
+UNUSABLE = [
+    (f"redis://admin:{PASSWORD}/abc@h:1/0", "percent-encode"),
+    (f"redis+sentinel://:{PASSWORD}/x@h:1/m", "percent-encode"),
+    (f"redis://:{PASSWORD}@h:1/l", "database '/l' is not a number"),
+    (f"redis://:{PASSWORD}@h:1/0?sockettimeout=3", "sockettimeout"),
+    (f"rediss://:{PASSWORD}@h:1/0?ssl_cert_reqs=maybe", "maybe"),
+    (f"redis://:{PASSWORD}@h:1/0?socket_timeout=abc", "socket_timeout"),
+    (f"redis+sentinel://:{PASSWORD}@h:1/", "names the service"),
+    (f"redis+sentinel://:{PASSWORD}@h:1/mymaster/x", "names the service"),
+    (f"redis+sentinel://:{PASSWORD}@h:1/m?socket_timeout=3", "'socket_timeout' is not taken"),
+    (f"rediss+sentinel://:{PASSWORD}@h:1/m?ssl_cert_reqs=maybe", "ssl_cert_reqs takes"),
+    (f"redis+cluster://:{PASSWORD}@h:1/3", "database 0 only"),
+    (f"redis://:{PASSWORD}@h:1/1;redis://h:2/1", "failover form"),
+]
+
+
+@pytest.mark.parametrize(("url", "says"), UNUSABLE)
+def test_an_unusable_url_is_refused_at_the_settings_read_without_its_password(
+    app: Celery, url: str, says: str
+) -> None:
+    app.conf.redlock_url = url
+    with pytest.raises(LockConfigError, match="setting redlock_url=") as info:
+        settings_for(app)
+    assert says in str(info.value)
+    assert PASSWORD not in str(info.value)
+
+
+@pytest.mark.parametrize(("url", "says"), UNUSABLE)
+def test_an_unusable_url_given_to_a_lock_is_a_value_error_without_its_password(
+    url: str, says: str
+) -> None:
+    async def acquire() -> None:
+        await celery_redlock.asyncio.Lock(url, "job").acquire(blocking=False)
+
+    attempts = [lambda: celery_redlock.Lock(url, "job").acquire(blocking=False)]
+    if "+" not in url.partition("://")[0]:  # the asyncio Lock takes Sentinel/Cluster clients only
+        attempts.append(lambda: asyncio.run(acquire()))
+    for attempt in attempts:
+        with pytest.raises(ValueError, match="is not a valid Redis URL") as info:
+            attempt()
+        assert says in str(info.value)
+        assert PASSWORD not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "redis://h:1",
+        "redis://h:1/2/",
+        f"redis://u:{PASSWORD}%2Fx@h:1/0",
+        "unix:///tmp/redis.sock?db=3",
+        "rediss://h:1/0?ssl_cert_reqs=none",
+        "redis+sentinel://h:1,h:2/mymaster/1?sentinel_password=x",
+        "rediss+sentinel://h:1/m?ssl_cert_reqs=required",
+        "redis+cluster://h:1,h:2/",
+        "redis+cluster://h:1/0",
+    ],
+)
+def test_a_usable_url_is_accepted(app: Celery, url: str) -> None:
+    app.conf.redlock_url = url
+    assert settings_for(app).url == url
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"redis://admin:{PASSWORD}/abc@h:1/0",
+        f"redis://user:pa {PASSWORD}@h:1/0",
+        f"redis+sentinel://:{PASSWORD}/pw@h:1/m",
+        f"redis://u:p@{PASSWORD}@h:1/0",
+        f"['redis://h:1', 'redis://u:{PASSWORD}@h:2']",
+    ],
+)
+def test_redaction_hides_passwords_with_slashes_spaces_and_at_signs(text: str) -> None:
+    hidden = redact(text)
+    assert PASSWORD not in hidden
+    assert "h:1" in hidden and "***@" in hidden
 
 
 # -- row 6: the same node twice in a quorum -------------------------------------------------------
