@@ -676,7 +676,9 @@ def _tell_once(app: Any, message: str) -> None:
 
 def unknown_settings(app: Any) -> list[str]:
     """A message for each ``redlock_*``/``CELERY_REDLOCK_*`` key of ``app.conf`` that is no
-    setting (a misspelling is silently ignored by Celery), with a "did you mean" hint."""
+    setting (a misspelling is silently ignored by Celery), with a "did you mean" hint, and for
+    each key that names a setting but is spelled so that Celery does not hand it over
+    (``REDLOCK_URL``; ``CELERY_REDLOCK_URL`` without ``namespace="CELERY"``): ignored too."""
     known = [s.name for s in SETTINGS.values()]
     messages = []
     for key in list(app.conf.keys()):
@@ -685,7 +687,16 @@ def unknown_settings(app: Any) -> list[str]:
         lower = key.lower()
         namespaced = lower.startswith("celery_redlock_")
         base = lower[len("celery_") :] if namespaced else lower
-        if not base.startswith("redlock_") or base in SETTINGS:
+        if base in SETTINGS:
+            read = app.conf.get(base, _UNSET)
+            if read is _UNSET or read != app.conf[key]:
+                messages.append(
+                    f"app {app.main or app!r}: setting {key!r} is ignored: write it {base!r} "
+                    f"({base.upper().join(('CELERY_', ''))!r} only under "
+                    "config_from_object(..., namespace='CELERY'))"
+                )
+            continue
+        if not base.startswith("redlock_"):
             continue
         hint = difflib.get_close_matches(base[len("redlock_") :], known, n=1)
         spelled = (lambda name: name.upper()) if key.isupper() else (lambda name: name)
@@ -696,6 +707,10 @@ def unknown_settings(app: Any) -> list[str]:
             f"known: {', '.join(spelled(prefix + n) for n in known)})"
         )
     return messages
+
+
+#: No value in ``app.conf``.
+_UNSET = object()
 
 
 def warn_unknown_settings(app: Any) -> None:

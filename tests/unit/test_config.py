@@ -352,6 +352,37 @@ def test_a_misspelled_namespaced_setting_is_a_warning_in_its_own_spelling(
     assert "'CELERY_REDLOCK_ULR'; did you mean 'CELERY_REDLOCK_URL'?" in warning
 
 
+def test_a_setting_spelled_so_celery_does_not_hand_it_over_is_a_warning(
+    bare_app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Config:
+        REDLOCK_URL = LOCK_URL  # upper case without a namespace: Celery keeps it as it is
+        CELERY_REDLOCK_LEASE = 12  # the CELERY_ form without namespace="CELERY"
+        redlock_prefix = "p"  # read
+
+    bare_app.config_from_object(Config)
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.config"):
+        bare_app.finalize()
+    warnings = sorted(_warnings(caplog))
+    assert len(warnings) == 2
+    assert "setting 'CELERY_REDLOCK_LEASE' is ignored: write it 'redlock_lease'" in warnings[0]
+    assert "setting 'REDLOCK_URL' is ignored: write it 'redlock_url'" in warnings[1]
+    assert "namespace='CELERY'" in warnings[1]
+
+
+def test_a_namespaced_setting_and_a_duplicate_of_equal_value_are_no_warning(
+    bare_app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Config:
+        CELERY_REDLOCK_URL = LOCK_URL
+
+    bare_app.config_from_object(Config, namespace="CELERY")
+    bare_app.conf.update(REDLOCK_PREFIX="p", redlock_prefix="p")
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.config"):
+        bare_app.finalize()
+    assert _warnings(caplog) == []
+
+
 def test_a_settings_error_chains_no_internal_lookup_error(bare_app: Celery) -> None:
     bare_app.conf.update(redlock_url=LOCK_URL, redlock_on_contention="skipp")
     with pytest.raises(LockConfigError) as info:
