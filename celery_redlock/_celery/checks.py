@@ -26,6 +26,9 @@ server version                             INFO     for bug reports; below 5.0 i
 ``noeviction``                                      ``allkeys-*`` and ``volatile-*`` may evict a
                                                     held lock, and a second execution enters
 a pool that enforces no time limits        INFO     only the lease bounds a lock (TTL rule)
+a gevent or eventlet pool                  WARNING  renewal runs only while a task yields: a
+                                                    CPU-bound run longer than the lease loses
+                                                    its lock while it runs
 Garnet; a KeyDB active replica             ERROR    a guarantee of the lock breaks there:
                                                     :mod:`celery_redlock._redis.servers`
 =========================================  =======  ===========================================
@@ -79,6 +82,16 @@ def run_startup_checks(app: Any, pool_enforces_limits: bool, *, pool: str | None
             len(urls),
             settings.on_unavailable,
         )
+    if pool in _GREEN_POOLS:
+        logger.warning(
+            "celery_redlock: the %s pool renews locks in a greenlet, which runs only while a "
+            "task waits on I/O: a task that computes (or blocks in C code) for longer than "
+            "redlock_lease=%gs without yielding loses its lock while it runs, and another "
+            "worker may then run the same key; give such a task a lock_ttl longer than its "
+            "longest run, or run it on a prefork or threads worker",
+            pool,
+            settings.lease,
+        )
     if not pool_enforces_limits:
         logger.info(
             "celery_redlock: the %s pool enforces no time limits, so a lock lives by its "
@@ -87,6 +100,10 @@ def run_startup_checks(app: Any, pool_enforces_limits: bool, *, pool: str | None
             pool or "worker's",
             settings.lease,
         )
+
+
+#: Pools whose tasks and renewal share one OS thread (``celery worker -P`` names).
+_GREEN_POOLS = ("gevent", "eventlet")
 
 
 def _uses(options: TaskLockOptions) -> list[str]:

@@ -171,3 +171,26 @@ def test_the_documented_acl_line_starts_a_worker_without_an_error(
         assert "secret" not in error
         with start("redlock-replace", replace_tasks=True) as worker:
             assert lines(worker, "ERROR") == []
+
+
+@pytest.mark.parametrize(
+    ("pool", "warned"), [("gevent", True), ("eventlet", True), ("threads", False)]
+)
+def test_a_green_pool_is_a_warning_that_cpu_bound_tasks_outlive_their_lease(
+    caplog: pytest.LogCaptureFixture, redis_server: RedisServer, pool: str, warned: bool
+) -> None:
+    app = make_app(redis_server, name="green")
+
+    @app.task(base=LockedTask, shared=False)
+    def work() -> None: ...
+
+    with caplog.at_level(logging.INFO, logger="celery_redlock.worker"):
+        run_startup_checks(app, pool_enforces_limits=pool == "gevent", pool=pool)
+    app.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if not warned:
+        assert warnings == []
+        return
+    (warning,) = warnings
+    assert warning.startswith(f"celery_redlock: the {pool} pool renews locks in a greenlet")
+    assert "redlock_lease=30s" in warning and "lock_ttl" in warning
