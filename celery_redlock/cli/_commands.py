@@ -166,8 +166,15 @@ def release(
     assert key is not None
     with answers():
         lock = store.read(key)
+        held = [] if lock is not None else _matching(ctx, store, key)[0]
     if lock is None:
-        click.echo(f"{safe(key)} is not held: nothing released", err=True)
+        message = f"{key} is not held: nothing released"
+        if held:  # a task or lock name: one lock per argument digest, released by its key
+            message = (
+                f"{key} names {len(held)} held lock(s) of a task or lock name; release takes "
+                f"one lock's key: `celery redlock inspect {key}` lists them. Nothing released"
+            )
+        click.echo(safe(message), err=True)
         ctx.exit(1)
         return
     verdict = verdicts(ctx.obj.app, [lock], timeout, store.lease)[lock.key]

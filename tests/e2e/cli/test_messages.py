@@ -133,6 +133,16 @@ def test_inspect_takes_a_task_or_lock_name_and_lists_its_held_keys(
         assert "proj.nothing is not held (no lock has that key, lock name or task name)" in (
             missing.stderr
         )
+        # release takes one lock: given the task name, it says how to find the key.
+        refused = cli(server.port, "release", HOLD, "--force")
+        assert refused.returncode == 1
+        assert f"{HOLD} names 1 held lock(s) of a task or lock name; release takes" in (
+            refused.stderr
+        )
+        assert f"celery redlock inspect {HOLD}" in refused.stderr
+        assert json.loads(cli(server.port, "inspect", hold_lock["key"], "--json").stdout)
+        gone = cli(server.port, "release", "proj.nothing")
+        assert "proj.nothing is not held: nothing released" in gone.stderr
     finally:
         records.rpush("go:by-name", 1)
         records.rpush("go:counted:n", 1)
