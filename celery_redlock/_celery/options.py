@@ -128,7 +128,13 @@ def _by(owner: str, option: str, value: Any, params: Params) -> LockBy:
     if not isinstance(value, Sequence) or not all(isinstance(n, str) for n in value):
         raise _invalid(owner, option, value, expected)
     if params is not None:
-        check_unknown(owner, list(value), [p.name for p in params], f"{option} parameter")
+        names = [p.name for p in params]
+        # @single_instance checks before bind=True is known: a leading ``self`` is accepted here
+        # (and refused with its own message at the first call), never offered in a hint.
+        shown = names[1:] if names[:1] == ["self"] else names
+        for name in value:
+            if name not in names:
+                check_unknown(owner, [name], shown, f"{option} parameter")
     return tuple(value)
 
 

@@ -327,6 +327,18 @@ def test_by_naming_the_bound_task_itself_is_refused_at_its_first_use(app: Celery
     assert "expected parameter names among: account_id" in message
 
 
+def test_a_misspelled_by_name_on_a_bound_function_is_not_offered_self(app: Celery) -> None:
+    with pytest.raises(LockConfigError) as info:
+
+        @app.task(name="bad.bound_typo", bind=True, lazy=False)
+        @single_instance(by=["acount_id"])
+        def bound(self: Any, account_id: int) -> None: ...
+
+    message = str(info.value)
+    assert "unknown by parameter 'acount_id'; did you mean 'account_id'?" in message
+    assert message.endswith("(known: account_id)")
+
+
 def test_the_decorator_keyword_on_a_locked_task_is_refused_naming_the_task_option(
     app: Celery,
 ) -> None:
