@@ -69,6 +69,11 @@ def run_startup_checks(app: Any, pool_enforces_limits: bool, *, pool: str | None
         return
     settings = settings_for(app)
     urls = [settings.url] if isinstance(settings.url, str) else list(settings.url)
+    if app.conf.get("redlock_url") is None:  # told before logging was set up: tell the log
+        logger.info(
+            "celery_redlock: redlock_url is not set; locks live on the Redis broker at %s",
+            redact(settings.url),
+        )
     down = [
         url
         for url in urls

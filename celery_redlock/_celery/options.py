@@ -28,11 +28,13 @@ import dataclasses
 import difflib
 import inspect
 import logging
+import ssl
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import urlencode
 
 from .._redis import keys as _keys
 from .._redis.clients import SCHEMES, node_identity, redact
@@ -657,17 +659,67 @@ def resolve(app: Any) -> Settings:
     owner = f"app {app.main or app!r}"
     values = {key: conf.get(key, s.default) for key, s in SETTINGS.items()}
     if values["redlock_url"] is None:
-        broker = conf.get("broker_url") or ""
-        if not (isinstance(broker, str) and broker.startswith(_REDIS_SCHEMES)):
-            raise LockConfigError(
-                f"{owner}: setting redlock_url is missing and the broker is not Redis, so its "
-                "URL cannot be reused; set redlock_url to a Redis URL such as "
-                "'redis://localhost:6379/0' (CELERY_REDLOCK_URL with the CELERY namespace)"
-            )
-        values["redlock_url"] = broker
+        values["redlock_url"] = _broker_url(owner, conf)
         _tell_once(app, "redlock_url is not set; using the Redis broker's URL for locks")
     checked = {s.name: s.check(owner, key, values[key]) for key, s in SETTINGS.items()}
     return Settings(**checked)
+
+
+def _broker_url(owner: str, conf: Any) -> str:
+    """The broker's URL when it can serve as ``redlock_url`` (a single Redis, its connection
+    options all in the URL); else a :class:`LockConfigError` saying what to set."""
+    broker = conf.get("broker_url") or ""
+    fix = (
+        "; set redlock_url to a Redis URL such as 'redis://localhost:6379/0' "
+        "(CELERY_REDLOCK_URL with the CELERY namespace)"
+    )
+    if isinstance(broker, str) and broker.startswith("sentinel://"):
+        raise LockConfigError(
+            f"{owner}: setting redlock_url is missing and the broker is kombu's sentinel:// "
+            "transport, whose URL is not one of ours; set redlock_url to "
+            "'redis+sentinel://host:26379/<master_name>'"
+        )
+    if isinstance(broker, (list, tuple)) or (isinstance(broker, str) and ";" in broker):
+        raise LockConfigError(
+            f"{owner}: setting redlock_url is missing and broker_url is a failover list, "
+            f"whose nodes hold separate data (locks need one deployment, or a quorum list){fix}"
+        )
+    if not (isinstance(broker, str) and broker.startswith(_REDIS_SCHEMES)):
+        raise LockConfigError(
+            f"{owner}: setting redlock_url is missing and the broker is not Redis, so its "
+            f"URL cannot be reused{fix}"
+        )
+    tls = conf.get("broker_use_ssl")
+    return _with_tls(owner, broker, tls) if tls else broker
+
+
+#: ``broker_use_ssl`` keys that a ``rediss://`` URL carries as query options.
+_TLS_KEYS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs")
+#: ``ssl.CERT_*`` as the URL spells it.
+_CERT_REQS = {ssl.CERT_NONE: "none", ssl.CERT_OPTIONAL: "optional", ssl.CERT_REQUIRED: "required"}
+
+
+def _cert_reqs(value: Any) -> Any:
+    """``ssl.CERT_REQUIRED``, ``"CERT_REQUIRED"`` or ``"required"``: ``"required"``."""
+    if isinstance(value, str):
+        return value.lower().removeprefix("cert_")
+    return _CERT_REQS.get(value, value)
+
+
+def _with_tls(owner: str, broker: str, tls: Any) -> str:
+    """The broker's URL with its ``broker_use_ssl`` options as query options (``rediss://``),
+    or a :class:`LockConfigError` for options a URL cannot carry."""
+    if tls is True:
+        tls = {}
+    if not isinstance(tls, dict) or not set(tls) <= set(_TLS_KEYS):
+        raise LockConfigError(
+            f"{owner}: setting redlock_url is missing and broker_use_ssl holds options a lock "
+            f"URL cannot carry (it takes {', '.join(_TLS_KEYS)}); set redlock_url to a "
+            "rediss:// URL with them as query options"
+        )
+    query = {k: _cert_reqs(v) if k == "ssl_cert_reqs" else v for k, v in tls.items()}
+    url = "rediss://" + broker.partition("://")[2]
+    return f"{url}{'&' if '?' in url else '?'}{urlencode(query)}" if query else url
 
 
 #: The apps already told that their broker's URL is used for locks (once per process).

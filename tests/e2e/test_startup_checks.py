@@ -194,3 +194,25 @@ def test_a_green_pool_is_a_warning_that_cpu_bound_tasks_outlive_their_lease(
     (warning,) = warnings
     assert warning.startswith(f"celery_redlock: the {pool} pool renews locks in a greenlet")
     assert "redlock_lease=30s" in warning and "lock_ttl" in warning
+
+
+def test_the_broker_url_fallback_is_said_in_the_worker_log(
+    caplog: pytest.LogCaptureFixture, redis_server: RedisServer
+) -> None:
+    """The settings read that first notices the fallback runs before Celery sets up logging
+    (its INFO line goes nowhere in a worker); the startup checks say it again."""
+    app = Celery(
+        "fallback", broker=f"redis://:pw@127.0.0.1:{redis_server.port}/3", set_as_current=False
+    )
+
+    @app.task(base=LockedTask, shared=False)
+    def work() -> None: ...
+
+    with caplog.at_level(logging.INFO, logger="celery_redlock.worker"):
+        run_startup_checks(app, pool_enforces_limits=True)
+    app.close()
+    said = [r.getMessage() for r in caplog.records if "redlock_url is not set" in r.getMessage()]
+    assert said == [
+        "celery_redlock: redlock_url is not set; locks live on the Redis broker at "
+        f"redis://***@127.0.0.1:{redis_server.port}/3"
+    ]

@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 import redis as redis_py
+from celery import Celery
 
 from celery_redlock import (
     Lock,
@@ -250,6 +252,35 @@ def test_locked_task_over_tls_with_the_acl_user(tls: TlsServer, redis_server: Re
         assert [k for k in keys if not k.endswith(":fence")] == []
     finally:
         admin.close()
+
+
+def test_without_redlock_url_locks_reach_a_tls_broker_with_its_broker_use_ssl(
+    tls: TlsServer,
+) -> None:
+    """The broker's TLS options travel with its URL: without them the client would verify the
+    server against the system CAs and fail."""
+    app = Celery(
+        "tls-broker", broker=f"rediss://redlock:secret@127.0.0.1:{tls.port}/0", set_as_current=False
+    )
+    app.conf.broker_use_ssl = {
+        "ssl_ca_certs": tls.certs.ca,
+        "ssl_certfile": tls.certs.client_cert,
+        "ssl_keyfile": tls.certs.client_key,
+        "ssl_cert_reqs": ssl.CERT_REQUIRED,
+    }
+
+    @app.task(base=LockedTask, shared=False)
+    def work(key: str) -> bool:
+        lock = current_lock()
+        assert lock is not None
+        admin = tls.admin()
+        try:
+            return bool(admin.exists(lock.key))
+        finally:
+            admin.close()
+
+    assert work.apply(args=("k",)).get() is True
+    app.close()
 
 
 def test_the_asyncio_lock_works_with_the_acl_user(tls: TlsServer) -> None:

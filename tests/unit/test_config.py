@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import ssl
 from collections.abc import Iterator
 from typing import Any
 
@@ -161,6 +162,53 @@ def test_missing_url_with_a_non_redis_broker_is_an_error() -> None:
     with pytest.raises(LockConfigError, match="redlock_url is missing") as info:
         settings_for(app)
     assert "app 'cfg'" in str(info.value)
+    app.close()
+
+
+@pytest.mark.parametrize(
+    ("broker", "says"),
+    [
+        ("sentinel://127.0.0.1:26379", "'redis+sentinel://host:26379/<master_name>'"),
+        ("redis://127.0.0.1:1/1;redis://127.0.0.1:2/1", "broker_url is a failover list"),
+        (["redis://127.0.0.1:1/1", "redis://127.0.0.1:2/1"], "broker_url is a failover list"),
+    ],
+)
+def test_a_broker_url_that_cannot_serve_for_locks_says_what_to_set(broker: Any, says: str) -> None:
+    app = Celery("cfg", broker=broker, set_as_current=False)
+    with pytest.raises(LockConfigError, match="setting redlock_url is missing") as info:
+        settings_for(app)
+    assert says in str(info.value)
+    app.close()
+
+
+@pytest.mark.parametrize(
+    ("broker", "use_ssl", "url"),
+    [
+        (
+            "rediss://:pw@127.0.0.1:1/1",
+            {"ssl_cert_reqs": ssl.CERT_NONE, "ssl_ca_certs": "/etc/my ca.pem"},
+            "rediss://:pw@127.0.0.1:1/1?ssl_cert_reqs=none&ssl_ca_certs=%2Fetc%2Fmy+ca.pem",
+        ),
+        (
+            "redis://127.0.0.1:1/1",
+            {"ssl_cert_reqs": "CERT_REQUIRED"},
+            "rediss://127.0.0.1:1/1?ssl_cert_reqs=required",
+        ),
+        ("redis://127.0.0.1:1/1", True, "rediss://127.0.0.1:1/1"),
+    ],
+)
+def test_the_broker_url_carries_broker_use_ssl(broker: str, use_ssl: Any, url: str) -> None:
+    app = Celery("cfg", broker=broker, set_as_current=False)
+    app.conf.broker_use_ssl = use_ssl
+    assert settings_for(app).url == url
+    app.close()
+
+
+def test_broker_use_ssl_a_url_cannot_carry_is_a_config_error() -> None:
+    app = Celery("cfg", broker="rediss://127.0.0.1:1/1", set_as_current=False)
+    app.conf.broker_use_ssl = {"ssl_check_hostname": True}
+    with pytest.raises(LockConfigError, match="broker_use_ssl holds options a lock URL cannot"):
+        settings_for(app)
     app.close()
 
 
