@@ -227,12 +227,9 @@ def test_every_rule_of_the_acl_is_needed(
     assert "permission" in str(info.value) or "can't run this command" in str(info.value)
 
 
-def test_locked_task_over_tls_with_the_acl_user(tls: TlsServer, redis_server: RedisServer) -> None:
-    """Broker and results on a plain server; locks and event counters over TLS, ACL user."""
-    redis_server.client().flushall()
-    app = make_app(redis_server, "tls", redlock_url=tls.url("redlock", "secret"))
+def holds_its_lock_on(tls: TlsServer) -> Any:
+    """A task body: whether the lock it runs under is a key on ``tls``."""
 
-    @app.task(base=LockedTask)
     def work(key: str) -> bool:
         lock = current_lock()
         assert lock is not None
@@ -241,6 +238,16 @@ def test_locked_task_over_tls_with_the_acl_user(tls: TlsServer, redis_server: Re
             return bool(admin.exists(lock.key))
         finally:
             admin.close()
+
+    return work
+
+
+def test_locked_task_over_tls_with_the_acl_user(tls: TlsServer, redis_server: RedisServer) -> None:
+    """Broker and results on a plain server; locks and event counters over TLS, ACL user."""
+    redis_server.client().flushall()
+    app = make_app(redis_server, "tls", redlock_url=tls.url("redlock", "secret"))
+
+    work = app.task(base=LockedTask)(holds_its_lock_on(tls))
 
     with running_worker(app, concurrency=1):
         assert work.delay("k").get(timeout=10) is True  # the lock was on the TLS server
@@ -269,15 +276,7 @@ def test_without_redlock_url_locks_reach_a_tls_broker_with_its_broker_use_ssl(
         "ssl_cert_reqs": ssl.CERT_REQUIRED,
     }
 
-    @app.task(base=LockedTask, shared=False)
-    def work(key: str) -> bool:
-        lock = current_lock()
-        assert lock is not None
-        admin = tls.admin()
-        try:
-            return bool(admin.exists(lock.key))
-        finally:
-            admin.close()
+    work = app.task(base=LockedTask, shared=False)(holds_its_lock_on(tls))
 
     assert work.apply(args=("k",)).get() is True
     app.close()
