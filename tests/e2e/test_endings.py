@@ -281,13 +281,15 @@ def test_replace_is_released_before_publish_and_the_replacement_runs_at_once(
     with env.worker("w1", concurrency=2) as worker:
         result = env.send(key=key, how="replace")
         assert env.finished(result) == key
+        replaced, replacement = env.starts(key)
+        # Celery behaviour relied on: the replaced attempt ends IGNORED (postrun only). The
+        # replacement may finish before that attempt's postrun has run: wait for its record.
+        ended = f"postrun:IGNORED:{replaced['pid']}"
+        wait_until(lambda: ended in env.hooks(result.id), 10, "the replaced attempt's postrun")
         text = worker.text()
-    replaced, replacement = env.starts(key)
     report(f"replace ({api})", replaced_start_to_replacement_start=replacement["t"] - replaced["t"])
     assert replaced["id"] == replacement["id"] == result.id
     assert env.records.get(f"lock_at_publish:{result.id}") == b"0"
-    # Celery behaviour relied on: the replaced attempt ends IGNORED (postrun only).
-    assert f"postrun:IGNORED:{replaced['pid']}" in env.hooks(result.id)
     assert "redelivered while" not in text
     assert env.records.get("overlaps") is None
     assert lock_keys(env.locks) == []

@@ -211,7 +211,11 @@ def test_the_broker_url_fallback_is_said_in_the_worker_log(
     with caplog.at_level(logging.INFO, logger="celery_redlock.worker"):
         run_startup_checks(app, pool_enforces_limits=True)
     app.close()
-    said = [r.getMessage() for r in caplog.records if "redlock_url is not set" in r.getMessage()]
+    said = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "celery_redlock.worker" and "redlock_url is not set" in r.getMessage()
+    ]
     assert said == [
         "celery_redlock: redlock_url is not set; locks live on the Redis broker at "
         f"redis://***@127.0.0.1:{redis_server.port}/3"
