@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from typing import Any
 
@@ -78,8 +79,9 @@ def step(key: str, duration: float, call: str, heed_loss: bool = True) -> str:
     lock = current_lock()
     assert lock is not None
     token = lock.fencing_token
-    record(call, "admitted", key, token=token)
-    record(call, "body_start", key)
+    run = secrets.token_hex(4)  # this execution: a redelivered call runs under another id
+    record(call, "admitted", key, run=run, token=token)
+    record(call, "body_start", key, run=run)
     outcome = "done"
     try:
         deadline = time.monotonic() + duration
@@ -90,11 +92,11 @@ def step(key: str, duration: float, call: str, heed_loss: bool = True) -> str:
             steps -= 1
             if (heed_loss and lock.lost) or token is None:
                 outcome = "lost"
-                record(call, "lost", key)
+                record(call, "lost", key, run=run)
                 break
             accepted = _store.write(key, token, call)
-            record(call, "write", key, token=token, accepted=accepted)
+            record(call, "write", key, run=run, token=token, accepted=accepted)
             time.sleep(STEP)
     finally:
-        record(call, "body_end", key)
+        record(call, "body_end", key, run=run)
     return outcome

@@ -20,10 +20,11 @@ Any other kind is an error of the recorder: :class:`Event` refuses it (a typo su
 The store keeps its own log of every write, in the order it applied them, with its writer
 (:class:`StoreWrite`, see :mod:`chaos.fenced_store`).
 
-A **holding** is one admission: from an ``admitted`` event to the call's next ``body_end``. A
-call admitted twice (a redelivery, a retry) holds twice, and each holding is judged (a body
-event belongs to the call's latest admission: two admissions of one call running at once
-cannot be told apart, as events carry no run id). A body
+A **holding** is one admission: from an ``admitted`` event to the next ``body_end`` of the
+same execution. Each execution stamps its events with its own ``run`` id, so a call admitted
+twice (a redelivery, a retry) holds twice, and two admissions of one call running at once are
+two holdings that overlap (events without a ``run`` belong to the call's latest admission). A
+body
 that never recorded its end holds until its last event that proves it ran (``admitted``,
 ``body_start``, ``write``, ``lost``), never until its ``released`` or ``final``. A holding
 is half-open, ``[admitted, ended)``: a holder admitted at the instant another ended follows
@@ -97,6 +98,8 @@ class Event:
     token: int | None = None
     accepted: bool | None = None
     state: str | None = None
+    #: The execution that recorded a body event (an id of its own per admission).
+    run: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -115,6 +118,7 @@ class Event:
             token=None if data.get("token") is None else int(data["token"]),
             accepted=data.get("accepted"),
             state=data.get("state"),
+            run=str(data.get("run", "")),
         )
 
 
@@ -225,7 +229,7 @@ def _unfold(events: Iterable[Event]) -> tuple[list[Holding], list[Event]]:
     """The holdings, and the ``write`` events made outside any admission of their call."""
     found: list[Holding] = []
     unheld: list[Event] = []
-    open_: dict[str, Holding] = {}
+    open_: dict[tuple[str, str], Holding] = {}
     # Stable: events of one instant keep the order they were recorded in.
     for event in sorted(events, key=lambda e: e.at):
         if event.kind not in BODY_KINDS:
@@ -234,10 +238,10 @@ def _unfold(events: Iterable[Event]) -> tuple[list[Holding], list[Event]]:
             # A second admission is a holding of its own; the one before, if it recorded no
             # end, ends at its last body event.
             hold = Holding(event.call, event.key, event.token, event.at, event.at)
-            open_[event.call] = hold
+            open_[(event.call, event.run)] = hold
             found.append(hold)
             continue
-        current = open_.get(event.call)
+        current = open_.get((event.call, event.run))
         if current is None:
             if event.kind == "write":
                 unheld.append(event)
@@ -246,7 +250,7 @@ def _unfold(events: Iterable[Event]) -> tuple[list[Holding], list[Event]]:
         if event.kind == "write":
             current.writes += 1
         elif event.kind == "body_end":
-            del open_[event.call]
+            del open_[(event.call, event.run)]
     return sorted(found, key=lambda h: h.admitted), unheld
 
 

@@ -142,6 +142,22 @@ def test_each_admission_of_a_call_is_a_holding_of_its_own() -> None:
     assert inverted.token_inversions == [("k", "a", "b")] and not inverted.overlaps_unexplained
 
 
+def test_two_executions_of_one_call_at_once_overlap() -> None:
+    """A redelivery while the first execution still runs: each records its own ``run``."""
+    events = [
+        Event(0.5, "a", "submitted", "k"),
+        Event(1, "a", "admitted", "k", token=10, run="r1"),
+        Event(2, "a", "admitted", "k", token=11, run="r2"),  # redelivered while r1 runs
+        Event(2.5, "a", "write", "k", token=10, accepted=True, run="r1"),
+        Event(3, "a", "body_end", "k", run="r2"),
+        Event(4, "a", "body_end", "k", run="r1"),
+        Event(5, "a", "final", "k", state="SUCCESS"),
+    ]
+    runs = [(h.token, h.admitted, h.ended) for h in holdings(events)]
+    assert runs == [(10, 1, 4), (11, 2, 3)]
+    assert check(events, []).overlaps_unexplained == [("k", "a", "a")]
+
+
 def test_a_holder_without_its_end_holds_until_its_last_body_event_not_its_final() -> None:
     # The harness stamps ``final`` when it collects the results, long after the run.
     a = [
