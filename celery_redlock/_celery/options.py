@@ -28,16 +28,14 @@ import dataclasses
 import difflib
 import inspect
 import logging
-import ssl
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import urlencode
 
 from .._redis import keys as _keys
-from .._redis.clients import SCHEMES, node_identity, redact
+from .._redis.clients import SCHEMES, node_identity, redact, redact_url, with_tls
 from .._redis.nodes import majority
 from ..exceptions import LockConfigError
 
@@ -470,13 +468,14 @@ def _url(owner: str, setting: str, url: Any) -> str | tuple[str, ...]:
             identity = node_identity(item)
         except ValueError as exc:
             raise LockConfigError(
-                f"{owner}: setting {setting}={redact(repr(item))} is invalid ({redact(exc)}); "
+                f"{owner}: setting {setting}={redact_url(item)!r} is invalid ({redact(exc)}); "
                 f"expected {expected}"
             ) from None
         if identity in seen:
             raise LockConfigError(
-                f"{owner}: setting {setting} names the same node twice ({redact(seen[identity])}"
-                f" and {redact(item)}); a Redlock quorum needs independent nodes, each once"
+                f"{owner}: setting {setting} names the same node twice "
+                f"({redact_url(seen[identity])} and {redact_url(item)}); a Redlock quorum needs "
+                "independent nodes, each once"
             )
         seen[identity] = item
     return urls[0] if len(urls) == 1 else tuple(urls)
@@ -693,33 +692,17 @@ def _broker_url(owner: str, conf: Any) -> str:
     return _with_tls(owner, broker, tls) if tls else broker
 
 
-#: ``broker_use_ssl`` keys that a ``rediss://`` URL carries as query options.
-_TLS_KEYS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs")
-#: ``ssl.CERT_*`` as the URL spells it.
-_CERT_REQS = {ssl.CERT_NONE: "none", ssl.CERT_OPTIONAL: "optional", ssl.CERT_REQUIRED: "required"}
-
-
-def _cert_reqs(value: Any) -> Any:
-    """``ssl.CERT_REQUIRED``, ``"CERT_REQUIRED"`` or ``"required"``: ``"required"``."""
-    if isinstance(value, str):
-        return value.lower().removeprefix("cert_")
-    return _CERT_REQS.get(value, value)
-
-
 def _with_tls(owner: str, broker: str, tls: Any) -> str:
-    """The broker's URL with its ``broker_use_ssl`` options as query options (``rediss://``),
-    or a :class:`LockConfigError` for options a URL cannot carry."""
-    if tls is True:
-        tls = {}
-    if not isinstance(tls, dict) or not set(tls) <= set(_TLS_KEYS):
+    """The broker's URL with its ``broker_use_ssl`` options (:func:`with_tls`), or a
+    :class:`LockConfigError` saying what to set."""
+    try:
+        return with_tls(broker, tls)
+    except ValueError as exc:
         raise LockConfigError(
-            f"{owner}: setting redlock_url is missing and broker_use_ssl holds options a lock "
-            f"URL cannot carry (it takes {', '.join(_TLS_KEYS)}); set redlock_url to a "
-            "rediss:// URL with them as query options"
-        )
-    query = {k: _cert_reqs(v) if k == "ssl_cert_reqs" else v for k, v in tls.items()}
-    url = "rediss://" + broker.partition("://")[2]
-    return f"{url}{'&' if '?' in url else '?'}{urlencode(query)}" if query else url
+            f"{owner}: setting redlock_url is missing and {exc}, so the broker's URL cannot "
+            "serve for locks; set redlock_url to a rediss:// URL with the TLS options as "
+            "query options"
+        ) from None
 
 
 #: The apps already told that their broker's URL is used for locks (once per process).

@@ -39,7 +39,7 @@ import redis as redis_py
 import redis.asyncio as aioredis
 
 from . import scripts as _scripts
-from .clients import check_client, node_name, redact, validate_url
+from .clients import check_client, node_name, redact, redact_url, validate_url
 from .core import (
     Extended,
     Outcome,
@@ -136,7 +136,7 @@ def check_url(url: str) -> None:
     try:
         validate_url(url)
     except ValueError as exc:
-        raise ValueError(f"{redact(url)} is not a valid Redis URL: {exc}") from None
+        raise ValueError(f"{redact_url(url)} is not a valid Redis URL: {exc}") from None
 
 
 async def run_script(client: Any, source: str, call: Call) -> Any:

@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import inspect
 import re
+import ssl
 import threading
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import redis as redis_py
 from redis.backoff import NoBackoff
@@ -91,24 +92,27 @@ def client_for(url: str, timeout: float | None = None) -> Any:
             try:
                 validate_url(url)
             except ValueError as exc:
-                raise ValueError(f"{redact(url)} is not a valid Redis URL: {exc}") from None
+                raise ValueError(f"{redact_url(url)} is not a valid Redis URL: {exc}") from None
             try:
                 client = _connect(url, options)
             except UNAVAILABLE_ERRORS as exc:  # a Cluster client connects when built
                 raise LockUnavailable(
-                    f"Redis at {redact(url)} did not answer: {exc}", nodes=(redact(url),)
+                    f"Redis at {redact_url(url)} did not answer: {exc}", nodes=(redact_url(url),)
                 ) from exc
             _clients[(url, timeout)] = client
         return client
 
 
 #: ``user:password@`` after a ``/`` or ``:`` (also in malformed URLs such as ``redis//u:p@h``
-#: and passwords holding an unencoded ``/``), up to the last ``@`` before a space or a quote.
-_USERINFO = re.compile(r"(?<=[/:])(?!/)[^\s'\"]*@")
+#: and passwords holding an unencoded ``/`` or a quote), up to the last ``@`` before a space.
+_USERINFO = re.compile(r"(?<=[/:])(?!/)\S*@")
 #: ``user:pass word@`` right after ``://``: a password holding a space (redis-py accepts it).
-_SPACED_USERINFO = re.compile(r"(?<=://)[^/\n'\"]*@")
-#: ``password=...`` (``sentinel_password=`` too) in a query string or a message.
-_PASSWORD_PARAM = re.compile(r"(password=)[^&\s'\"]*", re.IGNORECASE)
+_SPACED_USERINFO = re.compile(r"(?<=://)[^/\n]*@")
+#: A query value that looks like a secret: ``password=``, ``sentinel_password=``, and
+#: misspellings (``pasword=``, ``pwd=``), also ``secret=``, ``token=``, ``auth=``.
+_PASSWORD_PARAM = re.compile(r"(\w*(?:pa?s+w|pwd|secret|token|auth)\w*=)[^&\s]*", re.IGNORECASE)
+#: A URL's scheme.
+_SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:/+", re.IGNORECASE)
 
 
 def redact(text: Any) -> str:
@@ -116,11 +120,21 @@ def redact(text: Any) -> str:
 
     ``redis://user:secret@host:6379/0`` becomes ``redis://***@host:6379/0``; so do malformed
     forms (``redis//u:pw@h``, ``redis:/u:pw@h``, ``redis://u:p/w@h``, ``redis://u:p w@h``), and
-    ``password=`` query values become ``***``. It errs on the side of hiding: in a message where
-    a URL without a path is followed by an ``@`` on the same line, the text between is hidden.
+    secret-looking query values (``password=``, ``pasword=``...) become ``***``. It errs on the
+    side of hiding: in a message where a URL without a path is followed by an ``@`` on the same
+    line, the text between is hidden. A text that is one URL: see :func:`redact_url`.
     """
     hidden = _USERINFO.sub("***@", _SPACED_USERINFO.sub("***@", str(text)))
     return _PASSWORD_PARAM.sub(r"\1***", hidden)
+
+
+def redact_url(url: str) -> str:
+    """One URL with its credentials hidden: everything from its scheme to its last ``@`` (a
+    password holding ``/``, a space and ``@`` together included), then :func:`redact`."""
+    scheme = _SCHEME.match(url)
+    if scheme is not None and "@" in url:
+        url = f"{scheme.group(0)}***@{url.rpartition('@')[2]}"
+    return redact(url)
 
 
 _LOCALHOST = {"localhost": "127.0.0.1", "::1": "127.0.0.1", "[::1]": "127.0.0.1"}
@@ -146,6 +160,49 @@ def node_identity(url: str) -> tuple[Any, ...]:
     return ("tcp", _LOCALHOST.get(host, host), int(kwargs.get("port") or 6379), db)
 
 
+#: ``ssl.CERT_*`` as a URL spells it (``None``: no verification, as redis-py reads it).
+_CERT_REQS_VALUES = {
+    ssl.CERT_NONE: "none",
+    ssl.CERT_OPTIONAL: "optional",
+    ssl.CERT_REQUIRED: "required",
+    None: "none",
+}
+
+
+def _tls_value(key: str, value: Any) -> str | None:
+    """``value`` as a URL query value; ``None`` if a URL cannot carry it (redis-py parses
+    strings, and booleans only for the keys it reads as booleans)."""
+    if key == "ssl_cert_reqs":
+        if isinstance(value, str):
+            return value.lower().removeprefix("cert_")
+        return _CERT_REQS_VALUES.get(value)
+    if isinstance(value, bool):
+        parser = redis_py.connection.URL_QUERY_ARGUMENT_PARSERS.get(key)
+        return str(value).lower() if parser is redis_py.connection.to_bool else None
+    return value if isinstance(value, str) else None
+
+
+def with_tls(url: str, tls: Any) -> str:
+    """``url`` as ``rediss://`` with the TLS options ``tls`` (Celery's ``broker_use_ssl``: a
+    dict, or ``True``) as query options; they win over the same options in the URL, as in
+    kombu, and a ``None`` value is left out (``ssl_cert_reqs=None``: ``none``). Raises
+    :class:`ValueError` for options no URL can carry (a unix socket, a value that is not a
+    string); :func:`validate_url` then refuses keys redis-py does not take."""
+    if tls is True:
+        tls = {}
+    if not isinstance(tls, dict) or url.startswith("unix://"):
+        raise ValueError(f"broker_use_ssl={redact(repr(tls))} cannot travel with a {url[:7]} URL")
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    for key, value in tls.items():
+        shown = _tls_value(key, value)
+        if shown is not None:
+            query[key] = shown
+        elif value is not None or key == "ssl_cert_reqs":
+            raise ValueError(f"broker_use_ssl[{key!r}] is a {type(value).__name__}")
+    return urlunsplit(("rediss", parts.netloc, parts.path, urlencode(query), parts.fragment))
+
+
 #: Query options of the Sentinel and Cluster forms (the plain forms take redis-py's).
 _TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs")
 _CERT_REQS = ("none", "optional", "required")
@@ -168,7 +225,7 @@ def validate_url(url: str) -> None:
             "it holds ';' (Celery's failover form): give one URL, or a quorum as a list of URLs"
         )
     parts = urlsplit(url)
-    if "@" in parts.path or "@" in parts.fragment:
+    if parts.scheme != "unix" and ("@" in parts.path or "@" in parts.fragment):
         raise ValueError(
             "its user name or password holds '/' or '#': percent-encode them (%2F, %23)"
         )
@@ -180,7 +237,8 @@ def validate_url(url: str) -> None:
         parts.port  # noqa: B018 (a ValueError for a port that is not a number)
     except ValueError:
         raise ValueError("its port is not a number") from None
-    if scheme != "unix" and not re.fullmatch(r"/?(\d+/?)?", parts.path):
+    # redis-py reads the digits between the slashes (kombu's ``redis://host:6379//`` is 0).
+    if scheme != "unix" and not re.fullmatch(r"/*(\d+/*)?", parts.path):
         raise ValueError(f"its database {parts.path!r} is not a number (redis://host:port/<db>)")
     try:
         pool = redis_py.ConnectionPool.from_url(url)
@@ -252,9 +310,7 @@ def _split(url: str) -> tuple[dict[str, Any], list[tuple[str, int]], list[str], 
 
 
 def _sentinel(url: str, options: dict[str, Any]) -> Any:
-    auth, nodes, path, query = _split(url)
-    if not path:
-        raise ValueError("a redis+sentinel:// URL names the service: .../<service>[/<db>]")
+    auth, nodes, path, query = _split(url)  # checked by validate_url: path is [service, db?]
     sentinels = [(host, port or 26379) for host, port in nodes]
     # No retries per Sentinel (redis-py's default is 10, with backoff): discover_master already
     # tries each Sentinel in turn, and a dead one must not cost seconds of every operation.

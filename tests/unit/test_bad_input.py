@@ -111,6 +111,8 @@ UNUSABLE = [
     (f"rediss+sentinel://:{PASSWORD}@h:1/m?ssl_cert_reqs=maybe", "ssl_cert_reqs takes"),
     (f"redis+cluster://:{PASSWORD}@h:1/3", "database 0 only"),
     (f"redis://:{PASSWORD}@h:1/1;redis://h:2/1", "failover form"),
+    (f"redis://u:p/{PASSWORD} x@h:1/0", "percent-encode"),
+    (f"redis://u:p'{PASSWORD}@h:1/0x", "database '/0x'"),
 ]
 
 
@@ -154,6 +156,8 @@ def test_an_unusable_url_given_to_a_lock_is_a_value_error_without_its_password(
         "rediss+sentinel://h:1/m?ssl_cert_reqs=required",
         "redis+cluster://h:1,h:2/",
         "redis+cluster://h:1/0",
+        "redis://h:6379//",  # kombu's form of database 0
+        "unix:///run/redis@1/redis.sock",
     ],
 )
 def test_a_usable_url_is_accepted(app: Celery, url: str) -> None:
@@ -169,12 +173,15 @@ def test_a_usable_url_is_accepted(app: Celery, url: str) -> None:
         f"redis+sentinel://:{PASSWORD}/pw@h:1/m",
         f"redis://u:p@{PASSWORD}@h:1/0",
         f"['redis://h:1', 'redis://u:{PASSWORD}@h:2']",
+        f"redis://u:p'{PASSWORD}@h:1/0",
+        f'redis://u:p"{PASSWORD}@h:1/0',
+        f"redis://h:1/0?pasword={PASSWORD}",
     ],
 )
-def test_redaction_hides_passwords_with_slashes_spaces_and_at_signs(text: str) -> None:
+def test_redaction_hides_passwords_with_slashes_spaces_quotes_and_at_signs(text: str) -> None:
     hidden = redact(text)
     assert PASSWORD not in hidden
-    assert "h:1" in hidden and "***@" in hidden
+    assert "h:1" in hidden and "***" in hidden
 
 
 # -- row 6: the same node twice in a quorum -------------------------------------------------------

@@ -195,6 +195,16 @@ def test_a_broker_url_that_cannot_serve_for_locks_says_what_to_set(broker: Any, 
             "rediss://127.0.0.1:1/1?ssl_cert_reqs=required",
         ),
         ("redis://127.0.0.1:1/1", True, "rediss://127.0.0.1:1/1"),
+        (  # broker_use_ssl wins over the URL's own option, as in kombu; None is left out
+            "rediss://127.0.0.1:1/1?ssl_cert_reqs=none",
+            {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": None, "ssl_check_hostname": True},
+            "rediss://127.0.0.1:1/1?ssl_cert_reqs=required&ssl_check_hostname=true",
+        ),
+        (
+            "redis://127.0.0.1:6379//",
+            {"ssl_cert_reqs": None},
+            "rediss://127.0.0.1:6379//?ssl_cert_reqs=none",
+        ),
     ],
 )
 def test_the_broker_url_carries_broker_use_ssl(broker: str, use_ssl: Any, url: str) -> None:
@@ -206,8 +216,8 @@ def test_the_broker_url_carries_broker_use_ssl(broker: str, use_ssl: Any, url: s
 
 def test_broker_use_ssl_a_url_cannot_carry_is_a_config_error() -> None:
     app = Celery("cfg", broker="rediss://127.0.0.1:1/1", set_as_current=False)
-    app.conf.broker_use_ssl = {"ssl_check_hostname": True}
-    with pytest.raises(LockConfigError, match="broker_use_ssl holds options a lock URL cannot"):
+    app.conf.broker_use_ssl = {"ssl_min_version": ssl.TLSVersion.TLSv1_2}
+    with pytest.raises(LockConfigError, match=r"broker_use_ssl\['ssl_min_version'\] is a"):
         settings_for(app)
     app.close()
 
