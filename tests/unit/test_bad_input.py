@@ -346,6 +346,17 @@ def test_a_misspelled_by_name_on_a_bound_function_is_not_offered_self(app: Celer
     assert message.endswith("(known: account_id)")
 
 
+def test_a_decorator_message_keeps_the_function_name_and_the_value_as_written() -> None:
+    with pytest.raises(LockConfigError) as info:
+
+        @single_instance(name="lock_by{x}")
+        def lock_rate(account_id: int) -> None: ...
+
+    message = str(info.value)
+    assert message.startswith(f"task function {__name__}.")
+    assert ".lock_rate: @single_instance keyword name='lock_by{x}' is invalid" in message
+
+
 def test_the_decorator_keyword_on_a_locked_task_is_refused_naming_the_task_option(
     app: Celery,
 ) -> None:
