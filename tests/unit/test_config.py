@@ -201,9 +201,9 @@ def test_a_broker_url_that_cannot_serve_for_locks_says_what_to_set(broker: Any, 
             "rediss://127.0.0.1:1/1?ssl_cert_reqs=required&ssl_check_hostname=true",
         ),
         (
-            "redis://127.0.0.1:6379//",
+            "redis://127.0.0.1:1//",
             {"ssl_cert_reqs": None},
-            "rediss://127.0.0.1:6379//?ssl_cert_reqs=none",
+            "rediss://127.0.0.1:1//?ssl_cert_reqs=none",
         ),
     ],
 )
