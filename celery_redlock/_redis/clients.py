@@ -108,9 +108,9 @@ def client_for(url: str, timeout: float | None = None) -> Any:
 _USERINFO = re.compile(r"(?<=[/:])(?!/)\S*@")
 #: ``user:pass word@`` right after ``://``: a password holding a space (redis-py accepts it).
 _SPACED_USERINFO = re.compile(r"(?<=://)[^/\n]*@")
-#: A query value that looks like a secret: ``password=``, ``sentinel_password=``, and
-#: misspellings (``pasword=``, ``pwd=``), also ``secret=``, ``token=``, ``auth=``.
-_PASSWORD_PARAM = re.compile(r"(\w*(?:pa?s+w|pwd|secret|token|auth)\w*=)[^&\s]*", re.IGNORECASE)
+#: A password's value in a query string or a message: ``password=``, ``sentinel_password=``
+#: and misspellings (``pasword=``, ``passwd=``, ``pwd=``).
+_PASSWORD_PARAM = re.compile(r"(\w*(?:pa?s+w|pwd)\w*=)[^&\s]*", re.IGNORECASE)
 #: A URL's scheme.
 _SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:/+", re.IGNORECASE)
 
