@@ -730,12 +730,11 @@ def unknown_settings(app: Any) -> list[str]:
         base = lower[len("celery_") :] if namespaced else lower
         if base in SETTINGS:
             read = app.conf.get(base, _UNSET)
-            if read is _UNSET or read != app.conf[key]:
-                messages.append(
-                    f"app {app.main or app!r}: setting {key!r} is ignored: write it {base!r} "
-                    f"({base.upper().join(('CELERY_', ''))!r} only under "
-                    "config_from_object(..., namespace='CELERY'))"
-                )
+            # The key's own value: under a namespace, app.conf[key] answers for the namespaced
+            # spelling of the setting, not for this key.
+            own = next((m[key] for m in app.conf.maps if key in m), _UNSET)
+            if read is _UNSET or read != own:
+                messages.append(f"app {app.main or app!r}: {_ignored(app, key, base)}")
             continue
         if not base.startswith("redlock_"):
             continue
@@ -748,6 +747,17 @@ def unknown_settings(app: Any) -> list[str]:
             f"known: {', '.join(spelled(prefix + n) for n in known)})"
         )
     return messages
+
+
+def _ignored(app: Any, key: str, base: str) -> str:
+    """What to write instead of ``key``, a spelling of the setting ``base`` Celery ignores."""
+    space = getattr(app, "namespace", None)
+    if space:
+        return f"setting {key!r} is ignored: write it {f'{space}_{base.upper()}'!r}"
+    return (
+        f"setting {key!r} is ignored: write it {base!r} ({f'CELERY_{base.upper()}'!r} only "
+        "under config_from_object(..., namespace='CELERY'))"
+    )
 
 
 #: No value in ``app.conf``.

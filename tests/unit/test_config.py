@@ -428,6 +428,26 @@ def test_a_setting_spelled_so_celery_does_not_hand_it_over_is_a_warning(
     assert "namespace='CELERY'" in warnings[1]
 
 
+def test_under_a_namespace_a_duplicate_in_another_spelling_is_a_warning_naming_the_read_one(
+    bare_app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Config:
+        CELERY_REDLOCK_URL = LOCK_URL
+        CELERY_REDLOCK_LEASE = 30
+        REDLOCK_LEASE = 60  # not read: the namespaced spelling wins
+        CELERY_REDLOCK_PREFIX = "theirs"
+        redlock_prefix = "mine"
+
+    bare_app.config_from_object(Config, namespace="CELERY")
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.config"):
+        bare_app.finalize()
+    assert sorted(_warnings(caplog)) == [
+        "app 'cfg': setting 'REDLOCK_LEASE' is ignored: write it 'CELERY_REDLOCK_LEASE'",
+        "app 'cfg': setting 'redlock_prefix' is ignored: write it 'CELERY_REDLOCK_PREFIX'",
+    ]
+    assert settings_for(bare_app).lease == 30
+
+
 def test_a_namespaced_setting_and_a_duplicate_of_equal_value_are_no_warning(
     bare_app: Celery, caplog: pytest.LogCaptureFixture
 ) -> None:
