@@ -383,6 +383,16 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     ]
 
 
+def _warnings_at_finalize(
+    app: Celery, caplog: pytest.LogCaptureFixture, config: type, namespace: str | None = None
+) -> list[str]:
+    """The settings warnings logged when ``app``, configured from ``config``, finalizes."""
+    app.config_from_object(config, namespace=namespace)
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.config"):
+        app.finalize()
+    return sorted(_warnings(caplog))
+
+
 def test_a_misspelled_setting_is_a_warning_with_a_hint_when_the_app_finalizes(
     bare_app: Celery, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -403,10 +413,7 @@ def test_a_misspelled_namespaced_setting_is_a_warning_in_its_own_spelling(
         CELERY_REDLOCK_ULR = LOCK_URL
         CELERY_REDLOCK_LEASE = 12
 
-    bare_app.config_from_object(Config, namespace="CELERY")
-    with caplog.at_level(logging.WARNING, logger="celery_redlock.config"):
-        bare_app.finalize()
-    (warning,) = _warnings(caplog)
+    (warning,) = _warnings_at_finalize(bare_app, caplog, Config, "CELERY")
     assert "'CELERY_REDLOCK_ULR'; did you mean 'CELERY_REDLOCK_URL'?" in warning
 
 
@@ -418,10 +425,7 @@ def test_a_setting_spelled_so_celery_does_not_hand_it_over_is_a_warning(
         CELERY_REDLOCK_LEASE = 12  # the CELERY_ form without namespace="CELERY"
         redlock_prefix = "p"  # read
 
-    bare_app.config_from_object(Config)
-    with caplog.at_level(logging.WARNING, logger="celery_redlock.config"):
-        bare_app.finalize()
-    warnings = sorted(_warnings(caplog))
+    warnings = _warnings_at_finalize(bare_app, caplog, Config)
     assert len(warnings) == 2
     assert "setting 'CELERY_REDLOCK_LEASE' is ignored: write it 'redlock_lease'" in warnings[0]
     assert "setting 'REDLOCK_URL' is ignored: write it 'redlock_url'" in warnings[1]
@@ -438,10 +442,7 @@ def test_under_a_namespace_a_duplicate_in_another_spelling_is_a_warning_naming_t
         CELERY_REDLOCK_PREFIX = "theirs"
         redlock_prefix = "mine"
 
-    bare_app.config_from_object(Config, namespace="CELERY")
-    with caplog.at_level(logging.WARNING, logger="celery_redlock.config"):
-        bare_app.finalize()
-    assert sorted(_warnings(caplog)) == [
+    assert _warnings_at_finalize(bare_app, caplog, Config, "CELERY") == [
         "app 'cfg': setting 'REDLOCK_LEASE' is ignored: write it 'CELERY_REDLOCK_LEASE'",
         "app 'cfg': setting 'redlock_prefix' is ignored: write it 'CELERY_REDLOCK_PREFIX'",
     ]
