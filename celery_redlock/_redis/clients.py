@@ -205,7 +205,7 @@ def with_tls(url: str, tls: Any) -> str:
 
 #: Query options of the Sentinel and Cluster forms (the plain forms take redis-py's).
 _TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs")
-_CERT_REQS = ("none", "optional", "required")
+_CERT_REQS = tuple(dict.fromkeys(_CERT_REQS_VALUES.values()))
 
 
 def validate_url(url: str) -> None:

@@ -22,7 +22,7 @@ from celery_redlock._redis.clients import redact
 LOCK_URL = "redis://127.0.0.1:1/0"  # never connected to
 PASSWORD = "hunter2"
 #: URLs that are not URLs, with a password in them (a missing ':' or '/').
-MALFORMED = [f"redis//u:{PASSWORD}@h:6379/0", f"redis:/u:{PASSWORD}@h/0"]
+MALFORMED = [f"redis//u:{PASSWORD}@h:1/0", f"redis:/u:{PASSWORD}@h/0"]
 
 
 @pytest.fixture

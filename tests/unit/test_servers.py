@@ -71,6 +71,6 @@ def test_the_startup_check_logs_the_verdict_naming_the_node(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with caplog.at_level(logging.INFO, logger="celery_redlock.worker"):
-        _check_info("redis://garnet:6379/0", GARNET)
+        _check_info("redis://garnet:1/0", GARNET)
     [error] = [r for r in caplog.records if r.levelno == logging.ERROR]
-    assert error.getMessage().startswith("celery_redlock: locks on redis://garnet:6379/0: Garnet")
+    assert error.getMessage().startswith("celery_redlock: locks on redis://garnet:1/0: Garnet")
