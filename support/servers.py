@@ -100,14 +100,15 @@ class SentinelServer(RedisServer):
     restart forgets that).
     """
 
-    def __init__(self, primary: RedisServer) -> None:
+    def __init__(self, primary: RedisServer, bind: str = "127.0.0.1") -> None:
         super().__init__()
         self.primary = primary
+        self.bind = bind
         self.conf = Path(self._dir) / "sentinel.conf"
 
     def command(self) -> list[str]:
         self.conf.write_text(
-            f"port {self.port}\nbind 127.0.0.1\ndir {self._dir}\n"
+            f"port {self.port}\nbind {self.bind}\ndir {self._dir}\n"
             f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary.port} 1\n"
             f"sentinel down-after-milliseconds {SERVICE} 1000\n"
             f"sentinel failover-timeout {SERVICE} 2000\n"
@@ -122,14 +123,15 @@ class SentinelGroup(_Started):
     """A primary, one replica and one Sentinel watching them as :data:`SERVICE`.
 
     Diskless replication without delay makes a (re)sync immediate; Sentinel timeouts are short
-    so that a failover completes in a few seconds.
+    so that a failover completes in a few seconds. ``sentinel_bind`` is the Sentinel's ``bind``
+    line (``"127.0.0.1 ::1"`` to reach it over IPv6 too).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, sentinel_bind: str = "127.0.0.1") -> None:
         repl = ["--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"]
         self.primary = RedisServer(args=repl)
         self.replica = RedisServer(args=repl)
-        self.sentinel = SentinelServer(self.primary)
+        self.sentinel = SentinelServer(self.primary, sentinel_bind)
         self.port = self.sentinel.port
 
     @property

@@ -137,7 +137,7 @@ def redact_url(url: str) -> str:
     return redact(url)
 
 
-_LOCALHOST = {"localhost": "127.0.0.1", "::1": "127.0.0.1", "[::1]": "127.0.0.1"}
+_LOCALHOST = {"localhost": "127.0.0.1", "::1": "127.0.0.1"}
 
 
 def node_identity(url: str) -> tuple[Any, ...]:
@@ -302,11 +302,19 @@ def _split(url: str) -> tuple[dict[str, Any], list[tuple[str, int]], list[str], 
         for name in _TLS_OPTIONS:
             if name in query:
                 auth[name] = query.pop(name)
-    nodes = []
-    for item in hosts.split(","):
-        host, _, port = item.rpartition(":")
-        nodes.append((host or item, int(port) if host else 0))
+    nodes = [_host_port(item) for item in hosts.split(",")]
     return auth, nodes, [p for p in parts.path.split("/") if p], query
+
+
+def _host_port(item: str) -> tuple[str, int]:
+    """``host``, ``host:port``, ``[v6]`` or ``[v6]:port``; port 0 stands for the default."""
+    bracketed = re.fullmatch(r"\[([^\]]*)\](?::(.*))?", item)
+    if bracketed:
+        host, port = bracketed[1], bracketed[2]
+    else:
+        host, colon, after = item.partition(":")
+        port = after if colon else None
+    return host, 0 if port is None else int(port)
 
 
 def _sentinel(url: str, options: dict[str, Any]) -> Any:

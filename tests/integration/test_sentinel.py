@@ -91,3 +91,15 @@ def test_no_sentinel_answering_is_unavailable_naming_the_service() -> None:
         Lock(url, "job", ttl=10).acquire(blocking=False)
     assert info.value.nodes == (f"sentinel service {SERVICE}",)
     assert f"sentinel service {SERVICE}" in str(info.value)
+
+
+def test_a_sentinel_named_by_its_ipv6_address_is_reached() -> None:
+    # ``[::1]`` without a port is the Sentinel's default port, which a test cannot take: the
+    # unit tests pin that parse; this one pins that the brackets are not sent to the socket.
+    with SentinelGroup(sentinel_bind="127.0.0.1 ::1") as group:
+        lock = Lock(f"redis+sentinel://[::1]:{group.port}/{SERVICE}", "v6", ttl=10)
+        assert lock.acquire(blocking=False)
+        assert lock.token is not None
+        assert get(group.primary, lock.key) == lock.token.encode()
+        lock.release()
+        assert get(group.primary, lock.key) is None

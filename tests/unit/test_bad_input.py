@@ -110,6 +110,8 @@ UNUSABLE = [
     (f"redis+sentinel://:{PASSWORD}@h:1/m?socket_timeout=3", "'socket_timeout' is not taken"),
     (f"rediss+sentinel://:{PASSWORD}@h:1/m?ssl_cert_reqs=maybe", "ssl_cert_reqs takes"),
     (f"redis+cluster://:{PASSWORD}@h:1/3", "database 0 only"),
+    (f"redis+sentinel://:{PASSWORD}@[::1]:x/m", "a port is not a number"),
+    (f"redis+cluster://:{PASSWORD}@h:1,h:/", "a port is not a number"),
     (f"redis://:{PASSWORD}@h:1/1;redis://h:2/1", "failover form"),
     (f"redis://u:p/{PASSWORD} x@h:1/0", "percent-encode"),
     (f"redis://u:p'{PASSWORD}@h:1/0x", "database '/0x'"),
@@ -156,6 +158,8 @@ def test_an_unusable_url_given_to_a_lock_is_a_value_error_without_its_password(
         "rediss+sentinel://h:1/m?ssl_cert_reqs=required",
         "redis+cluster://h:1,h:2/",
         "redis+cluster://h:1/0",
+        "redis+sentinel://[::1]/mymaster",  # IPv6, the default port
+        "redis+cluster://[::1]:1,[fe80::1]:2/",
         "redis://h:1//",  # kombu's form of database 0
         "unix:///run/redis@1/redis.sock",
     ],
@@ -187,12 +191,20 @@ def test_redaction_hides_passwords_with_slashes_spaces_quotes_and_at_signs(text:
 # -- row 6: the same node twice in a quorum -------------------------------------------------------
 
 
-def test_a_quorum_naming_one_node_three_times_is_refused(app: Celery) -> None:
-    app.conf.redlock_url = [
-        "redis://127.0.0.1:7001/0",
-        "redis://localhost:7001/0",
-        "redis://127.0.0.1:7001",
-    ]
+@pytest.mark.parametrize(
+    "urls",
+    [
+        ["redis://127.0.0.1:7001/0", "redis://localhost:7001/0", "redis://127.0.0.1:7001"],
+        ["redis://[::1]:7001/0", "redis://h:7002/0", "redis://localhost:7001/0"],
+        [
+            "redis+sentinel://[::1]:7001/m",
+            "redis+sentinel://h:7002/m",
+            "redis+sentinel://localhost:7001/m",
+        ],
+    ],
+)
+def test_a_quorum_naming_one_node_twice_is_refused(app: Celery, urls: list[str]) -> None:
+    app.conf.redlock_url = urls
     with pytest.raises(LockConfigError, match="same node twice"):
         settings_for(app)
 
