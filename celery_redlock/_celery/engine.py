@@ -497,31 +497,29 @@ def lock_retry(
     leave(task, request, cooldown=False)
     report = report or (lambda event: emit(task, request.id, event))
     if request.is_eager:
+        reason = "an eager call is not requeued by the lock"
         logger.info(
-            "%s[%s] gives up: an eager call is not requeued by the lock (Celery would run the "
-            "retry at once, ignoring its countdown of %.1fs)",
+            "%s[%s] gives up: %s (Celery would run the retry at once, ignoring its countdown "
+            "of %.1fs)",
             task.name,
             request.id,
+            reason,
             countdown,
         )
         report("failed")
-        raise exc
+        raise _gave_up(exc, reason)
     now = time.time()
     header = calls.header_of(request)
     first = calls.first_attempt(header, now)
     budget = spec.options.retry_for
     if now - first + countdown > budget:
-        logger.info(
-            "%s[%s] gives up: requeued by the lock for %.1fs, and the next try in %.1fs would "
-            "end past lock_retry_for=%ss",
-            task.name,
-            request.id,
-            now - first,
-            countdown,
-            budget,
+        reason = (
+            f"requeued by the lock for {now - first:.1f}s, and the next try in {countdown:.1f}s "
+            f"would end past lock_retry_for={budget}s"
         )
+        logger.info("%s[%s] gives up: %s", task.name, request.id, reason)
         report("failed")
-        raise exc
+        raise _gave_up(exc, reason)
     report("retried")
     headers = dict(request.headers or {})
     headers[calls.HEADER] = {**header, "first": first}
@@ -534,6 +532,12 @@ def lock_retry(
     except Exception as error:
         raise Reject(error, requeue=False) from error
     raise Retry(exc=exc, when=countdown, sig=signature)
+
+
+def _gave_up(exc: LockContended, reason: str) -> LockContended:
+    """``exc`` with why the call was not requeued after its message, for the caller's result."""
+    exc.args = (f"{exc}; not requeued: {reason}", *exc.args[1:])
+    return exc
 
 
 def _on_unavailable(

@@ -123,7 +123,21 @@ def _by(owner: str, option: str, value: Any, params: Params) -> LockBy:
     expected = "a list of parameter names, (), None or a callable (args, kwargs) -> str"
     if isinstance(value, str):
         raise _invalid(owner, option, value, f"{expected} (write {option}=[{value!r}])")
-    if value is None or callable(value):
+    if value is None:
+        return None
+    if callable(value):
+        try:
+            signature = inspect.signature(value)
+        except ValueError:  # no signature to read (some builtins): its first call will tell
+            return value  # type: ignore[no-any-return]
+        try:
+            signature.bind((), {})
+        except TypeError:
+            raise LockConfigError(
+                f"{owner}: option {option} is a callable taking {signature}; expected a "
+                "callable taking (args, kwargs), the call's positional arguments as a tuple "
+                "and its keyword arguments as a dict, and returning a string"
+            ) from None
         return value  # type: ignore[no-any-return]
     if not isinstance(value, Sequence) or not all(isinstance(n, str) for n in value):
         raise _invalid(owner, option, value, expected)
@@ -132,9 +146,16 @@ def _by(owner: str, option: str, value: Any, params: Params) -> LockBy:
         # @single_instance checks before bind=True is known: a leading ``self`` is accepted here
         # (and refused with its own message at the first call), never offered in a hint.
         shown = names[1:] if names[:1] == ["self"] else names
+        variadic = any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params)
+        note = (
+            f"; a value passed through *args or **kwargs is named by a callable: "
+            f"{option}=lambda args, kwargs: ..."
+            if variadic
+            else ""
+        )
         for name in value:
             if name not in names:
-                check_unknown(owner, [name], shown, f"{option} parameter")
+                check_unknown(owner, [name], shown, f"{option} parameter", note)
     return tuple(value)
 
 
@@ -261,9 +282,9 @@ OPTIONS: dict[str, Option] = {
             "enqueue",
             False,
             "False, True ('keep'), 'until_executed' or 'replace'",
-            "De-duplicate at enqueue time: 'keep' (True) returns the queued call's AsyncResult "
-            "(LockedTask only); 'until_executed' too, and also while that call runs; 'replace' "
-            "publishes the new call and the queued one ends like a skip (pair it with "
+            "De-duplicate at enqueue time: 'keep' (True) returns the queued call's AsyncResult; "
+            "'until_executed' too, and also while that call runs (these two: LockedTask only); "
+            "'replace' publishes the new call and the queued one ends like a skip (pair it with "
             "on_contention 'wait': under 'skip' the newest call is skipped while a run of its "
             "key is in progress).",
             _enqueue,
@@ -342,15 +363,17 @@ if [f.name for f in dataclasses.fields(TaskLockOptions)] != list(OPTIONS):
     raise AssertionError("TaskLockOptions must list the rows of OPTIONS, in order")
 
 
-def check_unknown(owner: str, names: Sequence[str], known: Sequence[str], what: str) -> None:
-    """Raise for any name not in ``known``, with a "did you mean" hint."""
+def check_unknown(
+    owner: str, names: Sequence[str], known: Sequence[str], what: str, note: str = ""
+) -> None:
+    """Raise for any name not in ``known``, with a "did you mean" hint and ``note`` last."""
     for name in names:
         if name not in known:
             hint = difflib.get_close_matches(name, known, n=1)
             did_you_mean = f"; did you mean {hint[0]!r}?" if hint else ""
             raise LockConfigError(
                 f"{owner}: unknown {what} {name!r}{did_you_mean} "
-                f"(known: {', '.join(sorted(known))})"
+                f"(known: {', '.join(sorted(known))}){note}"
             )
 
 

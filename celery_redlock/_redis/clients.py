@@ -215,8 +215,8 @@ def validate_url(url: str) -> None:
     ``user:password`` holding an unencoded ``/`` or ``#`` (it would be read as the path), a
     port or database that is not a number, a query option redis-py does not take
     (``?sockettimeout=3``) or a bad value of one (``ssl_cert_reqs=maybe``), a Sentinel URL
-    without its service, and Celery's ``;``-separated failover form (a quorum is a list). The
-    message never contains the credentials.
+    without its service, and Celery's ``;``-separated failover form or a comma-separated list
+    (a quorum is a list). The message never contains the credentials.
     """
     if not url.startswith(SCHEMES):
         raise ValueError(f"the scheme is not one of {', '.join(s[:-3] for s in SCHEMES)}")
@@ -224,6 +224,8 @@ def validate_url(url: str) -> None:
         raise ValueError(
             "it holds ';' (Celery's failover form): give one URL, or a quorum as a list of URLs"
         )
+    if re.search(r",\s*[a-z+]+://", url):
+        raise ValueError("it holds several URLs: give a quorum as a list of URLs, not one string")
     parts = urlsplit(url)
     if parts.scheme != "unix" and ("@" in parts.path or "@" in parts.fragment):
         raise ValueError(

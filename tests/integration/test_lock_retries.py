@@ -141,7 +141,8 @@ def test_lock_retry_for_ends_the_call_with_lock_contended(
     try:
         with running_worker(app), caplog.at_level(logging.INFO):
             result = task.delay()
-            with pytest.raises(LockContended):
+            # The caller's result says why the call was not requeued, not only the worker log.
+            with pytest.raises(LockContended, match=r"not requeued: .* past lock_retry_for=1"):
                 result.get(timeout=20)
     finally:
         holder.release()

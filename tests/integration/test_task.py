@@ -752,6 +752,7 @@ def test_an_eager_call_under_retry_fails_at_once_with_lock_contended(
             result = work.delay("k")
         assert result.state == "FAILURE"
         assert isinstance(result.result, LockContended)
+        assert "not requeued: an eager call is not requeued" in str(result.result)
         assert result.result.holder == HOLDER
         assert [e.policy for e in events.contended(result)] == ["retry"]  # one try, no retry
         assert work.delay("k").get() == "k"  # the key is free again: it runs

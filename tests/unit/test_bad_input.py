@@ -113,6 +113,8 @@ UNUSABLE = [
     (f"redis+sentinel://:{PASSWORD}@[::1]:x/m", "a port is not a number"),
     (f"redis+cluster://:{PASSWORD}@h:1,h:/", "a port is not a number"),
     (f"redis://:{PASSWORD}@h:1/1;redis://h:2/1", "failover form"),
+    (f"redis://h:1/1,redis://:{PASSWORD}@h:2/1,redis://h:3/1", "a list of URLs, not one string"),
+    (f"redis://:{PASSWORD}@h:1/1, rediss://h:2/1", "a list of URLs, not one string"),
     (f"redis://u:p/{PASSWORD} x@h:1/0", "percent-encode"),
     (f"redis://u:p'{PASSWORD}@h:1/0x", "database '/0x'"),
 ]

@@ -71,6 +71,36 @@ def test_lock_by_name_that_is_not_a_parameter_has_a_hint() -> None:
     assert "did you mean 'account_id'" in message
 
 
+def test_lock_by_name_on_a_variadic_function_points_to_a_callable() -> None:
+    def forward(*args: Any, **kwargs: Any) -> None: ...
+
+    params = list(inspect.signature(forward).parameters.values())
+    message = _error({"lock_by": ["account_id"]}, params)
+    assert OWNER in message and "'account_id'" in message
+    assert "lock_by=lambda args, kwargs: ..." in message
+
+
+@pytest.mark.parametrize(
+    "by",
+    [lambda account_id: str(account_id), lambda: "k", lambda a, b, c: "k"],
+    ids=["one", "none", "three"],
+)
+def test_a_lock_by_callable_that_cannot_take_args_and_kwargs_is_refused(by: Any) -> None:
+    message = _error({"lock_by": by})
+    assert OWNER in message
+    assert "lock_by is a callable taking (" in message
+    assert "expected a callable taking (args, kwargs)" in message
+
+
+@pytest.mark.parametrize(
+    "by",
+    [lambda args, kwargs: "k", lambda *parts: "k", lambda args, kwargs, extra=1: "k", max],
+    ids=["two", "variadic", "default", "no-signature"],
+)
+def test_a_lock_by_callable_that_takes_args_and_kwargs_is_accepted(by: Any) -> None:
+    assert validate_options(OWNER, {"lock_by": by}, PARAMS).by is by
+
+
 def test_lock_by_names_are_not_checked_without_parameters() -> None:
     # An abstract base class: its body (and parameters) are not known yet.
     assert validate_options(OWNER, {"lock_by": ["anything"]}, None).by == ("anything",)

@@ -1,4 +1,5 @@
-"""Every Python the classifiers declare and every Redis line the README claims is run by CI.
+"""Every Python and system the classifiers declare and every Redis line the README claims is
+run by CI.
 
 Read from the files, not run: ``.ci/run`` runs ``make`` targets, the Makefile's targets run nox
 sessions, ``noxfile.py`` gives each session its Python and its Redis server; the README's
@@ -42,6 +43,13 @@ def test_ci_runs_the_readme_commands_and_the_matrix() -> None:
     assert targets[0] == "test"  # the README's command: lint and the whole suite
     named = set(re.findall(r"\(`make ([\w.-]+)`\)", README.split("**Tested**")[1]))
     assert named and named <= set(targets), (named, targets)
+
+
+def test_the_declared_operating_systems_are_the_one_ci_runs_on() -> None:
+    # macOS is "expected to work, not run here" in the README: it is not a classifier.
+    declared = re.findall(r'"Operating System :: ([^"]+)"', PYPROJECT)
+    assert declared == ["POSIX :: Linux"]
+    assert "macOS (pool-child liveness" in README
 
 
 def test_every_declared_python_is_run_by_ci() -> None:
