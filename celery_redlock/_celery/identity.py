@@ -32,11 +32,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from celery.app.annotations import resolve_all as resolve_annotations
 from celery.local import Proxy
 
 from .._redis import keys as _keys
 from ..exceptions import LockConfigError, LockContended, LockUnavailable
-from .options import Settings, TaskLockOptions, parameters_of, settings_for
+from .options import OPTIONS, Settings, TaskLockOptions, parameters_of, settings_for
 
 _SCALARS = (str, int, float, type(None))
 
@@ -255,6 +256,43 @@ def run_function(task: Any) -> tuple[Any, bool]:
     if isinstance(run, staticmethod):
         return run.__func__, False
     return run, True
+
+
+def check_ignored_options(task: Any) -> None:
+    """Raise :class:`~celery_redlock.LockConfigError` for a ``lock_*`` option nothing reads.
+
+    ``@app.task(lock_by=[...])`` without ``base=LockedTask`` builds a plain task class with a
+    ``lock_by`` attribute, and the task runs unlocked; under ``@single_instance``, which reads
+    only its own keywords, ``@app.task(lock_on_contention="fail")`` is ignored the same way.
+    Left alone: an attribute a base class defines too (``LockedTask``, or a lock base class of
+    the user's own that has a ``lock_ttl`` of its own), and one set by ``task_annotations``
+    (``{"*": {"lock_ttl": 60}}`` reaches every task). Checked once per task: at worker start,
+    and at the first publish in a process (``celery_redlock._celery.routing``).
+    """
+    if isinstance(task, Proxy):
+        task = task._get_current_object()
+    if task.__dict__.get("_redlock_read_options"):
+        return
+    cls = type(task)
+    annotated = {key for found in resolve_annotations(task.app.annotations, task) for key in found}
+    for option in OPTIONS.values():
+        attr = option.attr
+        if attr not in vars(cls) or attr in annotated:
+            continue
+        if any(attr in vars(base) for base in cls.__mro__[1:]):
+            continue
+        given = f"task {task.name}: option {attr}={vars(cls)[attr]!r}"
+        if getattr(run_function(task)[0], OPTIONS_ATTR, None) is not None:
+            raise LockConfigError(
+                f"{given} is given to @app.task, and @single_instance reads only its own "
+                f"keywords; expected @single_instance({option.name}=...)"
+            )
+        raise LockConfigError(
+            f"{given} is ignored: the task is not locked; expected "
+            f"@app.task(base=LockedTask, {attr}=...), or @single_instance({option.name}=...) "
+            "under @app.task"
+        )
+    task.__dict__["_redlock_read_options"] = True
 
 
 def spec_of(task: Any) -> Spec | None:

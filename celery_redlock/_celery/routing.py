@@ -57,6 +57,7 @@ from celery._state import _get_active_apps
 from celery.app.amqp import AMQP
 
 from . import calls
+from .identity import check_ignored_options
 
 #: The apps :func:`install` has seen (an app is installed once).
 _installed: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -72,8 +73,12 @@ def check_lock_options(
 ) -> None:
     """A router that routes nothing: raise :class:`~celery_redlock.LockConfigError` for a bad
     per-call ``lock_*`` option in ``options`` (naming the task, the option and what was
-    expected), return ``None`` otherwise. Notes ``task`` for :func:`routed_task`."""
+    expected), return ``None`` otherwise. Notes ``task`` for :func:`routed_task`. The first
+    call of a task also refuses ``lock_*`` options the task does not read
+    (:func:`celery_redlock._celery.identity.check_ignored_options`)."""
     note(task)
+    if task is not None:
+        check_ignored_options(task)
     raw = {n: v for n, v in options.items() if isinstance(n, str) and n.startswith("lock_")}
     if raw:
         calls.take(f"task {name}", raw)

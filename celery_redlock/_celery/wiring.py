@@ -59,7 +59,7 @@ from kombu.utils.imports import symbol_by_name
 from ..exceptions import LockConfigError
 from . import calls, checks, routing, supersede
 from .engine import clear_queued, leave
-from .identity import spec_of
+from .identity import check_ignored_options, spec_of
 from .options import cross_check, settings_for, warn_unknown_settings
 from .parent import ParentReleaseMixin
 from .state import state
@@ -93,7 +93,10 @@ class CrossCheck(bootsteps.Step):  # type: ignore[misc]
 
 
 def check_app(app: Any) -> None:
-    """Raise :class:`~celery_redlock.LockConfigError` for invalid settings or option mixes."""
+    """Raise :class:`~celery_redlock.LockConfigError` for invalid settings or option mixes,
+    and for ``lock_*`` options given to a task that does not read them."""
+    for task in app.tasks.values():
+        check_ignored_options(task)
     specs = [spec for spec in map(spec_of, app.tasks.values()) if spec is not None]
     if specs:
         settings = settings_for(app)

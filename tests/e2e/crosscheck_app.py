@@ -3,8 +3,9 @@
 Configured from the environment: ``REDLOCK_TEST_PORT`` is the test's private redis-server
 (broker db 1), ``REDLOCK_TEST_URL`` is ``redlock_url`` (a JSON list of URLs, or one URL; the
 JSON ``null`` leaves it unset), ``REDLOCK_TEST_CONF`` more settings (a JSON object, such as
-``{"broker_url": "memory://"}``), and ``REDLOCK_TEST_API`` (``task``, ``decorator`` or ``both``:
-``base=LockedTask`` over ``@single_instance``) picks the API declaring the one locked task,
+``{"broker_url": "memory://"}``), and ``REDLOCK_TEST_API`` (``task``, ``decorator``, ``both``:
+``base=LockedTask`` over ``@single_instance``, ``plain``: the options without ``LockedTask``,
+``mixed``: the options over ``@single_instance``) picks the API declaring the one task,
 ``limited``, with ``REDLOCK_TEST_LIMIT`` (default 2) executions at once and the task options of
 ``REDLOCK_TEST_OPTIONS`` (a JSON object, ``lock_*`` names).
 """
@@ -36,6 +37,19 @@ API = os.environ["REDLOCK_TEST_API"]
 if API == "task":
 
     @app.task(base=LockedTask, lock_limit=LIMIT, **OPTIONS)
+    def limited(key: str) -> Any:
+        return key
+
+elif API == "plain":  # lock options without LockedTask: nothing would read them
+
+    @app.task(**OPTIONS)
+    def limited(key: str) -> Any:
+        return key
+
+elif API == "mixed":  # task options over @single_instance, which reads only its keywords
+
+    @app.task(**OPTIONS)
+    @single_instance(limit=LIMIT)
     def limited(key: str) -> Any:
         return key
 

@@ -128,11 +128,21 @@ def refusal(server: RedisServer, **knobs: object) -> list[str]:
         ),
         ({"api": "both"}, "base=LockedTask and @single_instance on one task"),
         (
+            {"api": "plain", "options": json.dumps({"lock_by": ["key"]})},
+            "option lock_by=['key'] is ignored: the task is not locked; expected "
+            "@app.task(base=LockedTask, lock_by=...)",
+        ),
+        (
+            {"api": "mixed", "options": json.dumps({"lock_on_contention": "fail"})},
+            "option lock_on_contention='fail' is given to @app.task, and @single_instance reads "
+            "only its own keywords",
+        ),
+        (
             {"conf": json.dumps({"redlock_timeline": "many"})},
             "setting redlock_timeline='many' is invalid; expected a whole number >= 0",
         ),
     ],
-    ids=["no-url", "skipp", "lock_tll", "both-apis", "timeline"],
+    ids=["no-url", "skipp", "lock_tll", "both-apis", "no-base", "over-decorator", "timeline"],
 )
 def test_a_refused_worker_prints_the_error_line_and_no_traceback(
     server: RedisServer, knobs: dict[str, str], expected: str

@@ -11,11 +11,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery import Celery
+from celery import Celery, Task
 
 import celery_redlock.asyncio
 from celery_redlock import LockConfigError, LockedTask, lock_key, single_instance
 from celery_redlock._celery.options import MAX_SECONDS, reset_settings, settings_for
+from celery_redlock._celery.wiring import check_app
 from celery_redlock._redis import keys as _keys
 from celery_redlock._redis.clients import redact
 
@@ -419,6 +420,57 @@ def test_both_apis_on_one_task_are_refused_when_the_class_is_built(app: Celery) 
     message = str(info.value)
     assert "base=LockedTask and @single_instance on one task" in message
     assert "twice" in message and "contend with itself" in message
+
+
+def test_lock_options_on_a_task_without_lockedtask_are_refused_at_start_and_first_call(
+    app: Celery,
+) -> None:
+    @app.task(name="bad.plain", lock_by=["account_id"], lock_on_contention="wait")
+    def plain(account_id: int) -> None: ...
+
+    expected = (
+        "task bad.plain: option lock_by=['account_id'] is ignored: the task is not locked; "
+        "expected @app.task(base=LockedTask, lock_by=...), or @single_instance(by=...)"
+    )
+    with pytest.raises(LockConfigError) as info:
+        check_app(app)  # what a worker runs at start
+    assert expected in str(info.value)
+    app.conf.broker_url = "memory://"
+    with pytest.raises(LockConfigError) as info:
+        plain.delay(7)  # the caller, before anything is published
+    assert expected in str(info.value)
+
+
+def test_a_task_option_over_single_instance_is_refused_naming_the_keyword(app: Celery) -> None:
+    @app.task(name="bad.mixed", lock_on_contention="fail")
+    @single_instance(by=["account_id"])
+    def mixed(account_id: int) -> None: ...
+
+    with pytest.raises(LockConfigError) as info:
+        check_app(app)
+    assert (
+        "task bad.mixed: option lock_on_contention='fail' is given to @app.task, and "
+        "@single_instance reads only its own keywords; expected @single_instance(on_contention="
+    ) in str(info.value)
+
+
+def test_lock_options_a_task_reads_are_not_refused(app: Celery) -> None:
+    app.conf.task_annotations = {"*": {"lock_on_contention": "wait"}}
+
+    class HandRolled(Task):  # type: ignore[misc]
+        """A lock base of the user's own, whose option has one of our names."""
+
+        lock_ttl = 30
+
+    @app.task(base=HandRolled, name="bad.own", lock_ttl=60)
+    def own() -> None: ...
+
+    @app.task(name="bad.annotated")  # reached by the "*" annotation meant for locked tasks
+    def annotated() -> None: ...
+
+    declare(app, lock_by=["account_id"])
+    check_app(app)
+    assert app.tasks["bad.annotated"].lock_on_contention == "wait"
 
 
 def test_the_wrong_order_error_names_the_real_function(app: Celery) -> None:
