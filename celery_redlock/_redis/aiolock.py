@@ -37,7 +37,8 @@ to threads too):
    timeout, and A raises :class:`LockUnavailable`; (c) the server resumes and runs the
    attempt: the key is held by nobody until its TTL. The token is given back in a background
    task until two releases in a row were answered
-   (:class:`~celery_redlock._redis.core.GiveBack`).
+   (:class:`~celery_redlock._redis.core.GiveBack`). On a quorum, a release a frozen node did
+   not answer is given back to that node the same way (``aionodes.Quorum.release``).
 """
 
 from __future__ import annotations
@@ -47,14 +48,13 @@ import contextlib
 import functools
 import logging
 import sys
-import time
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 from ..exceptions import LockLost
-from .aionodes import Nodes, SingleNode, nodes_for
-from .core import SUBSCRIBED, Extended, GiveBack, LockCore, Op, Run, lost_reply, ms
+from .aionodes import Nodes, SingleNode, give_back, in_background, nodes_for
+from .core import SUBSCRIBED, Extended, LockCore, Op, Run, lost_reply, ms
 from .nodes import Target
 from .scripts import AcquireResult, WaitReply
 from .subscriptions import hub_for
@@ -114,8 +114,7 @@ async def settle(aw: Awaitable[T], late: Callable[[T], Any] | None = None) -> T:
         if late is None:
             task.cancel()
         else:
-            _background.add(task)
-            task.add_done_callback(_background.discard)
+            in_background(task)
             task.add_done_callback(functools.partial(_undo, late))
         raise
     return task.result()
@@ -130,18 +129,7 @@ def _undo(late: Callable[[T], Any], task: asyncio.Future[T]) -> None:
 def _run_late(late: Callable[[T], Any], result: T) -> None:
     undo = late(result)
     if asyncio.iscoroutine(undo):
-        _in_background(undo)
-
-
-def _in_background(undo: Awaitable[Any]) -> None:
-    """Run the clean-up ``undo`` in a task of its own, referenced until it ends."""
-    background = asyncio.ensure_future(undo)
-    _background.add(background)
-    background.add_done_callback(_background.discard)
-
-
-#: Clean-ups running after a cancellation (referenced until they end).
-_background: set[asyncio.Future[Any]] = set()
+        in_background(undo)
 
 
 #: Tasks count the cancellations asked of them (``Task.cancelling()``, Python >= 3.11).
@@ -318,7 +306,7 @@ class Lock(LockCore):
                 elif op is Op.LEAVE:
                     run.reply = await settle(queue.leave(self.keys, *arg))
                 elif op is Op.ABANDON:  # the wait was interrupted: not waiting for Redis
-                    _in_background(self._abandon(queue, *arg))
+                    in_background(self._abandon(queue, *arg))
                 elif op is Op.CLOSE and subscription is not None:
                     _unsubscribe(subscription)
             except BaseException as exc:  # the core decides: thrown into the wait
@@ -410,25 +398,13 @@ class Lock(LockCore):
         """:meth:`_give_back` for a cancelled caller: forget ``token`` now, and release it in
         the background, so that the cancellation is raised without waiting for Redis."""
         self._drop(token)
-        _in_background(self._give_back(token))
+        in_background(self._give_back(token))
 
     def _give_back_if_lost(self, error: Exception, token: str) -> None:
         """An attempt raised ``error``: if its reply was lost, give ``token`` back in the
         background as :class:`~celery_redlock._redis.core.GiveBack` plans (hazard 7)."""
         if lost_reply(error):
-            _in_background(self._give_back_when_answered(token))
-
-    async def _give_back_when_answered(self, token: str) -> None:
-        plan = GiveBack(self.key, time.monotonic())
-        delay: float | None = plan.delay
-        while delay is not None:
-            await asyncio.sleep(delay)
-            error: Exception | None = None
-            try:
-                await self.do_release(token)
-            except Exception as exc:  # judged by the plan: retried, or the end
-                error = exc
-            delay = plan.after(error, time.monotonic())
+            give_back(self.key, functools.partial(self.do_release, token))
 
     def _drop(self, token: str) -> None:
         """Forget ``token`` if this lock holds it, and stop its renewal (not another's: a

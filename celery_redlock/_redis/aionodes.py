@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import time
 import weakref
-from collections.abc import AsyncGenerator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import redis as redis_py
@@ -42,12 +44,14 @@ from . import scripts as _scripts
 from .clients import check_client, node_name, redact, redact_url, validate_url
 from .core import (
     Extended,
+    GiveBack,
     Outcome,
     QueueRules,
     QuorumRules,
     Replies,
     classify,
     count_votes,
+    lost_reply,
     majority,
     released,
     unavailable,
@@ -63,6 +67,39 @@ MAX_CONNECTIONS = 100
 
 #: URL schemes an asyncio lock builds clients for; pass a ``redis.asyncio`` client otherwise.
 SCHEMES = ("redis://", "rediss://", "unix://")
+
+#: Clean-ups and give-backs running in the background (referenced until they end).
+_background: set[asyncio.Future[Any]] = set()
+
+
+def in_background(undo: Awaitable[Any]) -> None:
+    """Run the clean-up ``undo`` in a task of its own, referenced until it ends."""
+    background = asyncio.ensure_future(undo)
+    _background.add(background)
+    background.add_done_callback(_background.discard)
+
+
+def give_back(key: str, release: Callable[[], Awaitable[object]]) -> None:
+    """Send ``release()`` (the owner-checked release of a token whose reply was lost, for lock
+    ``key``) in the background, as :class:`~celery_redlock._redis.core.GiveBack` plans: the
+    asyncio twin of :func:`celery_redlock._redis.givebacks.give_back`. It runs in the running
+    loop, and ends with it: a give-back still pending when the loop closes is not sent, and the
+    key expires by its TTL."""
+    in_background(_give_back(key, release))
+
+
+async def _give_back(key: str, release: Callable[[], Awaitable[object]]) -> None:
+    plan = GiveBack(key, time.monotonic())
+    delay: float | None = plan.delay
+    while delay is not None:
+        await asyncio.sleep(delay)
+        error: Exception | None = None
+        try:
+            await release()
+        except Exception as exc:  # judged by the plan: retried, or the end
+            error = exc
+        delay = plan.after(error, time.monotonic())
+
 
 _per_loop: weakref.WeakKeyDictionary[
     asyncio.AbstractEventLoop, tuple[dict[tuple[str, float | None], Any], Any]
@@ -309,7 +346,7 @@ class Quorum(QuorumRules):
             return AcquireResult(
                 True, fencing_token=vote.fencing, complete=vote.won == len(replies)
             )
-        await self._call_all(_scripts.RELEASE, _scripts.release_call(keys, token))
+        await self.release(keys, token, quiet=True)
         self.check_answered(keys.lock, replies, "acquire failed")
         return vote.refusal
 
@@ -318,9 +355,24 @@ class Quorum(QuorumRules):
         replies = await self._call_all(_scripts.RAISE_FENCE, call, only=lagging)
         return self.fence_raised(replies, lagging, won)
 
-    async def release(self, keys: LockKeys, token: str, keep_ms: int = 0) -> bool:
+    async def release(
+        self, keys: LockKeys, token: str, keep_ms: int = 0, quiet: bool = False
+    ) -> bool:
+        """Release on every node (see the sync ``Quorum.release``): ``quiet`` is the give-back
+        of a failed acquisition, and a node whose reply was lost (frozen past
+        ``node_timeout``) is given the release again in the background (:func:`give_back`)."""
         call = _scripts.release_call(keys, token, keep_ms)
-        return self.released(keys.lock, await self._call_all(_scripts.RELEASE, call))
+        replies = await self._call_all(_scripts.RELEASE, call)
+        for i, (_, error) in enumerate(replies):
+            if error is not None and lost_reply(error):
+                give_back(keys.lock, functools.partial(self._release_on, i, call))
+        return quiet or self.released(keys.lock, replies)
+
+    async def _release_on(self, node: int, call: Call) -> None:
+        """The release ``call`` on one node; raises that node's error."""
+        error = (await self._call_all(_scripts.RELEASE, call, only=[node]))[node][1]
+        if error is not None:
+            raise error
 
     async def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> Extended:
         """Extend where held, re-assert where missing (see the sync ``Quorum.extend``)."""

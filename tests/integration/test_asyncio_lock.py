@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 
 import celery_redlock
 from celery_redlock import LockContended, LockLost
-from celery_redlock._redis import aiolock
+from celery_redlock._redis import aiolock, aionodes
 from celery_redlock._redis.aionodes import SingleNode
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.nodes import Extended
@@ -462,7 +462,7 @@ def test_a_cancel_is_raised_at_once_while_redis_is_frozen(
         with pytest.raises(asyncio.CancelledError):
             await task
         assert not lock.held
-        await until(lambda: not aiolock._background)  # the give-backs ran to their end
+        await until(lambda: not aionodes._background)  # the give-backs ran to their end
         assert queued(r) == 0
 
     run(main())
@@ -659,7 +659,7 @@ def test_a_blocking_acquire_cancelled_at_once_raises_cancelled_promptly(
         # A place the cancelled join took is given back when its reply arrives (in the
         # background): within a round trip, long before the place would lapse.
         await until(lambda: queued(r) == 0, 3)
-        await until(lambda: not aiolock._background, 3)  # before the loop ends (hazard 5)
+        await until(lambda: not aionodes._background, 3)  # before the loop ends (hazard 5)
 
     run(main())
     assert r.get(KEY) == holder.token.encode()  # type: ignore[union-attr]
@@ -689,7 +689,7 @@ def test_a_cancelled_non_blocking_acquire_never_returns_true(
             # A lock the cancelled script won is given back once its reply arrives (in the
             # background): within a round trip, where a stale holder would keep it 10 s.
             await until(lambda: r.get(KEY) is None, 3)
-        await until(lambda: not aiolock._background, 3)  # before the loop ends (hazard 5)
+        await until(lambda: not aionodes._background, 3)  # before the loop ends (hazard 5)
 
     run(main())
 
