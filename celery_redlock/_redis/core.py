@@ -787,8 +787,11 @@ class LockCore:
         notifications stops answering, the waiter leaves the queue (taking a handoff that came
         meanwhile) and subscribes again (to another node of a quorum); a single node that is
         down raises :class:`LockUnavailable` from the next attempt. An interrupted wait
-        (``SystemExit`` from a revoke or time limit, ``KeyboardInterrupt``, a cancelled task)
-        gives back a lock handed over meanwhile, or it would sit out its lease unused.
+        (``SystemExit`` from a revoke or time limit, a soft time limit or any exception a
+        signal handler raises, ``KeyboardInterrupt``, a cancelled task) leaves the queue and
+        gives back a lock handed over meanwhile. Without that, (1) W1 is interrupted and its
+        entry stays first; (2) A's release hands the lock to W1's entry; (3) W2, alive behind
+        it, waits for that lock's whole lease, held by nobody.
         """
         deadline = None if timeout is None else self.clock() + timeout
         while True:
@@ -827,20 +830,19 @@ class LockCore:
                         subscribed = True
                     elif wait is not None and (yield from self._handed(wait, data)):
                         return True
-            except Exception as exc:
-                if isinstance(exc, LockUnavailable) or classify(exc) is not Outcome.UNAVAILABLE:
-                    raise
-                reusable = False
-                # The channel is gone; a handoff may have come before: take it, or wait anew.
-                if wait is not None and (yield from self._leave(wait, quietly=True)):
-                    return True
-                continue
+            except LockUnavailable:  # the node is down: leaving the queue would wait again
+                raise
             except GeneratorExit:  # closed by its driver, which performs nothing more
                 reusable = None
                 raise
-            except BaseException:
+            except BaseException as exc:
                 reusable = False
-                if wait is not None:  # give back a lock handed over meanwhile
+                if isinstance(exc, Exception) and classify(exc) is Outcome.UNAVAILABLE:
+                    # The channel is gone; a handoff may have come before: take it, or wait anew.
+                    if wait is not None and (yield from self._leave(wait, quietly=True)):
+                        return True
+                    continue
+                if wait is not None:  # leave the queue, giving back a lock handed over meanwhile
                     yield Op.ABANDON, (wait.member, wait.secret)
                 raise
             finally:

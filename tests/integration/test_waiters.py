@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -286,6 +287,44 @@ def test_a_waiter_interrupted_after_the_handoff_gives_the_lock_back(r: redis_py.
     assert isinstance(raised.get(timeout=10), SystemExit)
     assert not waiter.held
     assert r.get(holder.keys.lock) is None  # given back, not left to its 10 s lease
+
+
+class Interrupted(Exception):
+    """What a signal handler raises, as Celery's ``SoftTimeLimitExceeded`` does."""
+
+
+def test_a_wait_interrupted_by_an_exception_leaves_the_queue(r: redis_py.Redis) -> None:
+    """A blocking wait ended by an ordinary exception (a soft time limit, SIGUSR1 of a revoke,
+    any signal handler that raises) leaves the queue. Before, only a ``BaseException`` did:
+    the entry stayed, the next release handed the lock to it, and the live waiter behind it
+    waited for that lock's whole lease."""
+    holder = Lock(r, "interrupted-wait", ttl=30)
+    assert holder.acquire(blocking=False)
+    waiter = Lock(r, "interrupted-wait", ttl=30)
+
+    def interrupt(*_: Any) -> None:
+        raise Interrupted
+
+    def send_when_queued() -> None:
+        wait_until(lambda: queued(r, holder) == 1, 10, "the waiter queued")
+        signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGALRM)
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        threading.Thread(target=send_when_queued, daemon=True).start()
+        with pytest.raises(Interrupted):
+            waiter.acquire(timeout=30)  # in the main thread, where signal handlers run
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert not waiter.held
+    assert queued(r, holder) == 0
+    live = Lock(r, "interrupted-wait", ttl=30)
+    won = blocked(live)
+    wait_until(lambda: queued(r, holder) == 1, 10, "the live waiter queued")
+    holder.release()
+    assert won.get(timeout=10)  # handed the lock by the release, not after a 30 s lease
+    assert r.get(live.key) == (live.token or "").encode()
+    live.release()
 
 
 def test_a_waiter_releases_over_an_open_connection_after_the_handoff(
