@@ -392,6 +392,38 @@ def test_replace_with_retry_runs_the_newest_arguments_last(
     assert_superseded_by_newer(caplog.text, calls)
 
 
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("option", ["replace", "debounce"])
+def test_a_call_published_after_the_marker_expired_runs_and_supersedes_the_older_ones(
+    app: Celery, r: redis_py.Redis, api: str, option: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Helper probe, round 3. Five calls wait in the broker (no worker yet); the marker
+    expires (``lock_enqueue_ttl=1``), as it is lost when a Redis without persistence restarts;
+    then a sixth call is published. Numbers started again at 1 in the new marker, so the
+    fifth call's 5 passed for the newest and superseded the sixth: the newest call was lost.
+    Numbers now follow the server's clock across markers: the sixth runs, and supersedes the
+    five."""
+    ran: list[int] = []
+
+    def save(self: Task, doc: str, version: int) -> int:
+        ran.append(version)
+        return version
+
+    supersede: dict[str, Any] = (
+        {"enqueue": "replace"} if option == "replace" else {"debounce": 0.2}
+    )
+    task = define(app, api, save, by=["doc"], enqueue_ttl=1, **supersede)
+    marker = lock_key(task, "d", 0) + ":newest"
+    older = [task.delay("d", version) for version in range(1, 6)]
+    wait_until(lambda: not r.exists(marker), 10, "the marker to expire")
+    newest = task.delay("d", 6)
+    with caplog.at_level(logging.INFO, logger="celery_redlock.task"), running_worker(app):
+        assert newest.get(timeout=10) == 6
+        assert [c.get(timeout=10) for c in older] == [None] * 5
+    assert ran == [6]
+    assert [superseded_by(caplog.text, c) for c in older] == [newest.id] * 5
+
+
 def test_a_newer_call_never_shortens_the_marker_below_an_older_eta(
     app: Celery, r: redis_py.Redis
 ) -> None:

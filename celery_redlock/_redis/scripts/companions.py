@@ -40,13 +40,22 @@ return 0
 #: ``n`` the last number handed to a call being published, ``id``/``seq`` the newest call
 #: known to be published (confirmed after its publish, or seen starting), ``first`` the server
 #: time in ms of the first call of the open debounce window.
+#:
+#: A number is the server's time in microseconds, or the last number + 1 if that is later, so
+#: numbers keep growing when the marker expires or is lost with a restart. Timeline they close:
+#: (1) calls 1 to 5 wait in the broker; (2) the marker expires; (3) call 6 is published into a
+#: new marker: were numbers counted from 1 in each marker, call 6 would be 1, call 5 would pass
+#: for the newer one when it starts, and call 6, the newest, would end as superseded. What is
+#: left: a server clock stepped back (or a failover to a server whose clock is behind) by more
+#: than the time since the older calls were numbered, together with a lost marker.
 MARK_NEWEST = """
 -- KEYS[1] newest-call marker (fields n, id, seq, first: see the module)
 -- ARGV[1] debounce in ms (0: none), ARGV[2] debounce_max in ms (0: none),
 -- ARGV[3] ms the marker outlives the moment the call is due
 -- returns {delay_ms, seq}: the delay until the call is due (the debounce, capped so that the
 --         call is due at most debounce_max after the first call of the window; 0 without a
---         debounce), and the number of this call (its message carries it)
+--         debounce), and the number of this call (its message carries it): the server time
+--         in microseconds, or the last number + 1 if that is later (see the fields above)
 -- Runs before the publish and does not make the call the newest: CONFIRM_NEWEST does, after
 -- the publish succeeded (a failed publish leaves the queued calls as they were). A window
 -- opens with a call that finds no 'first' field, or finds that the old window's cap passed
@@ -61,8 +70,9 @@ if cap > 0 and first + cap + delay <= now then first = now end
 if delay > 0 and cap > 0 and first + cap - now < delay then
   delay = math.max(first + cap - now, 0)
 end
-local seq = redis.call('HINCRBY', KEYS[1], 'n', 1)
-redis.call('HSET', KEYS[1], 'first', string.format('%d', first))
+local last = tonumber(redis.call('HGET', KEYS[1], 'n') or '0')
+local seq = math.max(last + 1, tonumber(t[1]) * 1000000 + tonumber(t[2]))
+redis.call('HSET', KEYS[1], 'n', string.format('%d', seq), 'first', string.format('%d', first))
 local keep = delay + tonumber(ARGV[3])
 if redis.call('PTTL', KEYS[1]) < keep then redis.call('PEXPIRE', KEYS[1], keep) end
 return {delay, seq}
@@ -221,7 +231,7 @@ return 1
 SCRIPTS = (
     Script("mark_queued", MARK_QUEUED, ("SET", "GET")),
     Script("clear_queued", CLEAR_QUEUED, ("GET", "DEL")),
-    Script("mark_newest", MARK_NEWEST, ("TIME", "HGET", "HINCRBY", "HSET", "PTTL", "PEXPIRE")),
+    Script("mark_newest", MARK_NEWEST, ("TIME", "HGET", "HSET", "PTTL", "PEXPIRE")),
     Script("confirm_newest", CONFIRM_NEWEST, ("HGET", "HSET")),
     Script("check_newest", CHECK_NEWEST, ("HGET", "HDEL", "HSET")),
     Script("rate", RATE, ("TIME", "LLEN", "LINDEX", "RPUSH", "LTRIM", "PEXPIRE", "GET", "SET")),
