@@ -43,9 +43,9 @@ Hazards, stated in the guide: the newest message carries the batch, so revoking 
 it) leaves the calls it superseded unrun; a marker that expired (``lock_enqueue_ttl`` after the
 call was due; the TTL is never shortened by a later call) or was lost (the lock Redis restarted)
 lets every older call run, until a later call is published (numbers follow the server's clock
-across markers, :data:`celery_redlock._redis.scripts.companions.MARK_NEWEST`); with a debounce, every superseded message waits for its ETA in a
-worker's memory, as Celery holds ETA messages, and an ``expires`` shorter than the debounce
-revokes every call of the window.
+across markers: ``MARK_NEWEST`` in :mod:`celery_redlock._redis.scripts.companions`); with a
+debounce, every superseded message waits for its ETA in a worker's memory, as Celery holds ETA
+messages, and an ``expires`` shorter than the debounce revokes every call of the window.
 """
 
 from __future__ import annotations
