@@ -409,9 +409,7 @@ def test_a_call_published_after_the_marker_expired_runs_and_supersedes_the_older
         ran.append(version)
         return version
 
-    supersede: dict[str, Any] = (
-        {"enqueue": "replace"} if option == "replace" else {"debounce": 0.2}
-    )
+    supersede: dict[str, Any] = {"enqueue": "replace"} if option == "replace" else {"debounce": 0.2}
     task = define(app, api, save, by=["doc"], enqueue_ttl=1, **supersede)
     marker = lock_key(task, "d", 0) + ":newest"
     older = [task.delay("d", version) for version in range(1, 6)]
