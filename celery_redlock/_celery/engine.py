@@ -577,6 +577,7 @@ def _on_unavailable(
             countdown,
             exc,
         )
+        setattr(request, supersede.REQUEUE_ATTR, True)  # the body did not start: keep its number
         raise task.retry(countdown=countdown, exc=exc)
     if policy == "fail":
         ending = "failing (redlock_on_unavailable='fail')"

@@ -33,9 +33,9 @@ What is never superseded:
    ``lock_bypass`` calls, which write no marker either. A replacement (``self.replace()``)
    is not such a message although it carries the running task id: it is a new call, numbered
    (and debounced) as any. A requeue by the lock itself
-   (contention ``retry``, ``lock_rate``), whose body did not start, keeps its number and is
-   checked again when it comes back: an older call retried with jitter never runs after a
-   newer one.
+   (contention ``retry``, ``lock_rate``, ``redlock_on_unavailable="retry"``), whose body did
+   not start, keeps its number and is checked again when it comes back: an older call retried
+   with jitter, or for an outage, never runs after a newer one.
 2. The newest call. Since its id stays in the marker after it starts, an older message that a
    slow worker starts afterwards is still superseded: old arguments never run after new ones.
 

@@ -422,6 +422,39 @@ def test_a_call_published_after_the_marker_expired_runs_and_supersedes_the_older
     assert [superseded_by(caplog.text, c) for c in older] == [newest.id] * 5
 
 
+@pytest.mark.parametrize("option", ["replace", "debounce"])
+def test_an_older_call_requeued_for_an_outage_is_still_superseded(
+    redis_server: RedisServer, option: str
+) -> None:
+    """Helper probe, round 3. OLD is numbered while the lock Redis answers; at the worker the
+    lock Redis is down, so ``redlock_on_unavailable="retry"`` requeues it, before its body
+    ran. The requeue was unnumbered, as if the body had started: after the lock Redis came
+    back and NEW was published, OLD's requeue ran after NEW, its old arguments undoing the
+    newest. The requeue keeps its number, as a requeue by the lock does, and is superseded."""
+    ran: list[str] = []
+    supersede: dict[str, Any] = (
+        {"lock_enqueue": "replace"} if option == "replace" else {"lock_debounce": 0.2}
+    )
+    with RedisServer() as lock_server:
+        app = make_app(redis_server, redlock_url=lock_server.url, redlock_on_unavailable="retry")
+
+        @app.task(base=LockedTask, bind=True, shared=False, lock_by=["doc"], **supersede)
+        def save(self: Task, doc: str, version: str) -> str:
+            ran.append(version)
+            return version
+
+        old = save.delay("d", "OLD")  # numbered; no worker yet
+        lock_server.stop()
+        with running_worker(app):
+            wait_until(lambda: old.state == "RETRY", 20, "OLD to be requeued for the outage")
+            lock_server.start()  # empty: the marker is gone too
+            new = save.delay("d", "NEW")
+            assert new.get(timeout=20) == "NEW"
+            assert old.get(timeout=30) is None  # superseded when its requeue came back
+        app.close()
+    assert ran == ["NEW"]
+
+
 def test_a_newer_call_never_shortens_the_marker_below_an_older_eta(
     app: Celery, r: redis_py.Redis
 ) -> None:
