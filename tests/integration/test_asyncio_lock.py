@@ -746,3 +746,22 @@ def test_an_exhausted_client_pool_is_named_as_such(redis_url: str) -> None:
             await client.aclose()
 
     run(main())
+
+
+def test_the_lock_reconnects_after_the_server_closed_its_connections() -> None:
+    """A server restart closes the pooled connections; the loop runs meanwhile and sees it.
+    The next acquire reconnects, as the thread lock does. On redis-py older than 5.0.8 the
+    asyncio pool took a closed connection for a live one (it read the end of the stream as
+    "no data"), and the acquire failed with ``LockUnavailable``: "Connection closed by
+    server"; so redis-py 5.0.8 is the oldest accepted."""
+
+    async def main(server: RedisServer) -> None:
+        lock = Lock(server.url, "reconnect", ttl=10)
+        assert await lock.acquire(blocking=False)
+        await lock.release()
+        await asyncio.to_thread(server.restart)  # the loop waits in select(): it reads the close
+        assert await lock.acquire(blocking=False)
+        await lock.release()
+
+    with RedisServer() as server:
+        asyncio.run(main(server))
