@@ -148,6 +148,19 @@ def _check_node(
     try:
         client = probe.connect(url, CHECK_TIMEOUT)
     except Exception as exc:  # any failure here means "not usable now", never fatal
+        fix = probe.login_refusal(exc)
+        if fix is not None:
+            log = logger.warning if in_quorum else logger.error
+            log(
+                "celery_redlock: the lock Redis at %s refused the connection (%s: %s): %s; "
+                "fix redlock_url. Until then locked tasks follow redlock_on_unavailable=%r",
+                shown,
+                type(exc).__name__,
+                redact(exc),
+                fix,
+                on_unavailable,
+            )
+            return False
         if in_quorum:
             logger.warning(
                 "celery_redlock: lock Redis node %s does not answer (%s: %s); the quorum "

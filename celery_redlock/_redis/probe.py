@@ -143,6 +143,20 @@ def connect(url: str, timeout: float) -> Any:
     return client
 
 
+def login_refusal(exc: BaseException) -> str | None:
+    """What to fix in the URL when the server answered the connection with a refusal (what
+    :func:`connect` raised), or ``None`` when it did not answer. A server that refuses the
+    login or the database answers: it is reachable, and retrying will not help."""
+    text = str(exc)
+    if any(cls.__name__ == "AuthenticationError" for cls in type(exc).__mro__):
+        return "the user name or password is wrong (or the user is disabled)"
+    if "DB index is out of range" in text:
+        return "the database number is above the server's 'databases' setting"
+    if refused(exc) and "'select'" in text:
+        return "the ACL user lacks +select, which a database other than 0 needs"
+    return None
+
+
 def infos(client: Any) -> list[dict[str, Any]]:
     """``INFO`` of the server, or of every primary of a cluster."""
     if isinstance(client, RedisCluster):

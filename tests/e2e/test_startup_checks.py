@@ -74,6 +74,38 @@ def test_an_unreachable_lock_redis_is_one_error_and_the_worker_still_runs(
     assert "hunter2" not in text
 
 
+@pytest.mark.parametrize(
+    ("path", "fix"),
+    [
+        ("u:wrong-hunter2@{host}/0", "the user name or password is wrong"),
+        ("{host}/99", "the database number is above the server's 'databases' setting"),
+        ("u:hunter2@{host}/3", "the ACL user lacks +select"),
+    ],
+    ids=["password", "database", "select"],
+)
+def test_a_lock_redis_that_refuses_the_login_is_an_error_naming_the_fix(
+    caplog: pytest.LogCaptureFixture, path: str, fix: str
+) -> None:
+    """The server answered: "cannot reach" would send the user to the network."""
+    with RedisServer() as server:
+        server.client().execute_command(
+            "ACL", "SETUSER", "u", "on", ">hunter2", "~*", "&*", "+@all", "-select"
+        )
+        url = "redis://" + path.format(host=f"127.0.0.1:{server.port}")
+        app = make_app(server, name="refused", redlock_url=url)
+
+        @app.task(base=LockedTask, shared=False)
+        def work() -> None: ...
+
+        with caplog.at_level(logging.INFO, logger="celery_redlock.worker"):
+            run_startup_checks(app, pool_enforces_limits=True)
+        app.close()
+    (error,) = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert error.startswith("celery_redlock: the lock Redis at redis://")
+    assert "refused the connection" in error and fix in error and "fix redlock_url" in error
+    assert "cannot reach" not in error and "hunter2" not in caplog.text
+
+
 def worker_host(worker: WorkerProcess) -> str:
     found = re.search(r"INFO/MainProcess\] w1@(\S+) ready\.", worker.text())
     assert found is not None
