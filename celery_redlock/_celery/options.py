@@ -787,14 +787,21 @@ def _ignored(app: Any, key: str, base: str) -> str:
 _UNSET = object()
 
 
+#: Per app: the settings warnings logged so far (each is logged once per process).
+_warned: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
 def warn_unknown_settings(app: Any) -> None:
-    """Log each of :func:`unknown_settings` at WARNING; never raises."""
+    """Log each of :func:`unknown_settings` at WARNING, once per app; never raises."""
     try:
         messages = unknown_settings(app)
     except Exception:  # a conf that cannot be read is reported by the lock operations
         return
+    warned = _warned.setdefault(app, set())
     for message in messages:
-        logger.warning("%s", message)
+        if message not in warned:
+            warned.add(message)
+            logger.warning("%s", message)
 
 
 #: ``id(app)`` -> (a weak reference to the app, its settings). Read once per execution: a

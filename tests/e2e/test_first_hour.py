@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -152,3 +153,23 @@ def test_a_refused_worker_prints_the_error_line_and_no_traceback(
     assert len(errors) == 1 and expected in errors[0], "\n".join(lines[-40:])
     assert not any("Traceback" in line or "KeyError" in line for line in lines)
     assert len(lines) <= 10, "\n".join(lines)
+
+
+def test_a_misspelled_setting_is_one_warning_in_the_worker_log(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """The app finalizes before Celery sets up logging: the warning used to be printed twice,
+    first as a bare line on stderr (outside the log file), then in the log at worker start."""
+    env = {
+        "REDLOCK_TEST_API": "task",
+        "REDLOCK_TEST_URL": f"redis://127.0.0.1:{server.port}/0",
+        "REDLOCK_TEST_CONF": json.dumps({"redlock_ulr": "redis://127.0.0.1:1/0"}),
+    }
+    log = tmp_path / "w3.log"  # the log file and stderr, both
+    with WorkerProcess(
+        server.port, "w3", app="tests.e2e.crosscheck_app", env=env, log=log, stderr=log
+    ):
+        output = log.read_text()
+    warned = [line for line in output.splitlines() if "unknown setting 'redlock_ulr'" in line]
+    assert len(warned) == 1, output[-3000:]
+    assert "WARNING/MainProcess] app 'crosscheck_app': unknown setting" in warned[0]
