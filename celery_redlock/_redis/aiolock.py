@@ -166,7 +166,15 @@ class Lock(LockCore):
     @property
     def fencing_token(self) -> int | None:
         """Strictly increasing number of the current acquisition (``None`` if not held, or once
-        :attr:`lost`)."""
+        :attr:`lost`).
+
+        Read by the acquisition itself (a property cannot wait for Redis), where the thread
+        lock reads it on first use. So it is the number the lock was taken with even if the
+        key was deleted or taken over since: (1) A acquires, with number 7; (2) an operator
+        deletes the key; (3) ``fencing_token`` is still 7 until a renewal, an extend or the
+        release finds the key gone (then :attr:`lost`), or the lease ends by :attr:`clock`.
+        A fenced store refuses a stale 7 once a later holder wrote 8, which is what fencing
+        is for."""
         return None if self.lost else self._fencing_token
 
     @property
