@@ -16,7 +16,7 @@ from support.clock import FakeClock
 
 
 class Node:
-    names = ("fake:6379",)
+    names = ("fake:1",)
 
     def __init__(self, queues: bool) -> None:
         self.queued = queues

@@ -91,7 +91,7 @@ def test_control_characters_in_a_lock_name_are_escaped_in_every_row(server: Redi
         lock.release()
 
 
-@pytest.mark.parametrize("url", ["redis//u:hunter2@h:6379/0", "redis:/u:hunter2@h/0"])
+@pytest.mark.parametrize("url", ["redis//u:hunter2@h:1/0", "redis:/u:hunter2@h/0"])
 def test_a_malformed_url_is_a_cli_error_without_the_password(server: RedisServer, url: str) -> None:
     done = cli(server.port, "ls", env={"REDLOCK_TEST_URL": url})
     assert done.returncode == 1
