@@ -22,11 +22,14 @@ something a user set up:
 
 Errors: a reply error (``NOSCRIPT``, ``OOM``, ``NOPERM``...) is raised as redis-py raises it,
 and the connection goes back to the pool. A connection error or time-out on the direct path
-disconnects that connection (``send_packed_command``/``read_response`` do) and the command
-is sent again through ``execute_command``, which applies the client's retry policy: the
-command is tried once more than the policy alone would. A command the server may have run
-before its reply was lost is seen as today by the callers (the acquire sees its own token as
-the holder, and the core's checks decide).
+disconnects that connection (``send_packed_command``/``read_response`` do). It is raised as
+it is, as ``execute_command`` raises it, unless the client's retry policy retries that error
+(the connection's ``retry_on_error``, e.g. ``retry_on_timeout=True``): then the command is
+sent again through ``execute_command``, which applies the policy, and is tried once more than
+the policy alone would. A server that stops answering costs one socket timeout, as with
+``execute_command``, not two. A command the server may have run before its reply was lost is
+seen as today by the callers (the acquire sees its own token as the holder, and the core's
+checks decide).
 
 ``tests/integration/test_commands.py`` pins the direct path and each case above on every
 redis-py and valkey version of the test matrix (redis-py's observability where it has one:
@@ -118,7 +121,8 @@ def execute(client: Any, *args: Any, **options: Any) -> Any:
         connection.send_packed_command((pack(connection.encoder, args),))
         reply = connection.read_response()
     except Exception as exc:
-        if classify(exc) is not Outcome.UNAVAILABLE:
+        retried = tuple(getattr(connection, "retry_on_error", None) or ())
+        if classify(exc) is not Outcome.UNAVAILABLE or not isinstance(exc, retried):
             raise
     else:
         return reply

@@ -157,13 +157,22 @@ def test_a_class_wrapper_takes_execute_command(redis_url: str) -> None:
     made.close()
 
 
-def test_a_server_that_stops_answering_is_asked_once_more_through_execute_command() -> None:
-    """A time-out on the direct path hands the command to ``execute_command`` (the client's
-    retry policy: none here), once; its error is raised, no connection is left checked out,
-    and the direct path serves again once the server answers."""
+@pytest.mark.parametrize(("retry_on_timeout", "handed"), [(False, 0), (True, 1)])
+def test_a_server_that_stops_answering_costs_what_the_retry_policy_says(
+    retry_on_timeout: bool, handed: int
+) -> None:
+    """A time-out on the direct path is raised at once when the client's retry policy does not
+    retry time-outs (redis-py's default), as ``execute_command`` would: one socket timeout,
+    not two. A policy that retries them gets the command handed to ``execute_command``. Either
+    way its error is raised, no connection is left checked out, and the direct path serves
+    again once the server answers."""
     with RedisServer() as server:
         made = redis_py.Redis.from_url(
-            server.url, socket_timeout=0.3, socket_connect_timeout=1, retry=Retry(NoBackoff(), 0)
+            server.url,
+            socket_timeout=0.3,
+            socket_connect_timeout=1,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=retry_on_timeout,
         )
         assert execute(made, "PING") in (b"PONG", True)
         assert server.process is not None
@@ -180,7 +189,7 @@ def test_a_server_that_stops_answering_is_asked_once_more_through_execute_comman
             _, calls = library_calls(attempt)
         finally:
             server.process.send_signal(signal.SIGCONT)
-        assert len(failed) == 1 and calls == 1
+        assert len(failed) == 1 and calls == handed
         assert len(made.connection_pool._in_use_connections) == 0
         reply, calls = library_calls(lambda: execute(made, "PING"))
         assert (reply in (b"PONG", True), calls) == (True, 0)
