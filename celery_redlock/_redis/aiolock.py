@@ -190,13 +190,15 @@ class Lock(LockCore):
         the instance default, which may be forever). Raises :class:`LockUnavailable` when
         Redis does not answer. Cancelling the waiting task gives up at once and cleanly: the
         cancellation is raised without waiting for Redis, and what the acquire may have taken
-        is given back in the background (hazards 1, 2 and 6).
+        is given back in the background (hazards 1, 2 and 6). A blocking acquire over an asyncio
+        Cluster client raises :class:`ValueError`: it has no pub/sub to wait with.
         """
         timeout = self._acquire_mode(blocking, timeout)
         try:
             if timeout == -1.0:
                 taken = await self._attempt()
             else:
+                self.nodes.check_wait()
                 taken = await self.do_wait(timeout)
             if _cancelling():  # a cancellation dropped on the way (hazard 6)
                 raise asyncio.CancelledError

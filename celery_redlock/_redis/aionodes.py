@@ -290,6 +290,22 @@ class SingleNode(QueueRules):
     async def pubsub_client(self) -> Any:
         return self.node.client()
 
+    def check_wait(self) -> None:
+        """Raise :class:`ValueError` if a blocking acquire cannot wait here (:func:`_waits`)."""
+        _waits(self.node)
+
+
+def _waits(node: Node) -> None:
+    """A blocking acquire listens for releases on pub/sub, which an asyncio Cluster client has
+    not (redis-py's nor valkey's). Refused at every blocking acquire, held key or not: the
+    first contended call in production must not be where it shows."""
+    if is_cluster(node.client()):
+        raise ValueError(
+            f"lock on {node.name}: a blocking acquire waits on pub/sub, and an asyncio Cluster "
+            "client has no pub/sub; use acquire(blocking=False), or the thread Lock over a "
+            "sync Cluster client"
+        )
+
 
 class Quorum(QuorumRules):
     """An asyncio lock on N independent Redis nodes, held while a majority holds it."""
@@ -393,6 +409,11 @@ class Quorum(QuorumRules):
                     raise
                 values.append(-2)
         return self.pttl(values)
+
+    def check_wait(self) -> None:
+        """Raise :class:`ValueError` if a blocking acquire cannot wait on some node."""
+        for node in self.nodes:
+            _waits(node)
 
     async def pubsub_client(self) -> Any:
         """The first node that answers a PING (release notifications come from every node)."""

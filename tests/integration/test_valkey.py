@@ -111,7 +111,11 @@ async def exercise_async(client: object, name: str, *, wait: bool = True) -> Non
     assert not await second.acquire(blocking=False)
     await first.extend(20)
     if not wait:  # an asyncio Cluster client has no pub/sub to wait with (redis-py's neither)
+        with pytest.raises(ValueError, match="an asyncio Cluster client has no pub/sub"):
+            await second.acquire(blocking=True)  # a clear error, not AttributeError: 'pubsub'
         await first.release()
+        with pytest.raises(ValueError, match="an asyncio Cluster client has no pub/sub"):
+            await second.acquire(blocking=True)  # also when the key is free
         assert await second.acquire(blocking=False)
         await second.release()
         return
