@@ -177,11 +177,29 @@ def _limit(owner: str, option: str, value: Any, _: Params) -> int | None:
     return value
 
 
+#: sidekiq-unique-jobs lifetimes that are not a value of lock_enqueue, and what gives them
+#: (docs/lifetimes.md): a "did you mean" by spelling would offer 'until_executed' for each.
+SIDEKIQ_LIFETIMES = {
+    "until_executing": "True ('keep')",
+    "until_and_while_executing": "True ('keep')",
+    "while_executing": "False: the run lock alone, with lock_on_contention",
+    "until_expired": "False with lock_cooldown=<seconds> (or lock_rate)",
+}
+
+
 def _enqueue(owner: str, option: str, value: Any, _: Params) -> EnqueueMode:
     if value is False or value is None:
         return None
     if value is True:
         return "keep"
+    if isinstance(value, str) and value in SIDEKIQ_LIFETIMES:
+        raise _invalid(
+            owner,
+            option,
+            value,
+            f"one of False, True ('keep'), 'until_executed' or 'replace'; sidekiq's "
+            f"{value} is lock_enqueue={SIDEKIQ_LIFETIMES[value]} (docs/lifetimes.md)",
+        )
     return choice(ENQUEUE_MODES)(owner, option, value, None)  # type: ignore[no-any-return]
 
 

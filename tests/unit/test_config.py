@@ -127,6 +127,23 @@ def test_unknown_policy_suggests_the_right_one() -> None:
     assert "did you mean 'skip'" in message
 
 
+@pytest.mark.parametrize(
+    ("lifetime", "mapped"),
+    [
+        ("until_executing", "lock_enqueue=True ('keep')"),
+        ("until_and_while_executing", "lock_enqueue=True ('keep')"),
+        ("while_executing", "lock_enqueue=False: the run lock alone"),
+        ("until_expired", "lock_enqueue=False with lock_cooldown=<seconds> (or lock_rate)"),
+    ],
+)
+def test_a_sidekiq_lifetime_name_is_mapped_not_misspelled(lifetime: str, mapped: str) -> None:
+    """By spelling, each is closest to 'until_executed', a stricter lifetime than asked for."""
+    message = _error({"lock_enqueue": lifetime})
+    assert OWNER in message and f"lock_enqueue={lifetime!r} is invalid" in message
+    assert f"sidekiq's {lifetime} is {mapped}" in message
+    assert "did you mean" not in message
+
+
 def test_lock_by_as_a_string_is_an_error_showing_the_list_form() -> None:
     message = _error({"lock_by": "account_id"})
     assert OWNER in message
