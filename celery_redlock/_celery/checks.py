@@ -284,7 +284,7 @@ def _report_dry_run(
 
 def _check_info(shown: str, info: dict[str, Any]) -> None:
     version = str(info.get("redis_version", "?"))
-    logger.info("celery_redlock: locks on Redis %s at %s", version, shown)
+    logger.info("celery_redlock: locks on %s at %s", servers.identify(info), shown)
     for level, message in servers.verdict(info):
         logger.log(level, "celery_redlock: locks on %s: %s", shown, message)
     parts = tuple(int(p) if p.isdigit() else 0 for p in version.split(".")[:2])

@@ -74,3 +74,21 @@ def test_the_startup_check_logs_the_verdict_naming_the_node(
         _check_info("redis://garnet:1/0", GARNET)
     [error] = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert error.getMessage().startswith("celery_redlock: locks on redis://garnet:1/0: Garnet")
+
+
+@pytest.mark.parametrize(
+    ("info", "named"),
+    [
+        (REDIS, "locks on Redis 7.0.15 at redis://h:1/0"),
+        (VALKEY, "locks on Valkey 8.0.2 (redis_version 7.2.4) at redis://h:1/0"),
+        (GARNET, "locks on Garnet 1.0.84 (redis_version 7.2.5) at redis://h:1/0"),
+    ],
+    ids=["redis", "valkey", "garnet"],
+)
+def test_the_startup_check_names_the_server_it_found(
+    caplog: pytest.LogCaptureFixture, info: dict[str, Any], named: str
+) -> None:
+    with caplog.at_level(logging.INFO, logger="celery_redlock.worker"):
+        _check_info("redis://h:1/0", info)
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert line == f"celery_redlock: {named}"
