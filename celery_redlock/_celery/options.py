@@ -549,13 +549,14 @@ EVENT_NAMES = ("redlock", "task-lock")
 def _event_names(owner: str, setting: str, value: Any) -> str:
     names = choice(EVENT_NAMES)(owner, setting, value, None)
     if names == "task-lock":
-        warnings.warn(
+        message = (
             f"{owner}: redlock_event_names='task-lock' is deprecated: task-lock-* events are "
             "read as task states by Celery's State (Flower shows LOCK-SKIPPED) and break "
-            "exporters that map every task-* event to a state; consume redlock-* events",
-            DeprecationWarning,
-            stacklevel=2,
+            "exporters that map every task-* event to a state; consume redlock-* events"
         )
+        # Python hides a DeprecationWarning outside __main__: the log carries it to operators.
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+        logger.warning("%s", message)
     return str(names)
 
 
