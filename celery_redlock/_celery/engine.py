@@ -184,6 +184,7 @@ def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
         cross_check(spec.owner, options, settings)
         task.__dict__[_CHECKED] = settings
     name = lock_name_for(task, spec, args, kwargs, settings)
+    tracing.lock_name(settings.prefix, name)
     if options.enqueue == "keep":
         _clear_queued(task, settings, name, request.id)
     if header and calls.bypassed(header):
@@ -734,7 +735,9 @@ def mark_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> str | None:
     spec = spec_of(task)
     assert spec is not None
     settings = settings_for(task.app)
-    keys = _keys.keys_for(settings.prefix, lock_name_for(task, spec, args, kwargs))
+    name = lock_name_for(task, spec, args, kwargs)
+    tracing.lock_name(settings.prefix, name)
+    keys = _keys.keys_for(settings.prefix, name)
     return companions.mark_queued(settings.url, keys, task_id, int(spec.options.enqueue_ttl * 1000))
 
 

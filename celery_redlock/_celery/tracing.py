@@ -55,6 +55,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .._redis.keys import keys_for
+
 try:
     from opentelemetry import trace as _trace
 except ImportError:  # the otel extra is not installed: every function here is a no-op
@@ -63,6 +65,7 @@ except ImportError:  # the otel extra is not installed: every function here is a
 __all__ = [
     "attempts",
     "enabled",
+    "lock_name",
     "record",
     "renewal_failed",
     "traced_acquire",
@@ -177,6 +180,17 @@ def _finish(op: _Operation, outcome: str, error: BaseException | None = None) ->
         op.span.end()
     except Exception:
         logger.debug("ending a lock span failed", exc_info=True)
+
+
+def lock_name(prefix: str, name: str) -> None:
+    """Record on the operation under way the key parts of lock ``name`` (from the start, so
+    that an outcome without a lock event, such as superseded, unavailable or an enqueue,
+    carries them too)."""
+    if _trace is None:
+        return
+    op = _current.get()
+    if op is not None:
+        op.attributes.update(_key_attributes(keys_for(prefix, name).lock))
 
 
 def attempts(count: int) -> None:
@@ -339,12 +353,15 @@ def traced_enqueue(mark_queued: F) -> F:
         op = _start("redlock.enqueue", {"redlock.mode": "enqueue"})
         if op is None:
             return mark_queued(task, *args, **kwargs)
+        token = _current.set(op)
         try:
             queued = mark_queued(task, *args, **kwargs)
         except BaseException as exc:
             unavailable = type(exc).__name__ == "LockUnavailable"
             _finish(op, "unavailable" if unavailable else "failed", exc)
             raise
+        finally:
+            _current.reset(token)
         task_id = args[2] if len(args) > 2 else kwargs.get("task_id")
         if queued is not None and queued != task_id:
             op.attributes["redlock.queued_task_id"] = str(queued)

@@ -23,7 +23,7 @@ from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from celery_redlock import LockedTask, lock_key, signals
+from celery_redlock import LockedTask, LockUnavailable, lock_key, signals
 from celery_redlock.testing import RedisServer, wait_until
 from support.apps import lock_keys, make_app
 from support.workers import Holder, running_worker
@@ -309,8 +309,43 @@ def test_an_enqueue_duplicate_records_its_span_in_the_caller(
     enqueues = named(spans, "redlock.enqueue")
     assert [s.attributes["redlock.outcome"] for s in enqueues] == ["acquired", "skipped"]
     assert enqueues[1].attributes["redlock.queued_task_id"] == first.id
+    key = lock_key(once)  # the dropped duplicate names its key, as an acquire span does
+    for span in enqueues:
+        assert f"{span.attributes['redlock.key.prefix']}:{{" in key
+        assert span.attributes["redlock.key.name"] == once.name
+        assert span.attributes["redlock.key.hash"] in key
     assert {s.parent.span_id for s in enqueues} == {caller.get_span_context().span_id}
     assert len(named(spans, f"apply_async/{once.name}")) == 1  # the duplicate publishes nothing
+
+
+def test_outcomes_without_a_lock_event_carry_the_key_too(
+    redis_server: RedisServer, spans: InMemorySpanExporter
+) -> None:
+    """A call superseded before it takes the lock, and one that finds the lock Redis down,
+    report no lock event with a key; their acquire spans name it all the same."""
+    with RedisServer() as lock_server:
+        app = make_app(redis_server, redlock_url=lock_server.url, redlock_on_unavailable="fail")
+
+        @app.task(base=LockedTask, shared=False, lock_enqueue="replace", lock_by=["doc"])
+        def save(doc: str, version: int) -> int:
+            return version
+
+        older, newer = save.delay("d", 1), save.delay("d", 2)
+        with running_worker(app):
+            assert older.get(timeout=10) is None and newer.get(timeout=10) == 2
+            lock_server.stop()
+            down = save.delay("e", 3)  # published unmarked; the worker cannot lock
+            with pytest.raises(LockUnavailable):
+                down.get(timeout=10)
+        app.close()
+    acquires = [one(spans, "redlock.acquire", count) for count in (1, 2, 3)]
+    outcomes = {s.attributes["redlock.outcome"]: s for s in acquires}
+    assert set(outcomes) == {"skipped", "acquired", "unavailable"}
+    assert outcomes["skipped"].attributes["redlock.reason"] == "superseded"
+    assert lock_key(save, "d", 0).endswith(outcomes["skipped"].attributes["redlock.key.hash"] + "}")
+    assert lock_key(save, "e", 0).endswith(
+        outcomes["unavailable"].attributes["redlock.key.hash"] + "}"
+    )
 
 
 def test_a_broken_tracer_never_breaks_locking(
