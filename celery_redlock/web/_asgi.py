@@ -14,7 +14,7 @@ have no CSRF protection of their own to inherit.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from starlette.applications import Starlette
@@ -31,6 +31,14 @@ __all__ = ["create_app"]
 CSRF_FIELD = "csrf_token"
 
 
+def host_of(header: str) -> str:
+    """The host of a ``Host`` header, without its port or an IPv6 address's brackets."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:].partition("]")[0]
+    return header.rpartition(":")[0] if ":" in header else header
+
+
 def create_app(
     app: Any,
     *,
@@ -38,6 +46,7 @@ def create_app(
     authenticate: Callable[[Request], str | None] | None = None,
     credentials: Credentials | None = None,
     ping_timeout: float = 1.0,
+    allowed_hosts: Collection[str] | None = None,
 ) -> Starlette:
     """The dashboard of the Celery ``app`` as an ASGI app.
 
@@ -45,9 +54,17 @@ def create_app(
     :param authenticate: for a mount: ``authenticate(request)`` returns who is asking (a user
         name, logged and sent with each action) or ``None`` to refuse the request. Without
         it, ``credentials`` (default: from the environment) are checked.
+    :param allowed_hosts: the host names (no port) a request's ``Host`` header may give (any:
+        ``None``).
+        ``celery redlock web`` on a loopback address allows the loopback names only. Timeline
+        it closes (DNS rebinding): (1) a page on ``evil.example`` is open in a browser on the
+        dashboard's machine; (2) ``evil.example`` is made to resolve to 127.0.0.1; (3) the
+        page reads ``http://evil.example:8000/``, same-origin for the browser: an open
+        read-only dashboard would hand it the lock list; its ``Host`` header is refused.
     :raises ValueError: when actions are enabled with neither ``authenticate`` nor
         credentials (anyone who reaches the port could release locks).
     """
+    hosts = None if allowed_hosts is None else {h.lower().strip("[]") for h in allowed_hosts}
     creds = credentials if credentials is not None else Credentials.from_env()
     if actions and authenticate is None and not creds.configured:
         raise ValueError(
@@ -56,6 +73,12 @@ def create_app(
         )
     board = Dashboard(app, actions=actions, ping_timeout=ping_timeout)
     guard = Guard(creds)
+
+    def foreign(request: Request) -> Response | None:
+        """A 400 for a ``Host`` header outside ``allowed_hosts``."""
+        if hosts is None or host_of(request.headers.get("host", "")) in hosts:
+            return None
+        return PlainTextResponse("refused: unknown Host header", status_code=400)
 
     def who(request: Request) -> str | None:
         if authenticate is not None:
@@ -91,6 +114,9 @@ def create_app(
         return PlainTextResponse("authentication required", status_code=401, headers=headers)
 
     async def view(request: Request, tab: str) -> Response:
+        refused = foreign(request)
+        if refused is not None:
+            return refused
         if who(request) is None:
             return unauthenticated(request)
         cookie = csrf_cookie(request)
@@ -106,6 +132,9 @@ def create_app(
         return page(request, status, body, cookie)
 
     def refuse_post(request: Request, data: Any) -> Response | None:
+        refused = foreign(request)
+        if refused is not None:
+            return refused
         own = f"{request.url.scheme}://{request.url.netloc}"
         if not origin_ok(request.headers.get("origin"), request.headers.get("sec-fetch-site"), own):
             return PlainTextResponse("refused: cross-origin request", status_code=403)
@@ -135,6 +164,9 @@ def create_app(
         return page(request, result.status, body, cookie)
 
     async def login(request: Request) -> Response:
+        refused = foreign(request)
+        if refused is not None:
+            return refused
         cookie = csrf_cookie(request)
         form = {CSRF_FIELD: guard.csrf_token(cookie)}
         error = None

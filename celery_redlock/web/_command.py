@@ -14,6 +14,10 @@ from ._security import Credentials
 __all__ = ["web"]
 
 
+#: The names a browser on this machine reaches a loopback address by.
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
 def _loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -71,7 +75,13 @@ def web(ctx: click.Context, host: str, port: int, actions: bool, ping_timeout: f
         )
     app: Any = ctx.obj.app
     try:
-        asgi = create_app(app, actions=actions, credentials=credentials, ping_timeout=ping_timeout)
+        asgi = create_app(
+            app,
+            actions=actions,
+            credentials=credentials,
+            ping_timeout=ping_timeout,
+            allowed_hosts=(host, *LOOPBACK_NAMES) if _loopback(host) else None,
+        )
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc
     log = logging.getLogger("celery_redlock.web")

@@ -125,6 +125,8 @@ class Dashboard:
         self._inventory: Inventory | None = None
         self._alive: dict[str, tuple[str, float]] = {}
         self._alive_lock = threading.Lock()
+        #: One control ping at a time (see :meth:`verdicts`).
+        self._ping_lock = threading.Lock()
         self._config_error: str | None = None
 
     @property
@@ -140,24 +142,38 @@ class Dashboard:
         """The verdict on each lock's holder, by key, as ``celery redlock inspect`` gives it
         (a ping, then the lease's renewal), pinging only the hosts not heard in the last
         :data:`LIVENESS_TTL` seconds (an action asks ``fresh``: it never trusts an older
-        answer)."""
+        answer, only one heard after it asked).
+
+        One ping at a time: a page view waits for the ping under way and uses its answer.
+        Timeline it closes: (1) a holder's worker does not answer, so no answer is reused;
+        (2) 50 page views at once each ping, in the web server's threads; (3) each ping holds
+        one connection of Celery's broker pool (10 by default) and waits for another: every
+        ping waits forever, and so does every later page.
+        """
         locks = list(locks)
         hosts = {lock.holder.host for lock in locks if lock.holder}
-        now = time.monotonic()
-        with self._alive_lock:
-            known = {
-                h: state
-                for h, (state, at) in self._alive.items()
-                if h in hosts and now - at < LIVENESS_TTL and not fresh
-            }
-        ask = hosts - known.keys()
-        if ask:
-            heard = liveness(self.app, ask, self.ping_timeout)
-            with self._alive_lock:
-                self._alive.update({h: (state, now) for h, state in heard.items()})
-            known.update(heard)
+        asked = time.monotonic()
+        known = self._heard(hosts, since=asked if fresh else asked - LIVENESS_TTL)
+        if hosts - known.keys():
+            with self._ping_lock:
+                # A ping that ended while this view waited may have heard them.
+                known = self._heard(hosts, since=asked if fresh else asked - LIVENESS_TTL)
+                ask = hosts - known.keys()
+                if ask:
+                    now = time.monotonic()
+                    heard = liveness(self.app, ask, self.ping_timeout)
+                    with self._alive_lock:
+                        self._alive.update({h: (state, now) for h, state in heard.items()})
+                    known.update(heard)
         lease = settings_for(self.app).lease
         return {lock.key: verdict(lock, known, self.ping_timeout, lease) for lock in locks}
+
+    def _heard(self, hosts: set[str], since: float) -> dict[str, str]:
+        """What the pings since ``since`` (monotonic) said of ``hosts``."""
+        with self._alive_lock:
+            return {
+                h: state for h, (state, at) in self._alive.items() if h in hosts and at >= since
+            }
 
     # -- pages --------------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ checked actions, and a page view that writes nothing."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator
 
 import pytest
@@ -296,3 +297,31 @@ def test_a_quorum_lock_missing_from_the_first_node_is_listed() -> None:
         )
         for lock in locks:
             lock.release()
+
+
+def test_many_page_views_at_once_ping_one_at_a_time(redis_url: str, r: redis_py.Redis) -> None:
+    """A holder whose worker never answers: no answer is reused, and 60 views at once each
+    pinged, each holding one connection of Celery's broker pool (10) while waiting for
+    another; every ping, and every later page, waited forever. The views now wait for the
+    ping under way and use its answer."""
+    fill(r, ["job:ghost"])
+    app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
+    board = Dashboard(app, ping_timeout=0.5)
+    locks = [
+        lock
+        for lock in board.inventory.view("0").locks
+        if lock.key == keys_for("redlock", "job:ghost").lock
+    ]
+    done: list[str] = []
+
+    def view() -> None:
+        done.append(next(iter(board.verdicts(locks))))
+
+    threads = [threading.Thread(target=view, daemon=True) for _ in range(60)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)  # a deadlock never ends: the count below says how many did
+    assert len(done) == 60
+    assert board.verdicts(locks)[locks[0].key].state == "dead"  # the ghost's worker is gone
+    app.close()

@@ -9,6 +9,7 @@ import pytest
 
 from celery_redlock._redis.inventory import MAX_FILTER, _cursor, check_filter
 from celery_redlock._redis.keys import glob_escape, lock_pattern
+from celery_redlock.web._asgi import host_of
 from celery_redlock.web._core import SHOWN_MAX, _name_prefix, _shown
 from celery_redlock.web._security import SESSION_LIFETIME, Credentials, Guard, origin_ok
 from celery_redlock.web._svg import draw
@@ -76,6 +77,9 @@ def test_credentials_come_from_the_environment_and_are_checked() -> None:
     assert guard.actor(f"Basic {basic}", None) == "ops"
     assert guard.actor("Basic " + base64.b64encode(b"ops:no").decode(), None) is None
     assert guard.actor("Basic !!!", None) is None
+    # Not ASCII (base64 refuses it with a plain ValueError: it was a 500), not UTF-8 inside.
+    assert guard.actor("Basic éé", None) is None
+    assert guard.actor("Basic " + base64.b64encode(b"ops:\xff").decode(), None) is None
     session = guard.login(token)
     assert session is not None and guard.actor(None, session) == "token (session)"
     assert guard.login("wrong") is None
@@ -152,3 +156,16 @@ def test_a_log_line_shows_posted_text_escaped_and_cut() -> None:
     assert _shown("a\nb\rc\x1b[31m\u2028d\u00e9") == "a\\nb\\rc\\x1b[31m\\u2028d\u00e9"
     cut = _shown("k" * 1000)
     assert cut == "k" * SHOWN_MAX + "... (1000 characters)"
+
+
+@pytest.mark.parametrize(
+    ("header", "host"),
+    [
+        ("127.0.0.1:8000", "127.0.0.1"),
+        ("[::1]:8000", "::1"),
+        ("[::1]", "::1"),
+        ("LocalHost", "localhost"),
+    ],
+)
+def test_the_host_of_a_host_header_has_no_port(header: str, host: str) -> None:
+    assert host_of(header) == host

@@ -12,7 +12,9 @@ import http.server
 import json
 import socket
 import threading
+import urllib.error
 import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -274,3 +276,17 @@ def test_the_page_shows_every_mode_and_a_dead_holder(
     assert modes[sem.rate][2].text.startswith("rate window")
     assert "3 start(s)" in modes[sem.rate][2].text
     r.delete(*sem.slots, sem.waiters, sem.queued, sem.rate)
+
+
+def test_a_loopback_dashboard_refuses_a_foreign_host_header(readonly: Dashboard) -> None:
+    """DNS rebinding: a page of evil.example, made to resolve to 127.0.0.1, reads the open
+    read-only dashboard as same-origin; its requests carry ``Host: evil.example``."""
+    port = readonly.url.rsplit(":", 1)[1]
+    foreign = urllib.request.Request(readonly.url + "/", headers={"Host": f"evil.example:{port}"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(foreign, timeout=10)
+    assert refused.value.code == 400
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "LOCALHOST"):
+        named = urllib.request.Request(readonly.url + "/", headers={"Host": host})
+        with urllib.request.urlopen(named, timeout=10) as page:
+            assert page.status == 200
