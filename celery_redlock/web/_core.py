@@ -104,10 +104,15 @@ def _cause(exc: BaseException) -> str:
     return f"cannot reach the lock Redis: {redact(exc)}"
 
 
-def _text(value: str | None, name: str) -> str:
+#: The longest key the timeline looks up (compared whole, never scanned): a lock name can be
+#: as long as a task's name. A row links its timeline up to this length.
+MAX_KEY = 4096
+
+
+def _text(value: str | None, name: str, limit: int = MAX_FILTER) -> str:
     text = (value or "").strip()
-    if len(text) > MAX_FILTER:
-        raise ValueError(f"{name} is {len(text)} characters; at most {MAX_FILTER}")
+    if len(text) > limit:
+        raise ValueError(f"{name} is {len(text)} characters; at most {limit}")
     return text
 
 
@@ -198,6 +203,7 @@ class Dashboard:
         rows: list[Row] = []
         next_cursor = None
         alive: dict[str, str] = {}
+        unanswered: dict[str, str] = {}
         try:
             tasks = self.task_names()
             task = _text(query.get("task"), "the task filter")
@@ -206,6 +212,7 @@ class Dashboard:
             selected = _name_prefix(task, prefix)
             view = self.inventory.view(cursor, name_prefix=selected)
             rows, next_cursor = rows_of(view), None if view.cursor == "0" else view.cursor
+            unanswered = view.unanswered
             name_prefix = selected
             held = [lock for lock in view.locks if lock.holder]
             alive = {key: v.state for key, v in self.verdicts(held).items()}
@@ -225,10 +232,12 @@ class Dashboard:
             name_prefix=name_prefix,
             next_cursor=next_cursor,
             error=error,
+            unanswered=unanswered,
             form=form,
             base=base,
             tasks=tasks,
             max_filter=MAX_FILTER,
+            max_key=MAX_KEY,
         )
         return status, body
 
@@ -281,7 +290,7 @@ class Dashboard:
             tasks = self.task_names()
             size = timeline.size_for(self.app)
             task = _text(query.get("task"), "the task")
-            key = _text(query.get("key"), "the key")
+            key = _text(query.get("key"), "the key", MAX_KEY)
             raw = query.get("minutes") or "10"
             if not raw.isdigit() or int(raw) not in TIMELINE_MINUTES:
                 raise ValueError(f"minutes must be one of {', '.join(map(str, TIMELINE_MINUTES))}")

@@ -5,6 +5,7 @@ checked actions, and a page view that writes nothing."""
 from __future__ import annotations
 
 import threading
+import urllib.parse
 from collections.abc import Iterable, Iterator
 
 import pytest
@@ -324,4 +325,34 @@ def test_many_page_views_at_once_ping_one_at_a_time(redis_url: str, r: redis_py.
         thread.join(60)  # a deadlock never ends: the count below says how many did
     assert len(done) == 60
     assert board.verdicts(locks)[locks[0].key].state == "dead"  # the ghost's worker is gone
+    app.close()
+
+
+def test_a_quorum_node_that_does_not_answer_is_named_on_the_page() -> None:
+    """As ``ls`` names it on stderr: the page shows what the majority holds, and says which
+    node it could not ask."""
+    with RedisServer() as a, RedisServer() as b, RedisServer() as c:
+        app = layout_app("q", a.url.rsplit("/", 1)[0], set_as_current=False)
+        app.conf.redlock_url = [a.url, b.url, c.url]
+        lock = Lock([a.url, b.url, c.url], "q-down", ttl=60)
+        assert lock.acquire(blocking=False)
+        c.stop()
+        status, body = Dashboard(app, ping_timeout=0.2).locks_page({}, {"csrf_token": "x"})
+        app.close()
+    assert status == 200 and lock.key in body
+    assert f"Quorum node redis://127.0.0.1:{c.port}/0 did not answer" in body
+
+
+def test_a_long_key_links_a_timeline_that_opens(redis_url: str, r: redis_py.Redis) -> None:
+    """A lock name can be as long as a task's name: the row's timeline link used to answer 400
+    ("at most 200") for a key over 200 characters."""
+    name = "proj.tasks." + "very_long_module." * 30 + "sync"
+    fill(r, [name])
+    key = keys_for("redlock", name).lock
+    app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
+    board = Dashboard(app, ping_timeout=0.2)
+    status, body = board.locks_page({"prefix": "proj.tasks."}, {"csrf_token": "x"})
+    assert status == 200 and len(key) > 500
+    assert f"/timeline?key={urllib.parse.quote(key, safe='/')}" in body
+    assert board.timeline_page({"key": key}, {"csrf_token": "x"})[0] == 200
     app.close()
