@@ -28,7 +28,7 @@ from .._redis import timeline as _ring
 from .._redis.clients import redact
 from .options import settings_for
 
-__all__ = ["read", "record", "size_for"]
+__all__ = ["read", "record", "record_for", "size_for"]
 
 logger = logging.getLogger("celery_redlock.timeline")
 
@@ -62,12 +62,18 @@ def _target(app: Any) -> tuple[int, str, str]:
 
 def record(task: Any, task_id: str, event: str, fields: dict[str, Any]) -> None:
     """Push one event of ``task`` to its app's ring, if the app keeps one. Never raises."""
+    record_for(task.app, task.name, task_id, event, fields)
+
+
+def record_for(app: Any, task_name: str, task_id: str, event: str, fields: dict[str, Any]) -> None:
+    """:func:`record` by names: also for an event no task reported, such as the dashboard's
+    release of a dead worker's lock (``by`` says who), which ends that holder's bar."""
     try:
-        size, url, prefix = _target(task.app)
+        size, url, prefix = _target(app)
         if not size:
             return
-        entry = {"t": int(time.time() * 1000), "task": task.name, "id": task_id, "event": event}
-        for name in ("key", "policy", "holder"):
+        entry = {"t": int(time.time() * 1000), "task": task_name, "id": task_id, "event": event}
+        for name in ("key", "policy", "holder", "by"):
             if fields.get(name) is not None:
                 entry[name] = str(fields[name])
         _ring.push(url, prefix, entry, size)

@@ -415,6 +415,7 @@ class Dashboard:
             )
         outcome = inv.release(lock, unless_renewed=not forced)
         if outcome is Released.RELEASED:
+            self._released(lock)
             return ActionResult(200, f"released {key} (holder {said.state})")
         return ActionResult(409, f"not released: {key} {_NOT_RELEASED[outcome]}")
 
@@ -424,10 +425,18 @@ class Dashboard:
         released = kept = 0
         for lock in locks:
             if judged[lock.key].state == DEAD and self.inventory.release(lock, unless_renewed=True):
+                self._released(lock)
                 released += 1
             else:
                 kept += 1
         return ActionResult(200, f"released {released} lock(s) of dead workers; kept {kept}")
+
+    def _released(self, lock: HeldLock) -> None:
+        """A ``released`` mark on the timeline (if the app keeps one): it ends the holder's
+        bar, which the holder, dead or forced out, will never end."""
+        task_id = lock.holder.task_id if lock.holder else ""
+        fields = {"key": lock.key, "by": "dashboard"}
+        timeline.record_for(self.app, lock.lock_name, task_id, "released", fields)
 
 
 #: Why an owner-checked release deleted nothing.

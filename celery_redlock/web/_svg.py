@@ -100,6 +100,8 @@ def _mark(x: float, y: int, event: str, e: dict[str, Any]) -> str:
     title = f"{event}: task {e.get('id')} ({e.get('task')})"
     if e.get("holder"):
         title += f", held by {e['holder']}"
+    if e.get("by"):
+        title += f", by the {e['by']}"
     return (
         f'<circle class="mark" data-event="{escape(event)}" data-id="{escape(e.get("id", ""))}" '
         f'cx="{x:.1f}" cy="{y + 11}" r="5" fill="{color}" stroke="#fff">'

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
 import redis as redis_py
 from celery import Celery
 
-from celery_redlock import LockConfigError, LockedTask
+from celery_redlock import LockConfigError, LockedTask, lock_key
 from celery_redlock._redis.keys import timeline_key
+from celery_redlock._redis.owner import new_token
 from celery_redlock.testing import RedisServer
 from celery_redlock.web._core import Dashboard
 from support.apps import make_app
@@ -60,3 +62,28 @@ def test_a_bad_size_is_a_config_error_and_the_page_says_it(redis_server: RedisSe
         job.apply((1,)).get()
     status, body = Dashboard(app).timeline_page({"task": "ring.job"}, {})
     assert status == 400 and "redlock_timeline=&#39;many&#39; is invalid" in body
+
+
+def test_a_dashboard_release_ends_the_holders_bar(
+    redis_server: RedisServer, r: redis_py.Redis
+) -> None:
+    """A dead worker never reports ``released``: its bar ran to "now" ("held by task ...")
+    after the dashboard released its lock. The dashboard's release is on the timeline."""
+    app = make_app(redis_server, redlock_timeline=50)
+    job = _task(app)
+    key = lock_key(job, 7)
+    token = new_token("dead-call", "w9@gone", 7)
+    r.set(key, token, px=60_000)
+    acquired = {"t": int(time.time() * 1000) - 1000, "task": "ring.job", "id": "dead-call"}
+    r.lpush(timeline_key("redlock"), json.dumps({**acquired, "event": "acquired", "key": key}))
+    board = Dashboard(app, actions=True, ping_timeout=0.2)
+    (lock,) = [lk for lk in board.inventory.view("0").locks if lk.key == key]
+    done = board.act("release", {"key": key, "fingerprint": lock.fingerprint}, "ops")
+    assert done.status == 200 and not r.exists(key)
+    newest = json.loads(r.lindex(timeline_key("redlock"), 0) or "{}")
+    assert (newest["event"], newest["key"], newest["id"]) == ("released", key, "dead-call")
+    assert newest["task"] == "ring.job" and newest["by"] == "dashboard"
+    status, body = board.timeline_page({"key": key, "minutes": "5"}, {})
+    assert status == 200 and 'data-event="released"' in body
+    assert "held by task dead-call" in body  # the bar, now closed by the release...
+    assert body.count('class="bar"') == 1  # ...and not drawn again to the right edge
