@@ -177,7 +177,7 @@ def release(
         click.echo(safe(message), err=True)
         ctx.exit(1)
         return
-    verdict = verdicts(ctx.obj.app, [lock], timeout, store.lease)[lock.key]
+    verdict = _judged(ctx, [lock], timeout, store)[lock.key]
     shown = safe(lock.key)
     if verdict.state != DEAD and not force:
         click.echo(
@@ -203,10 +203,20 @@ def _not_released(outcome: Released) -> str:
     return "expired or changed owner since it was read"
 
 
+def _judged(
+    ctx: click.Context, locks: list[HeldLock], timeout: float, store: LockStore
+) -> dict[str, Verdict]:
+    """:func:`verdicts` before a release: a ping that fails says that nothing was released."""
+    try:
+        return verdicts(ctx.obj.app, locks, timeout, store.lease)
+    except click.ClickException as exc:
+        raise click.ClickException(f"{exc.message}; nothing was released") from exc
+
+
 def _release_dead(ctx: click.Context, store: LockStore, timeout: float, dry_run: bool) -> None:
     with answers():
         locks = store.all()
-    judged = verdicts(ctx.obj.app, locks, timeout, store.lease)
+    judged = _judged(ctx, locks, timeout, store)
     released = kept = 0
     for lock in locks:
         verdict = judged[lock.key]

@@ -68,7 +68,7 @@ def _ping(app: Any, destination: list[str] | None, timeout: float) -> set[str]:
         replies = app.control.ping(destination=destination, timeout=timeout, limit=limit) or []
     except Exception as exc:
         raise click.ClickException(
-            f"cannot ping workers through the broker ({redact(exc)}); nothing was released"
+            f"cannot ping workers through the broker ({redact(exc)})"
         ) from exc
     answered: set[str] = set()
     for reply in replies:

@@ -215,7 +215,11 @@ class Dashboard:
             unanswered = view.unanswered
             name_prefix = selected
             held = [lock for lock in view.locks if lock.holder]
-            alive = {key: v.state for key, v in self.verdicts(held).items()}
+            try:
+                alive = {key: v.state for key, v in self.verdicts(held).items()}
+            except click.ClickException as exc:  # the broker: the locks are shown all the same
+                alive = {lock.key: "unknown" for lock in held}
+                error = f"the workers' liveness is unknown: {exc.message}"
         except ValueError as exc:  # a LockConfigError too: the app's settings or task options
             status, error = 400, str(exc)
         except _UNREACHABLE as exc:

@@ -17,7 +17,7 @@ from celery_redlock._redis.inventory import BUDGET, ROWS, HeldLock, Inventory
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.owner import new_token
 from celery_redlock.cli._liveness import Verdict
-from celery_redlock.testing import RedisServer
+from celery_redlock.testing import RedisServer, free_port
 from celery_redlock.web._core import Dashboard
 from celery_redlock.web._rows import Row, rows_of
 from support.apps import layout_app
@@ -356,3 +356,23 @@ def test_a_long_key_links_a_timeline_that_opens(redis_url: str, r: redis_py.Redi
     assert f"/timeline?key={urllib.parse.quote(key, safe='/')}" in body
     assert board.timeline_page({"key": key}, {"csrf_token": "x"})[0] == 200
     app.close()
+
+
+def test_a_broker_that_does_not_answer_leaves_the_locks_shown(r: redis_py.Redis) -> None:
+    """The ping needs the broker, the rows do not: the page shows the locks, says that the
+    workers' liveness is unknown, and is no error (it used to be a 503 worded as a release)."""
+    fill(r, ["job:1"])
+    url = r.connection_pool.connection_kwargs
+    lock_url = f"redis://127.0.0.1:{url['port']}/{url.get('db', 0)}"
+    app = layout_app(
+        "inv",
+        f"redis://127.0.0.1:{free_port()}",
+        set_as_current=False,
+        redlock_url=lock_url,
+        broker_transport_options={"max_retries": 0},  # kombu's retries would take 6 s
+    )
+    status, body = Dashboard(app, ping_timeout=0.2).locks_page({}, {"csrf_token": "x"})
+    app.close()
+    assert status == 200 and keys_for("redlock", "job:1").lock in body
+    assert "the workers&#39; liveness is unknown: cannot ping workers through the broker" in body
+    assert "nothing was released" not in body
