@@ -671,7 +671,13 @@ class Inventory:
         if isinstance(exc, LockUnavailable):
             return exc
         if isinstance(exc, redis_py.exceptions.ResponseError) and refused(exc):
-            if "NOPERM" in str(exc) or isinstance(exc, redis_py.exceptions.NoPermissionError):
+            # Inside a script Redis says "The user executing the script can't run ...".
+            text = str(exc)
+            if (
+                "NOPERM" in text
+                or "user executing the script" in text
+                or isinstance(exc, redis_py.exceptions.NoPermissionError)
+            ):
                 return InventoryRefused(
                     f"permission denied by the lock Redis at {shown}: {redact(exc)} (grant "
                     "that command to the ACL user: the command line needs +scan +exists +mget "

@@ -41,6 +41,7 @@ import jinja2
 
 from .._celery import timeline
 from .._celery.options import settings_for
+from .._redis import companions
 from .._redis.clients import redact
 from .._redis.inventory import MAX_FILTER, HeldLock, Inventory, Released, check_filter
 from .._redis.keys import is_slot
@@ -360,8 +361,17 @@ class Dashboard:
         except ValueError as exc:
             done = ActionResult(400, f"refused: {exc}")
         except Exception as exc:  # Redis or the broker: say so, change nothing more
-            logger.warning("dashboard: %s of %s failed: %s", action, target, _shown(redact(exc)))
-            done = ActionResult(503, f"failed: {redact(exc)}")
+            grant = companions.acl_refusal(exc, _SCRIPTS.get(action, "release_unrenewed"))
+            if grant is not None:  # an answer, not an outage: name what to grant
+                done = ActionResult(
+                    403,
+                    f"refused by the lock Redis: its ACL user may not do this; it needs {grant}",
+                )
+            else:
+                logger.warning(
+                    "dashboard: %s of %s failed: %s", action, target, _shown(redact(exc))
+                )
+                done = ActionResult(503, f"failed: {redact(exc)}")
         # The outcome names the posted key, and a holder read from Redis: both escaped.
         result = ActionResult(done.status, _shown(done.message, 2 * SHOWN_MAX))
         logger.info(
@@ -442,6 +452,10 @@ class Dashboard:
         fields = {"key": lock.key, "by": "dashboard"}
         timeline.record_for(self.app, lock.lock_name, task_id, "released", fields)
 
+
+#: The script each action runs (what an ACL refusal of it names); the releases run
+#: ``release_unrenewed``.
+_SCRIPTS = {"clear-marker": "clear_marker", "reset-rate": "clear_marker"}
 
 #: Why an owner-checked release deleted nothing.
 _NOT_RELEASED = {

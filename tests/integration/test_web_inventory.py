@@ -376,3 +376,35 @@ def test_a_broker_that_does_not_answer_leaves_the_locks_shown(r: redis_py.Redis)
     assert status == 200 and keys_for("redlock", "job:1").lock in body
     assert "the workers&#39; liveness is unknown: cannot ping workers through the broker" in body
     assert "nothing was released" not in body
+
+
+@pytest.mark.parametrize(
+    ("action", "denied", "grant"),
+    [
+        ("release", "-del", "the commands of the guide's ACL line"),
+        ("clear-marker", "-del", "(the clear_marker script runs DUMP, DEL)"),
+    ],
+)
+def test_an_action_the_acl_refuses_names_what_to_grant(
+    redis_server: RedisServer, r: redis_py.Redis, action: str, denied: str, grant: str
+) -> None:
+    """Inside a script Redis does not name the refused command: the page says what to grant,
+    with 403 (an answer), where it said 503 and the script's raw refusal."""
+    user = f"web{denied[1:]}"
+    r.execute_command("ACL", "SETUSER", user, "on", ">pw", "~*", "&*", "+@all", denied)
+    fill(r, ["job:acl"])
+    key = keys_for("redlock", "job:acl")
+    r.set(key.queued, "q-1", px=60_000)
+    app = layout_app(
+        "inv",
+        f"redis://127.0.0.1:{redis_server.port}",
+        set_as_current=False,
+        redlock_url=f"redis://{user}:pw@127.0.0.1:{redis_server.port}/0",
+    )
+    board = Dashboard(app, actions=True, ping_timeout=0.2)
+    target = key.lock if action == "release" else key.queued
+    shown = rows(board.inventory)[target]
+    done = board.act(action, {"key": target, "fingerprint": shown.fingerprint, "force": "1"}, "t")
+    app.close()
+    assert done.status == 403 and "refused by the lock Redis: its ACL user may not" in done.message
+    assert grant in done.message and r.exists(target)
