@@ -646,15 +646,24 @@ class LockCore:
         )
 
     def _release_token(self, keep: float) -> str:
-        token = self._token
-        if token is None:
-            raise LockNotOwned(f"cannot release {self.key}: not acquired", key=self.key)
+        """The token to release, taken from this object: a second ``release()`` that starts
+        while the first is under way (another thread, another task) raises
+        :class:`LockNotOwned`, as after it. Without taking it, (1) two releases read the token;
+        (2) the first deletes the key; (3) the second finds the key gone and reports the lock
+        lost (:class:`LockLost`, an ERROR), though nothing expired or changed owner."""
+        not_acquired = LockNotOwned(f"cannot release {self.key}: not acquired", key=self.key)
+        if self._token is None:
+            raise not_acquired
         if keep and not seconds(keep, zero=True):
             raise ValueError(
                 f"release keep must be seconds >= 0 and <= {MAX_TTL:.0f}, got {keep!r}"
             )
         if self._pid != _owner.process_id:
             raise self._not_ours("release")
+        with self._state:
+            token, self._token = self._token, None
+        if token is None:
+            raise not_acquired
         return token
 
     def _released(self, released: bool) -> None:

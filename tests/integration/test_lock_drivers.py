@@ -223,6 +223,70 @@ def test_acquire_extend_release(d: Driver, redis_url: str, r: redis_py.Redis) ->
     d(lock.release())
 
 
+class SlowRelease(celery_redlock.Lock):
+    """A thread lock whose first release waits, inside its call, until told to go on."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.inside, self.go = threading.Event(), threading.Event()
+
+    def do_release(self, token: str, keep: float = 0) -> bool:
+        if not self.inside.is_set():
+            self.inside.set()
+            assert self.go.wait(10)
+        return super().do_release(token, keep)
+
+
+class SlowAsyncRelease(celery_redlock.asyncio.Lock):
+    """The asyncio twin of :class:`SlowRelease`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.inside, self.go = asyncio.Event(), asyncio.Event()
+
+    async def do_release(self, token: str, keep: float = 0) -> bool:
+        if not self.inside.is_set():
+            self.inside.set()
+            await asyncio.wait_for(self.go.wait(), 10)
+        return await super().do_release(token, keep)
+
+
+def test_a_release_while_another_is_under_way_is_not_owned_thread(
+    redis_url: str, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One object released from two threads: the second release used to find the key gone
+    and raise LockLost, with an ERROR "lost", though nothing expired or changed owner."""
+    lock = SlowRelease(redis_url, "twice", ttl=10)
+    assert lock.acquire(blocking=False)
+    first = threading.Thread(target=lock.release)
+    first.start()
+    assert lock.inside.wait(10)
+    with pytest.raises(LockNotOwned):
+        lock.release()
+    lock.go.set()
+    first.join(10)
+    assert not first.is_alive() and not lock.lost and not r.exists(lock.key)
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
+
+
+def test_a_release_while_another_is_under_way_is_not_owned_asyncio(
+    redis_url: str, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def main() -> None:
+        lock = SlowAsyncRelease(redis_url, "twice-async", ttl=10)
+        assert await lock.acquire(blocking=False)
+        first = asyncio.ensure_future(lock.release())
+        await lock.inside.wait()
+        with pytest.raises(LockNotOwned):
+            await lock.release()
+        lock.go.set()
+        await first  # released, no LockLost
+        assert not lock.lost and not r.exists(lock.key)
+
+    asyncio.run(main())
+    assert not [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
+
+
 def test_a_second_lock_cannot_acquire_and_sees_the_holder(
     d: Driver, redis_url: str, r: redis_py.Redis
 ) -> None:
