@@ -651,9 +651,8 @@ class LockCore:
         :class:`LockNotOwned`, as after it. Without taking it, (1) two releases read the token;
         (2) the first deletes the key; (3) the second finds the key gone and reports the lock
         lost (:class:`LockLost`, an ERROR), though nothing expired or changed owner."""
-        not_acquired = LockNotOwned(f"cannot release {self.key}: not acquired", key=self.key)
         if self._token is None:
-            raise not_acquired
+            raise self._not_acquired()
         if keep and not seconds(keep, zero=True):
             raise ValueError(
                 f"release keep must be seconds >= 0 and <= {MAX_TTL:.0f}, got {keep!r}"
@@ -663,8 +662,11 @@ class LockCore:
         with self._state:
             token, self._token = self._token, None
         if token is None:
-            raise not_acquired
+            raise self._not_acquired()
         return token
+
+    def _not_acquired(self) -> LockNotOwned:
+        return LockNotOwned(f"cannot release {self.key}: not acquired", key=self.key)
 
     def _released(self, released: bool) -> None:
         """After the release call: :class:`LockLost` if the key was not ours any more."""
