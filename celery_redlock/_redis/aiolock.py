@@ -362,7 +362,7 @@ class Lock(LockCore):
     # -- internals ------------------------------------------------------------------------------
 
     async def _attempt(self) -> bool:
-        token = self._new_token()
+        token = self._try_token()
         ttl = self._lease()
         start = self.clock()
         try:

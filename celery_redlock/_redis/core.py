@@ -498,8 +498,9 @@ class LockCore:
     #: The holder seen by the last failed attempt (``None`` if it was not contended).
     last_holder: _owner.Owner | None = None
     _holder_ttl: float | None = None
-    #: How many acquisition tries this object has made and had answered: each non-blocking
-    #: try, and each try of a blocking wait (a lock handed over to a waiter costs none).
+    #: How many acquisition tries this object has sent: each non-blocking try, and each try of
+    #: a blocking wait, answered or not (a try the server never answered counts: it may have run
+    #: there); a lock handed over to a waiter costs none.
     attempts = 0
 
     def __init__(
@@ -722,9 +723,13 @@ class LockCore:
     def _new_token(self) -> str:
         return _owner.new_token(self.owner, self.host)
 
+    def _try_token(self) -> str:
+        """The owner token of one acquisition try, counted in :attr:`attempts` as it is sent."""
+        self.attempts += 1
+        return self._new_token()
+
     def _result(self, token: str, start: float, ttl: float, result: AcquireResult) -> bool:
         """Take in an acquisition's reply; whether it holds the lock now."""
-        self.attempts += 1
         if not result.acquired:
             self._saw(result.holder, result.pttl_ms)
             return False
@@ -864,12 +869,11 @@ class LockCore:
 
     def _queued_attempt(self, wait: Wait) -> Steps[bool | None]:
         """A queued waiter's try (``None``: the queue was refused)."""
-        token = self._new_token()
+        token = self._try_token()
         start = self.clock()
         reply = yield Op.QUEUED, (token, ms(wait.ttl), wait.member, wait.secret)
         if reply is None:
             return None
-        self.attempts += 1
         if reply.held is None:
             wait.tried_at = start
             self._saw(reply.holder, reply.pttl_ms)

@@ -293,7 +293,7 @@ class Lock(LockCore):
     # -- internals ------------------------------------------------------------------------------
 
     def _attempt(self) -> bool:
-        token = self._new_token()
+        token = self._try_token()
         ttl = self._lease()
         start = self.clock()
         with self._given_back_if_interrupted(token):

@@ -534,6 +534,7 @@ def test_a_server_down_gives_lock_unavailable_naming_it(d: Driver) -> None:
     lock = d.lock(server.url, "down", ttl=10)
     with pytest.raises(LockUnavailable, match=f"127.0.0.1:{server.port}"):
         d(lock.acquire(blocking=False))
+    assert lock.attempts == 1  # a try the server never answered is a try all the same
 
 
 def test_a_database_the_server_lacks_is_a_refusal_naming_the_setting(

@@ -346,6 +346,7 @@ def test_outcomes_without_a_lock_event_carry_the_key_too(
     assert lock_key(save, "e", 0).endswith(
         outcomes["unavailable"].attributes["redlock.key.hash"] + "}"
     )
+    assert outcomes["unavailable"].attributes["redlock.attempts"] == 1
 
 
 def test_a_broken_tracer_never_breaks_locking(
