@@ -6,8 +6,9 @@ on its own, for example to let one process rebuild a cache entry while the other
     with Lock("redis://localhost:6379/0", "rebuild:homepage", ttl=10, timeout=5):
         rebuild_homepage()
 
-Each operation is one Lua script (:mod:`celery_redlock._redis.scripts`): acquire is ``SET NX PX``
-plus a fencing counter, release and extend compare the owner token before touching the key.
+Each operation is one Lua script (:mod:`celery_redlock._redis.scripts`), or on one Redis 7
+server a plain ``SET NX PX GET`` for an acquire after the first (the fencing token is read on
+first use); release and extend compare the owner token before touching the key.
 The token is unguessable and fresh for every acquisition, so only the holder can release.
 
 This module never imports Celery.

@@ -117,8 +117,12 @@ class SingleNode(QueueRules):
 
     def __init__(self, client: Any) -> None:
         self.client = client
-        #: ``SET ... NX PX ... GET`` works here (Redis >= 7.0); False once the server refused it.
-        self.set_get = True
+        #: Whether an acquire may be one ``SET ... NX PX ... GET``: ``None`` until an acquire
+        #: script ran here, True then, False once the server refused that ``SET`` (Redis < 7.0).
+        #: Without the first script, a user who may not run scripts (an ACL without
+        #: ``+evalsha``) would take the lock and be refused only at its release, leaving the key
+        #: to its TTL; the asyncio lock, which acquires by script, is refused at once.
+        self.set_get: bool | None = None
         #: A release hands the lock to the first queued waiter (see ``scripts.RELEASE``): on a
         #: plain node, not a Cluster, whose PUBLISH counts the subscribers of one node only.
         self.handoff = not is_cluster(client)
@@ -143,8 +147,9 @@ class SingleNode(QueueRules):
     def acquire(self, keys: LockKeys, token: str, ttl_ms: int, sole: str = "") -> AcquireResult:
         """A lock: one ``SET key token NX PX ttl GET``, no script and no fencing counter (the
         token is read on first use, :meth:`fence`); the holder's TTL is left for the caller
-        to ask. A semaphore, or a server older than 7.0 (no ``NX`` with ``GET``), runs the
-        acquire script. An attempt whose reply was lost is given back in the background."""
+        to ask. The first acquire here, a semaphore, or a server older than 7.0 (no ``NX`` with
+        ``GET``) runs the acquire script (:attr:`set_get`). An attempt whose reply was lost is
+        given back in the background."""
         if self.set_get and len(keys.slots) == 1:
             lock = keys.lock
             try:
@@ -171,7 +176,12 @@ class SingleNode(QueueRules):
         except LockUnavailable as exc:
             self._give_back_if_lost(exc, keys, token)
             raise
-        return _scripts.decode_acquire(reply)
+        result = _scripts.decode_acquire(reply)
+        if self.set_get is None:
+            self.set_get = True
+            if len(keys.slots) == 1:  # its token is read on first use, as after a SET
+                result = result._replace(fencing_token=None)
+        return result
 
     def wait_attempt(
         self, keys: LockKeys, token: str, ttl_ms: int, member: str, secret: str

@@ -515,6 +515,20 @@ def test_a_user_without_set_gets_lock_unavailable(
     assert lock_keys(r) == []
 
 
+def test_a_user_who_may_not_run_scripts_is_refused_at_acquire(
+    d: Driver, redis_server: RedisServer, r: redis_py.Redis
+) -> None:
+    """Not at the release: the thread lock acquires with a plain ``SET``, but not before its
+    connection ran a script, so the lock is never taken by a user who could not release it."""
+    rules = [rule for rule in RULES if rule != "+evalsha"]
+    with acl_user(r, "cannot-script", *rules):
+        lock = d.lock(user_url(redis_server, "cannot-script"), "no-scripts", ttl=10)
+        with pytest.raises(LockUnavailable, match="refused") as raised:
+            d(lock.acquire(blocking=False))
+        assert raised.value.key == lock.key and not lock.held
+    assert lock_keys(r) == []
+
+
 def test_an_out_of_memory_server_gives_lock_unavailable(
     d: Driver, redis_url: str, r: redis_py.Redis
 ) -> None:

@@ -51,24 +51,14 @@ def test_a_fencing_token_read_failing_after_the_acquire_runs_the_call(
     redis_server: RedisServer, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The token for ``lock_acquired`` is read after the lock is taken (one script). Here the
-    ACL user may ``SET`` but not run scripts: the acquire succeeds, the read is refused. The
-    call runs, and the receiver gets ``None``; it used to fail with ``LockUnavailable``, its
-    lock held until the TTL, so the next call of the key was skipped."""
+    ACL user loses the right to run scripts while the worker runs: the next acquire (a plain
+    ``SET`` once the connection ran a script) succeeds, the read is refused. The call runs,
+    and the receiver gets ``None``; it used to fail with ``LockUnavailable``, its lock held
+    until the TTL, so the next call of the key was skipped."""
     if int(str(r.info("server")["redis_version"]).split(".")[0]) < 7:
         pytest.skip("Redis 6.2 acquires with a script, which this user may not run")
-    r.execute_command(
-        "ACL",
-        "SETUSER",
-        "noscripts",
-        "reset",
-        "on",
-        ">pw",
-        "~*",
-        "&*",
-        "+@all",
-        "-evalsha",
-        "-eval",
-    )
+    grant = ["ACL", "SETUSER", "noscripts", "reset", "on", ">pw", "~*", "&*", "+@all"]
+    r.execute_command(*grant)
     app = make_app(redis_server, redlock_on_unavailable="fail")
     app.conf.redlock_url = f"redis://noscripts:pw@127.0.0.1:{redis_server.port}/0"
 
@@ -78,6 +68,8 @@ def test_a_fencing_token_read_failing_after_the_acquire_runs_the_call(
 
     try:
         with captured(lock_acquired) as acquired, running_worker(app):
+            assert work.delay(1).get(timeout=10) == 1
+            r.execute_command(*grant, "-evalsha", "-eval")
             result = work.delay(7)
             assert result.get(timeout=10) == 7
     finally:
