@@ -105,8 +105,8 @@ def _cause(exc: BaseException) -> str:
     return f"cannot reach the lock Redis: {redact(exc)}"
 
 
-#: The longest key the timeline looks up (compared whole, never scanned): a lock name can be
-#: as long as a task's name. A row links its timeline up to this length.
+#: The longest key the timeline looks up (compared whole, never scanned) and an action takes: a
+#: lock name can be as long as a task's name. A row links its timeline up to this length.
 MAX_KEY = 4096
 
 
@@ -343,7 +343,8 @@ class Dashboard:
         Refused on a read-only dashboard (403) and for an unknown action (400): nothing is
         read, no signal is sent, and the refusal is logged as a WARNING.
         """
-        key = (form.get("key") or "")[:1000]
+        posted = form.get("key") or ""
+        key = posted[:MAX_KEY]
         forced = form.get("force") in ("1", "on", "true")
         target, who = _shown(key or form.get("prefix") or "-"), _shown(actor)
         refused = self._refusal(action)
@@ -357,6 +358,8 @@ class Dashboard:
             )
             return refused
         try:
+            if len(posted) > MAX_KEY:
+                raise ValueError(f"the key is {len(posted)} characters; at most {MAX_KEY}")
             done = self._act(action, key, form, forced)
         except ValueError as exc:
             done = ActionResult(400, f"refused: {exc}")

@@ -97,6 +97,31 @@ def test_release_dead_releases_only_the_locks_the_filter_shows(
         assert refused.status_code == 400 and 'id="release-dead"' not in refused.text
 
 
+def test_a_lock_of_a_long_name_is_released_from_its_row(
+    celery_app: Celery, r: redis_py.Redis
+) -> None:
+    """A key of up to 4,096 characters (a lock name as long as a task's name) is acted on
+    whole; a longer posted key is refused, naming the limit. Keys used to be cut to 1,000
+    characters, so the row of a longer one could never be released."""
+    key = dead_lock(r, f"{TASK}:{'n' * 3000}")
+    board = create_app(
+        celery_app, actions=True, credentials=Credentials(token=TOKEN), ping_timeout=0.3
+    )
+    with served(board) as url, httpx.Client(base_url=url, headers=BEARER) as ops:
+        page = ops.get("/", params={"prefix": f"{TASK}:nnnn"})
+        row = re.search(r'<tr data-key="[^"]+">.*?</tr>', page.text, re.S)
+        assert row is not None, page.text
+        pairs = re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)"', row.group(0))
+        form = {name: html.unescape(value) for name, value in pairs}
+        assert form["key"] == key
+        done = ops.post("/action/release", data=form)
+        assert done.status_code == 200 and "released" in done.text, done.text
+        assert not r.exists(key)
+        longer = ops.post("/action/release", data={**form, "key": "k" * 4097})
+        assert longer.status_code == 400
+        assert "the key is 4097 characters; at most 4096" in longer.text
+
+
 def test_a_session_ends_with_its_token_and_its_lifetime(
     celery_app: Celery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
