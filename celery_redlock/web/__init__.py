@@ -25,9 +25,16 @@ __all__ = ["create_app", "django_urls"]
 
 _LAZY = {"create_app": "._asgi", "django_urls": "._django"}
 
+#: What a missing library of the dashboard is reported as (followed by the import's error).
+NEEDS_EXTRA = 'the dashboard needs the web extra: pip install "celery-redlock[web]"'
+
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'celery_redlock.web' has no attribute {name!r}")
-    return getattr(importlib.import_module(module, __name__), name)
+    try:
+        loaded = importlib.import_module(module, __name__)
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(f"{NEEDS_EXTRA} ({exc})", name=exc.name) from exc
+    return getattr(loaded, name)

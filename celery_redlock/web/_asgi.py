@@ -14,7 +14,8 @@ have no CSRF protection of their own to inherit.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+import inspect
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from starlette.applications import Starlette
@@ -30,6 +31,29 @@ __all__ = ["create_app"]
 
 CSRF_FIELD = "csrf_token"
 
+#: What ``authenticate`` may be: a function or a coroutine function of the request.
+Authenticate = Callable[[Request], "str | None | Awaitable[str | None]"]
+
+
+async def _name_of(authenticate: Authenticate, request: Request) -> str | None:
+    """Who ``authenticate`` says is asking: a non-empty ``str``, or ``None`` (refused).
+
+    Anything else raises :class:`TypeError` (the request fails with a 500): a user object
+    would otherwise let everyone in. Timeline: (1) ``authenticate=lambda r: r.user`` under
+    Starlette's ``AuthenticationMiddleware``; (2) an anonymous visitor's ``request.user`` is an
+    ``UnauthenticatedUser``, which is not ``None``; (3) taken for a name, it may release locks.
+    """
+    name = authenticate(request)
+    if inspect.isawaitable(name):
+        name = await name
+    if name is None or (isinstance(name, str) and name):
+        return name
+    raise TypeError(
+        f"the dashboard's authenticate= returned {type(name).__name__} {name!r}: it must return "
+        "the user's name (a non-empty str) or None to refuse, e.g. "
+        "`lambda request: request.user.display_name if request.user.is_authenticated else None`"
+    )
+
 
 def host_of(header: str) -> str:
     """The host of a ``Host`` header, without its port or an IPv6 address's brackets."""
@@ -43,7 +67,7 @@ def create_app(
     app: Any,
     *,
     actions: bool = False,
-    authenticate: Callable[[Request], str | None] | None = None,
+    authenticate: Authenticate | None = None,
     credentials: Credentials | None = None,
     ping_timeout: float = 1.0,
     allowed_hosts: Collection[str] | None = None,
@@ -52,8 +76,10 @@ def create_app(
 
     :param actions: allow the actions (read-only by default).
     :param authenticate: for a mount: ``authenticate(request)`` returns who is asking (a user
-        name, logged and sent with each action) or ``None`` to refuse the request. Without
-        it, ``credentials`` (default: from the environment) are checked.
+        name, logged and sent with each action) or ``None`` to refuse the request; it may be a
+        coroutine function. Any other value (a user object, ``False``, ``""``) fails the request
+        with a :class:`TypeError` naming the fix. Without it, ``credentials`` (default: from
+        the environment) are checked.
     :param allowed_hosts: the host names (no port) a request's ``Host`` header may give (any:
         ``None``).
         ``celery redlock web`` on a loopback address allows the loopback names only. Timeline
@@ -80,9 +106,9 @@ def create_app(
             return None
         return PlainTextResponse("refused: unknown Host header", status_code=400)
 
-    def who(request: Request) -> str | None:
+    async def who(request: Request) -> str | None:
         if authenticate is not None:
-            return authenticate(request)
+            return await _name_of(authenticate, request)
         if not creds.configured:
             return "anonymous"
         session = request.cookies.get(SESSION_COOKIE)
@@ -117,7 +143,7 @@ def create_app(
         refused = foreign(request)
         if refused is not None:
             return refused
-        if who(request) is None:
+        if await who(request) is None:
             return unauthenticated(request)
         cookie = csrf_cookie(request)
         form = {CSRF_FIELD: guard.csrf_token(cookie)}
@@ -147,7 +173,7 @@ def create_app(
         refused = refuse_post(request, data)
         if refused is not None:
             return refused
-        actor = who(request)
+        actor = await who(request)
         if actor is None:
             return unauthenticated(request)
         fields = {k: str(v) for k, v in data.items() if isinstance(v, str)}

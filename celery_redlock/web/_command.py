@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from ..cli._group import seconds_above_zero
+from . import NEEDS_EXTRA
 from ._security import Credentials
 
 __all__ = ["web"]
@@ -51,14 +52,14 @@ def web(ctx: click.Context, host: str, port: int, actions: bool, ping_timeout: f
     or REDLOCK_WEB_USER and REDLOCK_WEB_PASSWORD."""
     try:
         import uvicorn
-
+    except ImportError as exc:
+        raise click.ClickException(f"{NEEDS_EXTRA} ({exc})") from exc
+    try:
         # Through the package's lazy public name: this module is imported by the CLI, which
         # must not load the dashboard (nor Starlette) until ``web`` runs.
         from . import create_app
-    except ImportError as exc:
-        raise click.ClickException(
-            f'the dashboard needs the web extra: pip install "celery-redlock[web]" ({exc})'
-        ) from exc
+    except ImportError as exc:  # names the extra
+        raise click.ClickException(str(exc)) from exc
     try:
         credentials = Credentials.from_env()
     except ValueError as exc:

@@ -59,3 +59,18 @@ def test_the_cli_does_not_load_the_worker_wiring() -> None:
     loaded = _celery_modules_after(code, prefix="celery_redlock")
     assert "celery_redlock._celery.wiring" not in loaded
     assert "celery_redlock._celery.engine" not in loaded
+
+
+def test_the_dashboard_without_its_extra_names_the_extra() -> None:
+    """Without Starlette (``None`` in ``sys.modules`` stands for a library not installed),
+    ``from celery_redlock.web import create_app`` says which extra to install."""
+    code = (
+        "import sys; sys.modules['starlette'] = None\nfrom celery_redlock.web import create_app\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith('ModuleNotFoundError: the dashboard needs the web extra: pip install "')
+    assert "starlette" in last

@@ -100,6 +100,44 @@ def test_mounted_in_fastapi(
     }
 
 
+def test_authenticate_may_be_async_and_must_return_a_name(
+    celery_app: Any, held: str, r: redis_py.Redis, actions: list[dict[str, Any]]
+) -> None:
+    """Under Starlette's ``AuthenticationMiddleware`` an anonymous ``request.user`` is an
+    object, not ``None``: returned as is, it let every visitor in (and release locks). A value
+    that is not a name fails the request; an ``async def`` is awaited (its coroutine, never
+    ``None``, let everyone in too)."""
+    from fastapi import FastAPI
+    from starlette.authentication import AuthCredentials, AuthenticationBackend, SimpleUser
+    from starlette.middleware.authentication import AuthenticationMiddleware
+
+    from celery_redlock.web import create_app
+
+    class Header(AuthenticationBackend):
+        async def authenticate(self, conn: Any) -> Any:
+            name = conn.headers.get("x-user")
+            return None if name is None else (AuthCredentials(["authenticated"]), SimpleUser(name))
+
+    async def by_name(request: Any) -> str | None:
+        return request.user.display_name if request.user.is_authenticated else None
+
+    host = FastAPI()
+    host.add_middleware(AuthenticationMiddleware, backend=Header())
+    board = {"actions": True, "ping_timeout": 0.3}
+    host.mount("/objects", create_app(celery_app, authenticate=lambda req: req.user, **board))
+    host.mount("/named", create_app(celery_app, authenticate=by_name, **board))
+    with served(host) as base:
+        for user in ({}, {"x-user": "alice"}):
+            assert httpx.get(f"{base}/objects/", headers=user).status_code == 500
+        assert httpx.get(f"{base}/named/").status_code == 401
+        with httpx.Client(base_url=base, headers={"x-user": "alice"}) as alice:
+            page = alice.get("/named/")
+            assert page.status_code == 200 and held in page.text
+            done = alice.post("/named/action/release", data=fields(page.text))
+            assert done.status_code == 200 and not r.exists(held), done.text
+    assert actions[-1]["actor"] == "alice"
+
+
 def test_mounted_in_flask(
     celery_app: Any, held: str, r: redis_py.Redis, actions: list[dict[str, Any]]
 ) -> None:
