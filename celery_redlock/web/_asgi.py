@@ -32,7 +32,7 @@ __all__ = ["create_app"]
 CSRF_FIELD = "csrf_token"
 
 #: What ``authenticate`` may be: a function or a coroutine function of the request.
-Authenticate = Callable[[Request], "str | None | Awaitable[str | None]"]
+Authenticate = Callable[[Request], "str | Awaitable[str | None] | None"]
 
 
 async def _name_of(authenticate: Authenticate, request: Request) -> str | None:
