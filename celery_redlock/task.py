@@ -112,7 +112,8 @@ class LockedTask(Task):  # type: ignore[misc]
            the error propagates: a marker left behind would send every later call of the key
            to a task id that was never queued, for ``lock_enqueue_ttl``.
         5. A ``lock_bypass`` call, and a call with callbacks or in a canvas (``link``,
-           ``link_error``, a chain, a group or a chord), always publish and write no marker:
+           ``link_error``, a chain, a group or a chord, and what a worker publishes for one:
+           a chain's next step, a callback, a replacement), always publish and write no marker:
            the bypass runs on purpose; a canvas call de-duplicated would drop its callbacks
            and the rest of its chain, and leave its group or chord waiting forever on a task
            id that never runs. The lock still excludes it when it runs.
@@ -131,7 +132,7 @@ class LockedTask(Task):  # type: ignore[misc]
             or options.get("retries") is not None  # a retry (lock retries keep retries at 0)
             or self.app.conf.task_always_eager
             or (header is not None and calls.bypassed(header))
-            or any(options.get(name) for name in _CANVAS_OPTIONS)
+            or _in_canvas(options)
         ):
             return super().apply_async(args, kwargs, task_id=task_id, **options)
         task_id = task_id or uuid()
@@ -200,7 +201,26 @@ def _freeze_options(cls: type) -> None:
 
 #: ``apply_async`` options by which Celery sends a call's callbacks or its canvas: a call
 #: carrying one is never de-duplicated (point 5 of :meth:`LockedTask.apply_async`).
-_CANVAS_OPTIONS = ("link", "link_error", "chain", "chord", "group_id")
+_CANVAS_OPTIONS = ("link", "link_error", "chord", "group_id", "parent_id", "root_id")
+
+
+def _in_canvas(options: dict[str, Any]) -> bool:
+    """Whether Celery sends this call as part of a canvas, or as another call's callback.
+
+    A worker publishes a chain's next step with ``chain`` (empty for the last step) and a
+    ``link`` callback with ``parent_id`` and ``root_id``; ``replace()`` passes
+    ``replaced_task_nesting``. A plain ``delay()`` has none of them (even inside a task:
+    Celery fills in the parent after ``apply_async``). Timeline of a miss: (1) ``f(1)`` is
+    queued, with its marker; (2) ``chain(g.s(), f.si(1))`` runs ``g``; (3) the worker
+    publishes ``f(1)`` as the chain's last step: de-duplicated to the queued call, its task id
+    never runs, and the chain's result stays PENDING for good.
+    """
+    return (
+        "chain" in options
+        or bool(options.get("replaced_task_nesting"))
+        or any(options.get(name) for name in _CANVAS_OPTIONS)
+    )
+
 
 #: The ``@single_instance`` keywords that are no Celery task attribute: given to a
 #: ``LockedTask`` without their ``lock_`` prefix, they would be ignored.

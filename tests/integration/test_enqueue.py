@@ -259,6 +259,40 @@ def test_bypass_and_canvas_calls_are_never_deduplicated(
     assert sorted(ran) == [7, 7, 8, 8, 8, 9, 9, 9, 10, 10, 11, 11]
 
 
+@pytest.mark.parametrize("mode", [True, "until_executed"])
+def test_steps_a_worker_publishes_are_never_deduplicated(
+    app: Celery, r: redis_py.Redis, mode: Any
+) -> None:
+    """A chain's last step, a ``link`` callback and a replacement are published by the worker
+    (the last step with an empty ``chain``, the others with a parent): de-duplicated to a
+    queued call, the chain's result stayed PENDING and the callback never ran."""
+    ran: list[int] = []
+
+    @app.task(base=LockedTask, lock_enqueue=mode, lock_by=["n"], lock_on_contention="wait")
+    def job(n: int) -> int:
+        ran.append(n)
+        return n
+
+    @app.task
+    def first() -> str:
+        return "first"
+
+    @app.task(bind=True)
+    def replaced(self: Task) -> None:
+        raise self.replace(job.si(14))
+
+    queued = {n: job.apply_async((n,), countdown=3600) for n in (12, 13, 14)}  # due in an hour
+    with running_worker(app):
+        assert chain(first.si(), job.si(12)).apply_async().get(timeout=10) == 12
+        linked = first.apply_async(link=job.si(13))
+        assert linked.get(timeout=10) == "first"
+        assert linked.children and linked.children[0].get(timeout=10) == 13
+        assert replaced.delay().get(timeout=10) == 14
+        for result in queued.values():
+            result.revoke()
+    assert sorted(ran) == [12, 13, 14]
+
+
 def test_send_task_bypasses_markers(app: Celery, r: redis_py.Redis, broker: redis_py.Redis) -> None:
     @app.task(base=LockedTask, lock_enqueue=True, lock_by=())
     def job() -> None: ...
