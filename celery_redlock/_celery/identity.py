@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery.app.annotations import resolve_all as resolve_annotations
+from celery.app.autoretry import add_autoretry_behaviour
 from celery.local import Proxy
 
 from .._redis import keys as _keys
@@ -302,7 +303,9 @@ def spec_of(task: Any) -> Spec | None:
     first call also makes :class:`~celery_redlock.LockContended` and
     :class:`~celery_redlock.LockUnavailable` expected outcomes of the task (``task.throws``),
     so Celery logs such a failure at INFO without a traceback, under both APIs (the engine
-    logs a WARNING naming ``redlock_url`` before failing for an outage).
+    logs a WARNING naming ``redlock_url`` before failing for an outage). Under
+    ``@single_instance`` it also keeps those outcomes from ``autoretry_for``
+    (:func:`_outcomes_not_autoretried`).
     """
     if isinstance(task, Proxy):
         task = task._get_current_object()
@@ -321,8 +324,40 @@ def spec_of(task: Any) -> Spec | None:
         expected = tuple(e for e in (LockContended, LockUnavailable) if e not in task.throws)
         if expected:
             task.throws = (*task.throws, *expected)
+        if getattr(fun, OPTIONS_ATTR, None) is not None:
+            _outcomes_not_autoretried(task)
     task.__dict__["_redlock_spec"] = spec
     return spec
+
+
+#: What the lock makes a call end with (not the task's own failures): never autoretried.
+_OUTCOMES = (LockContended, LockUnavailable, LockConfigError)
+
+
+def _outcomes_not_autoretried(task: Any) -> None:
+    """Keep the lock's outcomes out of a ``@single_instance`` task's ``autoretry_for``.
+
+    ``LockedTask`` takes the lock in ``__call__``, outside the ``run`` that Celery's
+    ``autoretry_for`` wraps; the decorator's wrapper *is* that ``run``. Timeline without this:
+    (1) ``autoretry_for=(Exception,)``, ``on_contention="fail"``; (2) the key is held, and the
+    engine raises ``LockContended``; (3) autoretry catches it and retries the call: a busy key
+    uses up the retries the task keeps for its own errors, and the call does not fail. So
+    Celery's wrapping (``add_autoretry_behaviour``, which keeps the plain ``run`` as
+    ``_orig_run``) is redone with these outcomes added to ``dont_autoretry_for``; a task
+    without ``autoretry_for`` has no wrapping, and is left alone. Done at the first
+    :func:`spec_of`, which a worker runs for every task at start, before any call; a
+    ``LockContended`` the body itself raises (a ``Lock`` of its own) is not autoretried
+    either. Pinned on the lowest and newest Celery by ``test_call_overrides.py``.
+    """
+    plain = task.__dict__.get("_orig_run")
+    if plain is None:
+        return
+    kept = tuple(getattr(task, "dont_autoretry_for", ()) or ())
+    if all(issubclass(outcome, kept) for outcome in _OUTCOMES):
+        return
+    task.run = plain
+    del task._orig_run
+    add_autoretry_behaviour(task, dont_autoretry_for=(*kept, *_OUTCOMES))
 
 
 def _check_bound_by(

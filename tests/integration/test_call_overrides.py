@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import redis as redis_py
 from celery import Celery, Task
+from celery.signals import task_retry
 
 from celery_redlock import (
     Lock,
@@ -103,6 +104,44 @@ def test_wait_overrides_fail_for_one_call(
         finally:
             holder.release()
         assert waiting.get(timeout=10) == "ran"
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_autoretry_for_retries_the_tasks_own_errors_not_the_locks(
+    app: Celery, redis_url: str, api: str
+) -> None:
+    """``autoretry_for=(Exception,)`` retries the body's own error, but a busy key under
+    ``fail`` fails the call at once, under both APIs. The decorator's wrapper is the ``run``
+    that autoretry wraps: its ``LockContended`` used to be retried, using up the retries."""
+    tries: list[int] = []
+
+    def work(self: Task, fail_first: bool) -> int:
+        tries.append(self.request.retries)
+        if fail_first and self.request.retries == 0:
+            raise ValueError("the task's own error")
+        return self.request.retries
+
+    retried: list[str] = []
+
+    def on_retry(request: Any = None, **_: Any) -> None:
+        retried.append(request.id)
+
+    retrying = {"autoretry_for": (Exception,), "default_retry_delay": 0, "max_retries": 2}
+    task = locked(app, api, work, task_options=retrying, by=(), on_contention="fail")
+    task_retry.connect(on_retry)
+    try:
+        with running_worker(app):
+            own = task.delay(True)
+            assert own.get(timeout=10) == 1
+            holder = hold(redis_url, task, False)
+            try:
+                with pytest.raises(LockContended):
+                    task.delay(False).get(timeout=10)
+            finally:
+                holder.release()
+    finally:
+        task_retry.disconnect(on_retry)
+    assert tries == [0, 1] and retried == [own.id]  # the own error once; the busy key never
 
 
 @pytest.mark.parametrize("api", APIS)
