@@ -19,7 +19,10 @@ from __future__ import annotations
 
 import ast
 import re
+import secrets
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -74,8 +77,26 @@ def python_blocks(path: Path) -> list[Block]:
     return blocks
 
 
-def point_at(code: str, server: RedisServer) -> str:
-    return code.replace("redis://localhost:6379", f"redis://127.0.0.1:{server.port}")
+#: The PostgreSQL the guide's fenced store uses: this machine's, database ``test``.
+PG_DSN = "host=127.0.0.1 dbname=test user=postgres"
+
+
+def point_at(code: str, server: RedisServer, schema: str) -> str:
+    """``code`` on the private Redis server, and its PostgreSQL tables in ``schema``."""
+    code = code.replace("redis://localhost:6379", f"redis://127.0.0.1:{server.port}")
+    return code.replace(f'"{PG_DSN}"', f'"{PG_DSN} options=-csearch_path={schema}"')
+
+
+@pytest.fixture
+def pg_schema() -> Iterator[str]:
+    """A PostgreSQL schema of this test's own: the guide's table lives there, dropped after."""
+    psycopg = pytest.importorskip("psycopg")
+    name = f"readme_{secrets.token_hex(6)}"
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {name}")
+    yield name
+    with psycopg.connect(PG_DSN, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA {name} CASCADE")
 
 
 # -- what a block must do, keyed by a name it binds ----------------------------------------------
@@ -204,7 +225,7 @@ def cleanup(ns: dict[str, Any]) -> None:
         from prometheus_client import REGISTRY
 
         REGISTRY.unregister(ns["collector"])
-    for value in ns.values():
+    for value in [*ns.values(), *ns.get("connections", {}).values()]:
         if isinstance(value, Celery | sqlite3.Connection) or type(value).__module__.startswith(
             "psycopg"
         ):
@@ -322,7 +343,11 @@ def starts_a_program(code: str) -> bool:
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
 def test_every_python_block_runs(
-    doc: Path, namespace: dict[str, Any], redis_server: RedisServer, redis_url: str
+    doc: Path,
+    namespace: dict[str, Any],
+    redis_server: RedisServer,
+    redis_url: str,
+    pg_schema: str,
 ) -> None:
     shared_before = set(_state._on_app_finalizers)
     runs: list[Ran] = []
@@ -342,7 +367,7 @@ def test_every_python_block_runs(
         if runs and starts_a_program(block.code):
             end_program()
         before = dict(namespace)
-        module, mains = split_main(point_at(block.code, redis_server), block.where)
+        module, mains = split_main(point_at(block.code, redis_server, pg_schema), block.where)
         exec(module, namespace)
         for name, check in CHECKS.items():
             bound = name in namespace and namespace[name] is not before.get(name)
@@ -350,6 +375,48 @@ def test_every_python_block_runs(
                 check(namespace, redis_server)
         runs.append(Ran(block, dict(namespace), mains, tasks_bound(namespace, before)))
     end_program()
+
+
+FORKED = """
+import os, sys
+ns = {}
+exec(sys.stdin.read(), ns)
+parent = ns["pg"]().info.backend_pid
+read, write = os.pipe()
+child = os.fork()
+if child == 0:
+    os.write(write, str(ns["pg"]().info.backend_pid).encode())
+    os._exit(0)
+os.waitpid(child, 0)
+print(parent, int(os.read(read, 64)), ns["pg"]().info.backend_pid)
+"""
+
+
+def test_the_fenced_store_recipe_gives_each_process_its_own_connection(
+    redis_server: RedisServer, pg_schema: str
+) -> None:
+    """A prefork worker forks its children after importing the tasks' module: a connection
+    opened there and shared by the children mixes their statements and replies. The recipe's
+    ``pg()``, run in a fresh interpreter that then forks, gives the child a session of its own
+    and leaves the parent's working."""
+    block = next(
+        b for b in python_blocks(ROOT / "docs" / "guide.md") if "def fenced_write" in b.code
+    )
+    tree = ast.parse(point_at(block.code, redis_server, pg_schema))
+    kept = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        or (isinstance(node, ast.FunctionDef) and node.name == "pg")
+        or (isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "connections")
+    ]
+    code = ast.unparse(ast.Module(kept, type_ignores=[]))
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED], input=code, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    parent, child, after = map(int, done.stdout.split())
+    assert child != parent and after == parent
 
 
 def test_blocks_that_do_not_run_say_why() -> None:
