@@ -1,14 +1,16 @@
 """A PostgreSQL store that accepts a write only with a newer fencing token, and logs them all.
 
-The guard is the guide's recipe (``docs/guide.md``, "A fenced PostgreSQL store"): one statement
-that writes only where the stored token is lower than the writer's,
-``UPDATE ... SET fence = $new ... WHERE key = $key AND fence <= $new`` (equal: the same
-holder writing again). Every write, accepted or
-not, is appended to a log in the order PostgreSQL applied it: the row of the key is locked
-(``SELECT ... FOR UPDATE``) before the guarded ``UPDATE`` and the log ``INSERT``, in one
-transaction, so the log's ``seq`` order per key is the store's own order of writes. The
-history checker (:mod:`chaos.history`) reads it back, with each write's writer, as
-:class:`~chaos.history.StoreWrite`.
+The guard is the guide's recipe (``docs/guide.md``, "A fenced PostgreSQL store"), its very
+statement: an upsert that writes only where the stored token is not higher than the writer's,
+``INSERT ... ON CONFLICT (key) DO UPDATE ... WHERE state.fence <= EXCLUDED.fence`` (equal: the
+same holder writing again), with the writer in place of the balance. Every write, accepted or
+not, is appended to a log in the order PostgreSQL applied it: the upsert locks the key's row
+whether or not its ``WHERE`` lets the update through (PostgreSQL's ``ON CONFLICT DO UPDATE``
+locks every conflicting row), and the log ``INSERT`` follows in the same transaction, so the
+log's ``seq`` order per key is the store's own order of writes. The history checker
+(:mod:`chaos.history`) reads it back, with each write's writer, as
+:class:`~chaos.history.StoreWrite`. Its "stale writes accepted" check therefore tests this
+statement under real concurrency: it can only fail if the guard itself is wrong.
 
 A connection belongs to the process that made it. A prefork worker's pool children are forks:
 (1) a parent writes, making its connection; (2) it forks; (3) the child writes. Had the child
@@ -80,16 +82,12 @@ class FencedStore:
         write with a larger token came first)."""
         conn = self.connection()
         with conn.transaction():
-            conn.execute(
-                f"INSERT INTO {self.state} VALUES (%s, 0, '') ON CONFLICT (key) DO NOTHING",
-                (key,),
-            )
-            conn.execute(f"SELECT fence FROM {self.state} WHERE key = %s FOR UPDATE", (key,))
             accepted = (
                 conn.execute(
-                    f"UPDATE {self.state} SET fence = %s, writer = %s"
-                    " WHERE key = %s AND fence <= %s",
-                    (token, writer, key, token),
+                    f"INSERT INTO {self.state} VALUES (%s, %s, %s) ON CONFLICT (key) DO UPDATE"
+                    " SET fence = EXCLUDED.fence, writer = EXCLUDED.writer"
+                    f" WHERE {self.state}.fence <= EXCLUDED.fence",
+                    (key, token, writer),
                 ).rowcount
                 == 1
             )

@@ -23,9 +23,8 @@ The store keeps its own log of every write, in the order it applied them, with i
 A **holding** is one admission: from an ``admitted`` event to the next ``body_end`` of the
 same execution. Each execution stamps its events with its own ``run`` id, so a call admitted
 twice (a redelivery, a retry) holds twice, and two admissions of one call running at once are
-two holdings that overlap (events without a ``run`` belong to the call's latest admission). A
-body
-that never recorded its end holds until its last event that proves it ran (``admitted``,
+two holdings that overlap (a ``write`` without a ``run`` belongs to no admission: a write
+outside one). A body that never recorded its end holds until its last event that proves it ran (``admitted``,
 ``body_start``, ``write``, ``lost``), never until its ``released`` or ``final``. A holding
 is half-open, ``[admitted, ended)``: a holder admitted at the instant another ended follows
 it. It always holds its admission instant, though, so two admissions of one key at one
@@ -44,7 +43,10 @@ instant overlap even if one body took no time.
    was accepted before it; a rejection of a write whose token is at least every token
    accepted so far is a *wrong rejection* (the fence refused the newest holder: a violation);
 3. **token order**: of two holdings of a key that do not overlap, the earlier one has the
-   smaller token (a violation otherwise, also when either has none);
+   smaller token (a violation otherwise, also when either has none); of two that overlap,
+   the one admitted later has the larger token (else the fence would refuse the newer holder
+   and let the older one write): a violation, or, inside the window of a documented limit,
+   counted under that limit (:attr:`Verdict.inversions_explained`);
 4. **shared tokens**: two holdings of a key with one token, or two writers accepted with one
    token. Tokens are unique per acquisition (``docs/guide.md``, "Fencing tokens": they
    strictly increase), and the fence lets an equal token through, so a shared token would
@@ -55,7 +57,10 @@ instant overlap even if one body took no time.
    outside :data:`FINAL_STATES` (of two ``final`` events, the later one counts);
 7. **leftover keys**: lock keys present after the run (given by the harness);
 8. **an empty history**: no call submitted at all proves nothing (:attr:`Verdict.empty`:
-   the verdict is not ok, so the harness reports the phase failed and runs the next one).
+   the verdict is not ok, so the harness reports the phase failed and runs the next one);
+   nor does a run in which no holder had a token or no write was accepted
+   (:attr:`Verdict.untested`: every call unavailable or skipped, records lost, or workers
+   pointed at the wrong lock server).
 
 A call admitted without a token (``admitted`` with ``token`` None) and without a write is no
 holder: its lock was lost before its body read the token (``Lock.fencing_token`` is ``None``
@@ -184,6 +189,10 @@ class Verdict:
     admitted_lost: int = 0
     #: No call was submitted: the history proves nothing (a run that lost its records).
     empty: bool = False
+    #: Calls were submitted, but no holder had a token or the store accepted no write.
+    untested: bool = False
+    #: Per limit, inversions between overlapping holders that began inside its window.
+    inversions_explained: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -197,6 +206,7 @@ class Verdict:
             or self.lost_calls
             or self.leftover_keys
             or self.empty
+            or self.untested
         )
 
     def summary(self) -> dict[str, Any]:
@@ -216,6 +226,8 @@ class Verdict:
             "leftover_keys": len(self.leftover_keys),
             "admitted_lost": self.admitted_lost,
             "empty": self.empty,
+            "untested": self.untested,
+            "inversions_explained": dict(self.inversions_explained),
             "states": dict(self.states),
         }
 
@@ -302,6 +314,17 @@ def check(
                     verdict.overlaps_explained[limit] = verdict.overlaps_explained.get(limit, 0) + 1
                     lasted = min(a.ended, b.ended) - max(a.admitted, b.admitted)
                     verdict.overlap_max_s[limit] = max(verdict.overlap_max_s.get(limit, 0), lasted)
+                older, newer = (a, b) if a.admitted <= b.admitted else (b, a)
+                if (
+                    older.token is not None
+                    and newer.token is not None
+                    and older.token > newer.token
+                ):
+                    if limit is None:
+                        verdict.token_inversions.append((key, older.call, newer.call))
+                    else:
+                        count = verdict.inversions_explained.get(limit, 0) + 1
+                        verdict.inversions_explained[limit] = count
                 continue
             first, second = (a, b) if a.ended <= b.admitted else (b, a)
             if first.token is None or second.token is None or first.token > second.token:
@@ -337,6 +360,8 @@ def check(
         verdict.states[state or "none"] = verdict.states.get(state or "none", 0) + 1
         if state not in FINAL_STATES:
             verdict.lost_calls.append(call)
+    tokened = any(h.token is not None for held in by_key.values() for h in held)
+    verdict.untested = bool(submitted) and not (tokened and verdict.accepted)
     return verdict
 
 

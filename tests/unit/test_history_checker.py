@@ -4,7 +4,25 @@ from __future__ import annotations
 
 import pytest
 
-from chaos.history import Event, StoreWrite, Window, check, holdings, takeover_times
+from collections.abc import Sequence
+from typing import Any
+
+from chaos.history import Event, StoreWrite, Verdict, Window, holdings, takeover_times
+from chaos.history import check as judge
+
+
+def check(events: list[Event], writes: Sequence[StoreWrite], *rest: Any, **kw: Any) -> Verdict:
+    """:func:`chaos.history.check`; with no store log given (``[]``), the store accepted one
+    write of each holder with a token, in the order of admission (a run that wrote nothing
+    is untested: ``test_a_run_that_tested_nothing_fails``)."""
+    if not writes:
+        admitted = sorted((e for e in events if e.kind == "admitted"), key=lambda e: e.at)
+        writes = [
+            StoreWrite(i, e.key, e.token, True, e.call)
+            for i, e in enumerate(admitted)
+            if e.token is not None
+        ]
+    return judge(events, writes, *rest, **kw)
 
 
 def call(
@@ -250,3 +268,27 @@ def test_two_holders_sharing_a_token_are_a_violation_even_inside_a_limit_s_windo
     by_store = check(untold, writes, window)
     assert by_store.shared_tokens == [("k", "a", "b")] and not by_store.stale_accepted
     assert not by_store.ok
+
+
+def test_a_run_that_tested_nothing_fails() -> None:
+    """Calls submitted, but none admitted with a token, or no write accepted: every call
+    unavailable or skipped, records lost, workers pointed at the wrong lock server."""
+    skipped = [Event(1, "a", "submitted", "k"), Event(2, "a", "final", "k", state="SKIPPED")]
+    verdict = judge(skipped, [])
+    assert verdict.untested and not verdict.ok
+    unwritten = judge(call("a", "k", 10, 1, 2), [])
+    assert unwritten.untested and not unwritten.ok
+    assert not judge(call("a", "k", 10, 1, 2), [StoreWrite(1, "k", 10, True, "a")]).untested
+
+
+def test_an_inversion_between_overlapping_holders_is_caught() -> None:
+    """The newer of two overlapping holders with the smaller token: the fence refuses it and
+    lets the stale one write. Inside a documented limit's window it is counted there."""
+    events = call("a", "k", 12, 1, 3) + call("b", "k", 11, 2, 4)
+    window = [Window("pause-holder", 1.5, 2.5, limit="holder paused past its lease")]
+    writes = [StoreWrite(1, "k", 12, True, "a"), StoreWrite(2, "k", 11, False, "b")]
+    unexplained = judge(events, writes)
+    assert ("k", "a", "b") in unexplained.token_inversions and not unexplained.ok
+    explained = judge(events, writes, window)
+    assert explained.token_inversions == []
+    assert explained.inversions_explained == {"holder paused past its lease": 1}
