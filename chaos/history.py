@@ -24,8 +24,9 @@ A **holding** is one admission: from an ``admitted`` event to the next ``body_en
 same execution. Each execution stamps its events with its own ``run`` id, so a call admitted
 twice (a redelivery, a retry) holds twice, and two admissions of one call running at once are
 two holdings that overlap (a ``write`` without a ``run`` belongs to no admission: a write
-outside one). A body that never recorded its end holds until its last event that proves it ran (``admitted``,
-``body_start``, ``write``, ``lost``), never until its ``released`` or ``final``. A holding
+outside one). A body that never recorded its end holds until its last event that proves it
+ran (``admitted``, ``body_start``, ``write``, ``lost``), never until its ``released`` or
+``final``. A holding
 is half-open, ``[admitted, ended)``: a holder admitted at the instant another ended follows
 it. It always holds its admission instant, though, so two admissions of one key at one
 instant overlap even if one body took no time.

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
-
 from collections.abc import Sequence
 from typing import Any
+
+import pytest
 
 from chaos.history import Event, StoreWrite, Verdict, Window, holdings, takeover_times
 from chaos.history import check as judge
