@@ -193,7 +193,11 @@ class RedisServer:
         self.start()
 
     def __enter__(self) -> RedisServer:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # no server to stop: its folder goes
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
 
     def __exit__(
         self,

@@ -7,7 +7,11 @@ Enable it in your top-level ``conftest.py`` (it is not loaded automatically)::
 Fixtures:
 
 * ``redlock_server`` (session): a ``redis-server`` on a free loopback port
-  (:class:`celery_redlock.testing.RedisServer`), killed at the end of the session;
+  (:class:`celery_redlock.testing.RedisServer`), killed at the end of the session, also when
+  pytest is ended by SIGTERM (what a CI job's cancel, ``timeout`` or ``docker stop`` send):
+  while it runs, a SIGTERM that nothing else handles is raised in pytest as
+  ``KeyboardInterrupt``, so the session's teardown still stops the server (which runs in a
+  session of its own, out of reach of the signals sent to pytest's process group);
 * ``redlock_url``: its URL, the database emptied before each test;
 * ``configure_redlock``: ``configure_redlock(app)`` points an app's locks at ``redlock_url``
   (also when its settings were already resolved) and returns the app;
@@ -28,6 +32,9 @@ a session-scoped one). pytest-celery 1.x loads the classic fixtures but shadows
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -42,8 +49,31 @@ __all__ = ["configure_redlock", "lock_events", "redlock_server", "redlock_url"]
 @pytest.fixture(scope="session")
 def redlock_server() -> Iterator[RedisServer]:
     """A throwaway ``redis-server`` for the whole session."""
-    with RedisServer() as server:
+    with _sigterm_interrupts(), RedisServer() as server:
         yield server
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Raise SIGTERM as ``KeyboardInterrupt`` while inside, if SIGTERM still has its default
+    action (a handler of the user's, or a thread other than the main one, is left alone).
+    Timeline without it: (1) the server starts in a session of its own; (2) a CI cancel sends
+    SIGTERM to pytest, which dies at once; (3) no teardown runs: the server lives on."""
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @pytest.fixture

@@ -6,7 +6,11 @@ of docs/testing.md, verbatim.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,7 @@ from celery_redlock.testing import (
     assert_skipped,
     hold_lock,
     record_lock_events,
+    wait_until,
 )
 from support.workers import running_worker
 
@@ -113,6 +118,35 @@ def test_the_plugin_in_a_user_test_suite(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_readme=DOC_EXAMPLE, test_more=MORE)
     result = pytester.runpytest_subprocess("-q", timeout=60)
     result.assert_outcomes(passed=8)
+
+
+WAITS = """
+import pathlib, time
+
+def test_waits(redlock_server):
+    pathlib.Path("server.pid").write_text(str(redlock_server.process.pid))
+    time.sleep(60)  # until the SIGTERM
+"""
+
+
+def test_a_sigterm_to_pytest_still_stops_the_server(pytester: pytest.Pytester) -> None:
+    """A CI job's cancel sends SIGTERM: the session's server, in a session of its own, used
+    to outlive pytest."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_waits=WAITS)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:celery"]
+    run = subprocess.Popen(command, cwd=pytester.path, stdout=subprocess.PIPE, text=True)
+    pid_file = pytester.path / "server.pid"
+    try:
+        wait_until(lambda: pid_file.exists() and pid_file.read_text(), 30, "the test to start")
+        server = int(pid_file.read_text())
+        run.send_signal(signal.SIGTERM)
+        out, _ = run.communicate(timeout=30)
+    finally:
+        run.kill()
+    assert "KeyboardInterrupt" in out
+    with pytest.raises(ProcessLookupError):  # the fixture waited for it: gone, not a zombie
+        os.kill(server, 0)
 
 
 def test_the_plugin_is_opt_in() -> None:
