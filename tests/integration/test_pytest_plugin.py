@@ -99,7 +99,9 @@ def test_assert_skipped_fails_for_a_call_that_ran(configure_redlock):
     configure_redlock(app)
     with record_lock_events():
         result = report.delay()
-        with pytest.raises(AssertionError, match="was not skipped; its lock events: acquired"):
+        key = r"redlock:\\{test_more.report:\\w+\\}"
+        expected = rf"was not skipped; its key: {key}; its lock events: acquired"
+        with pytest.raises(AssertionError, match=expected):
             assert_skipped(result)
 
 
