@@ -495,6 +495,8 @@ class LockCore:
     #: (:attr:`one_slot_per_owner`, on a semaphore).
     _sole = ""
     _lost = False
+    #: The token the last release took (the one :meth:`on_lost` names once it is taken).
+    _released_token: str | None = None
     #: The holder seen by the last failed attempt (``None`` if it was not contended).
     last_holder: _owner.Owner | None = None
     _holder_ttl: float | None = None
@@ -574,7 +576,7 @@ class LockCore:
         logger.error(
             "lock %s lost (token %s…, fencing token %s): %s",
             self.key,
-            (self._token or "")[:8],
+            (self._token or self._released_token or "")[:8],
             self._fencing_token,
             reason,
         )
@@ -664,6 +666,7 @@ class LockCore:
             token, self._token = self._token, None
         if token is None:
             raise self._not_acquired()
+        self._released_token = token  # what a release that finds the lock lost logs
         return token
 
     def _not_acquired(self) -> LockNotOwned:

@@ -18,7 +18,10 @@ lock is listed when a majority of nodes hold the same token; its TTL is the time
 than a majority do. A minority of a quorum's nodes down changes nothing, as for the locks
 themselves: the listing, reads and releases go on with the nodes that answer, and each node
 that did not is reported (:meth:`Inventory.on_unanswered`, :attr:`View.unanswered`); fewer than
-a majority answering raises, naming them.
+a majority answering raises, naming them. A node that did not answer is left out of this
+inventory's calls for :data:`DOWN_FOR` seconds: a node that hangs (a paused process, a link
+dropping packets) costs a whole socket timeout per call, so a listing of 10,000 locks and a
+release of each would otherwise wait 5 s per page and per lock.
 
 Every release is a compare-and-delete of the exact value that was read, so a lock that changed
 owner meanwhile is never deleted:
@@ -56,6 +59,7 @@ import hashlib
 import json
 import os
 import re
+import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -114,6 +118,9 @@ BUDGET = 50_000
 #: The longest name prefix a view takes: long ``SCAN`` patterns made Redis < 7.2.6 crash
 #: (CVE-2024-31228).
 MAX_FILTER = 200
+
+#: Seconds for which a quorum node that did not answer is left out of an inventory's calls.
+DOWN_FOR = 30.0
 
 #: The markers a view lists, by :class:`Marker` ``kind`` (a :class:`LockKeys` property).
 MARKERS = ("queued", "rate", "newest")
@@ -236,8 +243,8 @@ def lease_age(lock: HeldLock, lease: float) -> float | None:
     it has no expiry (a fixed ``lock_ttl``, a lock of another lease: not renewed with this
     one).
 
-    A renewing holder resets its TTL to the lease every ``lease / 3``: an age under that proves
-    a holder that was alive within the last ``lease / 3``. (In the last two thirds of a lease
+    A renewing holder resets its TTL to the lease about every ``lease / 3``: a small age
+    proves a holder that was alive that recently. (In the last two thirds of a lease
     before ``max_hold``, the renewal sets shorter TTLs: the age then overstates the time.)
     """
     if lock.ttl is None or lock.ttl > lease:
@@ -324,6 +331,8 @@ class Inventory:
         self.urls = [url] if isinstance(url, str) else list(url)
         self.prefix = prefix
         self.quorum = majority(len(self.urls)) if len(self.urls) > 1 else 1
+        #: Quorum nodes that did not answer: ``{index: (when, error)}`` (:data:`DOWN_FOR`).
+        self._down: dict[int, tuple[float, LockUnavailable]] = {}
 
     def on_unanswered(self, node: str, error: LockUnavailable) -> None:
         """Called for each quorum node that did not answer a read or a release while a majority
@@ -476,11 +485,14 @@ class Inventory:
             return int(run_script(client, _scripts.RELEASE_UNRENEWED, *call))
 
         replies = [r for r in self._each(one) if r is not None]
-        if -1 in replies:
-            return Released.RENEWED
         failed = len(self.urls) - len(replies)
         if sum(1 for r in replies if r > 0) + failed >= self.quorum:
+            # Released on a majority even if one node saw a renewal meanwhile: the lock is
+            # gone, and its holder's next renewal finds it lost (reporting RENEWED would tell
+            # the operator the holder kept a lock that no majority holds any more).
             return Released.RELEASED
+        if -1 in replies:
+            return Released.RENEWED
         return Released.CHANGED
 
     def queued(self, name: str) -> str | None:
@@ -552,6 +564,9 @@ class Inventory:
         targets = self._targets()
         i, position = _cursor(cursor, len(targets))
         client, node = targets[i]
+        if i in self._known_down():
+            self._each(lambda c: c.ping(), missed)  # a majority still answers, or this raises
+            return i, [], f"{i + 1}:0" if i + 1 < len(targets) else "0"
         try:
             if node is None:
                 next_scan, raw = client.scan(position, match=pattern, count=count)
@@ -562,7 +577,8 @@ class Inventory:
             error = self._failure(self.urls[i if len(self.urls) > 1 else 0], exc)
             if len(self.urls) == 1 or isinstance(error, InventoryRefused):
                 raise error from exc
-            self._each(lambda c: c.ping(), missed, down={i: error})
+            self._down[i] = (time.monotonic(), error)
+            self._each(lambda c: c.ping(), missed)
             next_scan, raw = 0, []
         if int(next_scan) != 0:
             return i, list(raw), f"{i}:{int(next_scan)}"
@@ -692,17 +708,14 @@ class Inventory:
         raise exc  # a bug, not Redis: its own traceback
 
     def _each(
-        self,
-        call: Callable[[Any], T],
-        missed: dict[str, str] | None = None,
-        down: Mapping[int, LockUnavailable] | None = None,
+        self, call: Callable[[Any], T], missed: dict[str, str] | None = None
     ) -> list[T | None]:
-        """``call(client)`` on every node but those already ``down`` (``{index: error}``);
-        ``None`` for a node that does not answer. Raises when fewer than a majority answer, or
+        """``call(client)`` on every node but those known down (:meth:`_known_down`); ``None``
+        for a node that does not answer. Raises when fewer than a majority answer, or
         on a refused permission; else reports each node that did not answer
         (:meth:`on_unanswered`, and into ``missed``)."""
         out: list[T | None] = []
-        failed = dict(down or {})
+        failed = self._known_down()
         for i in range(len(self.urls)):
             if i in failed:
                 out.append(None)
@@ -715,6 +728,8 @@ class Inventory:
                     raise error from exc
                 out.append(None)
                 failed[i] = error
+                if len(self.urls) > 1:
+                    self._down[i] = (time.monotonic(), error)
         errors = [failed[i] for i in sorted(failed)]
         if len(errors) > len(self.urls) - self.quorum:
             if len(errors) == 1:
@@ -730,6 +745,11 @@ class Inventory:
                 missed[node] = str(failed[i])
             self.on_unanswered(node, failed[i])
         return out
+
+    def _known_down(self) -> dict[int, LockUnavailable]:
+        """The quorum nodes that did not answer within the last :data:`DOWN_FOR` seconds."""
+        now = time.monotonic()
+        return {i: error for i, (when, error) in list(self._down.items()) if now - when < DOWN_FOR}
 
     def _first(self, call: Callable[[Any], T]) -> T | None:
         """``call(client)`` on the nodes in turn: the first answer that is not ``None``."""

@@ -2,14 +2,21 @@
 
 A holder is *alive* when its worker (the node name ``name@host`` stored in the lock's token)
 answers a control ping within ``--timeout`` seconds, **or** when its lease was set (acquired
-or renewed) within the last third of the lease: a renewing holder resets its TTL to
-``redlock_lease`` every ``lease / 3``, so a TTL above two thirds of the lease proves a holder
-that was alive that recently, whatever the ping says. It is *dead* when neither holds, and
-*unknown* when the lock was not taken in a worker (a plain :class:`~celery_redlock.Lock`, an
-eager call): then nothing can be pinged, and only ``release KEY --force`` releases it. A
-holder that does not answer under its stored name while a live worker answers under a similar
-one (the same name with ``|`` stored as ``_`` by an older version) is *unknown* too: ``dead``
-is said only when no live worker could be the holder.
+or renewed) within the last two thirds of the lease (:data:`RENEWED_WITHIN`): a renewing
+holder resets its TTL to ``redlock_lease`` every ``lease / 3``, so a TTL above a third of the
+lease proves a holder that was alive that recently, whatever the ping says. Two thirds, not
+one: a renewal comes *about* every third, and one that runs late (a body holding the GIL in a
+C call, a GC pause, a slow Redis) must not make a live holder look dead. Timeline with one
+third: (1) w1 is in warm shutdown, its task computing in a C call that holds the GIL; (2) the
+renewal, due at 10 s of a 30 s lease, runs at 11 s; (3) at 10.5 s ``release --dead`` pings
+w1, hears nothing, reads an age of 10.5 s and deletes the lock of a running task.
+
+A holder is *dead* when neither holds, and *unknown* when the lock was not taken in a worker
+(a plain :class:`~celery_redlock.Lock`, an eager call): then nothing can be pinged, and only
+``release KEY --force`` releases it. A holder that does not answer under its stored name
+while a live worker answers under a similar one (the same name with ``|`` stored as ``_`` by
+an older version) is *unknown* too: ``dead`` is said only when no live worker could be the
+holder.
 
 Why the renewal counts, as a timeline (a rolling deploy):
 
@@ -31,8 +38,9 @@ in time looks dead.
 3. a second execution of the same key starts beside the first one.
 
 So ``--dead`` is for workers that were killed or lost (SIGKILL, OOM, a host that is gone).
-A renewed lock of a dead worker is released once it has gone a third of a lease without
-renewal; a fixed-TTL lock as soon as its worker does not answer.
+A renewed lock of a dead worker is released once it has gone two thirds of a lease without
+renewal (it expires at the whole lease anyway); a fixed-TTL lock as soon as its worker does
+not answer.
 """
 
 from __future__ import annotations
@@ -48,6 +56,9 @@ from .._redis.inventory import HeldLock, lease_age
 
 #: How a holder's liveness is reported.
 ALIVE, DEAD, UNKNOWN = "alive", "dead", "unknown"
+
+#: The part of ``redlock_lease`` within which a renewal proves a live holder (see above).
+RENEWED_WITHIN = 2 / 3
 
 
 @dataclass(frozen=True)
@@ -133,12 +144,12 @@ def verdict(lock: HeldLock, pinged: Mapping[str, str], timeout: float, lease: fl
             "under a similar one, so its liveness is unknown",
         )
     age = lease_age(lock, lease)
-    if age is not None and age < lease / 3:
+    if age is not None and age < lease * RENEWED_WITHIN:
         return Verdict(
             ALIVE,
             f"its worker {host} does not answer a control ping (a worker in warm shutdown "
-            f"stops answering at once), but its lease was renewed {age:.1f}s ago, within a "
-            f"third of redlock_lease ({lease / 3:.1f}s), so its holder is alive",
+            f"stops answering at once), but its lease was renewed {age:.1f}s ago, within two "
+            f"thirds of redlock_lease ({lease * RENEWED_WITHIN:.1f}s), so its holder is alive",
             renewed=True,
         )
     renewal = (

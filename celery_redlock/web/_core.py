@@ -8,7 +8,7 @@ Actions, each refused unless the dashboard was built with ``actions=True``:
 
 * ``release`` (``key``, ``fingerprint``, ``force``): owner-checked release of one slot; it
   refuses when the slot changed holder since the page was drawn, and refuses a holder that is
-  alive (its worker answers a ping, or it renewed the lock within ``lease / 3``) or whose
+  alive (its worker answers a ping, or it renewed the lock within two thirds of the lease) or whose
   liveness is unknown, unless ``force`` is set: the verdict of ``celery redlock release``
   (:func:`celery_redlock.cli._liveness.verdicts`). Unforced, the release also refuses a lock
   renewed between the read and the delete (one script); forced, it deletes the value read

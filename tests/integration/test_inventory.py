@@ -7,7 +7,9 @@ refused permissions.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,6 +142,57 @@ def test_a_quorum_with_one_node_down_lists_and_releases_what_the_majority_holds(
         for read in (inventory.all, inventory.view):
             with pytest.raises(LockUnavailable, match="fewer than 2 of the 3 lock Redis nodes"):
                 read()
+
+
+class Counting(Inventory):
+    """An inventory that counts the failed calls to one node (each :meth:`_failure` is one)."""
+
+    def __init__(self, urls: list[str], hung: str) -> None:
+        super().__init__(urls, "redlock")
+        self.hung, self.failures = hung, 0
+
+    def _failure(self, url: str, exc: BaseException) -> LockUnavailable:
+        self.failures += url == self.hung
+        return super()._failure(url, exc)
+
+
+def test_a_quorum_node_that_hangs_costs_one_timeout_not_one_per_call() -> None:
+    """A paused node (or a link dropping packets) answers nothing until the socket timeout:
+    asked again for every page and every release, it made a listing and a ``release --dead``
+    of many locks take minutes. It is left out once it did not answer."""
+    with RedisServer() as a, RedisServer() as b, RedisServer() as c:
+        urls = [f"{s.url}?socket_timeout=0.5&socket_connect_timeout=0.5" for s in (a, b, c)]
+        locks = [Lock(urls, f"hang-{i}", ttl=60) for i in range(4)]
+        for lock in locks:
+            assert lock.acquire(blocking=False)
+        assert b.process is not None
+        os.kill(b.process.pid, signal.SIGSTOP)
+        try:
+            inventory = Counting(urls, urls[1])
+            held = inventory.all()
+            assert sorted(lk.key for lk in held) == sorted(lk.key for lk in locks)
+            for seen in held:
+                assert inventory.release(seen, unless_renewed=True) is Released.RELEASED
+            assert inventory.all() == []
+            assert inventory.failures == 1
+        finally:
+            os.kill(b.process.pid, signal.SIGCONT)
+
+
+def test_a_quorum_release_on_a_majority_is_released_though_one_node_saw_a_renewal() -> None:
+    """Deleted on two nodes of three, kept on the third, where the holder's renewal landed
+    between the read and the delete: no majority holds the lock, so it is released (the
+    holder's next renewal finds it lost), not "renewed: the holder is alive"."""
+    with RedisServer() as a, RedisServer() as b, RedisServer() as c:
+        urls = [a.url, b.url, c.url]
+        lock = Lock(urls, "partly-renewed", ttl=30)
+        assert lock.acquire(blocking=False)
+        inventory = Inventory(urls, "redlock")
+        seen = inventory.read(lock.key)
+        assert seen is not None
+        b.client().pexpire(lock.key, 60_000)  # a renewal, on one node so far
+        assert inventory.release(seen, unless_renewed=True) is Released.RELEASED
+        assert [s.client().exists(lock.key) for s in (a, b, c)] == [0, 1, 0]
 
 
 def test_the_command_line_and_the_dashboard_go_on_with_a_quorum_node_down() -> None:

@@ -102,6 +102,8 @@ def test_fencing_tokens_strictly_increase(r: redis_py.Redis) -> None:
 
 def test_fencing_token_is_above_a_counter_ahead_of_the_clock(r: redis_py.Redis) -> None:
     lock = Lock(r, "fenced", ttl=5)
+    assert lock.acquire(blocking=False)  # the connection's first acquire: its script
+    lock.release()
     seconds, micros = r.time()
     ahead = seconds * 1_000_000 + micros + 10**9  # 1000 s ahead (exact in Lua's doubles)
     r.set(lock.keys.fence, ahead)

@@ -309,14 +309,17 @@ def test_a_second_lock_cannot_acquire_and_sees_the_holder(
 
 
 def test_release_of_a_lock_taken_over_is_lost_and_leaves_the_new_owner(
-    d2: Driver, redis_url: str, r: redis_py.Redis
+    d2: Driver, redis_url: str, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
     lock = d2.lock(redis_url, "taken", ttl=10)
     assert d2(lock.acquire(blocking=False))
+    token = lock.token
+    assert token is not None
     r.set(lock.key, "someone-else", keepttl=True)
     with pytest.raises(LockLost) as info:
         d2(lock.release())
     assert info.value.key == lock.key
+    assert f"lost (token {token[:8]}…" in caplog.text  # the ERROR names the token released
     assert lock.lost and not lock.held and r.get(lock.key) == b"someone-else"
     r.delete(lock.key)
 

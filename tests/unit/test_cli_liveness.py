@@ -21,9 +21,12 @@ def held(ttl: float | None, host: str = "w1@web-1") -> HeldLock:
     ("ttl", "ping", "state", "renewed", "says"),
     [
         (29.0, ALIVE, ALIVE, False, "answers a control ping"),
-        (29.0, DEAD, ALIVE, True, "renewed 1.0s ago, within a third of redlock_lease"),
-        (20.5, DEAD, ALIVE, True, "warm shutdown"),  # 9.5 s < 10 s
-        (19.5, DEAD, DEAD, False, "last renewed 10.5s ago"),
+        (29.0, DEAD, ALIVE, True, "renewed 1.0s ago, within two thirds of redlock_lease"),
+        (20.5, DEAD, ALIVE, True, "warm shutdown"),
+        # A renewal due at 10 s that runs late (a body holding the GIL): still alive.
+        (19.5, DEAD, ALIVE, True, "renewed 10.5s ago"),
+        (10.5, DEAD, ALIVE, True, "renewed 19.5s ago"),  # 19.5 s < 20 s
+        (9.5, DEAD, DEAD, False, "last renewed 20.5s ago"),
         (3000.0, DEAD, DEAD, False, "its TTL is not a renewed lease's"),  # a fixed lock_ttl
         (None, DEAD, DEAD, False, "its TTL is not a renewed lease's"),  # no expiry
         (29.0, UNKNOWN, UNKNOWN, False, "a similar one"),

@@ -2,8 +2,8 @@
 shutdown (issue 22, item 1), on a real prefork worker.
 
 A worker in warm shutdown finishes its running tasks but stops answering control pings at
-once, so the ping alone calls it dead. Its watchdog still renews the lease: a renewal within a
-third of the lease proves a live holder. (The lock of a worker that is truly gone is still
+once, so the ping alone calls it dead. Its watchdog still renews the lease: a renewal within two
+thirds of the lease proves a live holder. (The lock of a worker that is truly gone is still
 released: ``test_commands.py::test_release_dead_releases_only_the_locks_of_workers_that_are_gone``.)
 """
 

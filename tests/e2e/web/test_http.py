@@ -4,7 +4,7 @@ an action acts on, who a session cookie still lets in, what the audit log and th
 down or the app's lock options are invalid.
 
 Dead holders are tokens of a worker that does not exist (``w9@gone``): no worker answers
-their ping, and their TTL (15 s of a 30 s lease) says they were not renewed lately.
+their ping, and their TTL (9 s of a 30 s lease) says they were not renewed lately.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def actions() -> Iterator[list[dict[str, Any]]]:
 
 def dead_lock(r: redis_py.Redis, name: str) -> str:
     key = keys_for("redlock", name).lock
-    r.set(key, new_token(f"id-{name[-4:]}", "w9@gone", 7), px=15_000)
+    r.set(key, new_token(f"id-{name[-4:]}", "w9@gone", 7), px=9_000)
     return key
 
 
