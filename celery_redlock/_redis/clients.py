@@ -3,8 +3,8 @@
 URL forms:
 
 * ``redis://[user:password@]host:port/db``, ``rediss://...`` (TLS: ``ssl_ca_certs``,
-  ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs`` as query parameters) and
-  ``unix:///path.sock``: what redis-py's ``from_url`` accepts;
+  ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs``, ``ssl_check_hostname`` as query
+  parameters) and ``unix:///path.sock``: what redis-py's ``from_url`` accepts;
 * ``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]``: the primary that
   the Sentinels name ``service``, followed across failovers (``rediss+sentinel://`` for TLS to
   the primary; ``sentinel_password=`` in the query for password-protected Sentinels);
@@ -12,7 +12,11 @@ URL forms:
   (``rediss+cluster://`` for TLS).
 
 Socket timeouts default to 5 s (reads) and 2 s (connect) unless the URL sets them, so an
-unreachable server fails an operation instead of hanging a task.
+unreachable server fails an operation instead of hanging a task. Over TLS the server's
+certificate must name the URL's host (``ssl_check_hostname`` on unless the URL says
+``ssl_check_hostname=false`` or ``ssl_cert_reqs=none``), on every redis-py: 5.x did not check
+it by default, so a certificate that the CA issued to *any* host let that host's key stand in
+for the lock Redis.
 
 :func:`redact` is the one function that hides credentials in anything this package prints:
 messages, logs, exceptions and the startup checks.
@@ -89,6 +93,8 @@ def client_for(url: str, timeout: float | None = None) -> Any:
                 options["socket_timeout"] = timeout or 5.0
             if "socket_connect_timeout=" not in url:
                 options["socket_connect_timeout"] = timeout or 2.0
+            if url.startswith("rediss") and not _HOSTNAME_SET.search(url):
+                options["ssl_check_hostname"] = True
             try:
                 validate_url(url)
             except ValueError as exc:
@@ -124,13 +130,16 @@ def redact(text: Any) -> str:
     side of hiding: in a message where a URL without a path is followed by an ``@`` on the same
     line, the text between is hidden. A text that is one URL: see :func:`redact_url`.
     """
-    hidden = _USERINFO.sub("***@", _SPACED_USERINFO.sub("***@", str(text)))
-    return _PASSWORD_PARAM.sub(r"\1***", hidden)
+    # Query values first: an ``@`` in one (``?password=p@ss``) would else pass for the end of
+    # a ``user:password@`` part, and the rest of the value would be shown.
+    hidden = _PASSWORD_PARAM.sub(r"\1***", str(text))
+    return _USERINFO.sub("***@", _SPACED_USERINFO.sub("***@", hidden))
 
 
 def redact_url(url: str) -> str:
     """One URL with its credentials hidden: everything from its scheme to its last ``@`` (a
     password holding ``/``, a space and ``@`` together included), then :func:`redact`."""
+    url = _PASSWORD_PARAM.sub(r"\1***", url)
     scheme = _SCHEME.match(url)
     if scheme is not None and "@" in url:
         url = f"{scheme.group(0)}***@{url.rpartition('@')[2]}"
@@ -204,7 +213,15 @@ def with_tls(url: str, tls: Any) -> str:
 
 
 #: Query options of the Sentinel and Cluster forms (the plain forms take redis-py's).
-_TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs")
+_TLS_OPTIONS = (
+    "ssl_ca_certs",
+    "ssl_certfile",
+    "ssl_keyfile",
+    "ssl_cert_reqs",
+    "ssl_check_hostname",
+)
+#: A URL that decides on the host name check itself, or turns certificate checks off.
+_HOSTNAME_SET = re.compile(r"[?&](ssl_cert_reqs=(cert_)?none|ssl_check_hostname=)", re.IGNORECASE)
 _CERT_REQS = tuple(dict.fromkeys(_CERT_REQS_VALUES.values()))
 
 
@@ -304,6 +321,8 @@ def _split(url: str) -> tuple[dict[str, Any], list[tuple[str, int]], list[str], 
         for name in _TLS_OPTIONS:
             if name in query:
                 auth[name] = query.pop(name)
+        if "ssl_check_hostname" in auth:
+            auth["ssl_check_hostname"] = redis_py.connection.to_bool(auth["ssl_check_hostname"])
     nodes = [_host_port(item) for item in hosts.split(",")]
     return auth, nodes, [p for p in parts.path.split("/") if p], query
 

@@ -102,6 +102,10 @@ _REFUSED_TEXTS = {
         "the URL names a database number the server does not have: see its `databases` "
         "setting, 16 by default"
     ),
+    # Redis's answer to a long command (a script's) from a client that did not log in.
+    "unauthenticated multibulk length": (
+        "the server wants a password (or an ACL user) that the URL does not give"
+    ),
 }
 
 #: Reply prefixes that mean "no answer" even when a client reports them as a plain error reply.

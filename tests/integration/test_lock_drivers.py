@@ -554,6 +554,19 @@ def test_a_server_down_gives_lock_unavailable_naming_it(d: Driver) -> None:
     assert lock.attempts == 1  # a try the server never answered is a try all the same
 
 
+def test_a_url_without_the_password_the_server_wants_is_a_refusal_naming_it(d: Driver) -> None:
+    """A client that did not log in may send short commands only: a script (the first acquire
+    of either lock) is answered "Protocol error: unauthenticated multibulk length", which is a
+    refusal for want of a password, not a bare ``ResponseError``."""
+    with RedisServer() as server:
+        admin = server.client()
+        admin.config_set("requirepass", "pw")  # after its start, which logs in without one
+        admin.close()
+        lock = d.lock(f"redis://127.0.0.1:{server.port}/0", "no-password", ttl=10)
+        with pytest.raises(LockUnavailable, match=r"refused|password|[Aa]uthentica"):
+            d(lock.acquire(blocking=False))
+
+
 def test_a_database_the_server_lacks_is_a_refusal_naming_the_setting(
     d: Driver, redis_server: RedisServer, r: redis_py.Redis
 ) -> None:

@@ -155,6 +155,18 @@ def test_tls_needs_the_ca_the_client_certificate_and_the_password(tls: TlsServer
         Lock(no_ca, "job", ttl=10).acquire(blocking=False)
 
 
+def test_tls_checks_that_the_certificate_names_the_host(tls: TlsServer) -> None:
+    """The server's certificate names 127.0.0.1; reached as ``localhost``, the CA's signature
+    alone is not enough (redis-py 5.x connected: any certificate of the CA would do).
+    ``ssl_check_hostname=false`` opts out."""
+    named = tls.url("redlock", "secret").replace("127.0.0.1", "localhost")
+    with pytest.raises(LockUnavailable, match="(?i)hostname|IP address mismatch|match"):
+        Lock(named, "job", ttl=10).acquire(blocking=False)
+    lock = Lock(f"{named}&ssl_check_hostname=false", "job", ttl=10)
+    assert lock.acquire(blocking=False)
+    lock.release()
+
+
 def test_every_operation_works_with_the_acl_user(tls: TlsServer, servers: list[TlsServer]) -> None:
     operations(tls.url("redlock", "secret"), "single")
     operations([s.url("redlock", "secret") for s in servers], "quorum")

@@ -18,7 +18,7 @@ from celery_redlock import LockConfigError, LockedTask, lock_key, single_instanc
 from celery_redlock._celery.options import MAX_SECONDS, reset_settings, settings_for
 from celery_redlock._celery.wiring import check_app
 from celery_redlock._redis import keys as _keys
-from celery_redlock._redis.clients import redact
+from celery_redlock._redis.clients import redact, redact_url
 
 LOCK_URL = "redis://127.0.0.1:1/0"  # never connected to
 PASSWORD = "hunter2"
@@ -183,12 +183,14 @@ def test_a_usable_url_is_accepted(app: Celery, url: str) -> None:
         f"redis://u:p'{PASSWORD}@h:1/0",
         f'redis://u:p"{PASSWORD}@h:1/0',
         f"redis://h:1/0?pasword={PASSWORD}",
+        f"redis://h:1/0?password=p@{PASSWORD}",  # an @ in a query value, as redis-py reads it
+        f"redis+sentinel://h:1/m?sentinel_password=s@{PASSWORD}:x",
     ],
 )
 def test_redaction_hides_passwords_with_slashes_spaces_quotes_and_at_signs(text: str) -> None:
-    hidden = redact(text)
-    assert PASSWORD not in hidden
-    assert "h:1" in hidden and "***" in hidden
+    for hidden in (redact(text), redact_url(text)):
+        assert PASSWORD not in hidden
+        assert "h:1" in hidden and "***" in hidden
 
 
 # -- row 6: the same node twice in a quorum -------------------------------------------------------
