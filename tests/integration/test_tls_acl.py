@@ -160,7 +160,7 @@ def test_tls_checks_that_the_certificate_names_the_host(tls: TlsServer) -> None:
     alone is not enough (redis-py 5.x connected: any certificate of the CA would do).
     ``ssl_check_hostname=false`` opts out."""
     named = tls.url("redlock", "secret").replace("127.0.0.1", "localhost")
-    with pytest.raises(LockUnavailable, match="(?i)hostname|IP address mismatch|match"):
+    with pytest.raises(LockUnavailable, match=r"(?i)hostname|IP address mismatch|match"):
         Lock(named, "job", ttl=10).acquire(blocking=False)
     lock = Lock(f"{named}&ssl_check_hostname=false", "job", ttl=10)
     assert lock.acquire(blocking=False)
