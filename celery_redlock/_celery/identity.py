@@ -69,10 +69,10 @@ def _encode(value: Any, owner: str, param: str, depth: int = 0) -> Any:
         for k, v in value.items():
             encoded = _key(k, owner, param)
             if encoded in items:
-                raise TypeError(
+                raise TypeError(  # never the key itself: it is an argument's value
                     f"{owner}: argument {param!r} is a mapping whose keys collide once encoded "
-                    f"(a {type(k).__name__} key and another that both become {encoded!r} in "
-                    "JSON), which has no canonical encoding for the lock key"
+                    f"(a {type(k).__name__} key and another that both become one JSON key), "
+                    "which has no canonical encoding for the lock key"
                 )
             items[encoded] = _encode(v, owner, param, depth + 1)
         return ["D", *([k, items[k]] for k in sorted(items))]

@@ -464,9 +464,13 @@ def cross_check(owner: str, options: TaskLockOptions, settings: Settings) -> Non
 # -- app settings ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Settings:
-    """The ``redlock_*`` settings of one app, validated (the rows of :data:`SETTINGS`)."""
+    """The ``redlock_*`` settings of one app, validated (the rows of :data:`SETTINGS`).
+
+    Its repr shows the URLs with their credentials hidden, and not the key secret: an error
+    tracker that records the local variables of a failing frame (Sentry does) records it.
+    """
 
     #: One URL, or a tuple of 3, 5, ... URLs of independent nodes (the Redlock quorum).
     url: str | tuple[str, ...]
@@ -476,12 +480,23 @@ class Settings:
     on_contention: Policy
     on_unavailable: UnavailablePolicy
     #: Keys the argument digest (a MAC); ``None``: a plain hash. Never shown in a repr.
-    key_secret: bytes | None = dataclasses.field(default=None, repr=False)
+    key_secret: bytes | None = None
     #: Group of the Celery events of a contended task: ``"redlock"`` (``redlock-skipped``...)
     #: or the deprecated ``"task-lock"`` (``task-lock-skipped``...).
     event_names: str = "redlock"
     #: ``redlock_timeline``: events the dashboard's ring keeps (0: no ring).
     timeline: int = 0
+
+    def __repr__(self) -> str:
+        url = (
+            redact_url(self.url) if isinstance(self.url, str) else tuple(map(redact_url, self.url))
+        )
+        shown = [f"url={url!r}"] + [
+            f"{f.name}={getattr(self, f.name)!r}"
+            for f in dataclasses.fields(self)
+            if f.name not in ("url", "key_secret")
+        ]
+        return f"Settings({', '.join(shown)})"
 
 
 _REDIS_SCHEMES = ("redis://", "rediss://", "unix://")

@@ -226,7 +226,7 @@ def nested(depth: int) -> list[Any]:
 
 @pytest.mark.parametrize(
     ("argument", "expected"),
-    [({1: "a", "1": 2}, "collide"), (nested(500), "nests containers deeper")],
+    [({48213: "a", "48213": 2}, "collide"), (nested(500), "nests containers deeper")],
 )
 def test_an_argument_without_a_canonical_encoding_is_a_type_error_naming_it(
     app: Celery, argument: Any, expected: str
@@ -236,6 +236,7 @@ def test_an_argument_without_a_canonical_encoding_is_a_type_error_naming_it(
         lock_key(task, argument)
     assert "account_id" in str(info.value) and expected in str(info.value)
     assert "bad.task" in str(info.value)
+    assert "48213" not in str(info.value)  # an argument's value, never shown
 
 
 def test_a_lock_by_callable_that_raises_names_the_task_and_lock_by(app: Celery) -> None:
@@ -268,6 +269,20 @@ def test_a_key_secret_changes_every_key_and_keys_by_the_secret(app: Celery) -> N
     reset_settings(other)
     assert lock_key(keyed_task, 48213) not in (plain, keyed)
     assert "s3cret" not in repr(settings_for(other)) and "another" not in repr(settings_for(other))
+    other.close()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [f"redis://u:{PASSWORD}@h:1/0", [f"redis://u:{PASSWORD}@h{i}:1/0" for i in range(3)]],
+    ids=["one", "quorum"],
+)
+def test_the_settings_repr_hides_the_url_password(url: Any) -> None:
+    """An error tracker that records a failing frame's locals (Sentry) records this repr."""
+    other = Celery("bad", set_as_current=False)
+    other.conf.redlock_url = url
+    shown = repr(settings_for(other))
+    assert PASSWORD not in shown and "***@h" in shown and "prefix='redlock'" in shown
     other.close()
 
 
