@@ -112,7 +112,12 @@ def inspect_(
             locks, direct = _matching(ctx, store, key)
         else:
             locks, direct = store.of_task_id(task_id or ""), False
-    judged = verdicts(ctx.obj.app, locks, timeout, store.lease)
+    try:
+        judged = verdicts(ctx.obj.app, locks, timeout, store.lease)
+    except click.ClickException as exc:  # the ping needs the broker; the locks do not
+        click.echo(f"WARNING: {exc.message}: the workers' liveness is unknown", err=True)
+        unknown = Verdict(UNKNOWN, "the workers could not be pinged")
+        judged = {lk.key: unknown for lk in locks}
     if as_json:  # KEY: its lock, or null; a lock or task name, --task-id: a list
         items = [lk.as_dict(judged[lk.key].state) for lk in locks]
         dump(items[0] if direct else items if items or task_id is not None else None)

@@ -23,7 +23,7 @@ from click.testing import CliRunner, Result
 from celery_redlock import Lock, LockUnavailable, metrics
 from celery_redlock._redis.inventory import Inventory, InventoryRefused, Released, lease_age
 from celery_redlock.cli import redlock
-from celery_redlock.testing import RedisServer, wait_until
+from celery_redlock.testing import RedisServer, free_port, wait_until
 from celery_redlock.web._core import Dashboard
 from support import ROOT
 from support.apps import layout_app
@@ -193,6 +193,30 @@ def test_a_quorum_release_on_a_majority_is_released_though_one_node_saw_a_renewa
         b.client().pexpire(lock.key, 60_000)  # a renewal, on one node so far
         assert inventory.release(seen, unless_renewed=True) is Released.RELEASED
         assert [s.client().exists(lock.key) for s in (a, b, c)] == [0, 1, 0]
+
+
+def test_inspect_with_the_broker_down_shows_the_lock_with_liveness_unknown(
+    redis_url: str,
+) -> None:
+    """The ping needs the broker, the lock does not: ``inspect`` shows it, with a warning,
+    where it used to fail and show nothing."""
+    lock = Lock(redis_url, "brokerless", ttl=30, owner="t-1", host="w1@host")
+    assert lock.acquire(blocking=False)
+    app = layout_app(
+        "inv",
+        f"redis://127.0.0.1:{free_port()}",
+        set_as_current=False,
+        redlock_url=redis_url,
+        broker_transport_options={"max_retries": 0},  # kombu's retries would take 6 s
+    )
+    try:
+        result = run(app, "inspect", "brokerless", "--timeout", "0.2")
+    finally:
+        lock.release()
+        app.close()
+    assert result.exit_code == 0, result.output
+    assert lock.key in result.stdout and "alive     unknown (the workers could not" in result.stdout
+    assert "WARNING: cannot ping workers through the broker" in result.stderr
 
 
 def test_the_command_line_and_the_dashboard_go_on_with_a_quorum_node_down() -> None:
