@@ -30,7 +30,7 @@ import redis as redis_py
 from celery import Celery
 
 from celery_redlock._redis.keys import is_slot, lock_pattern
-from celery_redlock.testing import RedisServer
+from celery_redlock.testing import RedisServer, free_port
 
 #: The prefix of every variable the tests, benchmarks and checkers read.
 PREFIX = "REDLOCK_TEST_"
@@ -70,6 +70,18 @@ def make_app(server: RedisServer, name: str = "t", **conf: Any) -> Celery:
         result_extended=True,
         worker_hijack_root_logger=False,  # keep pytest's caplog handler on root
         **conf,
+    )
+
+
+def brokerless_app(lock_url: str) -> Celery:
+    """An app whose locks live at ``lock_url`` and whose broker does not answer (nothing
+    listens on its port): what a worker ping meets with the broker down."""
+    return layout_app(
+        "inv",
+        f"redis://127.0.0.1:{free_port()}",
+        set_as_current=False,
+        redlock_url=lock_url,
+        broker_transport_options={"max_retries": 0},  # kombu's retries would take 6 s
     )
 
 

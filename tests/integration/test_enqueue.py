@@ -221,6 +221,17 @@ def test_a_contended_retry_is_never_rejected_by_a_marker(
         assert late.get(timeout=10) == 0
 
 
+def recorded_job(app: Celery, mode: Any, ran: list[int]) -> Any:
+    """A task de-duplicated under ``mode`` (waiting for its key), recording each run in ``ran``."""
+
+    @app.task(base=LockedTask, lock_enqueue=mode, lock_by=["n"], lock_on_contention="wait")
+    def job(n: int) -> int:
+        ran.append(n)
+        return n
+
+    return job
+
+
 @pytest.mark.parametrize("mode", [True, "until_executed"])
 def test_bypass_and_canvas_calls_are_never_deduplicated(
     app: Celery, r: redis_py.Redis, broker: redis_py.Redis, mode: Any
@@ -229,11 +240,7 @@ def test_bypass_and_canvas_calls_are_never_deduplicated(
     same call is queued: returning the queued call's result instead would drop the bypass, the
     callbacks and the rest of the chain, and leave the group or chord waiting forever."""
     ran: list[int] = []
-
-    @app.task(base=LockedTask, lock_enqueue=mode, lock_by=["n"], lock_on_contention="wait")
-    def job(n: int) -> int:
-        ran.append(n)
-        return n
+    job = recorded_job(app, mode, ran)
 
     @app.task
     def then(value: Any) -> list[Any]:
@@ -267,11 +274,7 @@ def test_steps_a_worker_publishes_are_never_deduplicated(
     (the last step with an empty ``chain``, the others with a parent): de-duplicated to a
     queued call, the chain's result stayed PENDING and the callback never ran."""
     ran: list[int] = []
-
-    @app.task(base=LockedTask, lock_enqueue=mode, lock_by=["n"], lock_on_contention="wait")
-    def job(n: int) -> int:
-        ran.append(n)
-        return n
+    job = recorded_job(app, mode, ran)
 
     @app.task
     def first() -> str:

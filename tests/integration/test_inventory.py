@@ -23,10 +23,10 @@ from click.testing import CliRunner, Result
 from celery_redlock import Lock, LockUnavailable, metrics
 from celery_redlock._redis.inventory import Inventory, InventoryRefused, Released, lease_age
 from celery_redlock.cli import redlock
-from celery_redlock.testing import RedisServer, free_port, wait_until
+from celery_redlock.testing import RedisServer, wait_until
 from celery_redlock.web._core import Dashboard
 from support import ROOT
-from support.apps import layout_app
+from support.apps import brokerless_app, layout_app
 from support.servers import ClusterNodes
 
 
@@ -202,13 +202,7 @@ def test_inspect_with_the_broker_down_shows_the_lock_with_liveness_unknown(
     where it used to fail and show nothing."""
     lock = Lock(redis_url, "brokerless", ttl=30, owner="t-1", host="w1@host")
     assert lock.acquire(blocking=False)
-    app = layout_app(
-        "inv",
-        f"redis://127.0.0.1:{free_port()}",
-        set_as_current=False,
-        redlock_url=redis_url,
-        broker_transport_options={"max_retries": 0},  # kombu's retries would take 6 s
-    )
+    app = brokerless_app(redis_url)
     try:
         result = run(app, "inspect", "brokerless", "--timeout", "0.2")
     finally:

@@ -20,7 +20,7 @@ from celery_redlock.cli._liveness import Verdict
 from celery_redlock.testing import RedisServer, free_port
 from celery_redlock.web._core import Dashboard
 from celery_redlock.web._rows import Row, rows_of
-from support.apps import layout_app
+from support.apps import brokerless_app, layout_app
 from support.servers import ClusterNodes
 
 
@@ -183,8 +183,6 @@ def test_rows_count_the_waiters(redis_url: str, r: redis_py.Redis) -> None:
 
 def test_an_unreachable_redis_is_said_on_the_page() -> None:
     from celery import Celery
-
-    from celery_redlock.testing import free_port
 
     app = Celery("down", set_as_current=False)
     app.conf.redlock_url = f"redis://127.0.0.1:{free_port()}/0"
@@ -365,13 +363,7 @@ def test_a_broker_that_does_not_answer_leaves_the_locks_shown(r: redis_py.Redis)
     fill(r, ["job:1"])
     url = r.connection_pool.connection_kwargs
     lock_url = f"redis://127.0.0.1:{url['port']}/{url.get('db', 0)}"
-    app = layout_app(
-        "inv",
-        f"redis://127.0.0.1:{free_port()}",
-        set_as_current=False,
-        redlock_url=lock_url,
-        broker_transport_options={"max_retries": 0},  # kombu's retries would take 6 s
-    )
+    app = brokerless_app(lock_url)
     status, body = Dashboard(app, ping_timeout=0.2).locks_page({}, {"csrf_token": "x"})
     app.close()
     assert status == 200 and keys_for("redlock", "job:1").lock in body
