@@ -49,8 +49,10 @@ records = redis.Redis.from_url(f"{BASE}/3", socket_timeout=None)
 
 
 @app.task(base=LockedTask, bind=True, lock_by=["key"])
-def hold(self: Any, key: str, seconds: float = 20.0) -> str:
-    """Hold the lock of ``key`` until ``go:<key>`` is pushed (at most ``seconds``)."""
+def hold(self: Any, key: str, seconds: float = 120.0) -> str:
+    """Hold the lock of ``key`` until ``go:<key>`` is pushed (at most ``seconds``: a bound for a
+    test that fails before it pushes, far above what a test's commands take on a loaded
+    machine)."""
     records.set(f"started:{key}", json.dumps({"id": self.request.id, "pid": os.getpid()}))
     records.blpop([f"go:{key}"], timeout=seconds)
     return key

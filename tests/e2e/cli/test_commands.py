@@ -56,11 +56,9 @@ def test_ls_and_inspect_show_the_holder(
 
     by_key = cli(server.port, "inspect", lock["key"], "--json")
     assert by_key.returncode == 0, by_key.stderr
-    assert json.loads(by_key.stdout) == {
-        **lock,
-        "alive": "alive",
-        "ttl": pytest.approx(lock["ttl"], abs=5),
-    }
+    inspected = json.loads(by_key.stdout)
+    assert 0 < inspected["ttl"] <= 30  # renewed meanwhile, perhaps: no closer bound
+    assert inspected == {**lock, "alive": "alive", "ttl": inspected["ttl"]}
     by_task = cli(server.port, "inspect", "--task-id", result.id)
     assert by_task.returncode == 0, by_task.stderr
     assert lock["key"] in by_task.stdout and "alive" in by_task.stdout
