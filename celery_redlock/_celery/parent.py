@@ -219,6 +219,7 @@ def release_for_dead_child(request: Any) -> None:
             pid,
             limit=spec.options.limit,
             timeout=1.0,
+            keep=spec.options.cooldown,
         )
     except LockUnavailable as exc:
         logger.warning(

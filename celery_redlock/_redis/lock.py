@@ -330,6 +330,7 @@ def release_attempt(
     *,
     limit: int = 1,
     timeout: float | None = None,
+    keep: float = 0.0,
 ) -> bool:
     """Release lock ``name`` only if it was taken by ``owner`` on ``host`` in process ``pid``.
 
@@ -341,13 +342,15 @@ def release_attempt(
     ``celery redlock release``, which checks the holder's liveness and compares the exact
     stored token.
 
-    ``limit`` is the lock's number of slots (all are searched). Returns whether a key was
-    deleted; raises :class:`LockUnavailable`. ``timeout`` sets the socket timeouts of clients
-    built from URLs.
+    ``limit`` is the lock's number of slots (all are searched). ``keep`` (seconds): a cooldown,
+    as ``release(keep=...)`` applies it: the slot then expires that much later at most,
+    instead of being deleted. Returns whether a slot was released; raises
+    :class:`LockUnavailable`. ``timeout`` sets the socket timeouts of clients built from URLs.
     """
     keys = _keys.keys_for(prefix, name, limit)
     nodes = nodes_for(redis, timeout)
-    return nodes.release_attempt(keys, owner, _owner.normalize_host(host), pid)
+    keep_ms = ms(keep) if keep > 0 else 0
+    return nodes.release_attempt(keys, owner, _owner.normalize_host(host), pid, keep_ms)
 
 
 def _within(seconds: float, call: Callable[[], Extended]) -> Extended:

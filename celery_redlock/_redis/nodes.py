@@ -98,7 +98,9 @@ class Nodes(Protocol):
 
     def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> Extended: ...
 
-    def release_attempt(self, keys: LockKeys, task_id: str, host: str, pid: int) -> bool: ...
+    def release_attempt(
+        self, keys: LockKeys, task_id: str, host: str, pid: int, keep_ms: int = 0
+    ) -> bool: ...
 
     def pttl_ms(self, key: str) -> int: ...
 
@@ -231,8 +233,10 @@ class SingleNode(QueueRules):
         held = bool(self._run(_scripts.EXTEND, call, keys.lock))
         return Extended(held, held)
 
-    def release_attempt(self, keys: LockKeys, task_id: str, host: str, pid: int) -> bool:
-        call = _scripts.release_attempt_call(keys, task_id, host, pid, self.handoff)
+    def release_attempt(
+        self, keys: LockKeys, task_id: str, host: str, pid: int, keep_ms: int = 0
+    ) -> bool:
+        call = _scripts.release_attempt_call(keys, task_id, host, pid, self.handoff, keep_ms)
         reply = self._run(_scripts.RELEASE_ATTEMPT, call, keys.lock)
         return released(reply, keys.lock, self.names)
 
@@ -392,8 +396,10 @@ class Quorum(QuorumRules):
         replies = self._call_all(_scripts.EXTEND, call)
         return self.extended(keys.lock, replies, (self.clock() - start) * 1000, ttl_ms)
 
-    def release_attempt(self, keys: LockKeys, task_id: str, host: str, pid: int) -> bool:
-        call = _scripts.release_attempt_call(keys, task_id, host, pid)
+    def release_attempt(
+        self, keys: LockKeys, task_id: str, host: str, pid: int, keep_ms: int = 0
+    ) -> bool:
+        call = _scripts.release_attempt_call(keys, task_id, host, pid, keep_ms=keep_ms)
         replies = self._call_all(_scripts.RELEASE_ATTEMPT, call)
         self.check_answered(keys.lock, replies, "release_attempt failed")
         return any(rep for rep, err in replies if err is None)

@@ -238,6 +238,16 @@ def waiter(self: Any, key: str, how: str = "return", duration: float = 0.0) -> s
     return run_ending(self, key, how, duration)
 
 
+#: The cooldown of :func:`cooled`, in seconds.
+COOLDOWN = 6.0
+
+
+@app.task(base=LockedTask, bind=True, lock_by=["key"], lock_cooldown=COOLDOWN)
+def cooled(self: Any, key: str, how: str = "return", duration: float = 0.0) -> str:
+    """An ending task whose key stays held ``COOLDOWN`` seconds after each run."""
+    return run_ending(self, key, how, duration)
+
+
 @app.task(
     base=RecordedPlain,
     bind=True,

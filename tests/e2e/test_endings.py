@@ -47,6 +47,7 @@ APIS = tuple(API_TASKS)
 over_apis = pytest.mark.parametrize("api", APIS)
 
 PARENT_RELEASE = "released the lock of dead child"
+COOLDOWN = 6.0  # tests.e2e.proj.COOLDOWN (that module is the workers' app: not imported here)
 ACKS_LATE = {"REDLOCK_TEST_ACKS_LATE": "1"}
 CELERY_57 = tuple(map(int, celery.__version__.split(".")[:2])) >= (5, 7)
 #: kombu < 5.7 has no ``unacked_restore_interval``: it sweeps for unacked messages every 10 s
@@ -377,6 +378,29 @@ def test_hard_time_limit_released_by_the_main_process(env: Env, api: str, how: s
     if how == "sleep_noterm":  # the child cannot release: only the main process can
         assert f"{PARENT_RELEASE} {child}" in text
     assert_no_unlocked_code(env, key)
+
+
+@pytest.mark.parametrize("ending", ["hard-limit", "child-sigkill"])
+def test_the_main_process_release_keeps_the_cooldown(env: Env, ending: str) -> None:
+    """A child that cannot release (SIGTERM blocked, then killed) leaves its key to the main
+    process, which applies the task's ``lock_cooldown`` as the child would have: it used to
+    delete the key, so the next run started at once, inside the cooldown window."""
+    key = f"k-cool-{ending}"
+    options = {"time_limit": 1.0} if ending == "hard-limit" else {}
+    with env.worker("w1", concurrency=2) as worker:
+        name = "tests.e2e.proj.cooled"
+        holder = env.client.send_task(
+            name, kwargs={"key": key, "how": "sleep_noterm", "duration": 30.0}, **options
+        )
+        start = env.started(key)
+        lock = env.lock_key(holder.id)
+        if ending == "child-sigkill":
+            os.kill(start["pid"], signal.SIGKILL)
+        wait_until(lambda: f"{PARENT_RELEASE} {start['pid']}" in worker.text(), 15.0, "the release")
+        left = env.locks.pttl(lock)
+        holder.get(timeout=10, propagate=False)
+    assert 0 < left <= COOLDOWN * 1000, left  # held for the cooldown, not deleted
+    assert holder.state == "FAILURE"
 
 
 @over_apis

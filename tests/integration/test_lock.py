@@ -420,6 +420,21 @@ def test_release_attempt_needs_task_host_and_pid_to_match(r: redis_py.Redis, tas
     assert not release_attempt(r, "child", "redlock", task_id, "worker-a", pid)  # missing
 
 
+def test_release_attempt_applies_a_cooldown_and_keeps_a_shorter_one(r: redis_py.Redis) -> None:
+    """The main process releasing for a dead child applies the task's cooldown, as the child's
+    own release does: a hard time limit used to delete the key, ending the cooldown window at
+    once. A child that applied the cooldown before it died keeps the (shorter) TTL it set."""
+    pid = os.getpid()
+    lock = Lock(r, "cooled", ttl=30, owner="task-1", host="worker-a")
+    assert lock.acquire(blocking=False)
+    assert release_attempt(r, "cooled", "redlock", "task-1", "worker-a", pid, keep=5.0)
+    assert 4000 < r.pttl(lock.key) <= 5000
+    r.pexpire(lock.key, 2000)  # as the child's own release with the cooldown leaves it
+    assert release_attempt(r, "cooled", "redlock", "task-1", "worker-a", pid, keep=5.0)
+    assert 0 < r.pttl(lock.key) <= 2000
+    r.delete(lock.key)
+
+
 def test_release_attempt_ignores_a_foreign_value(r: redis_py.Redis) -> None:
     lock = Lock(r, "child", ttl=30, owner="task-1", host="worker-a")
     r.set(lock.key, "not-a-token")

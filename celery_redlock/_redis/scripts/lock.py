@@ -173,7 +173,10 @@ RELEASE_ATTEMPT = (
     _HAND_ON
     + """
 -- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3..n] the lock's slot keys
--- ARGV[1] task id, ARGV[2] host, ARGV[3] pid, ARGV[4] '1': handoff (as in RELEASE)
+-- ARGV[1] task id, ARGV[2] host, ARGV[3] pid, ARGV[4] '1': handoff (as in RELEASE),
+-- ARGV[5] keep in ms ('0': delete; > 0: the task's cooldown: the slot expires in that much at
+--         most, as the child's own release with a cooldown leaves it; a child that applied it
+--         before it died keeps the shorter TTL it set)
 -- Releases the slot taken by that attempt: the token layout is
 -- secret|pid|acquired_ms|host|task_id (see celery_redlock._redis.owner); host is compared as
 -- stored, with '%' and '|' escaped (ARGV[2] comes from owner.normalize_host, escaped alike).
@@ -185,6 +188,11 @@ for i = 3, #KEYS do
   if value then
     local pid, host, task_id = string.match(value, '^[^|]*|([^|]*)|[^|]*|([^|]*)|(.*)$')
     if task_id == ARGV[1] and host == ARGV[2] and pid == ARGV[3] then
+      if ARGV[5] ~= '0' then
+        local left = redis.call('PTTL', KEYS[i])
+        if left < 0 or left > tonumber(ARGV[5]) then redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
+        return free_slot(KEYS[1], KEYS[2], KEYS[i], false, true)
+      end
       return free_slot(KEYS[1], KEYS[2], KEYS[i], ARGV[4] == '1' and #KEYS == 3)
     end
   end
@@ -317,10 +325,10 @@ def extend_call(
 
 
 def release_attempt_call(
-    keys: LockKeys, task_id: str, host: str, pid: int, handoff: bool = False
+    keys: LockKeys, task_id: str, host: str, pid: int, handoff: bool = False, keep_ms: int = 0
 ) -> tuple[list[str], list[Any]]:
     """``(KEYS, ARGV)`` of :data:`RELEASE_ATTEMPT`."""
-    argv = [task_id, host, str(pid), "1" if handoff else "0"]
+    argv = [task_id, host, str(pid), "1" if handoff else "0", str(keep_ms)]
     return [keys.channel, keys.waiters, *keys.slots], argv
 
 
@@ -350,7 +358,7 @@ SCRIPTS = (
     Script(
         "release_attempt",
         RELEASE_ATTEMPT,
-        ("GET", "SET", "DEL", "TIME"),
+        ("GET", "PTTL", "PEXPIRE", "SET", "DEL", "TIME"),
         tolerated=("EXISTS", "ZPOPMIN", "PUBLISH"),
     ),
     Script("fence", FENCE, ("GET", "TIME", "SET")),
