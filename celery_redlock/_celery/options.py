@@ -608,6 +608,28 @@ def _as(check: Check) -> Callable[[str, str, Any], Any]:
     return lambda owner, setting, value: check(owner, setting, value, None)
 
 
+#: The least ``redlock_ttl_margin``, in seconds.
+MIN_TTL_MARGIN = 0.5
+
+
+def _ttl_margin(owner: str, setting: str, value: Any) -> float:
+    """``redlock_ttl_margin``: seconds, :data:`MIN_TTL_MARGIN` at least. Timeline below it
+    (seen with 0 on a real worker): (1) a task with ``time_limit=2`` takes its lock; (2) the
+    main process counts the limit from when it saw the task accepted, a little after the
+    acquire; (3) the lock expires at acquisition + 2 s and a waiter takes it; (4) billiard's
+    SIGKILL comes about 0.1 s later: both children ran the key for that long."""
+    margin = seconds(zero=True)(owner, setting, value, None) or 0.0
+    if margin < MIN_TTL_MARGIN:
+        raise _invalid(
+            owner,
+            setting,
+            value,
+            f"a number of seconds >= {MIN_TTL_MARGIN} (below that, a child killed at its hard "
+            "time limit may still run when its lock expires)",
+        )
+    return margin
+
+
 #: The app settings, in the order the docs list them; the fields of :class:`Settings`.
 SETTINGS: dict[str, Setting] = {
     s.key: s
@@ -642,10 +664,10 @@ SETTINGS: dict[str, Setting] = {
             "ttl_margin",
             5.0,
             "`5.0`",
-            "seconds >= 0",
+            "seconds >= 0.5",
             "Added to the hard time limit T: renewal never extends a lock past acquisition + "
             "T + margin.",
-            _as(seconds(zero=True)),
+            _ttl_margin,
         ),
         Setting(
             "on_contention",

@@ -181,11 +181,20 @@ def test_app_settings_override_defaults(bare_app: Celery) -> None:
         redlock_url=LOCK_URL,
         redlock_prefix="myapp",
         redlock_lease=12,
-        redlock_ttl_margin=0,
+        redlock_ttl_margin=0.5,
         redlock_on_contention="fail",
         redlock_on_unavailable="run",
     )
-    assert settings_for(bare_app) == Settings(LOCK_URL, "myapp", 12.0, 0.0, "fail", "run")
+    assert settings_for(bare_app) == Settings(LOCK_URL, "myapp", 12.0, 0.5, "fail", "run")
+
+
+@pytest.mark.parametrize("margin", [0, 0.4])
+def test_a_ttl_margin_under_half_a_second_is_refused(bare_app: Celery, margin: float) -> None:
+    """Below it, a child killed at its hard time limit may still run when its lock expires
+    (billiard's SIGKILL comes about 0.1 s after the limit)."""
+    bare_app.conf.update(redlock_url=LOCK_URL, redlock_ttl_margin=margin)
+    with pytest.raises(LockConfigError, match=r"redlock_ttl_margin=0(\.4)? is invalid; .*>= 0\.5"):
+        settings_for(bare_app)
 
 
 def test_settings_are_resolved_once_per_app(bare_app: Celery) -> None:
