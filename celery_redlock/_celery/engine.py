@@ -264,8 +264,22 @@ class TaskLock(Lock):
     #: A task id holds one slot of a ``lock_limit`` semaphore at most: a duplicate delivery
     #: finds its own run holding and is requeued, as with a lock of one slot.
     one_slot_per_owner = True
+    #: ``redlock_ttl_margin`` when ``max_hold`` is the hard time limit's cap (else ``None``).
+    margin: float | None = None
     #: ``(url, slot)`` of the per-call overrides record written at acquisition, if any.
     call_record: tuple[str, str] | None = None
+
+    def _past_cap(self) -> float | None:
+        """Renew past the hard time limit's cap, ``margin`` at a time, while the run goes on.
+
+        The cap (acquisition + T + margin) frees the key soon after a whole worker dies; it
+        trusts the worker's main process to kill the child at T. Timeline without this (seen
+        on a real worker): (1) a task with ``time_limit=4`` runs; (2) the worker's link to
+        the broker stalls, and its main process, blocked, enforces no time limit; (3) at
+        4 + 5 s the lock expires while the child runs on; (4) another worker runs the same
+        key beside it. Renewed past the cap, the key frees within ``margin`` of the child's
+        death instead."""
+        return self.margin
 
     def on_lost(self, reason: str) -> None:
         """Report the loss; a fixed-TTL lock held past its TTL says that the run overran it.
@@ -336,6 +350,8 @@ def _make_lock(task: Any, spec: Spec, settings: Settings, name: str, request: An
         limit=options.limit or 1,
     )
     lock.task = task
+    if max_hold is not None:
+        lock.margin = settings.ttl_margin
     return lock
 
 

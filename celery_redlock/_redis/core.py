@@ -501,6 +501,8 @@ class LockCore:
     _lost = False
     #: The token the last release took (the one :meth:`on_lost` names once it is taken).
     _released_token: str | None = None
+    #: Renewed past ``max_hold`` (:meth:`_past_cap`): said once, in an ERROR.
+    _overran = False
     #: The holder seen by the last failed attempt (``None`` if it was not contended).
     last_holder: _owner.Owner | None = None
     _holder_ttl: float | None = None
@@ -768,7 +770,7 @@ class LockCore:
             self.last_holder = None
             self._holder_ttl = None
         if self.auto_renew:
-            self._start_renewal(self.ttl / 3 if complete else self._renewal_delay(False))
+            self._start_renewal(self._renewal_delay(complete))
 
     def _fenced(self, token: str, value: int | None) -> None:
         """Take in the fencing token read for ``token`` (``None``: not held any more: lost)."""
@@ -938,6 +940,13 @@ class LockCore:
 
     # -- the renewal policy -----------------------------------------------------------------------
 
+    def _past_cap(self) -> float | None:
+        """The TTL with which a holder still running near its ``max_hold`` renews past it, or
+        ``None``: it stops at the cap, and the key expires on its own then (a ``Lock``'s
+        ``max_hold`` is a promise). A task's lock overrides it: there the cap is the hard time
+        limit's, which the worker's main process enforces by killing the holder."""
+        return None
+
     def _renewal(self) -> tuple[str, float, float, float] | None:
         """What one renewal sends: ``(token, ttl, start, wait)``, the reply awaited for at most
         ``wait`` seconds (a reply after the lease's end is no use); ``None``: stop (released,
@@ -948,9 +957,26 @@ class LockCore:
         now = self.clock()
         ttl = self.ttl
         if self.max_hold is not None:
-            ttl = min(ttl, self._acquired_at + self.max_hold - now)
-            if ttl <= 0.001:  # the cap, planned: no ERROR (`lost` says it from the lease's end)
-                return None
+            to_cap = self._acquired_at + self.max_hold - now
+            keep = self._past_cap()
+            if keep is not None and to_cap <= keep / 2:
+                ttl = keep  # still running at the cap: renewed past it (_past_cap)
+                if not self._overran:
+                    self._overran = True
+                    logger.error(
+                        "lock %s: its holder still runs %.1fs before max_hold=%gs, by which "
+                        "it should have been stopped (a task's hard time limit + "
+                        "redlock_ttl_margin: the worker's main process did not kill it); the "
+                        "lock is kept while it runs, renewed %gs at a time",
+                        self.key,
+                        max(to_cap, 0.0),
+                        self.max_hold,
+                        keep,
+                    )
+            else:
+                ttl = min(ttl, to_cap)
+                if ttl <= 0.001:  # the cap, planned: no ERROR (`lost` says it at the lease's end)
+                    return None
         left = self._expires_at - now
         if left <= 0:
             self._mark_lost("the lease ran out before a renewal was confirmed")
@@ -998,9 +1024,16 @@ class LockCore:
         another node can fail, and a renewal that waits for a silent node's timeout still
         fits in the lease: the first renewal at ``ttl / 3`` of a 1.5 s lock acquired in the
         0.5 s a frozen node took would have had 0.5 s left for another 0.5 s round."""
-        if complete:
-            return self.ttl / 3
-        return min(self.ttl / 3, max(DEGRADED_RENEWAL, self.ttl / 30))
+        delay = (
+            self.ttl / 3 if complete else min(self.ttl / 3, max(DEGRADED_RENEWAL, self.ttl / 30))
+        )
+        keep = self._past_cap()
+        if keep is None or self.max_hold is None:
+            return delay
+        # A holder that renews past its cap is asked at keep / 2 before it (while the key still
+        # lives), then every keep / 3.
+        to_cap = self._acquired_at + self.max_hold - self.clock()
+        return min(delay, to_cap - keep / 2 if to_cap > keep / 2 else keep / 3)
 
 
 class Op(enum.Enum):

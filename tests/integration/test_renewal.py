@@ -8,9 +8,11 @@ import sys
 import time
 import weakref
 
+import pytest
 import redis as redis_py
 
 from celery_redlock import Lock
+from celery_redlock._celery.engine import TaskLock
 from celery_redlock.testing import wait_until
 
 
@@ -95,3 +97,27 @@ def test_locks_released_before_their_first_renewal_do_not_wake_the_watchdog(
     )
     # Before: each of the 200 woke the thread (330 and 554 switches in two runs); now none.
     assert int(run.stdout) < 10, run.stdout
+
+
+def test_a_task_lock_still_held_at_its_hard_limit_cap_is_renewed_past_it(
+    redis_url: str, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A task's cap (acquisition + T + margin) trusts the worker's main process to kill the
+    child at T. A child still running near the cap (a main process blocked on a stalled broker
+    link enforces no limit) keeps its lock, ``margin`` at a time, with an ERROR: its key used
+    to expire at the cap, and another worker ran the same key beside it. A plain ``Lock``'s
+    ``max_hold`` still ends the key at the cap."""
+    task_lock = TaskLock(redis_url, "overrun", ttl=30, auto_renew=True, max_hold=1.0)
+    task_lock.margin = 0.6
+    plain = Lock(redis_url, "capped", ttl=30, auto_renew=True, max_hold=1.0)
+    start = time.monotonic()
+    assert task_lock.acquire(blocking=False) and plain.acquire(blocking=False)
+    wait_until(lambda: not r.exists(plain.key), 5.0, "the plain lock's key to end at its cap")
+    assert plain.lost and time.monotonic() - start >= 0.9
+    wait_until(lambda: time.monotonic() - start > 2.5, 5.0, "well past the cap")
+    assert r.exists(task_lock.key) and task_lock.held
+    assert 0 < r.pttl(task_lock.key) <= 600  # renewed a margin at a time
+    overran = [rec for rec in caplog.records if "should have been stopped" in rec.getMessage()]
+    assert len(overran) == 1 and overran[0].levelname == "ERROR"
+    task_lock.release()
+    assert not r.exists(task_lock.key)
