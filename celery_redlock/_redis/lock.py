@@ -144,15 +144,33 @@ class Lock(LockCore):
 
         Non-blocking: one round trip. Blocking: wait for a release notification or the holder's
         expiry, at most ``timeout`` seconds (``None``: the instance default, which may be
-        forever). Raises :class:`LockUnavailable` when Redis does not answer.
+        forever). Raises :class:`LockUnavailable` when Redis does not answer. An acquire that
+        raises holds nothing: a lock taken before the exception (a signal handler's, a
+        ``KeyboardInterrupt``, landing after the handoff) is given back, as the asyncio lock
+        does. Without that, ``with Lock(...)`` never reached ``__exit__``, and the key stayed
+        held by nobody until its TTL (or for good, renewed while the object lived).
         """
         timeout = self._acquire_mode(blocking, timeout)
         try:
             if timeout == -1.0:
                 return self._attempt()
             return self.do_wait(timeout)
+        except BaseException:
+            self._give_back_taken()
+            raise
         finally:
             self._acquiring = False
+
+    def _give_back_taken(self) -> None:
+        """Release what an acquire that is raising took, if anything (errors aside)."""
+        with self._state:
+            token, self._token = self._token, None
+        if token is None:
+            return
+        self._stop_renewal()
+        self._fencing_token = None
+        with contextlib.suppress(Exception):
+            self.do_release(token)
 
     def release(self, keep: float = 0) -> None:
         """Release the lock. Raises :class:`LockNotOwned` if it is not held by this object.

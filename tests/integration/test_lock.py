@@ -170,6 +170,29 @@ def test_context_manager_raises_contended_with_key_and_holder(r: redis_py.Redis)
     holder.release()
 
 
+class Interrupted(Lock):
+    """A lock whose acquire is interrupted after it took the key (a signal handler's exception
+    landing in the last steps of the acquire: here, the start of its renewal)."""
+
+    def _start_renewal(self, delay: float) -> None:
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+def test_an_acquire_interrupted_after_taking_the_key_gives_it_back(
+    r: redis_py.Redis, blocking: bool
+) -> None:
+    """``with Lock(...)`` never reaches ``__exit__`` when ``__enter__`` raises: the key, taken
+    just before, stayed held by nobody until its TTL."""
+    lock = Interrupted(r, "interrupted", ttl=30, auto_renew=True)
+    with pytest.raises(KeyboardInterrupt), lock:
+        pytest.fail("the body ran")
+    assert not r.exists(lock.key) and not lock.held
+    with pytest.raises(KeyboardInterrupt):
+        lock.acquire(blocking=blocking, timeout=1)
+    assert not r.exists(lock.key) and lock.token is None
+
+
 def test_context_manager_exit_after_loss_does_not_raise(r: redis_py.Redis) -> None:
     with Lock(r, "cm", ttl=10) as lock:
         r.set(lock.key, "thief")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -413,3 +414,28 @@ def test_three_stopped_follows_redlock_on_unavailable(
         assert retried == []  # `fail`; and `retry` through apply(), which is never requeued
         if policy == "retry":
             assert "an eager call is not retried" in caplog.text
+
+
+def test_frozen_nodes_cost_one_node_timeout_per_round_not_one_each(
+    nodes: list[RedisServer],
+) -> None:
+    """Two of five nodes frozen (SIGSTOP): a round times out on them and drops their
+    connections, and each later round connected to them in turn, a node timeout (0.5 s)
+    apiece, before its own deadline began: 1 s a round, so a 0.9 s lock, valid for 0.9 s
+    less the round, was never acquired. They are now asked last, and not once the round's
+    deadline has passed."""
+    frozen = nodes[:2]
+    lock = Lock(urls(nodes), "frozen-two", ttl=0.9)
+    for server in frozen:
+        assert server.process is not None
+        os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        if lock.acquire(blocking=False):  # the first round finds out which nodes hang
+            lock.release()
+        for _ in range(2):
+            assert lock.acquire(blocking=False)
+            lock.release()
+    finally:
+        for server in frozen:
+            assert server.process is not None
+            os.kill(server.process.pid, signal.SIGCONT)
