@@ -175,7 +175,7 @@ class Lock(LockCore):
         release finds the key gone (then :attr:`lost`), or the lease ends by :attr:`clock`.
         A fenced store refuses a stale 7 once a later holder wrote 8, which is what fencing
         is for."""
-        return None if self.lost else self._fencing_token
+        return None if self.lost or self._forked() else self._fencing_token
 
     @property
     def last_holder_ttl(self) -> float | None:

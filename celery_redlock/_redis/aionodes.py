@@ -41,7 +41,7 @@ import redis as redis_py
 import redis.asyncio as aioredis
 
 from . import scripts as _scripts
-from .clients import check_client, node_name, redact, redact_url, validate_url
+from .clients import check_client, check_distinct, node_name, redact, redact_url, validate_url
 from .core import (
     Extended,
     GiveBack,
@@ -448,5 +448,6 @@ def nodes_for(redis: Any) -> Nodes:
         return SingleNode(Node(redis))
     if len(redis) == 1:
         return nodes_for(redis[0])
+    check_distinct(redis)
     # Socket timeouts of URL clients are bounded like the sync quorum's (QUORUM_NODE_TIMEOUT).
     return Quorum([Node(item, QUORUM_NODE_TIMEOUT) for item in redis])

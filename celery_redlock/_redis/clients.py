@@ -30,6 +30,7 @@ import inspect
 import re
 import ssl
 import threading
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
@@ -167,6 +168,38 @@ def node_identity(url: str) -> tuple[Any, ...]:
         return ("unix", kwargs["path"], db)
     host = str(kwargs.get("host") or "localhost").lower()
     return ("tcp", _LOCALHOST.get(host, host), int(kwargs.get("port") or 6379), db)
+
+
+def check_distinct(items: Sequence[Any]) -> None:
+    """Raise :class:`ValueError` if a quorum's list names one node twice (two URLs of one
+    database, or one client object twice): its acquisitions would compete with themselves,
+    and it would never hold the lock, reporting its own attempt as the holder."""
+    seen: dict[Any, Any] = {}
+    for item in items:
+        identity = node_identity(item) if isinstance(item, str) else _client_identity(item)
+        if identity in seen:
+            shown = [
+                redact_url(x) if isinstance(x, str) else type(x).__name__
+                for x in (seen[identity], item)
+            ]
+            raise ValueError(
+                f"a Redlock quorum lists the same node twice ({shown[0]} and {shown[1]}); it "
+                "needs independent nodes, each once"
+            )
+        seen[identity] = item
+
+
+def _client_identity(client: Any) -> tuple[Any, ...]:
+    """What :func:`node_identity` says of a URL, for a client of one server (its pool's
+    ``host``, ``port`` and ``db``, or socket ``path``); the object itself for any other."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None) or {}
+    db = int(kwargs.get("db") or 0)
+    if "path" in kwargs:
+        return ("unix", kwargs["path"], db)
+    if "host" in kwargs:
+        host = str(kwargs["host"]).lower()
+        return ("tcp", _LOCALHOST.get(host, host), int(kwargs.get("port") or 6379), db)
+    return ("client", id(client))
 
 
 #: ``ssl.CERT_*`` as a URL spells it (``None``: no verification, as redis-py reads it).

@@ -564,8 +564,9 @@ class LockCore:
 
     @property
     def held(self) -> bool:
-        """True between a successful acquire and release, unless the lock was lost."""
-        return self._token is not None and not self.lost
+        """True between a successful acquire and release, unless the lock was lost; never in a
+        process forked from the holder (it inherits the object, not the lock)."""
+        return self._token is not None and not self.lost and not self._forked()
 
     @property
     def lost(self) -> bool:
@@ -620,6 +621,8 @@ class LockCore:
                 f"got {timeout!r}"
             )
         with self._state:
+            if self._token is not None and self._forked():  # the parent's: not this process's
+                self._token = self._slot = self._fencing_token = None
             if self._token is not None:
                 if self.lost:
                     raise RuntimeError(

@@ -118,7 +118,7 @@ class Lock(LockCore):
         :func:`~celery_redlock._redis.keys.high_water_of`). Raises :class:`LockUnavailable`
         when Redis does not answer.
         """
-        if self.lost:
+        if self.lost or self._forked():  # a forked child: the parent's number, not its own
             return None
         token = self._token
         if self._fencing_token is None and token is not None:

@@ -53,7 +53,7 @@ import redis as redis_py
 from ..exceptions import LockUnavailable
 from . import givebacks as _givebacks
 from . import scripts as _scripts
-from .clients import check_client, client_for, node_name
+from .clients import check_client, check_distinct, client_for, node_name
 from .commands import connection_of, execute, run_script
 from .core import (
     Extended,
@@ -510,6 +510,7 @@ def nodes_for(redis: Target, timeout: float | None = None) -> Nodes:
         return _node_of(check_client(redis, asyncio=False))
     if len(redis) == 1:
         return nodes_for(redis[0], timeout)
+    check_distinct(redis)
     # One slow node must not stall the quorum for the default 5 s: a node that does not answer
     # within QUORUM_NODE_TIMEOUT counts as failed (its connect is bounded the same way).
     node_timeout = min(timeout or QUORUM_NODE_TIMEOUT, QUORUM_NODE_TIMEOUT)

@@ -439,9 +439,12 @@ def test_one_object_acquired_from_two_threads_or_tasks_at_once_is_refused(
 
 def test_a_forked_child_leaves_its_parents_lock_alone(redis_url: str, r: redis_py.Redis) -> None:
     """A child forked inside ``with lock:`` inherits the object, not the lock: leaving the
-    ``with`` block does nothing there, and ``release()`` is :class:`LockNotOwned`."""
+    ``with`` block does nothing there, and ``release()`` is :class:`LockNotOwned`. There the
+    object is not ``held`` and has no fencing token (the parent's would let the child's
+    writes pass a fence as the parent's), and it may acquire as a holder of its own."""
     lock = celery_redlock.Lock(redis_url, "forked", ttl=30)
     with lock:
+        assert lock.fencing_token is not None
         pid = os.fork()
         if pid == 0:  # the child: no assertion may raise here, only the exit code says
             code = 3
@@ -452,11 +455,23 @@ def test_a_forked_child_leaves_its_parents_lock_alone(redis_url: str, r: redis_p
             except BaseException:
                 code = 4
             lock.__exit__(None, None, None)
+            if lock.held or lock.fencing_token is not None:
+                code = 5
+            elif lock.acquire(blocking=False):  # the parent holds it: contended, no error
+                code = 6
             os._exit(code)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
         assert r.get(lock.key) == lock.token.encode()
     assert r.get(lock.keys.lock) is None
+
+
+def test_a_quorum_naming_one_node_twice_is_refused(d: Driver, redis_url: str) -> None:
+    """Its attempts would compete with themselves: it never acquired, and reported its own
+    attempt as the holder. ``localhost`` and ``127.0.0.1`` are one node."""
+    twice = [redis_url, redis_url.replace("127.0.0.1", "localhost"), "redis://127.0.0.1:1/0"]
+    with pytest.raises(ValueError, match="lists the same node twice"):
+        d.lock(twice, "twice", ttl=10)
 
 
 @pytest.mark.parametrize("how", ["pickle", "copy", "deepcopy"])
