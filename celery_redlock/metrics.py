@@ -6,7 +6,9 @@ no round trip on the task's path and ``celery redlock stats`` sees the sum over 
 Counts still in memory when a process is SIGKILLed are lost (at most one second's worth).
 A flush that fails for any reason (Redis down, a Cluster that cannot be reached, an ACL
 without ``HINCRBY``) keeps the counts for the next flush and logs once per outage: the thread
-never ends from an exception.
+never ends from an exception. Hazard, as a timeline: (1) a flush is sent; (2) Redis stalls
+past the read timeout, and the flush fails; (3) Redis then applies it; (4) the next flush sends
+the same counts again. So a stall can count events twice: the counters are for dashboards.
 
 With ``prometheus_client`` installed, :class:`PrometheusCollector` exposes the same sums::
 

@@ -74,6 +74,7 @@ from . import scripts as _scripts
 from .clients import UNAVAILABLE_ERRORS, client_for, redact, refused
 from .commands import run_script
 from .keys import (
+    CHECK_NAME,
     LockKeys,
     call_key,
     fence_of,
@@ -537,11 +538,19 @@ class Inventory:
 
     @staticmethod
     def _count(client: Any, page: list[Any], head: str, out: dict[str, dict[str, int]]) -> None:
+        """Read ``page``'s counter hashes into ``out``, leaving out what is no counter: the
+        startup check's throwaway hash (:data:`~celery_redlock._redis.keys.CHECK_NAME`), a
+        key of another type, a field that is not a whole number (another program's keys
+        under the prefix must not make every count unreadable)."""
         pipe = client.pipeline(transaction=False)
         for key in page:
             pipe.hgetall(key)
-        for key, values in zip(page, pipe.execute() if page else [], strict=True):
-            out[_text(key)[len(head) :]] = {_text(k): int(v) for k, v in values.items()}
+        replies = pipe.execute(raise_on_error=False) if page else []
+        for key, values in zip(page, replies, strict=True):
+            task = _text(key)[len(head) :]
+            if isinstance(values, Exception) or task.startswith(CHECK_NAME):
+                continue
+            out[task] = {_text(k): int(v) for k, v in values.items() if re.fullmatch(rb"-?\d+", v)}
 
     # -- internals ------------------------------------------------------------------------------
 

@@ -128,6 +128,12 @@ def waiter_channel(keys: LockKeys, waiter: str) -> str:
     return f"{keys.channel}:{waiter}"
 
 
+#: The start of the name the startup check's throwaway keys use (a counter hash among them):
+#: never a task's (a task name holds no ``celery-redlock-check:`` prefix of its own, and the
+#: readers of the counters leave such keys out).
+CHECK_NAME = "celery-redlock-check:"
+
+
 def stats_key(prefix: str, task_name: str) -> str:
     """The hash of event counters of the task called ``task_name``."""
     return f"{prefix}:stats:{task_name}"

@@ -28,7 +28,7 @@ from redis.cluster import RedisCluster
 from . import scripts as _scripts
 from . import timeline as _timeline
 from .clients import UNAVAILABLE_ERRORS, client_for, refused
-from .keys import keys_for, lock_pattern, stats_key
+from .keys import CHECK_NAME, keys_for, lock_pattern, stats_key
 from .scripts.base import Script
 
 
@@ -166,9 +166,9 @@ def infos(client: Any) -> list[dict[str, Any]]:
 
 def _probes(client: Any, prefix: str, timeout: float) -> dict[str, Callable[[], Any]]:
     """One call per command of :data:`ORDER`, on throwaway keys (one hash tag)."""
-    keys = keys_for(prefix, f"celery-redlock-check:{os.getpid()}:{secrets.token_hex(4)}")
+    keys = keys_for(prefix, f"{CHECK_NAME}{os.getpid()}:{secrets.token_hex(4)}")
     string, hash_, list_, zset = keys.lock, keys.newest, keys.rate, keys.waiters
-    counters = stats_key(prefix, f"celery-redlock-check:{os.getpid()}")
+    counters = stats_key(prefix, f"{CHECK_NAME}{os.getpid()}")
 
     def subscribe() -> None:
         pubsub = client.pubsub()
@@ -223,19 +223,21 @@ def dry_run(client: Any, prefix: str, timeout: float = 1.0) -> dict[str, str]:
     """
     probes = _probes(client, prefix, timeout)
     refusals: dict[str, str] = {}
-    for name in ORDER:
-        if name == "EVALSHA" and "SCRIPT|LOAD" in refusals:
-            continue  # nothing was loaded to run
-        try:
-            probes[name]()
-        except redis_py.exceptions.OutOfMemoryError as exc:
-            refusals.setdefault("OOM", _reply(exc))
-        except redis_py.exceptions.ResponseError as exc:
-            if not refused(exc):
-                raise
-            refusals[name] = _reply(exc)
-    with contextlib.suppress(redis_py.RedisError):
-        probes[""]()
+    try:
+        for name in ORDER:
+            if name == "EVALSHA" and "SCRIPT|LOAD" in refusals:
+                continue  # nothing was loaded to run
+            try:
+                probes[name]()
+            except redis_py.exceptions.OutOfMemoryError as exc:
+                refusals.setdefault("OOM", _reply(exc))
+            except redis_py.exceptions.ResponseError as exc:
+                if not refused(exc):
+                    raise
+                refusals[name] = _reply(exc)
+    finally:  # also when a command failed otherwise: no throwaway key may stay for good
+        with contextlib.suppress(redis_py.RedisError):
+            probes[""]()
     return refusals
 
 

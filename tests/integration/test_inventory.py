@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import redis as redis_py
@@ -21,6 +22,7 @@ from celery import Celery
 from click.testing import CliRunner, Result
 
 from celery_redlock import Lock, LockUnavailable, metrics
+from celery_redlock._redis import probe
 from celery_redlock._redis.inventory import Inventory, InventoryRefused, Released, lease_age
 from celery_redlock.cli import redlock
 from celery_redlock.testing import RedisServer, wait_until
@@ -380,3 +382,35 @@ def test_a_missing_tls_file_is_named(redis_url: str, tmp_path: Path) -> None:
     app.close()
     assert done.exit_code == 1, done.output
     assert f"The URL names a file that does not exist: ssl_ca_certs={missing}." in done.output
+
+
+def test_counters_leave_out_what_is_no_counter(redis_url: str, r: redis_py.Redis) -> None:
+    """A key of another type, or a field that is no whole number, under ``<prefix>:stats:``
+    made every count unreadable (WRONGTYPE named as an outage, or a ``ValueError``); the
+    startup check's throwaway counter showed as a task."""
+    r.hset("redlock:stats:proj.good", mapping={"acquired": 3, "released": 3})
+    r.set("redlock:stats:bogus", "x")
+    r.hset("redlock:stats:proj.odd", mapping={"acquired": "1.5", "skipped": 2})
+    r.hset("redlock:stats:celery-redlock-check:4242", "check", 0)
+    assert Inventory(redis_url, "redlock").counters() == {
+        "proj.good": {"acquired": 3, "released": 3},
+        "proj.odd": {"skipped": 2},
+    }
+
+
+class TimingOut(redis_py.Redis):
+    """A client whose ``RPUSH`` times out: the startup check's dry run stops there."""
+
+    def rpush(self, *args: Any, **kwargs: Any) -> Any:
+        raise redis_py.TimeoutError("no reply")
+
+
+def test_the_startup_check_leaves_no_key_for_good_when_a_command_times_out(
+    redis_server: RedisServer, r: redis_py.Redis
+) -> None:
+    client = TimingOut(port=redis_server.port)
+    with pytest.raises(redis_py.TimeoutError):
+        probe.dry_run(client, "redlock")
+    client.close()
+    left = [k for k in r.scan_iter(match="redlock:*") if r.pttl(k) == -1]
+    assert left == []  # every throwaway key expires (it lives a second at most)
