@@ -547,8 +547,12 @@ class Inventory:
             pipe.hgetall(key)
         replies = pipe.execute(raise_on_error=False) if page else []
         for key, values in zip(page, replies, strict=True):
+            if isinstance(values, Exception):
+                if "WRONGTYPE" not in str(values):
+                    raise values  # a refusal (NOPERM), or no answer: not the key's fault
+                continue
             task = _text(key)[len(head) :]
-            if isinstance(values, Exception) or task.startswith(CHECK_NAME):
+            if task.startswith(CHECK_NAME):
                 continue
             out[task] = {_text(k): int(v) for k, v in values.items() if re.fullmatch(rb"-?\d+", v)}
 
