@@ -304,8 +304,9 @@ class Quorum(QuorumRules):
         out: Replies = [(None, None)] * len(self.clients)
         sent = []
         deadline = time.monotonic() + self.node_timeout
-        for i in sorted(indexes, key=lambda i: self._failed_lately(i)):
-            if self._failed_lately(i) and time.monotonic() >= deadline:
+        lately = {i for i in indexes if self._failed_lately(i)}
+        for i in sorted(indexes, key=lately.__contains__):
+            if i in lately and time.monotonic() >= deadline:
                 out[i] = (None, TimeoutError("not asked: it failed lately, and no time is left"))
                 continue
             pool = self.clients[i].connection_pool
@@ -339,10 +340,10 @@ class Quorum(QuorumRules):
             finally:
                 pool.release(conn)
         for i in indexes:
-            if out[i][1] is None:
-                _failed_at.pop(self.clients[i], None)
-            else:
+            if out[i][1] is not None:
                 _failed_at[self.clients[i]] = time.monotonic()
+            elif i in lately:  # another lock's round may have cleared it meanwhile
+                _failed_at.pop(self.clients[i], None)
         return out
 
     def _failed_lately(self, i: int) -> bool:
