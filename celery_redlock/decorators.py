@@ -19,14 +19,17 @@ cannot work are rejected when a worker starts (and at the first lock operation e
 Called outside a worker (a direct call, or the plain function), the function runs unlocked.
 
 Per-call options (``task.apply_async(..., lock_ttl=5)``, ``lock_bypass=True``) work as for
-``LockedTask``. ``apply_async`` is the task class's, not ours, so the options are validated by
-the router that every app gets (:mod:`celery_redlock._celery.routing`; the decorator gives the
-apps that exist when it runs a checking ``amqp_cls``): a bad value raises
-:class:`~celery_redlock.LockConfigError` in ``apply_async``, finalized app or not, and nothing
-is published. Where the router cannot be given (an app with an ``amqp_cls`` of its own that
-never finalized, a publish with its own ``router=``) only the ``before_task_publish`` receiver
-sees them, and it cannot make the publish fail: a bad value is logged at ERROR by the caller,
-and the worker fails the call without running the body (:mod:`celery_redlock._celery.calls`).
+``LockedTask`` on every published call; an eager call (``apply()``, ``task_always_eager``)
+publishes nothing, and the task class's own ``apply()`` drops them, a misspelled one too
+(``LockedTask`` has an ``apply()`` that takes them). ``apply_async`` is the task class's,
+not ours, so the options are validated by the router that every app gets
+(:mod:`celery_redlock._celery.routing`; the decorator gives the apps that exist when it runs a
+checking ``amqp_cls``): a bad value raises :class:`~celery_redlock.LockConfigError` in
+``apply_async``, finalized app or not, and nothing is published. Where the router cannot be
+given (an app with an ``amqp_cls`` of its own that never finalized, a publish with its own
+``router=``) only the ``before_task_publish`` receiver sees them, and it cannot make the
+publish fail: a bad value is logged at ERROR by the caller, and the worker fails the call
+without running the body (:mod:`celery_redlock._celery.calls`).
 
 ``enqueue=True`` (``"keep"``) is refused at decoration: it changes what ``delay()`` and
 ``apply_async()`` return (the queued call's ``AsyncResult``), and a decorator on the function
@@ -150,6 +153,11 @@ def _in_keywords(owner: str, message: str) -> str:
 
 
 def _decorate(fun: Any, options: dict[str, Any]) -> Any:
+    if isinstance(fun, (str, list, tuple)):  # @single_instance(["account_id"])
+        raise TypeError(
+            f"@single_instance takes its options as keywords, got {fun!r} positionally; "
+            f"expected @single_instance(by={fun!r}) (or name=, ttl=, ...)"
+        )
     if isinstance(fun, (Proxy, Task)) or not inspect.isfunction(fun):
         raise TypeError(_WRONG_ORDER.format(name=_label(fun)))
     owner = f"task function {fun.__module__}.{fun.__qualname__}"
@@ -179,7 +187,10 @@ def _decorate(fun: Any, options: dict[str, Any]) -> Any:
     @functools.wraps(fun)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         task = current_task._get_current_object()
-        if task is None or not _runs(task, wrapper):
+        if task is None:
+            return fun(*args, **kwargs)
+        if not _runs(task, wrapper):  # a plain call from a task, or a decorator in between:
+            spec_of(task)  # refused here (an eager call: no worker start or publish checks)
             return fun(*args, **kwargs)
         spec = spec_of(task)
         call_args = args[1:] if spec is not None and spec.bound else args

@@ -157,6 +157,14 @@ class LockedTask(Task):  # type: ignore[misc]
                 engine.clear_queued(self, args, kwargs, task_id)
             raise
 
+    def apply(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        """Run the call in this process (``apply()``; ``delay()`` under ``task_always_eager``
+        comes here through :meth:`apply_async`), with the per-call ``lock_*`` options of
+        :meth:`apply_async`: validated, and given to the lock in the request's headers. Celery's
+        own ``apply()`` would drop them, a misspelled one too."""
+        calls.put(options, calls.take(f"task {self.name}", options))
+        return super().apply(args, kwargs, **options)
+
     def on_replace(self, sig: Any) -> Any:
         """Release the lock, then let Celery publish the replacement (``self.replace()`` calls
         this hook on every supported Celery, before its ``Ignore``), as before a retry.

@@ -268,12 +268,14 @@ def check_ignored_options(task: Any) -> None:
     Left alone: an attribute a base class defines too (``LockedTask``, or a lock base class of
     the user's own that has a ``lock_ttl`` of its own), and one set by ``task_annotations``
     (``{"*": {"lock_ttl": 60}}`` reaches every task). Checked once per task: at worker start,
-    and at the first publish in a process (``celery_redlock._celery.routing``).
+    and at the first publish in a process (``celery_redlock._celery.routing``). A decorator
+    between ``@app.task`` and ``@single_instance`` is refused there too.
     """
     if isinstance(task, Proxy):
         task = task._get_current_object()
     if task.__dict__.get("_redlock_read_options"):
         return
+    _check_nothing_between(task.name, run_function(task)[0])
     cls = type(task)
     annotated = {key for found in resolve_annotations(task.app.annotations, task) for key in found}
     for option in OPTIONS.values():
@@ -313,6 +315,7 @@ def spec_of(task: Any) -> Spec | None:
     if cached is not False:
         return cached  # type: ignore[no-any-return]
     fun, bound = run_function(task)
+    _check_nothing_between(task.name, fun)
     options = getattr(fun, OPTIONS_ATTR, None) or getattr(type(task), OPTIONS_ATTR, None)
     spec = None
     if options is not None:
@@ -328,6 +331,25 @@ def spec_of(task: Any) -> Spec | None:
             _outcomes_not_autoretried(task)
     task.__dict__["_redlock_spec"] = spec
     return spec
+
+
+def _check_nothing_between(name: str, fun: Any) -> None:
+    """Refuse a decorator between ``@app.task`` and ``@single_instance``.
+
+    ``functools.wraps`` copies the options to that decorator's wrapper, so the task looked
+    locked (``hold_lock`` accepted it), but the lock's wrapper, not being the task's ``run``,
+    took the call for a plain function call and ran it unlocked: two workers ran one key at
+    once, without a word. Taking the lock there would be no better: under a transaction
+    decorator it would be released before the commit, and the next holder would read the old
+    rows. The wrapper's own ``__wrapped__`` is the user's function, which has no options.
+    """
+    inner = getattr(fun, "__wrapped__", None)
+    if getattr(fun, OPTIONS_ATTR, None) is not None and getattr(inner, OPTIONS_ATTR, None):
+        raise LockConfigError(
+            f"task {name}: a decorator sits between @app.task and @single_instance, "
+            "and the task would run unlocked; expected @single_instance directly under "
+            "@app.task, with other decorators below it"
+        )
 
 
 #: What the lock makes a call end with (not the task's own failures): never autoretried.

@@ -15,7 +15,8 @@ to start.
 
 With ``config_from_object(obj, namespace="CELERY")`` the settings are spelled
 ``CELERY_REDLOCK_URL`` and so on; Celery strips the prefix, and they arrive here as
-``redlock_url``.
+``redlock_url``. A setting's error then names it ``CELERY_REDLOCK_URL``, as written in Django's
+settings.
 
 ``redlock_url`` missing: if the broker is Redis (``redis://``, ``rediss://``, ``unix://``) its
 URL is used, with one INFO log line saying so; otherwise the first lock operation raises
@@ -81,7 +82,7 @@ class Option:
 
 
 def _invalid(owner: str, option: str, value: Any, expected: str) -> LockConfigError:
-    what = "setting" if option.startswith("redlock_") else "option"
+    what = "setting" if "redlock_" in option.lower() else "option"
     return LockConfigError(f"{owner}: {what} {option}={value!r} is invalid; expected {expected}")
 
 
@@ -565,7 +566,7 @@ def _event_names(owner: str, setting: str, value: Any) -> str:
     names = choice(EVENT_NAMES)(owner, setting, value, None)
     if names == "task-lock":
         message = (
-            f"{owner}: redlock_event_names='task-lock' is deprecated: task-lock-* events are "
+            f"{owner}: {setting}='task-lock' is deprecated: task-lock-* events are "
             "read as task states by Celery's State (Flower shows LOCK-SKIPPED) and break "
             "exporters that map every task-* event to a state; consume redlock-* events"
         )
@@ -739,7 +740,11 @@ def resolve(app: Any) -> Settings:
     if values["redlock_url"] is None:
         values["redlock_url"] = _broker_url(owner, conf)
         _tell_once(app, "redlock_url is not set; using the Redis broker's URL for locks")
-    checked = {s.name: s.check(owner, key, values[key]) for key, s in SETTINGS.items()}
+    space = getattr(app, "namespace", None)  # errors name the setting as the user spells it
+    checked = {
+        s.name: s.check(owner, f"{space}_{key}".upper() if space else key, values[key])
+        for key, s in SETTINGS.items()
+    }
     return Settings(**checked)
 
 

@@ -41,7 +41,15 @@ import redis as redis_py
 import redis.asyncio as aioredis
 
 from . import scripts as _scripts
-from .clients import check_client, check_distinct, node_name, redact, redact_url, validate_url
+from .clients import (
+    check_client,
+    check_distinct,
+    is_cluster,
+    node_name,
+    redact,
+    redact_url,
+    validate_url,
+)
 from .core import (
     Extended,
     GiveBack,
@@ -57,7 +65,7 @@ from .core import (
     unavailable,
 )
 from .keys import LockKeys
-from .nodes import QUORUM_NODE_TIMEOUT, Call, is_cluster
+from .nodes import QUORUM_NODE_TIMEOUT, Call
 from .scripts import AcquireResult, WaitReply
 
 T = TypeVar("T")
@@ -444,7 +452,7 @@ Nodes = SingleNode | Quorum
 
 def nodes_for(redis: Any) -> Nodes:
     """One node for a URL or a client; a :class:`Quorum` for a list of three or more."""
-    if isinstance(redis, str) or not isinstance(redis, Sequence):
+    if isinstance(redis, (str, bytes, bytearray)) or not isinstance(redis, Sequence):
         return SingleNode(Node(redis))
     if len(redis) == 1:
         return nodes_for(redis[0])

@@ -394,10 +394,17 @@ def _cluster(url: str, options: dict[str, Any]) -> Any:
     return RedisCluster(startup_nodes=startup, **auth, **options)
 
 
+def is_cluster(client: Any) -> bool:
+    """Whether ``client`` is a Redis Cluster client (redis-py's or a fork's, sync or asyncio)."""
+    return any(cls.__name__ in ("RedisCluster", "ValkeyCluster") for cls in type(client).__mro__)
+
+
 def node_name(client: Any) -> str:
     """``host:port`` (or socket path) of a client, for messages; never includes credentials."""
-    if isinstance(client, RedisCluster):
-        return ",".join(f"{n.host}:{n.port}" for n in client.get_nodes()) or "cluster"
+    if is_cluster(client):  # an asyncio client knows its nodes once it has connected
+        manager = getattr(client, "nodes_manager", None)
+        nodes = client.get_nodes() or list(getattr(manager, "startup_nodes", {}).values())
+        return ",".join(f"{n.host}:{n.port}" for n in nodes) or "cluster"
     pool = getattr(client, "connection_pool", None)
     service = getattr(pool, "service_name", None)
     if service:
@@ -405,7 +412,7 @@ def node_name(client: Any) -> str:
     kwargs = getattr(pool, "connection_kwargs", {})
     if "path" in kwargs:
         return str(kwargs["path"])
-    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+    return f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
 
 
 #: Modules whose clients send commands synchronously (redis-py's and valkey's).
@@ -413,12 +420,22 @@ _SYNC_MODULES = frozenset({"redis.client", "redis.cluster", "valkey.client", "va
 
 
 def check_client(client: Any, *, asyncio: bool) -> Any:
-    """``client``; :class:`TypeError` when it is of the other kind than the lock's (an asyncio
-    client for the thread lock, whose commands would be unawaited coroutines; a blocking one
-    for the asyncio lock, which would block the loop, take the lock, then fail)."""
+    """``client``; :class:`TypeError` when it is no client (``5``, ``None``: it would fail at
+    the first command with an :class:`AttributeError`), or of the other kind than the lock's (an
+    asyncio client for the thread lock, whose commands would be unawaited coroutines; a blocking
+    one for the asyncio lock, which would block the loop, take the lock, then fail)."""
+    kind = "celery_redlock.asyncio.Lock" if asyncio else "celery_redlock.Lock"
+    if isinstance(client, (bytes, bytearray)):
+        raise TypeError(
+            f"{kind} needs a Redis URL as a str, got {type(client).__name__}: decode it"
+        )
     definer = next((c for c in type(client).__mro__ if "execute_command" in vars(c)), None)
-    if definer is None:
-        return client  # no client at all: the first command says so
+    if definer is None:  # not a client at all: it would fail at the first command
+        example = "redis.asyncio.Redis" if asyncio else "redis.Redis"
+        raise TypeError(
+            f"{kind} needs a Redis URL, a client ({example}) or a list of them for a quorum, "
+            f"got {type(client).__qualname__}"
+        )
     coroutine = inspect.iscoroutinefunction(vars(definer)["execute_command"])
     if asyncio and not coroutine and definer.__module__ in _SYNC_MODULES:
         wanted, other = "an asyncio client (redis.asyncio.Redis, valkey.asyncio.Valkey)", "Lock"
@@ -426,7 +443,6 @@ def check_client(client: Any, *, asyncio: bool) -> Any:
         wanted, other = "a blocking client (redis.Redis, valkey.Valkey)", "asyncio.Lock"
     else:
         return client
-    kind = "celery_redlock.asyncio.Lock" if asyncio else "celery_redlock.Lock"
     raise TypeError(
         f"{kind} needs a URL or {wanted}, got {type(client).__module__}."
         f"{type(client).__qualname__}: use celery_redlock.{other} with it"

@@ -53,7 +53,7 @@ import redis as redis_py
 from ..exceptions import LockUnavailable
 from . import givebacks as _givebacks
 from . import scripts as _scripts
-from .clients import check_client, check_distinct, client_for, node_name
+from .clients import check_client, check_distinct, client_for, is_cluster, node_name
 from .commands import connection_of, execute, run_script
 from .core import (
     Extended,
@@ -107,11 +107,6 @@ class Nodes(Protocol):
     def pubsub_client(self) -> Any: ...
 
     def run(self, source: str, call: Call, key: str) -> Any: ...
-
-
-def is_cluster(client: Any) -> bool:
-    """Whether ``client`` is a Redis Cluster client (redis-py's or a fork's, sync or asyncio)."""
-    return any(cls.__name__ in ("RedisCluster", "ValkeyCluster") for cls in type(client).__mro__)
 
 
 class SingleNode(QueueRules):
@@ -507,7 +502,7 @@ def nodes_for(redis: Target, timeout: float | None = None) -> Nodes:
             with _single_guard:
                 node = _single.setdefault((redis, timeout), SingleNode(client_for(redis, timeout)))
         return node
-    if not isinstance(redis, (list, tuple)) and not isinstance(redis, Sequence):
+    if isinstance(redis, (bytes, bytearray)) or not isinstance(redis, Sequence):
         return _node_of(check_client(redis, asyncio=False))
     if len(redis) == 1:
         return nodes_for(redis[0], timeout)

@@ -81,10 +81,18 @@ def _lock_names(app: Any, name: str) -> list[str]:
 
 def _matching(ctx: click.Context, store: LockStore, key: str) -> tuple[list[HeldLock], bool]:
     """The held locks KEY names, and whether KEY is a lock's own key or bare name: that lock;
-    else every lock of the lock name or task name KEY (each argument digest)."""
-    lock = store.read(key)
-    if lock is not None:
-        return [lock], True
+    a semaphore's bare name or first slot's key: each of its held slots (any may be free, the
+    first too); else every lock of the lock name or task name KEY (each argument digest)."""
+    parsed = store.parse(key)
+    if parsed is not None:
+        lock = store.read(key)
+        # One read tells a lock from a slot: on one deployment only a slot keeps a counter.
+        if lock is not None and (lock.slot > 1 or store.quorum > 1 or lock.fencing_token is None):
+            return [lock], True
+        name = parsed[1]
+        slots = store.all(lambda lk: lk.name == name, name_prefix=name)
+        if slots:
+            return slots, False
     found: dict[str, HeldLock] = {}
     for name in _lock_names(ctx.obj.app, key):
         found.update((lk.key, lk) for lk in store.of_lock_name(name))

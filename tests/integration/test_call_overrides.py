@@ -223,6 +223,31 @@ def test_locked_task_rejects_bad_overrides_at_apply_async(app: Celery) -> None:
             task.apply_async(**options)
 
 
+def test_locked_task_apply_takes_the_per_call_options(app: Celery, redis_url: str) -> None:
+    """``apply()`` takes the per-call options of ``apply_async()``: validated, and given to the
+    lock. Celery's own ``apply()`` dropped them, so a call meant to fail on a held key was
+    skipped, and a misspelled option was accepted without a word."""
+
+    def work(self: Task) -> str:
+        return "ran"
+
+    # Its own name: the bypass below is counted under it, not under the other tests' "work".
+    task = locked(app, "task", work, {"name": "proj.applied"}, by=(), on_contention="skip")
+    with pytest.raises(LockConfigError, match=re.escape("did you mean 'lock_ttl'")):
+        task.apply(lock_tll=5)
+    with pytest.raises(LockConfigError, match=re.escape("did you mean 'fail'")):
+        task.apply(lock_on_contention="fial")
+    holder = hold(redis_url, task)
+    try:
+        assert task.apply().result is None  # the task's own policy: skipped
+        failed = task.apply(lock_on_contention="fail")
+        assert failed.failed() and isinstance(failed.result, LockContended)
+        assert task.apply(lock_bypass=True).get() == "ran"
+    finally:
+        holder.release()
+    assert task.apply(lock_ttl=7).get() == "ran"
+
+
 @pytest.mark.parametrize("api", APIS)
 def test_bypass_runs_without_the_lock_warns_and_counts(
     app: Celery, redis_url: str, api: str, caplog: pytest.LogCaptureFixture

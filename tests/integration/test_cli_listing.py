@@ -122,3 +122,36 @@ def test_a_cluster_lists_every_lock_with_its_counter_and_overrides() -> None:
         assert [held[lock.key].fencing_token for lock in slots] == [counter, counter]
         assert all(0 < (held[lock.key].ttl or 0) <= 60 for lock in plain + slots)
         app.close()
+
+
+def inspect_of(app: Celery, *args: str) -> Any:
+    done = CliRunner().invoke(redlock, ["inspect", *args], obj=SimpleNamespace(app=app))
+    return done
+
+
+def test_inspect_of_a_semaphore_name_shows_every_held_slot(app: Celery, redis_url: str) -> None:
+    """A semaphore's bare name (or full key) shows each of its held slots: a list in JSON, even
+    with one slot held, since the name names them all. Before, only slot 1 was read: with slot 1
+    free and slot 2 held, ``inspect`` said the semaphore was not held."""
+    slots = [Lock(redis_url, "sem", ttl=60, limit=3, owner=f"s-{i}") for i in range(3)]
+    for lock in slots:
+        assert lock.acquire(blocking=False)
+    assert [
+        lk.slot for lk in (LockStore(settings_for(app)).read(lock.key) for lock in slots) if lk
+    ] == [1, 2, 3]
+    slots[0].release()
+    for name in ("sem", slots[0].key):
+        done = inspect_of(app, name, "--json")
+        assert done.exit_code == 0, done.output
+        shown = json.loads(done.output)
+        assert [(s["slot"], s["task_id"]) for s in shown] == [(2, "s-1"), (3, "s-2")]
+        text = inspect_of(app, name)
+        assert text.exit_code == 0 and "(slot 2)" in text.output and "(slot 3)" in text.output
+    plain = Lock(redis_url, "one", ttl=60, owner="p")
+    assert plain.acquire(blocking=False)
+    assert json.loads(inspect_of(app, "one", "--json").output)["task_id"] == "p"
+    assert json.loads(inspect_of(app, plain.key, "--json").output)["task_id"] == "p"
+    for lock in slots[1:]:
+        lock.release()
+    done = inspect_of(app, "sem", "--json")
+    assert (done.exit_code, done.output) == (1, "null\n")

@@ -1025,6 +1025,35 @@ def test_a_client_of_the_other_kind_is_a_type_error_naming_the_right_lock(
     assert all(s.client().keys("*") == [] for s in three)
 
 
+@pytest.mark.parametrize("value", [5, None, object()], ids=["int", "None", "object"])
+def test_a_redis_argument_that_is_no_client_is_a_type_error_when_the_lock_is_built(
+    d2: Driver, three: list[RedisServer], value: Any
+) -> None:
+    """``Lock(5, ...)`` or ``Lock(None, ...)`` (a settings lookup that found nothing) is refused
+    when the lock is built, naming what ``redis`` takes; alone or in a quorum's list. Before,
+    it failed at the first command with an ``AttributeError`` about ``5``'s methods."""
+    kind = r"celery_redlock\.asyncio\.Lock" if d2.is_async else r"celery_redlock\.Lock"
+    wanted = rf"{kind} needs a Redis URL, a client \(redis\.(asyncio\.)?Redis\) or a list"
+    with pytest.raises(
+        TypeError, match=rf"{wanted} of them for a quorum, got {type(value).__name__}"
+    ):
+        d2.lock(value, "not-a-client")
+    with pytest.raises(TypeError, match=wanted):
+        d2.lock([three[0].url, three[1].url, value], "not-a-client")
+
+
+def test_a_url_given_as_bytes_is_a_type_error_saying_to_decode_it(
+    d2: Driver, three: list[RedisServer]
+) -> None:
+    """A URL read as bytes (from an environment or a file) was taken for a list of numbers:
+    "a Redlock quorum lists the same node twice (int and int)"."""
+    for value in (three[0].url.encode(), bytearray(three[0].url.encode())):
+        with pytest.raises(TypeError, match=r"needs a Redis URL as a str, got \w+: decode it"):
+            d2.lock(value, "bytes-url")
+        with pytest.raises(TypeError, match=r"needs a Redis URL as a str"):
+            d2.lock([three[1].url, three[2].url, value], "bytes-url")
+
+
 class InterruptedAfterTheScript(celery_redlock.Lock):
     """A thread lock interrupted (``interrupt``) after its acquire script ran on Redis, before
     it read the reply: Ctrl-C, or ``SystemExit`` from a time limit."""

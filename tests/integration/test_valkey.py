@@ -104,6 +104,29 @@ def test_a_refused_command_on_a_valkey_client_is_lock_unavailable(
             admin.close()
 
 
+def test_a_valkey_cluster_client_is_named_by_its_nodes_in_errors(cluster: ClusterNodes) -> None:
+    """An error names the Cluster's nodes (``host:port,...``) for a ``ValkeyCluster`` as for
+    redis-py's ``RedisCluster``; before, it said "Redis at ?:?"."""
+    ports = [node.port for node in cluster.nodes]
+    admins = [valkey.Valkey(port=port) for port in ports]
+    for admin in admins:  # a user who may not take a lock
+        admin.acl_setuser(
+            "nolock", enabled=True, nopass=True, commands=["+@all", "-set", "-eval", "-evalsha"]
+        )
+        admin.acl_setuser("nolock", enabled=True, keys=["*"], channels=["*"])
+    client = ValkeyCluster(host="127.0.0.1", port=ports[0], username="nolock")
+    try:
+        with pytest.raises(LockUnavailable) as info:
+            Lock(client, "valkey-cluster-named", 10).acquire(blocking=False)
+        assert str(info.value).startswith("Redis at 127.0.0.1:"), info.value
+        assert {f"127.0.0.1:{port}" for port in ports} <= set(info.value.nodes[0].split(","))
+    finally:
+        client.close()
+        for admin in admins:
+            admin.acl_deluser("nolock")
+            admin.close()
+
+
 async def exercise_async(client: object, name: str, *, wait: bool = True) -> None:
     first = celery_redlock.asyncio.Lock(client, name, 10, owner="first")
     assert await first.acquire(blocking=False)
@@ -111,7 +134,8 @@ async def exercise_async(client: object, name: str, *, wait: bool = True) -> Non
     assert not await second.acquire(blocking=False)
     await first.extend(20)
     if not wait:  # an asyncio Cluster client has no pub/sub to wait with (redis-py's neither)
-        with pytest.raises(ValueError, match="an asyncio Cluster client has no pub/sub"):
+        named = r"lock on 127\.0\.0\.1:\d+(,127\.0\.0\.1:\d+)*: .* asyncio Cluster client has"
+        with pytest.raises(ValueError, match=named):  # its nodes, not "?:?"
             await second.acquire(blocking=True)  # a clear error, not AttributeError: 'pubsub'
         await first.release()
         with pytest.raises(ValueError, match="an asyncio Cluster client has no pub/sub"):

@@ -3,8 +3,10 @@ that name the task, the option and a fix."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
+import re
 import ssl
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +17,8 @@ from celery import Celery
 from celery_redlock import LockConfigError, LockedTask, single_instance
 from celery_redlock import lock_key as lock_key_of
 from celery_redlock._celery.options import Settings, settings_for, validate_options
+from celery_redlock._celery.wiring import check_app
+from celery_redlock.testing import hold_lock
 
 OWNER = "task proj.sync_account"
 LOCK_URL = "redis://127.0.0.1:1/0"  # never connected to: settings only
@@ -412,6 +416,14 @@ def test_single_instance_rejects_bad_ttl_at_decoration() -> None:
         def t() -> None: ...
 
 
+@pytest.mark.parametrize("by", [["account_id"], ("account_id",), "account_id"])
+def test_single_instance_with_by_given_positionally_names_the_keyword(by: Any) -> None:
+    """``@single_instance(["account_id"])`` said to place the decorator directly under
+    ``@app.task``, where it already was; the mistake is the positional ``by``."""
+    with pytest.raises(TypeError, match=re.escape(f"expected @single_instance(by={by!r})")):
+        single_instance(by)
+
+
 def test_single_instance_above_a_lazy_task_is_a_type_error(bare_app: Celery) -> None:
     with pytest.raises(TypeError, match="directly under"):
 
@@ -426,6 +438,69 @@ def test_single_instance_above_a_built_task_is_a_type_error(bare_app: Celery) ->
         @single_instance(by=())
         @bare_app.task(shared=False, lazy=False)
         def t() -> None: ...
+
+
+def _logged(fun: Any) -> Any:
+    """A decorator of the user's: a log line, a retry, a transaction."""
+
+    @functools.wraps(fun)
+    def logged_call(*args: Any, **kwargs: Any) -> Any:
+        return fun(*args, **kwargs)
+
+    return logged_call
+
+
+@pytest.mark.parametrize("bind", [False, True], ids=["plain", "bind"])
+def test_a_decorator_between_the_task_and_single_instance_is_refused(
+    bare_app: Celery, bind: bool
+) -> None:
+    """``functools.wraps`` copied the options onto the middle decorator, so the task looked
+    locked, while the lock's wrapper took the call for a plain function call: the task ran
+    unlocked, silently. It is refused at worker start (``check_app``), at the first lock
+    operation (``lock_key``, an eager call) and by ``hold_lock``, naming the decorator."""
+    bare_app.conf.update(redlock_url=LOCK_URL, task_always_eager=True)
+
+    if bind:
+
+        @bare_app.task(shared=False, name="proj.between", bind=True)
+        @_logged
+        @single_instance(by=["x"])
+        def between(self: Any, x: int) -> None: ...
+
+    else:
+
+        @bare_app.task(shared=False, name="proj.between")
+        @_logged
+        @single_instance(by=["x"])
+        def between(x: int) -> None: ...
+
+    named = r"task proj\.between: a decorator sits between"
+    with pytest.raises(LockConfigError, match=named + r" @app\.task and @single_instance"):
+        check_app(bare_app)
+    with pytest.raises(LockConfigError, match=named):
+        lock_key_of(between, 1)
+    result = between.delay(1)  # eager: the call fails, its body never runs
+    with pytest.raises(LockConfigError, match=named):
+        result.get()
+    bare_app.conf.update(task_always_eager=False, broker_url="memory://")
+    with pytest.raises(LockConfigError, match=named):  # the first publish: nothing is sent
+        between.delay(1)
+    with pytest.raises(LockConfigError, match=named), hold_lock(between, 1):
+        pass
+
+
+def test_decorators_below_single_instance_and_autoretry_are_accepted(bare_app: Celery) -> None:
+    """The fix: other decorators below ``@single_instance``. Celery's own ``autoretry_for``
+    wraps ``run`` (with ``functools.wraps``) on the task, not its class: still locked."""
+    bare_app.conf.update(redlock_url=LOCK_URL)
+
+    @bare_app.task(shared=False, name="proj.below", autoretry_for=(ValueError,))
+    @single_instance(by=["x"])
+    @_logged
+    def below(x: int) -> None: ...
+
+    check_app(bare_app)
+    assert lock_key_of(below, 1).startswith("redlock:{proj.below:")
 
 
 # -- unknown settings and how a settings error reads (issue 24, items 3, 7 and 9) -------------

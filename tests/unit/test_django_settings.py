@@ -8,12 +8,13 @@ lazy object like ``django.conf.settings`` (which Celery's Django integration pas
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import celery
 import pytest
 
-from celery_redlock import LockedTask, lock_key
+from celery_redlock import LockConfigError, LockedTask, lock_key
 from celery_redlock._celery.options import settings_for
 from support.apps import app_from
 
@@ -82,3 +83,23 @@ def test_app_conf_assigned_in_code_wins_over_the_settings_module(settings_path: 
     app = app_from(path)
     app.conf.redlock_lease = 5
     assert settings_for(app).lease == 5.0
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "named"),
+    [
+        ("CELERY_REDLOCK_LEASE", "ten", "setting CELERY_REDLOCK_LEASE='ten' is invalid"),
+        ("CELERY_REDLOCK_URL", "http://x", "setting CELERY_REDLOCK_URL='http://x' is invalid"),
+        ("CELERY_REDLOCK_ON_CONTENTION", "wiat", "setting CELERY_REDLOCK_ON_CONTENTION='wiat'"),
+    ],
+)
+def test_an_invalid_setting_is_named_as_the_settings_module_spells_it(
+    settings_path: Any, name: str, value: Any, named: str
+) -> None:
+    """Under ``namespace="CELERY"`` an error names ``CELERY_REDLOCK_LEASE``, the name a Django
+    user wrote and can search for, not Celery's internal ``redlock_lease``."""
+    path, module, _ = settings_path
+    module.CELERY_REDLOCK_URL = "redis://127.0.0.1:1/4"
+    setattr(module, name, value)
+    with pytest.raises(LockConfigError, match=re.escape(named)):
+        settings_for(app_from(path))
