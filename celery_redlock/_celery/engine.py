@@ -637,9 +637,13 @@ def leave(task: Any, request: Any = None, *, cooldown: bool = True) -> None:
 
 @tracing.traced_release
 def _release(task: Any, request: Any, lock: Lock, keep: float = 0) -> bool:
-    """Release ``lock``; whether it was released. Never raises (see :func:`leave`)."""
+    """Release ``lock``; whether it was released. Never raises (see :func:`leave`).
+
+    A lock the body released itself (``current_lock().release()``, to let the next call start
+    during work that needs no lock) counts as released, and is reported so when the body
+    ends; a lock never taken (``lock_limit=None``: a rate alone) made no attempt."""
     if lock.token is None:
-        return False  # never taken (lock_limit=None: a rate alone)
+        return lock.attempts > 0 and not lock.lost
     try:
         lock.release(keep=keep)
     except LockLost:

@@ -23,7 +23,7 @@ from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from celery_redlock import LockedTask, LockUnavailable, lock_key, signals
+from celery_redlock import LockedTask, LockUnavailable, current_lock, lock_key, signals
 from celery_redlock.testing import RedisServer, wait_until
 from support.apps import lock_keys, make_app
 from support.workers import Holder, running_worker
@@ -121,6 +121,38 @@ def test_acquire_and_hold_spans_nest_under_the_run_span(
     ours = [s for s in spans.get_finished_spans() if s.name.startswith("redlock.")]
     recorded = repr([(s.attributes, s.events) for s in ours])
     assert "hunter2" not in recorded and "48151623" not in recorded
+
+
+def test_a_body_that_releases_its_own_lock_early_is_reported_released(
+    app: Celery, spans: InMemorySpanExporter, r: redis_py.Redis
+) -> None:
+    """``current_lock().release()`` in the body (to let the next call start during a tail of
+    work that needs no lock): the hold span ends ``released``, and ``lock_released`` is sent
+    (when the body ends). Before, the span said ``unreleased`` ("Redis did not answer") and no
+    signal was sent."""
+    released: list[dict[str, Any]] = []
+
+    def receive(sender: Any = None, signal: Any = None, **event: Any) -> None:
+        released.append(event)
+
+    @app.task(base=LockedTask, lock_by=["n"])
+    def early(n: int) -> bool:
+        lock = current_lock()
+        assert lock is not None
+        lock.release()
+        return not r.exists(lock.key)  # free while the body goes on
+
+    signals.lock_released.connect(receive, weak=False)
+    try:
+        with running_worker(app):
+            result = early.delay(5)
+            assert result.get(timeout=10) is True
+            hold = one(spans, "redlock.hold")
+            wait_until(lambda: released, 10, "lock_released")
+    finally:
+        signals.lock_released.disconnect(receive)
+    assert hold.attributes["redlock.outcome"] == "released"
+    assert released == [{"task_id": result.id, "key": lock_key(early, 5), "by": "task"}]
 
 
 def test_an_eager_apply_records_its_outcome_in_the_callers_trace(
