@@ -814,7 +814,9 @@ class LockCore:
         release wakes every waiter, each tries once, one wins. If the node carrying the
         notifications stops answering, the waiter leaves the queue (taking a handoff that came
         meanwhile) and subscribes again (to another node of a quorum); a single node that is
-        down raises :class:`LockUnavailable` from the next attempt. An interrupted wait
+        down raises :class:`LockUnavailable` from the next attempt, and so do two subscriptions
+        in a row that fail before they are confirmed (a server at ``maxclients``, whose pooled
+        connections still answer the attempts: without this, a busy loop). An interrupted wait
         (``SystemExit`` from a revoke or time limit, a soft time limit or any exception a
         signal handler raises, ``KeyboardInterrupt``, a cancelled task) leaves the queue and
         gives back a lock handed over meanwhile. Without that, (1) W1 is interrupted and its
@@ -822,6 +824,7 @@ class LockCore:
         it, waits for that lock's whole lease, held by nobody.
         """
         deadline = None if timeout is None else self.clock() + timeout
+        unconfirmed = 0  # subscriptions in a row that failed before they were confirmed
         while True:
             if (yield Op.ATTEMPT, None):
                 return True
@@ -869,6 +872,9 @@ class LockCore:
                     # The channel is gone; a handoff may have come before: take it, or wait anew.
                     if wait is not None and (yield from self._leave(wait, quietly=True)):
                         return True
+                    unconfirmed = 0 if subscribed else unconfirmed + 1
+                    if unconfirmed > 1:  # no channel can be had (maxclients): no busy loop
+                        raise unavailable(exc, self.key, tuple(self.nodes.names)) from exc
                     continue
                 if wait is not None:  # leave the queue, giving back a lock handed over meanwhile
                     yield Op.ABANDON, (wait.member, wait.secret)

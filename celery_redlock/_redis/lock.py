@@ -257,10 +257,11 @@ class Lock(LockCore):
                         run.reply = queue.wait_attempt(self.keys, *arg)
                 elif op is Op.HOLDER_TTL:
                     run.reply = self.last_holder_ttl
-                elif op is Op.SUBSCRIBE:
-                    channel, client = arg, self.nodes.pubsub_client()
-                    pubsub = _subscriptions.subscribe(client, channel)
+                elif op is Op.SUBSCRIBE:  # sent at the first receive, as the asyncio driver's
+                    channel, client, pubsub = arg, self.nodes.pubsub_client(), None
                 elif op is Op.RECEIVE:
+                    if pubsub is None:
+                        pubsub = _subscriptions.subscribe(client, channel)
                     message = pubsub.get_message(timeout=arg)
                     # Messages of other channels are left over from this connection's last wait.
                     if message is not None and _subscriptions.on(message, channel):
@@ -275,7 +276,7 @@ class Lock(LockCore):
                         held = queue.leave(self.keys, *arg)
                         if held is not None:
                             self.do_release(held)
-                elif op is Op.CLOSE:
+                elif op is Op.CLOSE and pubsub is not None:
                     _subscriptions.set_aside(client, pubsub, reusable=arg)
                 # Op.FENCE: nothing now; fencing_token reads it on first use.
             except BaseException as exc:  # the core decides: thrown into the wait

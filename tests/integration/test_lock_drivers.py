@@ -1054,6 +1054,30 @@ def test_a_url_given_as_bytes_is_a_type_error_saying_to_decode_it(
             d2.lock([three[1].url, three[2].url, value], "bytes-url")
 
 
+def test_a_wait_that_cannot_subscribe_is_lock_unavailable_not_a_client_error(d2: Driver) -> None:
+    """Redis at ``maxclients``: the lock's pooled connection still answers, but the waiter's
+    subscription needs a connection of its own, which the server refuses. The thread lock
+    raised redis-py's ``MaxClientsReachedError`` from the subscribe (outside the wait's error
+    handling; a kept subscription whose connection died with a restarted server raised
+    ``ConnectionError`` there too), which a task took for a bug: FAILURE, never retried. Both
+    locks now raise ``LockUnavailable`` once a second subscription fails too (one failure is
+    retried at once), so the task's ``redlock_on_unavailable`` policy applies."""
+    with RedisServer() as own:
+        holder = d2.lock(own.url, "maxclients", ttl=30)
+        assert d2(holder.acquire(blocking=False))
+        waiter = d2.lock(own.url, "maxclients", ttl=30)
+        assert not d2(waiter.acquire(blocking=False))  # its connection is pooled now
+        admin = own.client()
+        try:
+            admin.config_set("maxclients", admin.info("clients")["connected_clients"])
+            with pytest.raises(LockUnavailable, match=r"did not answer for lock .*maxclients"):
+                d2(waiter.acquire(blocking=True, timeout=5))
+        finally:
+            admin.config_set("maxclients", 10000)
+        d2(holder.release())
+        admin.close()
+
+
 class InterruptedAfterTheScript(celery_redlock.Lock):
     """A thread lock interrupted (``interrupt``) after its acquire script ran on Redis, before
     it read the reply: Ctrl-C, or ``SystemExit`` from a time limit."""
