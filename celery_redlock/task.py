@@ -28,7 +28,7 @@ import inspect
 import logging
 from typing import Any
 
-from celery import Task
+from celery import Task, states
 from kombu.utils.uuid import uuid
 
 from ._celery import (
@@ -104,6 +104,11 @@ class LockedTask(Task):  # type: ignore[misc]
            waits) or after ``lock_enqueue_ttl`` seconds if it never starts. With
            ``lock_enqueue='until_executed'`` it clears when the execution ends instead: no
            second call is published while one is queued or running.
+           A marker whose call the result backend says was revoked is replaced at once:
+           Celery 5.7 marks a call ``REVOKED`` there when the workers get the revoke, but
+           discards its message (and clears the marker) only at its ETA, and every call of
+           the key until then would get the revoked call's id, and never run. Older Celery
+           marks it at the discard, and a call without a result backend is never checked.
         3. Retries (``self.retry()``, ``autoretry_for``) always publish: an execution is never
            rejected by a marker. ``app.send_task()`` never looks at markers.
         4. If Redis does not answer, the call is published anyway (never dropped); the lock
@@ -139,6 +144,9 @@ class LockedTask(Task):  # type: ignore[misc]
         marked = False
         try:
             queued = engine.mark_queued(self, args, kwargs, task_id)
+            if queued is not None and queued != task_id and self._revoked(queued):
+                engine.clear_queued(self, args, kwargs, queued)  # only if still that call's
+                queued = engine.mark_queued(self, args, kwargs, task_id)
             marked = queued is None
         except LockUnavailable as exc:
             logger.warning(
@@ -156,6 +164,17 @@ class LockedTask(Task):  # type: ignore[misc]
             if marked:  # never published: nothing is queued under this id
                 engine.clear_queued(self, args, kwargs, task_id)
             raise
+
+    def _revoked(self, task_id: str) -> bool:
+        """Whether the result backend says ``task_id`` was revoked (no: without a backend, or
+        with ``rpc://``, whose state of another client's call is only its own queue's)."""
+        backend = self.backend
+        if not getattr(backend, "persistent", False):
+            return False
+        try:
+            return bool(backend.get_state(task_id) == states.REVOKED)
+        except Exception:  # a backend that cannot answer: the marker stands, as before
+            return False
 
     def apply(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         """Run the call in this process (``apply()``; ``delay()`` under ``task_always_eager``

@@ -6,11 +6,13 @@ A worker started after the calls leaves them waiting in the broker queue (db 1, 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import celery.worker.control
 import pytest
 import redis as redis_py
 from celery import Celery, Task, chain, chord, group
@@ -353,3 +355,32 @@ def test_an_expired_queued_call_clears_its_marker(app: Celery, r: redis_py.Redis
         second = report.delay("monday")  # not swallowed by the expired call's marker
         assert second.id != first.id
         assert second.get(timeout=10) == "monday"
+
+
+@pytest.mark.skipif(
+    "mark_as_revoked" not in inspect.getsource(celery.worker.control._revoke),
+    reason="this Celery marks a revoked call REVOKED only when it discards its message",
+)
+def test_a_call_after_a_revoke_is_not_swallowed_by_the_revoked_calls_marker(
+    app: Celery, r: redis_py.Redis
+) -> None:
+    """A queued call with a countdown is revoked: the worker discards its message only at its
+    ETA, and until then every call of the key got the revoked call's id and never ran. The
+    result backend says REVOKED at once: the next call replaces the marker and runs."""
+
+    @app.task(base=LockedTask, lock_enqueue=True, lock_by=["n"])
+    def keep(n: int, v: str = "old") -> str:
+        return v
+
+    with running_worker(app):
+        first = keep.apply_async((11,), countdown=3600)
+        marker = queued_key(keep, 11)
+        assert r.get(marker) == first.id.encode()
+        first.revoke()
+        wait_until(lambda: first.state == "REVOKED", 10, "the revoke to reach the backend")
+        second = keep.delay(11, v="new")
+        assert second.id != first.id
+        assert second.get(timeout=10) == "new"
+        third = keep.apply_async((12,), countdown=3600)  # a live queued call still de-dups
+        assert keep.delay(12).id == third.id
+        third.revoke()
