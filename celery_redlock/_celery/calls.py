@@ -9,7 +9,12 @@ A locked call may carry one message header, ``redlock`` (:data:`HEADER`), a smal
   without the lock;
 * ``first``: the wall-clock time (epoch seconds) of the call's first attempt, set by the first
   requeue caused by the lock (:func:`celery_redlock._celery.engine.lock_retry`), so that
-  ``lock_retry_for`` is measured from it.
+  ``lock_retry_for`` is measured from it;
+* ``redelivered``: ``true`` once a redelivered copy of the call was requeued for finding its
+  key held. A requeue is a new message, without the broker's ``redelivered`` flag: without
+  this, (1) copies A and C of a lost worker's calls find the dead A holding the key and are
+  requeued; (2) C's comes back first and runs; (3) A's finds C's key, not its own task id, and
+  under ``skip`` is skipped: A never runs.
 
 Celery copies a message's custom headers into every retry it publishes (``self.retry()``,
 ``autoretry_for``) on 5.3 through 5.7, so the header lives as long as the call.
@@ -171,6 +176,11 @@ def call_spec(spec: Spec, header: Mapping[str, Any]) -> Spec:
 def bypassed(header: Mapping[str, Any]) -> bool:
     """Whether a message's ``header`` (:func:`header_of`) asks to run without the lock."""
     return header.get("bypass") is True
+
+
+def redelivered(header: Mapping[str, Any]) -> bool:
+    """Whether a message's ``header`` (:func:`header_of`) is a requeue of a redelivered copy."""
+    return header.get("redelivered") is True
 
 
 def first_attempt(header: Mapping[str, Any], now: float) -> float:

@@ -425,11 +425,12 @@ def _on_contended(
     began), unless it is a duplicate, which does not wait (:func:`_acquire`)."""
     holder = _holder(lock)
     redelivered = bool((request.delivery_info or {}).get("redelivered"))
-    if redelivered or (holder is not None and holder == request.id):
-        # A redelivered message (acks_late after a lost worker or a visibility timeout), or a
-        # retry of one, that finds its own task id holding the key is a duplicate of a live
-        # run and may be the only copy left: never skip it (a skip would store SUCCESS/None
-        # and hide the holder's result); come back when the holder's TTL ends.
+    if redelivered or calls.redelivered(calls.header_of(request)) or holder == request.id:
+        # A redelivered message (acks_late after a lost worker or a visibility timeout), a
+        # requeue of one, or a retry that finds its own task id holding the key is a
+        # duplicate of a live run, or may be the only copy left: never skip it (a skip would
+        # store SUCCESS/None and hide the holder's result); come back when the holder's TTL
+        # ends (calls.py says why its requeues stay marked).
         countdown = max(lock.last_holder_ttl or 0.0, 1.0)
         _requeue(task, request, spec, lock, countdown, "redelivered", "redelivered while")
     if policy == "skip":
@@ -468,7 +469,8 @@ def _requeue(
             )
         _report_contended(task, request, lock, event, policy)
 
-    lock_retry(task, request, spec, countdown, _contended_error(task, request, lock), report)
+    error = _contended_error(task, request, lock)
+    lock_retry(task, request, spec, countdown, error, report, redelivered=policy == "redelivered")
 
 
 def _report_contended(task: Any, request: Any, lock: Lock, event: str, policy: str) -> None:
@@ -490,6 +492,8 @@ def lock_retry(
     countdown: float,
     exc: LockContended,
     report: Callable[[str], None] | None = None,
+    *,
+    redelivered: bool = False,
 ) -> NoReturn:
     """Requeue the call behind ``request`` because of the lock; raise ``Retry``.
 
@@ -504,6 +508,7 @@ def lock_retry(
     and a rate slot 60 s away, the call fails now instead of running a minute later.
     ``report(event)`` reports the outcome: ``"retried"`` just before the retry is published,
     ``"failed"`` when the call gives up (without it, the event is only counted).
+    ``redelivered`` marks the requeue of a redelivered copy, which is never skipped.
 
     A lock held by this attempt is released first, without cooldown. An eager call
     (``apply()``, ``task_always_eager``) is never requeued: it fails at once with ``exc``.
@@ -539,7 +544,11 @@ def lock_retry(
         raise _gave_up(exc, reason)
     report("retried")
     headers = dict(request.headers or {})
-    headers[calls.HEADER] = {**header, "first": first}
+    headers[calls.HEADER] = {
+        **header,
+        "first": first,
+        **({"redelivered": True} if redelivered else {}),
+    }
     signature = task.signature_from_request(
         request, countdown=countdown, retries=request.retries or 0, headers=headers
     )

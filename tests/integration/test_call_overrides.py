@@ -280,3 +280,37 @@ def test_bypass_runs_without_the_lock_warns_and_counts(
         return read_stats(app).get(task.name, {}).get("bypassed") == 1
 
     wait_until(counted, 10, "the bypassed counter")
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_requeued_duplicate_is_never_skipped_when_another_call_took_the_key(
+    app: Celery, redis_url: str, api: str
+) -> None:
+    """A duplicate's requeue stays a duplicate. The broker marks only the redelivered message,
+    not the requeue the lock publishes for it. Timeline seen with a lost worker: (1) copies of
+    calls A and C find the dead A holding the key; both are requeued; (2) C's comes back
+    first and runs; (3) A's finds C's key, not its own task id, and was skipped under
+    ``skip``: A never ran. Here the key is first held under the call's own task id (a
+    duplicate's case), then by another call; the requeue then ends past ``lock_retry_for``,
+    so the call fails, where it was skipped (SUCCESS, ``None``)."""
+
+    def work(self: Task) -> str:
+        return "ran"
+
+    task = locked(app, api, work, by=(), retry_for=20)
+    name = lock_key(task).removeprefix("redlock:{").removesuffix("}")
+    task_id = "a-lost-workers-call"
+    own = Lock(redis_url, name, ttl=2, owner=task_id)  # "its dead run"
+    assert own.acquire()
+    with running_worker(app):
+        result = task.apply_async(task_id=task_id)
+        wait_until(lambda: result.state == "RETRY", 10, "the duplicate's requeue")
+        own.release()
+        other = Lock(redis_url, name, ttl=60, owner="another-call")  # C runs meanwhile
+        assert other.acquire()
+        try:
+            wait_until(result.ready, 10, "the requeued duplicate to come back")
+            assert result.state == "FAILURE", result.result
+            assert "not requeued" in str(result.result)  # C's 60 s would end past 20 s
+        finally:
+            other.release()
