@@ -40,8 +40,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
-from celery import current_task
-from celery.exceptions import Reject, Retry
+from celery import current_task, states
+from celery.exceptions import Ignore, Reject, Retry
 
 from .. import signals
 from .._redis import companions
@@ -162,6 +162,7 @@ def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
 
     The steps, in order; each may end the attempt (skip, requeue or raise):
 
+    0. a redelivered copy of a call that already ended is not run again (:func:`_drop_if_ended`);
     1. the call's header, parsed once: its per-call overrides applied to ``spec``
        (:class:`~celery_redlock.LockConfigError` if one is invalid);
     2. the app's settings, resolved once for the whole attempt; the task's options
@@ -176,6 +177,7 @@ def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
     9. the per-call overrides recorded beside the lock, the acquisition reported.
     """
     header = calls.header_of(request)
+    _drop_if_ended(task, request, header)
     if header:  # the usual call carries no header
         spec = calls.call_spec(spec, header)
     options = spec.options
@@ -390,6 +392,34 @@ def _bypass(task: Any, settings: Settings, name: str, request: Any) -> bool:
     setattr(request, REQUEST_ATTR, Execution(None))
     emit(task, request.id, "bypassed", settings=settings)
     return True
+
+
+def _drop_if_ended(task: Any, request: Any, header: Mapping[str, Any]) -> None:
+    """Raise ``Ignore`` for a redelivered copy (or the requeue of one) of a call that the
+    result backend says already ended: its result stays as stored, and the body does not run
+    twice. Timeline without it (a Redis broker ``visibility_timeout`` shorter than the task):
+    (1) call X runs; (2) its message is redelivered, finds X holding the key and is requeued
+    for the holder's TTL; (3) X ends, SUCCESS; (4) the copy comes back to a free key and runs
+    X's body again. Not checked: a call that was never redelivered (no read at all), and
+    without a result backend that keeps states (none, ``rpc://``, ``ignore_result``); there
+    the copy runs, as Celery's at-least-once delivery does."""
+    if not (request.delivery_info or {}).get("redelivered") and not calls.redelivered(header):
+        return
+    backend = task.backend
+    if not getattr(backend, "persistent", False):
+        return
+    try:
+        ended = backend.get_state(request.id)
+    except Exception:  # a backend that cannot answer: the copy runs, as before
+        return
+    if ended in states.READY_STATES:
+        logger.info(
+            "%s[%s] is a redelivered copy of a call that already ended (%s): not run again",
+            task.name,
+            request.id,
+            ended,
+        )
+        raise Ignore()
 
 
 def _holder(lock: Lock) -> str | None:

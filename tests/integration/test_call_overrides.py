@@ -314,3 +314,28 @@ def test_a_requeued_duplicate_is_never_skipped_when_another_call_took_the_key(
             assert "not requeued" in str(result.result)  # C's 60 s would end past 20 s
         finally:
             other.release()
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_redelivered_copy_of_a_call_that_ended_is_not_run_again(
+    app: Celery, api: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The requeue of a redelivered copy (marked in its header) comes back after its call
+    ended: it is dropped (``Ignore``), the body does not run twice and the stored result
+    stays. A copy of a call that has not ended runs."""
+    ran: list[str] = []
+
+    def work(self: Task) -> str:
+        ran.append(self.request.id)
+        return "second"
+
+    task = locked(app, api, work, by=())
+    copy = {"redlock": {"redelivered": True}}
+    app.backend.store_result("ended-call", "first", "SUCCESS")
+    with running_worker(app), caplog.at_level(logging.INFO, logger="celery_redlock.task"):
+        task.apply_async(task_id="ended-call", headers=copy)
+        dropped = "ended-call] is a redelivered copy of a call that already ended (SUCCESS)"
+        wait_until(lambda: dropped in caplog.text, 10, "the copy to be dropped")
+        assert task.apply_async(task_id="live-call", headers=copy).get(timeout=10) == "second"
+    assert ran == ["live-call"]
+    assert task.AsyncResult("ended-call").get(timeout=5) == "first"
