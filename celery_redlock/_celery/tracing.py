@@ -294,7 +294,10 @@ def traced_acquire(enter: F) -> F:
         try:
             entered = enter(task, request, spec, *args, **kwargs)
         except BaseException as exc:
-            _finish(op, "retried" if type(exc).__name__ == "Retry" else "failed", exc)
+            if type(exc).__name__ == "Ignore":  # a redelivered copy of a call that ended
+                _finish(op, "skipped")
+            else:
+                _finish(op, "retried" if type(exc).__name__ == "Retry" else "failed", exc)
             raise
         finally:
             _current.reset(token)

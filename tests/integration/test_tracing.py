@@ -155,6 +155,25 @@ def test_a_body_that_releases_its_own_lock_early_is_reported_released(
     assert released == [{"task_id": result.id, "key": lock_key(early, 5), "by": "task"}]
 
 
+def test_a_dropped_copy_of_an_ended_call_is_a_skipped_acquire(
+    app: Celery, spans: InMemorySpanExporter
+) -> None:
+    """A redelivered copy of a call that already ended is dropped (``Ignore``): its acquire
+    span says ``skipped``, without an error, not ``failed``."""
+
+    @app.task(base=LockedTask, lock_by=())
+    def done() -> str:
+        return "again"
+
+    app.backend.store_result("ended", "once", "SUCCESS")
+    with running_worker(app):
+        done.apply_async(task_id="ended", headers={"redlock": {"redelivered": True}})
+        acquire = one(spans, "redlock.acquire")
+    assert acquire.attributes["redlock.outcome"] == "skipped"
+    assert acquire.status.status_code is not trace.StatusCode.ERROR
+    assert done.AsyncResult("ended").get(timeout=5) == "once"
+
+
 def test_an_eager_apply_records_its_outcome_in_the_callers_trace(
     app: Celery, spans: InMemorySpanExporter
 ) -> None:
