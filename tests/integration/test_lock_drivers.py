@@ -20,6 +20,7 @@ import os
 import pickle
 import re
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -1004,6 +1005,47 @@ def test_a_quorum_with_a_frozen_node_keeps_a_short_lease_alive(
         d2(lock.release())
     finally:
         frozen.send_signal(signal.SIGCONT)
+
+
+@contextlib.contextmanager
+def unanswered_port() -> Iterator[int]:
+    """A port whose connects hang, as to a host that is off or behind a DROP rule: a listener
+    that never accepts, its backlog filled, so the kernel drops further SYNs."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    filled: list[socket.socket] = []
+    try:
+        while True:  # until a connect hangs: the backlog is full
+            probe = socket.socket()
+            probe.settimeout(0.2)
+            try:
+                probe.connect(("127.0.0.1", port))
+            except OSError:
+                probe.close()
+                break
+            filled.append(probe)
+        yield port
+    finally:
+        for sock in filled:
+            sock.close()
+        listener.close()
+
+
+def test_a_node_that_hangs_before_healthy_ones_does_not_make_them_count_as_failed() -> None:
+    """The middle node of three does not answer connects, in a process that has not seen it
+    fail: connecting to it takes the round's whole 0.5 s. The node after it was then sent to
+    past the round's deadline and read with no time left: a reply that took a moment (a busy
+    machine; here the server is paused until 0.8 s) counted as failed, and two healthy nodes
+    made "no quorum, 2 of 3 nodes failed". Each node now gets its 0.5 s from its own send.
+    (The asyncio quorum sends to every node at once.)"""
+    with RedisServer() as a, RedisServer() as c, unanswered_port() as port:
+        lock = celery_redlock.Lock([a.url, f"redis://127.0.0.1:{port}/0", c.url], "q-hangs", 10)
+        c.client().execute_command("CLIENT", "PAUSE", 800, "WRITE")
+        assert lock.acquire(blocking=False)
+        assert a.client().get(lock.key) == c.client().get(lock.key) == lock.token.encode()
+        lock.release()
 
 
 @pytest.mark.parametrize("nodes", [1, 3], ids=["one-node", "quorum"])
