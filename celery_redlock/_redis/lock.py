@@ -98,6 +98,8 @@ class Lock(LockCore):
     nodes: Nodes
     #: The holder's TTL is still to be asked (a reply without it; see :attr:`last_holder_ttl`).
     _holder_ttl_pending = False
+    #: Held by a renewal while it runs (:meth:`renew_step`, which makes it).
+    _renewing: threading.RLock
 
     def _connect(self, redis: Target) -> Nodes:
         return nodes_for(redis)
@@ -184,6 +186,10 @@ class Lock(LockCore):
         token = self._release_token(keep)
         if self.auto_renew:
             self._stop_renewal()
+            renewing = self.__dict__.get("_renewing")
+            if renewing is not None:  # a renewal in flight ends first (renew_step says why)
+                with renewing:
+                    pass
         try:
             released = self.do_release(token, keep)
         except BaseException:
@@ -293,16 +299,27 @@ class Lock(LockCore):
         as the core decides; the watchdog waits for the call only until the lease ends (a
         call that hangs, on a paused server or a stalled connection, finishes in the
         background), and a renewal that finds the lease ended marks the lock lost.
+
+        It runs under :attr:`_renewing`, which :meth:`release` waits for. Timeline without
+        it, seen on a quorum with a node down: (1) the watchdog reads the token to renew;
+        (2) the task ends, and its release deletes the key on the live nodes; (3) the
+        renewal's extend arrives, finds the key missing and re-asserts it (the quorum's
+        repair): the key is held by nobody for a whole lease, and its calls are skipped.
+        The wait is bounded by the renewal's own (the lease's end).
         """
-        plan = self._renewal()
-        if plan is None:
-            return None
-        token, ttl, start, wait = plan
-        try:
-            extended = _within(wait, functools.partial(self.do_extend, token, ttl))
-        except Exception as exc:
-            return self._renewal_failed(token, exc)
-        return self._renewed(token, start, ttl, extended)
+        renewing = self.__dict__.get("_renewing")
+        if renewing is None:  # per renewed lock (most are never renewed); an RLock: a
+            renewing = self._renewing = threading.RLock()  # lost-lock receiver may release
+        with renewing:
+            plan = self._renewal()
+            if plan is None:
+                return None
+            token, ttl, start, wait = plan
+            try:
+                extended = _within(wait, functools.partial(self.do_extend, token, ttl))
+            except Exception as exc:
+                return self._renewal_failed(token, exc)
+            return self._renewed(token, start, ttl, extended)
 
     def _start_renewal(self, delay: float) -> None:
         _renewal.watch(self, delay)

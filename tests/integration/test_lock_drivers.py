@@ -1048,6 +1048,45 @@ def test_a_node_that_hangs_before_healthy_ones_does_not_make_them_count_as_faile
         lock.release()
 
 
+class HeldUpExtend(celery_redlock.Lock):
+    """A thread lock whose renewal's extend is held up between the watchdog reading the token
+    and the request leaving (a thread switch at that moment), and that notes its release."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.extending = threading.Event()
+        self.proceed = threading.Event()
+        self.releasing = threading.Event()
+
+    def do_extend(self, token: str, ttl: float) -> Extended:
+        self.extending.set()
+        self.proceed.wait(10)
+        return super().do_extend(token, ttl)
+
+    def do_release(self, token: str, keep: float = 0) -> bool:
+        self.releasing.set()
+        return super().do_release(token, keep)
+
+
+def test_a_release_waits_for_a_renewal_in_flight_which_would_put_the_lock_back(
+    three: list[RedisServer],
+) -> None:
+    """A renewal that reads the token just before the release, and whose extend reaches the
+    nodes just after it, found the key gone and re-asserted it (the quorum's repair): the
+    released lock was held by nobody for a whole lease, and a task's next calls were
+    skipped (seen on prefork workers with a node down). The release now waits for it."""
+    lock = HeldUpExtend([s.url for s in three], "renewal-race", ttl=3, auto_renew=True)
+    assert lock.acquire(blocking=False)
+    assert lock.extending.wait(5)  # the first renewal, at ttl / 3, is held up
+    releasing = threading.Thread(target=lock.release)
+    releasing.start()
+    assert not lock.releasing.wait(0.5)  # the release waits for the renewal; before, no
+    lock.proceed.set()
+    releasing.join(10)
+    assert lock.releasing.is_set() and not lock.held
+    assert [s.client().exists(lock.key) for s in three] == [0, 0, 0]
+
+
 @pytest.mark.parametrize("nodes", [1, 3], ids=["one-node", "quorum"])
 def test_a_client_of_the_other_kind_is_a_type_error_naming_the_right_lock(
     three: list[RedisServer], nodes: int
