@@ -151,7 +151,9 @@ _LOCALHOST = {"localhost": "127.0.0.1", "::1": "127.0.0.1"}
 
 
 def node_identity(url: str) -> tuple[Any, ...]:
-    """What makes two URLs the same Redis database: scheme family, hosts, ports, database.
+    """What makes two URLs the same Redis server: scheme family, hosts and ports (or socket
+    path). Not the database: two databases of one server fail together, so a quorum that
+    listed ``/0``, ``/1`` and ``/2`` of one port would lose all its "nodes" in one crash.
 
     Parses ``url`` as :func:`client_for` would, without connecting; raises :class:`ValueError`
     (see :func:`validate_url`) for a URL that no client could be built from.
@@ -163,11 +165,10 @@ def node_identity(url: str) -> tuple[Any, ...]:
         hosts = tuple(sorted((_LOCALHOST.get(h.lower(), h.lower()), p) for h, p in nodes))
         return (scheme.rpartition("+")[2], hosts, *path)
     kwargs = redis_py.connection.parse_url(url)
-    db = int(kwargs.get("db") or 0)
     if "path" in kwargs:
-        return ("unix", kwargs["path"], db)
+        return ("unix", kwargs["path"])
     host = str(kwargs.get("host") or "localhost").lower()
-    return ("tcp", _LOCALHOST.get(host, host), int(kwargs.get("port") or 6379), db)
+    return ("tcp", _LOCALHOST.get(host, host), int(kwargs.get("port") or 6379))
 
 
 def check_distinct(items: Sequence[Any]) -> None:
@@ -191,14 +192,13 @@ def check_distinct(items: Sequence[Any]) -> None:
 
 def _client_identity(client: Any) -> tuple[Any, ...]:
     """What :func:`node_identity` says of a URL, for a client of one server (its pool's
-    ``host``, ``port`` and ``db``, or socket ``path``); the object itself for any other."""
+    ``host`` and ``port``, or socket ``path``); the object itself for any other."""
     kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None) or {}
-    db = int(kwargs.get("db") or 0)
     if "path" in kwargs:
-        return ("unix", kwargs["path"], db)
+        return ("unix", kwargs["path"])
     if "host" in kwargs:
         host = str(kwargs["host"]).lower()
-        return ("tcp", _LOCALHOST.get(host, host), int(kwargs.get("port") or 6379), db)
+        return ("tcp", _LOCALHOST.get(host, host), int(kwargs.get("port") or 6379))
     return ("client", id(client))
 
 

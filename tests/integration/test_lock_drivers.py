@@ -473,6 +473,9 @@ def test_a_quorum_naming_one_node_twice_is_refused(d: Driver, redis_url: str) ->
     twice = [redis_url, redis_url.replace("127.0.0.1", "localhost"), "redis://127.0.0.1:1/0"]
     with pytest.raises(ValueError, match="lists the same node twice"):
         d.lock(twice, "twice", ttl=10)
+    databases = [redis_url.rpartition("/")[0] + f"/{db}" for db in (0, 1, 2)]
+    with pytest.raises(ValueError, match="lists the same node twice"):  # one server, one crash
+        d.lock(databases, "twice", ttl=10)
 
 
 @pytest.mark.parametrize("how", ["pickle", "copy", "deepcopy"])

@@ -206,6 +206,8 @@ def test_redaction_hides_passwords_with_slashes_spaces_quotes_and_at_signs(text:
             "redis+sentinel://h:7002/m",
             "redis+sentinel://localhost:7001/m",
         ],
+        # Databases of one server fail together: one crash takes every "node".
+        ["redis://127.0.0.1:7001/0", "redis://127.0.0.1:7001/1", "redis://127.0.0.1:7001/2"],
     ],
 )
 def test_a_quorum_naming_one_node_twice_is_refused(app: Celery, urls: list[str]) -> None:
