@@ -162,7 +162,8 @@ def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
 
     The steps, in order; each may end the attempt (skip, requeue or raise):
 
-    0. a redelivered copy of a call that already ended is not run again (:func:`_drop_if_ended`);
+    0. under ``worker_deduplicate_successful_tasks``, the requeue of a redelivered copy of a
+       call that succeeded is not run again (:func:`_drop_if_ended`);
     1. the call's header, parsed once: its per-call overrides applied to ``spec``
        (:class:`~celery_redlock.LockConfigError` if one is invalid);
     2. the app's settings, resolved once for the whole attempt; the task's options
@@ -395,15 +396,21 @@ def _bypass(task: Any, settings: Settings, name: str, request: Any) -> bool:
 
 
 def _drop_if_ended(task: Any, request: Any, header: Mapping[str, Any]) -> None:
-    """Raise ``Ignore`` for a redelivered copy (or the requeue of one) of a call that the
-    result backend says already ended: its result stays as stored, and the body does not run
-    twice. Timeline without it (a Redis broker ``visibility_timeout`` shorter than the task):
-    (1) call X runs; (2) its message is redelivered, finds X holding the key and is requeued
-    for the holder's TTL; (3) X ends, SUCCESS; (4) the copy comes back to a free key and runs
-    X's body again. Not checked: a call that was never redelivered (no read at all), and
-    without a result backend that keeps states (none, ``rpc://``, ``ignore_result``); there
-    the copy runs, as Celery's at-least-once delivery does."""
-    if not (request.delivery_info or {}).get("redelivered") and not calls.redelivered(header):
+    """Under Celery's ``worker_deduplicate_successful_tasks``, raise ``Ignore`` for the
+    requeue of a redelivered copy of a call that the result backend says succeeded.
+
+    Celery drops a redelivered copy of a successful call itself (``acks_late`` tasks), but
+    not the requeue the lock publishes for one, a new message without the broker's flag.
+    Timeline (a Redis broker ``visibility_timeout`` shorter than the task): (1) call X runs;
+    (2) its message is redelivered, finds X holding the key and is requeued for the holder's
+    TTL; (3) X ends, SUCCESS; (4) the requeue comes back to a free key and runs X's body
+    again. Only SUCCESS, as Celery: a call that failed at its hard time limit is requeued by
+    Celery (``acks_on_failure_or_timeout=False``) to run again. Off by default, as Celery's:
+    a call that reuses a task id is dropped too.
+    """
+    if not calls.redelivered(header) and not (request.delivery_info or {}).get("redelivered"):
+        return
+    if not task.app.conf.get("worker_deduplicate_successful_tasks"):
         return
     backend = task.backend
     if not getattr(backend, "persistent", False):
@@ -412,12 +419,12 @@ def _drop_if_ended(task: Any, request: Any, header: Mapping[str, Any]) -> None:
         ended = backend.get_state(request.id)
     except Exception:  # a backend that cannot answer: the copy runs, as before
         return
-    if ended in states.READY_STATES:
+    if ended == states.SUCCESS:
         logger.info(
-            "%s[%s] is a redelivered copy of a call that already ended (%s): not run again",
+            "%s[%s] is a redelivered copy of a call that already succeeded: not run again "
+            "(worker_deduplicate_successful_tasks)",
             task.name,
             request.id,
-            ended,
         )
         raise Ignore()
 

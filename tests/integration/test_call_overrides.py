@@ -317,12 +317,14 @@ def test_a_requeued_duplicate_is_never_skipped_when_another_call_took_the_key(
 
 
 @pytest.mark.parametrize("api", APIS)
-def test_a_redelivered_copy_of_a_call_that_ended_is_not_run_again(
+def test_a_requeued_copy_of_a_call_that_succeeded_is_not_run_again_under_deduplication(
     app: Celery, api: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The requeue of a redelivered copy (marked in its header) comes back after its call
-    ended: it is dropped (``Ignore``), the body does not run twice and the stored result
-    stays. A copy of a call that has not ended runs."""
+    """Under Celery's ``worker_deduplicate_successful_tasks``, the lock's requeue of a
+    redelivered copy (marked in its header, not by the broker, so Celery's own check misses
+    it) of a call that succeeded is dropped (``Ignore``): the body does not run twice and the
+    stored result stays. A copy of a call that failed (Celery requeues one after a hard time
+    limit, to run again) or has not ended runs; without the setting, every copy runs."""
     ran: list[str] = []
 
     def work(self: Task) -> str:
@@ -331,11 +333,19 @@ def test_a_redelivered_copy_of_a_call_that_ended_is_not_run_again(
 
     task = locked(app, api, work, by=())
     copy = {"redlock": {"redelivered": True}}
-    app.backend.store_result("ended-call", "first", "SUCCESS")
+    app.backend.store_result("succeeded", "first", "SUCCESS")
+    app.backend.store_result("timed-out", None, "FAILURE")
+    app.backend.store_result("undeduplicated", "first", "SUCCESS")
     with running_worker(app), caplog.at_level(logging.INFO, logger="celery_redlock.task"):
-        task.apply_async(task_id="ended-call", headers=copy)
-        dropped = "ended-call] is a redelivered copy of a call that already ended (SUCCESS)"
+        app.conf.worker_deduplicate_successful_tasks = True
+        task.apply_async(task_id="succeeded", headers=copy)
+        dropped = "succeeded] is a redelivered copy of a call that already succeeded"
         wait_until(lambda: dropped in caplog.text, 10, "the copy to be dropped")
-        assert task.apply_async(task_id="live-call", headers=copy).get(timeout=10) == "second"
-    assert ran == ["live-call"]
-    assert task.AsyncResult("ended-call").get(timeout=5) == "first"
+        for task_id in ("timed-out", "live-call"):
+            task.apply_async(task_id=task_id, headers=copy)
+            wait_until(lambda t=task_id: t in ran, 10, f"the copy {task_id} to run")
+        app.conf.worker_deduplicate_successful_tasks = False
+        task.apply_async(task_id="undeduplicated", headers=copy)
+        wait_until(lambda: "undeduplicated" in ran, 10, "the undeduplicated copy to run")
+    assert ran == ["timed-out", "live-call", "undeduplicated"]
+    assert task.AsyncResult("succeeded").get(timeout=5) == "first"

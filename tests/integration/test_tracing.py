@@ -158,14 +158,16 @@ def test_a_body_that_releases_its_own_lock_early_is_reported_released(
 def test_a_dropped_copy_of_an_ended_call_is_a_skipped_acquire(
     app: Celery, spans: InMemorySpanExporter
 ) -> None:
-    """A redelivered copy of a call that already ended is dropped (``Ignore``): its acquire
-    span says ``skipped``, without an error, not ``failed``."""
+    """A requeued copy of a call that already succeeded is dropped (``Ignore``, under
+    ``worker_deduplicate_successful_tasks``): its acquire span says ``skipped``, without an
+    error, not ``failed``."""
 
     @app.task(base=LockedTask, lock_by=())
     def done() -> str:
         return "again"
 
     app.backend.store_result("ended", "once", "SUCCESS")
+    app.conf.worker_deduplicate_successful_tasks = True
     with running_worker(app):
         done.apply_async(task_id="ended", headers={"redlock": {"redelivered": True}})
         acquire = one(spans, "redlock.acquire")
