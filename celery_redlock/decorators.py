@@ -54,7 +54,7 @@ from ._celery import (
     routing,
     wiring,  # noqa: F401  (importing it connects the worker receivers)
 )
-from ._celery.identity import OPTIONS_ATTR, run_function, spec_of
+from ._celery.identity import OPTIONS_ATTR, WRAPPERS, run_function, spec_of
 from ._celery.options import (
     OPTIONS,
     EnqueueMode,
@@ -198,4 +198,5 @@ def _decorate(fun: Any, options: dict[str, Any]) -> Any:
 
     wrapper.__signature__ = inspect.signature(fun)  # type: ignore[attr-defined]
     setattr(wrapper, OPTIONS_ATTR, validated)
+    WRAPPERS.add(wrapper)
     return wrapper

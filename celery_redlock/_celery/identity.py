@@ -28,6 +28,7 @@ import functools
 import inspect
 import json
 import uuid
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -223,6 +224,10 @@ def _encode_arguments(owner: str, names: Sequence[str], arguments: Mapping[str, 
 #: each subclass: the validated :class:`~celery_redlock._celery.options.TaskLockOptions`.
 OPTIONS_ATTR = "_redlock_options"
 
+#: The wrappers ``@single_instance`` made (by identity: ``functools.wraps`` copies a
+#: function's attributes to another decorator's wrapper, never its identity).
+WRAPPERS: weakref.WeakSet[Callable[..., Any]] = weakref.WeakSet()
+
 
 @dataclass(frozen=True)
 class Spec:
@@ -334,22 +339,30 @@ def spec_of(task: Any) -> Spec | None:
 
 
 def _check_nothing_between(name: str, fun: Any) -> None:
-    """Refuse a decorator between ``@app.task`` and ``@single_instance``.
+    """Refuse a decorator between ``@app.task`` and ``@single_instance``: a function in the
+    ``__wrapped__`` chain of the task's ``run`` is a ``@single_instance`` wrapper, and ``run``
+    is not one.
 
-    ``functools.wraps`` copies the options to that decorator's wrapper, so the task looked
-    locked (``hold_lock`` accepted it), but the lock's wrapper, not being the task's ``run``,
-    took the call for a plain function call and ran it unlocked: two workers ran one key at
-    once, without a word. Taking the lock there would be no better: under a transaction
-    decorator it would be released before the commit, and the next holder would read the old
-    rows. The wrapper's own ``__wrapped__`` is the user's function, which has no options.
+    The lock's wrapper, not being the task's ``run``, took the call for a plain function call
+    and ran it unlocked: two workers ran one key at once, without a word (and with
+    ``functools.wraps``, which copies the options, ``hold_lock`` took the task for locked).
+    Taking the lock there would be no better: under a transaction decorator it would be
+    released before the commit, and the next holder would read the old rows. A decorator
+    that keeps no ``__wrapped__`` cannot be seen.
     """
+    if fun in WRAPPERS:
+        return
     inner = getattr(fun, "__wrapped__", None)
-    if getattr(fun, OPTIONS_ATTR, None) is not None and getattr(inner, OPTIONS_ATTR, None):
-        raise LockConfigError(
-            f"task {name}: a decorator sits between @app.task and @single_instance, "
-            "and the task would run unlocked; expected @single_instance directly under "
-            "@app.task, with other decorators below it"
-        )
+    for _ in range(100):  # a chain that loops is no decorator of ours
+        if inner is None:
+            return
+        if inner in WRAPPERS:
+            raise LockConfigError(
+                f"task {name}: a decorator sits between @app.task and @single_instance, "
+                "and the task would run unlocked; expected @single_instance directly under "
+                "@app.task, with other decorators below it"
+            )
+        inner = getattr(inner, "__wrapped__", None)
 
 
 #: What the lock makes a call end with (not the task's own failures): never autoretried.

@@ -430,6 +430,8 @@ def check_client(client: Any, *, asyncio: bool) -> Any:
             f"{kind} needs a Redis URL as a str, got {type(client).__name__}: decode it"
         )
     definer = next((c for c in type(client).__mro__ if "execute_command" in vars(c)), None)
+    if definer is None and callable(getattr(client, "execute_command", None)):
+        return client  # a proxy of a client (wrapt, celery.local.Proxy): its kind is not told
     if definer is None:  # not a client at all: it would fail at the first command
         example = "redis.asyncio.Redis" if asyncio else "redis.Redis"
         raise TypeError(

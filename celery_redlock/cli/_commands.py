@@ -89,6 +89,8 @@ def _matching(ctx: click.Context, store: LockStore, key: str) -> tuple[list[Held
         # One read tells a lock from a slot: on one deployment only a slot keeps a counter.
         if lock is not None and (lock.slot > 1 or store.quorum > 1 or lock.fencing_token is None):
             return [lock], True
+        if parsed[2] > 1:  # the key of a later slot names that slot alone: it is free
+            return [], True
         name = parsed[1]
         slots = store.all(lambda lk: lk.name == name, name_prefix=name)
         if slots:
@@ -128,7 +130,10 @@ def inspect_(
         judged = {lk.key: unknown for lk in locks}
     if as_json:  # KEY: its lock, or null; a lock or task name, --task-id: a list
         items = [lk.as_dict(judged[lk.key].state) for lk in locks]
-        dump(items[0] if direct else items if items or task_id is not None else None)
+        if direct:  # KEY: its lock, or null (a free slot's key)
+            dump(items[0] if items else None)
+        else:
+            dump(items if items or task_id is not None else None)
     else:
         for lk in locks:
             verdict = judged[lk.key]

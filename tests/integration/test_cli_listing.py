@@ -151,7 +151,9 @@ def test_inspect_of_a_semaphore_name_shows_every_held_slot(app: Celery, redis_ur
     assert plain.acquire(blocking=False)
     assert json.loads(inspect_of(app, "one", "--json").output)["task_id"] == "p"
     assert json.loads(inspect_of(app, plain.key, "--json").output)["task_id"] == "p"
-    for lock in slots[1:]:
-        lock.release()
+    slots[2].release()
+    free = inspect_of(app, slots[2].key, "--json")  # a later slot's key: that slot alone
+    assert (free.exit_code, free.output) == (1, "null\n")
+    slots[1].release()
     done = inspect_of(app, "sem", "--json")
     assert (done.exit_code, done.output) == (1, "null\n")

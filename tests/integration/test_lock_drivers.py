@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import redis as redis_py
 import redis.asyncio as aioredis
+from celery.local import Proxy
 
 import celery_redlock
 import celery_redlock.asyncio
@@ -1124,6 +1125,19 @@ def test_a_redis_argument_that_is_no_client_is_a_type_error_when_the_lock_is_bui
         d2.lock(value, "not-a-client")
     with pytest.raises(TypeError, match=wanted):
         d2.lock([three[0].url, three[1].url, value], "not-a-client")
+
+
+def test_a_proxy_of_a_client_is_still_a_lock_connection(redis_url: str) -> None:
+    """An object that only delegates to a client (``celery.local.Proxy``, a wrapt proxy, a
+    ``__getattr__`` wrapper) has no ``execute_command`` of its own class; it is no client's
+    type, but it answers commands, and worked before the check for non-clients."""
+    client = redis_py.Redis.from_url(redis_url)
+    try:
+        lock = celery_redlock.Lock(Proxy(lambda: client), "proxied", ttl=10)
+        assert lock.acquire(blocking=False)
+        lock.release()
+    finally:
+        client.close()
 
 
 def test_a_url_given_as_bytes_is_a_type_error_saying_to_decode_it(

@@ -489,9 +489,32 @@ def test_a_decorator_between_the_task_and_single_instance_is_refused(
         pass
 
 
+def test_a_decorator_between_that_copies_no_attributes_is_refused_too(bare_app: Celery) -> None:
+    """``functools.wraps(f, updated=())`` copies no options, so the task did not even look
+    locked; its ``__wrapped__`` chain still leads to the lock's wrapper."""
+    bare_app.conf.update(redlock_url=LOCK_URL)
+
+    def plain(fun: Any) -> Any:
+        @functools.wraps(fun, updated=())
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return fun(*args, **kwargs)
+
+        return call
+
+    @bare_app.task(shared=False, name="proj.between")
+    @plain
+    @single_instance(by=["x"])
+    def between(x: int) -> None: ...
+
+    with pytest.raises(LockConfigError, match="a decorator sits between"):
+        check_app(bare_app)
+
+
 def test_decorators_below_single_instance_and_autoretry_are_accepted(bare_app: Celery) -> None:
     """The fix: other decorators below ``@single_instance``. Celery's own ``autoretry_for``
-    wraps ``run`` (with ``functools.wraps``) on the task, not its class: still locked."""
+    wraps ``run`` (with ``functools.wraps``) on the task, not its class: still locked. A
+    locked function locked again for a second task (its own lock name) is no decorator in
+    between either."""
     bare_app.conf.update(redlock_url=LOCK_URL)
 
     @bare_app.task(shared=False, name="proj.below", autoretry_for=(ValueError,))
@@ -499,8 +522,12 @@ def test_decorators_below_single_instance_and_autoretry_are_accepted(bare_app: C
     @_logged
     def below(x: int) -> None: ...
 
+    relocked = bare_app.task(shared=False, name="proj.relocked")(
+        single_instance(by=["x"], name="other")(below.run)
+    )
     check_app(bare_app)
     assert lock_key_of(below, 1).startswith("redlock:{proj.below:")
+    assert lock_key_of(relocked, 1).startswith("redlock:{other:")
 
 
 # -- unknown settings and how a settings error reads (issue 24, items 3, 7 and 9) -------------
