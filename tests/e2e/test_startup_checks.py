@@ -137,9 +137,12 @@ def test_a_quorum_with_a_minority_down_warns_and_without_a_majority_errs(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with RedisServer() as a, RedisServer() as b:
-        dead = f"redis://127.0.0.1:{free_port()}/0"
+        ports = {free_port()}
+        while len(ports) < 2:  # two servers that are down: one server is one node
+            ports.add(free_port())
+        dead, other_dead = (f"redis://127.0.0.1:{port}/0" for port in sorted(ports))
         tolerant = make_app(a, name="tolerant", redlock_url=[a.url, b.url, dead])
-        broken = make_app(a, name="broken", redlock_url=[a.url, dead, dead.replace("/0", "/1")])
+        broken = make_app(a, name="broken", redlock_url=[a.url, dead, other_dead])
         for app in (tolerant, broken):
 
             @app.task(base=LockedTask, shared=False)
