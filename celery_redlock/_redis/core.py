@@ -95,6 +95,8 @@ _REFUSED_CLASSES = frozenset({"OutOfMemoryError", "ReadOnlyError", "NoPermission
 #: script "The user executing the script can't ...").
 REFUSED_REPLIES = ("BUSY", "MISCONF", "READONLY", "MASTERDOWN", "NOREPLICAS", "OOM", "NOPERM")
 
+_NO_PASSWORD = "the server wants a password (or an ACL user) that the URL does not give"
+
 #: Error replies that refuse the connection itself, by their text, with what to do about each;
 #: no retry changes them.
 _REFUSED_TEXTS = {
@@ -102,10 +104,11 @@ _REFUSED_TEXTS = {
         "the URL names a database number the server does not have: see its `databases` "
         "setting, 16 by default"
     ),
-    # Redis's answer to a long command (a script's) from a client that did not log in.
-    "unauthenticated multibulk length": (
-        "the server wants a password (or an ACL user) that the URL does not give"
-    ),
+    # Redis's answers to a client that did not log in: to a long command (a script's), to
+    # any other command, and to redis-py 6+'s HELLO handshake.
+    "unauthenticated multibulk length": _NO_PASSWORD,
+    "Authentication required": _NO_PASSWORD,
+    "HELLO must be called with the client already authenticated": _NO_PASSWORD,
 }
 
 #: Reply prefixes that mean "no answer" even when a client reports them as a plain error reply.
