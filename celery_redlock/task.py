@@ -144,7 +144,11 @@ class LockedTask(Task):  # type: ignore[misc]
         marked = False
         try:
             queued = engine.mark_queued(self, args, kwargs, task_id)
-            if queued is not None and queued != task_id and self._revoked(queued):
+            if (
+                queued is not None
+                and queued != task_id
+                and engine.stored_state(self, queued) == states.REVOKED
+            ):
                 engine.clear_queued(self, args, kwargs, queued)  # only if still that call's
                 queued = engine.mark_queued(self, args, kwargs, task_id)
             marked = queued is None
@@ -164,17 +168,6 @@ class LockedTask(Task):  # type: ignore[misc]
             if marked:  # never published: nothing is queued under this id
                 engine.clear_queued(self, args, kwargs, task_id)
             raise
-
-    def _revoked(self, task_id: str) -> bool:
-        """Whether the result backend says ``task_id`` was revoked (no: without a backend, or
-        with ``rpc://``, whose state of another client's call is only its own queue's)."""
-        backend = self.backend
-        if not getattr(backend, "persistent", False):
-            return False
-        try:
-            return bool(backend.get_state(task_id) == states.REVOKED)
-        except Exception:  # a backend that cannot answer: the marker stands, as before
-            return False
 
     def apply(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         """Run the call in this process (``apply()``; ``delay()`` under ``task_always_eager``

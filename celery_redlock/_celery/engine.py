@@ -412,14 +412,7 @@ def _drop_if_ended(task: Any, request: Any, header: Mapping[str, Any]) -> None:
         return
     if not task.app.conf.get("worker_deduplicate_successful_tasks"):
         return
-    backend = task.backend
-    if not getattr(backend, "persistent", False):
-        return
-    try:
-        ended = backend.get_state(request.id)
-    except Exception:  # a backend that cannot answer: the copy runs, as before
-        return
-    if ended == states.SUCCESS:
+    if stored_state(task, request.id) == states.SUCCESS:
         logger.info(
             "%s[%s] is a redelivered copy of a call that already succeeded: not run again "
             "(worker_deduplicate_successful_tasks)",
@@ -427,6 +420,20 @@ def _drop_if_ended(task: Any, request: Any, header: Mapping[str, Any]) -> None:
             request.id,
         )
         raise Ignore()
+
+
+def stored_state(task: Any, task_id: str) -> str | None:
+    """The state the result backend keeps for ``task_id``; ``None`` without a backend that
+    keeps states (none, or ``rpc://``, whose answer for another client's call is only what
+    its own queue holds), or when the backend does not answer (the caller then goes on as it
+    would without it)."""
+    backend = task.backend
+    if not getattr(backend, "persistent", False):
+        return None
+    try:
+        return str(backend.get_state(task_id))
+    except Exception:
+        return None
 
 
 def _holder(lock: Lock) -> str | None:

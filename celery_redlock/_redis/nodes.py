@@ -286,8 +286,8 @@ class Quorum(QuorumRules):
     def _call_all(self, source: str, call: Call, only: Sequence[int] | None = None) -> Replies:
         """Run ``source`` on every node (or those in ``only``): ``(reply, error)`` per node.
 
-        One deadline for the round, ``node_timeout`` from its start, and for each node at
-        least ``node_timeout`` from when its request was sent. A node that failed lately
+        Each node's reply is awaited ``node_timeout`` from when its request was sent; the
+        round's deadline is ``node_timeout`` from its start. A node that failed lately
         (:data:`_failed_at`) is sent to last, and not at all once the deadline has passed:
         sending to it may first connect, which waits for a node that hangs up to its socket
         timeout. Timeline without that (5 nodes, 2 frozen): (1) a round times out on the two,
@@ -322,7 +322,7 @@ class Quorum(QuorumRules):
             # Its own deadline: a node sent to after another's connect hung the round's
             # whole 0.5 s would otherwise count as failed, healthy as it is (a fresh process's
             # first round, before the hanging node is known to have failed).
-            sent.append((i, pool, conn, max(deadline, time.monotonic() + self.node_timeout)))
+            sent.append((i, pool, conn, time.monotonic() + self.node_timeout))
         for i, pool, conn, until in sent:
             try:
                 if not conn.can_read(timeout=max(until - time.monotonic(), 0.0)):
