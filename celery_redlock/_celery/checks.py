@@ -44,6 +44,7 @@ from typing import Any
 
 from .._redis import probe, servers
 from .._redis.clients import redact
+from .._redis.core import tls_mismatch
 from .identity import spec_of
 from .options import TaskLockOptions, quorum_size, settings_for
 from .supersede import supersedes
@@ -161,21 +162,21 @@ def _check_node(
                 on_unavailable,
             )
             return False
+        hint = tls_mismatch(url.startswith("rediss"), exc)
+        why = f"{type(exc).__name__}: {redact(exc)}" + (f"; {hint}" if hint else "")
         if in_quorum:
             logger.warning(
-                "celery_redlock: lock Redis node %s does not answer (%s: %s); the quorum "
+                "celery_redlock: lock Redis node %s does not answer (%s); the quorum "
                 "works while a majority answers",
                 shown,
-                type(exc).__name__,
-                exc,
+                why,
             )
         else:
             logger.error(
-                "celery_redlock: cannot reach the lock Redis at %s (%s: %s); locked tasks "
+                "celery_redlock: cannot reach the lock Redis at %s (%s); locked tasks "
                 "follow redlock_on_unavailable=%r until it answers",
                 shown,
-                type(exc).__name__,
-                exc,
+                why,
                 on_unavailable,
             )
         return False

@@ -48,6 +48,7 @@ from .clients import (
     node_name,
     redact,
     redact_url,
+    uses_tls,
     validate_url,
 )
 from .core import (
@@ -207,8 +208,10 @@ class Node:
         if isinstance(target, str):
             check_url(target)
             self.name = _url_name(target)
+            self.tls: bool | None = target.startswith("rediss")
         else:
             self.name = node_name(check_client(target, asyncio=True))
+            self.tls = uses_tls(target)
 
     def client(self) -> Any:
         """The client: the given one, or the running loop's client for the URL."""
@@ -239,7 +242,7 @@ class SingleNode(QueueRules):
         except Exception as exc:
             if classify(exc) not in (Outcome.UNAVAILABLE, Outcome.REFUSED):
                 raise
-            raise unavailable(exc, key, self.names) from exc
+            raise unavailable(exc, key, self.names, self.node.tls) from exc
 
     async def _run(self, source: str, call: Call, key: str) -> Any:
         return await self._guarded(key, run_script(self.node.client(), source, call))

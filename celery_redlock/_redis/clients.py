@@ -264,7 +264,8 @@ def validate_url(url: str) -> None:
     Caught here, not at the first lock: a scheme this package does not build clients for, a
     ``user:password`` holding an unencoded ``/`` or ``#`` (it would be read as the path), a
     port or database that is not a number, a query option redis-py does not take
-    (``?sockettimeout=3``) or a bad value of one (``ssl_cert_reqs=maybe``), a Sentinel URL
+    (``?sockettimeout=3``, or ``ssl_*`` without ``rediss://``) or a bad value of one
+    (``ssl_cert_reqs=maybe``), a Sentinel URL
     without its service, and Celery's ``;``-separated failover form or a comma-separated list
     (a quorum is a list). The message never contains the credentials.
     """
@@ -296,6 +297,8 @@ def validate_url(url: str) -> None:
         pool = redis_py.ConnectionPool.from_url(url)
         pool.connection_class(**pool.connection_kwargs)
     except TypeError as exc:
+        if scheme in ("redis", "unix") and "'ssl_" in str(exc):
+            raise ValueError(f"TLS options need a rediss:// URL ({exc})") from None
         raise ValueError(f"a query option is not one redis-py takes ({exc})") from None
     except (ValueError, redis_py.exceptions.RedisError) as exc:
         raise ValueError(f"a query option has a bad value ({redact(exc)})") from None
@@ -397,6 +400,14 @@ def _cluster(url: str, options: dict[str, Any]) -> Any:
 def is_cluster(client: Any) -> bool:
     """Whether ``client`` is a Redis Cluster client (redis-py's or a fork's, sync or asyncio)."""
     return any(cls.__name__ in ("RedisCluster", "ValkeyCluster") for cls in type(client).__mro__)
+
+
+def uses_tls(client: Any) -> bool | None:
+    """Whether ``client`` connects over TLS; ``None`` for a Cluster client (one pool per node)."""
+    if is_cluster(client):
+        return None
+    connection = getattr(getattr(client, "connection_pool", None), "connection_class", object)
+    return any("SSL" in cls.__name__ for cls in connection.__mro__)
 
 
 def node_name(client: Any) -> str:

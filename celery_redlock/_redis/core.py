@@ -54,6 +54,7 @@ __all__ = [
     "classify",
     "count_votes",
     "majority",
+    "tls_mismatch",
     "unavailable",
 ]
 
@@ -152,8 +153,29 @@ def describe(exc: BaseException) -> str:
     return str(exc) or {"TimeoutError": "no reply in time"}.get(type(exc).__name__, repr(exc))
 
 
-def unavailable(exc: BaseException, key: str, names: tuple[str, ...]) -> LockUnavailable:
-    """The :class:`LockUnavailable` for ``exc`` (no answer, or a refusal) from node ``names``.
+def tls_mismatch(tls: bool, exc: BaseException) -> str:
+    """What to check when ``exc`` is how a connection fails whose TLS may not match the
+    server's port, or ``""``. Neither failure names TLS, and both also have other causes:
+
+    * ``rediss://`` to a plain port: the client sends its TLS hello; the server reads it as
+      the start of a command and waits for the rest; the client's connect timeout passes
+      ("Timeout connecting to server").
+    * ``redis://`` to a TLS-only port: the client sends a command; the server finds no TLS
+      hello and closes the connection ("Connection reset by peer").
+    """
+    text = str(exc)
+    if tls and "Timeout connecting" in text:
+        return "if that port does not take TLS, a rediss:// URL waits like this: use redis://"
+    if not tls and ("Connection reset by peer" in text or "Connection closed by server" in text):
+        return "if that port takes TLS only, it closes plain connections: use rediss://"
+    return ""
+
+
+def unavailable(
+    exc: BaseException, key: str, names: tuple[str, ...], tls: bool | None = None
+) -> LockUnavailable:
+    """The :class:`LockUnavailable` for ``exc`` (no answer, or a refusal) from node ``names``,
+    whose client uses TLS or not (``tls``; ``None`` when unknown, as for a Cluster).
 
     A client pool that ran out of connections is named as such: the server may be fine.
     """
@@ -170,6 +192,8 @@ def unavailable(exc: BaseException, key: str, names: tuple[str, ...]) -> LockUna
         what += "".join(f" ({hint})" for refusal, hint in _REFUSED_TEXTS.items() if refusal in text)
     else:
         what = f"Redis at {names[0]} did not answer for lock {key}: {text}"
+        hint = tls_mismatch(tls, exc) if tls is not None else ""
+        what += f" ({hint})" if hint else ""
     return LockUnavailable(what, key=key, nodes=names)
 
 

@@ -73,6 +73,7 @@ from . import owner as _owner
 from . import scripts as _scripts
 from .clients import UNAVAILABLE_ERRORS, client_for, redact, refused
 from .commands import run_script
+from .core import tls_mismatch
 from .keys import (
     CHECK_NAME,
     LockKeys,
@@ -875,8 +876,9 @@ def _cursor(cursor: str, nodes: int) -> tuple[int, int]:
 
 def _reason(url: str, exc: BaseException) -> str:
     """Why the node at ``url`` did not answer: redis-py's message, credentials hidden, with
-    each client repr in it shortened to ``host:port``, and naming the TLS file the URL gives
-    that does not exist (redis-py says "No such file or directory." without the name)."""
+    each client repr in it shortened to ``host:port``, naming the TLS file the URL gives that
+    does not exist (redis-py says "No such file or directory." without the name), and what to
+    check when TLS may not match the port (:func:`~.core.tls_mismatch`)."""
     text = _CLIENT_REPR.sub(lambda m: f"{m[1] or m[3]}:{m[2] or m[4]}", redact(exc))
     cause: BaseException | None = exc
     while cause is not None and not isinstance(cause, FileNotFoundError):
@@ -891,7 +893,8 @@ def _reason(url: str, exc: BaseException) -> str:
         ]
         if missing:
             text += f" The URL names a file that does not exist: {', '.join(missing)}."
-    return text
+    hint = tls_mismatch(url.startswith("rediss"), exc)
+    return f"{text}; {hint}" if hint else text
 
 
 def _overrides(token: str, records: Sequence[Any]) -> dict[str, Any] | None:

@@ -53,7 +53,7 @@ import redis as redis_py
 from ..exceptions import LockUnavailable
 from . import givebacks as _givebacks
 from . import scripts as _scripts
-from .clients import check_client, check_distinct, client_for, is_cluster, node_name
+from .clients import check_client, check_distinct, client_for, is_cluster, node_name, uses_tls
 from .commands import connection_of, execute, run_script
 from .core import (
     Extended,
@@ -139,7 +139,7 @@ class SingleNode(QueueRules):
         except Exception as exc:
             if classify(exc) not in (Outcome.UNAVAILABLE, Outcome.REFUSED):
                 raise
-            raise unavailable(exc, key, self.names) from exc
+            raise unavailable(exc, key, self.names, uses_tls(self.client)) from exc
 
     def acquire(self, keys: LockKeys, token: str, ttl_ms: int, sole: str = "") -> AcquireResult:
         """A lock: one ``SET key token NX PX ttl GET``, no script and no fencing counter (the

@@ -34,6 +34,7 @@ from celery_redlock import (
 )
 from celery_redlock._celery.checks import run_startup_checks
 from celery_redlock._celery.options import reset_settings
+from celery_redlock._redis.inventory import Inventory
 from celery_redlock._redis.lock import release_attempt
 from celery_redlock.asyncio import Lock as AsyncLock
 from celery_redlock.testing import RedisServer
@@ -153,6 +154,39 @@ def test_tls_needs_the_ca_the_client_certificate_and_the_password(tls: TlsServer
     no_ca = f"rediss://redlock:secret@127.0.0.1:{tls.port}/0?ssl_cert_reqs=required"
     with pytest.raises(LockUnavailable, match="certificate verify failed"):
         Lock(no_ca, "job", ttl=10).acquire(blocking=False)
+
+
+def test_a_url_whose_tls_does_not_match_the_port_says_what_to_check(
+    tls: TlsServer, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Neither mismatch names TLS by itself: ``redis://`` to a TLS-only port is "Connection
+    reset by peer", ``rediss://`` to a plain port is "Timeout connecting to server". Each
+    names the other scheme: from the thread and asyncio locks, the startup check and the
+    inventory (``celery redlock ls`` and the dashboard). TLS options on a ``redis://`` URL are
+    refused when the lock is built."""
+    plain_to_tls = f"redis://redlock:secret@127.0.0.1:{tls.port}/0"
+    tls_to_plain = f"rediss://127.0.0.1:{redis_server.port}/0?socket_connect_timeout=0.3"
+    for url, fix in ((plain_to_tls, "use rediss://"), (tls_to_plain, "use redis://")):
+        with pytest.raises(LockUnavailable, match=fix):
+            Lock(url, "job", ttl=10).acquire(blocking=False)
+
+        async def take(url: str = url) -> None:
+            await AsyncLock(url, "job", ttl=10).acquire(blocking=False)
+
+        with pytest.raises(LockUnavailable, match=fix):
+            asyncio.run(take())
+        with pytest.raises(LockUnavailable, match=fix):
+            Inventory([url], "redlock").read("redlock:{job}")
+        app = make_app(redis_server, "tls-mismatch", redlock_url=url)
+
+        @app.task(base=LockedTask, shared=False)
+        def work() -> None: ...
+
+        (error,) = _checked(app, caplog)[logging.ERROR]
+        assert "cannot reach the lock Redis" in error and fix in error, error
+        app.close()
+    with pytest.raises(ValueError, match=r"TLS options need a rediss:// URL"):
+        Lock(tls.url("redlock", "secret").replace("rediss://", "redis://"), "job", ttl=10)
 
 
 def test_tls_checks_that_the_certificate_names_the_host(tls: TlsServer) -> None:
