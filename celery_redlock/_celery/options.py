@@ -738,54 +738,57 @@ def resolve(app: Any) -> Settings:
     owner = f"app {app.main or app!r}"
     values = {key: conf.get(key, s.default) for key, s in SETTINGS.items()}
     if values["redlock_url"] is None:
-        values["redlock_url"] = _broker_url(owner, conf)
+        values["redlock_url"] = _broker_url(owner, conf, spelled(app, "redlock_url"))
         _tell_once(app, "redlock_url is not set; using the Redis broker's URL for locks")
-    space = getattr(app, "namespace", None)  # errors name the setting as the user spells it
     checked = {
-        s.name: s.check(owner, f"{space}_{key}".upper() if space else key, values[key])
-        for key, s in SETTINGS.items()
+        s.name: s.check(owner, spelled(app, key), values[key]) for key, s in SETTINGS.items()
     }
     return Settings(**checked)
 
 
-def _broker_url(owner: str, conf: Any) -> str:
+def spelled(app: Any, key: str) -> str:
+    """Setting ``key`` (``redlock_url``) as the user writes it, for messages: under
+    ``config_from_object(..., namespace="CELERY")`` Celery reads ``CELERY_REDLOCK_URL``, in the
+    namespace's case (``namespace="celery"``: ``celery_redlock_url``)."""
+    space = getattr(app, "namespace", None)
+    if not space:
+        return key
+    name = f"{space.rstrip('_')}_{key}"
+    return name.upper() if space.isupper() else name.lower()
+
+
+def _broker_url(owner: str, conf: Any, name: str) -> str:
     """The broker's URL when it can serve as ``redlock_url`` (a single Redis, its connection
-    options all in the URL); else a :class:`LockConfigError` saying what to set."""
+    options all in the URL); else a :class:`LockConfigError` saying what to set (``name``, the
+    setting as the user spells it)."""
     broker = conf.get("broker_url") or ""
-    fix = (
-        "; set redlock_url to a Redis URL such as 'redis://localhost:6379/0' "
-        "(CELERY_REDLOCK_URL with the CELERY namespace)"
+    missing = f"{owner}: setting {name} is missing and"
+    fix = f"; set {name} to a Redis URL such as 'redis://localhost:6379/0'" + (
+        " (CELERY_REDLOCK_URL with the CELERY namespace)" if name == "redlock_url" else ""
     )
     if isinstance(broker, str) and broker.startswith("sentinel://"):
         raise LockConfigError(
-            f"{owner}: setting redlock_url is missing and the broker is kombu's sentinel:// "
-            "transport, whose URL is not one of ours; set redlock_url to "
-            "'redis+sentinel://host:26379/<master_name>'"
+            f"{missing} the broker is kombu's sentinel:// transport, whose URL is not one of "
+            f"ours; set {name} to 'redis+sentinel://host:26379/<master_name>'"
         )
     if isinstance(broker, (list, tuple)) or (isinstance(broker, str) and ";" in broker):
         raise LockConfigError(
-            f"{owner}: setting redlock_url is missing and broker_url is a failover list, "
-            f"whose nodes hold separate data (locks need one deployment, or a quorum list){fix}"
+            f"{missing} broker_url is a failover list, whose nodes hold separate data (locks "
+            f"need one deployment, or a quorum list){fix}"
         )
     if not (isinstance(broker, str) and broker.startswith(_REDIS_SCHEMES)):
         raise LockConfigError(
-            f"{owner}: setting redlock_url is missing and the broker is not Redis, so its "
-            f"URL cannot be reused{fix}"
+            f"{missing} the broker is not Redis, so its URL cannot be reused{fix}"
         )
     tls = conf.get("broker_use_ssl")
-    return _with_tls(owner, broker, tls) if tls else broker
-
-
-def _with_tls(owner: str, broker: str, tls: Any) -> str:
-    """The broker's URL with its ``broker_use_ssl`` options (:func:`with_tls`), or a
-    :class:`LockConfigError` saying what to set."""
+    if not tls:
+        return broker
     try:
         return with_tls(broker, tls)
     except ValueError as exc:
         raise LockConfigError(
-            f"{owner}: setting redlock_url is missing and {exc}, so the broker's URL cannot "
-            "serve for locks; set redlock_url to a rediss:// URL with the TLS options as "
-            "query options"
+            f"{missing} {exc}, so the broker's URL cannot serve for locks; set {name} to a "
+            "rediss:// URL with the TLS options as query options"
         ) from None
 
 
@@ -800,18 +803,20 @@ def _tell_once(app: Any, message: str) -> None:
 
 
 def unknown_settings(app: Any) -> list[str]:
-    """A message for each ``redlock_*``/``CELERY_REDLOCK_*`` key of ``app.conf`` that is no
-    setting (a misspelling is silently ignored by Celery), with a "did you mean" hint, and for
-    each key that names a setting but is spelled so that Celery does not hand it over
-    (``REDLOCK_URL``; ``CELERY_REDLOCK_URL`` without ``namespace="CELERY"``): ignored too."""
+    """A message for each ``redlock_*``/``CELERY_REDLOCK_*`` key (or one of the app's own
+    namespace) of ``app.conf`` that is no setting (a misspelling is silently ignored by
+    Celery), with a "did you mean" hint, and for each key that names a setting but is spelled
+    so that Celery does not hand it over (``REDLOCK_URL``; ``CELERY_REDLOCK_URL`` without
+    ``namespace="CELERY"``): ignored too."""
     known = [s.name for s in SETTINGS.values()]
+    spaces = {"celery", (getattr(app, "namespace", None) or "celery").rstrip("_").lower()}
     messages = []
     for key in list(app.conf.keys()):
         if not isinstance(key, str):
             continue
         lower = key.lower()
-        namespaced = lower.startswith("celery_redlock_")
-        base = lower[len("celery_") :] if namespaced else lower
+        space = next((f"{s}_" for s in spaces if lower.startswith(f"{s}_redlock_")), "")
+        base = lower[len(space) :]
         if base in SETTINGS:
             read = app.conf.get(base, _UNSET)
             # The key's own value: under a namespace, app.conf[key] answers for the namespaced
@@ -823,21 +828,20 @@ def unknown_settings(app: Any) -> list[str]:
         if not base.startswith("redlock_"):
             continue
         hint = difflib.get_close_matches(base[len("redlock_") :], known, n=1)
-        spelled = (lambda name: name.upper()) if key.isupper() else (lambda name: name)
-        prefix = "celery_redlock_" if namespaced else "redlock_"
-        did_you_mean = f"; did you mean {spelled(prefix + hint[0])!r}?" if hint else ""
+        cased = (lambda name: name.upper()) if key.isupper() else (lambda name: name)
+        prefix = f"{space}redlock_"
+        did_you_mean = f"; did you mean {cased(prefix + hint[0])!r}?" if hint else ""
         messages.append(
             f"app {app.main or app!r}: unknown setting {key!r}{did_you_mean} (it is ignored; "
-            f"known: {', '.join(spelled(prefix + n) for n in known)})"
+            f"known: {', '.join(cased(prefix + n) for n in known)})"
         )
     return messages
 
 
 def _ignored(app: Any, key: str, base: str) -> str:
     """What to write instead of ``key``, a spelling of the setting ``base`` Celery ignores."""
-    space = getattr(app, "namespace", None)
-    if space:
-        return f"setting {key!r} is ignored: write it {f'{space}_{base.upper()}'!r}"
+    if getattr(app, "namespace", None):
+        return f"setting {key!r} is ignored: write it {spelled(app, base)!r}"
     return (
         f"setting {key!r} is ignored: write it {base!r} ({f'CELERY_{base.upper()}'!r} only "
         "under config_from_object(..., namespace='CELERY'))"

@@ -344,6 +344,46 @@ def test_namespaced_settings_arrive(bare_app: Celery) -> None:
     assert settings.on_contention == "wait"
 
 
+@pytest.mark.parametrize(
+    ("namespace", "name"),
+    [
+        ("CELERY", "CELERY_REDLOCK_URL"),
+        ("celery", "celery_redlock_url"),
+        ("JOBS_", "JOBS_REDLOCK_URL"),
+    ],
+)
+def test_under_a_namespace_errors_name_the_setting_as_the_user_writes_it(
+    bare_app: Celery, namespace: str, name: str
+) -> None:
+    """Celery reads ``<namespace>_redlock_url`` in the namespace's case; the message that the
+    URL is missing, and one about a bad value, name that spelling and no other."""
+
+    class Config:
+        broker_url = "amqp://guest@127.0.0.1:1//"
+
+    bare_app.config_from_object(Config, namespace=namespace)
+    with pytest.raises(LockConfigError) as info:
+        settings_for(bare_app)
+    assert f"setting {name} is missing" in str(info.value)
+    assert f"set {name} to a Redis URL" in str(info.value)
+    assert "redlock_url" not in str(info.value).replace(name, "")
+    lease = name[: -len("url")] + ("LEASE" if name.isupper() else "lease")
+    bare_app.conf.update({name: "redis://127.0.0.1:1/5", lease: -1})
+    with pytest.raises(LockConfigError, match=f"setting {lease}="):
+        settings_for(bare_app)
+
+
+def test_a_misspelling_under_the_apps_own_namespace_is_a_warning(
+    bare_app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    class Config:
+        JOBS_REDLOCK_URL = LOCK_URL
+        JOBS_REDLOCK_LAESE = 12
+
+    (warning,) = _warnings_at_finalize(bare_app, caplog, Config, "JOBS")
+    assert "'JOBS_REDLOCK_LAESE'; did you mean 'JOBS_REDLOCK_LEASE'?" in warning
+
+
 # -- precedence: task option > app setting > default --------------------------------------------
 
 
