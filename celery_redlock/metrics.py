@@ -4,11 +4,14 @@ Every process counts in memory and a daemon thread adds the counts to a Redis ha
 (``<prefix>:stats:<task name>``, see the README's key table) once a second, so counting costs
 no round trip on the task's path and ``celery redlock stats`` sees the sum over all workers.
 Counts still in memory when a process is SIGKILLed are lost (at most one second's worth).
-A flush that fails for any reason (Redis down, a Cluster that cannot be reached, an ACL
-without ``HINCRBY``) keeps the counts for the next flush and logs once per outage: the thread
-never ends from an exception. Hazard, as a timeline: (1) a flush is sent; (2) Redis stalls
-past the read timeout, and the flush fails; (3) Redis then applies it; (4) the next flush sends
-the same counts again. So a stall can count events twice: the counters are for dashboards.
+A flush that fails (Redis down, a Cluster that cannot be reached, an ACL without
+``HINCRBY``, ``OOM``) keeps the counts for the next flush and logs once per outage: the thread
+never ends from an exception. Only the events Redis did not add are kept: a counter field that
+is no whole number (written by hand) refuses its own event, whose counts are dropped with a
+WARNING, while the task's other events go on counting once each. Hazard, as a timeline: (1) a
+flush is sent; (2) Redis stalls past the read timeout, and the flush fails; (3) Redis then
+applies it; (4) the next flush sends the same counts again. So a stall can count events twice:
+the counters are for dashboards.
 
 With ``prometheus_client`` installed, :class:`PrometheusCollector` exposes the same sums::
 
@@ -32,6 +35,7 @@ from celery.signals import worker_process_shutdown
 
 from ._celery.options import Settings, settings_for
 from ._redis.clients import redact
+from ._redis.clients import refused as _refused
 from ._redis.inventory import Inventory, add_counts
 from ._redis.keys import stats_key
 from ._redis.owner import current_pid
@@ -66,6 +70,8 @@ class _Counters:
         self.pending: dict[tuple[str, str], Counter[str]] = {}
         #: URLs whose last flush failed (their next failure is logged at DEBUG only).
         self.failing: set[str] = set()
+        #: ``(key, event)`` whose counts Redis would not add, already logged at WARNING.
+        self.dropped: set[tuple[str, str]] = set()
         self.wake = threading.Event()
         self.thread = threading.Thread(target=self._run, name="celery-redlock-metrics")
         self.thread.daemon = True
@@ -97,20 +103,45 @@ class _Counters:
             pending, self.pending = self.pending, {}
         for (url, key), counts in pending.items():
             try:
-                add_counts(url, key, counts)
+                errors = add_counts(url, key, counts)
             except Exception as exc:  # RedisError, RedisClusterException, LockUnavailable...
-                with self.lock:  # keep them for the next flush
-                    self.pending.setdefault((url, key), Counter()).update(counts)
-                    failing = url in self.failing
-                    self.failing.add(url)
-                log = logger.debug if failing or quiet else logger.warning
-                log("could not flush lock counters to %s, keeping them: %s", key, redact(exc))
-            else:
-                with self.lock:
-                    recovered = url in self.failing
-                    self.failing.discard(url)
-                if recovered:
-                    logger.info("lock counters flushed again to %s", key)
+                self._keep(url, key, counts, exc, quiet)
+                continue
+            kept = Counter({event: counts[event] for event in errors if _refused(errors[event])})
+            for event, error in errors.items():
+                if event not in kept:
+                    self._drop(key, event, counts[event], error, quiet)
+            if kept:
+                self._keep(url, key, kept, errors[next(iter(kept))], quiet)
+                continue
+            with self.lock:
+                recovered = url in self.failing
+                self.failing.discard(url)
+            if recovered:
+                logger.info("lock counters flushed again to %s", key)
+
+    def _keep(
+        self, url: str, key: str, counts: Counter[str], exc: BaseException, quiet: bool
+    ) -> None:
+        """Keep ``counts`` for the next flush: Redis did not answer, or refused them for now."""
+        with self.lock:
+            self.pending.setdefault((url, key), Counter()).update(counts)
+            failing = url in self.failing
+            self.failing.add(url)
+        log = logger.debug if failing or quiet else logger.warning
+        log("could not flush lock counters to %s, keeping them: %s", key, redact(exc))
+
+    def _drop(self, key: str, event: str, n: int, exc: BaseException, quiet: bool) -> None:
+        """Drop the ``n`` counts of ``event``, whose field Redis will never add to."""
+        log = logger.debug if (key, event) in self.dropped or quiet else logger.warning
+        self.dropped.add((key, event))
+        log(
+            "lock counter %r of %s cannot be added to (%s): %d dropped; delete the field",
+            event,
+            key,
+            redact(exc),
+            n,
+        )
 
 
 _counters: _Counters | None = None

@@ -223,14 +223,23 @@ class HeldLock:
         return out
 
 
-def add_counts(url: str, key: str, counts: Mapping[str, int]) -> None:
+def add_counts(url: str, key: str, counts: Mapping[str, int]) -> dict[str, BaseException]:
     """Add ``counts`` (``{event: n}``) to the counter hash ``key`` on the Redis at ``url``, in
     one pipelined round trip (``HINCRBY`` each): what :mod:`celery_redlock.metrics` flushes and
-    :meth:`Inventory.counters` reads. A node that does not answer raises redis-py's error."""
+    :meth:`Inventory.counters` reads. A node that does not answer raises redis-py's error.
+
+    Returns the events that were not added, with the error reply of each (a field that is no
+    whole number, a key that is no hash, an ACL without ``HINCRBY``). The others were added:
+    the pipeline is no transaction, so sending them again would count them twice."""
     pipe = client_for(url).pipeline(transaction=False)
     for event, n in counts.items():
         pipe.hincrby(key, event, n)
-    pipe.execute()
+    replies = pipe.execute(raise_on_error=False)
+    return {
+        event: reply
+        for event, reply in zip(counts, replies, strict=True)
+        if isinstance(reply, BaseException)
+    }
 
 
 def iso(ms: int) -> str:

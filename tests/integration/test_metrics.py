@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from importlib import metadata
 from typing import Any
@@ -95,6 +96,27 @@ def test_counts_made_while_redis_is_down_arrive_when_it_answers(redis_server: Re
         locks.start()
         wait_until(counted_as(app, {"m.outage": {"unavailable": 1}}), 10, "the kept count")
         app.close()
+
+
+def test_a_field_that_is_no_number_drops_its_own_counts_and_no_other_is_counted_twice(
+    app: Celery, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One HINCRBY of a flush refused ("hash value is not an integer") while the others were
+    added: the flush kept all of them, and sent the added ones again every second."""
+
+    @app.task(base=LockedTask, name="m.poisoned")
+    def poisoned() -> None: ...
+
+    key = "redlock:stats:m.poisoned"
+    r.hset(key, "acquired", "not a number")
+    for _ in range(3):
+        poisoned.apply().get()
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.metrics"):
+        for _ in range(3):
+            metrics.flush()
+    assert r.hgetall(key) == {b"acquired": b"not a number", b"released": b"3"}
+    (warning,) = [m for m in caplog.messages if "cannot be added to" in m]
+    assert "'acquired' of redlock:stats:m.poisoned" in warning and "3 dropped" in warning
 
 
 def test_prometheus_collector_exports_the_sums(app: Celery, r: redis_py.Redis) -> None:
