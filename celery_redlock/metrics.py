@@ -35,7 +35,7 @@ from celery.signals import worker_process_shutdown
 
 from ._celery.options import Settings, settings_for
 from ._redis.clients import redact
-from ._redis.clients import refused as _refused
+from ._redis.core import Outcome, classify
 from ._redis.inventory import Inventory, add_counts
 from ._redis.keys import stats_key
 from ._redis.owner import current_pid
@@ -107,7 +107,7 @@ class _Counters:
             except Exception as exc:  # RedisError, RedisClusterException, LockUnavailable...
                 self._keep(url, key, counts, exc, quiet)
                 continue
-            kept = Counter({event: counts[event] for event in errors if _refused(errors[event])})
+            kept = Counter({event: counts[event] for event in errors if _for_now(errors[event])})
             for event, error in errors.items():
                 if event not in kept:
                     self._drop(key, event, counts[event], error, quiet)
@@ -142,6 +142,12 @@ class _Counters:
             redact(exc),
             n,
         )
+
+
+def _for_now(exc: BaseException) -> bool:
+    """Whether a flush's ``HINCRBY`` error passes (no answer, a Cluster down, ``NOPERM``,
+    ``OOM``...), so that its counts are kept; an error reply about the field is for good."""
+    return classify(exc) in (Outcome.UNAVAILABLE, Outcome.REFUSED)
 
 
 _counters: _Counters | None = None
