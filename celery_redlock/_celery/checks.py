@@ -132,8 +132,10 @@ def features_of(app: Any) -> dict[str, list[str]]:
         if spec is not None:
             for feature in _uses(spec.options):
                 found.setdefault(feature, []).append(task.name)
-    if "lock" in found and size_for(app) > 0:  # every locked task pushes its events to the ring
-        found["timeline"] = list(found["lock"])
+    if "lock" in found:  # every locked task counts its events (and pushes them to the ring)
+        found["counters"] = list(found["lock"])
+        if size_for(app) > 0:
+            found["timeline"] = list(found["lock"])
     return found
 
 
@@ -204,6 +206,7 @@ def _check_node(
 #: What a refusal costs, per feature a registered task uses (ERROR).
 _CONSEQUENCES = {
     "lock": "this package needs",
+    "counters": "the event counters need",
     "enqueue": "lock_enqueue=True needs",
     "newest": "lock_enqueue='replace' and lock_debounce need",
     "rate": "lock_rate needs",
@@ -211,6 +214,8 @@ _CONSEQUENCES = {
 }
 _UNTIL = {
     "lock": "until then lock operations fail and locked tasks follow redlock_on_unavailable={!r}",
+    "counters": "until then `celery redlock stats` and Prometheus see no new counts (the tasks "
+    "lock and run as usual)",
     "enqueue": "until then their calls are published without de-duplication",
     "newest": "until then their calls are published unmarked (each runs, none is superseded) "
     "with a WARNING in the caller",
@@ -239,15 +244,19 @@ def _report_dry_run(
             on_unavailable,
         )
     reported: set[str] = set()
-    for feature in ("lock", "enqueue", "newest", "rate", "timeline"):
+    for feature in ("lock", "counters", "enqueue", "newest", "rate", "timeline"):
         if feature not in features:
             continue
+        # A refusal the lock's ERROR named is not repeated; one that two features need (LTRIM
+        # for lock_rate and the ring) is named for each, with all that each needs.
+        lock = set() if feature == "lock" else set(probe.FEATURES["lock"].commands)
         commands = probe.FEATURES[feature].commands
-        refused = [c for c in commands if c in refusals and c not in reported]
+        refused = [c for c in commands if c in refusals and c not in lock]
         reported.update(refused)
         if not refused:
             continue
-        tasks = "" if feature == "lock" else f" (tasks: {', '.join(sorted(features[feature]))})"
+        every = feature in ("lock", "counters")
+        tasks = "" if every else f" (tasks: {', '.join(sorted(features[feature]))})"
         logger.error(
             "celery_redlock: the lock Redis at %s refuses commands %s%s: %s (%s); grant them to "
             "the ACL user (%s); %s",

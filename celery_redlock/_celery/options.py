@@ -719,7 +719,7 @@ SETTINGS: dict[str, Setting] = {
             "a whole number >= 0",
             "How many recent lock events the in-Redis ring of the dashboard's timeline keeps "
             "(`<prefix>:timeline`, [operations](operations.md#dashboard)); each event then "
-            "costs the task one pipelined round trip.",
+            "costs the task one round trip (a script).",
             _timeline,
         ),
     )

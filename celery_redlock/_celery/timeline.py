@@ -3,14 +3,14 @@
 Off by default. With ``app.conf.redlock_timeline = N`` (N > 0), every lock event a worker
 reports (acquired, skipped, waited, retried, rate_limited, lost, released, ...) is also pushed
 to one Redis list, ``<prefix>:timeline``, newest first, and the list is cut to its N newest
-entries in the same round trip (:func:`celery_redlock._redis.timeline.push`: ``LPUSH``,
-``LTRIM``, ``PEXPIRE``; the worker's startup check asks for them): the ring never holds more
+entries in the same script (:func:`celery_redlock._redis.timeline.push`: ``LTRIM``, then
+``LPUSH``, ``PEXPIRE``; the worker's startup check asks for them): the ring never holds more
 than N entries, whatever the traffic (an unbounded event log in Redis once grew to 3 GB in
 another library). It expires an hour after the last event. Each entry is about 200 bytes of
 JSON (``t`` wall-clock ms of the reporting process, ``task``, ``id``, ``event``, ``key`` where
 the event has one, ``policy``, ``holder``); argument values are never in it, only key names.
 
-The cost: one pipelined round trip per event on the task's path, two per execution
+The cost: one round trip per event on the task's path, two per execution
 (acquired, released); off, one check of the resolved settings per event (in
 :func:`~celery_redlock._celery.events.emit`: :func:`record` is not called).
 A push that fails is logged at DEBUG and dropped: the ring is a picture

@@ -30,6 +30,8 @@ from .probe import FEATURES
 logger = logging.getLogger("celery_redlock.task")
 
 _BY_NAME = {script.name: script for script in _scripts.SCRIPTS}
+#: The features of a worker's companions (:data:`~celery_redlock._redis.probe.FEATURES`).
+_WORKER = ("enqueue", "newest", "rate", "timeline")
 
 
 def _run(target: Any, source: str, call: tuple[list[str], list[Any]], key: str) -> Any:
@@ -45,8 +47,10 @@ def acl_refusal(exc: BaseException, script: str) -> str | None:
     """When ``exc`` (raised by a function here) is an ACL refusal (``NOPERM``) of the script
     named ``script`` (``"mark_newest"``...): what to grant, for a message; else ``None``.
 
-    Inside a script Redis does not name the refused command, so this names the script's
-    commands that the lock itself does not need (the guide's addition for the feature).
+    Inside a script Redis does not name the refused command, so this names the commands that
+    the lock itself does not need: of the whole feature the script is part of, for a worker's
+    feature (the guide's addition for it: granting one script's would leave its others
+    refused), else of the script.
     """
     cause = exc.__cause__ if isinstance(exc, LockUnavailable) else exc
     text = str(cause)
@@ -58,7 +62,11 @@ def acl_refusal(exc: BaseException, script: str) -> str | None:
         return None
     declared = _BY_NAME[script]
     base = set(FEATURES["lock"].commands)
-    extra = [c for c in declared.commands if c not in base]
+    needs = next(
+        (f.commands for f in FEATURES.values() if f.name in _WORKER and declared in f.scripts),
+        declared.commands,
+    )
+    extra = [c for c in needs if c not in base]
     grant = " ".join(f"+{c.lower()}" for c in extra) or "the commands of the guide's ACL line"
     return f"{grant} (the {script} script runs {', '.join(declared.commands)})"
 

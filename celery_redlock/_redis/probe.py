@@ -26,7 +26,6 @@ import redis as redis_py
 from redis.cluster import RedisCluster
 
 from . import scripts as _scripts
-from . import timeline as _timeline
 from .clients import UNAVAILABLE_ERRORS, client_for, refused
 from .keys import CHECK_NAME, keys_for, lock_pattern, stats_key
 from .scripts.base import Script
@@ -56,7 +55,8 @@ def _named(scripts: tuple[Script, ...], *names: str) -> tuple[Script, ...]:
 
 #: The features, by name. ``lock``: every locked task (the acquire ``SET ... NX PX GET`` and
 #: the holder's ``PTTL``, the release notification, ``SUBSCRIBE`` for blocking waits, ``PING``
-#: for a quorum, ``HINCRBY`` for the event counters); ``queue``: the queue of blocking waiters
+#: for a quorum); ``counters``: every locked task's event counters (:mod:`celery_redlock.metrics`;
+#: the tasks run without them); ``queue``: the queue of blocking waiters
 #: (without it a release wakes every waiter); ``timeline``: an app's ``redlock_timeline`` ring
 #: (every locked task pushes its events); ``cli``: ``celery redlock ls/inspect/stats``;
 #: ``dashboard``: what ``celery redlock web`` adds to those (markers, waiters, the ring).
@@ -74,8 +74,9 @@ FEATURES: dict[str, Feature] = {
                 "fence",
                 "raise_fence",
             ),
-            ("SET", "GET", "PTTL", "PUBLISH", "SUBSCRIBE", "PING", "HINCRBY"),
+            ("SET", "GET", "PTTL", "PUBLISH", "SUBSCRIBE", "PING"),
         ),
+        Feature("counters", (), ("HINCRBY",)),
         Feature("queue", _scripts.QUEUE_SCRIPTS, ("EXISTS", "ZPOPMIN")),
         Feature("enqueue", _named(_scripts.COMPANION_SCRIPTS, "mark_queued", "clear_queued")),
         Feature(
@@ -83,7 +84,7 @@ FEATURES: dict[str, Feature] = {
             _named(_scripts.COMPANION_SCRIPTS, "mark_newest", "confirm_newest", "check_newest"),
         ),
         Feature("rate", _named(_scripts.COMPANION_SCRIPTS, "rate")),
-        Feature("timeline", (), _timeline.COMMANDS),
+        Feature("timeline", _named(_scripts.COMPANION_SCRIPTS, "ring_push")),
         Feature(
             "cli",
             _named(_scripts.LOCK_SCRIPTS, "pttls", "release_unrenewed"),

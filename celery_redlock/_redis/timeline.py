@@ -1,14 +1,14 @@
 """The opt-in ring of recent lock events, in Redis: push one entry, read the newest ones.
 
 One list, ``<prefix>:timeline`` (:func:`~celery_redlock._redis.keys.timeline_key`), newest
-first. :func:`push` sends ``LPUSH``, ``LTRIM`` and ``PEXPIRE`` in one pipelined round trip, so
-the list never holds more than ``size`` entries whatever the traffic, and expires
-:data:`TTL_MS` after the last push. Two processes pushing at once may interleave their three
-commands; each ``LTRIM`` still cuts the list to ``size``, so the bound holds. Entries are
-compact JSON objects; :func:`read` skips what is not one with a whole ``t`` (ms).
+first. :func:`push` runs one script (:data:`~celery_redlock._redis.scripts.RING_PUSH`:
+``LTRIM``, ``LPUSH``, ``PEXPIRE``, atomically), so the list never holds more than ``size``
+entries whatever the traffic, and expires :data:`TTL_MS` after the last push. It cuts before
+it pushes: an ACL user allowed ``LPUSH`` but not ``LTRIM`` is refused before the list grows.
+Entries are compact JSON objects; :func:`read` skips what is not one with a whole ``t`` (ms).
 
 What goes in an entry, and when to push, is the Celery layer's decision
-(:mod:`celery_redlock._celery.timeline`); this module only sends the commands, which the
+(:mod:`celery_redlock._celery.timeline`); this module only runs the script, which the
 ``timeline`` feature of :data:`celery_redlock._redis.probe.FEATURES` declares.
 """
 
@@ -22,15 +22,14 @@ import redis as redis_py
 
 from ..exceptions import LockUnavailable
 from .clients import UNAVAILABLE_ERRORS, client_for, redact
+from .commands import run_script
 from .keys import timeline_key
+from .scripts import RING_PUSH
 
-__all__ = ["COMMANDS", "TTL_MS", "push", "read"]
+__all__ = ["TTL_MS", "push", "read"]
 
 #: The ring expires this long after its last event.
 TTL_MS = 3600 * 1000
-
-#: What :func:`push` sends (the startup check's ``timeline`` feature).
-COMMANDS = ("LPUSH", "LTRIM", "PEXPIRE")
 
 _ERRORS: tuple[type[BaseException], ...] = (*UNAVAILABLE_ERRORS, redis_py.RedisError)
 
@@ -40,12 +39,8 @@ def push(url: str, prefix: str, entry: Mapping[str, Any], size: int) -> None:
 
     Raises what the client raises (a node that does not answer, a refused command).
     """
-    key = timeline_key(prefix)
-    pipe = client_for(url).pipeline(transaction=False)
-    pipe.lpush(key, json.dumps(dict(entry), separators=(",", ":")))
-    pipe.ltrim(key, 0, size - 1)
-    pipe.pexpire(key, TTL_MS)
-    pipe.execute()
+    data = json.dumps(dict(entry), separators=(",", ":"))
+    run_script(client_for(url), RING_PUSH, [timeline_key(prefix)], [data, size, TTL_MS])
 
 
 def read(url: str, prefix: str, limit: int) -> list[dict[str, Any]]:

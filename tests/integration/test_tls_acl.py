@@ -34,6 +34,7 @@ from celery_redlock import (
 )
 from celery_redlock._celery.checks import run_startup_checks
 from celery_redlock._celery.options import reset_settings
+from celery_redlock._redis import timeline as ring
 from celery_redlock._redis.inventory import Inventory
 from celery_redlock._redis.lock import release_attempt
 from celery_redlock.asyncio import Lock as AsyncLock
@@ -437,6 +438,75 @@ def test_an_app_with_a_timeline_ring_is_told_what_to_grant(
     app.close()
 
 
+def test_a_ring_refused_ltrim_does_not_grow_and_each_feature_names_all_it_needs(
+    tls: TlsServer,
+    servers: list[TlsServer],
+    redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A user granted LPUSH but not LTRIM: the ring's push was LPUSH then LTRIM in a pipeline,
+    so every event grew it, its TTL renewed by each push. It is now refused before it grows.
+    The startup check named LTRIM only under ``lock_rate``'s ERROR, and asked the ring for
+    ``+lpush`` alone; each feature's ERROR now names all it is refused."""
+    _user(servers, "no-ltrim")
+    for server in servers:
+        admin = server.admin()
+        try:
+            admin.execute_command("ACL", "SETUSER", "no-ltrim", "+lpush")
+        finally:
+            admin.close()
+    url = tls.url("no-ltrim", "secret")
+    with pytest.raises(redis_py.exceptions.ResponseError, match=r"(?i)script|NOPERM"):
+        ring.push(url, "redlock", {"t": 1}, 5)
+    admin = tls.admin()
+    try:
+        assert admin.exists("redlock:timeline") == 0
+    finally:
+        admin.close()
+
+    app = make_app(redis_server, "acl-ltrim", redlock_url=url, redlock_timeline=5)
+
+    @app.task(base=LockedTask, shared=False, name="acl.ltrim.rate", lock_rate="5/s")
+    def rated() -> None: ...
+
+    errors = _checked(app, caplog)[logging.ERROR]
+    assert len(errors) == 2, errors
+    rate, timeline = sorted(errors, key=lambda e: "redlock_timeline" in e)
+    assert "lock_rate needs (tasks: acl.ltrim.rate): LLEN, LINDEX, RPUSH, LTRIM" in rate, rate
+    assert "redlock_timeline needs (tasks: acl.ltrim.rate): LTRIM" in timeline, timeline
+    assert "grant them to the ACL user (+ltrim)" in timeline
+    app.close()
+
+
+def test_an_acl_without_hincrby_is_told_that_only_the_counters_stop(
+    tls: TlsServer,
+    servers: list[TlsServer],
+    redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The counters are the only user of HINCRBY: its refusal was reported as "lock operations
+    fail and locked tasks follow redlock_on_unavailable", while the tasks locked and ran."""
+    for server in servers:
+        admin = server.admin()
+        try:
+            admin.execute_command(
+                "ACL", "SETUSER", "no-hincrby", "reset", *ACL_RULES.split(), "-hincrby"
+            )
+        finally:
+            admin.close()
+    app = make_app(redis_server, "acl-hincrby", redlock_url=tls.url("no-hincrby", "secret"))
+
+    @app.task(base=LockedTask, shared=False, name="acl.counted")
+    def counted() -> str:
+        return "ran"
+
+    (error,) = _checked(app, caplog)[logging.ERROR]
+    assert "the event counters need: HINCRBY" in error and "(+hincrby)" in error, error
+    assert "the tasks lock and run as usual" in error and "redlock_on_unavailable" not in error
+    assert counted.apply().get() == "ran"
+    app.close()
+
+
 def test_a_replace_call_refused_by_the_acl_is_published_with_a_permission_warning(
     tls: TlsServer, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -459,7 +529,7 @@ def test_a_replace_call_refused_by_the_acl_is_published_with_a_permission_warnin
     warnings = [r.getMessage() for r in caplog.records if "newest-call marker" in r.getMessage()]
     assert len(warnings) == 2
     for warning in warnings:
-        assert "refused permission" in warning and "+hget +hset" in warning, warning
+        assert "refused permission" in warning and "+hget +hset +hdel" in warning, warning
         assert "unavailable" not in warning
     broker = redis_py.Redis(port=redis_server.port, db=1)
     try:

@@ -11,6 +11,7 @@ import redis as redis_py
 from celery import Celery
 
 from celery_redlock import LockConfigError, LockedTask, lock_key
+from celery_redlock._redis import timeline as ring
 from celery_redlock._redis.keys import timeline_key
 from celery_redlock._redis.owner import new_token
 from celery_redlock.testing import RedisServer
@@ -51,6 +52,18 @@ def test_the_ring_keeps_at_most_its_size(
     assert 0 < r.pttl(timeline_key("redlock")) <= 3600 * 1000
     status, body = Dashboard(app).timeline_page({"task": "ring.job", "minutes": "5"}, {})
     assert status == 200 and 'class="mark"' in body and 'data-event="released"' in body
+
+
+@pytest.mark.parametrize("size", [1, 2])
+def test_a_push_keeps_the_newest_entries_up_to_the_size(
+    redis_url: str, r: redis_py.Redis, size: int
+) -> None:
+    """The push cuts before it pushes (``LTRIM 0 size-2``, and for a ring of one ``LTRIM 1 0``,
+    which empties it: ``LTRIM 0 -1`` would keep everything)."""
+    for t in range(4):
+        ring.push(redis_url, "redlock", {"t": t}, size)
+    kept = [json.loads(e)["t"] for e in r.lrange(timeline_key("redlock"), 0, -1)]
+    assert kept == [3, 2][:size]
 
 
 def test_a_bad_size_is_a_config_error_and_the_page_says_it(redis_server: RedisServer) -> None:

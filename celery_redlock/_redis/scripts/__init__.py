@@ -4,7 +4,7 @@ decoded.
 * :mod:`.lock`: acquire (with fencing token), release, extend, the parent-side release;
 * :mod:`.queue`: the queue of blocking waiters (wait, leave);
 * :mod:`.companions`: the queued marker (``lock_enqueue``), the newest-call marker
-  (``replace``, ``lock_debounce``) and the rate window (``lock_rate``);
+  (``replace``, ``lock_debounce``), the rate window (``lock_rate``) and the timeline ring;
 * :mod:`.base`: the :class:`Script` declaration (the commands each script runs) and its
   ``EVALSHA`` digest.
 
@@ -25,6 +25,7 @@ from .companions import (
     MARK_NEWEST,
     MARK_QUEUED,
     RATE,
+    RING_PUSH,
     RateDecision,
     check_newest_call,
     decode_check_newest,
@@ -92,6 +93,7 @@ __all__ = [
     "RELEASED_NOT_NOTIFIED",
     "RELEASE_ATTEMPT",
     "RELEASE_UNRENEWED",
+    "RING_PUSH",
     "SCRIPTS",
     "WAIT",
     "AcquireResult",

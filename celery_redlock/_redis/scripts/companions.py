@@ -1,5 +1,6 @@
 """The scripts of a lock's companion keys: the queued marker, the newest-call marker, the rate,
-and an operator's fingerprinted clean-up of any of them (``CLEAR_MARKER``).
+an operator's fingerprinted clean-up of any of them (``CLEAR_MARKER``), and the push to the
+ring of recent lock events (``RING_PUSH``, :mod:`celery_redlock._redis.timeline`).
 
 Their callers are the typed functions of :mod:`celery_redlock._redis.companions` (and, for
 ``CLEAR_MARKER``, :meth:`celery_redlock._redis.inventory.Inventory.clear_marker`); the keys
@@ -227,6 +228,23 @@ redis.call('DEL', KEYS[1], KEYS[2])
 return 1
 """
 
+RING_PUSH = """
+-- KEYS[1] the ring of recent lock events (redlock_timeline)
+-- ARGV[1] the entry, ARGV[2] the ring's size (>= 1), ARGV[3] its TTL in ms
+-- returns the ring's length (<= ARGV[2])
+-- Cuts before it pushes: a user who may LPUSH but not LTRIM is refused before the ring grows
+-- (a pipeline of LPUSH then LTRIM grew it without bound, its TTL renewed by every push).
+local last = tonumber(ARGV[2]) - 2
+if last < 0 then
+  redis.call('LTRIM', KEYS[1], 1, 0)
+else
+  redis.call('LTRIM', KEYS[1], 0, last)
+end
+local length = redis.call('LPUSH', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return length
+"""
+
 #: What each script runs (:class:`~celery_redlock._redis.scripts.base.Script`).
 SCRIPTS = (
     Script("mark_queued", MARK_QUEUED, ("SET", "GET")),
@@ -236,4 +254,5 @@ SCRIPTS = (
     Script("check_newest", CHECK_NEWEST, ("HGET", "HDEL", "HSET")),
     Script("rate", RATE, ("TIME", "LLEN", "LINDEX", "RPUSH", "LTRIM", "PEXPIRE", "GET", "SET")),
     Script("clear_marker", CLEAR_MARKER, ("DUMP", "DEL")),
+    Script("ring_push", RING_PUSH, ("LPUSH", "LTRIM", "PEXPIRE")),
 )
