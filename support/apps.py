@@ -24,6 +24,8 @@ Environment: every variable the suite, the benchmarks and the checkers read is n
 from __future__ import annotations
 
 import os
+import socket
+import threading
 from typing import Any
 
 import redis as redis_py
@@ -73,16 +75,40 @@ def make_app(server: RedisServer, name: str = "t", **conf: Any) -> Celery:
     )
 
 
-def brokerless_app(lock_url: str) -> Celery:
+def brokerless_app(lock_url: str, broker: str | None = None) -> Celery:
     """An app whose locks live at ``lock_url`` and whose broker does not answer (nothing
-    listens on its port): what a worker ping meets with the broker down."""
+    listens on its port, or ``broker``, a :class:`DownBroker`'s URL): what a worker ping
+    meets with the broker down. Kombu's connection settings are its defaults (they retry)."""
     return layout_app(
         "inv",
-        f"redis://127.0.0.1:{free_port()}",
+        broker or f"redis://127.0.0.1:{free_port()}",
         set_as_current=False,
         redlock_url=lock_url,
-        broker_transport_options={"max_retries": 0},  # kombu's retries would take 6 s
     )
+
+
+class DownBroker:
+    """A broker's port that accepts each connection and closes it at once (a broker that is
+    restarting, or a proxy in front of a dead one), counting them: a client's retries show."""
+
+    def __init__(self) -> None:
+        self._socket = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self._socket.getsockname()[1]}"
+        self.connections = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._socket.accept()
+            except OSError:  # closed
+                return
+            self.connections += 1
+            connection.close()
+
+    def close(self) -> None:
+        self._socket.shutdown(socket.SHUT_RDWR)  # wakes the accept (Linux)
+        self._socket.close()
 
 
 def app_from(path: str) -> Celery:

@@ -11,7 +11,7 @@ from .._redis.inventory import HeldLock, Released
 from ..metrics import EVENTS
 from ._format import dump, fence, json_row, safe, shown_overrides, table, ttl, who
 from ._group import TIMEOUT, LockStore, answers, redlock, store_of, text_argument
-from ._liveness import DEAD, UNKNOWN, Verdict, verdicts
+from ._liveness import DEAD, UNKNOWN, Verdict, unpinged, verdicts
 
 #: What KEY may be (the messages of an empty or undecodable one say so).
 KEY_FORMS = "a lock key (redlock:{...}), a lock name or a task name"
@@ -125,9 +125,8 @@ def inspect_(
     try:
         judged = verdicts(ctx.obj.app, locks, timeout, store.lease)
     except click.ClickException as exc:  # the ping needs the broker; the locks do not
-        click.echo(f"WARNING: {exc.message}: the workers' liveness is unknown", err=True)
-        unknown = Verdict(UNKNOWN, "the workers could not be pinged")
-        judged = {lk.key: unknown for lk in locks}
+        click.echo(f"WARNING: {exc.message}: liveness is judged by renewal alone", err=True)
+        judged = {lk.key: unpinged(lk, store.lease, "the broker does not answer") for lk in locks}
     if as_json:  # KEY: its lock, or null; a lock or task name, --task-id: a list
         items = [lk.as_dict(judged[lk.key].state) for lk in locks]
         if direct:  # KEY: its lock, or null (a free slot's key)

@@ -73,16 +73,25 @@ class Verdict:
 
 def _ping(app: Any, destination: list[str] | None, timeout: float) -> set[str]:
     """Node names of the workers that answer a control ping (``None``: every worker),
-    without waiting for the timeout once every destination answered."""
+    without waiting for the timeout once every destination answered.
+
+    On a connection of its own that does not retry: a broker that is down fails the ping at
+    once (kombu's default connection retries took 6 s whatever ``timeout`` said, and a page
+    view waiting for another's ping waited that long again)."""
     limit = len(destination) if destination else None
     try:
-        replies = app.control.ping(destination=destination, timeout=timeout, limit=limit) or []
+        with app.connection_for_write(
+            connect_timeout=timeout, transport_options={"max_retries": 0}
+        ) as connection:
+            replies = app.control.ping(
+                destination=destination, timeout=timeout, limit=limit, connection=connection
+            )
     except Exception as exc:
         raise click.ClickException(
             f"cannot ping workers through the broker ({redact(exc)})"
         ) from exc
     answered: set[str] = set()
-    for reply in replies:
+    for reply in replies or []:
         answered.update(reply)
     return answered
 
@@ -145,12 +154,11 @@ def verdict(lock: HeldLock, pinged: Mapping[str, str], timeout: float, lease: fl
         )
     age = lease_age(lock, lease)
     if age is not None and age < lease * RENEWED_WITHIN:
-        return Verdict(
-            ALIVE,
+        return _renewed(
             f"its worker {host} does not answer a control ping (a worker in warm shutdown "
-            f"stops answering at once), but its lease was renewed {age:.1f}s ago, within two "
-            f"thirds of redlock_lease ({lease * RENEWED_WITHIN:.1f}s), so its holder is alive",
-            renewed=True,
+            "stops answering at once)",
+            age,
+            lease,
         )
     renewal = (
         f"its lease was last renewed {age:.1f}s ago"
@@ -159,4 +167,23 @@ def verdict(lock: HeldLock, pinged: Mapping[str, str], timeout: float, lease: fl
     )
     return Verdict(
         DEAD, f"its worker {host} did not answer a control ping within {timeout}s, and {renewal}"
+    )
+
+
+def unpinged(lock: HeldLock, lease: float, why: str) -> Verdict:
+    """The :class:`Verdict` on ``lock``'s holder when the workers could not be pinged (``why``:
+    the broker does not answer): alive by a recent renewal, as when its worker is silent;
+    else unknown, never dead."""
+    age = lease_age(lock, lease)
+    if lock.holder is not None and age is not None and age < lease * RENEWED_WITHIN:
+        return _renewed(f"the workers could not be pinged ({why})", age, lease)
+    return Verdict(UNKNOWN, f"the workers could not be pinged ({why})")
+
+
+def _renewed(silence: str, age: float, lease: float) -> Verdict:
+    return Verdict(
+        ALIVE,
+        f"{silence}, but its lease was renewed {age:.1f}s ago, within two thirds of "
+        f"redlock_lease ({lease * RENEWED_WITHIN:.1f}s), so its holder is alive",
+        renewed=True,
     )

@@ -46,7 +46,7 @@ from .._redis.clients import redact
 from .._redis.inventory import MAX_FILTER, HeldLock, Inventory, Released, check_filter
 from .._redis.keys import is_slot
 from ..cli._format import safe
-from ..cli._liveness import DEAD, Verdict, liveness, verdict
+from ..cli._liveness import DEAD, Verdict, liveness, unpinged, verdict
 from ..exceptions import LockConfigError, LockUnavailable
 from ..metrics import EVENTS, read_stats
 from ..signals import lock_admin_action
@@ -133,6 +133,8 @@ class Dashboard:
         self._alive_lock = threading.Lock()
         #: One control ping at a time (see :meth:`verdicts`).
         self._ping_lock = threading.Lock()
+        #: The last ping's failure and when it began (monotonic), while none succeeded since.
+        self._failed: tuple[str, float] | None = None
         self._config_error: str | None = None
 
     @property
@@ -154,20 +156,31 @@ class Dashboard:
         Timeline it closes: (1) a holder's worker does not answer, so no answer is reused;
         (2) 50 page views at once each ping, in the web server's threads; (3) each ping holds
         one connection of Celery's broker pool (10 by default) and waits for another: every
-        ping waits forever, and so does every later page.
+        ping waits forever, and so does every later page. A ping that failed (the broker does
+        not answer) is reused likewise: each view waiting behind it would fail it again.
+
+        :raises click.ClickException: the ping failed (now or within :data:`LIVENESS_TTL`).
         """
         locks = list(locks)
         hosts = {lock.holder.host for lock in locks if lock.holder}
         asked = time.monotonic()
-        known = self._heard(hosts, since=asked if fresh else asked - LIVENESS_TTL)
+        since = asked if fresh else asked - LIVENESS_TTL
+        known = self._heard(hosts, since)
         if hosts - known.keys():
             with self._ping_lock:
-                # A ping that ended while this view waited may have heard them.
-                known = self._heard(hosts, since=asked if fresh else asked - LIVENESS_TTL)
+                # A ping that ended while this view waited may have heard them, or failed.
+                if self._failed is not None and self._failed[1] >= since:
+                    raise click.ClickException(self._failed[0])
+                known = self._heard(hosts, since)
                 ask = hosts - known.keys()
                 if ask:
                     now = time.monotonic()
-                    heard = liveness(self.app, ask, self.ping_timeout)
+                    try:
+                        heard = liveness(self.app, ask, self.ping_timeout)
+                    except click.ClickException as exc:
+                        self._failed = (exc.message, now)
+                        raise
+                    self._failed = None
                     with self._alive_lock:
                         self._alive.update({h: (state, now) for h, state in heard.items()})
                     known.update(heard)
@@ -219,8 +232,10 @@ class Dashboard:
             try:
                 alive = {key: v.state for key, v in self.verdicts(held).items()}
             except click.ClickException as exc:  # the broker: the locks are shown all the same
-                alive = {lock.key: "unknown" for lock in held}
-                error = f"the workers' liveness is unknown: {exc.message}"
+                lease = settings_for(self.app).lease
+                why = "the broker does not answer"
+                alive = {lock.key: unpinged(lock, lease, why).state for lock in held}
+                error = f"{exc.message}: liveness is judged by renewal alone"
         except ValueError as exc:  # a LockConfigError too: the app's settings or task options
             status, error = 400, str(exc)
         except _UNREACHABLE as exc:

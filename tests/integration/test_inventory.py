@@ -6,6 +6,7 @@ refused permissions.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -21,14 +22,14 @@ import redis as redis_py
 from celery import Celery
 from click.testing import CliRunner, Result
 
-from celery_redlock import Lock, LockUnavailable, metrics
+from celery_redlock import Lock, LockLost, LockUnavailable, metrics
 from celery_redlock._redis import probe
 from celery_redlock._redis.inventory import Inventory, InventoryRefused, Released, lease_age
 from celery_redlock.cli import redlock
 from celery_redlock.testing import RedisServer, wait_until
 from celery_redlock.web._core import Dashboard
 from support import ROOT
-from support.apps import brokerless_app, layout_app
+from support.apps import DownBroker, brokerless_app, layout_app
 from support.servers import ClusterNodes
 
 
@@ -197,22 +198,32 @@ def test_a_quorum_release_on_a_majority_is_released_though_one_node_saw_a_renewa
         assert [s.client().exists(lock.key) for s in (a, b, c)] == [0, 1, 0]
 
 
-def test_inspect_with_the_broker_down_shows_the_lock_with_liveness_unknown(
-    redis_url: str,
-) -> None:
+def test_inspect_with_the_broker_down_judges_liveness_by_renewal_alone(redis_url: str) -> None:
     """The ping needs the broker, the lock does not: ``inspect`` shows it, with a warning,
-    where it used to fail and show nothing."""
-    lock = Lock(redis_url, "brokerless", ttl=30, owner="t-1", host="w1@host")
-    assert lock.acquire(blocking=False)
-    app = brokerless_app(redis_url)
+    where it used to fail and show nothing. A lease just set (TTL 30 s of the 30 s lease)
+    proves a live holder whatever the ping says; one set 21 s ago (TTL 9 s) is unknown, never
+    dead. One ping, on one connection: kombu's retries (three connections, 6 s) are not
+    waited for."""
+    fresh = Lock(redis_url, "brokerless", ttl=30, owner="t-1", host="w1@host")
+    old = Lock(redis_url, "brokerless-old", ttl=9, owner="t-2", host="w2@host")
+    assert fresh.acquire(blocking=False) and old.acquire(blocking=False)
+    broker = DownBroker()
+    app = brokerless_app(redis_url, broker.url)
     try:
         result = run(app, "inspect", "brokerless", "--timeout", "0.2")
+        older = run(app, "inspect", "brokerless-old", "--timeout", "0.2")
     finally:
-        lock.release()
+        fresh.release()
+        with contextlib.suppress(LockLost):  # its TTL is short
+            old.release()
         app.close()
+        broker.close()
     assert result.exit_code == 0, result.output
-    assert lock.key in result.stdout and "alive     unknown (the workers could not" in result.stdout
+    assert fresh.key in result.stdout and "alive     alive (the workers could not" in result.stdout
+    assert "its lease was renewed" in result.stdout
     assert "WARNING: cannot ping workers through the broker" in result.stderr
+    assert "alive     unknown (the workers could not be pinged" in older.stdout, older.stdout
+    assert broker.connections == 2  # one per command: no retry
 
 
 def test_the_command_line_and_the_dashboard_go_on_with_a_quorum_node_down() -> None:

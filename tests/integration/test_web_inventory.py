@@ -20,7 +20,7 @@ from celery_redlock.cli._liveness import Verdict
 from celery_redlock.testing import RedisServer, free_port
 from celery_redlock.web._core import Dashboard
 from celery_redlock.web._rows import Row, rows_of
-from support.apps import brokerless_app, layout_app
+from support.apps import DownBroker, brokerless_app, layout_app
 from support.servers import ClusterNodes
 
 
@@ -358,17 +358,32 @@ def test_a_long_key_links_a_timeline_that_opens(redis_url: str, r: redis_py.Redi
 
 
 def test_a_broker_that_does_not_answer_leaves_the_locks_shown(r: redis_py.Redis) -> None:
-    """The ping needs the broker, the rows do not: the page shows the locks, says that the
-    workers' liveness is unknown, and is no error (it used to be a 503 worded as a release)."""
-    fill(r, ["job:1"])
+    """The ping needs the broker, the rows do not: the page shows the locks, says that
+    liveness is judged by renewal alone, and is no error (it used to be a 503 worded as a
+    release). A lease set 21 s ago is unknown; one just set is alive. The failed ping is
+    shared as an answer is: three views make one ping, on one connection (no kombu retries:
+    each view waited 6 s behind the one before it)."""
+    fill(r, ["job:1"], ttl_ms=9_000)  # set 21 s ago, as a 30 s lease
+    fill(r, ["job:2"], ttl_ms=30_000)
     url = r.connection_pool.connection_kwargs
     lock_url = f"redis://127.0.0.1:{url['port']}/{url.get('db', 0)}"
-    app = brokerless_app(lock_url)
-    status, body = Dashboard(app, ping_timeout=0.2).locks_page({}, {"csrf_token": "x"})
-    app.close()
-    assert status == 200 and keys_for("redlock", "job:1").lock in body
-    assert "the workers&#39; liveness is unknown: cannot ping workers through the broker" in body
-    assert "nothing was released" not in body
+    broker = DownBroker()
+    app = brokerless_app(lock_url, broker.url)
+    board = Dashboard(app, ping_timeout=0.2)
+    try:
+        views = [board.locks_page({}, {"csrf_token": "x"}) for _ in range(3)]
+    finally:
+        app.close()
+        broker.close()
+    for status, body in views:
+        assert status == 200 and keys_for("redlock", "job:1").lock in body
+        assert "cannot ping workers through the broker" in body
+        assert "liveness is judged by renewal alone" in body
+        assert "nothing was released" not in body
+    body = views[0][1]
+    assert body.count('<td class="unknown">unknown</td>') == 1, body
+    assert body.count('<td class="alive">alive</td>') == 1
+    assert broker.connections == 1
 
 
 @pytest.mark.parametrize(
