@@ -7,7 +7,11 @@ the token form (standalone). No GET changes anything.
 Every request passes :func:`_who`: with ``authenticate`` (a mount: the host app decides, from
 its own session or user, and returns a name or ``None``), else the environment's credentials
 (:class:`~celery_redlock.web._security.Credentials`); with neither, the page is open and
-read-only (the command line allows that on loopback only). Every POST then needs our CSRF
+read-only, and answers requests to a loopback host only (``localhost``, ``127.0.0.1``,
+``[::1]``), as the command line serves it on loopback only, unless ``allowed_hosts`` names
+others. Timeline it closes: (1) ``create_app(app)`` is mounted in a public FastAPI site for a
+quick look; (2) the site has a login, which a mounted app does not inherit; (3) anyone on the
+internet reads the lock list (task ids, hosts, pids). Every POST then needs our CSRF
 token and no foreign ``Origin``, also when mounted: the ASGI frameworks (FastAPI, Starlette)
 have no CSRF protection of their own to inherit.
 """
@@ -25,7 +29,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Route
 
 from ._core import Dashboard
-from ._security import CSRF_COOKIE, SESSION_COOKIE, Credentials, Guard, origin_ok
+from ._security import CSRF_COOKIE, LOOPBACK_NAMES, SESSION_COOKIE, Credentials, Guard, origin_ok
 
 __all__ = ["create_app"]
 
@@ -38,7 +42,8 @@ Authenticate = Callable[[Request], "str | Awaitable[str | None] | None"]
 async def _name_of(authenticate: Authenticate, request: Request) -> str | None:
     """Who ``authenticate`` says is asking: a non-empty ``str``, or ``None`` (refused).
 
-    Anything else raises :class:`TypeError` (the request fails with a 500): a user object
+    ``""`` is a refusal too (an empty header). Anything else raises :class:`TypeError` (the
+    request fails with a 500): a user object
     would otherwise let everyone in. Timeline: (1) ``authenticate=lambda r: r.user`` under
     Starlette's ``AuthenticationMiddleware``; (2) an anonymous visitor's ``request.user`` is an
     ``UnauthenticatedUser``, which is not ``None``; (3) taken for a name, it may release locks.
@@ -46,7 +51,9 @@ async def _name_of(authenticate: Authenticate, request: Request) -> str | None:
     name = authenticate(request)
     if inspect.isawaitable(name):
         name = await name
-    if name is None or (isinstance(name, str) and name):
+    if name is None or name == "":  # an empty header or field: nobody
+        return None
+    if isinstance(name, str):
         return name
     raise TypeError(
         f"the dashboard's authenticate= returned {type(name).__name__} {name!r}: it must return "
@@ -80,8 +87,8 @@ def create_app(
         coroutine function. Any other value (a user object, ``False``, ``""``) fails the request
         with a :class:`TypeError` naming the fix. Without it, ``credentials`` (default: from
         the environment) are checked.
-    :param allowed_hosts: the host names (no port) a request's ``Host`` header may give (any:
-        ``None``).
+    :param allowed_hosts: the host names (no port) a request's ``Host`` header may give
+        (``None``: any, with ``authenticate`` or credentials; else the loopback names only).
         ``celery redlock web`` on a loopback address allows the loopback names only. Timeline
         it closes (DNS rebinding): (1) a page on ``evil.example`` is open in a browser on the
         dashboard's machine; (2) ``evil.example`` is made to resolve to 127.0.0.1; (3) the
@@ -90,8 +97,12 @@ def create_app(
     :raises ValueError: when actions are enabled with neither ``authenticate`` nor
         credentials (anyone who reaches the port could release locks).
     """
-    hosts = None if allowed_hosts is None else {h.lower().strip("[]") for h in allowed_hosts}
     creds = credentials if credentials is not None else Credentials.from_env()
+    # No login, no hosts named: loopback only (see the module doc).
+    local_only = allowed_hosts is None and authenticate is None and not creds.configured
+    if local_only:
+        allowed_hosts = LOOPBACK_NAMES
+    hosts = None if allowed_hosts is None else {h.lower().strip("[]") for h in allowed_hosts}
     if actions and authenticate is None and not creds.configured:
         raise ValueError(
             "actions=True needs authenticate= or credentials in the environment "
@@ -104,6 +115,12 @@ def create_app(
         """A 400 for a ``Host`` header outside ``allowed_hosts``."""
         if hosts is None or host_of(request.headers.get("host", "")) in hosts:
             return None
+        if local_only:
+            return PlainTextResponse(
+                "refused: this dashboard has no login (pass authenticate= to create_app, or set "
+                "REDLOCK_WEB_TOKEN), so it answers requests to localhost only",
+                status_code=403,
+            )
         return PlainTextResponse("refused: unknown Host header", status_code=400)
 
     async def who(request: Request) -> str | None:
@@ -129,7 +146,12 @@ def create_app(
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Referrer-Policy"] = "same-origin"
         response.set_cookie(
-            CSRF_COOKIE, cookie, httponly=True, samesite="strict", path=base(request) or "/"
+            CSRF_COOKIE,
+            cookie,
+            httponly=True,
+            samesite="strict",
+            path=base(request) or "/",
+            secure=request.url.scheme == "https",
         )
         return response
 
@@ -211,6 +233,7 @@ def create_app(
                     samesite="strict",
                     path=base(request) or "/",
                     max_age=int(guard.lifetime),
+                    secure=request.url.scheme == "https",
                 )
                 return response
             error = "wrong token"

@@ -10,13 +10,9 @@ import click
 
 from ..cli._group import seconds_above_zero
 from . import NEEDS_EXTRA
-from ._security import Credentials
+from ._security import LOOPBACK_NAMES, Credentials
 
 __all__ = ["web"]
-
-
-#: The names a browser on this machine reaches a loopback address by.
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
 def _loopback(host: str) -> bool:

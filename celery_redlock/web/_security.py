@@ -53,6 +53,10 @@ TOKEN_ENV, USER_ENV, PASSWORD_ENV, SECRET_ENV = (
 CSRF_COOKIE = "redlock_csrf"
 SESSION_COOKIE = "redlock_session"
 
+#: The names a browser on this machine reaches a loopback address by: the ``Host`` headers a
+#: dashboard without a login answers.
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
 #: Seconds a session cookie is accepted after the login that set it (its ``Max-Age`` too).
 SESSION_LIFETIME = 12 * 3600
 
@@ -69,7 +73,8 @@ class Credentials:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Credentials:
         """Read them from ``env`` (default ``os.environ``).
 
-        :raises ValueError: for a user without a password or the reverse, or a short token.
+        :raises ValueError: for a user without a password or the reverse, a short token or a
+            short password (basic auth has no lockout: a password is guessed at network speed).
         """
         env = os.environ if env is None else env
         token = env.get(TOKEN_ENV) or None
@@ -78,6 +83,8 @@ class Credentials:
             raise ValueError(f"set both {USER_ENV} and {PASSWORD_ENV}, or neither")
         if token is not None and len(token) < 16:
             raise ValueError(f"{TOKEN_ENV} must be at least 16 characters (secrets.token_urlsafe)")
+        if password is not None and len(password) < 12:
+            raise ValueError(f"{PASSWORD_ENV} must be at least 12 characters")
         return cls(token, user, password)
 
     @property

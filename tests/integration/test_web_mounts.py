@@ -170,6 +170,50 @@ def test_mounted_in_flask(
     assert actions[-1]["actor"] == "dora"
 
 
+def test_without_a_login_a_mount_answers_localhost_only(celery_app: Any, held: str) -> None:
+    """``create_app(app)`` with neither ``authenticate`` nor credentials, mounted in a public
+    site: it served the lock list to any ``Host``. It answers loopback names only, as the
+    command serves it on loopback only, and says how to open it up; ``allowed_hosts`` names
+    others."""
+    from fastapi import FastAPI
+
+    from celery_redlock.web import create_app
+    from celery_redlock.web._security import Credentials
+
+    site = FastAPI()
+    site.mount("/locks", create_app(celery_app, credentials=Credentials()))
+    site.mount(
+        "/internal",
+        create_app(celery_app, credentials=Credentials(), allowed_hosts=["ops.internal"]),
+    )
+    with served(site) as base:
+        public = httpx.get(f"{base}/locks/", headers={"Host": "public.example.com"})
+        assert public.status_code == 403 and held not in public.text
+        assert "pass authenticate= to create_app, or set REDLOCK_WEB_TOKEN" in public.text
+        local = httpx.get(f"{base}/locks/")  # Host: 127.0.0.1:<port>
+        assert local.status_code == 200 and held in local.text
+        named = httpx.get(f"{base}/internal/", headers={"Host": "ops.internal"})
+        assert named.status_code == 200 and held in named.text
+
+
+def test_an_empty_name_is_a_refusal_and_cookies_are_secure_over_https(
+    celery_app: Any, held: str
+) -> None:
+    """An ``authenticate`` that reads an empty header returned ``""``: a 500. It is a 401 now.
+    Over HTTPS (here a TLS proxy on loopback that says so, which uvicorn trusts by default)
+    the cookies carry ``Secure``."""
+    from celery_redlock.web import create_app
+
+    board = create_app(celery_app, authenticate=lambda request: request.headers.get("x-user"))
+    with served(board) as base:
+        assert httpx.get(f"{base}/", headers={"x-user": ""}).status_code == 401
+        tls = httpx.get(f"{base}/", headers={"x-user": "erin", "x-forwarded-proto": "https"})
+        assert tls.status_code == 200 and held in tls.text
+        assert "secure" in tls.headers["set-cookie"].lower()
+        plain = httpx.get(f"{base}/", headers={"x-user": "erin"})
+        assert "secure" not in plain.headers["set-cookie"].lower()
+
+
 def test_actions_without_any_login_are_refused_at_build(celery_app: Any) -> None:
     from celery_redlock.web import create_app
     from celery_redlock.web._security import Credentials

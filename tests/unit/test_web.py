@@ -64,16 +64,22 @@ def test_credentials_come_from_the_environment_and_are_checked() -> None:
         Credentials.from_env({"REDLOCK_WEB_USER": "u"})
     with pytest.raises(ValueError, match="at least 16"):
         Credentials.from_env({"REDLOCK_WEB_TOKEN": "short"})
-    token = "t" * 20
+    with pytest.raises(ValueError, match="REDLOCK_WEB_PASSWORD must be at least 12"):
+        Credentials.from_env({"REDLOCK_WEB_USER": "ops", "REDLOCK_WEB_PASSWORD": "pw"})
+    token, password = "t" * 20, "pw-of-twelve"
     guard = Guard(
         Credentials.from_env(
-            {"REDLOCK_WEB_TOKEN": token, "REDLOCK_WEB_USER": "ops", "REDLOCK_WEB_PASSWORD": "pw"}
+            {
+                "REDLOCK_WEB_TOKEN": token,
+                "REDLOCK_WEB_USER": "ops",
+                "REDLOCK_WEB_PASSWORD": password,
+            }
         ),
         secret=b"s" * 32,
     )
     assert guard.actor(f"Bearer {token}", None) == "token"
     assert guard.actor("Bearer " + "x" * 20, None) is None
-    basic = base64.b64encode(b"ops:pw").decode()
+    basic = base64.b64encode(b"ops:pw-of-twelve").decode()
     assert guard.actor(f"Basic {basic}", None) == "ops"
     assert guard.actor("Basic " + base64.b64encode(b"ops:no").decode(), None) is None
     assert guard.actor("Basic !!!", None) is None
