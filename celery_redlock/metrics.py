@@ -221,6 +221,6 @@ class PrometheusCollector:
             logger.warning("lock counters unavailable for Prometheus: %s", exc)
             stats = {}
         for task, counts in sorted(stats.items()):
-            for event, value in sorted(counts.items()):
-                family.add_metric([task, event], value)
+            for event in EVENTS:  # every event of a task, 0 too; no stray field of the hash
+                family.add_metric([task, event], counts.get(event, 0))
         yield family

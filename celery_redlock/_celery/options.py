@@ -201,7 +201,12 @@ def _enqueue(owner: str, option: str, value: Any, _: Params) -> EnqueueMode:
             f"one of False, True ('keep'), 'until_executed' or 'replace'; sidekiq's "
             f"{value} is lock_enqueue={SIDEKIQ_LIFETIMES[value]} (docs/lifetimes.md)",
         )
-    return choice(ENQUEUE_MODES)(owner, option, value, None)  # type: ignore[no-any-return]
+    if value in ENQUEUE_MODES:
+        return value  # type: ignore[no-any-return]
+    hint = difflib.get_close_matches(str(value), ENQUEUE_MODES, n=1)
+    did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
+    expected = "one of False, True ('keep'), 'until_executed' or 'replace'"
+    raise _invalid(owner, option, value, expected + did_you_mean)
 
 
 #: The periods of a rate (Celery's ``rate_limit`` syntax), in seconds.
@@ -409,7 +414,15 @@ def validate_options(owner: str, raw: Mapping[str, Any], params: Params) -> Task
     task body is not known yet, as for an abstract base class).
     """
     attrs = {option.attr: option for option in OPTIONS.values()}
-    check_unknown(owner, [k for k in raw if k.startswith("lock_")], list(attrs), "option")
+    names = [k for k in raw if k.startswith("lock_")]
+    for name in names:
+        setting = f"redlock_{name[len('lock_') :]}"
+        if name not in attrs and setting in SETTINGS:  # lock_lease: not "did you mean lock_rate"
+            raise LockConfigError(
+                f"{owner}: unknown option {name!r}: {setting[len('redlock_') :]} is an app "
+                f"setting, not a task option (app.conf.{setting} = ...)"
+            )
+    check_unknown(owner, names, list(attrs), "option")
     values = {
         option.name: option.check(owner, attr, raw.get(attr, option.default), params)
         for attr, option in attrs.items()
@@ -657,9 +670,9 @@ SETTINGS: dict[str, Setting] = {
             "lease",
             30.0,
             "`30.0`",
-            "seconds > 0",
+            "seconds >= 0.001",
             "The lease, renewed every lease/3 while the task runs.",
-            _as(seconds()),
+            _as(seconds(ms=True)),
         ),
         Setting(
             "ttl_margin",

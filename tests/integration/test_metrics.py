@@ -120,7 +120,7 @@ def test_a_field_that_is_no_number_drops_its_own_counts_and_no_other_is_counted_
 
 
 def test_prometheus_collector_exports_the_sums(app: Celery, r: redis_py.Redis) -> None:
-    r.hset("redlock:stats:proj.sync", mapping={"acquired": 5, "skipped": 2})
+    r.hset("redlock:stats:proj.sync", mapping={"acquired": 5, "skipped": 2, "bogus": 7})
     r.hset("redlock:stats:proj.report", mapping={"released": 1})
     registry = CollectorRegistry()
     registry.register(PrometheusCollector(app))
@@ -132,6 +132,10 @@ def test_prometheus_collector_exports_the_sums(app: Celery, r: redis_py.Redis) -
     assert sample("celery_redlock_events_total", {"task": "proj.report", "event": "released"}) == 1
     r.hincrby("redlock:stats:proj.sync", "skipped", 1)  # read from Redis at every scrape
     assert sample("celery_redlock_events_total", {"task": "proj.sync", "event": "skipped"}) == 3
+    # Every event of a task is a series, 0 until it happens (a rate() over a missing series
+    # is no 0); a field written by hand is none.
+    assert sample("celery_redlock_events_total", {"task": "proj.report", "event": "lost"}) == 0
+    assert sample("celery_redlock_events_total", {"task": "proj.sync", "event": "bogus"}) is None
 
 
 def test_prometheus_is_an_optional_extra_and_part_of_the_test_extra() -> None:

@@ -517,3 +517,26 @@ def test_no_exclusion_is_refused_without_a_rate_or_with_a_cooldown(
         declare(app, **options)
     assert "option lock_limit=None (no exclusion) is invalid" in str(info.value)
     assert expected in str(info.value)
+
+
+def test_a_setting_given_as_a_task_option_names_the_setting(app: Celery) -> None:
+    """``lock_lease=5`` was "did you mean 'lock_rate'?": the lease is an app setting."""
+    with pytest.raises(LockConfigError) as info:
+        declare(app, lock_lease=5)
+    assert "unknown option 'lock_lease': lease is an app setting" in str(info.value)
+    assert "app.conf.redlock_lease" in str(info.value) and "lock_rate" not in str(info.value)
+
+
+def test_lock_enqueue_names_every_accepted_value(app: Celery) -> None:
+    with pytest.raises(LockConfigError) as info:
+        declare(app, lock_enqueue="yes")
+    assert "one of False, True ('keep'), 'until_executed' or 'replace'" in str(info.value)
+    with pytest.raises(LockConfigError, match=r"did you mean 'replace'\?"):
+        declare(app, lock_enqueue="replaced")
+
+
+def test_a_lease_below_a_millisecond_is_refused_as_lock_ttl_is(app: Celery) -> None:
+    """A lease of 0.0001 s was accepted: every lock was lost right after it was taken."""
+    app.conf.redlock_lease = 0.0001
+    with pytest.raises(LockConfigError, match=r"redlock_lease=0\.0001 is invalid.*at least 0\.001"):
+        settings_for(app)
