@@ -40,6 +40,7 @@ from typing import Any, TypeVar
 import redis as redis_py
 import redis.asyncio as aioredis
 
+from ..exceptions import LockUnavailable
 from . import scripts as _scripts
 from .clients import (
     check_client,
@@ -63,6 +64,7 @@ from .core import (
     lost_reply,
     majority,
     released,
+    script_refused,
     unavailable,
 )
 from .keys import LockKeys
@@ -245,7 +247,10 @@ class SingleNode(QueueRules):
             raise unavailable(exc, key, self.names, self.node.tls) from exc
 
     async def _run(self, source: str, call: Call, key: str) -> Any:
-        return await self._guarded(key, run_script(self.node.client(), source, call))
+        try:
+            return await self._guarded(key, run_script(self.node.client(), source, call))
+        except LockUnavailable as exc:
+            raise script_refused(exc, source) from exc.__cause__
 
     @property
     def handoff(self) -> bool:

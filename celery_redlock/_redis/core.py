@@ -42,7 +42,13 @@ from typing import Any, Generic, NamedTuple, TypeVar
 from ..exceptions import LockContended, LockLost, LockNotOwned, LockUnavailable
 from . import keys as _keys
 from . import owner as _owner
-from .scripts import RELEASED_NOT_NOTIFIED, AcquireResult, decode_acquire, queue_member
+from .scripts import (
+    RELEASED_NOT_NOTIFIED,
+    SCRIPTS,
+    AcquireResult,
+    decode_acquire,
+    queue_member,
+)
 
 __all__ = [
     "Clock",
@@ -195,6 +201,25 @@ def unavailable(
         hint = tls_mismatch(tls, exc) if tls is not None else ""
         what += f" ({hint})" if hint else ""
     return LockUnavailable(what, key=key, nodes=names)
+
+
+#: The declared scripts by source (:class:`~celery_redlock._redis.scripts.base.Script`).
+_DECLARED = {script.source: script for script in SCRIPTS}
+
+
+def script_refused(exc: LockUnavailable, source: str) -> LockUnavailable:
+    """``exc`` naming the commands of the script ``source`` when the ACL refused one of them
+    (Redis names the script's SHA, not the command), else ``exc`` itself."""
+    text = str(exc)
+    script = _DECLARED.get(source)
+    if script is None or not ("NOPERM" in text or "user executing the script" in text):
+        return exc
+    return LockUnavailable(
+        f"{text} (the {script.name} script runs {', '.join(script.commands)}: the ACL user "
+        "needs each of them, as the guide's ACL line grants)",
+        key=exc.key,
+        nodes=exc.nodes,
+    )
 
 
 class QueueRules:

@@ -66,6 +66,7 @@ from .core import (
     lost_reply,
     majority,
     released,
+    script_refused,
     unavailable,
 )
 from .keys import LockKeys
@@ -129,7 +130,10 @@ class SingleNode(QueueRules):
         return (node_name(self.client),)
 
     def _run(self, source: str, call: Call, key: str) -> Any:
-        return self._guarded(key, run_script, self.client, source, *call)
+        try:
+            return self._guarded(key, run_script, self.client, source, *call)
+        except LockUnavailable as exc:
+            raise script_refused(exc, source) from exc.__cause__
 
     def _guarded(self, key: str, call: Callable[..., Any], *args: Any, **options: Any) -> Any:
         """``call(*args, **options)``; no answer, or a refusal (``OOM``, ``NOPERM``...), as

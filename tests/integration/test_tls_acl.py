@@ -274,6 +274,35 @@ def test_every_rule_of_the_acl_is_needed(
     assert "permission" in str(info.value) or "can't run this command" in str(info.value)
 
 
+def test_a_command_refused_inside_a_script_names_the_scripts_commands(
+    tls: TlsServer, servers: list[TlsServer]
+) -> None:
+    """Inside a script Redis names the script's SHA, not the refused command ("The user
+    executing the script can't run this command or subcommand script: 3e7f..."): the thread
+    and asyncio locks' errors name what the script runs."""
+    for server in servers:
+        admin = server.admin()
+        try:
+            admin.execute_command("ACL", "SETUSER", "no-del", "reset", *ACL_RULES.split(), "-del")
+        finally:
+            admin.close()
+    url = tls.url("no-del", "secret")
+    holder = Lock(url, "no-del", ttl=10)
+    assert holder.acquire(blocking=False)
+    with pytest.raises(LockUnavailable) as info:
+        holder.release()
+    assert "(the release script runs GET, " in str(info.value) and "DEL" in str(info.value)
+
+    async def release() -> None:
+        lock = AsyncLock(url, "no-del-async", ttl=10)
+        assert await lock.acquire(blocking=False)
+        await lock.release()
+
+    with pytest.raises(LockUnavailable) as info:
+        asyncio.run(release())
+    assert "(the release script runs GET, " in str(info.value), info.value
+
+
 def holds_its_lock_on(tls: TlsServer) -> Any:
     """A task body: whether the lock it runs under is a key on ``tls``."""
 
