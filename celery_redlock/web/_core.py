@@ -79,6 +79,9 @@ _env = jinja2.Environment(
     autoescape=True,
     undefined=jinja2.StrictUndefined,
 )
+#: Text as the command line shows it: control, bidi and other invisible characters escaped
+#: (``\u202e``), so a name cannot show reversed or hide part of itself.
+_env.filters["shown"] = safe
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
+from ..cli._format import safe
+
 __all__ = ["COLORS", "draw"]
 
 #: Fill colour per event (the legend is drawn from this table).
@@ -54,7 +56,7 @@ def draw(entries: Sequence[dict[str, Any]], start_ms: int, end_ms: int) -> Marku
         y = TOP + row * LANE
         out.append(
             f'<text x="4" y="{y + 15}" font-size="11" font-family="monospace">'
-            f"{escape(_short(lane))}<title>{escape(lane)}</title></text>"
+            f"{escape(_short(safe(lane)))}<title>{escape(safe(lane))}</title></text>"
         )
         out.append(
             f'<line x1="{LEFT}" x2="{WIDTH - 10}" y1="{y + 11}" y2="{y + 11}" stroke="#ddd"/>'
@@ -91,7 +93,7 @@ def _bar(x1: float, x2: float, y: int, e: dict[str, Any]) -> str:
     return (
         f'<rect class="bar" data-id="{escape(e.get("id", ""))}" x="{x1:.1f}" y="{y + 4}" '
         f'width="{max(x2 - x1, 2):.1f}" height="14" rx="2" fill="{COLORS["acquired"]}" '
-        f'fill-opacity="0.55"><title>{escape(title)}</title></rect>'
+        f'fill-opacity="0.55"><title>{escape(safe(title))}</title></rect>'
     )
 
 
@@ -105,5 +107,5 @@ def _mark(x: float, y: int, event: str, e: dict[str, Any]) -> str:
     return (
         f'<circle class="mark" data-event="{escape(event)}" data-id="{escape(e.get("id", ""))}" '
         f'cx="{x:.1f}" cy="{y + 11}" r="5" fill="{color}" stroke="#fff">'
-        f"<title>{escape(title)}</title></circle>"
+        f"<title>{escape(safe(title))}</title></circle>"
     )

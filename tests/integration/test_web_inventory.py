@@ -357,6 +357,26 @@ def test_a_long_key_links_a_timeline_that_opens(redis_url: str, r: redis_py.Redi
     app.close()
 
 
+def test_invisible_and_bidi_characters_are_shown_escaped(redis_url: str, r: redis_py.Redis) -> None:
+    """A name holding U+202E (right-to-left override) rendered reversed: the key read
+    ``...exe.txt{...``, the task name hid its true end. The page shows what the command line
+    shows (``\\u202e``); the hidden fields an action posts keep the exact key."""
+    name = "papp.report\u202etxt.exe\u200b"
+    fill(r, [name])
+    r.hset(f"redlock:stats:{name}", mapping={"acquired": 1})
+    key = keys_for("redlock", name).lock
+    app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
+    board = Dashboard(app, actions=True, ping_timeout=0.2)
+    status, body = board.locks_page({}, {"csrf_token": "x"})
+    assert status == 200 and "papp.report\\u202etxt.exe\\u200b" in body
+    shown = body.replace(f'name="key" value="{key}"', "").replace(f'data-key="{key}"', "")
+    assert "\u202e" not in shown and "\u200b" not in shown
+    assert f'name="key" value="{key}"' in body  # what the action posts: the key itself
+    status, stats = board.stats_page({}, "")
+    assert status == 200 and "\u202e" not in stats and "papp.report\\u202e" in stats
+    app.close()
+
+
 def test_a_broker_that_does_not_answer_leaves_the_locks_shown(r: redis_py.Redis) -> None:
     """The ping needs the broker, the rows do not: the page shows the locks, says that
     liveness is judged by renewal alone, and is no error (it used to be a 503 worded as a

@@ -155,6 +155,9 @@ def test_the_timeline_escapes_what_redis_holds() -> None:
     assert "<script>" not in svg and "<img" not in svg and "<i>" not in svg
     assert "&lt;img src=x&gt;" in svg and 'data-event="skipped"' in svg
     assert svg.count('class="bar"') == 1  # still held at the right edge
+    turned = [{**e, "key": "redlock:{a\u202eb}", "task": "t\u202e"} for e in entries]
+    svg = str(draw(turned, 0, 3000))
+    assert "\u202e" not in svg and "a\\u202eb" in svg  # shown as the command line shows it
 
 
 def test_a_log_line_shows_posted_text_escaped_and_cut() -> None:
