@@ -30,9 +30,10 @@ JSON_HELP = (
 def ls(ctx: click.Context, as_json: bool) -> None:
     """List every held lock: key, lock name, holder, acquired at, TTL, fencing token.
 
-    FENCE is the fencing counter of a quorum lock or a semaphore slot; "-" for a one-server
-    lock, which stores none (its holder reads its fencing token from the server clock when
-    asked: current_lock().fencing_token).
+    FENCE is the fencing counter of a quorum lock or a semaphore slot: the token of the
+    latest acquisition (of any slot of a semaphore), which the holder's own token is at most;
+    "-" for a one-server lock, which stores none (its holder reads its fencing token from the
+    server clock when asked: current_lock().fencing_token).
     """
     store = store_of(ctx)
     with answers():
