@@ -201,7 +201,8 @@ class HeldLock:
         return hashlib.sha256(self.value.encode()).hexdigest()[:16]
 
     def as_dict(self, alive: str | None = None) -> dict[str, Any]:
-        """JSON-ready fields; the token's secret part is never shown, only its first 8 chars."""
+        """JSON-ready fields; the token's secret part is never shown, only its first 8 chars.
+        ``cooldown``: the task ended and ``lock_cooldown`` keeps the slot until its TTL ends."""
         holder = self.holder
         out: dict[str, Any] = {
             "key": self.key,
@@ -217,6 +218,7 @@ class HeldLock:
             "fencing_token": self.fencing_token,
             "token_prefix": self.value[:8],
             "overrides": self.overrides,
+            "cooldown": holder.cooling if holder else False,
         }
         if alive is not None:
             out["alive"] = alive

@@ -22,6 +22,11 @@ release`` then pinged ``w_x@host``, heard nothing and called a live worker dead.
 
 The parent-side release script in :mod:`celery_redlock._redis.scripts` parses the same layout
 and compares the host field as stored, escaped.
+
+A release with a cooldown (``lock_cooldown``) keeps the slot with its token's first 8
+characters replaced by :data:`COOLDOWN` (the release scripts do it): the other fields stay, so
+a duplicate of the same task id is still found, but the value is no holder's token any more,
+and tooling tells a finished task's cooldown from a running holder (:attr:`Owner.cooling`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,10 @@ from dataclasses import dataclass
 
 SEPARATOR = "|"
 
+#: What the first 8 characters of a token's secret become when its task ended and the slot is
+#: kept for ``lock_cooldown`` (written by the release scripts: a secret is hex, never this).
+COOLDOWN = "cooldown"
+
 
 @dataclass(frozen=True)
 class Owner:
@@ -46,6 +55,11 @@ class Owner:
     acquired_ms: int
     host: str
     task_id: str
+
+    @property
+    def cooling(self) -> bool:
+        """Whether the slot is kept for ``lock_cooldown`` after its task ended."""
+        return self.token.startswith(COOLDOWN)
 
 
 @functools.lru_cache(maxsize=1)

@@ -11,7 +11,7 @@ from .._redis.inventory import HeldLock, Released
 from ..metrics import EVENTS
 from ._format import dump, fence, json_row, safe, shown_overrides, table, ttl, who
 from ._group import TIMEOUT, LockStore, answers, redlock, store_of, text_argument
-from ._liveness import DEAD, UNKNOWN, Verdict, unpinged, verdicts
+from ._liveness import COOLDOWN, DEAD, UNKNOWN, Verdict, unpinged, verdicts
 
 #: What KEY may be (the messages of an empty or undecodable one say so).
 KEY_FORMS = "a lock key (redlock:{...}), a lock name or a task name"
@@ -19,8 +19,8 @@ KEY_FORMS = "a lock key (redlock:{...}), a lock name or a task name"
 #: The ``ls --json`` format, as ``--help`` and docs/operations.md describe it.
 JSON_HELP = (
     "Print a JSON list, one lock object per line (key, name, lock_name, slot, task_id, host, "
-    "pid, acquired_ms, acquired_at, ttl, fencing_token, token_prefix, overrides), streamed in "
-    "SCAN order a page at a time."
+    "pid, acquired_ms, acquired_at, ttl, fencing_token, token_prefix, overrides, cooldown), "
+    "streamed in SCAN order a page at a time."
 )
 
 
@@ -30,10 +30,10 @@ JSON_HELP = (
 def ls(ctx: click.Context, as_json: bool) -> None:
     """List every held lock: key, lock name, holder, acquired at, TTL, fencing token.
 
-    FENCE is the fencing counter of a quorum lock or a semaphore slot: the token of the
-    latest acquisition (of any slot of a semaphore), which the holder's own token is at most;
-    "-" for a one-server lock, which stores none (its holder reads its fencing token from the
-    server clock when asked: current_lock().fencing_token).
+    FENCE is the fencing counter of a quorum lock or a semaphore slot (the latest token handed
+    out, by any slot: the holder's own is at most this); "-" for a one-server lock, which stores
+    none (its holder reads its fencing token from the server clock when asked:
+    current_lock().fencing_token).
     """
     store = store_of(ctx)
     with answers():
@@ -262,6 +262,8 @@ def _release_dead(ctx: click.Context, store: LockStore, timeout: float, dry_run:
 def _why_kept(verdict: Verdict) -> str:
     if verdict.state == UNKNOWN:
         return "liveness unknown"
+    if verdict.state == COOLDOWN:
+        return "in its lock_cooldown"
     if verdict.renewed:
         return f"lease renewed: {safe(verdict.reason)}"
     return "worker alive"

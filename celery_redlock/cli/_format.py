@@ -65,7 +65,8 @@ def who(lock: HeldLock) -> str:
     h = lock.holder
     if h is None:
         return "a value that is not a celery-redlock token"
-    return safe(f"task {h.task_id or '(none)'} on {h.host}, pid {h.pid}")
+    ended = " (ended; kept by its lock_cooldown)" if h.cooling else ""
+    return safe(f"task {h.task_id or '(none)'} on {h.host}, pid {h.pid}{ended}")
 
 
 def shown_overrides(overrides: dict[str, Any] | None) -> str:
@@ -81,7 +82,8 @@ def dump(data: Any) -> None:
 #: An ``ls --json`` row: :meth:`HeldLock.as_dict` as ``json.dumps(..., sort_keys=True)`` lays
 #: it out, its keys in sorted order.
 _ROW = (
-    '{"acquired_at": %s, "acquired_ms": %s, "fencing_token": %s, "host": %s, "key": %s, '
+    '{"acquired_at": %s, "acquired_ms": %s, "cooldown": %s, "fencing_token": %s, "host": %s, '
+    '"key": %s, '
     '"lock_name": %s, "name": %s, "overrides": %s, "pid": %s, "slot": %s, "task_id": %s, '
     '"token_prefix": %s, "ttl": %s}'
 )
@@ -96,6 +98,7 @@ def json_row(lock: HeldLock) -> str:
     return _ROW % (
         _json_str(iso(h.acquired_ms)) if h else "null",
         h.acquired_ms if h else "null",
+        "true" if h and h.cooling else "false",
         "null" if lock.fencing_token is None else lock.fencing_token,
         _json_str(h.host) if h else "null",
         _json_str(lock.key),

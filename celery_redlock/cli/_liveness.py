@@ -54,8 +54,9 @@ import click
 from .._redis.clients import redact
 from .._redis.inventory import HeldLock, lease_age
 
-#: How a holder's liveness is reported.
-ALIVE, DEAD, UNKNOWN = "alive", "dead", "unknown"
+#: How a holder's liveness is reported; ``cooldown``: no holder runs, the task ended and its
+#: ``lock_cooldown`` keeps the key (released by ``--force`` only, never as a dead worker's).
+ALIVE, DEAD, UNKNOWN, COOLDOWN = "alive", "dead", "unknown", "cooldown"
 
 #: The part of ``redlock_lease`` within which a renewal proves a live holder (see above).
 RENEWED_WITHIN = 2 / 3
@@ -131,7 +132,8 @@ def verdicts(
 ) -> dict[str, Verdict]:
     """The :class:`Verdict` on each lock's holder, by key: the ping, then the renewal."""
     locks = list(locks)
-    pinged = liveness(app, (lk.holder.host for lk in locks if lk.holder), timeout)
+    running = (lk.holder.host for lk in locks if lk.holder and not lk.holder.cooling)
+    pinged = liveness(app, running, timeout)
     return {lock.key: verdict(lock, pinged, timeout, lease) for lock in locks}
 
 
@@ -140,6 +142,8 @@ def verdict(lock: HeldLock, pinged: Mapping[str, str], timeout: float, lease: fl
     :func:`liveness` of the holder hosts, perhaps heard a moment ago) and the lock's TTL."""
     if lock.holder is None:
         return Verdict(UNKNOWN, "its value is not a celery-redlock token")
+    if lock.holder.cooling:
+        return _cooling()
     host = lock.holder.host
     state = pinged.get(host, UNKNOWN)
     if state == ALIVE:
@@ -174,10 +178,18 @@ def unpinged(lock: HeldLock, lease: float, why: str) -> Verdict:
     """The :class:`Verdict` on ``lock``'s holder when the workers could not be pinged (``why``:
     the broker does not answer): alive by a recent renewal, as when its worker is silent;
     else unknown, never dead."""
+    if lock.holder is not None and lock.holder.cooling:
+        return _cooling()
     age = lease_age(lock, lease)
     if lock.holder is not None and age is not None and age < lease * RENEWED_WITHIN:
         return _renewed(f"the workers could not be pinged ({why})", age, lease)
     return Verdict(UNKNOWN, f"the workers could not be pinged ({why})")
+
+
+def _cooling() -> Verdict:
+    return Verdict(
+        COOLDOWN, "its task ended, and its lock_cooldown keeps the key until its TTL ends"
+    )
 
 
 def _renewed(silence: str, age: float, lease: float) -> Verdict:

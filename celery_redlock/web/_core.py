@@ -165,7 +165,7 @@ class Dashboard:
         :raises click.ClickException: the ping failed (now or within :data:`LIVENESS_TTL`).
         """
         locks = list(locks)
-        hosts = {lock.holder.host for lock in locks if lock.holder}
+        hosts = {lock.holder.host for lock in locks if lock.holder and not lock.holder.cooling}
         asked = time.monotonic()
         since = asked if fresh else asked - LIVENESS_TTL
         known = self._heard(hosts, since)

@@ -25,7 +25,8 @@ class Row:
     """One row of the page."""
 
     key: str
-    #: ``lock``, ``semaphore slot``, ``enqueue marker``, ``rate window`` or ``debounce``.
+    #: ``lock``, ``semaphore slot``, ``cooldown`` (a slot kept by ``lock_cooldown`` after its
+    #: task ended), ``enqueue marker``, ``rate window`` or ``debounce``.
     mode: str
     #: The lock's name (``<lock_name>:<digest>`` for a task), and the ``lock_name`` alone.
     name: str
@@ -61,7 +62,7 @@ def _slot_row(lock: HeldLock, waiters: int, semaphore: bool) -> Row:
     h = lock.holder
     return Row(
         key=lock.key,
-        mode="semaphore slot" if semaphore else "lock",
+        mode="cooldown" if h and h.cooling else "semaphore slot" if semaphore else "lock",
         name=lock.name,
         lock_name=lock.lock_name,
         task_id=h.task_id if h else None,
@@ -71,7 +72,7 @@ def _slot_row(lock: HeldLock, waiters: int, semaphore: bool) -> Row:
         ttl=lock.ttl,
         fencing_token=lock.fencing_token,
         waiters=waiters,
-        detail=f"slot {lock.slot}",
+        detail=f"slot {lock.slot}" + ("; its task ended" if h and h.cooling else ""),
         fingerprint=lock.fingerprint,
         lock=lock,
     )

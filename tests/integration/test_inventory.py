@@ -22,14 +22,14 @@ import redis as redis_py
 from celery import Celery
 from click.testing import CliRunner, Result
 
-from celery_redlock import Lock, LockLost, LockUnavailable, metrics
+from celery_redlock import Lock, LockedTask, LockLost, LockUnavailable, metrics
 from celery_redlock._redis import probe
 from celery_redlock._redis.inventory import Inventory, InventoryRefused, Released, lease_age
 from celery_redlock.cli import redlock
 from celery_redlock.testing import RedisServer, wait_until
 from celery_redlock.web._core import Dashboard
 from support import ROOT
-from support.apps import DownBroker, brokerless_app, layout_app
+from support.apps import DownBroker, brokerless_app, layout_app, make_app
 from support.servers import ClusterNodes
 
 
@@ -224,6 +224,38 @@ def test_inspect_with_the_broker_down_judges_liveness_by_renewal_alone(redis_url
     assert "WARNING: cannot ping workers through the broker" in result.stderr
     assert "alive     unknown (the workers could not be pinged" in older.stdout, older.stdout
     assert broker.connections == 2  # one per command: no retry
+
+
+def test_a_finished_tasks_cooldown_is_shown_as_one_and_kept_by_release_dead(
+    redis_server: RedisServer, r: redis_py.Redis
+) -> None:
+    """A slot kept by ``lock_cooldown`` showed its finished task as the running holder, its
+    worker "alive", and an unforced release said the worker answers a ping. It shows as a
+    cooldown, is kept by ``release --dead`` (no dead worker left it), and only ``--force``
+    releases it."""
+    app = make_app(redis_server, "cool", broker_transport_options={"max_retries": 0})
+
+    @app.task(base=LockedTask, name="cool.report", lock_cooldown=60)
+    def report() -> str:
+        return "done"
+
+    assert report.apply().get() == "done"
+    (key,) = [k.decode() for k in r.scan_iter("redlock:{cool.report*")]
+    shown = run(app, "inspect", key)
+    assert "(ended; kept by its lock_cooldown)" in shown.stdout, shown.output
+    assert "alive     cooldown (its task ended" in shown.stdout
+    listed = run(app, "ls", "--json").stdout
+    assert [lock["cooldown"] for lock in json.loads(listed)] == [True], listed
+    dead = run(app, "release", "--dead")
+    assert "kept" in dead.stdout and "in its lock_cooldown" in dead.stdout and r.exists(key)
+    refused = run(app, "release", key)
+    assert refused.exit_code == 1 and "its lock_cooldown keeps the key" in refused.stderr
+    status, body = Dashboard(app, ping_timeout=0.2).locks_page({}, {"csrf_token": "x"})
+    assert status == 200 and '<td class="mode">cooldown<br>' in body
+    assert '<td class="cooldown">cooldown</td>' in body
+    forced = run(app, "release", key, "--force")
+    assert forced.exit_code == 0 and not r.exists(key), forced.output
+    app.close()
 
 
 def test_the_command_line_and_the_dashboard_go_on_with_a_quorum_node_down() -> None:

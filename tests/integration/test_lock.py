@@ -452,9 +452,11 @@ def test_release_attempt_applies_a_cooldown_and_keeps_a_shorter_one(r: redis_py.
     assert lock.acquire(blocking=False)
     assert release_attempt(r, "cooled", "redlock", "task-1", "worker-a", pid, keep=5.0)
     assert 4000 < r.pttl(lock.key) <= 5000
+    marked = ("cooldown" + lock.token[8:]).encode()  # marked as a cooldown, as the child's
+    assert r.get(lock.key) == marked
     r.pexpire(lock.key, 2000)  # as the child's own release with the cooldown leaves it
     assert release_attempt(r, "cooled", "redlock", "task-1", "worker-a", pid, keep=5.0)
-    assert 0 < r.pttl(lock.key) <= 2000
+    assert 0 < r.pttl(lock.key) <= 2000 and r.get(lock.key) == marked
     r.delete(lock.key)
 
 

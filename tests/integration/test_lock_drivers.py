@@ -935,6 +935,25 @@ def test_a_release_that_keeps_the_key_wakes_the_waiters_for_its_end(
     d2(lock.release())
 
 
+def test_a_release_that_keeps_the_key_marks_it_as_a_cooldown(
+    d: Driver, redis_url: str, r: redis_py.Redis
+) -> None:
+    """A kept slot held its holder's token: tooling showed a finished task's cooldown as a
+    running holder. Its secret's first 8 characters become ``cooldown``; the other fields
+    stay, so the holder a contender reads is the same task, marked as ended."""
+    holder = d.lock(redis_url, "cooled", ttl=30, owner="task-c", host="w1@h")
+    assert d(holder.acquire(blocking=False))
+    token = holder.token
+    d(holder.release(keep=5))
+    kept = r.get(holder.key)
+    assert kept == ("cooldown" + token[8:]).encode() and 4000 < r.pttl(holder.key) <= 5000
+    contender = d.lock(redis_url, "cooled", ttl=30)
+    assert not d(contender.acquire(blocking=False))
+    seen = contender.last_holder
+    assert seen is not None and seen.cooling and seen.task_id == "task-c" and seen.host == "w1@h"
+    r.delete(holder.key)
+
+
 # -- quorum (drifts 4 and the empty "first error") -----------------------------------------------
 
 

@@ -127,7 +127,8 @@ RELEASE = (
     _HAND_ON
     + """
 -- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3..n] the lock's slot keys
--- ARGV[1] owner token, ARGV[2] keep in ms ('0': delete now; > 0: keep the slot that long),
+-- ARGV[1] owner token, ARGV[2] keep in ms ('0': delete now; > 0: keep the slot that long, its
+--         token's secret marked 'cooldown': the task ended; see celery_redlock._redis.owner),
 -- ARGV[3] '1': hand a single-slot lock over to the first queued waiter (a plain node, where
 --         PUBLISH counts every subscriber; not a Cluster, where it counts one node's)
 -- returns 1 released (handed over, or deleted, or kept until expiry; the waiters notified),
@@ -136,7 +137,7 @@ RELEASE = (
 for i = 3, #KEYS do
   if redis.call('GET', KEYS[i]) == ARGV[1] then
     if ARGV[2] ~= '0' then
-      redis.call('PEXPIRE', KEYS[i], ARGV[2])
+      redis.call('SET', KEYS[i], 'cooldown' .. string.sub(ARGV[1], 9), 'PX', ARGV[2])
       return free_slot(KEYS[1], KEYS[2], KEYS[i], false, true)
     end
     return free_slot(KEYS[1], KEYS[2], KEYS[i], ARGV[3] == '1' and #KEYS == 3)
@@ -175,8 +176,8 @@ RELEASE_ATTEMPT = (
 -- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3..n] the lock's slot keys
 -- ARGV[1] task id, ARGV[2] host, ARGV[3] pid, ARGV[4] '1': handoff (as in RELEASE),
 -- ARGV[5] keep in ms ('0': delete; > 0: the task's cooldown: the slot expires in that much at
---         most, as the child's own release with a cooldown leaves it; a child that applied it
---         before it died keeps the shorter TTL it set)
+--         most, marked as the child's own release with a cooldown leaves it; a child that
+--         applied it before it died keeps the shorter TTL it set)
 -- Releases the slot taken by that attempt: the token layout is
 -- secret|pid|acquired_ms|host|task_id (see celery_redlock._redis.owner); host is compared as
 -- stored, with '%' and '|' escaped (ARGV[2] comes from owner.normalize_host, escaped alike).
@@ -189,8 +190,9 @@ for i = 3, #KEYS do
     local pid, host, task_id = string.match(value, '^[^|]*|([^|]*)|[^|]*|([^|]*)|(.*)$')
     if task_id == ARGV[1] and host == ARGV[2] and pid == ARGV[3] then
       if ARGV[5] ~= '0' then
-        local left = redis.call('PTTL', KEYS[i])
-        if left < 0 or left > tonumber(ARGV[5]) then redis.call('PEXPIRE', KEYS[i], ARGV[5]) end
+        local keep, left = tonumber(ARGV[5]), redis.call('PTTL', KEYS[i])
+        if left > 0 and left < keep then keep = left end
+        redis.call('SET', KEYS[i], 'cooldown' .. string.sub(value, 9), 'PX', keep)
         return free_slot(KEYS[1], KEYS[2], KEYS[i], false, true)
       end
       return free_slot(KEYS[1], KEYS[2], KEYS[i], ARGV[4] == '1' and #KEYS == 3)
@@ -351,14 +353,14 @@ SCRIPTS = (
     Script(
         "release",
         RELEASE,
-        ("GET", "PEXPIRE", "SET", "DEL", "TIME"),
+        ("GET", "SET", "DEL", "TIME"),
         tolerated=("EXISTS", "ZPOPMIN", "PUBLISH"),
     ),
     Script("extend", EXTEND, ("GET", "PEXPIRE", "SET")),
     Script(
         "release_attempt",
         RELEASE_ATTEMPT,
-        ("GET", "PTTL", "PEXPIRE", "SET", "DEL", "TIME"),
+        ("GET", "PTTL", "SET", "DEL", "TIME"),
         tolerated=("EXISTS", "ZPOPMIN", "PUBLISH"),
     ),
     Script("fence", FENCE, ("GET", "TIME", "SET")),
