@@ -18,6 +18,14 @@ no user value can imitate another's encoding. Anything else raises :class:`TypeE
 the parameter: a silent ``repr()`` fallback would give keys that differ between processes. So do
 a mapping whose keys collide once encoded (``{1: "a", "1": 2}``: JSON has string keys only) and
 values nested deeper than :data:`MAX_DEPTH`.
+
+A ``lock_by`` callable gets the call's ``args`` and ``kwargs`` as sent, not bound to the
+signature (for it ``f(1)`` and ``f(a=1)`` differ), with their containers as JSON gives them
+back (:func:`as_sent`: tuples as lists, mapping keys as strings), in the caller and the worker
+alike. Timeline it closes: (1) ``delay(y=(1, 2))`` under ``lock_enqueue=True`` marks the key
+the callable computes from the tuple; (2) the worker receives ``[1, 2]``, computes another key
+and never clears that marker; (3) every later call of the value returns the finished call's
+result for the marker's hour, and never runs.
 """
 
 from __future__ import annotations
@@ -169,19 +177,37 @@ def encode_call(
     """
     if callable(by):
         try:
-            ident = by(tuple(args), dict(kwargs))
+            ident = by(tuple(as_sent(list(args))), as_sent(dict(kwargs)))
         except Exception as exc:
             raise LockConfigError(
                 f"{owner}: the lock_by callable raised {type(exc).__name__} (see the chained "
                 "exception); it must return a string for every call of the task"
             ) from exc
         if not isinstance(ident, str):
-            raise TypeError(
+            raise LockConfigError(
                 f"{owner}: lock_by callable returned {type(ident).__name__}; expected str"
             )
         return json.dumps(["C", ident], ensure_ascii=False).encode()
     names = [p.name for p in params] if by is None else by
     return _encode_arguments(owner, names, bind(owner, params, args, kwargs))
+
+
+def as_sent(value: Any, depth: int = 0) -> Any:
+    """``value`` with its containers as Celery's JSON serializer gives them back: tuples as
+    lists, mapping keys as strings (``json.dumps`` of a number, ``None`` or a bool key); other
+    values, and containers deeper than :data:`MAX_DEPTH`, as they are."""
+    if depth >= MAX_DEPTH:
+        return value
+    if isinstance(value, (list, tuple)):
+        return [as_sent(v, depth + 1) for v in value]
+    if isinstance(value, Mapping):
+        return {
+            k if isinstance(k, str) or not isinstance(k, _SCALARS) else json.dumps(k): as_sent(
+                v, depth + 1
+            )
+            for k, v in value.items()
+        }
+    return value
 
 
 def _scalar_json(value: Any) -> str | None:

@@ -117,6 +117,33 @@ def test_one_running_and_one_queued(
     assert len(ran) == 3
 
 
+def test_a_lock_by_callable_sees_the_values_the_worker_sees(
+    app: Celery, r: redis_py.Redis
+) -> None:
+    """A callable got the caller's tuple and the worker's list (JSON has no tuples): the two
+    computed different keys, the worker never cleared the caller's marker, and every later call
+    of the value returned the finished call's result and never ran. Both now see a list, and
+    mapping keys as strings."""
+    seen: list[Any] = []
+
+    def by(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        seen.append((args, kwargs))
+        return repr(kwargs.get("y"))
+
+    @app.task(base=LockedTask, lock_enqueue=True, lock_by=by)
+    def pair(x: int, y: Any = None) -> int:
+        return x
+
+    with running_worker(app):
+        first = pair.delay(1, y=(1, {2: "b"}))
+        assert first.get(timeout=10) == 1
+        wait_until(lambda: lock_keys(r) == [], 5, "the lock and the marker to be gone")
+        second = pair.delay(2, y=(1, {2: "b"}))
+        assert second.id != first.id and second.get(timeout=10) == 2
+    assert lock_key(pair, 3, y=(1, {2: "b"})) == lock_key(pair, 3, y=[1, {"2": "b"}])
+    assert {repr(kwargs["y"]) for _, kwargs in seen} == {"[1, {'2': 'b'}]"}
+
+
 def test_the_marker_clears_even_when_its_execution_is_skipped(
     h: Holder, app: Celery, r: redis_py.Redis
 ) -> None:

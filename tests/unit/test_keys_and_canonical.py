@@ -12,6 +12,7 @@ from redis.crc import key_slot
 
 from celery_redlock._celery.identity import encode_call
 from celery_redlock._redis import keys as _keys
+from celery_redlock.exceptions import LockConfigError
 
 OWNER = "tests.sync_account"
 
@@ -147,8 +148,19 @@ def test_lock_by_callable_returning_str_is_the_identity() -> None:
 
 @pytest.mark.parametrize("returned", [7, None, b"acct-7", ["acct", 7]], ids=repr)
 def test_lock_by_callable_must_return_str(returned: Any) -> None:
-    with pytest.raises(TypeError, match=rf"{OWNER}.*lock_by.*{type(returned).__name__}"):
+    with pytest.raises(LockConfigError, match=rf"{OWNER}.*lock_by.*{type(returned).__name__}"):
         enc(7, by=lambda args, kwargs: returned)
+
+
+def test_lock_by_callable_sees_containers_as_json_gives_them_back() -> None:
+    """The caller has a tuple, the worker JSON's list (and string mapping keys): the callable
+    sees the same in both, so both compute one key."""
+
+    def by(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        return repr((args, kwargs))
+
+    assert enc((1, 2), {1: (3,)}, by=by) == enc([1, 2], {"1": [3]}, by=by)
+    assert enc(1, by=by) != enc(account_id=1, by=by)  # as sent: not bound to the signature
 
 
 # -- keys ---------------------------------------------------------------------------------------
