@@ -117,9 +117,7 @@ def test_one_running_and_one_queued(
     assert len(ran) == 3
 
 
-def test_a_lock_by_callable_sees_the_values_the_worker_sees(
-    app: Celery, r: redis_py.Redis
-) -> None:
+def test_a_lock_by_callable_sees_the_values_the_worker_sees(app: Celery, r: redis_py.Redis) -> None:
     """A callable got the caller's tuple and the worker's list (JSON has no tuples): the two
     computed different keys, the worker never cleared the caller's marker, and every later call
     of the value returned the finished call's result and never ran. Both now see a list, and
