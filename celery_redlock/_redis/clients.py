@@ -297,7 +297,7 @@ def validate_url(url: str) -> None:
         pool = redis_py.ConnectionPool.from_url(url)
         pool.connection_class(**pool.connection_kwargs)
     except TypeError as exc:
-        if scheme in ("redis", "unix") and "'ssl_" in str(exc):
+        if scheme == "redis" and "'ssl" in str(exc):
             raise ValueError(f"TLS options need a rediss:// URL ({exc})") from None
         raise ValueError(f"a query option is not one redis-py takes ({exc})") from None
     except (ValueError, redis_py.exceptions.RedisError) as exc:

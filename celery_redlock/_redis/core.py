@@ -167,13 +167,14 @@ def tls_mismatch(tls: bool, exc: BaseException) -> str:
       the start of a command and waits for the rest; the client's connect timeout passes
       ("Timeout connecting to server").
     * ``redis://`` to a TLS-only port: the client sends a command; the server finds no TLS
-      hello and closes the connection ("Connection reset by peer").
+      hello and resets the connection ("Connection reset by peer"; a restarting server says
+      "Connection closed by server", which gets no hint).
     """
     text = str(exc)
     if tls and "Timeout connecting" in text:
-        return "if that port does not take TLS, a rediss:// URL waits like this: use redis://"
-    if not tls and ("Connection reset by peer" in text or "Connection closed by server" in text):
-        return "if that port takes TLS only, it closes plain connections: use rediss://"
+        return "if that port does not take TLS, a rediss URL waits like this: use the redis scheme"
+    if not tls and "Connection reset by peer" in text:
+        return "if that port takes TLS only, it resets plain connections: use the rediss scheme"
     return ""
 
 

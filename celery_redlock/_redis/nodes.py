@@ -248,8 +248,10 @@ class SingleNode(QueueRules):
         return subscriber_of(self.client)
 
     def run(self, source: str, call: Call, key: str) -> Any:
-        """Run another script of :mod:`celery_redlock._scripts` (queued markers)."""
-        return self._run(source, call, key)
+        """Run another script of :mod:`celery_redlock._scripts` (queued markers): a refusal is
+        left as Redis said it, for the caller's own hint
+        (:func:`~celery_redlock._redis.companions.acl_refusal`)."""
+        return self._guarded(key, run_script, self.client, source, *call)
 
 
 def _node_error(exc: BaseException) -> bool:

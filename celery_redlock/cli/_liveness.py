@@ -76,14 +76,20 @@ def _ping(app: Any, destination: list[str] | None, timeout: float) -> set[str]:
     """Node names of the workers that answer a control ping (``None``: every worker),
     without waiting for the timeout once every destination answered.
 
-    On a connection of its own that does not retry: a broker that is down fails the ping at
-    once (kombu's default connection retries took 6 s whatever ``timeout`` said, and a page
-    view waiting for another's ping waited that long again)."""
+    On a connection of its own that tries each broker of the URL once (a failover list's next
+    one after a failure), without sleeping between tries: a broker that is down fails the
+    ping at once (kombu's default retries took 6 s whatever ``timeout`` said, and a page view
+    waiting for another's ping waited that long again). Connecting is bounded by the app's
+    ``broker_connection_timeout``."""
     limit = len(destination) if destination else None
     try:
-        with app.connection_for_write(
-            connect_timeout=timeout, transport_options={"max_retries": 0}
-        ) as connection:
+        with app.connection_for_write() as connection:
+            connection.transport_options.update(
+                max_retries=max(len(connection.alt) - 1, 0),
+                interval_start=0,
+                interval_step=0,
+                interval_max=0,
+            )
             replies = app.control.ping(
                 destination=destination, timeout=timeout, limit=limit, connection=connection
             )

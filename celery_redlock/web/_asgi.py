@@ -84,9 +84,9 @@ def create_app(
     :param actions: allow the actions (read-only by default).
     :param authenticate: for a mount: ``authenticate(request)`` returns who is asking (a user
         name, logged and sent with each action) or ``None`` to refuse the request; it may be a
-        coroutine function. Any other value (a user object, ``False``, ``""``) fails the request
-        with a :class:`TypeError` naming the fix. Without it, ``credentials`` (default: from
-        the environment) are checked.
+        coroutine function. ``""`` refuses too; any other value (a user object, ``False``) fails
+        the request with a :class:`TypeError` naming the fix. Without it, ``credentials``
+        (default: from the environment) are checked; with it, they are not read.
     :param allowed_hosts: the host names (no port) a request's ``Host`` header may give
         (``None``: any, with ``authenticate`` or credentials; else the loopback names only).
         ``celery redlock web`` on a loopback address allows the loopback names only. Timeline
@@ -97,7 +97,10 @@ def create_app(
     :raises ValueError: when actions are enabled with neither ``authenticate`` nor
         credentials (anyone who reaches the port could release locks).
     """
-    creds = credentials if credentials is not None else Credentials.from_env()
+    if credentials is not None:
+        creds = credentials
+    else:  # the environment's are the standalone dashboard's: a mount's login is its own
+        creds = Credentials() if authenticate is not None else Credentials.from_env()
     # No login, no hosts named: loopback only (see the module doc).
     local_only = allowed_hosts is None and authenticate is None and not creds.configured
     if local_only:
@@ -118,7 +121,8 @@ def create_app(
         if local_only:
             return PlainTextResponse(
                 "refused: this dashboard has no login (pass authenticate= to create_app, or set "
-                "REDLOCK_WEB_TOKEN), so it answers requests to localhost only",
+                "REDLOCK_WEB_TOKEN), so it answers requests to localhost only (allowed_hosts= "
+                "names others)",
                 status_code=403,
             )
         return PlainTextResponse("refused: unknown Host header", status_code=400)

@@ -31,6 +31,7 @@ from celery_redlock.web._core import Dashboard
 from support import ROOT
 from support.apps import DownBroker, brokerless_app, layout_app, make_app
 from support.servers import ClusterNodes
+from support.workers import running_worker
 
 
 def run(app: Celery, *args: str) -> Result:
@@ -224,6 +225,31 @@ def test_inspect_with_the_broker_down_judges_liveness_by_renewal_alone(redis_url
     assert "WARNING: cannot ping workers through the broker" in result.stderr
     assert "alive     unknown (the workers could not be pinged" in older.stdout, older.stdout
     assert broker.connections == 2  # one per command: no retry
+
+
+def test_the_ping_goes_on_to_the_next_broker_of_a_failover_list(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    """A ping that does not retry must still try each broker of ``broker_url="a;b"`` once: with
+    ``max_retries=0`` kombu gave up on the first, and a live holder behind the second was
+    judged by renewal alone."""
+    app = make_app(redis_server, "failover")
+    down = DownBroker()
+    listed = make_app(redis_server, "failover")
+    listed.conf.broker_url = f"{down.url}/1;redis://127.0.0.1:{redis_server.port}/1"
+    try:
+        with running_worker(app) as worker:
+            lock = Lock(redis_url, "failover", ttl=5, owner="t-f", host=worker.hostname)
+            assert lock.acquire(blocking=False)
+            shown = run(listed, "inspect", "failover", "--timeout", "5")
+            lock.release()
+    finally:
+        listed.close()
+        app.close()
+        down.close()
+    assert shown.exit_code == 0 and "WARNING" not in shown.stderr, shown.output
+    assert "alive     alive (its worker" in shown.stdout, shown.stdout
+    assert down.connections >= 1  # the first broker was tried
 
 
 def test_a_finished_tasks_cooldown_is_shown_as_one_and_kept_by_release_dead(

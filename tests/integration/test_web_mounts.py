@@ -190,6 +190,7 @@ def test_without_a_login_a_mount_answers_localhost_only(celery_app: Any, held: s
         public = httpx.get(f"{base}/locks/", headers={"Host": "public.example.com"})
         assert public.status_code == 403 and held not in public.text
         assert "pass authenticate= to create_app, or set REDLOCK_WEB_TOKEN" in public.text
+        assert "allowed_hosts= names others" in public.text
         local = httpx.get(f"{base}/locks/")  # Host: 127.0.0.1:<port>
         assert local.status_code == 200 and held in local.text
         named = httpx.get(f"{base}/internal/", headers={"Host": "ops.internal"})
@@ -197,13 +198,18 @@ def test_without_a_login_a_mount_answers_localhost_only(celery_app: Any, held: s
 
 
 def test_an_empty_name_is_a_refusal_and_cookies_are_secure_over_https(
-    celery_app: Any, held: str
+    celery_app: Any, held: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An ``authenticate`` that reads an empty header returned ``""``: a 500. It is a 401 now.
     Over HTTPS (here a TLS proxy on loopback that says so, which uvicorn trusts by default)
     the cookies carry ``Secure``."""
     from celery_redlock.web import create_app
+    from celery_redlock.web._security import PASSWORD_ENV, USER_ENV
 
+    # The environment's credentials are the standalone dashboard's: a mount with its own login
+    # does not read them (a short password there refused the mount at start).
+    monkeypatch.setenv(USER_ENV, "ops")
+    monkeypatch.setenv(PASSWORD_ENV, "short")
     board = create_app(celery_app, authenticate=lambda request: request.headers.get("x-user"))
     with served(board) as base:
         assert httpx.get(f"{base}/", headers={"x-user": ""}).status_code == 401
