@@ -52,6 +52,8 @@ LockBy = Callable[[tuple[Any, ...], dict[str, Any]], str] | Sequence[str] | None
 POLICIES: tuple[str, ...] = ("skip", "retry", "fail", "wait")
 UNAVAILABLE_POLICIES: tuple[str, ...] = ("retry", "fail", "run")
 ENQUEUE_MODES: tuple[str, ...] = ("keep", "until_executed", "replace")
+#: The values of ``lock_enqueue``, as messages list them.
+ENQUEUE_SHOWN = "False, True ('keep'), 'until_executed' or 'replace'"
 #: The modes that keep the queued call (``delay()`` returns its ``AsyncResult``).
 KEEPING_MODES: tuple[str, ...] = ("keep", "until_executed")
 
@@ -104,8 +106,9 @@ def seconds(*, none: bool = False, zero: bool = False, ms: bool = False) -> Chec
     return check
 
 
-def choice(choices: tuple[str, ...], *, none: bool = False) -> Check:
-    """A check for one of ``choices`` (with a "did you mean" hint)."""
+def choice(choices: tuple[str, ...], *, none: bool = False, shown: str = "") -> Check:
+    """A check for one of ``choices`` (with a "did you mean" hint); ``shown``: the accepted
+    values as the message lists them, when the option takes others too."""
 
     def check(owner: str, option: str, value: Any, _: Params = None) -> str | None:
         if value is None and none:
@@ -114,8 +117,8 @@ def choice(choices: tuple[str, ...], *, none: bool = False) -> Check:
             return str(value)
         hint = difflib.get_close_matches(str(value), choices, n=1)
         did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
-        expected = f"one of {', '.join(map(repr, choices))}{' or None' if none else ''}"
-        raise _invalid(owner, option, value, expected + did_you_mean)
+        listed = shown or ", ".join(map(repr, choices)) + (" or None" if none else "")
+        raise _invalid(owner, option, value, f"one of {listed}{did_you_mean}")
 
     return check
 
@@ -198,15 +201,11 @@ def _enqueue(owner: str, option: str, value: Any, _: Params) -> EnqueueMode:
             owner,
             option,
             value,
-            f"one of False, True ('keep'), 'until_executed' or 'replace'; sidekiq's "
+            f"one of {ENQUEUE_SHOWN}; sidekiq's "
             f"{value} is lock_enqueue={SIDEKIQ_LIFETIMES[value]} (docs/lifetimes.md)",
         )
-    if value in ENQUEUE_MODES:
-        return value  # type: ignore[no-any-return]
-    hint = difflib.get_close_matches(str(value), ENQUEUE_MODES, n=1)
-    did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
-    expected = "one of False, True ('keep'), 'until_executed' or 'replace'"
-    raise _invalid(owner, option, value, expected + did_you_mean)
+    check = choice(ENQUEUE_MODES, shown=ENQUEUE_SHOWN)
+    return check(owner, option, value, None)  # type: ignore[no-any-return]
 
 
 #: The periods of a rate (Celery's ``rate_limit`` syntax), in seconds.

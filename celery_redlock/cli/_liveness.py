@@ -72,6 +72,12 @@ class Verdict:
     renewed: bool = False
 
 
+#: The verdict on a slot kept by ``lock_cooldown``: no holder runs, none is pinged.
+COOLING = Verdict(
+    COOLDOWN, "its task ended, and its lock_cooldown keeps the key until its TTL ends"
+)
+
+
 def _ping(app: Any, destination: list[str] | None, timeout: float) -> set[str]:
     """Node names of the workers that answer a control ping (``None``: every worker),
     without waiting for the timeout once every destination answered.
@@ -149,7 +155,7 @@ def verdict(lock: HeldLock, pinged: Mapping[str, str], timeout: float, lease: fl
     if lock.holder is None:
         return Verdict(UNKNOWN, "its value is not a celery-redlock token")
     if lock.holder.cooling:
-        return _cooling()
+        return COOLING
     host = lock.holder.host
     state = pinged.get(host, UNKNOWN)
     if state == ALIVE:
@@ -185,17 +191,11 @@ def unpinged(lock: HeldLock, lease: float, why: str) -> Verdict:
     the broker does not answer): alive by a recent renewal, as when its worker is silent;
     else unknown, never dead."""
     if lock.holder is not None and lock.holder.cooling:
-        return _cooling()
+        return COOLING
     age = lease_age(lock, lease)
     if lock.holder is not None and age is not None and age < lease * RENEWED_WITHIN:
         return _renewed(f"the workers could not be pinged ({why})", age, lease)
     return Verdict(UNKNOWN, f"the workers could not be pinged ({why})")
-
-
-def _cooling() -> Verdict:
-    return Verdict(
-        COOLDOWN, "its task ended, and its lock_cooldown keeps the key until its TTL ends"
-    )
 
 
 def _renewed(silence: str, age: float, lease: float) -> Verdict:
