@@ -85,8 +85,17 @@ def test_a_lease_renewed_during_the_warm_shutdown_keeps_the_lock_at_any_moment(
             15,
             "the draining worker to stop answering pings",
         )
-        low = locks.pttl(lock["key"])
-        wait_until(lambda: locks.pttl(lock["key"]) > low, 10, "a renewal during the shutdown")
+        # A renewal shows as a TTL that grew since the previous read, 20 ms before. (Compared
+        # with one read made just after a renewal, the next renewals' TTLs, each read a few ms
+        # after it was set, could all be lower, and no renewal was seen.)
+        last = [locks.pttl(lock["key"])]
+
+        def renewed() -> bool:
+            now = locks.pttl(lock["key"])
+            grew, last[0] = now > last[0], now
+            return grew
+
+        wait_until(renewed, 10, "a renewal during the shutdown")
         for _ in range(2):  # at different moments of the renewal cycle
             dead = cli(server.port, "release", "--dead", "--timeout", "2", env=env)
             assert dead.returncode == 0, dead.stderr
