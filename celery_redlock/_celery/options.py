@@ -145,6 +145,9 @@ def _by(owner: str, option: str, value: Any, params: Params) -> LockBy:
         return value  # type: ignore[no-any-return]
     if not isinstance(value, Sequence) or not all(isinstance(n, str) for n in value):
         raise _invalid(owner, option, value, expected)
+    twice = next((name for i, name in enumerate(value) if name in value[:i]), None)
+    if twice is not None:  # a typo for another parameter, most likely
+        raise _invalid(owner, option, value, f"each parameter once ({twice!r} is listed twice)")
     if params is not None:
         names = [p.name for p in params]
         # @single_instance checks before bind=True is known: a leading ``self`` is accepted here

@@ -543,3 +543,11 @@ def test_a_lease_below_a_millisecond_is_refused_as_lock_ttl_is(app: Celery) -> N
     app.conf.redlock_lease = 0.0001
     with pytest.raises(LockConfigError, match=r"redlock_lease=0\.0001 is invalid.*at least 0\.001"):
         settings_for(app)
+
+
+def test_lock_by_listing_a_parameter_twice_is_refused(app: Celery) -> None:
+    """``lock_by=["account_id", "account_id"]`` was accepted: most likely a typo for another
+    parameter, which the key then leaves out."""
+    with pytest.raises(LockConfigError, match=r"'account_id' is listed twice") as info:
+        declare(app, lock_by=["account_id", "account_id"])
+    assert "bad.task" in str(info.value) and "lock_by" in str(info.value)
