@@ -20,12 +20,13 @@ a mapping whose keys collide once encoded (``{1: "a", "1": 2}``: JSON has string
 values nested deeper than :data:`MAX_DEPTH`.
 
 A ``lock_by`` callable gets the call's ``args`` and ``kwargs`` as sent, not bound to the
-signature (for it ``f(1)`` and ``f(a=1)`` differ), with their containers as JSON gives them
-back (:func:`as_sent`: tuples as lists, mapping keys as strings), in the caller and the worker
-alike. Timeline it closes: (1) ``delay(y=(1, 2))`` under ``lock_enqueue=True`` marks the key
-the callable computes from the tuple; (2) the worker receives ``[1, 2]``, computes another key
-and never clears that marker; (3) every later call of the value returns the finished call's
-result for the marker's hour, and never runs.
+signature (for it ``f(1)`` and ``f(a=1)`` differ), and, for a task whose serializer is JSON
+(Celery's default), with their containers as JSON gives them back (:func:`as_sent`: tuples as
+lists, mapping keys as strings), in the caller and the worker alike (other serializers keep
+tuples and objects, on both sides). Timeline it closes: (1) ``delay(y=(1, 2))`` under
+``lock_enqueue=True`` marks the key the callable computes from the tuple; (2) the worker
+receives ``[1, 2]``, computes another key and never clears that marker; (3) every later call
+of the value returns the finished call's result for the marker's hour, and never runs.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ from ..exceptions import LockConfigError, LockContended, LockUnavailable
 from .options import OPTIONS, Settings, TaskLockOptions, parameters_of, settings_for
 
 _SCALARS = (str, int, float, type(None))
+#: The exact types JSON gives back as they are (not subclasses: a named tuple is no int).
+_ATOMS = frozenset({str, int, float, bool, type(None)})
 
 #: How deeply containers may nest in an argument that is part of a lock identity.
 MAX_DEPTH = 64
@@ -169,15 +172,19 @@ def encode_call(
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
     by: Callable[[tuple[Any, ...], dict[str, Any]], str] | Sequence[str] | None,
+    json_sent: bool = True,
 ) -> bytes:
     """The canonical bytes identifying one call of the task called ``owner``.
 
     ``by`` selects the identity: ``None`` all parameters, a sequence some of them (in the given
-    order), a callable a string computed from ``(args, kwargs)``.
+    order), a callable a string computed from ``(args, kwargs)``, as JSON gives them back when
+    ``json_sent`` (the task's serializer is JSON), else as they are.
     """
     if callable(by):
+        if json_sent:
+            args, kwargs = as_sent(args), as_sent(kwargs)
         try:
-            ident = by(tuple(as_sent(list(args))), as_sent(dict(kwargs)))
+            ident = by(tuple(args), dict(kwargs))
         except Exception as exc:
             raise LockConfigError(
                 f"{owner}: the lock_by callable raised {type(exc).__name__} (see the chained "
@@ -195,10 +202,13 @@ def encode_call(
 def as_sent(value: Any, depth: int = 0) -> Any:
     """``value`` with its containers as Celery's JSON serializer gives them back: tuples as
     lists, mapping keys as strings (``json.dumps`` of a number, ``None`` or a bool key); other
-    values, and containers deeper than :data:`MAX_DEPTH`, as they are."""
+    values, and containers deeper than :data:`MAX_DEPTH`, as they are. A list of scalars is
+    returned as it is, after one look at its element types (a large argument is not copied)."""
     if depth >= MAX_DEPTH:
         return value
     if isinstance(value, (list, tuple)):
+        if set(map(type, value)) <= _ATOMS:
+            return value if type(value) is list else list(value)
         return [as_sent(v, depth + 1) for v in value]
     if isinstance(value, Mapping):
         return {
@@ -453,7 +463,8 @@ def lock_name_for(
     with ``redlock_key_secret`` when the app sets one (``settings``: the app's, if known)."""
     args, kwargs, by = args or (), kwargs or {}, spec.options.by
     if callable(by):
-        canonical = encode_call(task.name, spec.params, args, kwargs, by)
+        serializer = getattr(task, "serializer", None) or task.app.conf.task_serializer
+        canonical = encode_call(task.name, spec.params, args, kwargs, by, serializer == "json")
     else:
         positional = spec.positional
         if not kwargs and positional is not None and len(args) == len(positional):

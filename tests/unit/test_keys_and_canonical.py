@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import collections
 import fnmatch
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
+from celery import Celery
 from redis.crc import key_slot
 
+from celery_redlock import LockedTask, lock_key
 from celery_redlock._celery.identity import encode_call
 from celery_redlock._redis import keys as _keys
 from celery_redlock.exceptions import LockConfigError
@@ -161,6 +164,26 @@ def test_lock_by_callable_sees_containers_as_json_gives_them_back() -> None:
 
     assert enc((1, 2), {1: (3,)}, by=by) == enc([1, 2], {"1": [3]}, by=by)
     assert enc(1, by=by) != enc(account_id=1, by=by)  # as sent: not bound to the signature
+
+
+def test_lock_by_callable_sees_the_objects_themselves_under_another_serializer() -> None:
+    """Under pickle (or msgpack...) the worker gets the caller's objects: a named tuple stays
+    one, and a callable reading its fields works on both sides."""
+    account = collections.namedtuple("account", ["pk", "name"])
+
+    def by(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        return str(args[0].pk)
+
+    pickled = encode_call(OWNER, PARAMS, (account(5, "x"),), {}, by, json_sent=False)
+    assert pickled == encode_call(OWNER, PARAMS, (account(5, "y"),), {}, by, json_sent=False)
+    app = Celery("pickled", set_as_current=False, task_serializer="pickle")
+    app.conf.redlock_url = "redis://127.0.0.1:1/0"  # never connected to
+
+    @app.task(base=LockedTask, lock_by=by, shared=False)
+    def sync(account: Any) -> None: ...
+
+    assert lock_key(sync, account(5, "x")) == lock_key(sync, account(5, "y"))
+    app.close()
 
 
 # -- keys ---------------------------------------------------------------------------------------
