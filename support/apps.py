@@ -111,6 +111,22 @@ class DownBroker:
         self._socket.close()
 
 
+class SilentBroker:
+    """A broker's port where a connect never completes (a host that drops packets): a
+    listening socket whose one-slot backlog is kept full, so the kernel ignores the next
+    connection attempts."""
+
+    def __init__(self) -> None:
+        self._socket = socket.create_server(("127.0.0.1", 0), backlog=0)
+        port = self._socket.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{port}"
+        self._filler = socket.create_connection(("127.0.0.1", port))
+
+    def close(self) -> None:
+        self._filler.close()
+        self._socket.close()
+
+
 def app_from(path: str) -> Celery:
     """An app configured as Django projects do: ``config_from_object(path, namespace="CELERY")``."""
     app = Celery("proj", set_as_current=False)

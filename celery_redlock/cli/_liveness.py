@@ -85,17 +85,23 @@ def _ping(app: Any, destination: list[str] | None, timeout: float) -> set[str]:
     On a connection of its own that tries each broker of the URL once (a failover list's next
     one after a failure), without sleeping between tries: a broker that is down fails the
     ping at once (kombu's default retries took 6 s whatever ``timeout`` said, and a page view
-    waiting for another's ping waited that long again). Connecting is bounded by the app's
-    ``broker_connection_timeout``."""
+    waiting for another's ping waited that long again). Each try's connect is bounded by the
+    app's ``broker_connection_timeout`` (4 s by default), a Redis broker's too (its socket
+    had no connect timeout: a broker host that dropped packets hung the ping, and with it every
+    dashboard view behind it), and no deadline over all tries cuts a failover list short."""
     limit = len(destination) if destination else None
     try:
         with app.connection_for_write() as connection:
-            connection.transport_options.update(
+            options = connection.transport_options
+            options.update(
                 max_retries=max(len(connection.alt) - 1, 0),
                 interval_start=0,
                 interval_step=0,
                 interval_max=0,
+                connect_retries_timeout=None,
             )
+            if connection.transport.driver_type == "redis":
+                options.setdefault("socket_connect_timeout", connection.connect_timeout or 4.0)
             replies = app.control.ping(
                 destination=destination, timeout=timeout, limit=limit, connection=connection
             )

@@ -29,7 +29,7 @@ from celery_redlock.cli import redlock
 from celery_redlock.testing import RedisServer, wait_until
 from celery_redlock.web._core import Dashboard
 from support import ROOT
-from support.apps import DownBroker, brokerless_app, layout_app, make_app
+from support.apps import DownBroker, SilentBroker, brokerless_app, layout_app, make_app
 from support.servers import ClusterNodes
 from support.workers import running_worker
 
@@ -225,6 +225,28 @@ def test_inspect_with_the_broker_down_judges_liveness_by_renewal_alone(redis_url
     assert "WARNING: cannot ping workers through the broker" in result.stderr
     assert "alive     unknown (the workers could not be pinged" in older.stdout, older.stdout
     assert broker.connections == 2  # one per command: no retry
+
+
+def test_a_broker_that_drops_connections_fails_the_ping_in_its_connect_timeout(
+    redis_url: str,
+) -> None:
+    """A Redis broker whose host drops packets: the ping's connect had no timeout and hung
+    forever (and every dashboard view waited behind it). It is bounded by
+    ``broker_connection_timeout``, and the lock is judged by its renewal."""
+    lock = Lock(redis_url, "silent", ttl=30, owner="t-s", host="w1@host")
+    assert lock.acquire(blocking=False)
+    silent = SilentBroker()
+    app = brokerless_app(redis_url, silent.url)
+    app.conf.broker_connection_timeout = 0.5
+    try:
+        shown = run(app, "inspect", "silent", "--timeout", "0.2")
+    finally:
+        lock.release()
+        app.close()
+        silent.close()
+    assert shown.exit_code == 0, shown.output
+    assert "cannot ping workers through the broker" in shown.stderr
+    assert "alive     alive (the workers could not be pinged" in shown.stdout
 
 
 def test_the_ping_goes_on_to_the_next_broker_of_a_failover_list(
