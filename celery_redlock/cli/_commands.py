@@ -55,7 +55,7 @@ def ls(ctx: click.Context, as_json: bool) -> None:
         rows.append(
             [
                 lock.key,
-                lock.lock_name,
+                lock.lock_name + (" (cooldown)" if d["cooldown"] else ""),
                 d["task_id"] or "-",
                 d["host"] or "-",
                 str(d["pid"] or "-"),

@@ -28,6 +28,8 @@ class Row:
     #: ``lock``, ``semaphore slot``, ``cooldown`` (a slot kept by ``lock_cooldown`` after its
     #: task ended), ``enqueue marker``, ``rate window`` or ``debounce``.
     mode: str
+    #: A slot of a semaphore (whose slots share one fencing counter), in cooldown or not.
+    semaphore: bool
     #: The lock's name (``<lock_name>:<digest>`` for a task), and the ``lock_name`` alone.
     name: str
     lock_name: str
@@ -63,6 +65,7 @@ def _slot_row(lock: HeldLock, waiters: int, semaphore: bool) -> Row:
     return Row(
         key=lock.key,
         mode="cooldown" if h and h.cooling else "semaphore slot" if semaphore else "lock",
+        semaphore=semaphore,
         name=lock.name,
         lock_name=lock.lock_name,
         task_id=h.task_id if h else None,
@@ -72,7 +75,9 @@ def _slot_row(lock: HeldLock, waiters: int, semaphore: bool) -> Row:
         ttl=lock.ttl,
         fencing_token=lock.fencing_token,
         waiters=waiters,
-        detail=f"slot {lock.slot}" + ("; its task ended" if h and h.cooling else ""),
+        detail=("semaphore " if semaphore else "")
+        + f"slot {lock.slot}"
+        + ("; its task ended" if h and h.cooling else ""),
         fingerprint=lock.fingerprint,
         lock=lock,
     )
@@ -86,6 +91,7 @@ def _marker_row(marker: Marker) -> Row:
     return Row(
         key=marker.key,
         mode=MODES[marker.kind],
+        semaphore=False,
         name=marker.name,
         lock_name=marker.lock_name,
         task_id=marker.task_id,

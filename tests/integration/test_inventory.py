@@ -294,6 +294,7 @@ def test_a_finished_tasks_cooldown_is_shown_as_one_and_kept_by_release_dead(
     assert "alive     cooldown (its task ended" in shown.stdout
     listed = run(app, "ls", "--json").stdout
     assert [lock["cooldown"] for lock in json.loads(listed)] == [True], listed
+    assert "cool.report (cooldown)" in run(app, "ls").stdout
     dead = run(app, "release", "--dead")
     assert "kept" in dead.stdout and "in its lock_cooldown" in dead.stdout and r.exists(key)
     refused = run(app, "release", key)

@@ -359,21 +359,23 @@ def test_a_long_key_links_a_timeline_that_opens(redis_url: str, r: redis_py.Redi
 
 def test_a_semaphores_slots_show_their_shared_counter_as_a_bound(redis_url: str) -> None:
     """The slots of a semaphore share one fencing counter: slot 1 showed the token slot 2
-    took later, as if it were its own. Each slot shows it as the bound it is."""
+    took later, as if it were its own. Each slot shows it as the bound it is, one kept by a
+    cooldown too."""
     first = Lock(redis_url, "sema", ttl=30, limit=2)
     second = Lock(redis_url, "sema", ttl=30, limit=2)
     assert first.acquire(blocking=False) and second.acquire(blocking=False)
     latest = second.fencing_token
     assert first.fencing_token is not None and latest is not None
     assert first.fencing_token < latest
+    first.release(keep=30)
     app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
     try:
         status, body = Dashboard(app, ping_timeout=0.2).locks_page({}, {"csrf_token": "x"})
     finally:
-        first.release()
         second.release()
         app.close()
     assert status == 200 and body.count(f"<td>≤ {latest}</td>") == 2, body
+    assert "<small>semaphore slot 1; its task ended</small>" in body
 
 
 def test_invisible_and_bidi_characters_are_shown_escaped(redis_url: str, r: redis_py.Redis) -> None:
