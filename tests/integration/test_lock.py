@@ -21,6 +21,7 @@ from redis.retry import Retry
 
 from celery_redlock import Lock, LockContended, LockLost, LockNotOwned, LockUnavailable
 from celery_redlock._redis.lock import release_attempt
+from celery_redlock._redis.scripts import RELEASE, sha1
 from celery_redlock.testing import RedisServer
 from support.apps import lock_keys
 from support.clock import FakeClock
@@ -457,6 +458,34 @@ def test_release_attempt_applies_a_cooldown_and_keeps_a_shorter_one(r: redis_py.
     r.pexpire(lock.key, 2000)  # as the child's own release with the cooldown leaves it
     assert release_attempt(r, "cooled", "redlock", "task-1", "worker-a", pid, keep=5.0)
     assert 0 < r.pttl(lock.key) <= 2000 and r.get(lock.key) == marked
+    r.delete(lock.key)
+
+
+class SendsItsReleaseTwice(redis_py.Redis):
+    """A client that sends the release script again after it ran, as redis-py's retry does
+    when the first reply is lost (``retry_on_timeout``)."""
+
+    def execute_command(self, *args: Any, **options: Any) -> Any:
+        reply = super().execute_command(*args, **options)
+        if args[:2] == ("EVALSHA", sha1(RELEASE)):
+            reply = super().execute_command(*args, **options)
+        return reply
+
+
+def test_a_release_with_keep_sent_again_is_answered_as_the_first(
+    redis_server: RedisServer, r: redis_py.Redis
+) -> None:
+    """A kept slot is marked as a cooldown: the release sent again no longer found the token,
+    answered 0, and the holder got :class:`LockLost` (and an ERROR) for a release that
+    worked."""
+    client = SendsItsReleaseTwice(port=redis_server.port)
+    lock = Lock(client, "twice", ttl=30)
+    assert lock.acquire(blocking=False)
+    token = lock.token
+    lock.release(keep=5)  # no LockLost
+    assert r.get(lock.key) == ("cooldown" + token[8:]).encode()
+    assert 4000 < r.pttl(lock.key) <= 5000
+    client.close()
     r.delete(lock.key)
 
 

@@ -134,10 +134,14 @@ RELEASE = (
 -- returns 1 released (handed over, or deleted, or kept until expiry; the waiters notified),
 --         2 released (deleted or kept) but PUBLISH was refused: waiters not notified,
 --         0 not the owner of any slot (expired or taken over)
+-- A release with keep sent again (a client's retry after a lost reply) finds the slot it
+-- marked and answers 1 again, as it did when keeping left the token in place.
+local cooling = 'cooldown' .. string.sub(ARGV[1], 9)
 for i = 3, #KEYS do
-  if redis.call('GET', KEYS[i]) == ARGV[1] then
+  local value = redis.call('GET', KEYS[i])
+  if value == ARGV[1] or (ARGV[2] ~= '0' and value == cooling) then
     if ARGV[2] ~= '0' then
-      redis.call('SET', KEYS[i], 'cooldown' .. string.sub(ARGV[1], 9), 'PX', ARGV[2])
+      redis.call('SET', KEYS[i], cooling, 'PX', ARGV[2])
       return free_slot(KEYS[1], KEYS[2], KEYS[i], false, true)
     end
     return free_slot(KEYS[1], KEYS[2], KEYS[i], ARGV[3] == '1' and #KEYS == 3)
