@@ -150,9 +150,13 @@ def verdicts(
 ) -> dict[str, Verdict]:
     """The :class:`Verdict` on each lock's holder, by key: the ping, then the renewal."""
     locks = list(locks)
-    running = (lk.holder.host for lk in locks if lk.holder and not lk.holder.cooling)
-    pinged = liveness(app, running, timeout)
+    pinged = liveness(app, hosts_to_ping(locks), timeout)
     return {lock.key: verdict(lock, pinged, timeout, lease) for lock in locks}
+
+
+def hosts_to_ping(locks: Iterable[HeldLock]) -> set[str]:
+    """The hosts of the holders that may be running: every token's but a cooldown's."""
+    return {lk.holder.host for lk in locks if lk.holder and not lk.holder.cooling}
 
 
 def verdict(lock: HeldLock, pinged: Mapping[str, str], timeout: float, lease: float) -> Verdict:

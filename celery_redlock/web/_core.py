@@ -46,7 +46,7 @@ from .._redis.clients import redact
 from .._redis.inventory import MAX_FILTER, HeldLock, Inventory, Released, check_filter
 from .._redis.keys import is_slot
 from ..cli._format import safe
-from ..cli._liveness import DEAD, Verdict, liveness, unpinged, verdict
+from ..cli._liveness import DEAD, Verdict, hosts_to_ping, liveness, unpinged, verdict
 from ..exceptions import LockConfigError, LockUnavailable
 from ..metrics import EVENTS, read_stats
 from ..signals import lock_admin_action
@@ -165,7 +165,7 @@ class Dashboard:
         :raises click.ClickException: the ping failed (now or within :data:`LIVENESS_TTL`).
         """
         locks = list(locks)
-        hosts = {lock.holder.host for lock in locks if lock.holder and not lock.holder.cooling}
+        hosts = hosts_to_ping(locks)
         asked = time.monotonic()
         since = asked if fresh else asked - LIVENESS_TTL
         known = self._heard(hosts, since)

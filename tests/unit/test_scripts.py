@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from celery_redlock._redis import probe, scripts
+from celery_redlock._redis import owner, probe, scripts
 from celery_redlock._redis.scripts import base, companions, lock, queue
 
 
@@ -44,3 +44,10 @@ def test_the_dry_run_probes_every_command_a_feature_needs() -> None:
     assert not {"SCAN", "HGETALL", "MGET"} & workers
     assert {"HGET", "HSET", "HDEL"} <= set(probe.FEATURES["newest"].commands)
     assert {"LLEN", "LINDEX", "RPUSH", "LTRIM"} <= set(probe.FEATURES["rate"].commands)
+
+
+def test_the_release_scripts_mark_a_cooldown_as_owner_reads_it() -> None:
+    """The Lua literal and :data:`owner.COOLDOWN` are one mark, written in two languages."""
+    for script in (lock.RELEASE, lock.RELEASE_ATTEMPT):
+        assert f"'{owner.COOLDOWN}' .. string.sub(" in script
+    assert len(owner.COOLDOWN) == 8  # the scripts replace the first 8 characters
