@@ -68,7 +68,7 @@ _compact_json = json.JSONEncoder(
 
 def _encode(value: Any, owner: str, param: str, depth: int = 0) -> Any:
     if isinstance(value, _SCALARS):
-        return value
+        return 0.0 if value == 0.0 and isinstance(value, float) else value  # -0.0 too
     if depth >= MAX_DEPTH and isinstance(value, (list, tuple, Mapping)):
         raise TypeError(
             f"{owner}: argument {param!r} nests containers deeper than {MAX_DEPTH} levels, "
@@ -104,8 +104,8 @@ def _encode(value: Any, owner: str, param: str, depth: int = 0) -> Any:
 def _key(key: Any, owner: str, param: str) -> str:
     if isinstance(key, str):
         return key
-    if isinstance(key, _SCALARS):
-        return json.dumps(key)  # what Celery's JSON serializer turns a non-string key into
+    if isinstance(key, _SCALARS):  # what Celery's JSON serializer turns a non-string key into
+        return json.dumps(_encode(key, "", ""))
     raise TypeError(
         f"{owner}: argument {param!r} is a mapping with a {type(key).__name__} key, which has "
         "no canonical encoding for the lock key"

@@ -591,11 +591,17 @@ def _event_names(owner: str, setting: str, value: Any) -> str:
     return str(names)
 
 
+#: The largest ``redlock_timeline``: about 200 MB of ring at 200 bytes an event, and a
+#: size the ring script's Lua numbers (doubles) hold exactly.
+MAX_TIMELINE = 1_000_000
+TIMELINE_EXPECTED = f"a whole number from 0 to {MAX_TIMELINE}"
+
+
 def _timeline(owner: str, setting: str, value: Any) -> int:
     if value is None:
         return 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _invalid(owner, setting, value, "a whole number >= 0")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_TIMELINE:
+        raise _invalid(owner, setting, value, TIMELINE_EXPECTED)
     return value
 
 
@@ -731,7 +737,7 @@ SETTINGS: dict[str, Setting] = {
             "timeline",
             0,
             "`0` (off)",
-            "a whole number >= 0",
+            TIMELINE_EXPECTED,
             "How many recent lock events the in-Redis ring of the dashboard's timeline keeps "
             "(`<prefix>:timeline`, [operations](operations.md#dashboard)); each event then "
             "costs the task one round trip (a script).",

@@ -140,7 +140,7 @@ def refusal(server: RedisServer, **knobs: object) -> list[str]:
         ),
         (
             {"conf": json.dumps({"redlock_timeline": "many"})},
-            "setting redlock_timeline='many' is invalid; expected a whole number >= 0",
+            "setting redlock_timeline='many' is invalid; expected a whole number from 0 to 1000000",
         ),
     ],
     ids=["no-url", "skipp", "lock_tll", "both-apis", "no-base", "over-decorator", "timeline"],

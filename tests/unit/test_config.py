@@ -312,6 +312,9 @@ def test_missing_url_uses_the_redis_broker_and_says_so(
         ("redlock_prefix", "a{b", "redlock_prefix='a{b'"),
         ("redlock_prefix", "", "redlock_prefix=''"),
         ("redlock_url", "http://127.0.0.1:1/0", "redlock_url='http://127.0.0.1:1/0'"),
+        # 2**63 failed in the ring script on every lock event (Lua numbers are doubles).
+        ("redlock_timeline", 2**63, "expected a whole number from 0 to 1000000"),
+        ("redlock_timeline", -1, "redlock_timeline=-1"),
     ],
 )
 def test_invalid_setting_is_an_error_naming_it(

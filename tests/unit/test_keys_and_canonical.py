@@ -75,6 +75,13 @@ def test_values_of_different_types_differ(one: Any, other: Any) -> None:
     assert enc(one) != enc(other)
 
 
+def test_zero_and_negative_zero_are_one_value() -> None:
+    # -0.0 == 0.0 in Python, and JSON carries the sign to the worker: both share a key.
+    assert enc(-0.0) == enc(0.0) and enc([-0.0]) == enc([0.0])
+    assert enc({"a": -0.0}) == enc({"a": 0.0}) and enc({-0.0: 1}) == enc({0.0: 1})
+    assert enc(-0.0) != enc(0)  # a float is still no int
+
+
 def test_tuple_and_list_are_the_same_sequence() -> None:
     # Celery's JSON serializer turns a tuple into a list: the worker must compute the same key.
     assert enc((1, 2, (3, 4))) == enc([1, 2, [3, 4]])
