@@ -23,7 +23,9 @@ wait, one more per try of a wait), ``redlock.fencing_token`` (only when one was 
 ``lock_acquired`` receiver: reading it costs a round trip), ``redlock.key.prefix``,
 ``redlock.key.name`` (the ``lock_name``) and ``redlock.key.hash`` (the argument digest), and
 on a skipped enqueue ``redlock.queued_task_id`` (the call ``delay()`` returned instead).
-Argument values are never recorded: the key holds only their digest.
+Argument values are never recorded: the key holds only their digest, and an exception's
+stack trace is recorded without its chained causes (a ``lock_by`` callable's own error, the
+cause of its ``LockConfigError``, can quote a value).
 
 The spans are fed by the engine's report points (:func:`record` is called by
 :func:`~celery_redlock._celery.events.emit` for every lock event) and by three wrappers
@@ -51,6 +53,7 @@ import contextvars
 import functools
 import logging
 import time
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -175,7 +178,10 @@ def _finish(op: _Operation, outcome: str, error: BaseException | None = None) ->
                 attributes["redlock.outcome"] = "waited"
         op.span.set_attributes(attributes)
         if error is not None and attributes["redlock.outcome"] not in ("retried", "skipped"):
-            op.span.record_exception(error)
+            # Without the chained causes: a lock_by callable's own error (the cause of its
+            # LockConfigError) can quote an argument's value.
+            stack = traceback.format_exception(type(error), error, error.__traceback__, chain=False)
+            op.span.record_exception(error, attributes={"exception.stacktrace": "".join(stack)})
             op.span.set_status(_trace.Status(_trace.StatusCode.ERROR, type(error).__name__))
         op.span.end()
     except Exception:

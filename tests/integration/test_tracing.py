@@ -23,7 +23,14 @@ from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from celery_redlock import LockedTask, LockUnavailable, current_lock, lock_key, signals
+from celery_redlock import (
+    LockConfigError,
+    LockedTask,
+    LockUnavailable,
+    current_lock,
+    lock_key,
+    signals,
+)
 from celery_redlock.testing import RedisServer, wait_until
 from support.apps import lock_keys, make_app
 from support.workers import Holder, running_worker
@@ -400,6 +407,33 @@ def test_outcomes_without_a_lock_event_carry_the_key_too(
         outcomes["unavailable"].attributes["redlock.key.hash"] + "}"
     )
     assert outcomes["unavailable"].attributes["redlock.attempts"] == 1
+
+
+def test_a_failed_acquire_records_no_argument_value_from_a_chained_cause(
+    app: Celery, spans: InMemorySpanExporter
+) -> None:
+    """A ``lock_by`` callable whose own error quotes the argument: the ``LockConfigError`` it
+    causes is recorded on the acquire span, its cause (the quote) is not."""
+    secret = "IBAN-DE89370400440532013000"
+
+    def by_account(args: Any, kwargs: Any) -> str:
+        return str(int(kwargs["account"]))
+
+    @app.task(base=LockedTask, shared=False, lock_by=by_account)
+    def pay(account: str) -> None:
+        """Never runs: its identity cannot be computed."""
+
+    with running_worker(app):
+        result = pay.apply_async(kwargs={"account": secret}, ignore_result=False)
+        with pytest.raises(LockConfigError, match="lock_by callable raised ValueError"):
+            result.get(timeout=10)
+    acquire = one(spans, "redlock.acquire")
+    assert acquire.attributes["redlock.outcome"] == "failed"
+    (event,) = [e for e in acquire.events if e.name == "exception"]
+    assert event.attributes["exception.type"].endswith("LockConfigError")
+    assert "LockConfigError" in event.attributes["exception.stacktrace"]
+    recorded = repr([(e.name, dict(e.attributes)) for e in acquire.events])
+    assert secret not in recorded and secret not in repr(dict(acquire.attributes)), recorded
 
 
 def test_a_broken_tracer_never_breaks_locking(
