@@ -64,6 +64,17 @@ def record(call: str, kind: str, key: str, **fields: Any) -> None:
     _records.rpush("events", json.dumps({**event, **fields}))
 
 
+#: Per task id, when this process began to run it (``task_prerun``, before the lock's acquire
+#: is sent): the ``since`` of its ``admitted`` event (:mod:`chaos.history`, token order).
+_began: dict[str, float] = {}
+
+
+@signals.task_prerun.connect
+def _begin(task_id: str | None = None, **_: Any) -> None:
+    if task_id is not None:
+        _began[task_id] = time.time()
+
+
 @signals.worker_ready.connect
 def _ready(sender: Any = None, **_: Any) -> None:
     _records.set(f"ready:{os.environ.get('FAULTS_HOST', '?')}", os.getpid())
@@ -74,13 +85,15 @@ def _ready(sender: Any = None, **_: Any) -> None:
     name="faults.step",
     lock_by=["key"],
     lock_on_contention="skip",
+    bind=True,
 )
-def step(key: str, duration: float, call: str, heed_loss: bool = True) -> str:
+def step(self: Any, key: str, duration: float, call: str, heed_loss: bool = True) -> str:
     lock = current_lock()
     assert lock is not None
     token = lock.fencing_token
     run = secrets.token_hex(4)  # this execution: a redelivered call runs under another id
-    record(call, "admitted", key, run=run, token=token)
+    since = _began.pop(self.request.id, None)
+    record(call, "admitted", key, run=run, token=token, since=since)
     record(call, "body_start", key, run=run)
     outcome = "done"
     try:

@@ -6,7 +6,8 @@ clocks are the ones a fault steps, never this one):
 
 =============  ===================================================================
 ``submitted``  the harness published the call
-``admitted``   the task acquired its lock; ``token`` is its fencing token
+``admitted``   the task acquired its lock; ``token`` is its fencing token, ``since`` when
+               the worker began to run it (before its acquire was sent), if recorded
 ``body_start`` its body began; ``body_end``: it ended (normally or not)
 ``write``      a write through the token to the fenced store; ``accepted`` says how it went
 ``released``   the lock was released; ``lost``: the task saw its lock lost
@@ -47,13 +48,23 @@ instant overlap even if one body took no time.
    smaller token (a violation otherwise, also when either has none); of two that overlap,
    the one admitted later has the larger token (else the fence would refuse the newer holder
    and let the older one write): a violation, or, inside the window of a documented limit,
-   counted under that limit (:attr:`Verdict.inversions_explained`);
+   counted under that limit (:attr:`Verdict.inversions_explained`). The window explains
+   only an order the records cannot tell: the newer holder's acquire began (``since``)
+   before the older one was admitted, so its admission may have been recorded late (a holder
+   paused between its acquire and its record). Timeline: (1) A's acquire is granted with
+   token 6; (2) A is paused before it records its admission; (3) its lease runs out and B is
+   admitted with 9; (4) A resumes and records its admission after B's. A newer holder whose
+   acquire began after the older was admitted got its token later, and a smaller one is a
+   violation inside any window;
 4. **shared tokens**: two holdings of a key with one token, or two writers accepted with one
    token. Tokens are unique per acquisition (``docs/guide.md``, "Fencing tokens": they
    strictly increase), and the fence lets an equal token through, so a shared token would
    let a stale writer's writes in (a violation);
 5. **writes outside an admission**: a ``write`` of a call that held no admission then, or a
    store write whose writer was never admitted for that key (a violation: nothing judged it);
+   and **mistokened writes**: a store write whose token is none its writer was admitted with
+   for that key (a violation: a body writes through its own token; this also catches a call
+   admitted without a token that wrote after all);
 6. **lost calls**: a submitted call with no final state, or any call whose final state is
    outside :data:`FINAL_STATES` (of two ``final`` events, the later one counts);
 7. **leftover keys**: lock keys present after the run (given by the harness);
@@ -106,6 +117,8 @@ class Event:
     state: str | None = None
     #: The execution that recorded a body event (an id of its own per admission).
     run: str = ""
+    #: On ``admitted``: when the worker began to run the call, before its acquire was sent.
+    since: float | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -125,6 +138,7 @@ class Event:
             accepted=data.get("accepted"),
             state=data.get("state"),
             run=str(data.get("run", "")),
+            since=None if data.get("since") is None else float(data["since"]),
         )
 
 
@@ -162,6 +176,8 @@ class Holding:
     admitted: float
     ended: float
     writes: int = 0
+    #: When the worker began to run the call (before its acquire), if recorded.
+    since: float | None = None
 
 
 @dataclass
@@ -183,6 +199,8 @@ class Verdict:
     shared_tokens: list[tuple[str, str, str]] = field(default_factory=list)
     #: ``(key, call)``: a write by a call outside its admissions, or never admitted.
     unadmitted_writes: list[tuple[str, str]] = field(default_factory=list)
+    #: Store writes with a token none of their writer's admissions of that key had.
+    mistokened_writes: list[StoreWrite] = field(default_factory=list)
     lost_calls: list[str] = field(default_factory=list)
     leftover_keys: list[str] = field(default_factory=list)
     states: dict[str, int] = field(default_factory=dict)
@@ -204,6 +222,7 @@ class Verdict:
             or self.token_inversions
             or self.shared_tokens
             or self.unadmitted_writes
+            or self.mistokened_writes
             or self.lost_calls
             or self.leftover_keys
             or self.empty
@@ -223,6 +242,7 @@ class Verdict:
             "token_inversions": len(self.token_inversions),
             "shared_tokens": len(self.shared_tokens),
             "unadmitted_writes": len(self.unadmitted_writes),
+            "mistokened_writes": len(self.mistokened_writes),
             "lost_calls": len(self.lost_calls),
             "leftover_keys": len(self.leftover_keys),
             "admitted_lost": self.admitted_lost,
@@ -250,7 +270,9 @@ def _unfold(events: Iterable[Event]) -> tuple[list[Holding], list[Event]]:
         if event.kind == "admitted":
             # A second admission is a holding of its own; the one before, if it recorded no
             # end, ends at its last body event.
-            hold = Holding(event.call, event.key, event.token, event.at, event.at)
+            hold = Holding(
+                event.call, event.key, event.token, event.at, event.at, since=event.since
+            )
             open_[(event.call, event.run)] = hold
             found.append(hold)
             continue
@@ -279,6 +301,12 @@ def _explained(a: Holding, b: Holding, windows: Sequence[Window]) -> str | None:
         if w.limit is not None and w.start <= begin <= w.end:
             return w.limit
     return None
+
+
+def _ordered(older: Holding, newer: Holding) -> bool:
+    """Whether ``newer``'s acquire began after ``older`` was admitted (so it was granted
+    later, whatever the order of their records)."""
+    return newer.since is not None and newer.since >= older.admitted
 
 
 def _share(verdict: Verdict, key: str, a: str, b: str) -> None:
@@ -321,7 +349,7 @@ def check(
                     and newer.token is not None
                     and older.token > newer.token
                 ):
-                    if limit is None:
+                    if limit is None or _ordered(older, newer):
                         verdict.token_inversions.append((key, older.call, newer.call))
                     else:
                         count = verdict.inversions_explained.get(limit, 0) + 1
@@ -331,6 +359,9 @@ def check(
             if first.token is None or second.token is None or first.token > second.token:
                 verdict.token_inversions.append((key, first.call, second.call))
     admitted = {(h.key, h.call) for h in holds}
+    tokens: dict[tuple[str, str], set[int | None]] = defaultdict(set)
+    for hold in holds:
+        tokens[(hold.key, hold.call)].add(hold.token)
     for event in unheld:
         if (event.key, event.call) not in verdict.unadmitted_writes:
             verdict.unadmitted_writes.append((event.key, event.call))
@@ -338,6 +369,8 @@ def check(
     for w in sorted(writes, key=lambda w: w.seq):
         if (w.key, w.writer) not in admitted and (w.key, w.writer) not in verdict.unadmitted_writes:
             verdict.unadmitted_writes.append((w.key, w.writer))
+        elif (w.key, w.writer) in admitted and w.token not in tokens[(w.key, w.writer)]:
+            verdict.mistokened_writes.append(w)
         top = best.get(w.key)
         if not w.accepted:
             if top is not None and w.token < top.token:

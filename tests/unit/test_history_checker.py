@@ -292,3 +292,42 @@ def test_an_inversion_between_overlapping_holders_is_caught() -> None:
     explained = judge(events, writes, window)
     assert explained.token_inversions == []
     assert explained.inversions_explained == {"holder paused past its lease": 1}
+
+
+def test_an_inversion_is_explained_only_when_the_records_cannot_order_the_acquires() -> None:
+    """Inside a limit's window an inversion is explained while the newer holder's acquire
+    began before the older one was admitted (its admission may be recorded late); one that
+    began after it was granted after it, and its smaller token is a violation."""
+    window = [Window("pause-holder", 1.5, 2.5, limit="holder paused past its lease")]
+    writes = [StoreWrite(1, "k", 12, True, "a"), StoreWrite(2, "k", 11, False, "b")]
+
+    def events(since: float) -> list[Event]:
+        b = [
+            e if e.kind != "admitted" else Event(e.at, "b", e.kind, "k", 11, since=since)
+            for e in call("b", "k", 11, 2, 4)
+        ]
+        return call("a", "k", 12, 1, 3) + b
+
+    late_record = judge(events(since=0.5), writes, window)
+    assert late_record.token_inversions == [] and late_record.ok, late_record.summary()
+    granted_later = judge(events(since=1.2), writes, window)
+    assert granted_later.token_inversions == [("k", "a", "b")] and not granted_later.ok
+
+
+def test_a_store_write_must_carry_a_token_its_writer_was_admitted_with() -> None:
+    """The store's log against the admissions: a write with another token than its writer's,
+    and a write by a call admitted without a token, are violations."""
+    events = call("a", "k", 5, 1, 2) + call("b", "k", 6, 3, 4)
+    forged = [StoreWrite(1, "k", 99, True, "a"), StoreWrite(2, "k", 6, False, "b")]
+    verdict = judge(events, forged)
+    assert verdict.mistokened_writes == [forged[0]] and not verdict.ok
+    assert judge(events, [StoreWrite(1, "k", 5, True, "a"), StoreWrite(2, "k", 6, True, "b")]).ok
+    lost = [
+        Event(2.5, "c", "submitted", "k"),
+        Event(2.6, "c", "admitted", "k", token=None),
+        Event(2.9, "c", "body_end", "k"),
+        Event(3.5, "c", "final", "k", state="LOST"),
+    ]
+    wrote = [StoreWrite(1, "k", 5, True, "a"), StoreWrite(2, "k", 7, True, "c")]
+    unjudged = judge(call("a", "k", 5, 1, 2) + lost, wrote)
+    assert unjudged.mistokened_writes == [wrote[1]] and not unjudged.ok
