@@ -419,6 +419,65 @@ def test_the_fenced_store_recipe_gives_each_process_its_own_connection(
     assert child != parent and after == parent
 
 
+#: Runs the recipe's set-up (stdin) in 3 forked processes at once, on a fresh table, 8 times;
+#: prints what each process got.
+AT_ONCE = """
+import multiprocessing, sys
+code = sys.stdin.read()
+
+def start(barrier, results):
+    ns = {}
+    barrier.wait()
+    try:
+        exec(code, ns)
+        results.put("ok")
+    except Exception as exc:
+        results.put(type(exc).__name__)
+
+context = multiprocessing.get_context("fork")
+got = []
+for _ in range(8):
+    ns = {}
+    exec(code, ns)
+    ns["pg"]().execute("DROP TABLE ledger")
+    barrier, results = context.Barrier(3), context.Queue()
+    workers = [context.Process(target=start, args=(barrier, results)) for _ in range(3)]
+    for w in workers:
+        w.start()
+    got += [results.get(timeout=30) for _ in workers]
+    for w in workers:
+        w.join()
+print(" ".join(got))
+"""
+
+
+def test_the_fenced_store_recipe_sets_up_in_workers_that_start_at_once(
+    redis_server: RedisServer, pg_schema: str
+) -> None:
+    """Three processes import the recipe's module at one moment (workers started together):
+    its table is created once and no process fails (the plain ``CREATE TABLE IF NOT EXISTS``
+    failed in two of three with a unique violation on ``pg_type``)."""
+    block = next(
+        b for b in python_blocks(ROOT / "docs" / "guide.md") if "def fenced_write" in b.code
+    )
+    tree = ast.parse(point_at(block.code, redis_server, pg_schema))
+    kept = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.Import | ast.ImportFrom | ast.With)
+        or (isinstance(node, ast.FunctionDef) and node.name == "pg")
+        or (isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "connections")
+        or (isinstance(node, ast.Expr) and "CREATE TABLE" in ast.unparse(node))
+    ]
+    code = ast.unparse(ast.Module(kept, type_ignores=[]))
+    assert "CREATE TABLE" in code
+    done = subprocess.run(
+        [sys.executable, "-c", AT_ONCE], input=code, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ok"] * 24, done.stdout
+
+
 def test_blocks_that_do_not_run_say_why() -> None:
     for doc in DOCS:
         for block in python_blocks(doc):
