@@ -375,30 +375,43 @@ def spec_of(task: Any) -> Spec | None:
 
 
 def _check_nothing_between(name: str, fun: Any) -> None:
-    """Refuse a decorator between ``@app.task`` and ``@single_instance``: a function in the
-    ``__wrapped__`` chain of the task's ``run`` is a ``@single_instance`` wrapper, and ``run``
-    is not one.
+    """Refuse a decorator between ``@app.task`` and ``@single_instance``: a function that the
+    task's ``run`` reaches through ``__wrapped__`` or its closure (how a decorator keeps the
+    function it wraps, with or without ``functools.wraps``) is a ``@single_instance`` wrapper,
+    and ``run`` is not one.
 
     The lock's wrapper, not being the task's ``run``, took the call for a plain function call
     and ran it unlocked: two workers ran one key at once, without a word (and with
     ``functools.wraps``, which copies the options, ``hold_lock`` took the task for locked).
     Taking the lock there would be no better: under a transaction decorator it would be
     released before the commit, and the next holder would read the old rows. A decorator
-    that keeps no ``__wrapped__`` cannot be seen.
+    that keeps the function elsewhere (an attribute of an object) cannot be seen.
     """
     if fun in WRAPPERS:
         return
-    inner = getattr(fun, "__wrapped__", None)
-    for _ in range(100):  # a chain that loops is no decorator of ours
-        if inner is None:
-            return
-        if inner in WRAPPERS:
-            raise LockConfigError(
-                f"task {name}: a decorator sits between @app.task and @single_instance, "
-                "and the task would run unlocked; expected @single_instance directly under "
-                "@app.task, with other decorators below it"
-            )
-        inner = getattr(inner, "__wrapped__", None)
+    seen, todo = {id(fun)}, [fun]
+    while todo and len(seen) < 100:  # a few decorators deep; a loop is no decorator of ours
+        current = todo.pop()
+        inner = [getattr(current, "__wrapped__", None)]
+        if inspect.isfunction(current):
+            for cell in current.__closure__ or ():
+                try:
+                    kept = cell.cell_contents
+                except ValueError:  # an empty cell
+                    continue
+                if inspect.isfunction(kept):  # not a task a closure calls: its run is no step
+                    inner.append(kept)
+        for found in inner:
+            if found is None or id(found) in seen:
+                continue
+            if found in WRAPPERS:
+                raise LockConfigError(
+                    f"task {name}: a decorator sits between @app.task and @single_instance, "
+                    "and the task would run unlocked; expected @single_instance directly "
+                    "under @app.task, with other decorators below it"
+                )
+            seen.add(id(found))
+            todo.append(found)
 
 
 #: What the lock makes a call end with (not the task's own failures): never autoretried.

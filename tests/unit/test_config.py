@@ -8,7 +8,7 @@ import inspect
 import logging
 import re
 import ssl
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -521,25 +521,63 @@ def test_a_decorator_between_the_task_and_single_instance_is_refused(
         pass
 
 
-def test_a_decorator_between_that_copies_no_attributes_is_refused_too(bare_app: Celery) -> None:
+def _copies_nothing(fun: Any) -> Any:
+    @functools.wraps(fun, updated=())
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fun(*args, **kwargs)
+
+    return call
+
+
+def _no_wraps(fun: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fun(*args, **kwargs)
+
+    return call
+
+
+@pytest.mark.parametrize(
+    "between",
+    [[_copies_nothing], [_no_wraps], [_no_wraps, _no_wraps]],
+    ids=["wraps-updated-nothing", "no-wraps", "two-without-wraps"],
+)
+def test_a_decorator_between_that_copies_no_attributes_is_refused_too(
+    bare_app: Celery, between: list[Callable[[Any], Any]]
+) -> None:
     """``functools.wraps(f, updated=())`` copies no options, so the task did not even look
-    locked; its ``__wrapped__`` chain still leads to the lock's wrapper."""
+    locked; a decorator without ``functools.wraps`` keeps no ``__wrapped__`` at all (two
+    calls of one key then ran at once, unlocked, without a word). The function each keeps in
+    its closure still leads to the lock's wrapper."""
     bare_app.conf.update(redlock_url=LOCK_URL)
 
-    def plain(fun: Any) -> Any:
-        @functools.wraps(fun, updated=())
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return fun(*args, **kwargs)
+    def between_x(x: int) -> None: ...
 
-        return call
-
-    @bare_app.task(shared=False, name="proj.between")
-    @plain
-    @single_instance(by=["x"])
-    def between(x: int) -> None: ...
-
-    with pytest.raises(LockConfigError, match="a decorator sits between"):
+    fun: Any = single_instance(by=["x"])(between_x)
+    for decorator in reversed(between):
+        fun = decorator(fun)
+    bare_app.task(shared=False, name="proj.between")(fun)
+    with pytest.raises(LockConfigError, match=r"task proj\.between: a decorator sits between"):
         check_app(bare_app)
+
+
+def test_a_task_that_calls_a_locked_task_it_closes_over_is_accepted(bare_app: Celery) -> None:
+    """A closure holding a locked task (a task factory) is no decorator in between: the task's
+    own ``run`` is not one of the lock's steps."""
+    bare_app.conf.update(redlock_url=LOCK_URL)
+
+    @bare_app.task(shared=False, name="proj.locked")
+    @single_instance(by=["x"])
+    def locked(x: int) -> None: ...
+
+    def make_caller(target: Any) -> Any:
+        @bare_app.task(shared=False, name="proj.caller")
+        def caller(x: int) -> None:
+            target(x)
+
+        return caller
+
+    make_caller(locked)
+    check_app(bare_app)
 
 
 def test_decorators_below_single_instance_and_autoretry_are_accepted(bare_app: Celery) -> None:
