@@ -318,7 +318,7 @@ class Lock(LockCore):
                 elif op is Op.ABANDON:  # the wait was interrupted: not waiting for Redis
                     in_background(self._abandon(queue, *arg))
                 elif op is Op.CLOSE and subscription is not None:
-                    _unsubscribe(subscription)
+                    _unsubscribe(subscription, dead=arg)
             except BaseException as exc:  # the core decides: thrown into the wait
                 run.error = exc
         return run.result
@@ -424,9 +424,11 @@ class Lock(LockCore):
             self._stop_renewal()
 
 
-def _unsubscribe(subscription: tuple[Any, Any]) -> None:
-    """Drop the inbox of a wait's subscription (also one made after its waiter was cancelled)."""
-    subscription[0].remove(subscription[1])
+def _unsubscribe(subscription: tuple[Any, Any], dead: bool = False) -> None:
+    """Drop the inbox of a wait's subscription (also one made after its waiter was cancelled);
+    unless ``dead`` (its waiter left the queue: nothing is published there again), the channel
+    is unsubscribed too (:meth:`Op.CLOSE <celery_redlock._redis.core.Op>`)."""
+    subscription[0].remove(subscription[1], live=not dead)
 
 
 async def _renew(ref: weakref.ref[Lock], delay: float | None) -> None:

@@ -915,6 +915,9 @@ class LockCore:
                     elif wait is not None and (yield from self._handed(wait, data)):
                         return True
             except LockUnavailable:  # the node is down: leaving the queue would wait again
+                # The entry may still be queued: the channel must lose its subscriber, or a
+                # release hands the lock to this waiter, gone (the Op.CLOSE below).
+                reusable = False
                 raise
             except GeneratorExit:  # closed by its driver, which performs nothing more
                 reusable = None
@@ -934,7 +937,13 @@ class LockCore:
                 raise
             finally:
                 # A queued wait that ends normally left the queue (a script removed this
-                # waiter, or never queued it): nothing is published on its own channel again.
+                # waiter, or never queued it): nothing is published on its own channel again,
+                # and its subscription may serve the next wait. Any other end may leave its
+                # entry queued: the channel is unsubscribed (the connection closed), so that a
+                # release finds no subscriber there and passes it over. Timeline without it:
+                # (1) W1 is queued; (2) Redis stalls past W1's deadline and its LEAVE gets no
+                # reply; (3) A's release hands the lock to W1's entry, whose channel still
+                # counts a subscriber; (4) W2 waits out that lock's whole lease, held by nobody.
                 if reusable is not None:
                     yield Op.CLOSE, reusable and wait is not None
 

@@ -9,11 +9,15 @@ try, so it waits for the server's ``subscribe`` confirmation first.
   (:func:`subscribe`, :func:`set_aside`).
 * asyncio: one ``PubSub`` per event loop and client carries the channels of every waiting task
   (:class:`Hub`): 200 waiters cost one connection, not 200, and a release reaches the waiter
-  it hands the lock to without waking the others.
+  it hands the lock to without waking the others. It is closed when its last waiter leaves: a
+  connection kept idle could be cut (a proxy's idle timeout, ``CLIENT KILL``) and then
+  reconnected by redis-py while the next wait subscribes on it, which lost that wait's
+  ``SUBSCRIBE`` (a release missed for :data:`SUBSCRIBE_TIMEOUT`) or failed it with a
+  ``RuntimeError`` (two reads at once).
 
-No ``UNSUBSCRIBE`` is ever sent (an ACL user may lack it): a connection keeps the dead
-channels of earlier waits, on which nothing is published again, and is closed once it carries
-too many.
+A connection keeps the dead channels of earlier waits, on which nothing is published again,
+and is closed once it carries too many. ``UNSUBSCRIBE`` is sent only for a waiter that may
+still be queued (it could not leave: :meth:`_Connection.remove`).
 
 This module never imports Celery.
 """
@@ -192,6 +196,7 @@ class _Connection:
         #: One SUBSCRIBE in flight at a time: redis-py < 5.1 connects a ``PubSub`` once per
         #: concurrent first command, and all but the last connection would go unread.
         self.sending = asyncio.Lock()
+        self.unsubscribing: set[asyncio.Task[None]] = set()
 
     async def add(self, inbox: Inbox) -> None:
         channel = inbox.channel
@@ -205,7 +210,12 @@ class _Connection:
         if first:
             self.channels += 1
             async with self.sending:
-                await self.pubsub.subscribe(channel)
+                try:
+                    await self.pubsub.subscribe(channel)
+                except RuntimeError as exc:  # redis-py reconnecting it: it reads twice at once
+                    broken = _broken(exc)
+                    self._break(broken)
+                    raise broken from exc
         if self.reader is None:
             self.reader = loop.create_task(self._read(), name="celery-redlock subscription")
         timer = loop.call_later(SUBSCRIBE_TIMEOUT, _unconfirmed, confirmation, channel)
@@ -214,14 +224,28 @@ class _Connection:
         finally:
             timer.cancel()
 
-    def remove(self, inbox: Inbox) -> None:
-        inboxes = self.inboxes.get(inbox.channel)
+    def remove(self, inbox: Inbox, live: bool = False) -> None:
+        """Drop ``inbox``. ``live``: its channel may still carry messages (a waiter that could
+        not leave its queue), so it is unsubscribed once no inbox listens there: a release
+        then counts no subscriber on it and passes that waiter over."""
+        channel = inbox.channel
+        inboxes = self.inboxes.get(channel)
         if inboxes is not None:
             inboxes.discard(inbox)
             if not inboxes:
-                del self.inboxes[inbox.channel]
-        if not self.inboxes and (self.broken or self is not self.hub.current):
+                del self.inboxes[channel]
+        if not self.inboxes:
             self.close()
+        elif live and channel not in self.inboxes and not self.broken:
+            self.confirmed.discard(channel)
+            task = asyncio.get_running_loop().create_task(self._unsubscribe(channel))
+            self.unsubscribing.add(task)  # referenced until it ends
+            task.add_done_callback(self.unsubscribing.discard)
+
+    async def _unsubscribe(self, channel: str) -> None:
+        with contextlib.suppress(Exception):  # a broken connection subscribes nothing
+            async with self.sending:
+                await self.pubsub.unsubscribe(channel)
 
     def close(self) -> None:
         if self.hub.current is self:
@@ -245,15 +269,11 @@ class _Connection:
     async def _read(self) -> None:
         try:
             while True:
-                message = await self.pubsub.get_message(timeout=IDLE_READ)
+                message = await self.pubsub.get_message(timeout=READ_TIMEOUT)
                 if message is not None:
                     self._dispatch(message)
-                elif not self.inboxes and not self.pending:
-                    return  # idle: the next wait subscribes anew
-        except Exception as exc:
-            if classify(exc) is None:
-                raise
-            self._break(exc)
+        except Exception as exc:  # the connection is of no use now: its waiters subscribe anew
+            self._break(exc if classify(exc) is not None else _broken(exc))
         finally:
             if self.hub.current is self:
                 self.hub.current = None
@@ -269,6 +289,12 @@ class _Connection:
         for inboxes in self.inboxes.values():
             for inbox in inboxes:
                 inbox.fail(exc)
+
+
+def _broken(exc: BaseException) -> redis_py.ConnectionError:
+    """A connection error for an error of the reader or of a ``SUBSCRIBE`` that no classifier
+    knows (a ``RuntimeError`` from two reads at once): the waiters subscribe again."""
+    return redis_py.ConnectionError(f"the subscription connection broke: {exc!r}")
 
 
 def _unconfirmed(confirmation: asyncio.Future[None], channel: str) -> None:
@@ -301,8 +327,6 @@ class Hub:
     async def subscribe(self, channel: str) -> tuple[_Connection, Inbox]:
         connection = self.current
         if connection is None or connection.broken or connection.channels >= HUB_CHANNELS:
-            if connection is not None and not connection.inboxes:
-                connection.close()
             connection = self.current = _Connection(self)
         inbox = Inbox(channel)
         try:
@@ -330,8 +354,8 @@ def hub_for(client: Any) -> Hub:
 #: Seconds to wait for the server to confirm a SUBSCRIBE before subscribing again.
 SUBSCRIBE_TIMEOUT = 5.0
 
-#: Seconds the asyncio reader waits for a message before it checks whether anyone listens.
-IDLE_READ = 30.0
+#: Seconds one read of the asyncio reader waits for a message (it then reads again).
+READ_TIMEOUT = 30.0
 
 #: Channels one asyncio subscription connection takes, dead ones included.
 HUB_CHANNELS = 1024

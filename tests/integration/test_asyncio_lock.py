@@ -24,7 +24,7 @@ import redis.asyncio as aioredis
 
 import celery_redlock
 from celery_redlock import LockContended, LockLost
-from celery_redlock._redis import aiolock, aionodes
+from celery_redlock._redis import aiolock, aionodes, subscriptions
 from celery_redlock._redis.aionodes import SingleNode
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.nodes import Extended
@@ -765,3 +765,30 @@ def test_the_lock_reconnects_after_the_server_closed_its_connections() -> None:
 
     with RedisServer() as server:
         asyncio.run(main(server))
+
+
+def test_a_wait_after_an_earlier_wait_s_connection_was_cut_subscribes_at_once(
+    redis_url: str, r: redis_py.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wait that ended used to leave the loop's subscription connection open, idle; cut then
+    (a proxy's idle timeout, ``CLIENT KILL``), redis-py reconnected it while the next wait
+    subscribed on it. That wait's ``SUBSCRIBE`` was lost (it queued only after
+    ``SUBSCRIBE_TIMEOUT``, set to 60 s here) or failed with a ``RuntimeError``. Three rounds:
+    a lost subscribe happened in most rounds, not all."""
+    monkeypatch.setattr(subscriptions, "SUBSCRIBE_TIMEOUT", 60.0)
+
+    async def main() -> None:
+        for round_ in range(3):
+            name = f"cut-{round_}"
+            holder = Lock(redis_url, name, ttl=60)
+            assert await holder.acquire(blocking=False)
+            assert not await Lock(redis_url, name, ttl=60).acquire(timeout=0.2)
+            r.client_kill_filter(_type="pubsub")
+            waiter = Lock(redis_url, name, ttl=60)
+            task = asyncio.create_task(waiter.acquire(timeout=30))
+            await until(lambda: queued(r, name) == 1 or task.done())  # noqa: B023
+            await holder.release()
+            assert await task  # handed over: the holder's TTL has ~60 s left
+            await waiter.release()
+
+    run(main())

@@ -839,6 +839,47 @@ def test_a_blocking_acquire_times_out_and_leaves_the_queue(
     assert lock_keys(r) == []
 
 
+def test_a_waiter_that_could_not_leave_a_stalled_queue_is_passed_over(d: Driver) -> None:
+    """A queued waiter whose deadline passes while the server is frozen: its leave gets no
+    reply and it raises. Its subscription goes with it, so the holder's release passes its
+    entry over and hands the lock to the live waiter behind it (it used to go to the gone
+    waiter's entry, held by nobody for that waiter's 60 s)."""
+    with RedisServer() as server:
+        r, process = server.client(), server.process
+        assert process is not None
+        holder = celery_redlock.Lock(server.url, "stalled-leave", ttl=60)
+        assert holder.acquire(blocking=False)
+        waiters = holder.keys.waiters
+
+        def freeze_once_queued() -> None:
+            wait_until(lambda: r.zcard(waiters) == 1)
+            process.send_signal(signal.SIGSTOP)
+
+        freezer = threading.Thread(target=freeze_once_queued)
+        gone = d.lock(server.url + "?socket_timeout=0.5", "stalled-leave", ttl=60)
+        freezer.start()
+        try:
+            with pytest.raises(LockUnavailable):
+                d(gone.acquire(timeout=2))
+        finally:
+            freezer.join()
+            process.send_signal(signal.SIGCONT)
+        assert r.zcard(waiters) == 1  # its entry is still queued
+
+        def release_once_queued() -> None:
+            wait_until(lambda: r.zcard(waiters) == 2)
+            holder.release()
+
+        releaser = threading.Thread(target=release_once_queued)
+        live = d.lock(server.url, "stalled-leave", ttl=60)
+        releaser.start()
+        try:
+            assert d(live.acquire(timeout=20))
+        finally:
+            releaser.join()
+        assert r.get(live.key) is not None and d(live.release()) is None
+
+
 def test_the_lock_counts_its_tries(d2: Driver, redis_url: str) -> None:
     """One per non-blocking try, one per try of a blocking wait (what ``redlock.attempts``
     of the acquire span records)."""
