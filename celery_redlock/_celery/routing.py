@@ -57,7 +57,7 @@ from celery._state import _get_active_apps
 from celery.app.amqp import AMQP
 
 from . import calls
-from .identity import check_ignored_options
+from .identity import check_ignored_options, spec_of
 
 #: The apps :func:`install` has seen (an app is installed once).
 _installed: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -75,10 +75,13 @@ def check_lock_options(
     per-call ``lock_*`` option in ``options`` (naming the task, the option and what was
     expected), return ``None`` otherwise. Notes ``task`` for :func:`routed_task`. The first
     call of a task also refuses ``lock_*`` options the task does not read
-    (:func:`celery_redlock._celery.identity.check_ignored_options`)."""
+    (:func:`celery_redlock._celery.identity.check_ignored_options`) and a lock the task cannot
+    take (:func:`~celery_redlock._celery.identity.spec_of`: ``by=["self"]`` on a bound task):
+    no worker would run the call, so it is not published."""
     note(task)
     if task is not None:
         check_ignored_options(task)
+        spec_of(task)
     raw = {n: v for n, v in options.items() if isinstance(n, str) and n.startswith("lock_")}
     if raw:
         calls.take(f"task {name}", raw)

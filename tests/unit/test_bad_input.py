@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery import Celery, Task
+from celery import Celery, Task, signals
 
 import celery_redlock.asyncio
 from celery_redlock import LockConfigError, LockedTask, lock_key, single_instance
@@ -369,6 +369,29 @@ def test_by_naming_the_bound_task_itself_is_refused_at_its_first_use(app: Celery
     message = str(info.value)
     assert "task bad.bound: by=['self'] names 'self', which is the task itself" in message
     assert "expected parameter names among: account_id" in message
+
+
+def test_by_naming_the_bound_task_itself_is_refused_at_the_first_publish(app: Celery) -> None:
+    """A ``delay()`` raises in the caller and publishes nothing: no worker would run the call
+    (it used to log the error from a publish receiver and publish anyway)."""
+    app.conf.update(broker_url="memory://")
+
+    @app.task(name="bad.bound_sent", bind=True, lazy=False)
+    @single_instance(by=["self"])
+    def bound(self: Any, account_id: int) -> None: ...
+
+    sent: list[Any] = []
+
+    def publishing(headers: Any = None, **_: Any) -> None:
+        sent.append(headers)
+
+    signals.before_task_publish.connect(publishing, weak=False)
+    try:
+        with pytest.raises(LockConfigError, match=r"task bad\.bound_sent: by=\['self'\]"):
+            bound.delay(1)
+    finally:
+        signals.before_task_publish.disconnect(publishing)
+    assert sent == []
 
 
 def test_a_misspelled_by_name_on_a_bound_function_is_not_offered_self(app: Celery) -> None:
