@@ -392,6 +392,24 @@ print(parent, int(os.read(read, 64)), ns["pg"]().info.backend_pid)
 """
 
 
+def recipe_setup(server: RedisServer, schema: str, *, with_table: bool) -> str:
+    """The guide's fenced-store recipe cut to its imports, ``connections`` and ``pg()`` (and,
+    ``with_table``, the block that creates its table), on ``server`` and in ``schema``."""
+    block = next(
+        b for b in python_blocks(ROOT / "docs" / "guide.md") if "def fenced_write" in b.code
+    )
+    tree = ast.parse(point_at(block.code, server, schema))
+    kept = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        or (with_table and isinstance(node, ast.With))
+        or (isinstance(node, ast.FunctionDef) and node.name == "pg")
+        or (isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "connections")
+    ]
+    return ast.unparse(ast.Module(kept, type_ignores=[]))
+
+
 def test_the_fenced_store_recipe_gives_each_process_its_own_connection(
     redis_server: RedisServer, pg_schema: str
 ) -> None:
@@ -399,18 +417,7 @@ def test_the_fenced_store_recipe_gives_each_process_its_own_connection(
     opened there and shared by the children mixes their statements and replies. The recipe's
     ``pg()``, run in a fresh interpreter that then forks, gives the child a session of its own
     and leaves the parent's working."""
-    block = next(
-        b for b in python_blocks(ROOT / "docs" / "guide.md") if "def fenced_write" in b.code
-    )
-    tree = ast.parse(point_at(block.code, redis_server, pg_schema))
-    kept = [
-        node
-        for node in tree.body
-        if isinstance(node, ast.Import | ast.ImportFrom)
-        or (isinstance(node, ast.FunctionDef) and node.name == "pg")
-        or (isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "connections")
-    ]
-    code = ast.unparse(ast.Module(kept, type_ignores=[]))
+    code = recipe_setup(redis_server, pg_schema, with_table=False)
     done = subprocess.run(
         [sys.executable, "-c", FORKED], input=code, capture_output=True, text=True, timeout=60
     )
@@ -457,19 +464,7 @@ def test_the_fenced_store_recipe_sets_up_in_workers_that_start_at_once(
     """Three processes import the recipe's module at one moment (workers started together):
     its table is created once and no process fails (the plain ``CREATE TABLE IF NOT EXISTS``
     failed in two of three with a unique violation on ``pg_type``)."""
-    block = next(
-        b for b in python_blocks(ROOT / "docs" / "guide.md") if "def fenced_write" in b.code
-    )
-    tree = ast.parse(point_at(block.code, redis_server, pg_schema))
-    kept = [
-        node
-        for node in tree.body
-        if isinstance(node, ast.Import | ast.ImportFrom | ast.With)
-        or (isinstance(node, ast.FunctionDef) and node.name == "pg")
-        or (isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "connections")
-        or (isinstance(node, ast.Expr) and "CREATE TABLE" in ast.unparse(node))
-    ]
-    code = ast.unparse(ast.Module(kept, type_ignores=[]))
+    code = recipe_setup(redis_server, pg_schema, with_table=True)
     assert "CREATE TABLE" in code
     done = subprocess.run(
         [sys.executable, "-c", AT_ONCE], input=code, capture_output=True, text=True, timeout=120
