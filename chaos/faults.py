@@ -374,6 +374,9 @@ CLOCK_AHEAD = "a lock server's clock stepped forward expires its leases early"
 EMPTY = "a single lock server that restarts empty has forgotten its locks"
 EARLY = "quorum nodes restarting empty rejoined before the longest lease ran out"
 FAILOVER = "a failover to an asynchronously replicated replica (two primaries for a while)"
+#: The limits that lose the fencing tokens' state (docs/guide.md, "Fencing tokens"): in their
+#: windows a later acquisition may get a smaller token.
+TOKENS_GO_BACK = frozenset({EMPTY, EARLY, FAILOVER})
 
 FAULTS = [
     Fault("netem-one-node", False, _netem, qdisc="netem"),
@@ -613,7 +616,9 @@ def run_fault(
             heal(run)
         # A fault ends when its heal did (a demotion may take a while), plus a lease.
         healed_at = max([heal_at, *(n["at"] for n in run.notes)])
-        window = Window(fault.name, fault_at, healed_at + LEASE, fault.limit)
+        window = Window(
+            fault.name, fault_at, healed_at + LEASE, fault.limit, fault.limit in TOKENS_GO_BACK
+        )
         finals = collect(submitted, deadline=time.monotonic() + 30)
         for call, state in finals.items():
             records.rpush(

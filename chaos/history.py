@@ -48,14 +48,16 @@ instant overlap even if one body took no time.
    smaller token (a violation otherwise, also when either has none); of two that overlap,
    the one admitted later has the larger token (else the fence would refuse the newer holder
    and let the older one write): a violation, or, inside the window of a documented limit,
-   counted under that limit (:attr:`Verdict.inversions_explained`). The window explains
-   only an order the records cannot tell: the newer holder's acquire began (``since``)
-   before the older one was admitted, so its admission may have been recorded late (a holder
-   paused between its acquire and its record). Timeline: (1) A's acquire is granted with
-   token 6; (2) A is paused before it records its admission; (3) its lease runs out and B is
-   admitted with 9; (4) A resumes and records its admission after B's. A newer holder whose
-   acquire began after the older was admitted got its token later, and a smaller one is a
-   violation inside any window;
+   counted under that limit (:attr:`Verdict.inversions_explained`). A limit that loses the
+   token state (:attr:`Window.tokens_go_back`: a server restarted empty, quorum nodes
+   rejoining early, a failover) explains any such inversion. Any other explains only an
+   order the records cannot tell: the newer holder's acquire began (``since``) before the
+   older one was admitted, so its admission may have been recorded late (a holder paused
+   between its acquire and its record). Timeline: (1) A's acquire is granted with token 6;
+   (2) A is paused before it records its admission; (3) its lease runs out and B is
+   admitted with 9; (4) A resumes and records its admission after B's. There, a newer
+   holder whose acquire began after the older was admitted got its token later, and a
+   smaller one is a violation;
 4. **shared tokens**: two holdings of a key with one token, or two writers accepted with one
    token. Tokens are unique per acquisition (``docs/guide.md``, "Fencing tokens": they
    strictly increase), and the fence lets an equal token through, so a shared token would
@@ -163,6 +165,9 @@ class Window:
     start: float
     end: float
     limit: str | None = None
+    #: The limit loses the tokens' state, so a later acquisition may get a smaller token
+    #: (docs/guide.md, "Fencing tokens").
+    tokens_go_back: bool = False
 
 
 @dataclass
@@ -294,12 +299,12 @@ def _overlap(a: Holding, b: Holding) -> bool:
     return a.admitted == b.admitted or (a.admitted < b.ended and b.admitted < a.ended)
 
 
-def _explained(a: Holding, b: Holding, windows: Sequence[Window]) -> str | None:
-    """The limit of a fault window in which the overlap of ``a`` and ``b`` began, if any."""
+def _explained(a: Holding, b: Holding, windows: Sequence[Window]) -> Window | None:
+    """The fault window of a limit in which the overlap of ``a`` and ``b`` began, if any."""
     begin = max(a.admitted, b.admitted)
     for w in windows:
         if w.limit is not None and w.start <= begin <= w.end:
-            return w.limit
+            return w
     return None
 
 
@@ -336,7 +341,8 @@ def check(
             if a.token is not None and a.token == b.token:
                 _share(verdict, key, a.call, b.call)
             if _overlap(a, b):
-                limit = _explained(a, b, windows)
+                window = _explained(a, b, windows)
+                limit = None if window is None else window.limit
                 if limit is None:
                     verdict.overlaps_unexplained.append((key, a.call, b.call))
                 else:
@@ -349,7 +355,11 @@ def check(
                     and newer.token is not None
                     and older.token > newer.token
                 ):
-                    if limit is None or _ordered(older, newer):
+                    if (
+                        window is None
+                        or limit is None
+                        or (_ordered(older, newer) and not window.tokens_go_back)
+                    ):
                         verdict.token_inversions.append((key, older.call, newer.call))
                     else:
                         count = verdict.inversions_explained.get(limit, 0) + 1

@@ -104,8 +104,8 @@ def _encode(value: Any, owner: str, param: str, depth: int = 0) -> Any:
 def _key(key: Any, owner: str, param: str) -> str:
     if isinstance(key, str):
         return key
-    if isinstance(key, _SCALARS):  # what Celery's JSON serializer turns a non-string key into
-        return json.dumps(_encode(key, "", ""))
+    if isinstance(key, _SCALARS):
+        return json.dumps(key)  # what Celery's JSON serializer turns a non-string key into
     raise TypeError(
         f"{owner}: argument {param!r} is a mapping with a {type(key).__name__} key, which has "
         "no canonical encoding for the lock key"
@@ -376,9 +376,11 @@ def spec_of(task: Any) -> Spec | None:
 
 def _check_nothing_between(name: str, fun: Any) -> None:
     """Refuse a decorator between ``@app.task`` and ``@single_instance``: a function that the
-    task's ``run`` reaches through ``__wrapped__`` or its closure (how a decorator keeps the
-    function it wraps, with or without ``functools.wraps``) is a ``@single_instance`` wrapper,
-    and ``run`` is not one.
+    task's ``run`` reaches through ``__wrapped__``, or through the closure of a function that
+    passes ``*args, **kwargs`` on (how a decorator without ``functools.wraps`` keeps the
+    function it wraps), is a ``@single_instance`` wrapper, and ``run`` is not one. A task whose
+    own function keeps a locked function in its closure and calls it (a task factory's
+    ``fan(items)``) is left alone: that call is a plain call, unlocked as documented.
 
     The lock's wrapper, not being the task's ``run``, took the call for a plain function call
     and ran it unlocked: two workers ran one key at once, without a word (and with
@@ -393,7 +395,7 @@ def _check_nothing_between(name: str, fun: Any) -> None:
     while todo and len(seen) < 100:  # a few decorators deep; a loop is no decorator of ours
         current = todo.pop()
         inner = [getattr(current, "__wrapped__", None)]
-        if inspect.isfunction(current):
+        if _passes_through(current):
             for cell in current.__closure__ or ():
                 try:
                     kept = cell.cell_contents
@@ -412,6 +414,14 @@ def _check_nothing_between(name: str, fun: Any) -> None:
                 )
             seen.add(id(found))
             todo.append(found)
+
+
+def _passes_through(fun: Any) -> bool:
+    """Whether ``fun`` is a function taking ``*args`` and ``**kwargs``: a decorator's wrapper."""
+    if not inspect.isfunction(fun):
+        return False
+    kinds = {p.kind for p in inspect.signature(fun, follow_wrapped=False).parameters.values()}
+    return {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD} <= kinds
 
 
 #: What the lock makes a call end with (not the task's own failures): never autoretried.

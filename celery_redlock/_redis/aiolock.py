@@ -54,7 +54,7 @@ from typing import Any, TypeVar, cast
 
 from ..exceptions import LockLost
 from .aionodes import Nodes, SingleNode, give_back, in_background, nodes_for
-from .core import SUBSCRIBED, Extended, LockCore, Op, Run, lost_reply, ms
+from .core import SUBSCRIBED, Closing, Extended, LockCore, Op, Run, lost_reply, ms
 from .nodes import Target
 from .scripts import AcquireResult, WaitReply
 from .subscriptions import hub_for
@@ -318,7 +318,7 @@ class Lock(LockCore):
                 elif op is Op.ABANDON:  # the wait was interrupted: not waiting for Redis
                     in_background(self._abandon(queue, *arg))
                 elif op is Op.CLOSE and subscription is not None:
-                    _unsubscribe(subscription, dead=arg)
+                    _unsubscribe(subscription, stranded=arg is Closing.STRANDED)
             except BaseException as exc:  # the core decides: thrown into the wait
                 run.error = exc
         return run.result
@@ -424,11 +424,11 @@ class Lock(LockCore):
             self._stop_renewal()
 
 
-def _unsubscribe(subscription: tuple[Any, Any], dead: bool = False) -> None:
+def _unsubscribe(subscription: tuple[Any, Any], stranded: bool = False) -> None:
     """Drop the inbox of a wait's subscription (also one made after its waiter was cancelled);
-    unless ``dead`` (its waiter left the queue: nothing is published there again), the channel
-    is unsubscribed too (:meth:`Op.CLOSE <celery_redlock._redis.core.Op>`)."""
-    subscription[0].remove(subscription[1], live=not dead)
+    ``stranded``: its waiter may still be queued (:class:`~celery_redlock._redis.core.Closing`),
+    so the channel must lose its subscriber."""
+    subscription[0].remove(subscription[1], stranded=stranded)
 
 
 async def _renew(ref: weakref.ref[Lock], delay: float | None) -> None:

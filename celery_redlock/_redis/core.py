@@ -887,7 +887,8 @@ class LockCore:
             if self.nodes.queues(self.keys):  # on a channel of its own
                 wait = Wait(self.keys, self._new_token(), self._lease())
             yield Op.SUBSCRIBE, self.keys.channel if wait is None else wait.channel
-            reusable: bool | None = True
+            # How the subscription ends (Op.CLOSE); None: the driver closes the wait itself.
+            closing: Closing | None = Closing.REUSE if wait is not None else Closing.CLOSE
             try:
                 subscribed = False
                 while True:
@@ -915,15 +916,13 @@ class LockCore:
                     elif wait is not None and (yield from self._handed(wait, data)):
                         return True
             except LockUnavailable:  # the node is down: leaving the queue would wait again
-                # The entry may still be queued: the channel must lose its subscriber, or a
-                # release hands the lock to this waiter, gone (the Op.CLOSE below).
-                reusable = False
+                closing = Closing.CLOSE if wait is None else Closing.STRANDED
                 raise
             except GeneratorExit:  # closed by its driver, which performs nothing more
-                reusable = None
+                closing = None
                 raise
             except BaseException as exc:
-                reusable = False
+                closing = Closing.CLOSE if wait is None else Closing.STRANDED
                 if isinstance(exc, Exception) and classify(exc) is Outcome.UNAVAILABLE:
                     # The channel is gone; a handoff may have come before: take it, or wait anew.
                     if wait is not None and (yield from self._leave(wait, quietly=True)):
@@ -936,16 +935,8 @@ class LockCore:
                     yield Op.ABANDON, (wait.member, wait.secret)
                 raise
             finally:
-                # A queued wait that ends normally left the queue (a script removed this
-                # waiter, or never queued it): nothing is published on its own channel again,
-                # and its subscription may serve the next wait. Any other end may leave its
-                # entry queued: the channel is unsubscribed (the connection closed), so that a
-                # release finds no subscriber there and passes it over. Timeline without it:
-                # (1) W1 is queued; (2) Redis stalls past W1's deadline and its LEAVE gets no
-                # reply; (3) A's release hands the lock to W1's entry, whose channel still
-                # counts a subscriber; (4) W2 waits out that lock's whole lease, held by nobody.
-                if reusable is not None:
-                    yield Op.CLOSE, reusable and wait is not None
+                if closing is not None:
+                    yield Op.CLOSE, closing
 
     def _queued_attempt(self, wait: Wait) -> Steps[bool | None]:
         """A queued waiter's try (``None``: the queue was refused)."""
@@ -1121,7 +1112,24 @@ class Op(enum.Enum):
     FENCE = "token: the lock was taken without a fencing token; read it (now, or on first use)"
     LEAVE = "(member, secret): the node's leave; the token of a lock handed over, or None"
     ABANDON = "(member, secret): leave, errors aside, and release a lock handed over meanwhile"
-    CLOSE = "reusable: the wait on the subscription ended; keep it for the next wait or close it"
+    CLOSE = "a Closing: the wait on the subscription ended; keep it, close it, or strand it"
+
+
+class Closing(enum.Enum):
+    """How a wait's subscription ends (the argument of :attr:`Op.CLOSE`).
+
+    A queued wait that ends normally left the queue (a script removed the waiter, or never
+    queued it): nothing is published on its own channel again (``REUSE``). One that ends with
+    an error may still be queued (``STRANDED``), and its channel must lose its subscriber: a
+    release then finds none there and passes the entry over. Timeline without it: (1) W1 is
+    queued; (2) Redis stalls past W1's deadline and its LEAVE gets no reply; (3) A's release
+    hands the lock to W1's entry, whose channel still counts a subscriber; (4) W2 waits out
+    that lock's whole lease, held by nobody.
+    """
+
+    REUSE = "the channel is dead: the connection may serve the next wait"
+    CLOSE = "the channel is the lock's shared one, or the wait failed on it: close it"
+    STRANDED = "the waiter may still be queued: its channel must lose its subscriber"
 
 
 #: What :attr:`Op.RECEIVE` returns once the server confirmed the subscription.

@@ -62,7 +62,7 @@ from . import keys as _keys
 from . import owner as _owner
 from . import renewal as _renewal
 from . import subscriptions as _subscriptions
-from .core import SUBSCRIBED, Clock, Extended, LockCore, Op, Run, classify, ms
+from .core import SUBSCRIBED, Clock, Closing, Extended, LockCore, Op, Run, classify, ms
 from .nodes import Nodes, SingleNode, Target, nodes_for
 from .scripts import AcquireResult
 
@@ -283,7 +283,7 @@ class Lock(LockCore):
                         if held is not None:
                             self.do_release(held)
                 elif op is Op.CLOSE and pubsub is not None:
-                    _subscriptions.set_aside(client, pubsub, reusable=arg)
+                    _subscriptions.set_aside(client, pubsub, reusable=arg is Closing.REUSE)
                 # Op.FENCE: nothing now; fencing_token reads it on first use.
             except BaseException as exc:  # the core decides: thrown into the wait
                 run.error = exc

@@ -9,15 +9,16 @@ try, so it waits for the server's ``subscribe`` confirmation first.
   (:func:`subscribe`, :func:`set_aside`).
 * asyncio: one ``PubSub`` per event loop and client carries the channels of every waiting task
   (:class:`Hub`): 200 waiters cost one connection, not 200, and a release reaches the waiter
-  it hands the lock to without waking the others. It is closed when its last waiter leaves: a
-  connection kept idle could be cut (a proxy's idle timeout, ``CLIENT KILL``) and then
-  reconnected by redis-py while the next wait subscribes on it, which lost that wait's
-  ``SUBSCRIBE`` (a release missed for :data:`SUBSCRIBE_TIMEOUT`) or failed it with a
-  ``RuntimeError`` (two reads at once).
+  it hands the lock to without waking the others. A connection idle for more than
+  :data:`IDLE_REUSE` seconds serves no new wait: cut meanwhile (a proxy's idle timeout,
+  ``CLIENT KILL``), it would be reconnected by redis-py while the next wait subscribes on it,
+  which lost that wait's ``SUBSCRIBE`` (a release missed for :data:`SUBSCRIBE_TIMEOUT`) or
+  failed it with a ``RuntimeError`` (two reads at once; now a connection error, after which
+  the waiters subscribe again). Back-to-back waits share one connection.
 
-A connection keeps the dead channels of earlier waits, on which nothing is published again,
-and is closed once it carries too many. ``UNSUBSCRIBE`` is sent only for a waiter that may
-still be queued (it could not leave: :meth:`_Connection.remove`).
+No ``UNSUBSCRIBE`` is ever sent (an ACL user may lack it): a connection keeps the dead
+channels of earlier waits, on which nothing is published again, and is closed once it carries
+too many, or when a waiter on it may still be queued (:meth:`_Connection.remove`).
 
 This module never imports Celery.
 """
@@ -196,11 +197,13 @@ class _Connection:
         #: One SUBSCRIBE in flight at a time: redis-py < 5.1 connects a ``PubSub`` once per
         #: concurrent first command, and all but the last connection would go unread.
         self.sending = asyncio.Lock()
-        self.unsubscribing: set[asyncio.Task[None]] = set()
+        #: The loop's time when its last inbox left (``None`` while it has inboxes).
+        self.idle_since: float | None = None
 
     async def add(self, inbox: Inbox) -> None:
         channel = inbox.channel
         self.inboxes.setdefault(channel, set()).add(inbox)
+        self.idle_since = None
         if channel in self.confirmed:
             return
         loop = asyncio.get_running_loop()
@@ -224,28 +227,27 @@ class _Connection:
         finally:
             timer.cancel()
 
-    def remove(self, inbox: Inbox, live: bool = False) -> None:
-        """Drop ``inbox``. ``live``: its channel may still carry messages (a waiter that could
-        not leave its queue), so it is unsubscribed once no inbox listens there: a release
-        then counts no subscriber on it and passes that waiter over."""
-        channel = inbox.channel
-        inboxes = self.inboxes.get(channel)
+    def remove(self, inbox: Inbox, stranded: bool = False) -> None:
+        """Drop ``inbox``. ``stranded``: its waiter may still be queued, so its channel must
+        lose its subscriber (:class:`~celery_redlock._redis.core.Closing`): the connection
+        closes, and the waiters still on it subscribe again on another."""
+        inboxes = self.inboxes.get(inbox.channel)
         if inboxes is not None:
             inboxes.discard(inbox)
             if not inboxes:
-                del self.inboxes[channel]
-        if not self.inboxes:
+                del self.inboxes[inbox.channel]
+        if stranded and self.broken is None:
+            self._break(redis_py.ConnectionError("a waiter on this subscription left it queued"))
+        if stranded or (not self.inboxes and (self.broken or self is not self.hub.current)):
             self.close()
-        elif live and channel not in self.inboxes and not self.broken:
-            self.confirmed.discard(channel)
-            task = asyncio.get_running_loop().create_task(self._unsubscribe(channel))
-            self.unsubscribing.add(task)  # referenced until it ends
-            task.add_done_callback(self.unsubscribing.discard)
+        elif not self.inboxes:
+            self.idle_since = asyncio.get_running_loop().time()
 
-    async def _unsubscribe(self, channel: str) -> None:
-        with contextlib.suppress(Exception):  # a broken connection subscribes nothing
-            async with self.sending:
-                await self.pubsub.unsubscribe(channel)
+    def idle_for(self) -> float:
+        """Seconds since its last inbox left (0 while it has inboxes)."""
+        if self.idle_since is None:
+            return 0.0
+        return asyncio.get_running_loop().time() - self.idle_since
 
     def close(self) -> None:
         if self.hub.current is self:
@@ -269,9 +271,11 @@ class _Connection:
     async def _read(self) -> None:
         try:
             while True:
-                message = await self.pubsub.get_message(timeout=READ_TIMEOUT)
+                message = await self.pubsub.get_message(timeout=IDLE_READ)
                 if message is not None:
                     self._dispatch(message)
+                elif not self.inboxes and not self.pending:
+                    return  # idle: the next wait subscribes anew
         except Exception as exc:  # the connection is of no use now: its waiters subscribe anew
             self._break(exc if classify(exc) is not None else _broken(exc))
         finally:
@@ -326,7 +330,12 @@ class Hub:
 
     async def subscribe(self, channel: str) -> tuple[_Connection, Inbox]:
         connection = self.current
+        if connection is not None and connection.idle_for() > IDLE_REUSE:
+            connection.close()  # perhaps cut while idle: a new wait takes a new one
+            connection = None
         if connection is None or connection.broken or connection.channels >= HUB_CHANNELS:
+            if connection is not None and not connection.inboxes:
+                connection.close()
             connection = self.current = _Connection(self)
         inbox = Inbox(channel)
         try:
@@ -354,8 +363,11 @@ def hub_for(client: Any) -> Hub:
 #: Seconds to wait for the server to confirm a SUBSCRIBE before subscribing again.
 SUBSCRIBE_TIMEOUT = 5.0
 
-#: Seconds one read of the asyncio reader waits for a message (it then reads again).
-READ_TIMEOUT = 30.0
+#: Seconds the asyncio reader waits for a message before it checks whether anyone listens.
+IDLE_READ = 30.0
+
+#: Seconds an asyncio subscription connection without waiters still serves a new wait.
+IDLE_REUSE = 1.0
 
 #: Channels one asyncio subscription connection takes, dead ones included.
 HUB_CHANNELS = 1024

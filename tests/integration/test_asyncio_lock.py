@@ -770,12 +770,14 @@ def test_the_lock_reconnects_after_the_server_closed_its_connections() -> None:
 def test_a_wait_after_an_earlier_wait_s_connection_was_cut_subscribes_at_once(
     redis_url: str, r: redis_py.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A wait that ended used to leave the loop's subscription connection open, idle; cut then
-    (a proxy's idle timeout, ``CLIENT KILL``), redis-py reconnected it while the next wait
+    """A wait that ended leaves the loop's subscription connection open, idle; cut then (a
+    proxy's idle timeout, ``CLIENT KILL``), redis-py reconnected it while the next wait
     subscribed on it. That wait's ``SUBSCRIBE`` was lost (it queued only after
-    ``SUBSCRIBE_TIMEOUT``, set to 60 s here) or failed with a ``RuntimeError``. Three rounds:
-    a lost subscribe happened in most rounds, not all."""
+    ``SUBSCRIBE_TIMEOUT``, set to 60 s here) or failed with a ``RuntimeError``. A connection
+    idle for longer than ``IDLE_REUSE`` (0 here) now serves no new wait. Three rounds: a lost
+    subscribe happened in most rounds, not all."""
     monkeypatch.setattr(subscriptions, "SUBSCRIBE_TIMEOUT", 60.0)
+    monkeypatch.setattr(subscriptions, "IDLE_REUSE", 0.0)
 
     async def main() -> None:
         for round_ in range(3):
@@ -792,3 +794,42 @@ def test_a_wait_after_an_earlier_wait_s_connection_was_cut_subscribes_at_once(
             await waiter.release()
 
     run(main())
+
+
+def test_semaphore_waiters_on_one_loop_all_get_a_slot_and_send_no_unsubscribe(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """Waiters of a semaphore listen on its shared release channel, through one connection of
+    the loop: a waiter that got its slot leaves the channel to the others still waiting (no
+    ``UNSUBSCRIBE``, which the guide's ACL line does not grant and which raced the next
+    ``SUBSCRIBE`` of the same channel), and each release wakes them."""
+    r.config_resetstat()
+
+    async def main() -> None:
+        holders = [Lock(redis_url, "sem-loop", ttl=60, limit=2) for _ in range(2)]
+        for holder in holders:
+            assert await holder.acquire(blocking=False)
+        # A waiter of another lock keeps the loop's connection open throughout.
+        other_holder = Lock(redis_url, "sem-other", ttl=60)
+        assert await other_holder.acquire(blocking=False)
+        other = Lock(redis_url, "sem-other", ttl=60)
+        other_wait = asyncio.create_task(other.acquire(timeout=30))
+        await until(lambda: queued(r, "sem-other") == 1)
+        waiters = [Lock(redis_url, "sem-loop", ttl=60, limit=2) for _ in range(4)]
+        tasks = [asyncio.create_task(w.acquire(timeout=30)) for w in waiters]
+        channel = keys_for("redlock", "sem-loop").channel
+        await until(lambda: subscribers(r, channel) == 1)  # one connection for the loop
+        for holder in holders:
+            await holder.release()
+        pending = set(tasks)
+        while pending:  # each slot taken is handed on when its holder releases
+            finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in finished:
+                assert task.result() is True
+                await waiters[tasks.index(task)].release()
+        await other_holder.release()
+        assert await other_wait
+        await other.release()
+
+    run(main())
+    assert "cmdstat_unsubscribe" not in r.info("commandstats")

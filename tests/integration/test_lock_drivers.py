@@ -878,6 +878,8 @@ def test_a_waiter_that_could_not_leave_a_stalled_queue_is_passed_over(d: Driver)
         finally:
             releaser.join()
         assert r.get(live.key) is not None and d(live.release()) is None
+        # No UNSUBSCRIBE (the guide's ACL line has none): the subscription was closed.
+        assert "cmdstat_unsubscribe" not in r.info("commandstats")
 
 
 def test_the_lock_counts_its_tries(d2: Driver, redis_url: str) -> None:

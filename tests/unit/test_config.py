@@ -560,23 +560,29 @@ def test_a_decorator_between_that_copies_no_attributes_is_refused_too(
         check_app(bare_app)
 
 
-def test_a_task_that_calls_a_locked_task_it_closes_over_is_accepted(bare_app: Celery) -> None:
-    """A closure holding a locked task (a task factory) is no decorator in between: the task's
-    own ``run`` is not one of the lock's steps."""
+def test_a_task_that_calls_a_locked_function_it_closes_over_is_accepted(
+    bare_app: Celery,
+) -> None:
+    """A closure holding a locked task, or the locked function itself (a task factory's
+    ``fan(items)`` calling it inline: a plain call, unlocked as documented), is no decorator
+    in between: only a wrapper passing ``*args, **kwargs`` on is followed."""
     bare_app.conf.update(redlock_url=LOCK_URL)
 
-    @bare_app.task(shared=False, name="proj.locked")
-    @single_instance(by=["x"])
-    def locked(x: int) -> None: ...
+    def process(x: int) -> int:
+        return x
 
-    def make_caller(target: Any) -> Any:
-        @bare_app.task(shared=False, name="proj.caller")
-        def caller(x: int) -> None:
-            target(x)
+    locked_function = single_instance(by=["x"])(process)
+    locked = bare_app.task(shared=False, name="proj.locked")(locked_function)
 
-        return caller
+    def make_fan(name: str, each: Any) -> Any:
+        @bare_app.task(shared=False, name=name)
+        def fan(items: list[int]) -> list[Any]:
+            return [each(i) for i in items]
 
-    make_caller(locked)
+        return fan
+
+    make_fan("proj.fan_task", locked)
+    make_fan("proj.fan_function", locked_function)
     check_app(bare_app)
 
 

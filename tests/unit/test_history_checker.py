@@ -331,3 +331,19 @@ def test_a_store_write_must_carry_a_token_its_writer_was_admitted_with() -> None
     wrote = [StoreWrite(1, "k", 5, True, "a"), StoreWrite(2, "k", 7, True, "c")]
     unjudged = judge(call("a", "k", 5, 1, 2) + lost, wrote)
     assert unjudged.mistokened_writes == [wrote[1]] and not unjudged.ok
+
+
+def test_a_limit_that_loses_the_tokens_explains_any_inversion_in_its_window() -> None:
+    """Quorum nodes rejoining early restart their counters from their clocks: inside that
+    window even a newer holder whose acquire began after the older was admitted may get a
+    smaller token (docs/guide.md, "Fencing tokens")."""
+    writes = [StoreWrite(1, "k", 12, True, "a"), StoreWrite(2, "k", 11, False, "b")]
+    b = [
+        e if e.kind != "admitted" else Event(e.at, "b", e.kind, "k", 11, since=1.2)
+        for e in call("b", "k", 11, 2, 4)
+    ]
+    events = call("a", "k", 12, 1, 3) + b
+    early = [Window("quorum-early-rejoin", 1.5, 2.5, limit="rejoined early", tokens_go_back=True)]
+    verdict = judge(events, writes, early)
+    assert verdict.token_inversions == [] and verdict.ok, verdict.summary()
+    assert verdict.inversions_explained == {"rejoined early": 1}

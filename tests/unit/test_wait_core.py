@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 import redis as redis_py
 
-from celery_redlock._redis.core import SUBSCRIBED, Extended, LockCore, Op, Run, Steps
+from celery_redlock._redis.core import SUBSCRIBED, Closing, Extended, LockCore, Op, Run, Steps
 from celery_redlock._redis.owner import SEPARATOR
 from celery_redlock._redis.scripts import WaitReply
+from celery_redlock.exceptions import LockUnavailable
 from support.clock import FakeClock
 
 
@@ -87,7 +88,10 @@ def test_a_waiter_whose_deadline_passes_after_the_handoff_leaves_holding_the_loc
     assert member.startswith("10000:")  # the lease, then the channel
     handed = f"{secret}{SEPARATOR}handed"
     assert driver.next(handed) == (Op.FENCE, handed)  # taken without a fencing token
-    assert driver.next() == (Op.CLOSE, True)  # it left the queue: the connection serves again
+    assert driver.next() == (
+        Op.CLOSE,
+        Closing.REUSE,
+    )  # it left the queue: the connection serves again
     assert driver.next() == (None, True)
     assert core.token == handed and core.held  # its lease counts from its last try
 
@@ -98,8 +102,23 @@ def test_a_waiter_whose_deadline_passes_leaves_the_queue_empty_handed() -> None:
     driver.next(3.0)
     clock.now += 5
     past_deadline(driver)
-    assert driver.next(None) == (Op.CLOSE, True)
+    assert driver.next(None) == (Op.CLOSE, Closing.REUSE)
     assert driver.next() == (None, False)
+    assert not core.held
+
+
+def test_a_waiter_whose_leave_gets_no_reply_strands_its_subscription() -> None:
+    """Past its deadline, the leave finds Redis not answering: the waiter raises, and its
+    subscription is stranded (it may still be queued: its channel must lose its subscriber)."""
+    clock = FakeClock()
+    core, driver = queued_lock(clock)
+    driver.next(3.0)
+    clock.now += 5
+    past_deadline(driver)
+    stalled = LockUnavailable("the lock Redis did not answer")
+    assert driver.next(error=stalled) == (Op.CLOSE, Closing.STRANDED)
+    with pytest.raises(LockUnavailable):
+        driver.next()
     assert not core.held
 
 
@@ -111,7 +130,7 @@ def test_a_lock_handed_over_more_than_half_a_lease_ago_is_extended_first() -> No
     handed = f"{driver.secret}{SEPARATOR}handed"
     assert driver.next(handed) == (Op.EXTEND, (handed, 10.0))
     assert driver.next(Extended(True, True)) == (Op.FENCE, handed)
-    assert driver.next() == (Op.CLOSE, True)
+    assert driver.next() == (Op.CLOSE, Closing.REUSE)
     assert driver.next() == (None, True) and core.held
 
 
@@ -134,7 +153,7 @@ def test_an_interrupted_waiter_abandons_its_place_and_closes_its_subscription(
     assert driver.next(3.0)[0] is Op.RECEIVE
     op, arg = driver.next(error=interrupt())
     assert op is Op.ABANDON and len(arg) == 2
-    assert driver.next() == (Op.CLOSE, False)
+    assert driver.next() == (Op.CLOSE, Closing.STRANDED)
     with pytest.raises(interrupt):
         driver.next()
     assert not core.held
@@ -145,7 +164,10 @@ def test_a_broken_subscription_leaves_quietly_and_waits_anew() -> None:
     assert driver.next(3.0)[0] is Op.RECEIVE
     lost = redis_py.exceptions.ConnectionError("Connection closed by server.")
     assert driver.next(error=lost)[0] is Op.LEAVE
-    assert driver.next(error=lost) == (Op.CLOSE, False)  # leaving failed too: quietly False
+    assert driver.next(error=lost) == (
+        Op.CLOSE,
+        Closing.STRANDED,
+    )  # leaving failed too: quietly False
     assert driver.next() == (Op.ATTEMPT, None)  # tries again, then subscribes again
     assert driver.next(False)[0] is Op.SUBSCRIBE
     assert not core.held
@@ -155,7 +177,7 @@ def test_a_bug_in_the_driver_is_not_taken_for_a_broken_subscription() -> None:
     _, driver = queued_lock(FakeClock())
     assert driver.next(3.0)[0] is Op.RECEIVE
     assert driver.next(error=KeyError("bug"))[0] is Op.ABANDON  # not LEAVE, to wait anew
-    assert driver.next() == (Op.CLOSE, False)
+    assert driver.next() == (Op.CLOSE, Closing.STRANDED)
     with pytest.raises(KeyError):  # raised as it is
         driver.next()
 
@@ -170,7 +192,7 @@ def test_without_a_queue_each_notification_brings_a_plain_attempt() -> None:
     assert driver.next(False) == (Op.HOLDER_TTL, None)
     assert driver.next(None) == (Op.RECEIVE, 1.0)  # a key without expiry: look again in 1 s
     assert driver.next(b"1") == (Op.ATTEMPT, None)
-    assert driver.next(True) == (Op.CLOSE, False)
+    assert driver.next(True) == (Op.CLOSE, Closing.CLOSE)
     assert driver.next() == (None, True)
 
 
