@@ -444,20 +444,23 @@ def test_release_attempt_needs_task_host_and_pid_to_match(r: redis_py.Redis, tas
     assert not release_attempt(r, "child", "redlock", task_id, "worker-a", pid)  # missing
 
 
-def test_release_attempt_applies_a_cooldown_and_keeps_a_shorter_one(r: redis_py.Redis) -> None:
+def test_release_attempt_applies_the_whole_cooldown_once(r: redis_py.Redis) -> None:
     """The main process releasing for a dead child applies the task's cooldown, as the child's
     own release does: a hard time limit used to delete the key, ending the cooldown window at
-    once. A child that applied the cooldown before it died keeps the (shorter) TTL it set."""
+    once. The whole cooldown, also past the dead holder's lease (it was capped at the lease's
+    remaining TTL: a 10 s cooldown lasted 3 s). A slot already marked as a cooldown (the
+    child released before it died, or a second release for the same death) is released
+    already: left as it is, and not reported (nor counted) again."""
     pid = os.getpid()
-    lock = Lock(r, "cooled", ttl=30, owner="task-1", host="worker-a")
+    lock = Lock(r, "cooled", ttl=2, owner="task-1", host="worker-a")
     assert lock.acquire(blocking=False)
     assert release_attempt(r, "cooled", "redlock", "task-1", "worker-a", pid, keep=5.0)
     assert 4000 < r.pttl(lock.key) <= 5000
     marked = ("cooldown" + lock.token[8:]).encode()  # marked as a cooldown, as the child's
     assert r.get(lock.key) == marked
-    r.pexpire(lock.key, 2000)  # as the child's own release with the cooldown leaves it
-    assert release_attempt(r, "cooled", "redlock", "task-1", "worker-a", pid, keep=5.0)
-    assert 0 < r.pttl(lock.key) <= 2000 and r.get(lock.key) == marked
+    r.pexpire(lock.key, 1500)  # as the child's own release with a shorter cooldown leaves it
+    assert not release_attempt(r, "cooled", "redlock", "task-1", "worker-a", pid, keep=5.0)
+    assert 0 < r.pttl(lock.key) <= 1500 and r.get(lock.key) == marked
     r.delete(lock.key)
 
 

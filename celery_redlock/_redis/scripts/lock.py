@@ -179,9 +179,10 @@ RELEASE_ATTEMPT = (
     + """
 -- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3..n] the lock's slot keys
 -- ARGV[1] task id, ARGV[2] host, ARGV[3] pid, ARGV[4] '1': handoff (as in RELEASE),
--- ARGV[5] keep in ms ('0': delete; > 0: the task's cooldown: the slot expires in that much at
---         most, marked as the child's own release with a cooldown leaves it; a child that
---         applied it before it died keeps the shorter TTL it set)
+-- ARGV[5] keep in ms ('0': delete; > 0: the task's cooldown: the slot is kept that long,
+--         marked as the child's own release with a cooldown leaves it)
+-- A slot already marked as a cooldown was released (by the child before it died, or by an
+-- earlier call of this script): it is left as it is, and this returns 0.
 -- Releases the slot taken by that attempt: the token layout is
 -- secret|pid|acquired_ms|host|task_id (see celery_redlock._redis.owner); host is compared as
 -- stored, with '%' and '|' escaped (ARGV[2] comes from owner.normalize_host, escaped alike).
@@ -193,10 +194,9 @@ for i = 3, #KEYS do
   if value then
     local pid, host, task_id = string.match(value, '^[^|]*|([^|]*)|[^|]*|([^|]*)|(.*)$')
     if task_id == ARGV[1] and host == ARGV[2] and pid == ARGV[3] then
+      if string.sub(value, 1, 8) == 'cooldown' then return 0 end
       if ARGV[5] ~= '0' then
-        local keep, left = tonumber(ARGV[5]), redis.call('PTTL', KEYS[i])
-        if left > 0 and left < keep then keep = left end
-        redis.call('SET', KEYS[i], 'cooldown' .. string.sub(value, 9), 'PX', keep)
+        redis.call('SET', KEYS[i], 'cooldown' .. string.sub(value, 9), 'PX', ARGV[5])
         return free_slot(KEYS[1], KEYS[2], KEYS[i], false, true)
       end
       return free_slot(KEYS[1], KEYS[2], KEYS[i], ARGV[4] == '1' and #KEYS == 3)
@@ -364,7 +364,7 @@ SCRIPTS = (
     Script(
         "release_attempt",
         RELEASE_ATTEMPT,
-        ("GET", "PTTL", "SET", "DEL", "TIME"),
+        ("GET", "SET", "DEL", "TIME"),
         tolerated=("EXISTS", "ZPOPMIN", "PUBLISH"),
     ),
     Script("fence", FENCE, ("GET", "TIME", "SET")),
