@@ -104,11 +104,14 @@ class LockedTask(Task):  # type: ignore[misc]
            waits) or after ``lock_enqueue_ttl`` seconds if it never starts. With
            ``lock_enqueue='until_executed'`` it clears when the execution ends instead: no
            second call is published while one is queued or running.
-           A marker whose call the result backend says was revoked is replaced at once:
-           Celery 5.7 marks a call ``REVOKED`` there when the workers get the revoke, but
-           discards its message (and clears the marker) only at its ETA, and every call of
-           the key until then would get the revoked call's id, and never run. Older Celery
-           marks it at the discard, and a call without a result backend is never checked.
+           A marker whose call the result backend says has ended (``SUCCESS``, ``FAILURE``,
+           ``REVOKED``) is replaced at once. Timelines it closes: (a) Celery 5.7 marks a call
+           ``REVOKED`` there when the workers get the revoke, but discards its message (and
+           clears the marker) only at its ETA; (b) the lock Redis does not answer when the
+           worker clears the marker (it logs a WARNING), and the marker stays for
+           ``lock_enqueue_ttl``. Without it, every call of the key until then would get the
+           ended call's id, and never run. Older Celery marks a revoke at the discard, and a
+           call without a result backend (or with ``ignore_result``) is never checked.
         3. Retries (``self.retry()``, ``autoretry_for``) always publish: an execution is never
            rejected by a marker. ``app.send_task()`` never looks at markers.
         4. If Redis does not answer, the call is published anyway (never dropped); the lock
@@ -147,7 +150,7 @@ class LockedTask(Task):  # type: ignore[misc]
             if (
                 queued is not None
                 and queued != task_id
-                and engine.stored_state(self, queued) == states.REVOKED
+                and engine.stored_state(self, queued) in states.READY_STATES
             ):
                 engine.clear_queued(self, args, kwargs, queued)  # only if still that call's
                 queued = engine.mark_queued(self, args, kwargs, task_id)

@@ -409,3 +409,28 @@ def test_a_call_after_a_revoke_is_not_swallowed_by_the_revoked_calls_marker(
         third = keep.apply_async((12,), countdown=3600)  # a live queued call still de-dups
         assert keep.delay(12).id == third.id
         third.revoke()
+
+
+def test_a_marker_left_by_an_ended_call_is_replaced(app: Celery, r: redis_py.Redis) -> None:
+    """The worker could not clear the marker (the lock Redis did not answer then: it logs a
+    WARNING) and the call ended: every later call of the key got the ended call's id for
+    ``lock_enqueue_ttl`` and never ran. The result backend says the call ended (SUCCESS or
+    FAILURE): the next call replaces the marker and runs."""
+
+    @app.task(base=LockedTask, lock_enqueue="until_executed", lock_by=["n"])
+    def keep(n: int, v: str = "old") -> str:
+        if v == "boom":
+            raise ValueError("failed")
+        return v
+
+    with running_worker(app):
+        for ended in ("old", "boom"):
+            first = keep.delay(21, v=ended)
+            first.get(timeout=10, propagate=False)
+            assert first.state in ("SUCCESS", "FAILURE")
+            marker = queued_key(keep, 21)
+            r.set(marker, first.id, px=3600 * 1000)  # as a clear that failed leaves it
+            second = keep.delay(21, v="new")
+            assert second.id != first.id
+            assert second.get(timeout=10) == "new"
+            assert r.get(marker) is None
