@@ -100,8 +100,11 @@ class LockedTask(Task):  # type: ignore[misc]
         1. ``delay()``/``apply_async()`` sets the key's queued marker to the new task id,
            unless a marker exists: then it returns that queued task's ``AsyncResult`` instead
            of publishing.
-        2. The marker clears when that execution starts (so one call can run while one more
-           waits) or after ``lock_enqueue_ttl`` seconds if it never starts. With
+        2. The marker clears when that execution takes its lock and starts (so one call can
+           run while one more waits), or ends without running (skipped, failed), or after
+           ``lock_enqueue_ttl`` seconds if it never starts. An execution requeued by the lock
+           (``lock_on_contention='retry'``) or by ``lock_rate`` keeps it, and so does one
+           waiting for the lock (``'wait'``): it is still the one call that waits. With
            ``lock_enqueue='until_executed'`` it clears when the execution ends instead: no
            second call is published while one is queued or running.
            A marker whose call the result backend says has ended (``SUCCESS``, ``FAILURE``,

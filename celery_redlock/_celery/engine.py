@@ -33,6 +33,7 @@ TTL rule, decided in :func:`_make_lock` for each execution:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -117,8 +118,28 @@ def called_directly(request: Any) -> bool:
 def _attempt(
     task: Any, request: Any, spec: Spec, args: Any, kwargs: Any, body: Callable[[], T]
 ) -> T | None:
-    """:func:`enter`, the body, :func:`leave`."""
-    if not enter(task, request, spec, args, kwargs):
+    """:func:`enter`, the body, :func:`leave`.
+
+    Under ``lock_enqueue='keep'`` the queued marker is cleared once the attempt is decided: it
+    takes its lock and starts, or ends without running (skipped, failed). An attempt requeued
+    by the lock or a rate limit (``Retry``, the same task id) keeps it: the call is still
+    queued. Clearing it on arrival instead, (1) X arrives and is requeued by the lock; (2) a
+    ``delay()`` finds no marker and publishes Y; (3) Y is requeued too; and so on: every call
+    made while the key was held ran, one after another.
+    """
+    keep = spec.options.enqueue == "keep"
+    try:
+        entered = enter(task, request, spec, args, kwargs)
+    except Retry:
+        raise
+    except BaseException:
+        if keep:  # its identity may be what failed (a lock_by callable): that error is raised
+            with contextlib.suppress(Exception):
+                clear_queued(task, args, kwargs, request.id)
+        raise
+    if keep:
+        clear_queued(task, args, kwargs, request.id)
+    if not entered:
         return None
     try:
         result = body()
@@ -169,13 +190,12 @@ def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
     2. the app's settings, resolved once for the whole attempt; the task's options
        cross-checked against them, once per task;
     3. the lock name: the task's lock name and the digest of the call's identity;
-    4. ``lock_enqueue='keep'``: the queued marker cleared (one more call may queue);
-    5. ``lock_bypass``: the call runs without the lock;
-    6. ``lock_enqueue='replace'`` or ``lock_debounce``: a call superseded by a newer one skips;
-    7. the lock, non-blocking; under ``wait`` then blocking; if still held, the contention
+    4. ``lock_bypass``: the call runs without the lock;
+    5. ``lock_enqueue='replace'`` or ``lock_debounce``: a call superseded by a newer one skips;
+    6. the lock, non-blocking; under ``wait`` then blocking; if still held, the contention
        policy (skip, requeue or fail); with ``lock_limit=None`` there is no lock to take;
-    8. ``lock_rate``: the start admitted, or the call requeued for its slot;
-    9. the per-call overrides recorded beside the lock, the acquisition reported.
+    7. ``lock_rate``: the start admitted, or the call requeued for its slot;
+    8. the per-call overrides recorded beside the lock, the acquisition reported.
     """
     header = calls.header_of(request)
     _drop_if_ended(task, request, header)
@@ -188,8 +208,6 @@ def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
         task.__dict__[_CHECKED] = settings
     name = lock_name_for(task, spec, args, kwargs, settings)
     tracing.lock_name(settings.prefix, name)
-    if options.enqueue == "keep":
-        _clear_queued(task, settings, name, request.id)
     if header and calls.bypassed(header):
         return _bypass(task, settings, name, request)
     if supersede.supersedes(options) and supersede.superseded(task, spec, settings, name, request):
@@ -815,8 +833,9 @@ def mark_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> str | None:
 
 
 def clear_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> None:
-    """Clear the queued marker of a call that will never start (revoked or expired), or
-    whose execution ended (``until_executed``); only if the marker is still ``task_id``'s."""
+    """Clear the queued marker of a call that will never start (revoked or expired), whose
+    attempt was decided (``keep``: it starts, or ends without running) or whose execution
+    ended (``until_executed``); only if the marker is still ``task_id``'s."""
     spec = spec_of(task)
     if spec is not None and spec.options.enqueue in KEEPING_MODES:
         settings = settings_for(task.app)

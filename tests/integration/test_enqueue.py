@@ -117,6 +117,47 @@ def test_one_running_and_one_queued(
     assert len(ran) == 3
 
 
+@pytest.mark.parametrize("policy", ["retry", "wait"])
+def test_a_call_held_back_by_the_lock_keeps_its_marker(
+    h: Holder, app: Celery, r: redis_py.Redis, policy: str
+) -> None:
+    """A queued call that reaches a worker while the key is held, and is requeued by the lock
+    (``retry``) or waits for it (``wait``), is still the one call that waits: later calls of
+    the key return it. Its marker used to be cleared on arrival, so every call made while the
+    key was held was published and ran (13 runs for 12 calls under ``retry``)."""
+    ran: list[str] = []
+
+    @app.task(
+        base=LockedTask,
+        bind=True,
+        lock_enqueue=True,
+        lock_by=(),
+        lock_on_contention=policy,
+        lock_retry_countdown=0.2,
+        max_retries=None,
+    )
+    def report(self: Task, role: str) -> str:
+        ran.append(role)
+        if role == "holder":
+            h.hold()
+        return role
+
+    with running_worker(app, concurrency=2):
+        holder = report.delay("holder")
+        assert h.entered.wait(10)
+        assert not r.exists(queued_key(report, "x"))  # cleared when the holder started
+        waiting = report.delay("waiting")
+        # It reaches the worker and is held back (requeued, or waiting): still marked.
+        waiters = lock_key(report, "x") + ":waiters"
+        wait_until(lambda: waiting.state == "RETRY" or r.zcard(waiters) == 1, 10, "held back")
+        assert r.get(queued_key(report, "x")) == waiting.id.encode()
+        assert [report.delay("again").id for _ in range(3)] == [waiting.id] * 3
+        h.gate.set()
+        assert holder.get(timeout=10) == "holder"
+        assert waiting.get(timeout=10) == "waiting"
+    assert sorted(ran) == ["holder", "waiting"]
+
+
 def test_a_lock_by_callable_sees_the_values_the_worker_sees(app: Celery, r: redis_py.Redis) -> None:
     """A callable got the caller's tuple and the worker's list (JSON has no tuples): the two
     computed different keys, the worker never cleared the caller's marker, and every later call
