@@ -117,21 +117,22 @@ def test_one_running_and_one_queued(
     assert len(ran) == 3
 
 
-@pytest.mark.parametrize("policy", ["retry", "wait"])
-def test_a_call_held_back_by_the_lock_keeps_its_marker(
+@pytest.mark.parametrize("policy", ["skip", "retry", "wait"])
+def test_a_call_held_back_by_the_lock_keeps_its_marker_and_a_skipped_one_clears_it(
     h: Holder, app: Celery, r: redis_py.Redis, policy: str
 ) -> None:
     """A queued call that reaches a worker while the key is held, and is requeued by the lock
     (``retry``) or waits for it (``wait``), is still the one call that waits: later calls of
     the key return it. Its marker used to be cleared on arrival, so every call made while the
-    key was held was published and ran (13 runs for 12 calls under ``retry``)."""
+    key was held was published and ran (13 runs for 12 calls under ``retry``). One skipped
+    (``skip``) has ended: its marker is cleared, and the next call is published."""
     ran: list[str] = []
 
     @app.task(
         base=LockedTask,
         bind=True,
         lock_enqueue=True,
-        lock_by=(),
+        lock_by=(),  # one key for every call
         lock_on_contention=policy,
         lock_retry_countdown=0.2,
         max_retries=None,
@@ -142,15 +143,23 @@ def test_a_call_held_back_by_the_lock_keeps_its_marker(
             h.hold()
         return role
 
+    marker = queued_key(report, "x")
     with running_worker(app, concurrency=2):
         holder = report.delay("holder")
         assert h.entered.wait(10)
-        assert not r.exists(queued_key(report, "x"))  # cleared when the holder started
+        assert not r.exists(marker)  # cleared when the holder started
         waiting = report.delay("waiting")
+        if policy == "skip":
+            assert waiting.get(timeout=10) is None  # found the lock held, skipped
+            assert not r.exists(marker)
+            assert report.delay("third").id != waiting.id
+            h.gate.set()
+            assert holder.get(timeout=10) == "holder"
+            return
         # It reaches the worker and is held back (requeued, or waiting): still marked.
         waiters = lock_key(report, "x") + ":waiters"
         wait_until(lambda: waiting.state == "RETRY" or r.zcard(waiters) == 1, 10, "held back")
-        assert r.get(queued_key(report, "x")) == waiting.id.encode()
+        assert r.get(marker) == waiting.id.encode()
         assert [report.delay("again").id for _ in range(3)] == [waiting.id] * 3
         h.gate.set()
         assert holder.get(timeout=10) == "holder"
@@ -181,26 +190,6 @@ def test_a_lock_by_callable_sees_the_values_the_worker_sees(app: Celery, r: redi
         assert second.id != first.id and second.get(timeout=10) == 2
     assert lock_key(pair, 3, y=(1, {2: "b"})) == lock_key(pair, 3, y=[1, {"2": "b"}])
     assert {repr(kwargs["y"]) for _, kwargs in seen} == {"[1, {'2': 'b'}]"}
-
-
-def test_the_marker_clears_even_when_its_execution_is_skipped(
-    h: Holder, app: Celery, r: redis_py.Redis
-) -> None:
-    @app.task(base=LockedTask, lock_enqueue=True, lock_by=())
-    def job(role: str) -> str:
-        if role == "holder":
-            h.hold()
-        return role
-
-    with running_worker(app, concurrency=2):
-        holder = job.delay("holder")
-        assert h.entered.wait(10)
-        skipped = job.delay("other")
-        assert skipped.get(timeout=10) is None  # started, found the lock held, skipped
-        assert not r.exists(queued_key(job, "other"))  # lock_by=(): one key for all calls
-        assert job.delay("third").id != skipped.id
-        h.gate.set()
-        assert holder.get(timeout=10) == "holder"
 
 
 def test_the_marker_expires_after_lock_enqueue_ttl_and_is_cleared_owner_checked(
