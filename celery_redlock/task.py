@@ -114,7 +114,10 @@ class LockedTask(Task):  # type: ignore[misc]
            worker clears the marker (it logs a WARNING), and the marker stays for
            ``lock_enqueue_ttl``. Without it, every call of the key until then would get the
            ended call's id, and never run. Older Celery marks a revoke at the discard, and a
-           call without a result backend (or with ``ignore_result``) is never checked.
+           call without a result backend (or with ``ignore_result``) is never checked. A
+           task id you reuse (``task_id="report-42"``) while the backend keeps an earlier
+           result of it is taken for ended: the next call is published beside it (the lock
+           still excludes the two when they run).
         3. Retries (``self.retry()``, ``autoretry_for``) always publish: an execution is never
            rejected by a marker. ``app.send_task()`` never looks at markers.
         4. If Redis does not answer, the call is published anyway (never dropped); the lock

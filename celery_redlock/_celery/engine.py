@@ -33,7 +33,6 @@ TTL rule, decided in :func:`_make_lock` for each execution:
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import time
@@ -118,28 +117,8 @@ def called_directly(request: Any) -> bool:
 def _attempt(
     task: Any, request: Any, spec: Spec, args: Any, kwargs: Any, body: Callable[[], T]
 ) -> T | None:
-    """:func:`enter`, the body, :func:`leave`.
-
-    Under ``lock_enqueue='keep'`` the queued marker is cleared once the attempt is decided: it
-    takes its lock and starts, or ends without running (skipped, failed). An attempt requeued
-    by the lock or a rate limit (``Retry``, the same task id) keeps it: the call is still
-    queued. Clearing it on arrival instead, (1) X arrives and is requeued by the lock; (2) a
-    ``delay()`` finds no marker and publishes Y; (3) Y is requeued too; and so on: every call
-    made while the key was held ran, one after another.
-    """
-    keep = spec.options.enqueue == "keep"
-    try:
-        entered = enter(task, request, spec, args, kwargs)
-    except Retry:
-        raise
-    except BaseException:
-        if keep:  # its identity may be what failed (a lock_by callable): that error is raised
-            with contextlib.suppress(Exception):
-                clear_queued(task, args, kwargs, request.id)
-        raise
-    if keep:
-        clear_queued(task, args, kwargs, request.id)
-    if not entered:
+    """:func:`enter`, the body, :func:`leave`."""
+    if not enter(task, request, spec, args, kwargs):
         return None
     try:
         result = body()
@@ -163,7 +142,9 @@ def _until_executed(
     ``AsyncResult``. A retry (``Retry``) keeps it: the call is not finished, and its retry has
     the same task id. The marker is cleared before Celery stores the result, so a caller that
     holds the result can call again at once. An execution that never ends here (the pool
-    child killed, a hard time limit) leaves the marker until ``lock_enqueue_ttl``.
+    child killed, a hard time limit) leaves it to the worker's main process
+    (:func:`~celery_redlock._celery.parent.release_for_dead_child`), or else to
+    ``lock_enqueue_ttl``.
     """
     task_id = request.id
     try:
@@ -190,12 +171,19 @@ def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
     2. the app's settings, resolved once for the whole attempt; the task's options
        cross-checked against them, once per task;
     3. the lock name: the task's lock name and the digest of the call's identity;
-    4. ``lock_bypass``: the call runs without the lock;
-    5. ``lock_enqueue='replace'`` or ``lock_debounce``: a call superseded by a newer one skips;
-    6. the lock, non-blocking; under ``wait`` then blocking; if still held, the contention
+    4. ``lock_enqueue='keep'``: the queued marker, cleared once steps 5 to 9 decided the
+       attempt: it takes its lock and starts, or ends without running (skipped, failed). An
+       attempt requeued by the lock or a rate limit (``Retry``, the same task id), or waiting
+       for the lock, keeps it: the call is still the one queued. Cleared on arrival instead,
+       (1) X arrives and is requeued by the lock; (2) a ``delay()`` finds no marker and
+       publishes Y; (3) Y is requeued too; and so on: every call made while the key was held
+       ran, one after another;
+    5. ``lock_bypass``: the call runs without the lock;
+    6. ``lock_enqueue='replace'`` or ``lock_debounce``: a call superseded by a newer one skips;
+    7. the lock, non-blocking; under ``wait`` then blocking; if still held, the contention
        policy (skip, requeue or fail); with ``lock_limit=None`` there is no lock to take;
-    7. ``lock_rate``: the start admitted, or the call requeued for its slot;
-    8. the per-call overrides recorded beside the lock, the acquisition reported.
+    8. ``lock_rate``: the start admitted, or the call requeued for its slot;
+    9. the per-call overrides recorded beside the lock, the acquisition reported.
     """
     header = calls.header_of(request)
     _drop_if_ended(task, request, header)
@@ -208,6 +196,22 @@ def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
         task.__dict__[_CHECKED] = settings
     name = lock_name_for(task, spec, args, kwargs, settings)
     tracing.lock_name(settings.prefix, name)
+    if options.enqueue != "keep":
+        return _take(task, request, spec, settings, name, header)
+    try:
+        taken = _take(task, request, spec, settings, name, header)
+    except Retry:
+        raise
+    except BaseException:
+        _clear_queued(task, settings, name, request.id)
+        raise
+    _clear_queued(task, settings, name, request.id)
+    return taken
+
+
+def _take(task: Any, request: Any, spec: Spec, settings: Settings, name: str, header: Any) -> bool:
+    """Steps 5 to 9 of :func:`enter`: run unlocked, skip, take the lock or requeue."""
+    options = spec.options
     if header and calls.bypassed(header):
         return _bypass(task, settings, name, request)
     if supersede.supersedes(options) and supersede.superseded(task, spec, settings, name, request):
@@ -833,9 +837,9 @@ def mark_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> str | None:
 
 
 def clear_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> None:
-    """Clear the queued marker of a call that will never start (revoked or expired), whose
-    attempt was decided (``keep``: it starts, or ends without running) or whose execution
-    ended (``until_executed``); only if the marker is still ``task_id``'s."""
+    """Clear the queued marker of a call that will never start (revoked or expired, or never
+    published), or whose execution ended (``until_executed``); only if the marker is still
+    ``task_id``'s."""
     spec = spec_of(task)
     if spec is not None and spec.options.enqueue in KEEPING_MODES:
         settings = settings_for(task.app)

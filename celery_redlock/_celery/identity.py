@@ -376,11 +376,11 @@ def spec_of(task: Any) -> Spec | None:
 
 def _check_nothing_between(name: str, fun: Any) -> None:
     """Refuse a decorator between ``@app.task`` and ``@single_instance``: a function that the
-    task's ``run`` reaches through ``__wrapped__``, or through the closure of a function that
-    passes ``*args, **kwargs`` on (how a decorator without ``functools.wraps`` keeps the
-    function it wraps), is a ``@single_instance`` wrapper, and ``run`` is not one. A task whose
-    own function keeps a locked function in its closure and calls it (a task factory's
-    ``fan(items)``) is left alone: that call is a plain call, unlocked as documented.
+    task's ``run`` reaches through ``__wrapped__``, or through the closure of a wrapper (how a
+    decorator without ``functools.wraps`` keeps the function it wraps: :func:`_passes_on`), is
+    a ``@single_instance`` wrapper, and ``run`` is not one. A task whose own function keeps a
+    locked function in its closure and calls it (a task factory's ``fan(items)``) is left
+    alone: that call is a plain call, unlocked as documented.
 
     The lock's wrapper, not being the task's ``run``, took the call for a plain function call
     and ran it unlocked: two workers ran one key at once, without a word (and with
@@ -395,14 +395,13 @@ def _check_nothing_between(name: str, fun: Any) -> None:
     while todo and len(seen) < 100:  # a few decorators deep; a loop is no decorator of ours
         current = todo.pop()
         inner = [getattr(current, "__wrapped__", None)]
-        if _passes_through(current):
-            for cell in current.__closure__ or ():
-                try:
-                    kept = cell.cell_contents
-                except ValueError:  # an empty cell
-                    continue
-                if inspect.isfunction(kept):  # not a task a closure calls: its run is no step
-                    inner.append(kept)
+        for cell in getattr(current, "__closure__", None) or ():
+            try:
+                kept = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if _passes_on(current, kept):
+                inner.append(kept)
         for found in inner:
             if found is None or id(found) in seen:
                 continue
@@ -416,12 +415,18 @@ def _check_nothing_between(name: str, fun: Any) -> None:
             todo.append(found)
 
 
-def _passes_through(fun: Any) -> bool:
-    """Whether ``fun`` is a function taking ``*args`` and ``**kwargs``: a decorator's wrapper."""
-    if not inspect.isfunction(fun):
+def _passes_on(wrapper: Any, kept: Any) -> bool:
+    """Whether ``wrapper`` looks like a decorator's wrapper of the function ``kept`` it closes
+    over: it takes ``*args`` or ``**kwargs``, or the parameters ``kept`` takes. A task's own
+    function calling a locked function it keeps (``fan(items)`` calling ``process(x)``) does
+    not; nor does a closure over a task (no function)."""
+    if not (inspect.isfunction(wrapper) and inspect.isfunction(kept)):
         return False
-    kinds = {p.kind for p in inspect.signature(fun, follow_wrapped=False).parameters.values()}
-    return {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD} <= kinds
+    params = inspect.signature(wrapper, follow_wrapped=False).parameters
+    varying = {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}
+    if any(p.kind in varying for p in params.values()):
+        return True
+    return list(params) == list(inspect.signature(kept).parameters)
 
 
 #: What the lock makes a call end with (not the task's own failures): never autoretried.

@@ -46,9 +46,10 @@ from .. import signals
 from .._redis.keys import keys_for
 from .._redis.lock import release_attempt
 from ..exceptions import LockUnavailable
+from .engine import clear_queued
 from .events import emit
 from .identity import lock_name_for, spec_of
-from .options import settings_for
+from .options import KEEPING_MODES, settings_for
 
 logger = logging.getLogger("celery_redlock.worker")
 
@@ -199,13 +200,18 @@ def release_when_dead(request: Any, deadline: float | None = None) -> None:
 
 
 def release_for_dead_child(request: Any) -> None:
-    """Release the lock a dead pool child took for ``request`` (owner-checked, never raises)."""
+    """Release the lock a dead pool child took for ``request`` (owner-checked, never raises),
+    and clear the call's queued marker (``lock_enqueue``, if still the call's): a child killed
+    before its attempt decided (waiting for the lock) would leave it, and every later call of
+    the key would be given the dead call's id, until ``lock_enqueue_ttl``."""
     pid = request.worker_pid
     if not pid:
         return  # never accepted by a child: it cannot have taken a lock
     task = request.task
     try:
         spec = spec_of(task)
+        if spec is not None and spec.options.enqueue in KEEPING_MODES:
+            clear_queued(task, request.args, request.kwargs, request.id)
         if spec is None or spec.options.limit is None:  # lock_limit=None takes no lock
             return
         settings = settings_for(task.app)

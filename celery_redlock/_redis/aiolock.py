@@ -48,13 +48,14 @@ import contextlib
 import functools
 import logging
 import sys
+import time
 import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 from ..exceptions import LockLost
 from .aionodes import Nodes, SingleNode, give_back, in_background, nodes_for
-from .core import SUBSCRIBED, Closing, Extended, LockCore, Op, Run, lost_reply, ms
+from .core import SUBSCRIBED, Closing, Extended, GiveBack, LockCore, Op, Run, lost_reply, ms
 from .nodes import Target
 from .scripts import AcquireResult, WaitReply
 from .subscriptions import hub_for
@@ -293,11 +294,13 @@ class Lock(LockCore):
         hub: Any = None
         channel = ""
         subscription: Any = None
+        queued: tuple[str, str] | None = None  # (member, secret) of the last queued try
         for op, arg in run:
             try:
                 if op is Op.ATTEMPT:
                     run.reply = await self._attempt()
                 elif op is Op.QUEUED:
+                    queued = arg[2], arg[3]
                     run.reply = await self._wait_attempt(queue, *arg)
                 elif op is Op.HOLDER_TTL:
                     run.reply = self._holder_ttl
@@ -317,8 +320,11 @@ class Lock(LockCore):
                     run.reply = await settle(queue.leave(self.keys, *arg))
                 elif op is Op.ABANDON:  # the wait was interrupted: not waiting for Redis
                     in_background(self._abandon(queue, *arg))
-                elif op is Op.CLOSE and subscription is not None:
-                    _unsubscribe(subscription, stranded=arg is Closing.STRANDED)
+                elif op is Op.CLOSE:
+                    if subscription is not None:
+                        _unsubscribe(subscription)
+                    if arg is Closing.STRANDED and queued is not None:  # its leave went unanswered
+                        in_background(self._abandon(queue, *queued))
             except BaseException as exc:  # the core decides: thrown into the wait
                 run.error = exc
         return run.result
@@ -392,11 +398,23 @@ class Lock(LockCore):
             raise
 
     async def _abandon(self, queue: SingleNode, member: str, secret: str) -> None:
-        """An interrupted wait: leave the queue, releasing a lock handed over meanwhile."""
-        with contextlib.suppress(Exception):
-            held = await finish(queue.leave(self.keys, member, secret))
-            if held is not None:
-                await self._give_back(held)
+        """An interrupted or stranded wait: leave the queue, giving back a lock handed over
+        meanwhile, until Redis answered twice in a row (:class:`~.core.GiveBack`'s plan: a
+        queued try sent before the first answer may run after it, on another connection).
+        The loop's subscription keeps the channel meanwhile: a release may hand the lock to
+        this waiter, and the leave gives it back."""
+        plan = GiveBack(self.key, time.monotonic(), "a queued wait")
+        delay: float | None = 0.0
+        while delay is not None:
+            await asyncio.sleep(delay)
+            error: Exception | None = None
+            try:
+                held = await finish(queue.leave(self.keys, member, secret))
+                if held is not None:
+                    await self._give_back(held)
+            except Exception as exc:  # judged by the plan: retried, or the end
+                error = exc
+            delay = plan.after(error, time.monotonic())
 
     async def _give_back(self, token: str) -> None:
         """Give back whatever ``token`` may hold, to the end, errors aside."""
@@ -424,11 +442,9 @@ class Lock(LockCore):
             self._stop_renewal()
 
 
-def _unsubscribe(subscription: tuple[Any, Any], stranded: bool = False) -> None:
-    """Drop the inbox of a wait's subscription (also one made after its waiter was cancelled);
-    ``stranded``: its waiter may still be queued (:class:`~celery_redlock._redis.core.Closing`),
-    so the channel must lose its subscriber."""
-    subscription[0].remove(subscription[1], stranded=stranded)
+def _unsubscribe(subscription: tuple[Any, Any]) -> None:
+    """Drop the inbox of a wait's subscription (also one made after its waiter was cancelled)."""
+    subscription[0].remove(subscription[1])
 
 
 async def _renew(ref: weakref.ref[Lock], delay: float | None) -> None:

@@ -475,29 +475,32 @@ class GiveBack:
     :data:`GIVE_BACK_FOR` (a WARNING then says the key may stay until its TTL).
     """
 
-    __slots__ = ("answers", "delay", "key", "until")
+    __slots__ = ("answers", "delay", "key", "until", "what")
 
-    def __init__(self, key: str, now: float) -> None:
+    def __init__(self, key: str, now: float, what: str = "an acquisition") -> None:
         self.key = key
         self.until = now + GIVE_BACK_FOR
         self.answers = 0
         self.delay = GIVE_BACK_DELAYS[0]
+        #: What lost its reply: an acquisition, or a queued waiter's try (then left).
+        self.what = what
 
     def after(self, error: BaseException | None, now: float) -> float | None:
         """Seconds until the next release, given how the last one ended (``error`` is
         ``None`` when it was answered); ``None`` to stop."""
         outcome = None if error is None else classify(cause(error))
         if outcome is None and error is not None:  # a bug: not retried
-            logger.error("lock %s: giving back a lost acquisition failed", self.key, exc_info=error)
+            logger.error("lock %s: giving back %s failed", self.key, self.what, exc_info=error)
             return None
         if outcome in (None, Outcome.REFUSED, Outcome.REPLY):
             self.answers += 1
             return None if self.answers >= 2 else 0.0
         if now >= self.until:
             logger.warning(
-                "lock %s: an acquisition's reply was lost and Redis has not answered its "
-                "give-back for %.0f s; if that acquisition ran, the key stays until its TTL",
+                "lock %s: %s lost its reply and Redis has not answered its give-back for "
+                "%.0f s; if it ran, the key stays until its TTL",
                 self.key,
+                self.what,
                 GIVE_BACK_FOR,
             )
             return None
@@ -922,11 +925,13 @@ class LockCore:
                 closing = None
                 raise
             except BaseException as exc:
-                closing = Closing.CLOSE if wait is None else Closing.STRANDED
+                closing = Closing.CLOSE
                 if isinstance(exc, Exception) and classify(exc) is Outcome.UNAVAILABLE:
                     # The channel is gone; a handoff may have come before: take it, or wait anew.
                     if wait is not None and (yield from self._leave(wait, quietly=True)):
                         return True
+                    if wait is not None:  # the leave may have failed too
+                        closing = Closing.STRANDED
                     unconfirmed = 0 if subscribed else unconfirmed + 1
                     if unconfirmed > 1:  # no channel can be had (maxclients): no busy loop
                         raise unavailable(exc, self.key, tuple(self.nodes.names)) from exc
@@ -1119,17 +1124,20 @@ class Closing(enum.Enum):
     """How a wait's subscription ends (the argument of :attr:`Op.CLOSE`).
 
     A queued wait that ends normally left the queue (a script removed the waiter, or never
-    queued it): nothing is published on its own channel again (``REUSE``). One that ends with
-    an error may still be queued (``STRANDED``), and its channel must lose its subscriber: a
-    release then finds none there and passes the entry over. Timeline without it: (1) W1 is
-    queued; (2) Redis stalls past W1's deadline and its LEAVE gets no reply; (3) A's release
-    hands the lock to W1's entry, whose channel still counts a subscriber; (4) W2 waits out
-    that lock's whole lease, held by nobody.
+    queued it): nothing is published on its own channel again (``REUSE``). An interrupted one
+    leaves it as :attr:`Op.ABANDON` asks. One whose leave got no answer may still be queued
+    (``STRANDED``): the thread driver closes its connection, so that a release finds no
+    subscriber on its channel and passes the entry over; the asyncio driver, whose connection
+    carries the loop's other waits, leaves in the background until Redis answers (and gives
+    back a lock handed over meanwhile). Timeline without it: (1) W1 is queued; (2) Redis stalls
+    past W1's deadline and its LEAVE gets no reply; (3) A's release hands the lock to W1's
+    entry, whose channel still counts a subscriber; (4) W2 waits out that lock's whole lease,
+    held by nobody.
     """
 
     REUSE = "the channel is dead: the connection may serve the next wait"
     CLOSE = "the channel is the lock's shared one, or the wait failed on it: close it"
-    STRANDED = "the waiter may still be queued: its channel must lose its subscriber"
+    STRANDED = "the waiter may still be queued: close the connection, or leave in the background"
 
 
 #: What :attr:`Op.RECEIVE` returns once the server confirmed the subscription.

@@ -379,9 +379,10 @@ def release_attempt(
     stored token.
 
     ``limit`` is the lock's number of slots (all are searched). ``keep`` (seconds): a cooldown,
-    as ``release(keep=...)`` applies it: the slot then expires that much later at most,
-    instead of being deleted. Returns whether a slot was released; raises
-    :class:`LockUnavailable`. ``timeout`` sets the socket timeouts of clients built from URLs.
+    as ``release(keep=...)`` applies it: the slot is kept that long, marked as a cooldown,
+    instead of being deleted; a slot already marked (released before) is left as it is.
+    Returns whether a slot was released; raises :class:`LockUnavailable`. ``timeout`` sets
+    the socket timeouts of clients built from URLs.
     """
     keys = _keys.keys_for(prefix, name, limit)
     nodes = nodes_for(redis, timeout)

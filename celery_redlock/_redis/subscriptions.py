@@ -18,7 +18,7 @@ try, so it waits for the server's ``subscribe`` confirmation first.
 
 No ``UNSUBSCRIBE`` is ever sent (an ACL user may lack it): a connection keeps the dead
 channels of earlier waits, on which nothing is published again, and is closed once it carries
-too many, or when a waiter on it may still be queued (:meth:`_Connection.remove`).
+too many.
 
 This module never imports Celery.
 """
@@ -226,19 +226,15 @@ class _Connection:
             await confirmation
         finally:
             timer.cancel()
+            confirmation.cancel()  # no-op once done; a cancelled waiter's is failed by no one
 
-    def remove(self, inbox: Inbox, stranded: bool = False) -> None:
-        """Drop ``inbox``. ``stranded``: its waiter may still be queued, so its channel must
-        lose its subscriber (:class:`~celery_redlock._redis.core.Closing`): the connection
-        closes, and the waiters still on it subscribe again on another."""
+    def remove(self, inbox: Inbox) -> None:
         inboxes = self.inboxes.get(inbox.channel)
         if inboxes is not None:
             inboxes.discard(inbox)
             if not inboxes:
                 del self.inboxes[inbox.channel]
-        if stranded and self.broken is None:
-            self._break(redis_py.ConnectionError("a waiter on this subscription left it queued"))
-        if stranded or (not self.inboxes and (self.broken or self is not self.hub.current)):
+        if not self.inboxes and (self.broken or self is not self.hub.current):
             self.close()
         elif not self.inboxes:
             self.idle_since = asyncio.get_running_loop().time()

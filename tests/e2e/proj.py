@@ -238,6 +238,20 @@ def waiter(self: Any, key: str, how: str = "return", duration: float = 0.0) -> s
     return run_ending(self, key, how, duration)
 
 
+@app.task(
+    base=Recorded,
+    bind=True,
+    lock_by=["key"],
+    lock_name="ending",
+    lock_enqueue=True,
+    lock_on_contention="wait",
+    lock_wait_timeout=20.0,
+)
+def queued_waiter(self: Any, key: str, how: str = "return", duration: float = 0.0) -> str:
+    """``waiter`` with ``lock_enqueue=True``: its queued marker is kept while it waits."""
+    return run_ending(self, key, how, duration)
+
+
 #: The cooldown of :func:`cooled`, in seconds.
 COOLDOWN = 6.0
 

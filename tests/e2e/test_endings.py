@@ -405,6 +405,27 @@ def test_the_main_process_release_keeps_the_cooldown(env: Env, ending: str) -> N
     assert holder.state == "FAILURE"
 
 
+def test_a_child_killed_while_its_queued_call_waits_leaves_no_marker(env: Env) -> None:
+    """``lock_enqueue=True`` with ``wait``: the call's marker is kept while it waits for the
+    lock. Its child SIGKILLed then (the OOM killer), the worker's main process clears the
+    marker: it stayed for ``lock_enqueue_ttl``, and every later call of the key (without a
+    result backend to tell it ended) was given the dead call's id."""
+    key = "k-queued-kill"
+    with env.worker("w1", concurrency=2):
+        holder = env.send(key=key, how="sleep", duration=30.0)
+        holder_start = env.started(key)
+        lock = env.lock_key(holder.id)
+        waiter = env.client.send_task("tests.e2e.proj.queued_waiter", kwargs={"key": key})
+        env.locks.set(f"{lock}:queued", waiter.id, px=3_600_000)  # as its delay() set it
+        wait_until(lambda: env.waiting(lock), 10.0, "the waiter to block on the lock")
+        (member,) = env.locks.zrange(f"{lock}:waiters", 0, -1)
+        os.kill(int(member.decode().split("|")[1]), signal.SIGKILL)  # secret|pid|...
+        wait_until(lambda: not env.locks.exists(f"{lock}:queued"), 15.0, "the marker cleared")
+        os.kill(holder_start["pid"], signal.SIGKILL)
+        holder.get(timeout=10, propagate=False)
+        waiter.get(timeout=10, propagate=False)
+
+
 @over_apis
 def test_child_sigkill_released_by_the_main_process(env: Env, api: str) -> None:
     key = f"k-kill-{api}"

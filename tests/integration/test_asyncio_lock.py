@@ -727,6 +727,36 @@ def test_two_hundred_waiters_on_one_url_all_get_the_lock_first_come_first_served
     assert lock_keys(r) == []
 
 
+def test_a_cancelled_waiter_leaves_the_others_their_places_and_subscriptions(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """One of ten queued waiters of a loop is cancelled: it leaves the queue, and the others
+    keep their places and their subscription (a version that closed the loop's connection
+    for it sent them all to the back of the queue, in any order, with a SUBSCRIBE each)."""
+    holder = celery_redlock.Lock(redis_url, "cancel-one", ttl=60)
+    assert holder.acquire(blocking=False)
+    order: list[int] = []
+    r.config_resetstat()
+
+    async def waiter(i: int) -> None:
+        async with Lock(redis_url, "cancel-one", ttl=30, timeout=60):
+            order.append(i)
+
+    async def main() -> None:
+        tasks = []
+        for i in range(10):
+            tasks.append(asyncio.create_task(waiter(i)))
+            await until(lambda n=i + 1: queued(r, "cancel-one") == n)  # type: ignore[misc]
+        tasks[5].cancel()
+        await until(lambda: queued(r, "cancel-one") == 9)
+        holder.release()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
+
+    run(main())
+    assert order == [0, 1, 2, 3, 4, 6, 7, 8, 9]
+    assert r.info("commandstats")["cmdstat_subscribe"]["calls"] == 10
+
+
 def test_an_exhausted_client_pool_is_named_as_such(redis_url: str) -> None:
     """A given client's pool that runs out is no Redis outage: the error says so."""
 

@@ -536,10 +536,24 @@ def _no_wraps(fun: Any) -> Any:
     return call
 
 
+def _same_parameters(fun: Any) -> Any:
+    def call(x: int) -> Any:
+        return fun(x)
+
+    return call
+
+
+def _args_only(fun: Any) -> Any:
+    def call(*args: Any) -> Any:
+        return fun(*args)
+
+    return call
+
+
 @pytest.mark.parametrize(
     "between",
-    [[_copies_nothing], [_no_wraps], [_no_wraps, _no_wraps]],
-    ids=["wraps-updated-nothing", "no-wraps", "two-without-wraps"],
+    [[_copies_nothing], [_no_wraps], [_no_wraps, _no_wraps], [_same_parameters], [_args_only]],
+    ids=["wraps-updated-nothing", "no-wraps", "two-without-wraps", "same-params", "args-only"],
 )
 def test_a_decorator_between_that_copies_no_attributes_is_refused_too(
     bare_app: Celery, between: list[Callable[[Any], Any]]
