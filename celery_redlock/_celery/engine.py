@@ -166,18 +166,19 @@ def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
 
     0. under ``worker_deduplicate_successful_tasks``, the requeue of a redelivered copy of a
        call that succeeded is not run again (:func:`_drop_if_ended`);
-    1. the call's header, parsed once: its per-call overrides applied to ``spec``
-       (:class:`~celery_redlock.LockConfigError` if one is invalid);
-    2. the app's settings, resolved once for the whole attempt; the task's options
-       cross-checked against them, once per task;
-    3. the lock name: the task's lock name and the digest of the call's identity;
-    4. ``lock_enqueue='keep'``: the queued marker, cleared once steps 5 to 9 decided the
+    1. the app's settings, resolved once for the whole attempt;
+    2. the lock name: the task's lock name and the digest of the call's identity (no per-call
+       option changes it);
+    3. ``lock_enqueue='keep'``: the queued marker, cleared once steps 4 to 9 decided the
        attempt: it takes its lock and starts, or ends without running (skipped, failed). An
        attempt requeued by the lock or a rate limit (``Retry``, the same task id), or waiting
        for the lock, keeps it: the call is still the one queued. Cleared on arrival instead,
        (1) X arrives and is requeued by the lock; (2) a ``delay()`` finds no marker and
        publishes Y; (3) Y is requeued too; and so on: every call made while the key was held
        ran, one after another;
+    4. the call's header, parsed once: its per-call overrides applied to ``spec``
+       (:class:`~celery_redlock.LockConfigError` if one is invalid); the task's options
+       cross-checked against the settings, once per task;
     5. ``lock_bypass``: the call runs without the lock;
     6. ``lock_enqueue='replace'`` or ``lock_debounce``: a call superseded by a newer one skips;
     7. the lock, non-blocking; under ``wait`` then blocking; if still held, the contention
@@ -187,16 +188,10 @@ def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
     """
     header = calls.header_of(request)
     _drop_if_ended(task, request, header)
-    if header:  # the usual call carries no header
-        spec = calls.call_spec(spec, header)
-    options = spec.options
     settings = settings_for(task.app)
-    if task.__dict__.get(_CHECKED) is not settings:
-        cross_check(spec.owner, options, settings)
-        task.__dict__[_CHECKED] = settings
     name = lock_name_for(task, spec, args, kwargs, settings)
     tracing.lock_name(settings.prefix, name)
-    if options.enqueue != "keep":
+    if spec.options.enqueue != "keep":
         return _take(task, request, spec, settings, name, header)
     try:
         taken = _take(task, request, spec, settings, name, header)
@@ -210,8 +205,13 @@ def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
 
 
 def _take(task: Any, request: Any, spec: Spec, settings: Settings, name: str, header: Any) -> bool:
-    """Steps 5 to 9 of :func:`enter`: run unlocked, skip, take the lock or requeue."""
+    """Steps 4 to 9 of :func:`enter`: run unlocked, skip, take the lock or requeue."""
+    if header:  # the usual call carries no header
+        spec = calls.call_spec(spec, header)
     options = spec.options
+    if task.__dict__.get(_CHECKED) is not settings:
+        cross_check(spec.owner, options, settings)
+        task.__dict__[_CHECKED] = settings
     if header and calls.bypassed(header):
         return _bypass(task, settings, name, request)
     if supersede.supersedes(options) and supersede.superseded(task, spec, settings, name, request):
@@ -836,20 +836,26 @@ def mark_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> str | None:
     return companions.mark_queued(settings.url, keys, task_id, int(spec.options.enqueue_ttl * 1000))
 
 
-def clear_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> None:
+def clear_queued(
+    task: Any, args: Any, kwargs: Any, task_id: str, timeout: float | None = None
+) -> None:
     """Clear the queued marker of a call that will never start (revoked or expired, or never
-    published), or whose execution ended (``until_executed``); only if the marker is still
-    ``task_id``'s."""
+    published), or whose execution ended (``until_executed``, or its pool child died); only
+    if the marker is still ``task_id``'s. ``timeout``: the socket timeouts (the worker's main
+    process uses 1 s: it must not block its event loop)."""
     spec = spec_of(task)
     if spec is not None and spec.options.enqueue in KEEPING_MODES:
         settings = settings_for(task.app)
-        _clear_queued(task, settings, lock_name_for(task, spec, args, kwargs), task_id)
+        name = lock_name_for(task, spec, args, kwargs)
+        _clear_queued(task, settings, name, task_id, timeout)
 
 
-def _clear_queued(task: Any, settings: Settings, name: str, task_id: str) -> None:
+def _clear_queued(
+    task: Any, settings: Settings, name: str, task_id: str, timeout: float | None = None
+) -> None:
     keys = _keys.keys_for(settings.prefix, name)
     try:
-        companions.clear_queued(settings.url, keys, task_id)
+        companions.clear_queued(settings.url, keys, task_id, timeout)
     except LockUnavailable as exc:
         logger.warning("%s[%s]: could not clear the queued marker: %s", task.name, task_id, exc)
 

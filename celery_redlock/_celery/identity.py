@@ -380,7 +380,10 @@ def _check_nothing_between(name: str, fun: Any) -> None:
     decorator without ``functools.wraps`` keeps the function it wraps: :func:`_passes_on`), is
     a ``@single_instance`` wrapper, and ``run`` is not one. A task whose own function keeps a
     locked function in its closure and calls it (a task factory's ``fan(items)``) is left
-    alone: that call is a plain call, unlocked as documented.
+    alone: that call is a plain call, unlocked as documented. One whose function takes the
+    locked function's parameters, ``*args`` or ``**kwargs`` looks like a wrapper and is
+    refused (the message says to reach the locked function through a module-level name):
+    a refusal at start is better than a task that runs unlocked without a word.
 
     The lock's wrapper, not being the task's ``run``, took the call for a plain function call
     and ran it unlocked: two workers ran one key at once, without a word (and with
@@ -409,7 +412,10 @@ def _check_nothing_between(name: str, fun: Any) -> None:
                 raise LockConfigError(
                     f"task {name}: a decorator sits between @app.task and @single_instance, "
                     "and the task would run unlocked; expected @single_instance directly "
-                    "under @app.task, with other decorators below it"
+                    "under @app.task, with other decorators below it (a task function that "
+                    "calls a @single_instance function it keeps in a closure looks the same "
+                    "when it takes that function's parameters, *args or **kwargs: call it "
+                    "through a module-level name)"
                 )
             seen.add(id(found))
             todo.append(found)

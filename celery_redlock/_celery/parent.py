@@ -203,15 +203,18 @@ def release_for_dead_child(request: Any) -> None:
     """Release the lock a dead pool child took for ``request`` (owner-checked, never raises),
     and clear the call's queued marker (``lock_enqueue``, if still the call's): a child killed
     before its attempt decided (waiting for the lock) would leave it, and every later call of
-    the key would be given the dead call's id, until ``lock_enqueue_ttl``."""
+    the key would be given the dead call's id, until ``lock_enqueue_ttl``. Not when the call
+    is queued again (``acks_late`` with ``reject_on_worker_lost``): its marker still names it.
+    """
     pid = request.worker_pid
     if not pid:
         return  # never accepted by a child: it cannot have taken a lock
     task = request.task
     try:
         spec = spec_of(task)
-        if spec is not None and spec.options.enqueue in KEEPING_MODES:
-            clear_queued(task, request.args, request.kwargs, request.id)
+        requeued = bool(task.acks_late and task.reject_on_worker_lost)
+        if spec is not None and spec.options.enqueue in KEEPING_MODES and not requeued:
+            clear_queued(task, request.args, request.kwargs, request.id, timeout=1.0)
         if spec is None or spec.options.limit is None:  # lock_limit=None takes no lock
             return
         settings = settings_for(task.app)

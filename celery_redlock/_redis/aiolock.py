@@ -403,7 +403,8 @@ class Lock(LockCore):
         queued try sent before the first answer may run after it, on another connection).
         The loop's subscription keeps the channel meanwhile: a release may hand the lock to
         this waiter, and the leave gives it back."""
-        plan = GiveBack(self.key, time.monotonic(), "a queued wait")
+        # Tried at least every second: a lock handed over meanwhile waits for this leave.
+        plan = GiveBack(self.key, time.monotonic(), "a queued wait", cap=1.0)
         delay: float | None = 0.0
         while delay is not None:
             await asyncio.sleep(delay)

@@ -34,9 +34,15 @@ _BY_NAME = {script.name: script for script in _scripts.SCRIPTS}
 _WORKER = ("enqueue", "newest", "rate", "timeline")
 
 
-def _run(target: Any, source: str, call: tuple[list[str], list[Any]], key: str) -> Any:
+def _run(
+    target: Any,
+    source: str,
+    call: tuple[list[str], list[Any]],
+    key: str,
+    timeout: float | None = None,
+) -> Any:
     try:
-        return nodes_for(target).run(source, call, key)
+        return nodes_for(target, timeout).run(source, call, key)
     except redis_py.exceptions.ResponseError as exc:  # a quorum node's refusal
         if not refused(exc):
             raise
@@ -84,10 +90,11 @@ def mark_queued(target: Any, keys: LockKeys, task_id: str, ttl_ms: int) -> str |
     return existing.decode() if isinstance(existing, bytes) else str(existing)
 
 
-def clear_queued(target: Any, keys: LockKeys, task_id: str) -> bool:
-    """Clear the queued marker of ``keys`` if it is ``task_id``'s; whether it was."""
+def clear_queued(target: Any, keys: LockKeys, task_id: str, timeout: float | None = None) -> bool:
+    """Clear the queued marker of ``keys`` if it is ``task_id``'s; whether it was.
+    ``timeout`` sets the socket timeouts of clients built from URLs."""
     script = _scripts.CLEAR_QUEUED
-    return bool(_run(target, script, ([keys.queued], [task_id]), keys.queued))
+    return bool(_run(target, script, ([keys.queued], [task_id]), keys.queued, timeout))
 
 
 # -- the newest-call marker (lock_enqueue="replace", lock_debounce) ------------------------------

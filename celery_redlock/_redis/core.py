@@ -475,15 +475,19 @@ class GiveBack:
     :data:`GIVE_BACK_FOR` (a WARNING then says the key may stay until its TTL).
     """
 
-    __slots__ = ("answers", "delay", "key", "until", "what")
+    __slots__ = ("answers", "cap", "delay", "key", "until", "what")
 
-    def __init__(self, key: str, now: float, what: str = "an acquisition") -> None:
+    def __init__(
+        self, key: str, now: float, what: str = "an acquisition", cap: float = GIVE_BACK_DELAYS[1]
+    ) -> None:
         self.key = key
         self.until = now + GIVE_BACK_FOR
         self.answers = 0
         self.delay = GIVE_BACK_DELAYS[0]
         #: What lost its reply: an acquisition, or a queued waiter's try (then left).
         self.what = what
+        #: The longest delay between two tries.
+        self.cap = cap
 
     def after(self, error: BaseException | None, now: float) -> float | None:
         """Seconds until the next release, given how the last one ended (``error`` is
@@ -504,7 +508,7 @@ class GiveBack:
                 GIVE_BACK_FOR,
             )
             return None
-        delay, self.delay = self.delay, min(self.delay * 2, GIVE_BACK_DELAYS[1])
+        delay, self.delay = self.delay, min(self.delay * 2, self.cap)
         return delay
 
 

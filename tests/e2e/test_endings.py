@@ -405,25 +405,37 @@ def test_the_main_process_release_keeps_the_cooldown(env: Env, ending: str) -> N
     assert holder.state == "FAILURE"
 
 
-def test_a_child_killed_while_its_queued_call_waits_leaves_no_marker(env: Env) -> None:
+@pytest.mark.parametrize("acks_late", [False, True], ids=["acked", "acks-late"])
+def test_a_child_killed_while_its_queued_call_waits_leaves_no_marker(
+    env: Env, acks_late: bool
+) -> None:
     """``lock_enqueue=True`` with ``wait``: the call's marker is kept while it waits for the
     lock. Its child SIGKILLed then (the OOM killer), the worker's main process clears the
     marker: it stayed for ``lock_enqueue_ttl``, and every later call of the key (without a
-    result backend to tell it ended) was given the dead call's id."""
-    key = "k-queued-kill"
-    with env.worker("w1", concurrency=2):
+    result backend to tell it ended) was given the dead call's id. Under ``acks_late`` with
+    ``reject_on_worker_lost`` the call is queued again, and its marker stays: it is still the
+    one queued (it waits again, in another child)."""
+    key = f"k-queued-kill-{acks_late}"
+    with env.worker("w1", concurrency=2, env=ACKS_LATE if acks_late else {}):
         holder = env.send(key=key, how="sleep", duration=30.0)
-        holder_start = env.started(key)
+        env.started(key)
         lock = env.lock_key(holder.id)
+        marker, waiters = f"{lock}:queued", f"{lock}:waiters"
         waiter = env.client.send_task("tests.e2e.proj.queued_waiter", kwargs={"key": key})
-        env.locks.set(f"{lock}:queued", waiter.id, px=3_600_000)  # as its delay() set it
+        env.locks.set(marker, waiter.id, px=3_600_000)  # as its delay() set it
         wait_until(lambda: env.waiting(lock), 10.0, "the waiter to block on the lock")
-        (member,) = env.locks.zrange(f"{lock}:waiters", 0, -1)
+        (member,) = env.locks.zrange(waiters, 0, -1)
         os.kill(int(member.decode().split("|")[1]), signal.SIGKILL)  # secret|pid|...
-        wait_until(lambda: not env.locks.exists(f"{lock}:queued"), 15.0, "the marker cleared")
-        os.kill(holder_start["pid"], signal.SIGKILL)
+        if acks_late:  # redelivered to the other child, which waits again
+            again = env.locks.zrange
+            wait_until(lambda: again(waiters, 0, -1) not in ([], [member]), 15.0, "the requeue")
+            assert env.locks.get(marker) == waiter.id.encode()
+        else:
+            wait_until(lambda: not env.locks.exists(marker), 15.0, "the marker cleared")
+        env.client.control.revoke(holder.id, terminate=True, signal="SIGKILL")  # not requeued
         holder.get(timeout=10, propagate=False)
-        waiter.get(timeout=10, propagate=False)
+        ended = waiter.get(timeout=10, propagate=False)  # run once redelivered, or lost
+        assert ended == key if acks_late else type(ended).__name__ == "WorkerLostError"
 
 
 @over_apis

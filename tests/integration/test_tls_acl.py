@@ -34,6 +34,7 @@ from celery_redlock import (
 )
 from celery_redlock._celery.checks import run_startup_checks
 from celery_redlock._celery.options import reset_settings
+from celery_redlock._redis import probe
 from celery_redlock._redis import timeline as ring
 from celery_redlock._redis.inventory import Inventory
 from celery_redlock._redis.lock import release_attempt
@@ -275,6 +276,46 @@ def test_every_rule_of_the_acl_is_needed(
         operations(tls.url(user, "secret"), "single")
         operations([s.url(user, "secret") for s in servers], "quorum")
     assert "permission" in str(info.value) or "can't run this command" in str(info.value)
+
+
+@pytest.mark.parametrize("dropped", COMMANDS)
+def test_the_startup_dry_run_names_exactly_the_command_a_user_lacks(
+    tls: TlsServer, dropped: str
+) -> None:
+    """The dry run of the startup check, for the guide's line less one rule, names that one
+    command more than for the whole line. ``+pttl`` dropped used to be named as EVALSHA too
+    (its probe runs a script that calls PTTL, refused inside the script)."""
+    refused = {}
+    for name, rules in (("whole", ACL_RULES), ("less", ACL_RULES.replace(f" {dropped}", ""))):
+        user = f"dry-{name}-{dropped.strip('+').replace('|', '-')}"
+        admin = tls.admin()
+        try:
+            admin.execute_command("ACL", "SETUSER", user, "reset", *rules.split())
+        finally:
+            admin.close()
+        client = tls.connect(username=user, password="secret")
+        try:
+            refused[name] = set(probe.dry_run(client, "redlock"))
+        finally:
+            client.close()
+    assert refused["less"] - refused["whole"] == {dropped[1:].upper()}, refused
+
+
+def test_a_user_without_time_leaves_no_key_behind_its_refused_acquire(tls: TlsServer) -> None:
+    """The acquire script wrote the lock, then failed at ``TIME`` (refused): the key stayed,
+    held by nobody, and the task's own retry found it held by itself. The script now reads
+    before it writes."""
+    user = "no-time"
+    admin = tls.admin()
+    try:
+        rules = ACL_RULES.replace(" +time", "").split()
+        admin.execute_command("ACL", "SETUSER", user, "reset", *rules)
+        lock = Lock(tls.url(user, "secret"), "no-time", ttl=10, owner="task-1")
+        with pytest.raises(LockUnavailable):
+            lock.acquire(blocking=False)
+        assert admin.exists(lock.key) == 0
+    finally:
+        admin.close()
 
 
 def test_a_command_refused_inside_a_script_names_the_scripts_commands(

@@ -43,13 +43,15 @@ if ARGV[6] ~= '' then
     end
   end
 end
+-- Read before the first write: a command refused (an ACL user without TIME) or failing here
+-- leaves no key behind (a script is not rolled back), held by nobody until its TTL.
+local now = redis.call('TIME')
+local last = math.max(tonumber(redis.call('GET', KEYS[1]) or '0'),
+                      tonumber(redis.call('GET', KEYS[2]) or '0'))
 for i = 3, #KEYS do
   if redis.call('SET', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    local now = redis.call('TIME')
     local token = tonumber(now[1]) * 1000000
     if ARGV[4] == '1' then token = token + tonumber(now[2]) end
-    local last = math.max(tonumber(redis.call('GET', KEYS[1]) or '0'),
-                          tonumber(redis.call('GET', KEYS[2]) or '0'))
     if last + 1 > token then token = last + 1 end
     local text = string.format('%d', token)
     if ARGV[5] == '1' then redis.call('SET', KEYS[1], text, 'PX', ARGV[3]) end
