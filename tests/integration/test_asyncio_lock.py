@@ -285,15 +285,19 @@ def test_cancel_while_the_acquire_reply_is_in_flight_releases(
     run(main())
 
 
-def when_done(obj: Any, name: str) -> asyncio.Event:
-    """Wrap the coroutine method ``obj.name``; the event is set each time a call ended."""
+def when_done(obj: Any, name: str, times: int = 1) -> asyncio.Event:
+    """Wrap the coroutine method ``obj.name``; the event is set once ``times`` calls ended."""
     done, original = asyncio.Event(), getattr(obj, name)
+    ended = 0
 
     async def wrapped(*args: Any) -> Any:
+        nonlocal ended
         try:
             return await original(*args)
         finally:
-            done.set()
+            ended += 1
+            if ended >= times:
+                done.set()
 
     setattr(obj, name, wrapped)
     return done
@@ -381,13 +385,13 @@ def test_a_queued_try_reaching_redis_after_its_cancel_leaves_the_queue(
         assert isinstance(queue, SingleNode)  # one node: its waiters queue
         late = SentLate(queue.wait_attempt, lambda: queued(r))
         queue.wait_attempt = late  # type: ignore[method-assign,assignment]
-        left = when_done(queue, "leave")
+        left = when_done(queue, "leave", times=2)  # until Redis answered twice in a row
         task = asyncio.create_task(waiter.acquire(timeout=30))
         await late.entered.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await left.wait()  # step 2, in the background
+        await left.wait()  # step 2, in the background (both leaves, before the try)
         assert queued(r) == 0  # steps 1 and 2: not queued yet
         late.gate.set()
         await late.ran.wait()
