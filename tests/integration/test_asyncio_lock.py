@@ -51,6 +51,13 @@ async def until(condition: Callable[[], Any], timeout: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
+def background() -> list[asyncio.Future[Any]]:
+    """The running loop's background clean-ups (give-backs, leaves) not ended yet; those of
+    another test's loop, left by its failure, are not this test's."""
+    loop = asyncio.get_running_loop()
+    return [task for task in aionodes._background if task.get_loop() is loop]
+
+
 def subscribers(r: redis_py.Redis, channel: str = CHANNEL) -> int:
     return int(dict(r.pubsub_numsub(channel)).get(channel.encode(), 0))
 
@@ -466,7 +473,7 @@ def test_a_cancel_is_raised_at_once_while_redis_is_frozen(
         with pytest.raises(asyncio.CancelledError):
             await task
         assert not lock.held
-        await until(lambda: not aionodes._background)  # the give-backs ran to their end
+        await until(lambda: not background())  # the give-backs ran to their end
         assert queued(r) == 0
 
     run(main())
@@ -663,7 +670,7 @@ def test_a_blocking_acquire_cancelled_at_once_raises_cancelled_promptly(
         # A place the cancelled join took is given back when its reply arrives (in the
         # background): within a round trip, long before the place would lapse.
         await until(lambda: queued(r) == 0, 3)
-        await until(lambda: not aionodes._background, 3)  # before the loop ends (hazard 5)
+        await until(lambda: not background(), 3)  # before the loop ends (hazard 5)
 
     run(main())
     assert r.get(KEY) == holder.token.encode()  # type: ignore[union-attr]
@@ -693,7 +700,7 @@ def test_a_cancelled_non_blocking_acquire_never_returns_true(
             # A lock the cancelled script won is given back once its reply arrives (in the
             # background): within a round trip, where a stale holder would keep it 10 s.
             await until(lambda: r.get(KEY) is None, 3)
-        await until(lambda: not aionodes._background, 3)  # before the loop ends (hazard 5)
+        await until(lambda: not background(), 3)  # before the loop ends (hazard 5)
 
     run(main())
 
