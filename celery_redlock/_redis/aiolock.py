@@ -54,7 +54,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 from ..exceptions import LockLost
-from .aionodes import Nodes, SingleNode, give_back, in_background, nodes_for
+from .aionodes import Nodes, SingleNode, as_planned, give_back, in_background, nodes_for
 from .core import SUBSCRIBED, Closing, Extended, GiveBack, LockCore, Op, Run, lost_reply, ms
 from .nodes import Target
 from .scripts import AcquireResult, WaitReply
@@ -403,19 +403,15 @@ class Lock(LockCore):
         queued try sent before the first answer may run after it, on another connection).
         The loop's subscription keeps the channel meanwhile: a release may hand the lock to
         this waiter, and the leave gives it back."""
-        # Tried at least every second: a lock handed over meanwhile waits for this leave.
+
+        async def leave() -> None:
+            held = await finish(queue.leave(self.keys, member, secret))
+            if held is not None:
+                await self._give_back(held)
+
+        # At once, then at least every second: a lock handed over meanwhile waits for it.
         plan = GiveBack(self.key, time.monotonic(), "a queued wait", cap=1.0)
-        delay: float | None = 0.0
-        while delay is not None:
-            await asyncio.sleep(delay)
-            error: Exception | None = None
-            try:
-                held = await finish(queue.leave(self.keys, member, secret))
-                if held is not None:
-                    await self._give_back(held)
-            except Exception as exc:  # judged by the plan: retried, or the end
-                error = exc
-            delay = plan.after(error, time.monotonic())
+        await as_planned(plan, leave, delay=0.0)
 
     async def _give_back(self, token: str) -> None:
         """Give back whatever ``token`` may hold, to the end, errors aside."""

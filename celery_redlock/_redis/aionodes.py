@@ -96,20 +96,23 @@ def give_back(key: str, release: Callable[[], Awaitable[object]]) -> None:
     asyncio twin of :func:`celery_redlock._redis.givebacks.give_back`. It runs in the running
     loop, and ends with it: a give-back still pending when the loop closes is not sent, and the
     key expires by its TTL."""
-    in_background(_give_back(key, release))
+    in_background(as_planned(GiveBack(key, time.monotonic()), release))
 
 
-async def _give_back(key: str, release: Callable[[], Awaitable[object]]) -> None:
-    plan = GiveBack(key, time.monotonic())
-    delay: float | None = plan.delay
-    while delay is not None:
-        await asyncio.sleep(delay)
+async def as_planned(
+    plan: GiveBack, attempt: Callable[[], Awaitable[object]], delay: float | None = None
+) -> None:
+    """Run ``attempt()`` after ``delay`` seconds (default: the plan's first delay), then as
+    often as ``plan`` judges its outcomes call for."""
+    wait: float | None = plan.delay if delay is None else delay
+    while wait is not None:
+        await asyncio.sleep(wait)
         error: Exception | None = None
         try:
-            await release()
+            await attempt()
         except Exception as exc:  # judged by the plan: retried, or the end
             error = exc
-        delay = plan.after(error, time.monotonic())
+        wait = plan.after(error, time.monotonic())
 
 
 _per_loop: weakref.WeakKeyDictionary[

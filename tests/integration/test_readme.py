@@ -2,7 +2,7 @@
 
 The blocks of one file run in order in one namespace, as a reader meets them (a page's first
 block defines the app the others use), with ``__name__`` ``"proj"`` so task names read as in
-the docs, and every ``redis://localhost:6379`` pointed at the session's private server. After a
+the docs, and every ``redis://localhost`` URL pointed at the session's private server. After a
 block, the checks below keyed by a name it binds assert that it does what its text says.
 
 The README and the guide then run the way a project runs them: each app's tasks in an
