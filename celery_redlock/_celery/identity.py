@@ -432,7 +432,11 @@ def _passes_on(wrapper: Any, kept: Any) -> bool:
     varying = {inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD}
     if any(p.kind in varying for p in params.values()):
         return True
-    return list(params) == list(inspect.signature(kept).parameters)
+    try:
+        taken = inspect.signature(kept).parameters
+    except ValueError:  # it wraps what has no signature (a builtin, ``getattr``): its own
+        taken = inspect.signature(kept, follow_wrapped=False).parameters
+    return list(params) == list(taken)
 
 
 #: What the lock makes a call end with (not the task's own failures): never autoretried.

@@ -600,6 +600,25 @@ def test_a_task_that_calls_a_locked_function_it_closes_over_is_accepted(
     check_app(bare_app)
 
 
+def test_a_task_closing_over_a_wrapped_builtin_is_accepted(bare_app: Celery) -> None:
+    """The closure walk compares a closed-over function's parameters with its closure's; one
+    wrapping a builtin that has no signature (``functools.wraps(getattr)``, a metrics shim)
+    made ``inspect.signature`` raise ``ValueError``, and the worker refused to start, and every
+    ``delay()`` of the task failed, for a task with no lock at all."""
+    bare_app.conf.update(redlock_url=LOCK_URL)
+    lookup = _logged(getattr)
+
+    def make(name: str) -> Any:
+        @bare_app.task(shared=False, name=name)
+        def poll(obj: Any) -> Any:
+            return lookup(obj, "real")
+
+        return poll
+
+    make("proj.poll")
+    check_app(bare_app)
+
+
 def test_decorators_below_single_instance_and_autoretry_are_accepted(bare_app: Celery) -> None:
     """The fix: other decorators below ``@single_instance``. Celery's own ``autoretry_for``
     wraps ``run`` (with ``functools.wraps``) on the task, not its class: still locked. A
