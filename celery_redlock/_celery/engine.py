@@ -143,8 +143,7 @@ def _until_executed(
     the same task id. The marker is cleared before Celery stores the result, so a caller that
     holds the result can call again at once. An execution that never ends here (the pool
     child killed, a hard time limit) leaves it to the worker's main process
-    (:func:`~celery_redlock._celery.parent.release_for_dead_child`), or else to
-    ``lock_enqueue_ttl``.
+    (:func:`~celery_redlock._celery.parent.settle_marker`), or else to ``lock_enqueue_ttl``.
     """
     task_id = request.id
     try:

@@ -35,10 +35,12 @@ from __future__ import annotations
 import logging
 import os
 import signal as signal_module
+import threading
 import time
 from typing import Any, Literal
 
 from celery.platforms import signals as _signals
+from celery.signals import task_retry
 from celery.worker import state as worker_state
 from kombu.asynchronous import get_event_loop
 
@@ -49,7 +51,7 @@ from ..exceptions import LockUnavailable
 from .engine import clear_queued
 from .events import emit
 from .identity import lock_name_for, spec_of
-from .options import KEEPING_MODES, settings_for
+from .options import settings_for
 
 logger = logging.getLogger("celery_redlock.worker")
 
@@ -76,17 +78,34 @@ class ParentReleaseMixin:
     hostname: str
     worker_pid: int | None
     time_start: float | None
+    acknowledged: bool
 
     def on_failure(
         self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
     ) -> None:
-        if not return_ok:
-            # For a hard time limit the child is killed only after this returns (billiard:
-            # on_failure, then SIGTERM, then SIGKILL 0.1 s later): release once it is dead.
-            release_when_dead(self)
-        super().on_failure(  # type: ignore[misc]
-            exc_info, send_failed_event=send_failed_event, return_ok=return_ok
-        )
+        if return_ok:
+            super().on_failure(  # type: ignore[misc]
+                exc_info, send_failed_event=send_failed_event, return_ok=return_ok
+            )
+            return
+        # For a hard time limit the child is killed only after this returns (billiard:
+        # on_failure, then SIGTERM, then SIGKILL 0.1 s later): release once it is dead.
+        release_when_dead(self)
+        _resent.ids = set()
+        try:
+            super().on_failure(  # type: ignore[misc]
+                exc_info, send_failed_event=send_failed_event, return_ok=return_ok
+            )
+        finally:
+            resent, _resent.ids = self.id in _resent.ids, None
+            if not (self.__dict__.get("_redlock_requeued") or resent or not self.acknowledged):
+                settle_marker(self)
+
+    def reject(self, requeue: bool = False) -> None:
+        """Note a requeue: the call is queued again, so its ``lock_enqueue`` marker stays."""
+        if requeue:
+            self.__dict__["_redlock_requeued"] = True
+        super().reject(requeue)  # type: ignore[misc]
 
     def on_accepted(self, pid: int, time_accepted: float) -> None:
         super().on_accepted(pid, time_accepted)  # type: ignore[misc]
@@ -199,22 +218,55 @@ def release_when_dead(request: Any, deadline: float | None = None) -> None:
         )
 
 
-def release_for_dead_child(request: Any) -> None:
-    """Release the lock a dead pool child took for ``request`` (owner-checked, never raises),
-    and clear the call's queued marker (``lock_enqueue``, if still the call's): a child killed
-    before its attempt decided (waiting for the lock) would leave it, and every later call of
-    the key would be given the dead call's id, until ``lock_enqueue_ttl``. Not when the call
-    is queued again (``acks_late`` with ``reject_on_worker_lost``): its marker still names it.
+def settle_marker(request: Any) -> None:
+    """Clear the queued marker (``lock_enqueue``, if still the call's) of a call whose pool
+    child died and that Celery did not queue again (never raises).
+
+    A child killed before its attempt decided (waiting for the lock), or under
+    ``until_executed`` before its run ended, leaves the marker, and every later call of the
+    key would be given the dead call's id until ``lock_enqueue_ttl``. A call queued again keeps
+    it: its marker still names it. Whether Celery queued it again is what ``on_failure`` did,
+    not a guess from the task's flags: it depends on the ending too (under ``acks_late``, a
+    lost worker is requeued with ``reject_on_worker_lost``, a hard time limit is acknowledged
+    unless ``task_acks_on_failure_or_timeout`` is off, on Celery 5.7), and Celery 5.7's
+    ``retry_on_worker_lost`` sends the call again with the same id. So :class:`ParentReleaseMixin`
+    settles the marker after Celery's ``on_failure``: the call is queued again if it was rejected
+    with ``requeue``, sent again (the ``task_retry`` signal, in that ``on_failure``), or left
+    unacknowledged (the broker delivers it again). A SIGKILLed child's marker is settled when
+    Celery notices the death (at once, or up to 5 s later), not when the reaper releases its lock.
     """
+    try:
+        clear_queued(request.task, request.args, request.kwargs, request.id, timeout=1.0)
+    except Exception:
+        logger.exception(
+            "%s[%s]: clearing the queued marker of dead child %s failed",
+            request.task.name,
+            request.id,
+            request.worker_pid,
+        )
+
+
+#: The ids sent again by the ``task_retry`` signal in the ``on_failure`` that runs in this
+#: thread (``None`` outside one): Celery 5.7's ``retry_on_worker_lost``.
+_resent = threading.local()
+
+
+@task_retry.connect(weak=False)
+def _note_resent(request: Any = None, **_: Any) -> None:
+    ids = getattr(_resent, "ids", None)
+    if ids is not None and request is not None:
+        ids.add(request.id)
+
+
+def release_for_dead_child(request: Any) -> None:
+    """Release the lock a dead pool child took for ``request`` (owner-checked, never raises).
+    Its queued marker is :func:`settle_marker`'s."""
     pid = request.worker_pid
     if not pid:
         return  # never accepted by a child: it cannot have taken a lock
     task = request.task
     try:
         spec = spec_of(task)
-        requeued = bool(task.acks_late and task.reject_on_worker_lost)
-        if spec is not None and spec.options.enqueue in KEEPING_MODES and not requeued:
-            clear_queued(task, request.args, request.kwargs, request.id, timeout=1.0)
         if spec is None or spec.options.limit is None:  # lock_limit=None takes no lock
             return
         settings = settings_for(task.app)

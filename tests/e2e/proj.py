@@ -2,7 +2,10 @@
 
 Configured from the environment: ``REDLOCK_TEST_PORT`` is the test's private redis-server
 (db 0 locks, 1 broker, 2 results, 3 records), ``REDLOCK_TEST_ACKS_LATE=1`` turns on acks_late
-with ``task_reject_on_worker_lost``, ``REDLOCK_TEST_LEASE`` / ``REDLOCK_TEST_TTL_MARGIN`` set
+with ``task_reject_on_worker_lost`` (``=timeout``: acks_late with
+``task_acks_on_failure_or_timeout`` off, which Celery 5.7 requeues a timed-out call under;
+``=retry``: no acks_late, Celery 5.7's ``task_retry_on_worker_lost``),
+``REDLOCK_TEST_LEASE`` / ``REDLOCK_TEST_TTL_MARGIN`` set
 ``redlock_lease`` / ``redlock_ttl_margin``, and ``REDLOCK_TEST_VISIBILITY`` sets the Redis
 transport's ``visibility_timeout`` (with a 0.2 s restore sweep, so that a message held longer is
 redelivered to another worker quickly), and ``REDLOCK_TEST_NO_PROC=1`` makes every read of a pool
@@ -41,8 +44,10 @@ app = layout_app(
     "proj",
     BASE,
     worker_prefetch_multiplier=1,
-    task_acks_late=os.environ.get("REDLOCK_TEST_ACKS_LATE") == "1",
+    task_acks_late=os.environ.get("REDLOCK_TEST_ACKS_LATE") in ("1", "timeout"),
     task_reject_on_worker_lost=os.environ.get("REDLOCK_TEST_ACKS_LATE") == "1",
+    task_acks_on_failure_or_timeout=os.environ.get("REDLOCK_TEST_ACKS_LATE") != "timeout",
+    task_retry_on_worker_lost=os.environ.get("REDLOCK_TEST_ACKS_LATE") == "retry",
     worker_hijack_root_logger=True,
 )
 if os.environ.get("REDLOCK_TEST_LEASE"):
@@ -124,10 +129,15 @@ def _start_record(task: Any, key: str, n: int) -> None:
         "redelivered": bool((request.delivery_info or {}).get("redelivered")),
         "prev_pid_alive": prev_alive,
         "token": lock.token if lock is not None else None,
+        "queued": _text(locks.get(f"{lock.key}:queued")) if lock is not None else None,
     }
     if lock is not None:
         records.set(f"lockkey:{request.id}", lock.key)
     records.rpush(f"starts:{key}", json.dumps(entry))
+
+
+def _text(value: bytes | None) -> str | None:
+    return value.decode() if value is not None else None
 
 
 def _act(task: Any, key: str, how: str, duration: float, first: bool) -> str:
@@ -249,6 +259,20 @@ def waiter(self: Any, key: str, how: str = "return", duration: float = 0.0) -> s
 )
 def queued_waiter(self: Any, key: str, how: str = "return", duration: float = 0.0) -> str:
     """``waiter`` with ``lock_enqueue=True``: its queued marker is kept while it waits."""
+    return run_ending(self, key, how, duration)
+
+
+@app.task(
+    base=Recorded,
+    bind=True,
+    lock_by=["key"],
+    lock_name="ending",
+    lock_enqueue="until_executed",
+    lock_on_contention="wait",
+    lock_wait_timeout=20.0,
+)
+def executed_waiter(self: Any, key: str, how: str = "return", duration: float = 0.0) -> str:
+    """``waiter`` with ``lock_enqueue="until_executed"``: its marker stays until its run ends."""
     return run_ending(self, key, how, duration)
 
 

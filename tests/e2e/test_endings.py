@@ -405,18 +405,21 @@ def test_the_main_process_release_keeps_the_cooldown(env: Env, ending: str) -> N
     assert holder.state == "FAILURE"
 
 
-@pytest.mark.parametrize("acks_late", [False, True], ids=["acked", "acks-late"])
-def test_a_child_killed_while_its_queued_call_waits_leaves_no_marker(
-    env: Env, acks_late: bool
-) -> None:
+@pytest.mark.parametrize("acks", ["0", "1", "retry"], ids=["acked", "acks-late", "retry-on-lost"])
+def test_a_child_killed_while_its_queued_call_waits_leaves_no_marker(env: Env, acks: str) -> None:
     """``lock_enqueue=True`` with ``wait``: the call's marker is kept while it waits for the
     lock. Its child SIGKILLed then (the OOM killer), the worker's main process clears the
     marker: it stayed for ``lock_enqueue_ttl``, and every later call of the key (without a
     result backend to tell it ended) was given the dead call's id. Under ``acks_late`` with
     ``reject_on_worker_lost`` the call is queued again, and its marker stays: it is still the
-    one queued (it waits again, in another child)."""
-    key = f"k-queued-kill-{acks_late}"
-    with env.worker("w1", concurrency=2, env=ACKS_LATE if acks_late else {}):
+    one queued (it waits again, in another child). So it does under Celery 5.7's
+    ``task_retry_on_worker_lost``, which sends the call again with the same id (a retry in
+    ``default_retry_delay``): the marker used to be cleared under it."""
+    if acks == "retry" and not CELERY_57:
+        pytest.skip("task_retry_on_worker_lost is Celery 5.7's")
+    key = f"k-queued-kill-{acks}"
+    acks_late = acks == "1"
+    with env.worker("w1", concurrency=2, env={"REDLOCK_TEST_ACKS_LATE": acks}) as worker:
         holder = env.send(key=key, how="sleep", duration=30.0)
         env.started(key)
         lock = env.lock_key(holder.id)
@@ -430,12 +433,51 @@ def test_a_child_killed_while_its_queued_call_waits_leaves_no_marker(
             again = env.locks.zrange
             wait_until(lambda: again(waiters, 0, -1) not in ([], [member]), 15.0, "the requeue")
             assert env.locks.get(marker) == waiter.id.encode()
+        elif acks == "retry":  # sent again, to run in 180 s: still the queued call
+            worker.wait_for_log(rf"Task .*\[{waiter.id}\] retry: Retry in 180s", 15.0)
+            assert env.locks.get(marker) == waiter.id.encode()
+            return
         else:
             wait_until(lambda: not env.locks.exists(marker), 15.0, "the marker cleared")
         env.client.control.revoke(holder.id, terminate=True, signal="SIGKILL")  # not requeued
         holder.get(timeout=10, propagate=False)
         ended = waiter.get(timeout=10, propagate=False)  # run once redelivered, or lost
         assert ended == key if acks_late else type(ended).__name__ == "WorkerLostError"
+
+
+@pytest.mark.parametrize("acks", ["1", "timeout"], ids=["reject-on-lost", "requeue-timeout"])
+def test_the_marker_of_a_call_killed_at_its_hard_limit_follows_celerys_decision(
+    env: Env, acks: str
+) -> None:
+    """``lock_enqueue="until_executed"``: a run that cannot unwind on SIGTERM is killed at its
+    hard time limit, and the worker's main process settles its marker as Celery settled the
+    call. It used to guess from the task's flags. Under ``acks_late`` with
+    ``reject_on_worker_lost`` it kept the marker of a call Celery acknowledged (a time limit is
+    not a lost worker): a later call was given the dead call's id for an hour. Under
+    ``acks_late`` with ``task_acks_on_failure_or_timeout`` off, Celery 5.7 queues the call
+    again, and the marker was cleared under it: a second call could be published while it
+    was queued. The queued copy waits for the dead run's lock, so it starts only after the main
+    process acted; it records the marker it found."""
+    key = f"k-marker-hard-{acks}"
+    requeued = acks == "timeout" and CELERY_57
+    with env.worker("w1", concurrency=2, env={"REDLOCK_TEST_ACKS_LATE": acks}) as worker:
+        name = "tests.e2e.proj.executed_waiter"
+        call = env.client.send_task(
+            name, kwargs={"key": key, "how": "sleep_noterm", "duration": 30.0}, time_limit=1.5
+        )
+        start = env.started(key)
+        marker = f"{env.lock_key(call.id)}:queued"
+        env.locks.set(marker, call.id, px=3_600_000)  # as its delay() set it
+        worker.wait_for_log(rf"Hard time limit \(.*\) exceeded for .*\[{call.id}\]")
+        if requeued:
+            again = env.started(key, 2)
+            assert again["id"] == call.id
+            assert again["queued"] == call.id  # still the queued call's marker
+            assert call.get(timeout=10) == key
+        else:
+            wait_until(lambda: not env.locks.exists(marker), 15.0, "the marker cleared")
+            assert call.get(timeout=10, propagate=False).__class__.__name__ == "TimeLimitExceeded"
+            assert env.starts(key) == [start]
 
 
 @over_apis
