@@ -880,7 +880,9 @@ def _cursor(cursor: str, nodes: int) -> tuple[int, int]:
     """
     index, _, position = cursor.partition(":") if cursor != "0" else ("0", "", "0")
     digits = all(p.isascii() and p.isdigit() for p in (index, position))
-    if not digits or int(index) >= nodes or len(position) > 20:  # SCAN cursors are 64-bit
+    # SCAN cursors are unsigned 64-bit: Redis refuses a larger one, which must not read as a
+    # node that did not answer (every view would leave that node out for 30 s).
+    if not digits or int(index) >= nodes or len(position) > 20 or int(position) >= 1 << 64:
         raise ValueError(f"not an inventory cursor: {cursor!r}")
     return int(index), int(position)
 

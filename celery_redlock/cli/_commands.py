@@ -195,7 +195,14 @@ def release(
         click.echo(safe(message), err=True)
         ctx.exit(1)
         return
-    verdict = _judged(ctx, [lock], timeout, store)[lock.key]
+    try:
+        verdict = verdicts(ctx.obj.app, [lock], timeout, store.lease)[lock.key]
+    except click.ClickException as exc:
+        if not force:
+            raise click.ClickException(f"{exc.message}; nothing was released") from exc
+        # --force releases whatever the liveness: a broker that does not answer stops no one
+        click.echo(f"WARNING: {exc.message}", err=True)
+        verdict = unpinged(lock, store.lease, "the broker does not answer")
     shown = safe(lock.key)
     if verdict.state != DEAD and not force:
         click.echo(
@@ -224,7 +231,8 @@ def _not_released(outcome: Released) -> str:
 def _judged(
     ctx: click.Context, locks: list[HeldLock], timeout: float, store: LockStore
 ) -> dict[str, Verdict]:
-    """:func:`verdicts` before a release: a ping that fails says that nothing was released."""
+    """:func:`verdicts` before releasing dead workers' locks: a ping that fails says that
+    nothing was released."""
     try:
         return verdicts(ctx.obj.app, locks, timeout, store.lease)
     except click.ClickException as exc:

@@ -442,7 +442,12 @@ class Dashboard:
             return ActionResult(
                 409, f"not released: {key} changed holder since the page was drawn; reload"
             )
-        said = self.verdicts([lock], fresh=True)[key]
+        try:
+            said = self.verdicts([lock], fresh=True)[key]
+        except click.ClickException:  # the broker: a forced release needs no ping
+            if not forced:
+                raise
+            said = unpinged(lock, settings_for(self.app).lease, "the broker does not answer")
         if said.state != DEAD and not forced:
             holder = lock.holder.host if lock.holder else "a value that is not a token"
             return ActionResult(

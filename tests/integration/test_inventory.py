@@ -117,6 +117,24 @@ class Reporting(Inventory):
         self.unanswered.append(node)
 
 
+def test_a_cursor_past_64_bits_is_refused_and_leaves_every_node_in() -> None:
+    """A cursor of 20 digits past 2^64 went to the node, which refused it ("invalid cursor"):
+    that read as a node that did not answer, so one crafted ``?cursor=`` of the dashboard left
+    a healthy node out of every view, and of a release, for 30 s."""
+    with RedisServer() as a, RedisServer() as b, RedisServer() as c:
+        urls = [a.url, b.url, c.url]
+        lock = Lock(urls, "q", ttl=60)
+        assert lock.acquire(blocking=False)
+        inventory = Reporting(urls)
+        with pytest.raises(ValueError, match="not an inventory cursor"):
+            inventory.view(f"0:{1 << 64}")
+        seen = inventory.read(lock.key)
+        assert seen is not None
+        assert inventory.release(seen, unless_renewed=False) is Released.RELEASED
+        assert [s.client().exists(lock.key) for s in (a, b, c)] == [0, 0, 0]
+        assert inventory.unanswered == []
+
+
 @pytest.mark.parametrize("down", [0, 2], ids=["first-node-down", "last-node-down"])
 def test_a_quorum_with_one_node_down_lists_and_releases_what_the_majority_holds(
     down: int,
@@ -225,6 +243,31 @@ def test_inspect_with_the_broker_down_judges_liveness_by_renewal_alone(redis_url
     assert "WARNING: cannot ping workers through the broker" in result.stderr
     assert "alive     unknown (the workers could not be pinged" in older.stdout, older.stdout
     assert broker.connections == 2  # one per command: no retry
+
+
+def test_release_force_needs_no_broker(redis_url: str) -> None:
+    """With the broker down, ``release KEY --force`` is the way out (docs/operations.md): it
+    failed too ("cannot ping workers ...; nothing was released"), and the key stayed. Without
+    ``--force`` nothing is released, as before."""
+    lock = Lock(redis_url, "brokerless", ttl=9, owner="t-1", host="w1@host")
+    assert lock.acquire(blocking=False)
+    broker = DownBroker()
+    app = brokerless_app(redis_url, broker.url)
+    try:
+        refused = run(app, "release", lock.key, "--timeout", "0.2")
+        held = redis_py.Redis.from_url(redis_url).exists(lock.key)
+        forced = run(app, "release", lock.key, "--force", "--timeout", "0.2")
+    finally:
+        app.close()
+        broker.close()
+    assert refused.exit_code == 1 and held, refused.output
+    assert "cannot ping workers through the broker" in refused.stderr
+    assert "nothing was released" in refused.stderr
+    assert forced.exit_code == 0, forced.output
+    assert "WARNING: cannot ping workers through the broker" in forced.stderr
+    assert f"released {lock.key} (forced): it was held by" in forced.stdout
+    assert "the workers could not be pinged (the broker does not answer)" in forced.stdout
+    assert not redis_py.Redis.from_url(redis_url).exists(lock.key)
 
 
 def test_a_broker_that_drops_connections_fails_the_ping_in_its_connect_timeout(

@@ -427,6 +427,28 @@ def test_a_broker_that_does_not_answer_leaves_the_locks_shown(r: redis_py.Redis)
     assert broker.connections == 1
 
 
+def test_a_forced_release_needs_no_broker(r: redis_py.Redis) -> None:
+    """With the broker down no worker can be pinged, and a forced release is the way out, as
+    the operations guide says: it used to fail too ("cannot ping workers"), and the key
+    stayed. A release without force still refuses, and says why."""
+    fill(r, ["job:1"], ttl_ms=9_000)  # set 21 s ago, as a 30 s lease: liveness unknown
+    lock = keys_for("redlock", "job:1").lock
+    url = r.connection_pool.connection_kwargs
+    broker = DownBroker()
+    app = brokerless_app(f"redis://127.0.0.1:{url['port']}/{url.get('db', 0)}", broker.url)
+    board = Dashboard(app, actions=True, ping_timeout=0.2)
+    try:
+        shown = rows(board.inventory)[lock].fingerprint
+        refused = board.act("release", {"key": lock, "fingerprint": shown}, "t")
+        forced = board.act("release", {"key": lock, "fingerprint": shown, "force": "1"}, "t")
+    finally:
+        app.close()
+        broker.close()
+    assert refused.status == 503 and "cannot ping workers" in refused.message
+    assert forced.status == 200 and forced.message == f"released {lock} (holder unknown)"
+    assert not r.exists(lock)
+
+
 @pytest.mark.parametrize(
     ("action", "denied", "grant"),
     [
