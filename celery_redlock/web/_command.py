@@ -77,7 +77,11 @@ def web(ctx: click.Context, host: str, port: int, actions: bool, ping_timeout: f
             actions=actions,
             credentials=credentials,
             ping_timeout=ping_timeout,
-            allowed_hosts=(host, *LOOPBACK_NAMES) if _loopback(host) else None,
+            # Open on loopback: the Host check is what stops DNS rebinding. With credentials
+            # the login does, and a TLS proxy in front passes the site's own Host.
+            allowed_hosts=(host, *LOOPBACK_NAMES)
+            if _loopback(host) and not credentials.configured
+            else None,
         )
     except ValueError as exc:
         raise click.ClickException(str(exc)) from exc

@@ -278,15 +278,39 @@ def test_the_page_shows_every_mode_and_a_dead_holder(
     r.delete(*sem.slots, sem.waiters, sem.queued, sem.rate)
 
 
-def test_a_loopback_dashboard_refuses_a_foreign_host_header(readonly: Dashboard) -> None:
+def test_a_loopback_dashboard_without_credentials_refuses_a_foreign_host_header(
+    server: RedisServer,
+) -> None:
     """DNS rebinding: a page of evil.example, made to resolve to 127.0.0.1, reads the open
     read-only dashboard as same-origin; its requests carry ``Host: evil.example``."""
-    port = readonly.url.rsplit(":", 1)[1]
-    foreign = urllib.request.Request(readonly.url + "/", headers={"Host": f"evil.example:{port}"})
-    with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(foreign, timeout=10)
-    assert refused.value.code == 400
-    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "LOCALHOST"):
-        named = urllib.request.Request(readonly.url + "/", headers={"Host": host})
-        with urllib.request.urlopen(named, timeout=10) as page:
-            assert page.status == 200
+    board = Dashboard(server.port, token=None)
+    try:
+        port = board.url.rsplit(":", 1)[1]
+        foreign = urllib.request.Request(board.url + "/", headers={"Host": f"evil.example:{port}"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(foreign, timeout=10)
+        assert refused.value.code == 400
+        for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "LOCALHOST"):
+            named = urllib.request.Request(board.url + "/", headers={"Host": host})
+            with urllib.request.urlopen(named, timeout=10) as page:
+                assert page.status == 200 and 'id="locks"' in page.read().decode()
+    finally:
+        board.stop()
+
+
+def test_a_loopback_dashboard_with_credentials_serves_behind_a_reverse_proxy(
+    readonly: Dashboard,
+) -> None:
+    """Behind a TLS proxy on the same machine (the dashboard on 127.0.0.1, the proxy passing
+    the original ``Host``, as the operations guide says it must), every page was a 400
+    "unknown Host header", the login page too. The Host check guards an open dashboard
+    against DNS rebinding; with credentials, the login does (a rebound page has no session)."""
+    proxied = {"Host": "locks.example.com", "X-Forwarded-Proto": "https"}
+    login = urllib.request.Request(readonly.url + "/login", headers=proxied)
+    with urllib.request.urlopen(login, timeout=10) as page:
+        assert page.status == 200
+    signed_in = urllib.request.Request(
+        readonly.url + "/", headers={**proxied, "Authorization": f"Bearer {TOKEN}"}
+    )
+    with urllib.request.urlopen(signed_in, timeout=10) as page:
+        assert page.status == 200 and 'id="locks"' in page.read().decode()
