@@ -514,6 +514,14 @@ def lock_name_for(
     return _keys.task_lock_name(spec.options.name or task.name, canonical, secret)
 
 
+def lock_name_of(app: Any, task_name: str) -> str:
+    """The lock name of ``app``'s task ``task_name``: its ``lock_name``, else its own name
+    (also for a name that is no locked task of ``app``)."""
+    task = app.tasks.get(task_name)
+    spec = spec_of(task) if task is not None else None
+    return (spec.options.name or task_name) if spec is not None else task_name
+
+
 def lock_key(task: Any, *args: Any, **kwargs: Any) -> str:
     """The Redis key that calling ``task(*args, **kwargs)`` would lock.
 

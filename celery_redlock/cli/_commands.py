@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from .._celery.identity import spec_of
+from .._celery.identity import lock_name_of
 from .._redis.inventory import HeldLock, Released
 from ..metrics import EVENTS
 from ._format import dump, fence, json_row, safe, shown_overrides, table, ttl, who
@@ -72,12 +72,8 @@ def _lock_names(app: Any, name: str) -> list[str]:
     (none for a key: a name has no braces)."""
     if "{" in name or "}" in name:
         return []
-    names = [name]
-    task = app.tasks.get(name)
-    spec = spec_of(task) if task is not None else None
-    if spec is not None and (spec.options.name or task.name) not in names:
-        names.append(spec.options.name or task.name)
-    return names
+    own = lock_name_of(app, name)
+    return [name] if own == name else [name, own]
 
 
 def _matching(ctx: click.Context, store: LockStore, key: str) -> tuple[list[HeldLock], bool]:

@@ -40,6 +40,7 @@ import click
 import jinja2
 
 from .._celery import timeline
+from .._celery.identity import lock_name_of
 from .._celery.options import settings_for
 from .._redis import companions
 from .._redis.clients import redact
@@ -226,7 +227,7 @@ class Dashboard:
             task = _text(query.get("task"), "the task filter")
             prefix = _text(query.get("prefix"), "the name prefix")
             cursor = query.get("cursor") or "0"
-            selected = _name_prefix(task, prefix)
+            selected = _name_prefix(task, lock_name_of(self.app, task), prefix)
             view = self.inventory.view(cursor, name_prefix=selected)
             rows, next_cursor = rows_of(view), None if view.cursor == "0" else view.cursor
             unanswered = view.unanswered
@@ -341,16 +342,26 @@ class Dashboard:
         return status, body
 
     def timeline_svg(self, task: str, key: str, minutes: int) -> Any:
-        """The SVG of the ring's events of ``task`` (a task name) or ``key`` (a lock key)."""
+        """The SVG of the ring's events of ``task`` (a task name) or ``key`` (a lock key).
+
+        A release mark the dashboard wrote names the lock's name (the task's ``lock_name``
+        when it sets one): it is drawn with the task's own events on its keys, where it ends
+        the holder's bar."""
         end = int(time.time() * 1000)
         start = end - minutes * 60_000
         entries = [
             e
             for e in timeline.read(self.app, TIMELINE_ENTRIES)
-            if e["t"] >= start
-            and (not task or e.get("task") == task)
-            and (not key or e.get("key") == key)
+            if e["t"] >= start and (not key or e.get("key") == key)
         ]
+        if task:
+            keys = {e.get("key") for e in entries if e.get("task") == task}
+            marks = lock_name_of(self.app, task)
+            entries = [
+                e
+                for e in entries
+                if e.get("task") == task or (e.get("task") == marks and e.get("key") in keys)
+            ]
         return _svg.draw(entries, start, end)
 
     # -- actions ------------------------------------------------------------------------------
@@ -490,11 +501,12 @@ _NOT_RELEASED = {
 }
 
 
-def _name_prefix(task: str, prefix: str) -> str:
-    """The name prefix the filters select: a task's names start with ``<task>:``."""
+def _name_prefix(task: str, lock_name: str, prefix: str) -> str:
+    """The name prefix the filters select: a task's names start with ``<lock_name>:``, its
+    ``lock_name`` or else its own name (tasks sharing a ``lock_name`` share their locks)."""
     if not task:
         return prefix
-    head = task + ":"
+    head = lock_name + ":"
     if not prefix or head.startswith(prefix):
         return head
     if prefix.startswith(head):

@@ -11,7 +11,8 @@ from collections.abc import Iterable, Iterator
 import pytest
 import redis as redis_py
 
-from celery_redlock import Lock
+from celery_redlock import Lock, LockedTask, lock_key
+from celery_redlock._celery import timeline
 from celery_redlock._celery.options import settings_for
 from celery_redlock._redis.inventory import BUDGET, ROWS, HeldLock, Inventory
 from celery_redlock._redis.keys import keys_for
@@ -354,6 +355,33 @@ def test_a_long_key_links_a_timeline_that_opens(redis_url: str, r: redis_py.Redi
     assert status == 200 and len(key) > 500
     assert f"/timeline?key={urllib.parse.quote(key, safe='/')}" in body
     assert board.timeline_page({"key": key}, {"csrf_token": "x"})[0] == 200
+    app.close()
+
+
+def test_a_task_with_a_lock_name_is_found_by_its_task_name(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """A task that sets ``lock_name`` holds ``<lock_name>:<digest>``: the task filter looked
+    for ``<task name>:`` and said "No lock held" while it held one (and its "release the locks
+    of dead workers" matched nothing), and its timeline left out the dashboard's release
+    mark, written under the lock name, so the dead holder's bar stayed open."""
+    app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False, redlock_timeline=100)
+
+    @app.task(base=LockedTask, name="proj.named", lock_name="ln", lock_by=["x"], shared=False)
+    def named(x: int) -> int:
+        return x
+
+    key = lock_key(named, 1)
+    timeline.record_for(app, "proj.named", "id-dead", "acquired", {"key": key})
+    r.set(key, new_token("id-dead", "w9@gone", 7), px=9_000)  # its worker died
+    board = Dashboard(app, actions=True, ping_timeout=0.2)
+    status, body = board.locks_page({"task": "proj.named"}, {"csrf_token": "x"})
+    assert status == 200 and f'name="key" value="{key}"' in body
+    released = board.act("release-dead", {"prefix": "ln:"}, "t")
+    assert released.message == "released 1 lock(s) of dead workers; kept 0" and not r.exists(key)
+    svg = str(board.timeline_svg("proj.named", "", 10))
+    assert svg.count('data-event="released"') == 1 and 'data-id="id-dead"' in svg
+    assert "held by task id-dead" in svg  # the bar, ended by the mark
     app.close()
 
 
