@@ -47,8 +47,9 @@ from .. import signals
 from .._redis import companions
 from .._redis import keys as _keys
 from .._redis.clients import redact
-from .._redis.lock import Lock
+from .._redis.lock import Lock, release_attempt
 from .._redis.nodes import Extended
+from .._redis.owner import current_pid
 from ..exceptions import LockContended, LockLost, LockUnavailable, RateLimited
 from . import calls, supersede, tracing
 from .events import emit
@@ -732,9 +733,56 @@ def _release(task: Any, request: Any, lock: Lock, keep: float = 0) -> bool:
             exc,
         )
         return False
-    except Exception:
-        logger.exception("%s[%s]: unexpected error releasing %s", task.name, request.id, lock.key)
+    except Exception as exc:  # not Redis's: an exception raised inside the release
+        return _release_again(task, request, lock, keep, exc)
+    return True
+
+
+def _release_again(task: Any, request: Any, lock: Lock, keep: float, exc: Exception) -> bool:
+    """Finish a release that an exception interrupted; whether the lock is free now.
+
+    Timeline it closes: (1) the body returns just before its ``soft_time_limit``; (2) the
+    release opens a connection; (3) the soft limit raises ``SoftTimeLimitExceeded`` there,
+    before the script is sent; (4) the lock has dropped its token, and nothing sent the
+    release: the key stayed held by a task that had ended until its lease ran out, and every
+    call of the key meanwhile was skipped (seen under load, about once in 100 soft limits
+    that fired during a release). So the release of this attempt (task id, host and this
+    process's pid: the script the worker's main process runs for a dead child) is sent again;
+    when it finds no slot of the attempt, the interrupted release had freed it.
+    """
+    settings = settings_for(task.app)
+    try:
+        again = release_attempt(
+            settings.url,
+            lock.name,
+            settings.prefix,
+            lock.owner,
+            lock.host,
+            current_pid(),
+            limit=lock.limit,
+            keep=keep,
+        )
+    except LockUnavailable as failed:
+        logger.warning(
+            "%s[%s]: the release of %s was interrupted (%r), and releasing it again failed; it "
+            "will expire within %.0fs: %s",
+            task.name,
+            request.id,
+            lock.key,
+            exc,
+            lock.ttl,
+            failed,
+        )
         return False
+    logger.log(
+        logging.WARNING if again else logging.INFO,
+        "%s[%s]: the release of %s was interrupted (%r); %s",
+        task.name,
+        request.id,
+        lock.key,
+        exc,
+        "released it again" if again else "it had released it",
+    )
     return True
 
 

@@ -361,7 +361,7 @@ def release_attempt(
     name: str,
     prefix: str,
     owner: str,
-    host: str,
+    host: str | None,
     pid: int,
     *,
     limit: int = 1,

@@ -13,7 +13,7 @@ import pytest
 import redis as redis_py
 from celery import Celery, Task, chain, chord, current_task, group
 from celery import signals as celery_signals
-from celery.exceptions import Ignore, Reject
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
 from celery_redlock import (
     LockConfigError,
@@ -274,6 +274,43 @@ def test_other_endings_release(app: Celery, r: redis_py.Redis, ending: str) -> N
             work.delay("k")
             wait_until(lambda a=attempt: r.get("entered") == str(a).encode(), 10, "entry")
             wait_until(lambda: not lock_keys(r), 10, "release")
+
+
+@pytest.mark.parametrize("sent", [False, True], ids=["before-sending", "after-sending"])
+def test_a_release_interrupted_by_a_soft_time_limit_still_frees_the_key(
+    app: Celery, r: redis_py.Redis, caplog: pytest.LogCaptureFixture, sent: bool
+) -> None:
+    """A soft time limit that fires inside the release (its signal handler raises
+    ``SoftTimeLimitExceeded`` wherever the child is): raised before the script was sent (in
+    redis-py's ``connect()``, as seen under load), the key stayed held by a task that had
+    ended, and every call of the key was skipped until the lease ran out, after an ERROR
+    with a traceback that did not say so. Raised after it was sent, the key was free but the
+    same ERROR was logged. The raise is placed at those two points of the real release."""
+
+    def interrupt(lock: TaskLock) -> None:
+        release = lock.do_release
+
+        def interrupted(token: str, keep: float) -> Any:
+            if sent:
+                release(token, keep)
+            raise SoftTimeLimitExceeded()
+
+        lock.do_release = interrupted  # type: ignore[method-assign]
+
+    @app.task(base=LockedTask)
+    def work(key: str) -> str:
+        lock = current_lock()
+        assert isinstance(lock, TaskLock)
+        interrupt(lock)
+        return key
+
+    with running_worker(app), caplog.at_level(logging.INFO, logger="celery_redlock"):
+        assert work.delay("k").get(timeout=10) == "k"
+        assert not r.exists(lock_key(work, "k"))
+    errors = [rec for rec in caplog.records if rec.levelno >= logging.ERROR]
+    assert errors == []
+    said = "it had released it" if sent else "released it again"
+    assert f"was interrupted (SoftTimeLimitExceeded()); {said}" in caplog.text
 
 
 def test_self_retry_is_not_skipped_by_its_own_attempt(app: Celery, r: redis_py.Redis) -> None:
