@@ -38,15 +38,18 @@ def test_a_bad_filter_is_refused(bad: str, message: str) -> None:
 
 
 def test_the_task_filter_and_the_name_prefix_combine() -> None:
-    assert _name_prefix("", "job") == "job"
-    assert _name_prefix("proj.t", "") == "proj.t:"
-    assert _name_prefix("proj.t", "proj") == "proj.t:"
-    assert _name_prefix("proj.t", "proj.t:ab") == "proj.t:ab"
+    assert _name_prefix("", "", "job") == "job"
+    assert _name_prefix("proj.t", "proj.t", "") == "proj.t:"
+    assert _name_prefix("proj.t", "proj.t", "proj") == "proj.t:"
+    assert _name_prefix("proj.t", "proj.t", "proj.t:ab") == "proj.t:ab"
+    assert _name_prefix("proj.t", "shared", "") == "shared:"  # its lock_name
     with pytest.raises(ValueError, match="excludes every lock of the task"):
-        _name_prefix("proj.t", "other")
+        _name_prefix("proj.t", "proj.t", "other")
 
 
-@pytest.mark.parametrize("cursor", ["", "x:1", "1", "0:-1", "3:0", "0:" + "9" * 21, "0:\u0663"])
+@pytest.mark.parametrize(
+    "cursor", ["", "x:1", "1", "0:-1", "3:0", "0:" + "9" * 21, "0:\u0663", f"0:{1 << 64}"]
+)
 def test_a_foreign_cursor_is_refused(cursor: str) -> None:
     with pytest.raises(ValueError, match="cursor"):
         _cursor(cursor, 3)
