@@ -793,7 +793,8 @@ class LockCore:
         return self.ttl if self.max_hold is None else min(self.ttl, self.max_hold)
 
     def _new_token(self) -> str:
-        return _owner.new_token(self.owner, self.host)
+        cap = 0 if self.max_hold is None else ms(self.max_hold)
+        return _owner.new_token(self.owner, self.host, max_hold_ms=cap)
 
     def _try_token(self) -> str:
         """The owner token of one acquisition try, counted in :attr:`attempts` as it is sent."""

@@ -252,17 +252,29 @@ def iso(ms: int) -> str:
 
 def lease_age(lock: HeldLock, lease: float) -> float | None:
     """Seconds since ``lock``'s TTL was last set to ``lease`` (by its acquisition or a
-    renewal), read from what is left of it; ``None`` when its TTL is longer than ``lease`` or
+    renewal), read from what is left of it; ``None`` when its TTL is longer than ``lease``,
     it has no expiry (a fixed ``lock_ttl``, a lock of another lease: not renewed with this
-    one).
+    one), or it may be cut short by the holder's ``max_hold`` (:func:`capped`).
 
     A renewing holder resets its TTL to the lease about every ``lease / 3``: a small age
-    proves a holder that was alive that recently. (In the last two thirds of a lease
-    before ``max_hold``, the renewal sets shorter TTLs: the age then overstates the time.)
+    proves a holder that was alive that recently.
     """
-    if lock.ttl is None or lock.ttl > lease:
+    if lock.ttl is None or lock.ttl > lease or capped(lock, lease):
         return None
     return lease - lock.ttl
+
+
+def capped(lock: HeldLock, lease: float) -> bool:
+    """Whether ``lock``'s TTL may be its holder's ``max_hold`` cap rather than a lease: a
+    renewal then sets it to what is left of the cap, so it shows no renewal, and the key
+    expires by itself at the cap. Judged by this machine's clock against the holder's
+    acquisition time; a clock behind the holder's by less than a third of the lease changes
+    nothing (the age the cap gives starts from 0 when it begins to bind)."""
+    holder = lock.holder
+    if holder is None or holder.max_hold_ms is None:
+        return False
+    left = holder.acquired_ms + holder.max_hold_ms - time.time() * 1000
+    return left < lease * 1000
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Owner tokens: the value stored in a lock key.
 
-A token is ``<secret>|<pid>|<acquired_ms>|<host>|<task_id>``:
+A token is ``<secret>|<pid>|<acquired_ms>|<host>|<task_id>``, or with
+``<acquired_ms>+<max_hold_ms>`` in the third field for a lock capped by ``max_hold``:
 
 * ``secret``: 32 hex characters from ``os.urandom`` (what :mod:`secrets` uses), fresh for
   every acquisition attempt, so a token cannot be guessed and two attempts of the same task id
@@ -13,6 +14,13 @@ A token is ``<secret>|<pid>|<acquired_ms>|<host>|<task_id>``:
   worker's node name), so the worker's main process can release the lock of a child that died;
 * ``acquired_ms``: wall-clock milliseconds, informational only (shown by tooling, never used to
   decide expiry: expiry is Redis' own ``PX`` TTL);
+* ``max_hold_ms``: the lock's ``max_hold`` (a task's hard time limit plus
+  ``redlock_ttl_margin``), so that tooling can tell a TTL cut short by that cap from a lease
+  that was not renewed. Timeline without it: (1) a task with ``time_limit=4`` runs, its TTL
+  capped at 9 s, renewed to what is left of the cap; (2) its worker gets SIGTERM (a deploy)
+  and stops answering pings while the task finishes; (3) ``celery redlock release --dead``
+  reads a 30 s lease renewed 21 s ago, calls the holder dead and releases: a second run of
+  the key starts beside the first. A handoff keeps the field's ``+<max_hold_ms>``;
 * ``task_id`` last, so that it may contain any character.
 
 The host field escapes ``%`` as ``%25`` and ``|`` as ``%7C`` (:func:`normalize_host`), and
@@ -55,6 +63,8 @@ class Owner:
     acquired_ms: int
     host: str
     task_id: str
+    #: The lock's ``max_hold`` in milliseconds (from acquisition), ``None`` when it has none.
+    max_hold_ms: int | None = None
 
     @property
     def cooling(self) -> bool:
@@ -123,12 +133,16 @@ def new_secret() -> str:
         return _block[start : start + 16].hex()
 
 
-def new_token(task_id: str = "", host: str | None = None, pid: int | None = None) -> str:
-    """Build a fresh, unguessable owner token for one acquisition attempt."""
+def new_token(
+    task_id: str = "", host: str | None = None, pid: int | None = None, max_hold_ms: int = 0
+) -> str:
+    """Build a fresh, unguessable owner token for one acquisition attempt (``max_hold_ms``:
+    the lock's cap, 0 for none)."""
     pid = process_id if pid is None else pid
-    acquired_ms = int(time.time() * 1000)
+    acquired = int(time.time() * 1000)
     # The fields joined by SEPARATOR, in one f-string (once per acquisition attempt).
-    return f"{new_secret()}|{pid}|{acquired_ms}|{normalize_host(host)}|{task_id}"
+    at = f"{acquired}+{max_hold_ms}" if max_hold_ms else acquired
+    return f"{new_secret()}|{pid}|{at}|{normalize_host(host)}|{task_id}"
 
 
 def parse(token: str | bytes | None) -> Owner | None:
@@ -138,6 +152,10 @@ def parse(token: str | bytes | None) -> Owner | None:
     if isinstance(token, bytes):
         token = token.decode("utf-8", "replace")
     parts = token.split(SEPARATOR, 4)
-    if len(parts) != 5 or not parts[1].isdigit() or not parts[2].isdigit():
+    if len(parts) != 5 or not parts[1].isdigit():
         return None
-    return Owner(token, int(parts[1]), int(parts[2]), unescape_host(parts[3]), parts[4])
+    acquired, plus, cap = parts[2].partition("+")
+    if not acquired.isdigit() or (plus and not cap.isdigit()):
+        return None
+    max_hold = int(cap) if plus else None
+    return Owner(token, int(parts[1]), int(acquired), unescape_host(parts[3]), parts[4], max_hold)

@@ -52,7 +52,7 @@ from typing import Any
 import click
 
 from .._redis.clients import redact
-from .._redis.inventory import HeldLock, lease_age
+from .._redis.inventory import HeldLock, capped, lease_age
 
 #: How a holder's liveness is reported; ``cooldown``: no holder runs, the task ended and its
 #: ``lock_cooldown`` keeps the key (released by ``--force`` only, never as a dead worker's).
@@ -178,14 +178,15 @@ def verdict(lock: HeldLock, pinged: Mapping[str, str], timeout: float, lease: fl
             f"its worker {host} did not answer under that name, but a live worker answers "
             "under a similar one, so its liveness is unknown",
         )
+    silent = (
+        f"its worker {host} does not answer a control ping (a worker in warm shutdown "
+        "stops answering at once)"
+    )
+    if capped(lock, lease):
+        return Verdict(UNKNOWN, f"{silent}, and {_CAPPED}")
     age = lease_age(lock, lease)
     if age is not None and age < lease * RENEWED_WITHIN:
-        return _renewed(
-            f"its worker {host} does not answer a control ping (a worker in warm shutdown "
-            "stops answering at once)",
-            age,
-            lease,
-        )
+        return _renewed(silent, age, lease)
     renewal = (
         f"its lease was last renewed {age:.1f}s ago"
         if age is not None
@@ -196,12 +197,21 @@ def verdict(lock: HeldLock, pinged: Mapping[str, str], timeout: float, lease: fl
     )
 
 
+#: Why a lock whose TTL is its holder's ``max_hold`` cap is not judged by its renewal.
+_CAPPED = (
+    "its TTL is cut to its task's hard time limit (max_hold), which no renewal moves, so its "
+    "liveness is unknown; the key expires by itself at that limit"
+)
+
+
 def unpinged(lock: HeldLock, lease: float, why: str) -> Verdict:
     """The :class:`Verdict` on ``lock``'s holder when the workers could not be pinged (``why``:
     the broker does not answer): alive by a recent renewal, as when its worker is silent;
     else unknown, never dead."""
     if lock.holder is not None and lock.holder.cooling:
         return COOLING
+    if capped(lock, lease):
+        return Verdict(UNKNOWN, f"the workers could not be pinged ({why}), and {_CAPPED}")
     age = lease_age(lock, lease)
     if lock.holder is not None and age is not None and age < lease * RENEWED_WITHIN:
         return _renewed(f"the workers could not be pinged ({why})", age, lease)

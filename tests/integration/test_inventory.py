@@ -317,6 +317,32 @@ def test_the_ping_goes_on_to_the_next_broker_of_a_failover_list(
     assert down.connections >= 1  # the first broker was tried
 
 
+def test_a_lock_capped_by_a_hard_time_limit_is_not_released_as_dead(
+    redis_server: RedisServer, r: redis_py.Redis
+) -> None:
+    """A task with ``time_limit=4`` holds a lock whose TTL is cut to its cap (4 s + the 5 s
+    margin), which renewal never raises back to the 30 s lease. Its worker in warm shutdown
+    (a deploy) answers no ping while the task finishes: ``release --dead`` read "renewed 21 s
+    ago", released it, and a second run of the key started beside the first. The token now
+    carries the cap: liveness unknown, and kept. A lock of the same TTL without a cap (an
+    older version's token) is released as before."""
+    app = make_app(redis_server, "cap", broker_transport_options={"max_retries": 0})
+    capped = Lock(redis_server.url, "cap.run:a", ttl=30, max_hold=9, owner="t-1", host="w1@gone")
+    plain = Lock(redis_server.url, "cap.run:b", ttl=30, owner="t-2", host="w2@gone")
+    assert capped.acquire(blocking=False) and plain.acquire(blocking=False)
+    r.pexpire(plain.key, 9_000)  # as a lease last renewed 21 s ago
+    dead = run(app, "release", "--dead", "--timeout", "0.2")
+    status, body = Dashboard(app, ping_timeout=0.2).locks_page({}, {"csrf_token": "x"})
+    app.close()
+    assert dead.exit_code == 0, dead.output
+    assert f"kept {capped.key}" in dead.stdout and "(liveness unknown)" in dead.stdout
+    assert f"released {plain.key}" in dead.stdout
+    assert r.exists(capped.key) and not r.exists(plain.key)
+    assert status == 200 and '<td class="unknown">unknown</td>' in body
+    shown = run(make_app(redis_server, "cap"), "inspect", capped.key, "--timeout", "0.2")
+    assert "its TTL is cut to its task's hard time limit (max_hold)" in shown.stdout
+
+
 def test_a_finished_tasks_cooldown_is_shown_as_one_and_kept_by_release_dead(
     redis_server: RedisServer, r: redis_py.Redis
 ) -> None:

@@ -104,12 +104,16 @@ def test_a_release_hands_the_lock_to_the_waiter_queued_first_and_no_other(
     assert keys_left(r) == []  # no key left: lock and queue are gone
 
 
+@pytest.mark.parametrize("max_hold", [None, 12.5], ids=["lease", "capped"])
 def test_a_handed_over_token_carries_the_handoff_time_and_reads_its_fencing_token(
-    r: redis_py.Redis,
+    r: redis_py.Redis, max_hold: float | None
 ) -> None:
+    """The handoff writes the waiter's token with the server's time as its acquisition time,
+    and keeps its ``max_hold`` (which tooling reads to tell a capped TTL from a lease that
+    was not renewed)."""
     holder = Lock(r, "handed", ttl=30)
     assert holder.acquire(blocking=False)
-    waiter = Lock(r, "handed", ttl=30, owner="task-w")
+    waiter = Lock(r, "handed", ttl=30, owner="task-w", max_hold=max_hold)
     won = blocked(waiter)
     wait_until(lambda: queued(r, holder) == 1, 10, "the waiter queued")
     released_ms = int(r.time()[0]) * 1000
@@ -118,6 +122,7 @@ def test_a_handed_over_token_carries_the_handoff_time_and_reads_its_fencing_toke
     owner = parse(r.get(waiter.key))
     assert owner is not None and owner.task_id == "task-w"
     assert owner.acquired_ms >= released_ms  # acquired at the handoff, not when it queued
+    assert owner.max_hold_ms == (None if max_hold is None else 12_500)
     token = waiter.fencing_token
     assert token is not None and token > 0
     waiter.release()

@@ -3,6 +3,8 @@ worker: the decision alone; the real cases run in tests/e2e/cli)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from celery_redlock._redis import owner as _owner
@@ -45,3 +47,40 @@ def test_a_lock_taken_outside_a_worker_is_unknown() -> None:
     assert said.state == UNKNOWN and "not taken in a worker" in said.reason
     foreign = HeldLock("redlock:{x}", "x", 1, "not a token", None, 29.0, None)
     assert verdict(foreign, {}, 1.0, LEASE).state == UNKNOWN
+
+
+@pytest.mark.parametrize(
+    ("max_hold_s", "ago", "ttl", "state"),
+    [
+        (9, 0, 8.0, UNKNOWN),  # a 4 s hard limit: its TTL never was a lease
+        (120, 0, 29.0, ALIVE),  # the cap 2 minutes off: the TTL is a renewed lease
+        (120, 0, 9.0, DEAD),  # ... and one not renewed for 21 s
+        (120, 100, 9.0, UNKNOWN),  # 100 s into it, the cap is 20 s off: no renewal shows
+    ],
+)
+def test_a_ttl_cut_to_a_hard_time_limit_shows_no_renewal(
+    max_hold_s: int, ago: int, ttl: float, state: str
+) -> None:
+    """The token carries the lock's ``max_hold``: while the cap is closer than a lease, a live
+    holder's TTL is what is left of the cap, not a renewed lease, and a silent worker's lock
+    is unknown, never dead (``release --dead`` released a running task's lock)."""
+    acquired = int(time.time() * 1000) - ago * 1000
+    value = f"{'a' * 32}|7|{acquired}+{max_hold_s * 1000}|w1@web-1|t-1"
+    lock = HeldLock("redlock:{job}", "job", 1, value, _owner.parse(value), ttl, None)
+    said = verdict(lock, {"w1@web-1": DEAD}, 1.0, LEASE)
+    assert said.state == state, said.reason
+    if state == UNKNOWN:
+        assert "cut to its task's hard time limit (max_hold)" in said.reason
+
+
+@pytest.mark.parametrize(
+    ("field", "max_hold_ms"),
+    [("1796451764627", None), ("1796451764627+9000", 9000), ("1796451764627+", "bad")],
+)
+def test_a_token_s_acquisition_field_may_carry_the_cap(field: str, max_hold_ms: object) -> None:
+    owner = _owner.parse(f"{'a' * 32}|7|{field}|w1@web-1|t-1")
+    if max_hold_ms == "bad":
+        assert owner is None
+    else:
+        assert owner is not None and owner.acquired_ms == 1796451764627
+        assert owner.max_hold_ms == max_hold_ms and owner.task_id == "t-1"

@@ -73,7 +73,8 @@ _HAND_ON = """
 -- subscriber); waiters that are gone are dropped on the way. A queue member is
 -- '<ttl ms>:<channel length>:<channel><owner token>' (see WAIT). With handoff (a single-slot
 -- lock on a plain node), that waiter gets the lock: it is set to the waiter's token, with
--- the server time as acquisition time, for the waiter's ttl, and the token is published to
+-- the server time as acquisition time (its '+<max_hold_ms>' kept), for the waiter's ttl, and
+-- the token is published to
 -- the waiter; the lock is never free in between. Without handoff the waiter is sent '1' and
 -- tries itself. Returns 2 handed over, 1 woken, 0 nobody queued, -1 PUBLISH refused. A user
 -- without EXISTS or ZPOPMIN (an ACL written before the queue) has no queue: 0.
@@ -84,13 +85,13 @@ local function hand_on(queue, lock, handoff)
     local ttl, n, rest = string.match(popped[1], '^(%d+):(%d+):(.*)$')
     if ttl then
       local channel = string.sub(rest, 1, tonumber(n))
-      local secret, pid, tail = string.match(
-        string.sub(rest, tonumber(n) + 1), '^([^|]*)|([^|]*)|[^|]*|(.*)$')
+      local secret, pid, cap, tail = string.match(
+        string.sub(rest, tonumber(n) + 1), '^([^|]*)|([^|]*)|%d*([^|]*)|(.*)$')
       local message = '1'
       if handoff and secret then
         local t = redis.call('TIME')
         local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-        message = secret .. '|' .. pid .. '|' .. string.format('%d', now) .. '|' .. tail
+        message = secret .. '|' .. pid .. '|' .. string.format('%d', now) .. cap .. '|' .. tail
       end
       local got = redis.pcall('PUBLISH', channel, message)
       if type(got) == 'table' then return -1 end
