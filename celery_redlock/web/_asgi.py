@@ -149,6 +149,8 @@ def create_app(
         )
         response.headers["X-Content-Type-Options"] = "nosniff"
         response.headers["Referrer-Policy"] = "same-origin"
+        # The lock list and a CSRF token: never kept by a shared cache or the browser's own.
+        response.headers["Cache-Control"] = "no-store"
         response.set_cookie(
             CSRF_COOKIE,
             cookie,
@@ -244,6 +246,24 @@ def create_app(
         body = board.render("login.html", form=form, base=base(request), error=error)
         return page(request, 401 if error else 200, body, cookie)
 
+    async def logout(request: Request) -> Response:
+        """End this browser's session: its cookie is deleted. (The session is signed, not
+        stored: a copy of the cookie taken elsewhere lasts its lifetime, or until the token
+        is rotated.)"""
+        data = await request.form()
+        refused = refuse_post(request, data)
+        if refused is not None:
+            return refused
+        response = RedirectResponse(f"{base(request)}/login", status_code=303)
+        response.delete_cookie(
+            SESSION_COOKIE,
+            path=base(request) or "/",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return response
+
     async def locks(request: Request) -> Response:
         return await view(request, "locks")
 
@@ -261,4 +281,6 @@ def create_app(
     ]
     if authenticate is None and creds.token is not None:
         routes.insert(0, Route("/login", login, methods=["GET", "POST"]))
+        routes.insert(1, Route("/logout", logout, methods=["POST"]))
+        board.logout = True
     return Starlette(routes=routes)

@@ -132,6 +132,8 @@ class Dashboard:
         self.app = app
         self.actions = actions
         self.ping_timeout = ping_timeout
+        #: Whether the pages offer "Log out" (the standalone token login has it).
+        self.logout = False
         self._inventory: Inventory | None = None
         self._alive: dict[str, tuple[str, float]] = {}
         self._alive_lock = threading.Lock()
@@ -204,7 +206,9 @@ class Dashboard:
         """``template`` with ``context`` (``form``: hidden CSRF fields; ``base``: the mount
         path; ``tab``)."""
         context.setdefault("tab", "")
-        return _env.get_template(template).render(actions=self.actions, **context)
+        return _env.get_template(template).render(
+            actions=self.actions, logout=self.logout, **context
+        )
 
     def locks_page(
         self, query: Mapping[str, str], form: dict[str, str], base: str = ""

@@ -147,6 +147,27 @@ def test_a_session_ends_with_its_token_and_its_lifetime(
         assert httpx.get(f"{second}/", headers=BEARER).status_code == 303
 
 
+def test_a_session_ends_at_log_out_and_no_page_is_cached(celery_app: Celery) -> None:
+    """There was no way to end a session from the page (the cookie lasts 12 hours, a browser
+    restart included), and the pages carrying the lock list and a CSRF token had no
+    ``Cache-Control``. "Log out" is a POST, CSRF-checked as every action is."""
+    board = create_app(celery_app, credentials=Credentials(token=TOKEN))
+    with served(board) as base, httpx.Client() as browser:
+        login = browser.get(f"{base}/login")
+        browser.post(f"{base}/login", data={**csrf_field(login.text), "token": TOKEN})
+        page = browser.get(f"{base}/")
+        assert page.status_code == 200 and page.headers["cache-control"] == "no-store"
+        fields = form_fields(page.text, "logout")
+        forged = browser.post(f"{base}/logout", data={}, headers={"Origin": base})
+        assert forged.status_code == 403 and browser.get(f"{base}/").status_code == 200
+        out = browser.post(f"{base}/logout", data=fields, headers={"Origin": base})
+        assert out.status_code == 303 and out.headers["location"] == "/login"
+        assert f'{SESSION_COOKIE}=""' in out.headers["set-cookie"]
+        after = browser.get(f"{base}/")
+        assert after.status_code == 303 and after.headers["location"] == "/login"
+        assert "Log out" not in browser.get(f"{base}/login").text
+
+
 def test_a_posted_key_cannot_forge_an_audit_line(
     celery_app: Celery,
     actions: list[dict[str, Any]],
