@@ -782,7 +782,7 @@ def _broker_url(owner: str, conf: Any, name: str) -> str:
     """The broker's URL when it can serve as ``redlock_url`` (a single Redis, its connection
     options all in the URL); else a :class:`LockConfigError` saying what to set (``name``, the
     setting as the user spells it)."""
-    broker = conf.get("broker_url") or ""
+    broker = conf.broker_url or ""  # with CELERY_BROKER_URL (and `celery -b`), as Celery reads it
     missing = f"{owner}: setting {name} is missing and"
     fix = f"; set {name} to a Redis URL such as 'redis://localhost:6379/0'" + (
         " (CELERY_REDLOCK_URL with the CELERY namespace)" if name == "redlock_url" else ""

@@ -217,6 +217,18 @@ def test_explicit_url_wins_over_the_redis_broker(caplog: pytest.LogCaptureFixtur
     app.close()
 
 
+def test_missing_url_uses_a_redis_broker_given_by_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``CELERY_BROKER_URL`` (which ``celery -b URL`` sets too) is the app's broker for Celery;
+    its URL was not looked at, and the worker refused to start because "the broker is not
+    Redis"."""
+    monkeypatch.setenv("CELERY_BROKER_URL", "redis://127.0.0.1:1/4")
+    app = Celery("cfg", set_as_current=False)
+    assert settings_for(app).url == "redis://127.0.0.1:1/4"
+    app.close()
+
+
 def test_missing_url_with_a_non_redis_broker_is_an_error() -> None:
     app = Celery("cfg", broker="amqp://guest@127.0.0.1:1//", set_as_current=False)
     with pytest.raises(LockConfigError, match="redlock_url is missing") as info:
