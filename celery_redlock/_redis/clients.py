@@ -64,6 +64,7 @@ UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
     redis_py.exceptions.BusyLoadingError,
     redis_py.exceptions.ClusterError,
     redis_py.exceptions.RedisClusterException,
+    redis_py.exceptions.InvalidResponse,
     OSError,
 )
 

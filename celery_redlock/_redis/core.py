@@ -89,6 +89,8 @@ _UNAVAILABLE_CLASSES = frozenset(
         "RedisClusterException",
         "ValkeyClusterException",
         "MaxConnectionsError",
+        # Not the Redis protocol: another service holds the URL's port (no Redis answers).
+        "InvalidResponse",
     }
 )
 

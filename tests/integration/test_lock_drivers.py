@@ -574,6 +574,43 @@ def test_a_server_down_gives_lock_unavailable_naming_it(d: Driver) -> None:
     assert lock.attempts == 1  # a try the server never answered is a try all the same
 
 
+class NotRedis:
+    """A port where another service answers (an HTTP server): to anything sent, an HTTP 400."""
+
+    def __init__(self) -> None:
+        self._socket = socket.create_server(("127.0.0.1", 0))
+        self.port = self._socket.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self._socket.accept()
+            except OSError:  # closed
+                return
+            with connection, contextlib.suppress(OSError):
+                connection.recv(4096)
+                connection.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    def close(self) -> None:
+        self._socket.shutdown(socket.SHUT_RDWR)  # wakes the accept (Linux)
+        self._socket.close()
+
+
+def test_a_service_that_is_not_redis_gives_lock_unavailable_naming_it(d: Driver) -> None:
+    """The URL's port holds another service: redis-py's ``InvalidResponse`` ("Protocol
+    Error") reached the caller raw, and a task failed at once, though the worker had said
+    its locked tasks follow ``redlock_on_unavailable``. No Redis answers there: unavailable,
+    naming the URL."""
+    other = NotRedis()
+    try:
+        lock = d.lock(f"redis://127.0.0.1:{other.port}/0", "not-redis", ttl=10)
+        with pytest.raises(LockUnavailable, match=f"127.0.0.1:{other.port}"):
+            d(lock.acquire(blocking=False))
+    finally:
+        other.close()
+
+
 def test_a_url_without_the_password_the_server_wants_is_a_refusal_naming_it(d: Driver) -> None:
     """A client that did not log in may send short commands only: a script (the first acquire
     of either lock) is answered "Protocol error: unauthenticated multibulk length", and
