@@ -29,6 +29,7 @@ import logging
 from typing import Any
 
 from celery import Task, states
+from celery.backends.rpc import RPCBackend
 from kombu.utils.uuid import uuid
 
 from ._celery import (
@@ -170,6 +171,7 @@ class LockedTask(Task):  # type: ignore[misc]
             logger.info(
                 "%s[%s] not queued: the same call is queued as %s", self.name, task_id, queued
             )
+            _warn_unfetchable(self)
             return self.AsyncResult(queued)
         try:
             return super().apply_async(args, kwargs, task_id=task_id, **options)
@@ -268,3 +270,27 @@ def _refuse_decorator_keywords(owner: str, cls: type) -> None:
 
 for _option in OPTIONS.values():
     setattr(LockedTask, _option.attr, _option.default)
+
+
+#: The tasks already warned that a de-duplicated call's result cannot be fetched (once each).
+_warned_rpc: set[str] = set()
+
+
+def _warn_unfetchable(task: Any) -> None:
+    """Warn, once per task and process, that under the ``rpc://`` result backend the
+    ``AsyncResult`` a de-duplicated call returns cannot be waited on.
+
+    Timeline: (1) process A calls ``sync.delay(1)``; (2) process B calls it too and is given
+    A's call's ``AsyncResult``; (3) the worker sends the result to A's reply queue, the only
+    place ``rpc://`` puts it; (4) ``get()`` in B waits forever (in A, a second ``get()`` of the
+    same id does too). Nothing is wrong with the calls: one runs, as asked."""
+    if task.name in _warned_rpc or not isinstance(task.backend, RPCBackend):
+        return
+    _warned_rpc.add(task.name)
+    logger.warning(
+        "%s: lock_enqueue returned the queued call's AsyncResult, whose result the rpc:// "
+        "result backend sends only to the process that published that call: get() on it "
+        "here may wait forever; use a result backend that stores results (Redis, a database) "
+        "to wait on a de-duplicated call",
+        task.name,
+    )

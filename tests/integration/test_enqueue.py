@@ -64,6 +64,27 @@ def test_a_queued_call_is_returned_instead_of_queued_again(
     assert not r.exists(marker)  # cleared when that execution started
 
 
+def test_a_de_duplicated_call_under_the_rpc_backend_warns_that_its_result_cannot_be_fetched(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under ``rpc://`` a result goes only to the process that published the call: the
+    ``AsyncResult`` of another call, returned by a de-duplicated ``delay()``, can never be
+    fetched, and its ``get()`` waited forever without a word."""
+    app = make_app(redis_server, "rpc", result_backend="rpc://")
+
+    @app.task(base=LockedTask, lock_enqueue=True, name="rpc.sync")
+    def sync(account_id: int) -> int:
+        return account_id
+
+    first = sync.delay(1)
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.task"):
+        assert sync.delay(1).id == sync.delay(1).id == first.id
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "rpc.sync: lock_enqueue returned the queued call's" in warned[0]
+    assert "the rpc:// result backend sends only to the process that published" in warned[0]
+    app.close()
+
+
 @pytest.mark.parametrize("mode", [True, "until_executed"])
 def test_a_failed_publish_leaves_no_marker(
     app: Celery, r: redis_py.Redis, broker: redis_py.Redis, mode: object
