@@ -19,9 +19,14 @@ Two ways put it there:
   first publish, or when the app finalizes): the app's ``amqp_cls``, Celery's own extension
   point, becomes :class:`CheckedAMQP`, whose every router (the first, and each one Celery
   builds again when ``task_routes`` changes) has the check first. ``wiring`` adopts every app
-  that exists when it is imported, ``@single_instance`` every app that exists when it
-  decorates, ``LockedTask`` the app it is bound to. So the first ``delay()`` of an
-  ``@app.task`` task in a process whose app never finalizes (a client, a shell) is checked too.
+  that exists when it is imported, and makes :class:`CheckedAMQP` the default of the apps
+  created after (:func:`adopt_later`: ``Celery.amqp_cls``, which ``Celery()`` copies when not
+  given ``amqp=``); ``@single_instance`` adopts every app that exists when it decorates,
+  ``LockedTask`` the app it is bound to. So the first ``delay()`` of an ``@app.task`` task in a
+  process whose app never finalizes (a client, a shell) is checked too, also in the usual
+  layout: ``from celery_redlock import LockedTask``, then ``app = Celery(...)``, then the tasks
+  (bound lazily: a ``@app.task(lock_by=...)`` without ``base=LockedTask`` was published, and
+  ran unlocked, until a worker refused to start).
 * :func:`install`, for an app whose ``app.amqp`` was built before (or whose ``amqp_cls`` is
   the user's own), when it finalizes (``wiring`` connects it, and installs it on the apps
   finalized before the import). Celery caches the router and builds a new one when
@@ -53,6 +58,7 @@ import threading
 import weakref
 from typing import Any
 
+from celery import Celery
 from celery._state import _get_active_apps
 from celery.app.amqp import AMQP
 
@@ -164,3 +170,10 @@ def adopt_all() -> None:
     """:func:`adopt` every app of this process."""
     for app in list(_get_active_apps()):
         adopt(app)
+
+
+def adopt_later() -> None:
+    """Make :class:`CheckedAMQP` the ``amqp_cls`` of every app created from now on, unless
+    ``Celery.amqp_cls`` is already another than Celery's (then those apps route their own way)."""
+    if Celery.amqp_cls in CELERY_AMQP:
+        Celery.amqp_cls = CHECKED_AMQP

@@ -142,10 +142,11 @@ def _brief_config_errors(
 _previous_hook = sys.excepthook
 sys.excepthook = _brief_config_errors
 
-# Every app that has not built its amqp yet checks from its first publish; as shared_task
-# does, every app at its finalize, and the apps finalized before this import (routing's
-# module docstring).
+# Every app that has not built its amqp yet, and every app created later, checks from its
+# first publish; as shared_task does, every app at its finalize, and the apps finalized
+# before this import (routing's module docstring).
 routing.adopt_all()
+routing.adopt_later()
 connect_on_app_finalize(_on_app_finalize)
 for _app in _get_active_apps():
     if _app.finalized:

@@ -196,3 +196,25 @@ def test_a_publish_past_the_app_router_is_failed_by_the_worker(
     assert runs == []
     logged = [rec for rec in caplog.records if rec.levelno == logging.ERROR]
     assert any(result.id in rec.getMessage() and "wiat" in rec.getMessage() for rec in logged)
+
+
+def test_an_app_created_after_the_import_refuses_an_unlocked_task_at_its_first_delay(
+    redis_server: RedisServer, broker: redis_py.Redis
+) -> None:
+    """The README's layout: ``celery_redlock`` imported, then ``app = Celery(...)``, then the
+    tasks, bound lazily. ``@app.task(lock_by=...)`` without ``base=LockedTask`` was published
+    by ``delay()`` (the app, created after the import and not finalized, had Celery's own
+    router), and ran unlocked until a worker refused to start. Every app created after the
+    import gets the checking router."""
+    app = Celery("late", broker=f"redis://127.0.0.1:{redis_server.port}/1", set_as_current=False)
+    app.conf.redlock_url = f"redis://127.0.0.1:{redis_server.port}/0"
+
+    @app.task(lock_by=["account_id"], name="late.sync")
+    def sync(account_id: int) -> int:
+        return account_id
+
+    message = r"task late\.sync: option lock_by=\['account_id'\] is ignored: the task is not"
+    with pytest.raises(LockConfigError, match=message):
+        sync.delay(42)
+    assert not app.finalized and published(broker) == []
+    app.close()
