@@ -662,7 +662,7 @@ def _on_unavailable(
         base = spec.options.retry_countdown or 1.0
         countdown = _jittered(min(base * 2**retries, 300.0))
         logger.warning(
-            "%s[%s] could not reach %s to lock; retrying in %.1fs: %s",
+            "%s[%s] could not lock: %s is unavailable; retrying in %.1fs: %s",
             task.name,
             request.id,
             where,
@@ -678,7 +678,12 @@ def _on_unavailable(
     else:
         ending = "giving up (an eager call is not retried: Celery would run it at once)"
     logger.warning(
-        "%s[%s] could not reach %s to lock; %s: %s", task.name, request.id, where, ending, exc
+        "%s[%s] could not lock: %s is unavailable; %s: %s",
+        task.name,
+        request.id,
+        where,
+        ending,
+        exc,
     )
     raise exc.with_traceback(None) from None
 

@@ -738,6 +738,12 @@ class Inventory:
                     nodes=(shown,),
                 )
             return LockUnavailable(f"the lock Redis at {shown} refused: {redact(exc)}")
+        if isinstance(exc, redis_py.exceptions.AuthenticationError):  # it answered: no outage
+            return LockUnavailable(
+                f"the lock Redis at {shown} refused the URL's credentials (a wrong password or "
+                f"ACL user: fix redlock_url): {redact(exc)}",
+                nodes=(shown,),
+            )
         if isinstance(exc, (*UNAVAILABLE_ERRORS, redis_py.RedisError)):
             return LockUnavailable(
                 f"cannot reach the lock Redis: {shown} ({_reason(url, exc)})", nodes=(shown,)
