@@ -447,9 +447,12 @@ def _check_mixes(owner: str, values: Mapping[str, Any]) -> None:
         )
     debounce, cap = values["debounce"], values["debounce_max"]
     if cap is not None and (debounce is None or cap < debounce):
-        raise _invalid(
-            owner, "lock_debounce_max", cap, f"None or >= lock_debounce (which is {debounce!r})"
+        expected = (
+            "None without a lock_debounce, which it caps: set lock_debounce too"
+            if debounce is None
+            else f"None or >= lock_debounce (which is {debounce!r})"
         )
+        raise _invalid(owner, "lock_debounce_max", cap, expected)
     if debounce is not None and values["enqueue"] in KEEPING_MODES:
         raise LockConfigError(
             f"{owner}: option lock_debounce={debounce!r} is invalid with "
@@ -759,8 +762,9 @@ def resolve(app: Any) -> Settings:
     owner = f"app {app.main or app!r}"
     values = {key: conf.get(key, s.default) for key, s in SETTINGS.items()}
     if values["redlock_url"] is None:
-        values["redlock_url"] = _broker_url(owner, conf, spelled(app, "redlock_url"))
-        _tell_once(app, "redlock_url is not set; using the Redis broker's URL for locks")
+        name = spelled(app, "redlock_url")
+        values["redlock_url"] = _broker_url(owner, conf, name)
+        _tell_once(app, f"{name} is not set; using the Redis broker's URL for locks")
     checked = {
         s.name: s.check(owner, spelled(app, key), values[key]) for key, s in SETTINGS.items()
     }

@@ -359,6 +359,23 @@ def test_namespaced_settings_arrive(bare_app: Celery) -> None:
     assert settings.on_contention == "wait"
 
 
+def test_the_broker_url_fallback_names_the_setting_as_the_namespace_spells_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Under ``namespace="CELERY"`` (Django) the setting is ``CELERY_REDLOCK_URL``: the line
+    said "redlock_url is not set", a name that such a project cannot set."""
+
+    class Config:
+        CELERY_BROKER_URL = "redis://127.0.0.1:1/3"
+
+    app = Celery("ns", set_as_current=False)
+    app.config_from_object(Config, namespace="CELERY")
+    with caplog.at_level(logging.INFO, logger="celery_redlock.config"):
+        assert settings_for(app).url == "redis://127.0.0.1:1/3"
+    assert "CELERY_REDLOCK_URL is not set; using the Redis broker's URL" in caplog.text
+    app.close()
+
+
 @pytest.mark.parametrize(
     ("namespace", "name"),
     [

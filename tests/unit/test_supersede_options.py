@@ -37,6 +37,7 @@ def test_both_apis_accept_replace_and_debounce(options: dict[str, Any]) -> None:
     ("options", "expected"),
     [
         ({"debounce_max": 2}, "lock_debounce_max=2.0 is invalid"),
+        ({"debounce_max": 2}, "without a lock_debounce, which it caps: set lock_debounce too"),
         ({"debounce": 3, "debounce_max": 2}, "None or >= lock_debounce (which is 3.0)"),
         ({"debounce": 1, "enqueue": "keep"}, "expected lock_enqueue=False or 'replace'"),
         ({"debounce": 1, "enqueue": "replce"}, "did you mean 'replace'?"),
