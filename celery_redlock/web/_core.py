@@ -285,7 +285,13 @@ class Dashboard:
         except LockConfigError as exc:
             self._config_error = str(exc)
             raise
-        return sorted(name for name in names if not name.startswith("celery."))
+        # Only names a filter accepts (check_filter): a name with U+202E was suggested raw,
+        # and choosing it was refused.
+        return sorted(
+            name
+            for name in names
+            if not name.startswith("celery.") and name.isprintable() and not {"{", "}"} & set(name)
+        )
 
     def stats_page(self, form: dict[str, str], base: str = "") -> tuple[int, str]:
         try:

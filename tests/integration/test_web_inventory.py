@@ -423,6 +423,18 @@ def test_invisible_and_bidi_characters_are_shown_escaped(redis_url: str, r: redi
     assert f'name="key" value="{key}"' in body  # what the action posts: the key itself
     status, stats = board.stats_page({}, "")
     assert status == 200 and "\u202e" not in stats and "papp.report\\u202e" in stats
+    # A task so named: the filter's suggestions carried it raw, and choosing it gave "the
+    # filter must be printable". A name no filter accepts is not suggested; the filter box
+    # shows it escaped.
+
+    def report() -> None: ...
+
+    app.task(name=name, shared=False)(report)
+    for page in (board.locks_page, board.timeline_page):
+        status, body = page({}, {"csrf_token": "x"})
+        assert status == 200 and '<option value="papp.report' not in body, body
+        body = page({"task": name}, {"csrf_token": "x"})[1]
+        assert 'list="tasks" value="papp.report\\u202etxt.exe\\u200b"' in body
     app.close()
 
 

@@ -120,6 +120,13 @@ def test_a_lock_of_a_long_name_is_released_from_its_row(
         longer = ops.post("/action/release", data={**form, "key": "k" * 4097})
         assert longer.status_code == 400
         assert "the key is 4097 characters; at most 4096" in longer.text
+        # The row of a longer key offered a Release button that could only answer that 400.
+        beyond = dead_lock(r, f"{TASK}:{'m' * 5000}")
+        shown = ops.get("/", params={"prefix": f"{TASK}:mmmm"}).text
+        row = re.search(r'<tr data-key="[^"]+">.*?</tr>', shown, re.S)
+        assert row is not None and "<form" not in row.group(0), shown
+        assert "key over 4096 characters: <code>celery redlock release KEY</code>" in row.group(0)
+        assert r.exists(beyond)
 
 
 def test_a_session_ends_with_its_token_and_its_lifetime(
