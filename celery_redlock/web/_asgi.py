@@ -185,25 +185,34 @@ def create_app(
         status, body = await run_in_threadpool(board.locks_page, query, form, base(request))
         return page(request, status, body, cookie)
 
-    def refuse_post(request: Request, data: Any) -> Response | None:
+    def refuse_cross(request: Request) -> Response | None:
+        """A POST's checks that need no body: the ``Host``, then the ``Origin``."""
         refused = foreign(request)
         if refused is not None:
             return refused
         own = f"{request.url.scheme}://{request.url.netloc}"
         if not origin_ok(request.headers.get("origin"), request.headers.get("sec-fetch-site"), own):
             return PlainTextResponse("refused: cross-origin request", status_code=403)
+        return None
+
+    def refuse_csrf(request: Request, data: Any) -> Response | None:
         if not guard.csrf_ok(request.cookies.get(CSRF_COOKIE), data.get(CSRF_FIELD)):
             return PlainTextResponse("refused: missing or wrong CSRF token", status_code=403)
         return None
 
     async def action(request: Request) -> Response:
-        data = await request.form()
-        refused = refuse_post(request, data)
+        # Who asks is known from the headers: a body (a 200 MB upload) is read only for a
+        # signed-in user.
+        refused = refuse_cross(request)
         if refused is not None:
             return refused
         actor = await who(request)
         if actor is None:
             return unauthenticated(request)
+        data = await request.form()
+        refused = refuse_csrf(request, data)
+        if refused is not None:
+            return refused
         fields = {k: str(v) for k, v in data.items() if isinstance(v, str)}
         name = request.path_params["name"]
         result = await run_in_threadpool(board.act, name, fields, actor)
@@ -225,8 +234,11 @@ def create_app(
         form = {CSRF_FIELD: guard.csrf_token(cookie)}
         error = None
         if request.method == "POST":
+            refused = refuse_cross(request)
+            if refused is not None:
+                return refused
             data = await request.form()
-            refused = refuse_post(request, data)
+            refused = refuse_csrf(request, data)
             if refused is not None:
                 return refused
             session = guard.login(str(data.get("token", "")))
@@ -250,8 +262,11 @@ def create_app(
         """End this browser's session: its cookie is deleted. (The session is signed, not
         stored: a copy of the cookie taken elsewhere lasts its lifetime, or until the token
         is rotated.)"""
+        refused = refuse_cross(request)
+        if refused is not None:
+            return refused
         data = await request.form()
-        refused = refuse_post(request, data)
+        refused = refuse_csrf(request, data)
         if refused is not None:
             return refused
         response = RedirectResponse(f"{base(request)}/login", status_code=303)
