@@ -24,6 +24,7 @@ lock URL from ``REDLOCK_TEST_WEB_BENCH_URL``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -188,10 +189,22 @@ def one_setup(label: str, url: str, nodes: list[redis_py.Redis], route: Any, n: 
     }
 
 
-def main() -> None:
-    asked = os.environ.get("REDLOCK_TEST_WEB_BENCH_SIZES", "100000,1000000")
-    sizes = [int(s) for s in asked.split(",")]
-    cluster_size = int(os.environ.get("REDLOCK_TEST_WEB_BENCH_CLUSTER", "1000000"))
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument(
+        "--sizes",
+        default=os.environ.get("REDLOCK_TEST_WEB_BENCH_SIZES", "100000,1000000"),
+        help="held locks on one server, comma-separated (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--cluster",
+        type=int,
+        default=int(os.environ.get("REDLOCK_TEST_WEB_BENCH_CLUSTER", "1000000")),
+        help="held locks on a 3-primary Cluster, 0 for none (default: %(default)s)",
+    )
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    cluster_size = args.cluster
     out: dict[str, Any] = {
         "machine": f"{platform.node()} ({os.cpu_count()} CPUs, {platform.platform()})",
         "python": platform.python_version(),
