@@ -38,6 +38,21 @@ PYTHONS = ("3.10", "3.11", "3.12", "3.13")
 #: hands the asyncio lock a connection the server closed (its pool reads the end of the
 #: stream as "no data"), and 5.0.0 also breaks pub/sub through Sentinel.
 LOWEST = ["celery==5.3.0", "kombu==5.3.0", "redis==5.0.8"]
+#: The extras' floors (pyproject.toml), with the oldest FastAPI those accept (the mount tests
+#: need one: 0.110.1 is the first on Starlette 0.37.2), and the valkey client's.
+LOWEST_EXTRAS = [
+    "starlette==0.37.2",
+    "jinja2==3.1.2",
+    "uvicorn==0.29.0",
+    "python-multipart==0.0.9",
+    "fastapi==0.110.1",
+    "opentelemetry-api==1.20.0",
+    "opentelemetry-sdk==1.20.0",
+    "opentelemetry-instrumentation-celery==0.41b0",
+    "setuptools<81",  # its pkg_resources, which it does not declare
+    "prometheus-client==0.17.0",
+    "valkey==6.0.0",
+]
 LOWEST_PYTHON = "3.10"
 #: The tiers a session runs unless told otherwise (``nox -s ... -- tests/path``): the whole
 #: suite takes about 2.5 minutes on 2 cores, unit and integration about 1 minute.
@@ -117,9 +132,10 @@ for _version in PYTHONS:
 
 @nox.session(python=interpreter(LOWEST_PYTHON), reuse_venv=True)
 def lowest(session: nox.Session) -> None:
-    """The oldest celery, kombu and redis-py we accept, on the oldest Python."""
+    """The oldest celery, kombu and redis-py we accept, on the oldest Python, with the
+    extras' floors."""
     session.install("-e", ".[test]")
-    session.install(*LOWEST)
+    session.install(*LOWEST, *LOWEST_EXTRAS)
     pytest(session, LOWEST_TESTS, SYSTEM_REDIS)
 
 
