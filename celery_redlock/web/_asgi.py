@@ -70,6 +70,11 @@ def host_of(header: str) -> str:
     return header.rpartition(":")[0] if ":" in header else header
 
 
+#: The most fields a form of the dashboard posts (it posts no file: a file part is refused
+#: with a 400 as soon as it starts, so a large upload is never read, nor spooled to disk).
+FORM_FIELDS = 16
+
+
 def create_app(
     app: Any,
     *,
@@ -209,7 +214,7 @@ def create_app(
         actor = await who(request)
         if actor is None:
             return unauthenticated(request)
-        data = await request.form()
+        data = await request.form(max_files=0, max_fields=FORM_FIELDS)
         refused = refuse_csrf(request, data)
         if refused is not None:
             return refused
@@ -237,7 +242,7 @@ def create_app(
             refused = refuse_cross(request)
             if refused is not None:
                 return refused
-            data = await request.form()
+            data = await request.form(max_files=0, max_fields=FORM_FIELDS)
             refused = refuse_csrf(request, data)
             if refused is not None:
                 return refused
@@ -265,11 +270,13 @@ def create_app(
         refused = refuse_cross(request)
         if refused is not None:
             return refused
-        data = await request.form()
+        response = RedirectResponse(f"{base(request)}/login", status_code=303)
+        if await who(request) is None:  # no session to end: its body is not read
+            return response
+        data = await request.form(max_files=0, max_fields=FORM_FIELDS)
         refused = refuse_csrf(request, data)
         if refused is not None:
             return refused
-        response = RedirectResponse(f"{base(request)}/login", status_code=303)
         response.delete_cookie(
             SESSION_COOKIE,
             path=base(request) or "/",

@@ -285,12 +285,15 @@ class Dashboard:
         except LockConfigError as exc:
             self._config_error = str(exc)
             raise
-        # Only names a filter accepts (check_filter): a name with U+202E was suggested raw,
-        # and choosing it was refused.
+        # Only the tasks a filter can select (check_filter, on the name and on the prefix it
+        # selects): a name with U+202E, or a lock_name of 200 characters, was suggested, and
+        # choosing it was refused.
         return sorted(
             name
             for name in names
-            if not name.startswith("celery.") and name.isprintable() and not {"{", "}"} & set(name)
+            if not name.startswith("celery.")
+            and _filterable(name)
+            and _filterable(lock_name_of(self.app, name) + ":")
         )
 
     def stats_page(self, form: dict[str, str], base: str = "") -> tuple[int, str]:
@@ -511,12 +514,26 @@ _NOT_RELEASED = {
 }
 
 
+def _filterable(text: str) -> bool:
+    """Whether ``text`` passes :func:`check_filter` (printable, no braces, not too long)."""
+    try:
+        check_filter(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _name_prefix(task: str, lock_name: str, prefix: str) -> str:
     """The name prefix the filters select: a task's names start with ``<lock_name>:``, its
     ``lock_name`` or else its own name (tasks sharing a ``lock_name`` share their locks)."""
     if not task:
         return prefix
     head = lock_name + ":"
+    if not _filterable(head):
+        raise ValueError(
+            f"the task {task!r} locks under a lock_name of {len(lock_name)} characters, which "
+            f"no filter can select (at most {MAX_FILTER}); filter by a name prefix of it"
+        )
     if not prefix or head.startswith(prefix):
         return head
     if prefix.startswith(head):

@@ -385,6 +385,23 @@ def test_a_task_with_a_lock_name_is_found_by_its_task_name(
     app.close()
 
 
+def test_a_task_whose_lock_name_no_filter_can_select_is_not_suggested(redis_url: str) -> None:
+    """A ``lock_name`` of 250 characters: the task was suggested, and choosing it answered
+    "the filter is 251 characters; at most 200" for a filter of 11 the user typed."""
+    app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
+
+    @app.task(base=LockedTask, name="proj.report", lock_name="r" * 250, shared=False)
+    def report() -> None: ...
+
+    board = Dashboard(app, ping_timeout=0.2)
+    status, body = board.locks_page({}, {"csrf_token": "x"})
+    assert status == 200 and '<option value="proj.report">' not in body
+    status, body = board.locks_page({"task": "proj.report"}, {"csrf_token": "x"})
+    assert status == 400 and "locks under a lock_name of 250 characters" in body
+    assert "filter by a name prefix of it" in body
+    app.close()
+
+
 def test_a_semaphores_slots_show_their_shared_counter_as_a_bound(redis_url: str) -> None:
     """The slots of a semaphore share one fencing counter: slot 1 showed the token slot 2
     took later, as if it were its own. Each slot shows it as the bound it is, one kept by a

@@ -175,6 +175,21 @@ def test_a_session_ends_at_log_out_and_no_page_is_cached(celery_app: Celery) -> 
         assert "Log out" not in browser.get(f"{base}/login").text
 
 
+def test_an_anonymous_upload_is_never_read(celery_app: Celery) -> None:
+    """``/login`` and ``/logout`` read any body, a multipart upload spooled to disk (500 MB in
+    2.4 s), before answering a stranger "missing or wrong CSRF token". No form of the
+    dashboard posts a file: a file part is refused (400) as soon as it starts, and a logout
+    without a session is answered from its headers."""
+    board = create_app(celery_app, credentials=Credentials(token=TOKEN))
+    big = {"upload": ("big.bin", b"x" * 5_000_000, "application/octet-stream")}
+    with served(board) as base, httpx.Client() as stranger:
+        login = stranger.post(f"{base}/login", files=big, headers={"Origin": base})
+        assert login.status_code == 400 and "files" in login.text
+        out = stranger.post(f"{base}/logout", files=big, headers={"Origin": base})
+        assert out.status_code == 303 and out.headers["location"] == "/login"
+        assert "set-cookie" not in out.headers
+
+
 def test_a_posted_key_cannot_forge_an_audit_line(
     celery_app: Celery,
     actions: list[dict[str, Any]],
