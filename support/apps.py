@@ -23,6 +23,7 @@ Environment: every variable the suite, the benchmarks and the checkers read is n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -104,11 +105,24 @@ class DownBroker:
             except OSError:  # closed
                 return
             self.connections += 1
-            connection.close()
+            with connection:
+                self._answer(connection)
+
+    def _answer(self, connection: socket.socket) -> None:
+        """What the port does with a connection before it closes it: nothing."""
 
     def close(self) -> None:
         self._socket.shutdown(socket.SHUT_RDWR)  # wakes the accept (Linux)
         self._socket.close()
+
+
+class NotRedis(DownBroker):
+    """A port where another service answers (an HTTP server): to anything sent, an HTTP 400."""
+
+    def _answer(self, connection: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            connection.recv(4096)
+            connection.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
 
 
 class SilentBroker:

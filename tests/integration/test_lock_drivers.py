@@ -39,7 +39,7 @@ from celery_redlock._redis.core import Extended
 from celery_redlock._redis.nodes import SingleNode
 from celery_redlock._redis.owner import parse
 from celery_redlock.testing import RedisServer
-from support.apps import lock_keys
+from support.apps import NotRedis, lock_keys
 from support.clock import FakeClock
 
 HAS_VALKEY = importlib.util.find_spec("valkey") is not None
@@ -574,29 +574,6 @@ def test_a_server_down_gives_lock_unavailable_naming_it(d: Driver) -> None:
     assert lock.attempts == 1  # a try the server never answered is a try all the same
 
 
-class NotRedis:
-    """A port where another service answers (an HTTP server): to anything sent, an HTTP 400."""
-
-    def __init__(self) -> None:
-        self._socket = socket.create_server(("127.0.0.1", 0))
-        self.port = self._socket.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                connection, _ = self._socket.accept()
-            except OSError:  # closed
-                return
-            with connection, contextlib.suppress(OSError):
-                connection.recv(4096)
-                connection.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
-
-    def close(self) -> None:
-        self._socket.shutdown(socket.SHUT_RDWR)  # wakes the accept (Linux)
-        self._socket.close()
-
-
 def test_a_service_that_is_not_redis_gives_lock_unavailable_naming_it(d: Driver) -> None:
     """The URL's port holds another service: redis-py's ``InvalidResponse`` ("Protocol
     Error") reached the caller raw, and a task failed at once, though the worker had said
@@ -604,8 +581,8 @@ def test_a_service_that_is_not_redis_gives_lock_unavailable_naming_it(d: Driver)
     naming the URL."""
     other = NotRedis()
     try:
-        lock = d.lock(f"redis://127.0.0.1:{other.port}/0", "not-redis", ttl=10)
-        with pytest.raises(LockUnavailable, match=f"127.0.0.1:{other.port}"):
+        lock = d.lock(f"{other.url}/0", "not-redis", ttl=10)
+        with pytest.raises(LockUnavailable, match=other.url.removeprefix("redis://")):
             d(lock.acquire(blocking=False))
     finally:
         other.close()
