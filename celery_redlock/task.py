@@ -28,7 +28,7 @@ import inspect
 import logging
 from typing import Any
 
-from celery import Task, states
+from celery import Task
 from celery.backends.rpc import RPCBackend
 from kombu.utils.uuid import uuid
 
@@ -154,11 +154,7 @@ class LockedTask(Task):  # type: ignore[misc]
         marked = False
         try:
             queued = engine.mark_queued(self, args, kwargs, task_id)
-            if (
-                queued is not None
-                and queued != task_id
-                and engine.stored_state(self, queued) in states.READY_STATES
-            ):
+            if queued is not None and queued != task_id and engine.has_ended(self, queued):
                 engine.clear_queued(self, args, kwargs, queued)  # only if still that call's
                 queued = engine.mark_queued(self, args, kwargs, task_id)
             marked = queued is None

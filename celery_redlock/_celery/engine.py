@@ -152,6 +152,10 @@ def _until_executed(
     except Retry:
         task_id = None
         raise
+    except BaseException as exc:
+        if left_to_parent(task, exc):
+            task_id = None
+        raise
     finally:
         if task_id is not None:
             clear_queued(task, args, kwargs, task_id)
@@ -197,11 +201,30 @@ def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
         taken = _take(task, request, spec, settings, name, header)
     except Retry:
         raise
-    except BaseException:
-        _clear_queued(task, settings, name, request.id)
+    except BaseException as exc:
+        if not left_to_parent(task, exc):
+            _clear_queued(task, settings, name, request.id)
         raise
     _clear_queued(task, settings, name, request.id)
     return taken
+
+
+def left_to_parent(task: Any, exc: BaseException) -> bool:
+    """Whether a pool child unwinding with ``exc`` leaves the call's queued marker to the
+    worker's main process (:func:`~celery_redlock._celery.parent.settle_marker`), which
+    knows whether Celery queues the call again.
+
+    The child is being stopped (``SystemExit``: billiard's SIGTERM at a hard time limit, a
+    ``revoke(terminate=True)``, a shutdown) and the call may come back: under ``acks_late``
+    its message is requeued or redelivered, under ``task_retry_on_worker_lost`` sent again.
+    Timeline if the child cleared it: (1) X, ``until_executed``, hits its hard limit; (2) its
+    child unwinds on SIGTERM and clears X's marker; (3) Celery requeues X; (4) a ``delay()``
+    of the key finds no marker and publishes Y beside the queued X. An acknowledged call
+    that is not sent again is gone: its child clears the marker itself.
+    """
+    if not isinstance(exc, (SystemExit, KeyboardInterrupt)):
+        return False
+    return bool(task.acks_late or getattr(task, "retry_on_worker_lost", False))
 
 
 def _take(task: Any, request: Any, spec: Spec, settings: Settings, name: str, header: Any) -> bool:
@@ -442,6 +465,31 @@ def _drop_if_ended(task: Any, request: Any, header: Mapping[str, Any]) -> None:
             request.id,
         )
         raise Ignore()
+
+
+def has_ended(task: Any, task_id: str) -> bool:
+    """Whether the result backend says the call ``task_id`` has ended (a ready state), for
+    :meth:`~celery_redlock.LockedTask.apply_async` to replace its queued marker.
+
+    Not a hard time limit's ``FAILURE`` under ``acks_late`` with
+    ``task_acks_on_failure_or_timeout`` off: Celery 5.7 stores it, then queues the call again.
+    Timeline without this: (1) X hits its hard limit; (2) Celery stores FAILURE and requeues
+    X; (3) a ``delay()`` of the key reads FAILURE, takes X for ended, and publishes Y beside
+    the queued X. (Celery 5.3 does not requeue it: the main process clears that marker.)
+    """
+    backend = task.backend
+    if not getattr(backend, "persistent", False):
+        return False
+    try:
+        meta = backend.get_task_meta(task_id)
+    except Exception:
+        return False
+    state = meta.get("status")
+    if state not in states.READY_STATES:
+        return False
+    requeues = task.acks_late and not task.acks_on_failure_or_timeout
+    timed_out = type(meta.get("result")).__name__ == "TimeLimitExceeded"
+    return not (state == states.FAILURE and timed_out and requeues)
 
 
 def stored_state(task: Any, task_id: str) -> str | None:

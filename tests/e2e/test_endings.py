@@ -445,9 +445,10 @@ def test_a_child_killed_while_its_queued_call_waits_leaves_no_marker(env: Env, a
         assert ended == key if acks_late else type(ended).__name__ == "WorkerLostError"
 
 
+@pytest.mark.parametrize("how", ["sleep_noterm", "sleep"], ids=["killed", "unwinds"])
 @pytest.mark.parametrize("acks", ["1", "timeout"], ids=["reject-on-lost", "requeue-timeout"])
 def test_the_marker_of_a_call_killed_at_its_hard_limit_follows_celerys_decision(
-    env: Env, acks: str
+    env: Env, acks: str, how: str
 ) -> None:
     """``lock_enqueue="until_executed"``: a run that cannot unwind on SIGTERM is killed at its
     hard time limit, and the worker's main process settles its marker as Celery settled the
@@ -457,13 +458,15 @@ def test_the_marker_of_a_call_killed_at_its_hard_limit_follows_celerys_decision(
     ``acks_late`` with ``task_acks_on_failure_or_timeout`` off, Celery 5.7 queues the call
     again, and the marker was cleared under it: a second call could be published while it
     was queued. The queued copy waits for the dead run's lock, so it starts only after the main
-    process acted; it records the marker it found."""
-    key = f"k-marker-hard-{acks}"
+    process acted; it records the marker it found. A body that unwinds on billiard's SIGTERM
+    (``how="sleep"``) cleared the marker in the child, whatever Celery did next: the child
+    leaves it to the main process."""
+    key = f"k-marker-hard-{acks}-{how}"
     requeued = acks == "timeout" and CELERY_57
     with env.worker("w1", concurrency=2, env={"REDLOCK_TEST_ACKS_LATE": acks}) as worker:
         name = "tests.e2e.proj.executed_waiter"
         call = env.client.send_task(
-            name, kwargs={"key": key, "how": "sleep_noterm", "duration": 30.0}, time_limit=1.5
+            name, kwargs={"key": key, "how": how, "duration": 30.0}, time_limit=1.5
         )
         start = env.started(key)
         marker = f"{env.lock_key(call.id)}:queued"

@@ -16,6 +16,7 @@ import celery.worker.control
 import pytest
 import redis as redis_py
 from celery import Celery, Task, chain, chord, group
+from celery.exceptions import TimeLimitExceeded
 
 from celery_redlock import LockedTask, lock_key
 from celery_redlock.testing import RedisServer, free_port, wait_until
@@ -460,6 +461,33 @@ def test_a_call_after_a_revoke_is_not_swallowed_by_the_revoked_calls_marker(
         third = keep.apply_async((12,), countdown=3600)  # a live queued call still de-dups
         assert keep.delay(12).id == third.id
         third.revoke()
+
+
+@pytest.mark.parametrize("requeues", [True, False], ids=["requeued-timeout", "acked-timeout"])
+def test_a_hard_limit_failure_that_celery_requeues_keeps_its_marker(
+    app: Celery, r: redis_py.Redis, requeues: bool
+) -> None:
+    """Celery 5.7 stores FAILURE (``TimeLimitExceeded``) for a call that hit its hard time
+    limit, then queues it again when it runs under ``acks_late`` with
+    ``task_acks_on_failure_or_timeout`` off. A ``delay()`` took that call for ended, replaced
+    its marker and published a second call beside it. It is still the queued call; a timed
+    out call that is acknowledged has ended."""
+
+    @app.task(
+        base=LockedTask,
+        lock_enqueue="until_executed",
+        acks_late=True,
+        acks_on_failure_or_timeout=not requeues,
+        name="enq.limited",
+    )
+    def limited(n: int) -> int:
+        return n
+
+    first = limited.delay(1)  # no worker: it stays queued, and its marker names it
+    app.backend.mark_as_failure(first.id, TimeLimitExceeded(1.5))  # as the worker stores it
+    again = limited.delay(1)
+    assert (again.id == first.id) is requeues
+    assert r.get(queued_key(limited, 1)) == (first.id if requeues else again.id).encode()
 
 
 def test_a_marker_left_by_an_ended_call_is_replaced(app: Celery, r: redis_py.Redis) -> None:
