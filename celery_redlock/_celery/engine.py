@@ -477,31 +477,30 @@ def has_ended(task: Any, task_id: str) -> bool:
     X; (3) a ``delay()`` of the key reads FAILURE, takes X for ended, and publishes Y beside
     the queued X. (Celery 5.3 does not requeue it: the main process clears that marker.)
     """
-    backend = task.backend
-    if not getattr(backend, "persistent", False):
-        return False
-    try:
-        meta = backend.get_task_meta(task_id)
-    except Exception:
-        return False
-    state = meta.get("status")
-    if state not in states.READY_STATES:
+    meta = _stored(task, task_id)
+    if meta is None or meta.get("status") not in states.READY_STATES:
         return False
     requeues = task.acks_late and not task.acks_on_failure_or_timeout
     timed_out = type(meta.get("result")).__name__ == "TimeLimitExceeded"
-    return not (state == states.FAILURE and timed_out and requeues)
+    return not (meta["status"] == states.FAILURE and timed_out and requeues)
 
 
 def stored_state(task: Any, task_id: str) -> str | None:
-    """The state the result backend keeps for ``task_id``; ``None`` without a backend that
-    keeps states (none, or ``rpc://``, whose answer for another client's call is only what
-    its own queue holds), or when the backend does not answer (the caller then goes on as it
-    would without it)."""
+    """The state the result backend keeps for ``task_id`` (see :func:`_stored`)."""
+    meta = _stored(task, task_id)
+    return None if meta is None else str(meta.get("status"))
+
+
+def _stored(task: Any, task_id: str) -> dict[str, Any] | None:
+    """What the result backend keeps for ``task_id``; ``None`` without a backend that keeps
+    states (none, or ``rpc://``, whose answer for another client's call is only what its own
+    queue holds), or when the backend does not answer (the caller then goes on as it would
+    without it)."""
     backend = task.backend
     if not getattr(backend, "persistent", False):
         return None
     try:
-        return str(backend.get_state(task_id))
+        return dict(backend.get_task_meta(task_id))
     except Exception:
         return None
 
