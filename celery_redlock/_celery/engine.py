@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
+import celery
 from celery import current_task, states
 from celery.exceptions import Ignore, Reject, Retry
 
@@ -220,9 +221,12 @@ def left_to_parent(task: Any, exc: BaseException) -> bool:
     Timeline if the child cleared it: (1) X, ``until_executed``, hits its hard limit; (2) its
     child unwinds on SIGTERM and clears X's marker; (3) Celery requeues X; (4) a ``delay()``
     of the key finds no marker and publishes Y beside the queued X. An acknowledged call
-    that is not sent again is gone: its child clears the marker itself.
+    that is not sent again is gone: its child clears the marker itself. So does any other
+    pool (threads, solo, gevent), where no main process settles it: a ``SystemExit`` there is
+    the body's own (``sys.exit()``), and under ``task_retry_on_worker_lost`` nothing sends
+    that call again.
     """
-    if not isinstance(exc, (SystemExit, KeyboardInterrupt)):
+    if not state.pool_children or not isinstance(exc, (SystemExit, KeyboardInterrupt)):
         return False
     return bool(task.acks_late or getattr(task, "retry_on_worker_lost", False))
 
@@ -467,20 +471,26 @@ def _drop_if_ended(task: Any, request: Any, header: Mapping[str, Any]) -> None:
         raise Ignore()
 
 
+#: Whether Celery may requeue a call that hit its hard time limit (5.7 and later, as its
+#: ``acks_on_timeout`` says; a bound task has it set from the settings).
+_REQUEUES_TIMEOUTS = celery.VERSION >= (5, 7)
+
+
 def has_ended(task: Any, task_id: str) -> bool:
     """Whether the result backend says the call ``task_id`` has ended (a ready state), for
     :meth:`~celery_redlock.LockedTask.apply_async` to replace its queued marker.
 
-    Not a hard time limit's ``FAILURE`` under ``acks_late`` with
-    ``task_acks_on_failure_or_timeout`` off: Celery 5.7 stores it, then queues the call again.
-    Timeline without this: (1) X hits its hard limit; (2) Celery stores FAILURE and requeues
-    X; (3) a ``delay()`` of the key reads FAILURE, takes X for ended, and publishes Y beside
-    the queued X. (Celery 5.3 does not requeue it: the main process clears that marker.)
+    Not a hard time limit's ``FAILURE`` that Celery requeues: Celery 5.7, under ``acks_late``
+    with ``task_acks_on_timeout`` (or the older ``task_acks_on_failure_or_timeout``) off,
+    stores it, then queues the call again. Timeline without this: (1) X hits its hard limit;
+    (2) Celery stores FAILURE and requeues X; (3) a ``delay()`` of the key reads FAILURE,
+    takes X for ended, and publishes Y beside the queued X. Celery before 5.7 has no
+    ``acks_on_timeout`` and never requeues a timed-out call: that FAILURE is its end.
     """
     meta = _stored(task, task_id)
     if meta is None or meta.get("status") not in states.READY_STATES:
         return False
-    requeues = task.acks_late and not task.acks_on_failure_or_timeout
+    requeues = _REQUEUES_TIMEOUTS and task.acks_late and task.acks_on_timeout is False
     timed_out = type(meta.get("result")).__name__ == "TimeLimitExceeded"
     return not (meta["status"] == states.FAILURE and timed_out and requeues)
 

@@ -18,6 +18,9 @@ class WorkerState:
     time_limit: float | None = None
     #: Whether the pool enforces hard time limits; ``False`` outside a worker (eager, apply).
     enforces_limits: bool = False
+    #: Whether executions run in prefork pool children, whose main process settles the queued
+    #: marker of a call whose child died (``_celery.parent``); ``False`` in any other pool.
+    pool_children: bool = False
     #: Whether the worker sends task events (``-E``): then contention sends ``redlock-*``.
     task_events: bool = False
 

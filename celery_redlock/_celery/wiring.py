@@ -158,6 +158,7 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
     """In the worker's main process, before the pool forks."""
     pool_cls = get_implementation(sender.pool_cls)
     state.enforces_limits = pool_cls.__module__ in _ENFORCING_POOLS
+    state.pool_children = pool_cls.__module__ == "celery.concurrency.prefork"
     state.time_limit = float(sender.time_limit) if sender.time_limit else None
     state.task_events = bool(sender.task_events)
     sender.app.steps["worker"].add(CrossCheck)

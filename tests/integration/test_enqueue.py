@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import celery
 import celery.worker.control
 import pytest
 import redis as redis_py
@@ -463,31 +465,59 @@ def test_a_call_after_a_revoke_is_not_swallowed_by_the_revoked_calls_marker(
         third.revoke()
 
 
-@pytest.mark.parametrize("requeues", [True, False], ids=["requeued-timeout", "acked-timeout"])
+@pytest.mark.parametrize(
+    ("option", "acks"),
+    [
+        ("acks_on_failure_or_timeout", False),
+        ("acks_on_timeout", False),  # Celery 5.7's spelling
+        ("acks_on_failure_or_timeout", True),
+    ],
+)
 def test_a_hard_limit_failure_that_celery_requeues_keeps_its_marker(
-    app: Celery, r: redis_py.Redis, requeues: bool
+    app: Celery, r: redis_py.Redis, option: str, acks: bool
 ) -> None:
     """Celery 5.7 stores FAILURE (``TimeLimitExceeded``) for a call that hit its hard time
-    limit, then queues it again when it runs under ``acks_late`` with
-    ``task_acks_on_failure_or_timeout`` off. A ``delay()`` took that call for ended, replaced
-    its marker and published a second call beside it. It is still the queued call; a timed
-    out call that is acknowledged has ended."""
+    limit, then queues it again when it runs under ``acks_late`` with ``acks_on_timeout`` off
+    (or the older ``acks_on_failure_or_timeout``). A ``delay()`` took that call for ended,
+    replaced its marker and published a second call beside it. It is still the queued call.
+    A timed-out call that is acknowledged (and every one before Celery 5.7) has ended."""
 
     @app.task(
         base=LockedTask,
         lock_enqueue="until_executed",
         acks_late=True,
-        acks_on_failure_or_timeout=not requeues,
-        name="enq.limited",
+        name=f"enq.limited_{option}_{acks}",
+        **{option: acks},
     )
     def limited(n: int) -> int:
         return n
 
+    requeues = not acks and celery.VERSION >= (5, 7)
     first = limited.delay(1)  # no worker: it stays queued, and its marker names it
     app.backend.mark_as_failure(first.id, TimeLimitExceeded(1.5))  # as the worker stores it
     again = limited.delay(1)
     assert (again.id == first.id) is requeues
     assert r.get(queued_key(limited, 1)) == (first.id if requeues else again.id).encode()
+
+
+def test_a_body_that_exits_in_a_thread_pool_clears_its_marker(
+    app: Celery, r: redis_py.Redis
+) -> None:
+    """A ``sys.exit()`` in a body (argparse, click) on a threads (or solo) pool: the marker
+    was left for the worker's main process, as for a prefork child stopped by SIGTERM, but no
+    main process settles it there, and every later ``delay()`` of the key was given the
+    ended call's id for an hour."""
+    ran = threading.Event()
+
+    @app.task(base=LockedTask, lock_enqueue="until_executed", acks_late=True, name="enq.exits")
+    def exits(n: int) -> None:
+        ran.set()
+        raise SystemExit(3)
+
+    with running_worker(app):
+        exits.delay(1)
+        assert ran.wait(10)
+        wait_until(lambda: not r.exists(queued_key(exits, 1)), 10, "the marker cleared")
 
 
 def test_a_marker_left_by_an_ended_call_is_replaced(app: Celery, r: redis_py.Redis) -> None:
