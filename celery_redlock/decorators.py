@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, overload
 
@@ -61,6 +60,7 @@ from ._celery.options import (
     LockBy,
     Policy,
     check_unknown,
+    in_keywords,
     parameters_of,
     validate_options,
 )
@@ -136,22 +136,6 @@ def _runs(task: Any, wrapper: Any) -> bool:
     return getattr(run, "__func__", run) is wrapper
 
 
-#: A task option's name in a message (``lock_ttl``), and the word before it.
-_OPTION_NAME = re.compile(
-    r"(?<!['\"])\b(?:(option) )?lock_(" + "|".join(sorted(OPTIONS, key=len, reverse=True)) + r")\b"
-)
-
-
-def _in_keywords(owner: str, message: str) -> str:
-    """A message of the options' checks in the decorator's words: ``option lock_ttl='x'``
-    becomes ``@single_instance keyword ttl='x'`` (the user wrote ``ttl=``). The owner (the
-    function's own name) and the values shown are left as they are."""
-    head, rest = (owner, message[len(owner) :]) if message.startswith(owner) else ("", message)
-    return head + _OPTION_NAME.sub(
-        lambda m: ("@single_instance keyword " if m[1] else "") + m[2], rest
-    )
-
-
 def _decorate(fun: Any, options: dict[str, Any]) -> Any:
     if isinstance(fun, (str, list, tuple)):  # @single_instance(["account_id"])
         raise TypeError(
@@ -182,7 +166,7 @@ def _decorate(fun: Any, options: dict[str, Any]) -> Any:
     try:
         validated = validate_options(owner, raw, parameters_of(fun, bound=False))
     except LockConfigError as exc:
-        raise LockConfigError(_in_keywords(owner, str(exc))) from exc.__cause__
+        raise LockConfigError(in_keywords(owner, str(exc))) from exc.__cause__
 
     @functools.wraps(fun)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

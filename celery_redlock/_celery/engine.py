@@ -237,7 +237,7 @@ def _take(task: Any, request: Any, spec: Spec, settings: Settings, name: str, he
         spec = calls.call_spec(spec, header)
     options = spec.options
     if task.__dict__.get(_CHECKED) is not settings:
-        cross_check(spec.owner, options, settings)
+        cross_check(spec.owner, options, settings, spec.keywords)
         task.__dict__[_CHECKED] = settings
     if header and calls.bypassed(header):
         return _bypass(task, settings, name, request)

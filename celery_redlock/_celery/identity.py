@@ -274,6 +274,8 @@ class Spec:
     bound: bool
     #: ``"task <name>"``: how messages name the task.
     owner: str
+    #: Whether the options are ``@single_instance``'s keywords (messages name them so).
+    keywords: bool = False
 
     @functools.cached_property
     def names(self) -> tuple[str, ...]:
@@ -364,7 +366,8 @@ def spec_of(task: Any) -> Spec | None:
         params = parameters_of(fun, bound)
         if bound:
             _check_bound_by(task.name, fun, options, params)
-        spec = Spec(options, params, bound, f"task {task.name}")
+        keywords = getattr(fun, OPTIONS_ATTR, None) is not None
+        spec = Spec(options, params, bound, f"task {task.name}", keywords)
         expected = tuple(e for e in (LockContended, LockUnavailable) if e not in task.throws)
         if expected:
             task.throws = (*task.throws, *expected)

@@ -29,6 +29,7 @@ import dataclasses
 import difflib
 import inspect
 import logging
+import re
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -462,8 +463,36 @@ def _check_mixes(owner: str, values: Mapping[str, Any]) -> None:
         )
 
 
-def cross_check(owner: str, options: TaskLockOptions, settings: Settings) -> None:
-    """Reject task options that cannot work with the app's settings (LockConfigError)."""
+#: A task option's name in a message (``lock_ttl``), and the word before it.
+_OPTION_NAME = re.compile(
+    r"(?<!['\"])\b(?:(option) )?lock_(" + "|".join(sorted(OPTIONS, key=len, reverse=True)) + r")\b"
+)
+
+
+def in_keywords(owner: str, message: str) -> str:
+    """A message of the options' checks in ``@single_instance``'s words: ``option
+    lock_ttl='x'`` becomes ``@single_instance keyword ttl='x'`` (the user wrote ``ttl=``).
+    The owner (the function's own name) and the values shown are left as they are."""
+    head, rest = (owner, message[len(owner) :]) if message.startswith(owner) else ("", message)
+    return head + _OPTION_NAME.sub(
+        lambda m: ("@single_instance keyword " if m[1] else "") + m[2], rest
+    )
+
+
+def cross_check(
+    owner: str, options: TaskLockOptions, settings: Settings, keywords: bool = False
+) -> None:
+    """Reject task options that cannot work with the app's settings (LockConfigError);
+    ``keywords``: the options are ``@single_instance``'s, and the message names them so."""
+    try:
+        _cross_check(owner, options, settings)
+    except LockConfigError as exc:
+        if not keywords:
+            raise
+        raise LockConfigError(in_keywords(owner, str(exc))) from None
+
+
+def _cross_check(owner: str, options: TaskLockOptions, settings: Settings) -> None:
     if (options.limit or 1) > 1 and isinstance(settings.url, tuple):
         raise LockConfigError(
             f"{owner}: option lock_limit={options.limit} is invalid with a Redlock quorum "

@@ -105,7 +105,7 @@ def check_app(app: Any) -> None:
     if specs:
         settings = settings_for(app)
         for spec in specs:
-            cross_check(spec.owner, spec.options, settings)
+            cross_check(spec.owner, spec.options, settings, spec.keywords)
 
 
 def _on_app_finalize(app: Any) -> None:

@@ -36,10 +36,8 @@ def test_lock_limit_over_a_quorum_stops_the_worker_at_start(
 ) -> None:
     quorum = json.dumps([f"redis://127.0.0.1:{free_port()}/0" for _ in range(3)])
     output = refusal(redis_server.port, api, quorum, limit=2)
-    assert (
-        f"LockConfigError: task {TASK}: option lock_limit=2 is invalid with a Redlock quorum"
-        in (output)
-    )
+    option = "option lock_limit" if api == "task" else "@single_instance keyword limit"
+    assert f"LockConfigError: task {TASK}: {option}=2 is invalid with a Redlock quorum" in output
 
 
 @pytest.mark.parametrize("api", ["task", "decorator"])

@@ -107,7 +107,7 @@ def test_rate_over_a_quorum_stops_a_worker_of_single_instance() -> None:
     def rated() -> None: ...
 
     app.finalize()  # @single_instance cannot check before the worker starts
-    with pytest.raises(LockConfigError, match=r"option lock_rate='5/s' is invalid with a Redlock"):
+    with pytest.raises(LockConfigError, match=r"keyword rate='5/s' is invalid with a Redlock"):
         check_app(app)
 
 

@@ -15,6 +15,7 @@ from celery import Celery
 
 from celery_redlock import LockConfigError, LockedTask, single_instance
 from celery_redlock._celery.options import OPTIONS, SETTINGS
+from celery_redlock._celery.wiring import check_app
 from celery_redlock.decorators import InstanceOptions
 
 QUORUM = [f"redis://127.0.0.1:{port}/0" for port in (1, 2, 3)]
@@ -74,6 +75,25 @@ def test_lock_limit_over_a_quorum_is_refused_at_the_first_tasks_access(quorum_ap
     _limited_task(quorum_app)
     with pytest.raises(LockConfigError, match=r"limited.*lock_limit=2"):
         _ = quorum_app.tasks
+
+
+@pytest.mark.parametrize(("keyword", "value"), [("limit", 2), ("rate", "1/s")])
+def test_a_single_instance_keyword_over_a_quorum_is_named_as_written(
+    quorum_app: Celery, keyword: str, value: object
+) -> None:
+    """The worker's start refused ``@single_instance(rate="1/s")`` over a quorum naming
+    ``lock_rate``, an option its user never wrote."""
+
+    @quorum_app.task(shared=False, name="crosscheck.decorated")
+    @single_instance(**{keyword: value})  # type: ignore[arg-type]
+    def decorated(key: str) -> None: ...
+
+    with pytest.raises(LockConfigError) as info:
+        check_app(quorum_app)
+    message = str(info.value)
+    assert f"@single_instance keyword {keyword}=" in message, message
+    assert "is invalid with a Redlock quorum" in message
+    assert f"lock_{keyword}" not in message
 
 
 def test_lock_limit_over_one_node_and_limit_one_over_a_quorum_are_accepted() -> None:
