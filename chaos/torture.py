@@ -285,7 +285,7 @@ class Producer:
         if first:
             self.records.sadd("no-revoke", task_id)
         self.app.send_task(name, args=args, task_id=task_id, **options)
-        self.records.hset("published", f"{task_id}:0", time.time())
+        self.records.hset("published", message_id(task_id, 0, None), time.time())
         self.tasks[task_id] = Submitted(pattern, key, kind.name, kind.limited)
         self.outstanding.add(task_id)
 
@@ -582,36 +582,51 @@ def check_sections(records: redis.Redis, config: Config) -> dict[str, dict[str, 
     return stats
 
 
+def message_id(task_id: str, retries: Any, eta: Any) -> str:
+    """``<task id>|<retries>|<eta>``: one message of a call. A requeue by the lock keeps the
+    call's ``retries`` (see :func:`celery_redlock._celery.engine.lock_retry`), so only its
+    ``eta`` (the countdown's end) tells it from the message before it."""
+    return f"{task_id}|{retries or 0}|{eta or ''}"
+
+
 class Messages:
-    """Which task messages were published (submissions and retries) and which a worker
-    received, as ``<task id>:<retries>`` (recorded by the workers' signal receivers)."""
+    """Which task messages were published (submissions, retries and requeues by the lock) and
+    which a worker received, by ``<task id>|<retries>|<eta>`` (recorded by the workers' signal
+    receivers, :func:`message_id`)."""
 
     def __init__(self, records: redis.Redis, broker: redis.Redis) -> None:
         self.records = records
         self.broker = broker  # the broker's database
-        self.published: dict[str, int] = {}
-        self.published_at: dict[str, float] = {}
+        #: task id -> (unix time, message) of its last published message
+        self.latest: dict[str, tuple[float, str]] = {}
         self.received: set[str] = set()
 
     def refresh(self) -> None:
-        for item, at in self.records.hscan_iter("published", count=1000):
-            message = item.decode()
-            task_id, _, retries = message.rpartition(":")
-            self.published[task_id] = max(self.published.get(task_id, 0), int(retries))
-            self.published_at[message] = float(at)
+        for item, raw_at in self.records.hscan_iter("published", count=1000):
+            message, at = item.decode(), float(raw_at)
+            task_id = message.split("|", 1)[0]
+            if at >= self.latest.get(task_id, (0.0, ""))[0]:
+                self.latest[task_id] = (at, message)
         self.received = {m.decode() for m in self.records.sscan_iter("received", count=1000)}
 
-    def when(self, message: str) -> str:
-        """Wall-clock time a message was published (submissions: by the producer)."""
-        at = self.published_at.get(message)
-        return "?" if at is None else _wall(at)
-
     def last(self, task_id: str) -> str:
-        """The task's last message: its submission, or its last published retry."""
-        return f"{task_id}:{self.published.get(task_id, 0)}"
+        """The task's last message: its submission, or its last published retry or requeue."""
+        return self.latest.get(task_id, (0.0, message_id(task_id, 0, None)))[1]
+
+    def when(self, task_id: str) -> str:
+        """Wall-clock time the task's last message was published."""
+        at = self.latest.get(task_id, (None, ""))[0]
+        return "?" if at is None else _wall(at)
 
     def last_received(self, task_id: str) -> bool:
         return self.last(task_id) in self.received
+
+    def describe(self, task_id: str) -> str:
+        """Where the task's last message is: received by a worker, in the broker, or neither."""
+        where = "received" if self.last_received(task_id) else "not received"
+        if task_id in self.in_broker():
+            where += ", in the broker"
+        return f"published {self.when(task_id)}, {where}"
 
     def in_broker(self) -> set[str]:
         """Task ids of the messages the broker still has: queued, or unacked (delivered to a
@@ -637,10 +652,11 @@ def check_tasks(
 ) -> dict[str, dict[str, Any]]:
     """How each pattern's tasks ended; the lost ones with a reason.
 
-    A task that never ended, and whose last message (the submission, or its last retry) no
-    worker ever received, was lost by the broker transport, not by a lock: kombu's Redis
-    transport pops a message (``BRPOP``) before it records it as unacked, so a worker SIGKILLed
-    in between loses that message. Those are counted apart (``broker_lost``).
+    A task that never ended, and whose last message (the submission, its last retry or its
+    last requeue by the lock) no worker ever received, was lost by the broker transport, not by
+    a lock: kombu's Redis transport pops a message (``BRPOP``) before it records it as unacked,
+    so a worker SIGKILLed in between loses that message. Those are counted apart
+    (``broker_lost``).
     """
     out: dict[str, dict[str, Any]] = defaultdict(
         lambda: {"tasks": 0, "outcomes": Counter(), "lost": 0, "broker_lost": 0, "lost_details": []}
@@ -669,7 +685,7 @@ def check_tasks(
             s["broker_lost"] += 1
             s["lost_details"].append(
                 f"{sub.pattern} {sub.key} {sub.kind} {task_id}: {status}, its message "
-                f"{messages.last(task_id)} (published {messages.when(messages.last(task_id))}) "
+                f"{messages.last(task_id)} (published {messages.when(task_id)}) "
                 "was never received by a worker and is not in the broker"
             )
         else:
@@ -851,7 +867,10 @@ def run(config: Config) -> dict[str, Any]:
                 next_report += 5.0
                 progress(
                     f"  drain: {len(producer.outstanding)} tasks not ended: "
-                    + ", ".join(producer.describe(t) for t in sorted(producer.outstanding))
+                    + ", ".join(
+                        f"{producer.describe(t)} (last message {messages.describe(t)})"
+                        for t in sorted(producer.outstanding)
+                    )
                 )
             time.sleep(0.25)
         drained = not producer.outstanding

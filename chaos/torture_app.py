@@ -48,6 +48,7 @@ from celery import Celery, signals
 
 from celery_redlock import LockContended, LockedTask, current_lock
 from chaos import flawed
+from chaos.torture import message_id
 from support.apps import env
 from support.procfs import pid_alive, sigkill_pending, start_time
 
@@ -102,18 +103,20 @@ def _quiet(**_: Any) -> None:
 
 @signals.after_task_publish.connect(weak=False)
 def _published(headers: Any = None, **_: Any) -> None:
-    """A retry was published (from a pool child): hash ``published``, ``<task id>:<retries>``
-    -> unix time."""
+    """A retry or requeue was published (from a pool child): hash ``published``,
+    :func:`message_id` -> unix time."""
     if headers and headers.get("id"):
-        records.hset("published", f"{headers['id']}:{headers.get('retries') or 0}", time.time())
+        message = message_id(headers["id"], headers.get("retries"), headers.get("eta"))
+        records.hset("published", message, time.time())
 
 
 @signals.task_received.connect(weak=False)
 def _received(request: Any = None, **_: Any) -> None:
     """In the worker's main process, once kombu recorded the message as unacked (from then on
-    a SIGKILLed worker's message is redelivered): ``received`` gets ``<task id>:<retries>``."""
+    a SIGKILLed worker's message is redelivered): ``received`` gets its :func:`message_id`."""
     if request is not None:
-        records.sadd("received", f"{request.id}:{request.request_dict.get('retries') or 0}")
+        body = request.request_dict
+        records.sadd("received", message_id(request.id, body.get("retries"), body.get("eta")))
 
 
 # -- records --------------------------------------------------------------------------------------
