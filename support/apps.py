@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import struct
 import threading
 from typing import Any
 
@@ -117,11 +118,20 @@ class DownBroker:
 
 
 class NotRedis(DownBroker):
-    """A port where another service answers (an HTTP server): to anything sent, an HTTP 400."""
+    """A port where another service answers (an HTTP server): to anything sent, an HTTP 400.
+    ``resets``: a service that resets the connection instead (RabbitMQ, to a client that does
+    not speak AMQP; a TLS-only port does the same)."""
+
+    def __init__(self, resets: bool = False) -> None:
+        self.resets = resets
+        super().__init__()
 
     def _answer(self, connection: socket.socket) -> None:
         with contextlib.suppress(OSError):
             connection.recv(4096)
+            if self.resets:  # closed with a zero linger: a TCP reset
+                connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                return
             connection.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
 
 

@@ -356,8 +356,10 @@ class Lock(LockCore):
         return self._renewed(token, start, ttl, call.result())
 
     def _start_renewal(self, delay: float) -> None:
-        self._renewer = asyncio.get_running_loop().create_task(
-            _renew(weakref.ref(self), delay), name=f"celery-redlock renewal {self.key}"
+        loop = asyncio.get_running_loop()
+        self._renewer = loop.create_task(
+            _renew(weakref.ref(self), loop.time() + delay),
+            name=f"celery-redlock renewal {self.key}",
         )
 
     def _stop_renewal(self) -> None:
@@ -444,8 +446,21 @@ def _unsubscribe(subscription: tuple[Any, Any]) -> None:
     subscription[0].remove(subscription[1])
 
 
-async def _renew(ref: weakref.ref[Lock], delay: float | None) -> None:
-    """Renew the lock behind ``ref`` as long as it asks; stop when it is collected (hazard 5)."""
+async def _renew(ref: weakref.ref[Lock], due: float) -> None:
+    """Renew the lock behind ``ref`` as long as it asks, first at ``due`` (the loop's clock);
+    stop when it is collected (hazard 5).
+
+    The first renewal is due a delay after the acquisition, not after this task first runs:
+
+    1. a body acquires with a 3 s lease, and blocks the loop for 2.2 s at once (a synchronous
+       call); this task, created at the acquisition, has not run yet;
+    2. counted from its first run, the renewal would come 1 s later, at 3.2 s: after the
+       lease ended, so the lock was lost under a live holder;
+    3. counted from the acquisition, it was due at 1 s and runs as soon as the loop is free,
+       at 2.2 s, with 0.8 s of the lease left.
+    """
+    loop = asyncio.get_running_loop()
+    delay: float | None = max(due - loop.time(), 0.0)
     while delay is not None:
         await asyncio.sleep(delay)
         lock = ref()

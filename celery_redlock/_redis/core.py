@@ -170,13 +170,18 @@ def tls_mismatch(tls: bool, exc: BaseException) -> str:
       ("Timeout connecting to server").
     * ``redis://`` to a TLS-only port: the client sends a command; the server finds no TLS
       hello and resets the connection ("Connection reset by peer"; a restarting server says
-      "Connection closed by server", which gets no hint).
+      "Connection closed by server", which gets no hint). Another service resets it too
+      (RabbitMQ's port, when a broker URL was copied into the lock URL), so the hint names
+      both.
     """
     text = str(exc)
     if tls and "Timeout connecting" in text:
         return "if that port does not take TLS, a rediss URL waits like this: use the redis scheme"
     if not tls and "Connection reset by peer" in text:
-        return "if that port takes TLS only, it resets plain connections: use the rediss scheme"
+        return (
+            "if that port takes TLS only, it resets plain connections: use the rediss scheme; "
+            "a service that is not Redis (RabbitMQ, say) resets them too: check the port"
+        )
     return ""
 
 
@@ -661,8 +666,10 @@ class LockCore:
         )
 
     def __repr__(self) -> str:
-        state = "lost" if self._lost else "held" if self._token else "free"
-        return f"<{self._kind} {self.key} {state} fencing_token={self._fencing_token}>"
+        """The state :attr:`held` and :attr:`lost` say (by the clock too), without I/O."""
+        state = "lost" if self.lost else "held" if self.held else "free"
+        token = self._fencing_token if state == "held" else None
+        return f"<{self._kind} {self.key} {state} fencing_token={token}>"
 
     # -- what the public methods check ------------------------------------------------------------
 
@@ -860,9 +867,12 @@ class LockCore:
         On a single node, the waiters of a lock queue (:data:`~._scripts.WAIT`), each on a
         channel of its own, and a release hands the lock straight to the first of them: the
         key goes from the old holder's token to the waiter's in one script, never free, and the
-        waiter learns it from its channel, with no round trip of its own. The other waiters
-        sleep on. (On a Cluster the first waiter is only woken, and tries.) A handoff is never
-        lost to a waiter that gives up:
+        waiter learns it from its channel, with no round trip of its own. The waiter queued
+        next is woken to try once more, and sleeps on the new holder's TTL: it slept on the old
+        one's, and a new holder that dies within its shorter lease would otherwise leave the
+        key free while it sleeps (so is the next one when a waiter takes the lock free, or
+        leaves the queue). The other waiters sleep on. (On a Cluster the first waiter is only
+        woken, and tries.) A handoff is never lost to a waiter that gives up:
 
         1. W1 and W2 are queued; A releases, which hands the lock to W1 and publishes it;
         2. W1's deadline passes before it reads the message;
@@ -945,6 +955,9 @@ class LockCore:
                     continue
                 if wait is not None:  # leave the queue, giving back a lock handed over meanwhile
                     yield Op.ABANDON, (wait.member, wait.secret)
+                if isinstance(exc, Exception) and classify(exc) is Outcome.REFUSED:
+                    # SUBSCRIBE refused (an ACL user without +subscribe): as any refusal
+                    raise unavailable(exc, self.key, tuple(self.nodes.names)) from exc
                 raise
             finally:
                 if closing is not None:

@@ -504,9 +504,11 @@ def test_a_fixed_ttl_lock_is_lost_by_its_clock_once_its_ttl_passed(
     clock.now += 9.9
     assert lock.held and not lock.lost
     assert lock.fencing_token is not None
+    assert f" held fencing_token={lock.fencing_token}>" in repr(lock)
     clock.now += 0.2
     assert lock.lost and not lock.held
     assert lock.fencing_token is None  # another owner may exist: no token to write with
+    assert repr(lock).endswith(" lost fencing_token=None>")  # its repr said held
     with pytest.raises(RuntimeError, match="lost while held by this object; release"):
         d2(lock.acquire(blocking=False))
     with contextlib.suppress(LockLost):
@@ -552,6 +554,24 @@ def test_a_user_who_may_not_run_scripts_is_refused_at_acquire(
     assert lock_keys(r) == []
 
 
+def test_a_user_who_may_not_subscribe_gets_lock_unavailable_from_a_blocking_acquire(
+    d: Driver, redis_server: RedisServer, r: redis_py.Redis
+) -> None:
+    """The refused ``SUBSCRIBE`` of a blocking wait reached the caller as redis-py's
+    ``NoPermissionError``, where every other refusal is :class:`LockUnavailable` (and a task's
+    ``redlock_on_unavailable`` applies to it)."""
+    holder = celery_redlock.Lock(r, "no-subscribe", ttl=30)
+    assert holder.acquire(blocking=False)
+    rules = [rule for rule in RULES if rule != "+subscribe"]
+    with acl_user(r, "cannot-subscribe", *rules):
+        lock = d.lock(user_url(redis_server, "cannot-subscribe"), "no-subscribe", ttl=10)
+        with pytest.raises(LockUnavailable, match=r"refused .*subscribe") as raised:
+            d(lock.acquire(timeout=5))
+        assert raised.value.key == lock.key and not lock.held
+    assert r.zcard(holder.keys.waiters) == 0
+    holder.release()
+
+
 def test_an_out_of_memory_server_gives_lock_unavailable(
     d: Driver, redis_url: str, r: redis_py.Redis
 ) -> None:
@@ -586,6 +606,20 @@ def test_a_service_that_is_not_redis_gives_lock_unavailable_naming_it(d: Driver)
             d(lock.acquire(blocking=False))
     finally:
         other.close()
+
+
+def test_a_port_that_resets_the_connection_names_tls_and_another_service(d: Driver) -> None:
+    """A lock URL at RabbitMQ's port (a broker URL copied) is reset as a TLS-only port resets a
+    plain connection: the hint named only TLS ("use the rediss scheme"), which misleads."""
+    other = NotRedis(resets=True)
+    try:
+        lock = d.lock(f"{other.url}/0", "reset", ttl=10)
+        with pytest.raises(LockUnavailable, match="Connection reset by peer") as raised:
+            d(lock.acquire(blocking=False))
+    finally:
+        other.close()
+    assert "use the rediss scheme" in str(raised.value)
+    assert "a service that is not Redis (RabbitMQ, say) resets them too" in str(raised.value)
 
 
 def test_a_url_without_the_password_the_server_wants_is_a_refusal_naming_it(d: Driver) -> None:
@@ -821,6 +855,28 @@ def test_auto_renew_keeps_a_short_lease_alive(
 
     d2(later()) if d2.is_async else time.sleep(1.5)
     assert lock.held and r.get(lock.key) == first.encode()
+    d2(lock.release())
+
+
+def test_a_holder_that_blocks_at_once_for_most_of_its_lease_keeps_it_renewed(
+    d2: Driver, redis_url: str, r: redis_py.Redis
+) -> None:
+    """The first renewal is due ttl/3 after the acquisition. The asyncio lock counted it from
+    its renewal task's first run: a body that blocked the loop at once for 2/3 of the lease
+    (a synchronous call) had its renewal come after the lease, and lost the lock while it ran."""
+    lock = d2.lock(redis_url, "busy-at-once", ttl=3, auto_renew=True)
+
+    async def hold() -> None:
+        assert await lock.acquire(blocking=False)
+        time.sleep(2.2)  # the loop is blocked: the renewal task has not run yet
+        await asyncio.sleep(1.5)
+
+    if d2.is_async:
+        d2(hold())
+    else:
+        assert lock.acquire(blocking=False)
+        time.sleep(2.2 + 1.5)
+    assert lock.held and not lock.lost and r.get(lock.key) == (lock.token or "").encode()
     d2(lock.release())
 
 

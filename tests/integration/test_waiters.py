@@ -144,6 +144,56 @@ def test_a_gone_waiter_is_skipped_and_the_next_live_one_gets_the_lock(
     waiter.release()
 
 
+def test_a_handoff_wakes_the_waiter_queued_next_which_keeps_its_place(
+    r: redis_py.Redis, stand_ins: list[StandIn]
+) -> None:
+    """The next waiter slept on the old holder's TTL; woken ('1'), it reads the new one's."""
+    holder = Lock(r, "next", ttl=30)
+    assert holder.acquire(blocking=False)
+    first, second, third = (StandIn(r, "next", score=n) for n in range(3))
+    stand_ins.extend((first, second, third))
+    holder.release()
+    assert r.get(holder.keys.lock) == first.next_message(r)  # handed over
+    assert second.next_message(r) == b"1"  # woken, and still queued in its place
+    assert r.zrange(holder.keys.waiters, 0, -1, withscores=True) == [
+        (second.member.encode(), 1.0),
+        (third.member.encode(), 2.0),
+    ]
+    assert third.next_message(r) == b"marker"  # not woken
+
+
+def test_a_waiter_that_leaves_wakes_the_waiter_queued_next(
+    r: redis_py.Redis, stand_ins: list[StandIn]
+) -> None:
+    holder = Lock(r, "leaves", ttl=30)
+    assert holder.acquire(blocking=False)
+    first, second = StandIn(r, "leaves", score=0), StandIn(r, "leaves", score=1)
+    stand_ins.extend((first, second))
+    assert SingleNode(r).leave(holder.keys, first.member, first.secret) is None
+    assert second.next_message(r) == b"1"
+    assert r.zrange(holder.keys.waiters, 0, -1) == [second.member.encode()]
+
+
+def test_a_waiter_gets_the_lock_when_the_short_lease_of_one_handed_it_before_ends(
+    r: redis_py.Redis,
+) -> None:
+    """1. H holds for an hour; W1 (a 2 s lease) and W2 are queued, sleeping on H's TTL;
+    2. H releases: the lock is handed to W1, which never releases it (its process stopped);
+    3. W1's lease ends after 2 s. W2 slept on until H's TTL would have ended, the key free
+    meanwhile; woken at the handoff, it now sleeps on W1's and gets the lock."""
+    holder = Lock(r, "short-lease", ttl=3600)
+    assert holder.acquire(blocking=False)
+    first, second = Lock(r, "short-lease", ttl=2), Lock(r, "short-lease", ttl=10)
+    first_won = blocked(first)
+    wait_until(lambda: queued(r, holder) == 1, 10, "the first waiter queued")
+    second_won = blocked(second, timeout=None)
+    wait_until(lambda: queued(r, holder) == 2, 10, "the second waiter queued")
+    holder.release()
+    assert first_won.get(timeout=10)  # and never released
+    assert second_won.get(timeout=30)  # at W1's expiry, not H's (an hour)
+    second.release()
+
+
 def test_a_waiter_that_gives_up_after_the_handoff_holds_the_lock(
     r: redis_py.Redis, stand_ins: list[StandIn]
 ) -> None:

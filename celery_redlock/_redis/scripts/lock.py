@@ -67,8 +67,37 @@ end
 return {0, redis.call('GET', KEYS[first]), first_ttl}
 """
 
+#: Lua shared by the scripts that give a queued waiter the lock (a handoff, or a waiter that
+#: takes it free): wake the waiter queued next, so that it reads the new holder's TTL.
+_NUDGE = """
+-- Wakes the first live waiter of the queue ('1': try again), keeping its place (ZPOPMIN, then
+-- ZADD back with its score); waiters that are gone are dropped on the way. A queued waiter
+-- sleeps until the TTL it read at its last try ends, so without this:
+-- (1) H holds for 20 s, W1 and W2 are queued, both sleeping on H's TTL;
+-- (2) H releases at 1 s and the lock is handed to W1 for its 2 s lease;
+-- (3) W1 dies, or its process is stopped: its lease ends at 3 s and the key is free;
+-- (4) W2 sleeps on until 20 s, while any non-blocking caller may take the key ahead of it.
+-- A user without ZPOPMIN, PUBLISH or ZADD gets no wake (each is a pcall).
+local function nudge(queue)
+  while true do
+    local popped = redis.pcall('ZPOPMIN', queue)
+    if type(popped) ~= 'table' or popped.err or #popped == 0 then return end
+    local n, rest = string.match(popped[1], '^%d+:(%d+):(.*)$')
+    if n then
+      local got = redis.pcall('PUBLISH', string.sub(rest, 1, tonumber(n)), '1')
+      if type(got) == 'table' or got > 0 then
+        redis.pcall('ZADD', queue, popped[2], popped[1])
+        return
+      end
+    end
+  end
+end
+"""
+
 #: Lua shared by the release scripts: hand a freed lock to the next queued waiter, or free it.
-_HAND_ON = """
+_HAND_ON = (
+    _NUDGE
+    + """
 -- Pops waiters of the queue, earliest first, until one is still there (its channel has a
 -- subscriber); waiters that are gone are dropped on the way. A queue member is
 -- '<ttl ms>:<channel length>:<channel><owner token>' (see WAIT). With handoff (a single-slot
@@ -76,8 +105,9 @@ _HAND_ON = """
 -- the server time as acquisition time (its '+<max_hold_ms>' kept), for the waiter's ttl, and
 -- the token is published to
 -- the waiter; the lock is never free in between. Without handoff the waiter is sent '1' and
--- tries itself. Returns 2 handed over, 1 woken, 0 nobody queued, -1 PUBLISH refused. A user
--- without EXISTS or ZPOPMIN (an ACL written before the queue) has no queue: 0.
+-- tries itself. A handoff also wakes the waiter queued next (nudge). Returns 2 handed over,
+-- 1 woken, 0 nobody queued, -1 PUBLISH refused. A user without EXISTS or ZPOPMIN (an ACL
+-- written before the queue) has no queue: 0.
 local function hand_on(queue, lock, handoff)
   while true do
     local popped = redis.pcall('ZPOPMIN', queue)
@@ -98,6 +128,7 @@ local function hand_on(queue, lock, handoff)
       if got > 0 then
         if message == '1' then return 1 end
         redis.call('SET', lock, message, 'PX', ttl)
+        nudge(queue)
         return 2
       end
     end
@@ -125,6 +156,7 @@ local function free_slot(channel, queue, slot, handoff, kept)
   return 1
 end
 """
+)
 
 RELEASE = (
     _HAND_ON
@@ -361,14 +393,14 @@ SCRIPTS = (
         "release",
         RELEASE,
         ("GET", "SET", "DEL", "TIME"),
-        tolerated=("EXISTS", "ZPOPMIN", "PUBLISH"),
+        tolerated=("EXISTS", "ZPOPMIN", "PUBLISH", "ZADD"),
     ),
     Script("extend", EXTEND, ("GET", "PEXPIRE", "SET")),
     Script(
         "release_attempt",
         RELEASE_ATTEMPT,
         ("GET", "SET", "DEL", "TIME"),
-        tolerated=("EXISTS", "ZPOPMIN", "PUBLISH"),
+        tolerated=("EXISTS", "ZPOPMIN", "PUBLISH", "ZADD"),
     ),
     Script("fence", FENCE, ("GET", "TIME", "SET")),
     Script("raise_fence", RAISE_FENCE, ("GET", "SET")),
@@ -377,6 +409,6 @@ SCRIPTS = (
         "release_unrenewed",
         RELEASE_UNRENEWED,
         ("GET", "PTTL", "SET", "DEL", "TIME"),
-        tolerated=("EXISTS", "ZPOPMIN", "PUBLISH"),
+        tolerated=("EXISTS", "ZPOPMIN", "PUBLISH", "ZADD"),
     ),
 )

@@ -10,9 +10,11 @@ from typing import Any, NamedTuple
 
 from ..keys import LockKeys
 from .base import Script
-from .lock import _HAND_ON, _text
+from .lock import _HAND_ON, _NUDGE, _text
 
-WAIT = """
+WAIT = (
+    _NUDGE
+    + """
 -- KEYS[1] the lock (a single slot), KEYS[2] its waiter queue (sorted set: member -> server ms
 --         of the waiter's first registration)
 -- ARGV[1] owner token for this try, ARGV[2] ttl in ms (> 0), ARGV[3] this waiter's queue
@@ -32,6 +34,8 @@ WAIT = """
 -- Nothing is written before a command the user may lack (ZADD) could stop the script, and
 -- the ZREMs after a write are pcalls: a script stopped half-way must not leave the lock set
 -- to a token its waiter never learns.
+-- A waiter that takes the lock free wakes the waiter queued next (nudge): it slept on the
+-- TTL of a holder whose lease ended.
 local held = redis.call('GET', KEYS[1])
 if held and string.sub(held, 1, #ARGV[5] + 1) == ARGV[5] .. '|' then
   redis.pcall('ZREM', KEYS[2], ARGV[3])
@@ -40,6 +44,7 @@ end
 if not held then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   redis.pcall('ZREM', KEYS[2], ARGV[3])
+  nudge(KEYS[2])
   return {1, ARGV[1]}
 end
 local t = redis.call('TIME')
@@ -50,6 +55,7 @@ local keep = math.max(pttl, 0) + tonumber(ARGV[4])
 if redis.call('PTTL', KEYS[2]) < keep then redis.call('PEXPIRE', KEYS[2], keep) end
 return {0, held, pttl}
 """
+)
 
 LEAVE = (
     _HAND_ON
@@ -61,7 +67,10 @@ LEAVE = (
 --         {2, token}  a release handed the lock to it meanwhile: it holds the lock
 --         {0}         it was no longer queued: a release popped it and its notification may
 --                     be unread, so when the lock is free the next waiter gets its turn
-if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then return {1} end
+if redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then
+  nudge(KEYS[2])  -- the waiter next in line may have slept on an older holder's TTL
+  return {1}
+end
 local held = redis.call('GET', KEYS[1])
 if held and string.sub(held, 1, #ARGV[2] + 1) == ARGV[2] .. '|' then return {2, held} end
 if not held then hand_on(KEYS[2], KEYS[1], ARGV[3] == '1') end
@@ -116,11 +125,16 @@ def leave_call(
 
 #: What each script runs (:class:`~celery_redlock._redis.scripts.base.Script`).
 SCRIPTS = (
-    Script("wait", WAIT, ("GET", "SET", "TIME", "ZADD", "PTTL", "PEXPIRE"), tolerated=("ZREM",)),
+    Script(
+        "wait",
+        WAIT,
+        ("GET", "SET", "TIME", "ZADD", "PTTL", "PEXPIRE"),
+        tolerated=("ZREM", "ZPOPMIN", "PUBLISH"),
+    ),
     Script(
         "leave",
         LEAVE,
         ("ZREM", "GET", "SET", "TIME", "DEL"),
-        tolerated=("EXISTS", "ZPOPMIN", "PUBLISH"),
+        tolerated=("EXISTS", "ZPOPMIN", "PUBLISH", "ZADD"),
     ),
 )
