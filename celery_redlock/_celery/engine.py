@@ -539,6 +539,13 @@ def _contended_error(
     )
 
 
+#: Why a call that was not redelivered is requeued when its own task id holds the key.
+_OWN_ID_HOLDS = (
+    "found its own task id holding the lock (a copy of this call still running, or an earlier "
+    "try whose reply was lost):"
+)
+
+
 def _on_contended(
     task: Any, spec: Spec, settings: Settings, request: Any, lock: Lock, policy: str
 ) -> bool:
@@ -547,15 +554,19 @@ def _on_contended(
     ``wait``, the call gets here after its wait timed out (reported as contended when it
     began), unless it is a duplicate, which does not wait (:func:`_acquire`)."""
     holder = _holder(lock)
-    redelivered = bool((request.delivery_info or {}).get("redelivered"))
-    if redelivered or calls.redelivered(calls.header_of(request)) or holder == request.id:
+    redelivered = bool((request.delivery_info or {}).get("redelivered")) or calls.redelivered(
+        calls.header_of(request)
+    )
+    if redelivered or holder == request.id:
         # A redelivered message (acks_late after a lost worker or a visibility timeout), a
-        # requeue of one, or a retry that finds its own task id holding the key is a
-        # duplicate of a live run, or may be the only copy left: never skip it (a skip would
-        # store SUCCESS/None and hide the holder's result); come back when the holder's TTL
-        # ends (calls.py says why its requeues stay marked).
+        # requeue of one, or a call that finds its own task id holding the key (a copy of it
+        # still running, or an earlier try whose reply was lost, until its give-back lands)
+        # is a duplicate of a live run, or may be the only copy left: never skip it (a skip
+        # would store SUCCESS/None and hide the holder's result); come back when the holder's
+        # TTL ends (calls.py says why its requeues stay marked).
         countdown = max(lock.last_holder_ttl or 0.0, 1.0)
-        _requeue(task, request, spec, lock, countdown, "redelivered", "redelivered while")
+        why = "redelivered while" if redelivered else _OWN_ID_HOLDS
+        _requeue(task, request, spec, lock, countdown, "redelivered", why)
     if policy == "skip":
         setattr(request, REQUEST_ATTR, Execution(None, skipped=True))
         logger.info(

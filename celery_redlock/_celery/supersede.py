@@ -242,7 +242,9 @@ def superseded(task: Any, spec: Spec, settings: Settings, name: str, request: An
     except LockUnavailable as exc:
         grant = companions.acl_refusal(exc, "check_newest")
         logger.warning(
-            "%s[%s]: could not read the newest-call marker of %s, so the call runs: %s%s",
+            "%s[%s]: could not read the newest-call marker of %s, so it is not skipped as "
+            "superseded, and goes on to the lock (redlock_on_unavailable applies if that "
+            "Redis does not answer): %s%s",
             task.name,
             request.id,
             keys.lock,

@@ -425,13 +425,15 @@ def test_a_call_published_after_the_marker_expired_runs_and_supersedes_the_older
 
 @pytest.mark.parametrize("option", ["replace", "debounce"])
 def test_an_older_call_requeued_for_an_outage_is_still_superseded(
-    redis_server: RedisServer, option: str
+    redis_server: RedisServer, option: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Helper probe, round 3. OLD is numbered while the lock Redis answers; at the worker the
     lock Redis is down, so ``redlock_on_unavailable="retry"`` requeues it, before its body
     ran. The requeue was unnumbered, as if the body had started: after the lock Redis came
     back and NEW was published, OLD's requeue ran after NEW, its old arguments undoing the
-    newest. The requeue keeps its number, as a requeue by the lock does, and is superseded."""
+    newest. The requeue keeps its number, as a requeue by the lock does, and is superseded.
+    Its WARNING said "so the call runs" when the marker could not be read, though the lock's
+    ``redlock_on_unavailable`` decides (here: requeued)."""
     ran: list[str] = []
     supersede: dict[str, Any] = (
         {"lock_enqueue": "replace"} if option == "replace" else {"lock_debounce": 0.2}
@@ -446,8 +448,11 @@ def test_an_older_call_requeued_for_an_outage_is_still_superseded(
 
         old = save.delay("d", "OLD")  # numbered; no worker yet
         lock_server.stop()
-        with running_worker(app):
+        with caplog.at_level(logging.WARNING, logger="celery_redlock.task"), running_worker(app):
             wait_until(lambda: old.state == "RETRY", 20, "OLD to be requeued for the outage")
+            (unread, *_) = [m for m in caplog.messages if "newest-call marker" in m]
+            assert "so it is not skipped as superseded, and goes on to the lock" in unread
+            assert "redlock_on_unavailable" in unread, unread
             lock_server.start()  # empty: the marker is gone too
             new = save.delay("d", "NEW")
             assert new.get(timeout=20) == "NEW"

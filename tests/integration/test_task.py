@@ -85,7 +85,8 @@ def test_a_duplicate_delivery_of_a_running_task_is_requeued_not_run_beside_it(
         work.apply_async(task_id="dup-1")
         assert h.entered.wait(10)
         work.apply_async(task_id="dup-1")
-        wait_until(lambda: "[dup-1] redelivered while" in caplog.text, 10, "the requeue")
+        requeue = "[dup-1] found its own task id holding the lock"
+        wait_until(lambda: requeue in caplog.text, 10, "the requeue")
         assert entered == ["dup-1"]
         h.gate.set()
     assert "skipped" not in caplog.text
@@ -759,7 +760,8 @@ def test_a_duplicate_delivery_under_wait_is_requeued_for_the_ttl_not_failed(
     assert ended == "RETRY"
     assert entered == ["dup-wait"]
     requeue = re.search(
-        r"\[dup-wait\] redelivered while \S+ is held by task dup-wait; "
+        r"\[dup-wait\] found its own task id holding the lock \(a copy of this call still "
+        r"running, or an earlier try whose reply was lost\): \S+ is held by task dup-wait; "
         r"retrying in ([\d.]+)s",
         caplog.text,
     )
@@ -876,7 +878,8 @@ def test_a_replacement_on_the_same_key_runs_at_once(
     ``Ignore``, it was still held while a slow ``after_task_publish`` receiver ran (here: until
     the replacement's outcome is known), and the replacement found the key held:
 
-    * a task, with the running task's id: requeued for the whole lease ("redelivered while");
+    * a task, with the running task's id: requeued for the whole lease ("found its own task
+      id holding the lock");
     * a chain, whose first task has a new id (Celery gives the running id to its last):
       skipped under the default policy, and the chain ran without it."""
     if api == "decorator" and onto == "chain" and celery.VERSION < (5, 3, 5):
@@ -905,7 +908,7 @@ def test_a_replacement_on_the_same_key_runs_at_once(
             wait_until(
                 lambda: (
                     finished.is_set()
-                    or "redelivered while" in caplog.text
+                    or "own task id holding" in caplog.text
                     or " skipped: " in caplog.text
                 ),
                 10,
@@ -920,6 +923,6 @@ def test_a_replacement_on_the_same_key_runs_at_once(
             assert result.get(timeout=10) == "done"
     finally:
         celery_signals.after_task_publish.disconnect(slow)
-    assert "redelivered while" not in caplog.text and " skipped: " not in caplog.text
+    assert "own task id holding" not in caplog.text and " skipped: " not in caplog.text
     assert ran == [2, 1, 0]
     assert lock_keys(r) == []
