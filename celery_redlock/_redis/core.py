@@ -259,9 +259,9 @@ class QueueRules:
 def warn_not_notified(key: str, nodes: Sequence[str]) -> None:
     """WARNING for a release whose ``PUBLISH`` was refused (:data:`RELEASED_NOT_NOTIFIED`)."""
     logger.warning(
-        "lock %s released on %s, but waiters were not notified (PUBLISH was refused, is "
-        "it missing from the ACL user's permissions?); they try again when the old lease "
-        "would have ended",
+        "lock %s released on %s, but waiters were not notified (PUBLISH, or ZPOPMIN for the "
+        "queued ones, was refused: is it missing from the ACL user's permissions?); they try "
+        "again when the old lease would have ended",
         key,
         ", ".join(nodes),
     )

@@ -73,7 +73,7 @@ from . import owner as _owner
 from . import scripts as _scripts
 from .clients import UNAVAILABLE_ERRORS, client_for, redact, refused
 from .commands import run_script
-from .core import tls_mismatch
+from .core import tls_mismatch, warn_not_notified
 from .keys import (
     CHECK_NAME,
     LockKeys,
@@ -510,6 +510,8 @@ class Inventory:
             return int(run_script(client, _scripts.RELEASE_UNRENEWED, *call))
 
         replies = [r for r in self._each(one) if r is not None]
+        if _scripts.RELEASED_NOT_NOTIFIED in replies:  # a user without +publish or +zpopmin
+            warn_not_notified(lock.key, [redact(url) for url in self.urls])
         failed = len(self.urls) - len(replies)
         if sum(1 for r in replies if r > 0) + failed >= self.quorum:
             # Released on a majority even if one node saw a renewal meanwhile: the lock is
@@ -734,15 +736,20 @@ class Inventory:
                 return InventoryRefused(
                     f"permission denied by the lock Redis at {shown}: {redact(exc)} (grant "
                     "that command to the ACL user: the command line needs +scan +exists +mget "
-                    "+pttl +hgetall, see the guide's ACL section)",
+                    "+pttl +hgetall +zpopmin +zadd, see the guide's ACL section)",
                     nodes=(shown,),
                 )
             return LockUnavailable(f"the lock Redis at {shown} refused: {redact(exc)}")
         if isinstance(exc, redis_py.exceptions.AuthenticationError):  # it answered: no outage
+            if urllib.parse.urlsplit(url).password is None:
+                what = "wants a password (or an ACL user) that the URL does not give: add it to"
+                what += " redlock_url"
+            else:
+                what = (
+                    "refused the URL's credentials (a wrong password or ACL user: fix redlock_url)"
+                )
             return LockUnavailable(
-                f"the lock Redis at {shown} refused the URL's credentials (a wrong password or "
-                f"ACL user: fix redlock_url): {redact(exc)}",
-                nodes=(shown,),
+                f"the lock Redis at {shown} {what}: {redact(exc)}", nodes=(shown,)
             )
         if isinstance(exc, (*UNAVAILABLE_ERRORS, redis_py.RedisError)):
             return LockUnavailable(

@@ -88,7 +88,8 @@ FEATURES: dict[str, Feature] = {
         Feature(
             "cli",
             _named(_scripts.LOCK_SCRIPTS, "pttls", "release_unrenewed"),
-            ("SCAN", "GET", "MGET", "EXISTS", "HGETALL"),
+            # ZPOPMIN, ZADD: a release hands the lock to a queued waiter (and wakes the next)
+            ("SCAN", "GET", "MGET", "EXISTS", "HGETALL", "ZPOPMIN", "ZADD"),
         ),
         Feature(
             "dashboard",

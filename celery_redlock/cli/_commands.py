@@ -10,7 +10,7 @@ from .._celery.identity import lock_name_of
 from .._redis.inventory import HeldLock, Released
 from ..metrics import EVENTS
 from ._format import dump, fence, json_row, safe, shown_overrides, table, ttl, who
-from ._group import TIMEOUT, LockStore, answers, redlock, store_of, text_argument
+from ._group import TIMEOUT, LockStore, answers, command_line, redlock, store_of, text_argument
 from ._liveness import COOLDOWN, DEAD, UNKNOWN, Verdict, unpinged, verdicts
 
 #: What KEY may be (the messages of an empty or undecodable one say so).
@@ -186,7 +186,8 @@ def release(
         if held:  # a task or lock name: one lock per argument digest, released by its key
             message = (
                 f"{key} names {len(held)} held lock(s) of a task or lock name; release takes "
-                f"one lock's key: `celery redlock inspect {key}` lists them. Nothing released"
+                f"one lock's key: `{command_line(ctx, 'inspect', key)}` lists them. Nothing "
+                "released"
             )
         click.echo(safe(message), err=True)
         ctx.exit(1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shlex
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,6 +60,14 @@ def _without_app(ctx: click.Context) -> bool:
     """Whether ``celery`` was run without ``-A``/``--app`` (nor ``APP`` in the environment)."""
     root = ctx.find_root()
     return "app" in root.params and not root.params["app"]
+
+
+def command_line(ctx: click.Context, *args: str) -> str:
+    """``celery -A <app> redlock <args>`` as the operator ran it (the ``-A`` they gave), to
+    paste: arguments quoted for a shell."""
+    value = ctx.find_root().params.get("app")
+    app = value if isinstance(value, str) and value else "yourproject"
+    return " ".join(["celery", "-A", shlex.quote(app), "redlock", *map(shlex.quote, args)])
 
 
 def store_of(ctx: click.Context) -> LockStore:

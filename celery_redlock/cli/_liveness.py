@@ -88,7 +88,10 @@ def _ping(app: Any, destination: list[str] | None, timeout: float) -> set[str]:
     waiting for another's ping waited that long again). Each try's connect is bounded by the
     app's ``broker_connection_timeout`` (4 s by default), a Redis broker's too (its socket
     had no connect timeout: a broker host that dropped packets hung the ping, and with it every
-    dashboard view behind it), and no deadline over all tries cuts a failover list short."""
+    dashboard view behind it), and no deadline over all tries cuts a failover list short. A
+    Redis broker's reads are bounded too, by the ping's timeout (at least kombu's polling
+    interval) plus that connect timeout: a broker that accepts connections and never answers
+    (a stopped or hung server) held ``release --dead`` forever."""
     limit = len(destination) if destination else None
     try:
         with app.connection_for_write() as connection:
@@ -101,7 +104,11 @@ def _ping(app: Any, destination: list[str] | None, timeout: float) -> set[str]:
                 connect_retries_timeout=None,
             )
             if connection.transport.driver_type == "redis":
-                options.setdefault("socket_connect_timeout", connection.connect_timeout or 4.0)
+                connect = connection.connect_timeout or 4.0
+                options.setdefault("socket_connect_timeout", connect)
+                # Past kombu's blocking read of replies (polling_interval, 1 s by default)
+                poll = float(options.get("polling_interval") or 1.0)
+                options.setdefault("socket_timeout", max(timeout, poll) + connect)
             replies = app.control.ping(
                 destination=destination, timeout=timeout, limit=limit, connection=connection
             )

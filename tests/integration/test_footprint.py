@@ -196,17 +196,22 @@ def test_a_release_hands_the_lock_to_one_waiter_wakes_the_next_and_nobody_polls(
     assert_nobody_polls(r)
     assert winner.held and r.get(winner.key) == (winner.token or "").encode()
 
-    for _ in range(waiters - 1):  # hand it on, one at a time, to the last waiter
+    scripts = waiters + 2
+    for queued in range(waiters - 2, -1, -1):  # hand it on, one at a time, to the last waiter
         winner.release()
         winner = won.get(timeout=10)
+        scripts += 2 if queued else 1  # the release, and the try of the waiter it woke
+        wait_until(lambda q=queued, n=scripts: settled(q, n), 10, "the woken waiter's try")
     winner.release()
     for thread in threads:
         thread.join(10)
     assert won.empty()
     # Every waiter tried once, to queue, and was handed the lock in its turn; each handoff
-    # woke the waiter queued next once (a try, whose ZADD NX keeps its place, and the ZADD
-    # that put it back): a waiter woken by a release it then lost would have tried again.
+    # woke the waiter queued next once (the wake's ZADD XX that checks it may put a waiter
+    # back, the ZADD that does, and the woken waiter's try, whose ZADD NX keeps its place; the
+    # last handoff's check found nobody left): a waiter woken by a release it then lost would
+    # have tried again.
     nudged = waiters - 1
     assert scripts_run() == waiters + (waiters + 1) + nudged
-    assert commands(r)["zadd"] == waiters + 2 * nudged
+    assert commands(r)["zadd"] == waiters + 3 * nudged + 1
     assert keys_left(r) == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import signal
@@ -292,6 +293,29 @@ def test_a_broker_that_drops_connections_fails_the_ping_in_its_connect_timeout(
     assert "alive     alive (the workers could not be pinged" in shown.stdout
 
 
+def test_a_broker_that_never_answers_fails_release_dead_in_time(redis_url: str) -> None:
+    """A Redis broker that accepts connections and never answers (its process stopped, or
+    hung): ``release --dead`` waited for its first reply forever. The ping's reads are
+    bounded: nothing is released, exit 1."""
+    lock = Lock(redis_url, "frozen-broker", ttl=30, owner="t-f", host="w1@host")
+    assert lock.acquire(blocking=False)
+    with RedisServer() as broker:
+        app = brokerless_app(redis_url, broker.url.rsplit("/", 1)[0])
+        app.conf.broker_connection_timeout = 0.5
+        assert broker.process is not None
+        os.kill(broker.process.pid, signal.SIGSTOP)
+        try:
+            result = run(app, "release", "--dead", "--timeout", "0.2")
+        finally:
+            os.kill(broker.process.pid, signal.SIGCONT)
+            app.close()
+    assert result.exit_code == 1, result.output
+    assert "cannot ping workers through the broker" in result.stderr
+    assert "nothing was released" in result.stderr and "Timeout reading" in result.stderr
+    assert redis_py.Redis.from_url(redis_url).exists(lock.key)
+    lock.release()
+
+
 def test_the_ping_goes_on_to_the_next_broker_of_a_failover_list(
     redis_server: RedisServer, redis_url: str
 ) -> None:
@@ -333,6 +357,25 @@ def test_a_wrong_password_is_named_as_such_not_as_a_redis_that_cannot_be_reached
         listed.output
     )
     assert "cannot reach" not in listed.output and "wrong-password" not in listed.output
+
+
+def test_a_url_without_the_password_the_server_wants_says_to_add_it() -> None:
+    """No password in the URL: the message blamed "the URL's credentials (a wrong password
+    ...)", which the URL does not have."""
+    with RedisServer() as server:
+        admin = server.client()
+        admin.config_set("requirepass", "right-password")
+        admin.close()
+        app = layout_app("nopw", server.url.rsplit("/", 1)[0], set_as_current=False)
+        app.conf.redlock_url = f"redis://127.0.0.1:{server.port}/0"
+        listed = run(app, "ls")
+        app.close()
+    assert listed.exit_code == 1
+    assert (
+        f"the lock Redis at redis://127.0.0.1:{server.port}/0 wants a password (or an ACL user) "
+        "that the URL does not give: add it to redlock_url"
+    ) in listed.output, listed.output
+    assert "credentials" not in listed.output
 
 
 def test_a_lock_capped_by_a_hard_time_limit_is_not_released_as_dead(
@@ -503,6 +546,51 @@ def acl_app(redis_url: str, r: redis_py.Redis) -> Iterator[Celery]:
     app.conf.redlock_url = redis_url.replace("redis://", "redis://redlock:secret@")
     yield app
     app.close()
+    r.execute_command("ACL", "DELUSER", "redlock")
+
+
+def _guide_cli_rules() -> list[str]:
+    """What the guide's table adds to the ACL line for the command line."""
+    text = Path(ROOT, "docs", "guide.md").read_text()
+    row = re.search(r"^\| the `celery redlock` command line \| `([^`]+)` \|", text, re.MULTILINE)
+    assert row is not None, "the guide's table has no command line row"
+    return row.group(1).split()
+
+
+@pytest.mark.parametrize("granted", [True, False], ids=["documented", "without-zpopmin"])
+def test_a_release_by_the_command_line_user_reaches_the_queued_waiter(
+    redis_url: str, r: redis_py.Redis, granted: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The command line's documented grants lacked ``+zpopmin``: its release (``release
+    --dead``, ``--force``, the dashboard's) deleted the key and told only the shared release
+    channel, so a queued waiter (a ``wait`` task) slept on for the holder's whole TTL while
+    any new call could take the free key, and nothing said so. With the documented grants
+    the waiter is handed the lock; without ``+zpopmin`` the release warns."""
+    rules = [rule for rule in _guide_cli_rules() if granted or rule != "+zpopmin"]
+    r.execute_command("ACL", "SETUSER", "redlock", "reset", *_guide_acl_rules(), *rules)
+    holder = Lock(redis_url, f"cli-queued-{granted}", ttl=120, owner="t-h", host="w1@host")
+    assert holder.acquire(blocking=False)
+    waiter = Lock(redis_url, f"cli-queued-{granted}", ttl=30)
+    won: list[bool] = []
+    thread = threading.Thread(target=lambda: won.append(waiter.acquire(timeout=60)), daemon=True)
+    thread.start()
+    wait_until(lambda: r.zcard(holder.keys.waiters) == 1, 10, "the waiter queued")
+    inventory = Inventory(redis_url.replace("redis://", "redis://redlock:secret@"), "redlock")
+    seen = inventory.read(holder.key)
+    assert seen is not None
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.lock"):
+        assert inventory.release(seen) is Released.RELEASED
+    if granted:
+        assert "not notified" not in caplog.text
+    else:
+        assert "waiters were not notified (PUBLISH, or ZPOPMIN for the queued ones" in caplog.text
+        assert r.zcard(holder.keys.waiters) == 1 and not won  # still asleep: warned
+        again = Lock(redis_url, f"cli-queued-{granted}", ttl=10)
+        assert again.acquire(blocking=False)
+        again.release()  # a release that may pop the queue hands it over
+    thread.join(10)
+    assert won == [True]
+    waiter.release()
     r.execute_command("ACL", "DELUSER", "redlock")
 
 

@@ -61,7 +61,7 @@ ACL_ADDITIONS = {
     "newest": "+hget +hset +hdel",  # lock_enqueue="replace", lock_debounce
     "rate": "+llen +lindex +rpush +ltrim",  # lock_rate
     "queue": "+zadd +zrem +zpopmin +exists",  # the queue of blocking waiters
-    "cli": "+scan +exists +mget +hgetall",  # celery redlock ls / inspect / stats
+    "cli": "+scan +exists +mget +hgetall +zpopmin +zadd",  # celery redlock ls / inspect / ...
     "timeline": "+lpush +ltrim",  # redlock_timeline, the dashboard's ring
 }
 ADMIN_PASSWORD = "admin-pw"

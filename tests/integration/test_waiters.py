@@ -162,6 +162,26 @@ def test_a_handoff_wakes_the_waiter_queued_next_which_keeps_its_place(
     assert third.next_message(r) == b"marker"  # not woken
 
 
+def test_a_release_by_a_user_without_zadd_never_pops_the_next_waiter(
+    r: redis_py.Redis, redis_server: RedisServer, stand_ins: list[StandIn]
+) -> None:
+    """The wake pops the next waiter and puts it back: a user who may not ``ZADD`` (the
+    command line's, say) would have taken it out of the queue. It is not woken instead."""
+    r.execute_command("ACL", "SETUSER", "no-zadd", "on", ">pw", "~*", "&*", "+@all", "-zadd")
+    try:
+        url = f"redis://no-zadd:pw@127.0.0.1:{redis_server.port}/0"
+        holder = Lock(url, "no-zadd", ttl=30)
+        assert holder.acquire(blocking=False)
+        first, second = StandIn(r, "no-zadd", score=0), StandIn(r, "no-zadd", score=1)
+        stand_ins.extend((first, second))
+        holder.release()
+        assert r.get(holder.keys.lock) == first.next_message(r)  # handed over all the same
+        assert second.next_message(r) == b"marker"
+        assert r.zrange(holder.keys.waiters, 0, -1) == [second.member.encode()]
+    finally:
+        r.execute_command("ACL", "DELUSER", "no-zadd")
+
+
 def test_a_waiter_that_leaves_wakes_the_waiter_queued_next(
     r: redis_py.Redis, stand_ins: list[StandIn]
 ) -> None:

@@ -77,8 +77,12 @@ _NUDGE = """
 -- (2) H releases at 1 s and the lock is handed to W1 for its 2 s lease;
 -- (3) W1 dies, or its process is stopped: its lease ends at 3 s and the key is free;
 -- (4) W2 sleeps on until 20 s, while any non-blocking caller may take the key ahead of it.
--- A user without ZPOPMIN, PUBLISH or ZADD gets no wake (each is a pcall).
+-- A user without ZPOPMIN, PUBLISH or ZADD gets no wake (each is a pcall); ZADD is tried
+-- first (XX of a member that never exists changes nothing), so that a waiter is never popped
+-- by a user who could not put it back.
 local function nudge(queue)
+  local can = redis.pcall('ZADD', queue, 'XX', 0, '')
+  if type(can) == 'table' and can.err then return end
   while true do
     local popped = redis.pcall('ZPOPMIN', queue)
     if type(popped) ~= 'table' or popped.err or #popped == 0 then return end
@@ -106,12 +110,13 @@ _HAND_ON = (
 -- the token is published to
 -- the waiter; the lock is never free in between. Without handoff the waiter is sent '1' and
 -- tries itself. A handoff also wakes the waiter queued next (nudge). Returns 2 handed over,
--- 1 woken, 0 nobody queued, -1 PUBLISH refused. A user without EXISTS or ZPOPMIN (an ACL
--- written before the queue) has no queue: 0.
+-- 1 woken, 0 nobody queued, -1 PUBLISH or ZPOPMIN refused (queued waiters not reached: an
+-- ACL user of the command line without +zpopmin, say).
 local function hand_on(queue, lock, handoff)
   while true do
     local popped = redis.pcall('ZPOPMIN', queue)
-    if type(popped) ~= 'table' or popped.err or #popped == 0 then return 0 end
+    if type(popped) == 'table' and popped.err then return -1 end
+    if type(popped) ~= 'table' or #popped == 0 then return 0 end
     local ttl, n, rest = string.match(popped[1], '^(%d+):(%d+):(.*)$')
     if ttl then
       local channel = string.sub(rest, 1, tonumber(n))

@@ -139,7 +139,7 @@ def test_inspect_takes_a_task_or_lock_name_and_lists_its_held_keys(
         assert f"{HOLD} names 1 held lock(s) of a task or lock name; release takes" in (
             refused.stderr
         )
-        assert f"celery redlock inspect {HOLD}" in refused.stderr
+        assert f"`celery -A {APP} redlock inspect {HOLD}` lists them" in refused.stderr
         assert json.loads(cli(server.port, "inspect", hold_lock["key"], "--json").stdout)
         gone = cli(server.port, "release", "proj.nothing")
         assert "proj.nothing is not held: nothing released" in gone.stderr
