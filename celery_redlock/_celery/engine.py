@@ -253,7 +253,7 @@ def _take(task: Any, request: Any, spec: Spec, settings: Settings, name: str, he
     try:
         acquired = _acquire(task, spec, request, lock, policy)
     except LockUnavailable as exc:
-        return _on_unavailable(task, spec, settings, request, exc)
+        return _on_unavailable(task, spec, settings, request, exc, lock)
     if not acquired:
         return _on_contended(task, spec, settings, request, lock, policy)
     if options.rate is not None:
@@ -554,10 +554,9 @@ def _on_contended(
     ``wait``, the call gets here after its wait timed out (reported as contended when it
     began), unless it is a duplicate, which does not wait (:func:`_acquire`)."""
     holder = _holder(lock)
-    redelivered = bool((request.delivery_info or {}).get("redelivered")) or calls.redelivered(
-        calls.header_of(request)
-    )
-    if redelivered or holder == request.id:
+    redelivered = bool((request.delivery_info or {}).get("redelivered"))
+    requeued = calls.redelivered(calls.header_of(request))
+    if redelivered or requeued or holder == request.id:
         # A redelivered message (acks_late after a lost worker or a visibility timeout), a
         # requeue of one, or a call that finds its own task id holding the key (a copy of it
         # still running, or an earlier try whose reply was lost, until its give-back lands)
@@ -565,7 +564,13 @@ def _on_contended(
         # would store SUCCESS/None and hide the holder's result); come back when the holder's
         # TTL ends (calls.py says why its requeues stay marked).
         countdown = max(lock.last_holder_ttl or 0.0, 1.0)
-        why = "redelivered while" if redelivered else _OWN_ID_HOLDS
+        why = (
+            "redelivered while"
+            if redelivered
+            else "requeued as a duplicate while"
+            if requeued
+            else _OWN_ID_HOLDS
+        )
         _requeue(task, request, spec, lock, countdown, "redelivered", why)
     if policy == "skip":
         setattr(request, REQUEST_ATTR, Execution(None, skipped=True))
@@ -701,7 +706,12 @@ def _gave_up(exc: LockContended, reason: str) -> LockContended:
 
 
 def _on_unavailable(
-    task: Any, spec: Spec, settings: Settings, request: Any, exc: LockUnavailable
+    task: Any,
+    spec: Spec,
+    settings: Settings,
+    request: Any,
+    exc: LockUnavailable,
+    lock: Lock | None = None,
 ) -> bool:
     """Apply ``redlock_on_unavailable``: run unlocked, retry (counted against
     ``max_retries``, with backoff) or fail. A call that fails for it, or whose retries are
@@ -709,10 +719,22 @@ def _on_unavailable(
     logs at INFO without a traceback, after one WARNING naming ``redlock_url``. An eager call
     under ``retry`` fails at once: Celery would run each retry at once and inline, against the
     same silent Redis, until ``max_retries`` (or, with ``max_retries=None``, the recursion
-    limit)."""
+    limit).
+
+    Under ``run``, a call whose ``lock`` saw its key held in this attempt is requeued as a
+    contended call is, not run unlocked: Redis answered that a holder runs. Without that:
+
+    1. A holds the key; B, under ``lock_on_contention="wait"``, finds it held and waits;
+    2. B's wait fails (its ``SUBSCRIBE`` refused by the ACL, or the server stops answering);
+    3. under ``run``, B ran its body beside A's.
+    """
     policy = settings.on_unavailable
     emit(task, request.id, "unavailable", settings=settings)
     where = f"the lock Redis at {redact(str(settings.url))} (redlock_url)"
+    if policy == "run" and lock is not None and lock.last_holder is not None:
+        countdown = max(lock.last_holder_ttl or 0.0, 1.0)
+        why = f"saw its key held, then could not wait ({exc}); not run unlocked:"
+        _requeue(task, request, spec, lock, countdown, "retry", why)
     if policy == "run":
         logger.warning(
             "%s[%s] runs WITHOUT a lock because %s does not answer "

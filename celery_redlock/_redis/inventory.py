@@ -736,7 +736,7 @@ class Inventory:
                 return InventoryRefused(
                     f"permission denied by the lock Redis at {shown}: {redact(exc)} (grant "
                     "that command to the ACL user: the command line needs +scan +exists +mget "
-                    "+pttl +hgetall +zpopmin +zadd, see the guide's ACL section)",
+                    "+pttl +hgetall +zpopmin +zrange +zrem, see the guide's ACL section)",
                     nodes=(shown,),
                 )
             return LockUnavailable(f"the lock Redis at {shown} refused: {redact(exc)}")

@@ -77,7 +77,8 @@ FEATURES: dict[str, Feature] = {
             ("SET", "GET", "PTTL", "PUBLISH", "SUBSCRIBE", "PING"),
         ),
         Feature("counters", (), ("HINCRBY",)),
-        Feature("queue", _scripts.QUEUE_SCRIPTS, ("EXISTS", "ZPOPMIN")),
+        # ZRANGE: a release, take or leave wakes the waiter queued next (read, not popped)
+        Feature("queue", _scripts.QUEUE_SCRIPTS, ("EXISTS", "ZPOPMIN", "ZRANGE")),
         Feature("enqueue", _named(_scripts.COMPANION_SCRIPTS, "mark_queued", "clear_queued")),
         Feature(
             "newest",
@@ -88,8 +89,9 @@ FEATURES: dict[str, Feature] = {
         Feature(
             "cli",
             _named(_scripts.LOCK_SCRIPTS, "pttls", "release_unrenewed"),
-            # ZPOPMIN, ZADD: a release hands the lock to a queued waiter (and wakes the next)
-            ("SCAN", "GET", "MGET", "EXISTS", "HGETALL", "ZPOPMIN", "ZADD"),
+            # ZPOPMIN: a release hands the lock to a queued waiter; ZRANGE, ZREM: and wakes the
+            # next one (dropping those gone)
+            ("SCAN", "GET", "MGET", "EXISTS", "HGETALL", "ZPOPMIN", "ZRANGE", "ZREM"),
         ),
         Feature(
             "dashboard",
@@ -127,6 +129,7 @@ ORDER = (
     "LTRIM",
     "ZADD",
     "ZCARD",
+    "ZRANGE",
     "ZREM",
     "ZPOPMIN",
     "SCAN",
@@ -207,6 +210,7 @@ def _probes(client: Any, prefix: str, timeout: float) -> dict[str, Callable[[], 
         "LTRIM": lambda: client.ltrim(list_, 1, 0),  # empties the list: it is deleted
         "ZADD": lambda: client.zadd(zset, {"check": 0}),
         "ZCARD": lambda: client.zcard(zset),
+        "ZRANGE": lambda: client.zrange(zset, 0, 0),
         "ZREM": lambda: client.zrem(zset, "check"),
         "ZPOPMIN": lambda: client.zpopmin(zset),
         "SCAN": lambda: client.scan(0, match=lock_pattern(prefix), count=10),

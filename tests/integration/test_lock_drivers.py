@@ -191,6 +191,7 @@ RULES = [
     "+zrem",
     "+zpopmin",
     "+exists",
+    "+zrange",
 ]
 
 

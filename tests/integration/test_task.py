@@ -16,6 +16,7 @@ from celery import signals as celery_signals
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
 
 from celery_redlock import (
+    Lock,
     LockConfigError,
     LockContended,
     LockedTask,
@@ -81,15 +82,19 @@ def test_a_duplicate_delivery_of_a_running_task_is_requeued_not_run_beside_it(
         entered.append(self.request.id)
         h.hold()
 
+    app.conf.redlock_lease = 2.0  # the requeue comes back at the holder's TTL
     with running_worker(app), caplog.at_level(logging.INFO, logger="celery_redlock"):
         work.apply_async(task_id="dup-1")
         assert h.entered.wait(10)
         work.apply_async(task_id="dup-1")
         requeue = "[dup-1] found its own task id holding the lock"
         wait_until(lambda: requeue in caplog.text, 10, "the requeue")
+        # Its requeue comes back, still a duplicate: said so, not "redelivered".
+        again = "[dup-1] requeued as a duplicate while"
+        wait_until(lambda: again in caplog.text, 20, "the requeue's requeue")
         assert entered == ["dup-1"]
         h.gate.set()
-    assert "skipped" not in caplog.text
+    assert "skipped" not in caplog.text and "redelivered while" not in caplog.text
 
 
 def test_fail_raises_lock_contended_with_context(h: Holder, app: Celery, r: redis_py.Redis) -> None:
@@ -481,6 +486,43 @@ def test_redis_unavailable_policies(redis_server: RedisServer, redis_url: str) -
                 with pytest.raises(LockUnavailable):
                     res.get(timeout=20)
                 assert res.state == "FAILURE"
+
+
+def test_a_wait_that_fails_after_seeing_the_key_held_never_runs_unlocked(
+    redis_server: RedisServer, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under ``redlock_on_unavailable="run"``, a ``wait`` call whose wait failed after Redis
+    answered that the key is held (its ACL user without ``+subscribe``) ran its body beside
+    the holder's. It is requeued as a contended call is, and runs once the key is free."""
+    r.execute_command(
+        "ACL", "SETUSER", "no-subscribe", "on", ">pw", "~*", "&*", "+@all", "-subscribe"
+    )
+    app = make_app(
+        redis_server,
+        redlock_url=f"redis://no-subscribe:pw@127.0.0.1:{redis_server.port}/0",
+        redlock_on_unavailable="run",
+    )
+    ran: list[bool] = []
+
+    @app.task(base=LockedTask, lock_on_contention="wait", lock_retry_countdown=0.1)
+    def work(key: str) -> str:
+        ran.append(current_lock() is not None)
+        return "ran"
+
+    holder = Lock(r, lock_key(work, "k").split(":{", 1)[1].rstrip("}"), ttl=3)
+    try:
+        assert holder.acquire(blocking=False) and r.exists(lock_key(work, "k"))
+        with caplog.at_level(logging.INFO, logger="celery_redlock"), running_worker(app):
+            result = work.delay("k")
+            wait_until(lambda: "not run unlocked" in caplog.text, 20, "the requeue")
+            assert ran == []  # not beside the holder
+            holder.release()
+            assert result.get(timeout=20) == "ran"
+        assert ran == [True]  # run once, locked
+        assert "runs WITHOUT a lock" not in caplog.text
+    finally:
+        app.close()
+        r.execute_command("ACL", "DELUSER", "no-subscribe")
 
 
 def test_redis_unavailable_default_retries_then_fails_visibly(

@@ -60,8 +60,8 @@ COMMANDS = [rule for rule in ACL_RULES.split() if rule.startswith("+")]
 ACL_ADDITIONS = {
     "newest": "+hget +hset +hdel",  # lock_enqueue="replace", lock_debounce
     "rate": "+llen +lindex +rpush +ltrim",  # lock_rate
-    "queue": "+zadd +zrem +zpopmin +exists",  # the queue of blocking waiters
-    "cli": "+scan +exists +mget +hgetall +zpopmin +zadd",  # celery redlock ls / inspect / ...
+    "queue": "+zadd +zrem +zpopmin +exists +zrange",  # the queue of blocking waiters
+    "cli": "+scan +exists +mget +hgetall +zpopmin +zrange +zrem",  # celery redlock ...
     "timeline": "+lpush +ltrim",  # redlock_timeline, the dashboard's ring
 }
 ADMIN_PASSWORD = "admin-pw"

@@ -162,24 +162,24 @@ def test_a_handoff_wakes_the_waiter_queued_next_which_keeps_its_place(
     assert third.next_message(r) == b"marker"  # not woken
 
 
-def test_a_release_by_a_user_without_zadd_never_pops_the_next_waiter(
-    r: redis_py.Redis, redis_server: RedisServer, stand_ins: list[StandIn]
+def test_the_wake_of_the_next_waiter_keeps_the_queue_s_expiry_and_drops_the_gone(
+    r: redis_py.Redis, stand_ins: list[StandIn]
 ) -> None:
-    """The wake pops the next waiter and puts it back: a user who may not ``ZADD`` (the
-    command line's, say) would have taken it out of the queue. It is not woken instead."""
-    r.execute_command("ACL", "SETUSER", "no-zadd", "on", ">pw", "~*", "&*", "+@all", "-zadd")
-    try:
-        url = f"redis://no-zadd:pw@127.0.0.1:{redis_server.port}/0"
-        holder = Lock(url, "no-zadd", ttl=30)
-        assert holder.acquire(blocking=False)
-        first, second = StandIn(r, "no-zadd", score=0), StandIn(r, "no-zadd", score=1)
-        stand_ins.extend((first, second))
-        holder.release()
-        assert r.get(holder.keys.lock) == first.next_message(r)  # handed over all the same
-        assert second.next_message(r) == b"marker"
-        assert r.zrange(holder.keys.waiters, 0, -1) == [second.member.encode()]
-    finally:
-        r.execute_command("ACL", "DELUSER", "no-zadd")
+    """The next waiter is read, not popped and put back: popped as the last member, the queue
+    key was deleted, and put back it had no expiry (kept for good once that waiter died); and
+    a releasing user who could pop but not ``ZADD`` moved it to the back. A waiter that is
+    gone is dropped, and the one behind it woken."""
+    holder = Lock(r, "expiry", ttl=30)
+    assert holder.acquire(blocking=False)
+    first, gone, second = (StandIn(r, "expiry", score=n) for n in range(3))
+    stand_ins.extend((first, second))
+    gone.close()
+    r.pexpire(holder.keys.waiters, 60_000)
+    holder.release()
+    assert r.get(holder.keys.lock) == first.next_message(r)  # handed over
+    assert second.next_message(r) == b"1"  # the gone one dropped, the next one woken
+    assert r.zrange(holder.keys.waiters, 0, -1, withscores=True) == [(second.member.encode(), 2.0)]
+    assert 0 < r.pttl(holder.keys.waiters) <= 60_000
 
 
 def test_a_waiter_that_leaves_wakes_the_waiter_queued_next(

@@ -70,30 +70,26 @@ return {0, redis.call('GET', KEYS[first]), first_ttl}
 #: Lua shared by the scripts that give a queued waiter the lock (a handoff, or a waiter that
 #: takes it free): wake the waiter queued next, so that it reads the new holder's TTL.
 _NUDGE = """
--- Wakes the first live waiter of the queue ('1': try again), keeping its place (ZPOPMIN, then
--- ZADD back with its score); waiters that are gone are dropped on the way. A queued waiter
--- sleeps until the TTL it read at its last try ends, so without this:
+-- Wakes the first live waiter of the queue ('1': try again); it keeps its place, as the queue
+-- is only read (ZRANGE), and waiters that are gone (no subscriber) are dropped on the way. A
+-- queued waiter sleeps until the TTL it read at its last try ends, so without this:
 -- (1) H holds for 20 s, W1 and W2 are queued, both sleeping on H's TTL;
 -- (2) H releases at 1 s and the lock is handed to W1 for its 2 s lease;
 -- (3) W1 dies, or its process is stopped: its lease ends at 3 s and the key is free;
 -- (4) W2 sleeps on until 20 s, while any non-blocking caller may take the key ahead of it.
--- A user without ZPOPMIN, PUBLISH or ZADD gets no wake (each is a pcall); ZADD is tried
--- first (XX of a member that never exists changes nothing), so that a waiter is never popped
--- by a user who could not put it back.
+-- A user without ZRANGE or PUBLISH wakes nobody (each is a pcall); without ZREM, a gone
+-- waiter ends the wake.
 local function nudge(queue)
-  local can = redis.pcall('ZADD', queue, 'XX', 0, '')
-  if type(can) == 'table' and can.err then return end
   while true do
-    local popped = redis.pcall('ZPOPMIN', queue)
-    if type(popped) ~= 'table' or popped.err or #popped == 0 then return end
-    local n, rest = string.match(popped[1], '^%d+:(%d+):(.*)$')
+    local first = redis.pcall('ZRANGE', queue, 0, 0)
+    if type(first) ~= 'table' or first.err or #first == 0 then return end
+    local n, rest = string.match(first[1], '^%d+:(%d+):(.*)$')
     if n then
       local got = redis.pcall('PUBLISH', string.sub(rest, 1, tonumber(n)), '1')
-      if type(got) == 'table' or got > 0 then
-        redis.pcall('ZADD', queue, popped[2], popped[1])
-        return
-      end
+      if type(got) == 'table' or got > 0 then return end
     end
+    local removed = redis.pcall('ZREM', queue, first[1])
+    if type(removed) == 'table' then return end
   end
 end
 """
@@ -398,14 +394,14 @@ SCRIPTS = (
         "release",
         RELEASE,
         ("GET", "SET", "DEL", "TIME"),
-        tolerated=("EXISTS", "ZPOPMIN", "PUBLISH", "ZADD"),
+        tolerated=("EXISTS", "ZPOPMIN", "PUBLISH", "ZRANGE", "ZREM"),
     ),
     Script("extend", EXTEND, ("GET", "PEXPIRE", "SET")),
     Script(
         "release_attempt",
         RELEASE_ATTEMPT,
         ("GET", "SET", "DEL", "TIME"),
-        tolerated=("EXISTS", "ZPOPMIN", "PUBLISH", "ZADD"),
+        tolerated=("EXISTS", "ZPOPMIN", "PUBLISH", "ZRANGE", "ZREM"),
     ),
     Script("fence", FENCE, ("GET", "TIME", "SET")),
     Script("raise_fence", RAISE_FENCE, ("GET", "SET")),
@@ -414,6 +410,6 @@ SCRIPTS = (
         "release_unrenewed",
         RELEASE_UNRENEWED,
         ("GET", "PTTL", "SET", "DEL", "TIME"),
-        tolerated=("EXISTS", "ZPOPMIN", "PUBLISH", "ZADD"),
+        tolerated=("EXISTS", "ZPOPMIN", "PUBLISH", "ZRANGE", "ZREM"),
     ),
 )

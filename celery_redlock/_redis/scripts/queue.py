@@ -129,12 +129,12 @@ SCRIPTS = (
         "wait",
         WAIT,
         ("GET", "SET", "TIME", "ZADD", "PTTL", "PEXPIRE"),
-        tolerated=("ZREM", "ZPOPMIN", "PUBLISH"),
+        tolerated=("ZREM", "ZRANGE", "PUBLISH"),
     ),
     Script(
         "leave",
         LEAVE,
         ("ZREM", "GET", "SET", "TIME", "DEL"),
-        tolerated=("EXISTS", "ZPOPMIN", "PUBLISH", "ZADD"),
+        tolerated=("EXISTS", "ZPOPMIN", "PUBLISH", "ZRANGE"),
     ),
 )
