@@ -646,12 +646,16 @@ class LockCore:
         return self._token is not None and self.clock() >= self._expires_at
 
     def on_lost(self, reason: str) -> None:
-        """Called once when the lock is found lost; logs an ERROR. Override to react."""
+        """Called once when the lock is found lost; logs an ERROR naming the holder's task id
+        (a worker runs several calls of one task: which one lost it). Override to react."""
+        token = self._token or self._released_token or ""
+        owner = _owner.parse(token)
         logger.error(
-            "lock %s lost (token %s…, fencing token %s): %s",
+            "lock %s lost (token %s…, fencing token %s%s): %s",
             self.key,
-            (self._token or self._released_token or "")[:8],
+            token[:8],
             self._fencing_token,
+            f", task {owner.task_id}" if owner is not None and owner.task_id else "",
             reason,
         )
 

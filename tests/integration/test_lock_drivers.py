@@ -314,7 +314,7 @@ def test_a_second_lock_cannot_acquire_and_sees_the_holder(
 def test_release_of_a_lock_taken_over_is_lost_and_leaves_the_new_owner(
     d2: Driver, redis_url: str, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
-    lock = d2.lock(redis_url, "taken", ttl=10)
+    lock = d2.lock(redis_url, "taken", ttl=10, owner="task-7")
     assert d2(lock.acquire(blocking=False))
     token = lock.token
     assert token is not None
@@ -323,6 +323,7 @@ def test_release_of_a_lock_taken_over_is_lost_and_leaves_the_new_owner(
         d2(lock.release())
     assert info.value.key == lock.key
     assert f"lost (token {token[:8]}…" in caplog.text  # the ERROR names the token released
+    assert ", task task-7): " in caplog.text  # and which call: several run one task
     assert lock.lost and not lock.held and r.get(lock.key) == b"someone-else"
     r.delete(lock.key)
 
