@@ -273,10 +273,10 @@ def _report_dry_run(
     if queue:
         logger.warning(
             "celery_redlock: the lock Redis at %s refuses the commands of the queue of blocking "
-            "waiters: %s; a release then wakes every waiter of a lock, and each tries, instead "
-            "of handing the lock to the first one (grant %s to the ACL user)",
+            "waiters: %s; %s (grant %s to the ACL user)",
             shown,
             "; ".join(f"{name}: {refusals[name]}" for name in queue),
+            _queue_consequence(set(queue)),
             _grant(queue),
         )
     tools = [*probe.FEATURES["cli"].commands, *probe.FEATURES["dashboard"].commands]
@@ -290,6 +290,24 @@ def _report_dry_run(
             ", ".join(cli),
             _grant(cli),
         )
+
+
+def _queue_consequence(refused: set[str]) -> str:
+    """What the queue of blocking waiters does without the ``refused`` commands."""
+    if refused & {"ZADD", "ZREM"}:  # no waiter can queue: they wait on the release channel
+        return (
+            "a release then wakes every waiter of a lock, and each tries, instead of handing "
+            "the lock to the first one"
+        )
+    if refused & {"ZPOPMIN", "EXISTS"}:  # waiters queue, and a release cannot reach them
+        return (
+            "waiters queue, but a release does not reach them: each tries again only when the "
+            "TTL it last read ends"
+        )
+    return (  # ZRANGE
+        "a release hands the lock to the first waiter, but the waiter queued next is not woken "
+        "to read the new holder's TTL"
+    )
 
 
 def _check_info(shown: str, info: dict[str, Any]) -> None:

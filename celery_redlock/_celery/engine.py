@@ -734,7 +734,13 @@ def _on_unavailable(
     if policy == "run" and lock is not None and lock.last_holder is not None:
         countdown = max(lock.last_holder_ttl or 0.0, 1.0)
         why = f"saw its key held, then could not wait ({exc}); not run unlocked:"
-        _requeue(task, request, spec, lock, countdown, "retry", why)
+        duplicate = (
+            bool((request.delivery_info or {}).get("redelivered"))
+            or calls.redelivered(calls.header_of(request))
+            or _holder(lock) == request.id
+        )  # its requeue stays marked, as a contended duplicate's does
+        label = "redelivered" if duplicate else contention_policy(spec, settings)
+        _requeue(task, request, spec, lock, countdown, label, why)
     if policy == "run":
         logger.warning(
             "%s[%s] runs WITHOUT a lock because %s does not answer "

@@ -741,7 +741,8 @@ class Inventory:
                 )
             return LockUnavailable(f"the lock Redis at {shown} refused: {redact(exc)}")
         if isinstance(exc, redis_py.exceptions.AuthenticationError):  # it answered: no outage
-            if urllib.parse.urlsplit(url).password is None:
+            parts = urllib.parse.urlsplit(url)
+            if parts.password is None and "password" not in urllib.parse.parse_qs(parts.query):
                 what = "wants a password (or an ACL user) that the URL does not give: add it to"
                 what += " redlock_url"
             else:

@@ -210,6 +210,8 @@ ACL_USERS = {
     "noevalsha": "~* +@all allchannels -evalsha",
     "nopublish": "~* +@all allchannels -publish",
     "noqueue": "~* +@all allchannels -zadd -zrem -zpopmin",
+    "nozpopmin": "~* +@all allchannels -zpopmin",
+    "nozrange": "~* +@all allchannels -zrange",
     "admin2": "~* +@all allchannels",
 }
 PASSWORD = "s3cr3t-acl-pw"
@@ -258,13 +260,29 @@ def test_the_startup_check_names_a_command_the_acl_user_lacks(
     assert startup_errors(app, caplog) == []
 
 
+@pytest.mark.parametrize(
+    ("user", "named", "consequence"),
+    [
+        ("noqueue", "ZADD", "a release then wakes every waiter of a lock, and each tries"),
+        ("nozpopmin", "ZPOPMIN", "waiters queue, but a release does not reach them"),
+        ("nozrange", "ZRANGE", "the waiter queued next is not woken to read the new holder's"),
+    ],
+)
 def test_an_acl_user_without_the_waiter_queue_is_warned_about_not_refused(
-    acl_server: RedisServer, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+    acl_server: RedisServer,
+    redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+    user: str,
+    named: str,
+    consequence: str,
 ) -> None:
-    app = make_app(redis_server, "acl-noqueue", redlock_url=user_url(acl_server, "noqueue"))
+    """Each missing command of the queue is told what it does: without ``+zrange`` alone the
+    lock is still handed over (the WARNING said every waiter is woken instead)."""
+    app = make_app(redis_server, f"acl-{user}", redlock_url=user_url(acl_server, user))
     assert startup_errors(app, caplog) == []
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert "queue of blocking waiters" in warning and "ZADD" in warning
+    assert "queue of blocking waiters" in warning and named in warning
+    assert consequence in warning, warning
     assert PASSWORD not in warning
 
 
