@@ -539,11 +539,22 @@ def _contended_error(
     )
 
 
-#: Why a call that was not redelivered is requeued when its own task id holds the key.
-_OWN_ID_HOLDS = (
-    "found its own task id holding the lock (a copy of this call still running, or an earlier "
-    "try whose reply was lost):"
-)
+def _duplicate(request: Any, lock: Lock) -> str | None:
+    """Why the call behind ``request`` is a duplicate of a live run (``None``: it is not), as
+    its requeue's log line says it: a redelivered message (acks_late after a lost worker or
+    a visibility timeout), a requeue of one, or a call that finds its own task id holding the
+    key (a copy of it still running, or an earlier try whose reply was lost, until its
+    give-back lands)."""
+    if (request.delivery_info or {}).get("redelivered"):
+        return "redelivered while"
+    if calls.redelivered(calls.header_of(request)):
+        return "requeued as a duplicate while"
+    if _holder(lock) == request.id:
+        return (
+            "found its own task id holding the lock (a copy of this call still running, or "
+            "an earlier try whose reply was lost):"
+        )
+    return None
 
 
 def _on_contended(
@@ -554,23 +565,12 @@ def _on_contended(
     ``wait``, the call gets here after its wait timed out (reported as contended when it
     began), unless it is a duplicate, which does not wait (:func:`_acquire`)."""
     holder = _holder(lock)
-    redelivered = bool((request.delivery_info or {}).get("redelivered"))
-    requeued = calls.redelivered(calls.header_of(request))
-    if redelivered or requeued or holder == request.id:
-        # A redelivered message (acks_late after a lost worker or a visibility timeout), a
-        # requeue of one, or a call that finds its own task id holding the key (a copy of it
-        # still running, or an earlier try whose reply was lost, until its give-back lands)
-        # is a duplicate of a live run, or may be the only copy left: never skip it (a skip
-        # would store SUCCESS/None and hide the holder's result); come back when the holder's
-        # TTL ends (calls.py says why its requeues stay marked).
+    why = _duplicate(request, lock)
+    if why is not None:
+        # A duplicate of a live run, or maybe the only copy left: never skip it (a skip would
+        # store SUCCESS/None and hide the holder's result); come back when the holder's TTL
+        # ends (calls.py says why its requeues stay marked).
         countdown = max(lock.last_holder_ttl or 0.0, 1.0)
-        why = (
-            "redelivered while"
-            if redelivered
-            else "requeued as a duplicate while"
-            if requeued
-            else _OWN_ID_HOLDS
-        )
         _requeue(task, request, spec, lock, countdown, "redelivered", why)
     if policy == "skip":
         setattr(request, REQUEST_ATTR, Execution(None, skipped=True))
@@ -734,12 +734,8 @@ def _on_unavailable(
     if policy == "run" and lock is not None and lock.last_holder is not None:
         countdown = max(lock.last_holder_ttl or 0.0, 1.0)
         why = f"saw its key held, then could not wait ({exc}); not run unlocked:"
-        duplicate = (
-            bool((request.delivery_info or {}).get("redelivered"))
-            or calls.redelivered(calls.header_of(request))
-            or _holder(lock) == request.id
-        )  # its requeue stays marked, as a contended duplicate's does
-        label = "redelivered" if duplicate else contention_policy(spec, settings)
+        # A duplicate's requeue stays marked, as a contended duplicate's does.
+        label = "redelivered" if _duplicate(request, lock) else contention_policy(spec, settings)
         _requeue(task, request, spec, lock, countdown, label, why)
     if policy == "run":
         logger.warning(

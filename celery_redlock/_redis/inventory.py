@@ -743,8 +743,10 @@ class Inventory:
         if isinstance(exc, redis_py.exceptions.AuthenticationError):  # it answered: no outage
             parts = urllib.parse.urlsplit(url)
             if parts.password is None and "password" not in urllib.parse.parse_qs(parts.query):
-                what = "wants a password (or an ACL user) that the URL does not give: add it to"
-                what += " redlock_url"
+                what = (
+                    "wants a password (or an ACL user) that the URL does not give: add it to "
+                    "redlock_url"
+                )
             else:
                 what = (
                     "refused the URL's credentials (a wrong password or ACL user: fix redlock_url)"
