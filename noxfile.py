@@ -78,7 +78,8 @@ REDIS_62_DIFFERENCES = {
         "6.2 refuses SET NX with GET: the acquire is a script that reads the holder and the "
         "server's TIME, so more commands than 7.0's one SET"
     ),
-    "test_footprint.py::test_a_release_hands_the_lock_to_one_waiter_wakes_the_next_and_nobody_polls": (
+    "test_footprint.py::"
+    "test_a_release_hands_the_lock_to_one_waiter_wakes_the_next_and_nobody_polls": (
         "it counts the scripts of the 7.0 acquire path"
     ),
 }

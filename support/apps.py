@@ -129,7 +129,14 @@ class NotRedis(DownBroker):
     def _answer(self, connection: socket.socket) -> None:
         with contextlib.suppress(OSError):
             connection.recv(4096)
-            if self.resets:  # closed with a zero linger: a TCP reset
+            if self.resets:
+                # Once the client waits for a reply (nothing more comes for 0.2 s): a reset
+                # during its writes would fail them ("while writing"), not its read.
+                connection.settimeout(0.2)
+                with contextlib.suppress(TimeoutError):
+                    while connection.recv(4096):
+                        pass
+                # Closed with a zero linger: a TCP reset.
                 connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 return
             connection.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
