@@ -476,6 +476,13 @@ def test_the_marker_of_a_call_killed_at_its_hard_limit_follows_celerys_decision(
             again = env.started(key, 2)
             assert again["id"] == call.id
             assert again["queued"] == call.id  # still the queued call's marker
+            # The dead run's FAILURE stays stored until the copy's SUCCESS replaces it: read
+            # before that, get() raised the time limit (seen once, under CI load).
+            wait_until(
+                lambda: call.backend.get_task_meta(call.id, cache=False)["status"] == "SUCCESS",
+                10.0,
+                "the requeued copy's SUCCESS",
+            )
             assert call.get(timeout=10) == key
         else:
             wait_until(lambda: not env.locks.exists(marker), 15.0, "the marker cleared")
