@@ -67,8 +67,9 @@ end
 return {0, redis.call('GET', KEYS[first]), first_ttl}
 """
 
-#: Lua shared by the scripts that give a queued waiter the lock (a handoff, or a waiter that
-#: takes it free): wake the waiter queued next, so that it reads the new holder's TTL.
+#: Lua shared by the scripts after which the first queued waiter may sleep on a stale TTL (a
+#: handoff, a waiter that takes the lock free, a waiter that leaves the queue): wake it, so
+#: that it reads the new holder's TTL.
 _NUDGE = """
 -- Wakes the first live waiter of the queue ('1': try again); it keeps its place, as the queue
 -- is only read (ZRANGE), and waiters that are gone (no subscriber) are dropped on the way. A
