@@ -509,9 +509,15 @@ class Inventory:
             call = _scripts.release_unrenewed_call(keys, lock.key, lock.value, limit, handoff)
             return int(run_script(client, _scripts.RELEASE_UNRENEWED, *call))
 
-        replies = [r for r in self._each(one) if r is not None]
-        if _scripts.RELEASED_NOT_NOTIFIED in replies:  # a user without +publish or +zpopmin
-            warn_not_notified(lock.key, [redact(url) for url in self.urls])
+        answers = self._each(one)
+        replies = [r for r in answers if r is not None]
+        refused = [  # the nodes where the user lacks +publish or +zpopmin
+            redact(url)
+            for url, reply in zip(self.urls, answers)
+            if reply == _scripts.RELEASED_NOT_NOTIFIED
+        ]
+        if refused:
+            warn_not_notified(lock.key, refused)
         failed = len(self.urls) - len(replies)
         if sum(1 for r in replies if r > 0) + failed >= self.quorum:
             # Released on a majority even if one node saw a renewal meanwhile: the lock is

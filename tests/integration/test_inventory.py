@@ -106,6 +106,28 @@ def test_a_quorum_lock_is_released_on_every_node() -> None:
         assert [s.client().exists(lock.key) for s in (a, b, c)] == [0, 0, 0]
 
 
+def test_a_quorum_release_warns_of_the_node_that_refused_to_notify_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The "waiters were not notified" WARNING named every node of the quorum when one node's
+    user lacked ``+publish``: the operator could not tell which ACL to fix."""
+    with RedisServer() as a, RedisServer() as b, RedisServer() as c:
+        rules = [r for r in _guide_acl_rules() + _guide_cli_rules() if r != "+publish"]
+        b.client().execute_command("ACL", "SETUSER", "redlock", "reset", *rules)
+        refusing = b.url.replace("redis://", "redis://redlock:secret@")
+        lock = Lock([a.url, b.url, c.url], "q-unnotified", ttl=30)
+        assert lock.acquire(blocking=False)
+        inventory = Inventory([a.url, refusing, c.url], "redlock")
+        seen = inventory.read(lock.key)
+        assert seen is not None
+        with caplog.at_level(logging.WARNING, logger="celery_redlock.lock"):
+            assert inventory.release(seen) is Released.RELEASED
+        warning = next(r.getMessage() for r in caplog.records if "not notified" in r.message)
+        assert f":{b.port}/" in warning
+        assert f":{a.port}/" not in warning and f":{c.port}/" not in warning
+        assert "secret" not in warning
+
+
 class Reporting(Inventory):
     """An inventory that records the nodes it went on without (:meth:`on_unanswered`)."""
 
