@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import shlex
 from collections.abc import Iterator
 from typing import Any
 
 import click
+from click.core import ParameterSource
 
 from .._celery.options import Settings, settings_for
+from .._redis.clients import redact_url
 from .._redis.inventory import Inventory
 from ..exceptions import LockConfigError, LockUnavailable, RedlockError
 from ._format import tolerant_streams
@@ -62,12 +65,33 @@ def _without_app(ctx: click.Context) -> bool:
     return "app" in root.params and not root.params["app"]
 
 
+#: Celery's own options that choose the app and its settings (``broker_url`` may be the
+#: ``redlock_url``), as ``(parameter, flag)``: a hint's command repeats those given.
+_ROOT_OPTIONS = (
+    ("broker", "-b"),
+    ("result_backend", "--result-backend"),
+    ("loader", "--loader"),
+    ("config", "--config"),
+    ("workdir", "--workdir"),
+)
+
+
 def command_line(ctx: click.Context, *args: str) -> str:
-    """``celery -A <app> redlock <args>`` as the operator ran it (the ``-A`` they gave), to
-    paste: arguments quoted for a shell."""
-    value = ctx.find_root().params.get("app")
-    app = value if isinstance(value, str) and value else "yourproject"
-    return " ".join(["celery", "-A", shlex.quote(app), "redlock", *map(shlex.quote, args)])
+    """``celery -A <app> redlock <args>`` as the operator ran it, to paste: the ``-A`` they gave
+    (on the command line or in the environment), and the other options of :data:`_ROOT_OPTIONS`
+    that they typed. Arguments are quoted for a shell; a password in a URL shows as ``***``,
+    to be typed again."""
+    root = ctx.find_root()
+    value = root.params.get("app")
+    words = ["celery", "-A", value if isinstance(value, str) and value else "yourproject"]
+    for name, flag in _ROOT_OPTIONS:
+        if root.get_parameter_source(name) is not ParameterSource.COMMANDLINE:
+            continue
+        # Celery's --workdir changes into the folder and keeps no value: the folder is here.
+        value = os.getcwd() if name == "workdir" else root.params.get(name)
+        if isinstance(value, str) and value:
+            words += [flag, redact_url(value) if "://" in value else value]
+    return " ".join([*map(shlex.quote, words), "redlock", *map(shlex.quote, args)])
 
 
 def store_of(ctx: click.Context) -> LockStore:
