@@ -165,6 +165,16 @@ class InventoryRefused(LockUnavailable):
     """The lock Redis refused a command to this ACL user (``NOPERM``); the message names it."""
 
 
+class ReleaseUnanswered(LockUnavailable):
+    """A release was sent, and too few nodes answered it: the key may be deleted or not.
+
+    Timeline: the owner-checked release is written to the socket; the node hangs (stopped,
+    paused by a failover) before it replies; the read times out; the node resumes and runs the
+    release, deleting the key and handing it to a waiter. Reported as "cannot reach", it would
+    tell the operator that the holder still holds the lock. Read the lock again to know.
+    """
+
+
 @dataclass(frozen=True)
 class HeldLock:
     """One held lock (one slot of a lock) as read from Redis."""
@@ -509,11 +519,21 @@ class Inventory:
             call = _scripts.release_unrenewed_call(keys, lock.key, lock.value, limit, handoff)
             return int(run_script(client, _scripts.RELEASE_UNRENEWED, *call))
 
-        answers = self._each(one)
+        try:
+            answers = self._each(one)
+        except InventoryRefused:
+            raise
+        except LockUnavailable as exc:
+            raise ReleaseUnanswered(
+                f"no answer to the release of {lock.key}, which may have happened or not: "
+                f"read the lock again ({exc})",
+                key=lock.key,
+                nodes=exc.nodes,
+            ) from exc
         replies = [r for r in answers if r is not None]
         refused = [  # the nodes where the user lacks +publish or +zpopmin
             redact(url)
-            for url, reply in zip(self.urls, answers)
+            for url, reply in zip(self.urls, answers, strict=True)
             if reply == _scripts.RELEASED_NOT_NOTIFIED
         ]
         if refused:

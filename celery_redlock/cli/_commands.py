@@ -252,8 +252,12 @@ def _release_dead(ctx: click.Context, store: LockStore, timeout: float, dry_run:
             released += 1
             click.echo(f"would release {shown}: {who(lock)} (worker does not answer)")
             continue
-        with answers():
-            outcome = store.release(lock, unless_renewed=True)
+        try:
+            with answers():
+                outcome = store.release(lock, unless_renewed=True)
+        except click.ClickException:
+            click.echo(f"released {released} lock(s) of dead workers; kept {kept}; then:")
+            raise
         if outcome is Released.RELEASED:
             released += 1
             click.echo(f"released {shown}: {who(lock)} (worker does not answer)")

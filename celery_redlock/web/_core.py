@@ -44,7 +44,14 @@ from .._celery.identity import lock_name_of
 from .._celery.options import settings_for
 from .._redis import companions
 from .._redis.clients import redact
-from .._redis.inventory import MAX_FILTER, HeldLock, Inventory, Released, check_filter
+from .._redis.inventory import (
+    MAX_FILTER,
+    HeldLock,
+    Inventory,
+    Released,
+    ReleaseUnanswered,
+    check_filter,
+)
 from .._redis.keys import is_slot
 from ..cli._format import safe
 from ..cli._liveness import DEAD, Verdict, hosts_to_ping, liveness, unpinged, verdict
@@ -413,10 +420,12 @@ class Dashboard:
                     f"refused by the lock Redis: its ACL user may not do this; it needs {grant}",
                 )
             else:
+                # A release that got no answer may have happened: "unknown", not "failed".
+                said = "unknown" if isinstance(exc, ReleaseUnanswered) else "failed"
                 logger.warning(
-                    "dashboard: %s of %s failed: %s", action, target, _shown(redact(exc))
+                    "dashboard: %s of %s %s: %s", action, target, said, _shown(redact(exc))
                 )
-                done = ActionResult(503, f"failed: {redact(exc)}")
+                done = ActionResult(503, f"{said}: {redact(exc)}")
         # The outcome names the posted key, and a holder read from Redis: both escaped.
         result = ActionResult(done.status, _shown(done.message, 2 * SHOWN_MAX))
         logger.info(
@@ -488,7 +497,18 @@ class Dashboard:
         judged = self.verdicts(locks, fresh=True)
         released = kept = 0
         for lock in locks:
-            if judged[lock.key].state == DEAD and self.inventory.release(lock, unless_renewed=True):
+            if judged[lock.key].state != DEAD:
+                kept += 1
+                continue
+            try:
+                outcome = self.inventory.release(lock, unless_renewed=True)
+            except ReleaseUnanswered as exc:
+                raise ReleaseUnanswered(
+                    f"released {released} lock(s) of dead workers and kept {kept}, then {exc}",
+                    key=exc.key,
+                    nodes=exc.nodes,
+                ) from exc
+            if outcome is Released.RELEASED:
                 self._released(lock)
                 released += 1
             else:

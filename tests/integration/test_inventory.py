@@ -26,6 +26,7 @@ from click.testing import CliRunner, Result
 from celery_redlock import Lock, LockedTask, LockLost, LockUnavailable, metrics
 from celery_redlock._redis import probe
 from celery_redlock._redis.inventory import Inventory, InventoryRefused, Released, lease_age
+from celery_redlock.cli import _commands as commands
 from celery_redlock.cli import redlock
 from celery_redlock.testing import RedisServer, wait_until
 from celery_redlock.web._core import Dashboard
@@ -33,6 +34,7 @@ from support import ROOT
 from support.apps import DownBroker, SilentBroker, brokerless_app, layout_app, make_app
 from support.servers import ClusterNodes
 from support.workers import running_worker
+from tests.integration.test_web_inventory import warm_release_script
 
 
 def run(app: Celery, *args: str) -> Result:
@@ -104,6 +106,44 @@ def test_a_quorum_lock_is_released_on_every_node() -> None:
         assert seen is not None and seen.fencing_token == lock.fencing_token
         assert inventory.release(seen, unless_renewed=True) is Released.RELEASED
         assert [s.client().exists(lock.key) for s in (a, b, c)] == [0, 0, 0]
+
+
+@pytest.mark.parametrize("args", [["release", "--dead"], ["release", "KEY", "--force"]])
+def test_a_release_by_the_command_line_that_got_no_answer_may_have_happened(
+    args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Timeline: the release is sent, the lock Redis hangs before it answers, and runs it
+    once resumed. The command line said "cannot reach the lock Redis", as if nothing was
+    released (and ``--dead`` printed no count of what it had released before)."""
+    with RedisServer() as server:
+        holder = Lock(server.url, "job", ttl=60, owner="t-gone", host="w9@gone")
+        assert holder.acquire(blocking=False)
+        base = f"redis://127.0.0.1:{server.port}"
+        app = layout_app("inv", base, set_as_current=False, redlock_lease=600)
+        app.conf.redlock_url = f"{server.url}?socket_timeout=0.5"
+        warm_release_script(server.url)
+        pinged = commands.verdicts
+
+        def hang_after_the_ping(*a: Any, **kw: Any) -> Any:
+            judged = pinged(*a, **kw)
+            os.kill(server.process.pid, signal.SIGSTOP)
+            return judged
+
+        monkeypatch.setattr(commands, "verdicts", hang_after_the_ping)
+        try:
+            done = run(
+                app, *[holder.key if arg == "KEY" else arg for arg in args], "--timeout", "0.2"
+            )
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        assert done.exit_code == 1, done.output
+        assert f"no answer to the release of {holder.key}, which may have happened or not" in (
+            done.stderr
+        )
+        if "--dead" in args:
+            assert "released 0 lock(s) of dead workers; kept 0; then:" in done.stdout
+        wait_until(lambda: not server.client().exists(holder.key), 5, "the release to run")
+        app.close()
 
 
 def test_a_quorum_release_warns_of_the_node_that_refused_to_notify_only(

@@ -4,6 +4,9 @@ checked actions, and a page view that writes nothing."""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import threading
 import urllib.parse
 from collections.abc import Iterable, Iterator
@@ -18,7 +21,7 @@ from celery_redlock._redis.inventory import BUDGET, ROWS, HeldLock, Inventory
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.owner import new_token
 from celery_redlock.cli._liveness import Verdict
-from celery_redlock.testing import RedisServer, free_port
+from celery_redlock.testing import RedisServer, free_port, wait_until
 from celery_redlock.web._core import Dashboard
 from celery_redlock.web._rows import Row, rows_of
 from support.apps import DownBroker, brokerless_app, layout_app
@@ -281,6 +284,64 @@ def test_a_renewal_during_the_action_keeps_the_lock_unless_forced(
     r.pexpire(key, 9_000)
     forced = board.act("release", {"key": key, "fingerprint": shown, "force": "1"}, "t")
     assert forced.status == 200 and not r.exists(key)
+
+
+def warm_release_script(url: str) -> None:
+    """Release a lock once, so that the server knows the release script: a release sent to a
+    server that does not (``NOSCRIPT``) is answered by loading it, which a hung server does
+    not do, so it would never run."""
+    warm, inventory = Lock(url, "warm", ttl=60), Inventory(url, "redlock")
+    assert warm.acquire(blocking=False)
+    seen = inventory.read(warm.key)
+    assert seen is not None and inventory.release(seen)
+
+
+class HangingDashboard(Dashboard):
+    """A dashboard whose lock Redis hangs (``SIGSTOP``) after the action's read and ping:
+    the release is sent, and answered only once the server resumes."""
+
+    def __init__(self, app: object, server: RedisServer) -> None:
+        super().__init__(app, actions=True, ping_timeout=0.2)
+        self.server = server
+
+    def verdicts(self, locks: Iterable[HeldLock], fresh: bool = False) -> dict[str, Verdict]:
+        judged = super().verdicts(locks, fresh)
+        if fresh:
+            os.kill(self.server.process.pid, signal.SIGSTOP)
+        return judged
+
+
+@pytest.mark.parametrize("action", ["release", "release-dead"])
+def test_a_release_that_got_no_answer_is_unknown_not_failed(
+    action: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The release was reported "failed" (page, log, signal) while the script, sent before
+    the server hung, ran when it resumed and deleted the key."""
+    with RedisServer() as server:
+        r = server.client()
+        fill(r, ["job:1"], ttl_ms=60_000)  # a dead worker's lock, held for 60 s more
+        key = keys_for("redlock", "job:1").lock
+        base = f"redis://127.0.0.1:{server.port}"
+        app = layout_app("inv", base, set_as_current=False, redlock_lease=600)
+        app.conf.redlock_url = f"{base}/0?socket_timeout=0.5"
+        board = HangingDashboard(app, server)
+        warm_release_script(server.url)
+        form = {"key": key, "fingerprint": rows(board.inventory)[key].fingerprint, "prefix": ""}
+        try:
+            with caplog.at_level(logging.INFO, logger="celery_redlock.web"):
+                done = board.act(action, form, "t")
+        finally:
+            os.kill(server.process.pid, signal.SIGCONT)
+        assert done.status == 503 and done.message.startswith("unknown: "), done.message
+        assert f"no answer to the release of {key}, which may have happened or not" in (
+            done.message
+        )
+        if action == "release-dead":
+            assert "released 0 lock(s) of dead workers and kept 0, then no answer" in done.message
+        assert f"dashboard: {action} of {key} unknown: " in caplog.text
+        assert "failed" not in caplog.text
+        wait_until(lambda: not r.exists(key), 5, "the release sent before the hang to run")
+        app.close()
 
 
 def test_a_quorum_lock_missing_from_the_first_node_is_listed() -> None:
