@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import inspect
 import logging
+from datetime import datetime
 from typing import Any
 
 from celery import Task
 from celery.backends.rpc import RPCBackend
+from celery.utils.time import maybe_make_aware
 from kombu.utils.uuid import uuid
 
 from ._celery import (
@@ -125,13 +127,18 @@ class LockedTask(Task):  # type: ignore[misc]
            still guarantees exclusion when it runs. If the publish fails (the broker is down,
            an argument does not serialize), the marker it set is cleared, owner-checked, as
            the error propagates: a marker left behind would send every later call of the key
-           to a task id that was never queued, for ``lock_enqueue_ttl``.
+           to a task id that was never queued, for ``lock_enqueue_ttl``. The marker says
+           "being published" until the publish returns: a call of the key made meanwhile
+           waits for it (:func:`~celery_redlock._celery.engine.mark_queued`), and is queued
+           itself if that publish failed.
         5. A ``lock_bypass`` call, and a call with callbacks or in a canvas (``link``,
            ``link_error``, a chain, a group or a chord, and what a worker publishes for one:
            a chain's next step, a callback, a replacement), always publish and write no marker:
            the bypass runs on purpose; a canvas call de-duplicated would drop its callbacks
            and the rest of its chain, and leave its group or chord waiting forever on a task
            id that never runs. The lock still excludes it when it runs.
+        6. A call with ``expires`` keeps its marker no longer than until it expires: the
+           worker would discard it unrun, so a call made after that is queued.
 
         Per-call options (``lock_on_contention``, ``lock_wait_timeout``, ``lock_ttl``,
         ``lock_retry_countdown``, ``lock_bypass``) are validated here, raising
@@ -151,17 +158,13 @@ class LockedTask(Task):  # type: ignore[misc]
         ):
             return super().apply_async(args, kwargs, task_id=task_id, **options)
         task_id = task_id or uuid()
+        expires = _seconds_left(self.app, options.get("expires"))
         marked = False
         try:
-            queued = engine.mark_queued(self, args, kwargs, task_id)
-            if queued is not None and queued != task_id and engine.has_ended(self, queued):
-                engine.clear_queued(self, args, kwargs, queued)  # only if still that call's
-                queued = engine.mark_queued(self, args, kwargs, task_id)
+            queued = engine.mark_queued(self, args, kwargs, task_id, expires)
             marked = queued is None
         except LockUnavailable as exc:
-            logger.warning(
-                "%s: enqueue de-duplication skipped, Redis unavailable: %s", self.name, exc
-            )
+            logger.warning("%s: enqueue de-duplication skipped: %s", self.name, exc)
             queued = None
         if queued is not None and queued != task_id:
             logger.info(
@@ -170,11 +173,14 @@ class LockedTask(Task):  # type: ignore[misc]
             _warn_unfetchable(self)
             return self.AsyncResult(queued)
         try:
-            return super().apply_async(args, kwargs, task_id=task_id, **options)
+            result = super().apply_async(args, kwargs, task_id=task_id, **options)
         except BaseException:
             if marked:  # never published: nothing is queued under this id
                 engine.clear_queued(self, args, kwargs, task_id)
             raise
+        if marked:
+            engine.confirm_queued(self, args, kwargs, task_id, expires)
+        return result
 
     def apply(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         """Run the call in this process (``apply()``; ``delay()`` under ``task_always_eager``
@@ -270,6 +276,17 @@ for _option in OPTIONS.values():
 
 #: The tasks already warned that a de-duplicated call's result cannot be fetched (once each).
 _warned_rpc: set[str] = set()
+
+
+def _seconds_left(app: Any, expires: Any) -> float | None:
+    """Seconds until a call's ``expires`` (seconds, or a datetime: naive in the app's
+    timezone, as Celery reads it), ``None`` without one."""
+    if isinstance(expires, datetime):
+        left = maybe_make_aware(expires, app.timezone) - app.now()
+        return float(left.total_seconds())
+    if isinstance(expires, (int, float)) and not isinstance(expires, bool):
+        return float(expires)
+    return None
 
 
 def _warn_unfetchable(task: Any) -> None:

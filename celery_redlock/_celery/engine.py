@@ -964,12 +964,31 @@ def _check_rate(task: Any, spec: Spec, settings: Settings, request: Any, lock: L
 # -- enqueue-time de-duplication -----------------------------------------------------------------
 
 
-@tracing.traced_enqueue
-def mark_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> str | None:
-    """Mark the call as queued; return the task id already queued for its key, if any.
+#: How long a queued marker may say that its call is being published (:func:`mark_queued`):
+#: longer than a publish takes, the broker's retries included. A caller that died while
+#: publishing holds up the later calls of its key no longer than this.
+PUBLISHING_S = 30.0
 
-    Raises :class:`LockUnavailable` when Redis does not answer (the caller then publishes:
-    an outage never drops a call).
+
+@tracing.traced_enqueue
+def mark_queued(
+    task: Any, args: Any, kwargs: Any, task_id: str, expires: float | None = None
+) -> str | None:
+    """Mark the call as queued, while it is being published (:func:`confirm_queued` once it
+    is); return the task id already queued for its key instead, if any. ``expires``: seconds
+    until the call's ``expires``, which bounds the marker's ``lock_enqueue_ttl``.
+
+    A call of the key still being published is waited for (a few milliseconds, at most
+    :data:`PUBLISHING_S`): once published, its task id is returned; if its publish failed
+    (its marker cleared, or expired), this call marks itself. Timeline without the wait:
+    (1) A marks and publishes, the broker being down; (2) B finds A's marker and returns A's
+    id; (3) A's publish fails, the error reaches A's caller, A's marker is cleared; B's
+    caller holds the id of a call that was never queued, and B never runs.
+
+    A marker whose call the result backend says has ended is replaced (see
+    :meth:`~celery_redlock.LockedTask.apply_async`). Raises :class:`LockUnavailable` when
+    Redis does not answer, or when calls of the key were still being published after twice
+    :data:`PUBLISHING_S` (the caller then publishes: never a dropped call).
     """
     spec = spec_of(task)
     assert spec is not None
@@ -977,7 +996,50 @@ def mark_queued(task: Any, args: Any, kwargs: Any, task_id: str) -> str | None:
     name = lock_name_for(task, spec, args, kwargs)
     tracing.lock_name(settings.prefix, name)
     keys = _keys.keys_for(settings.prefix, name)
-    return companions.mark_queued(settings.url, keys, task_id, int(spec.options.enqueue_ttl * 1000))
+    ttl_ms = _marker_ms(spec, expires)
+    publishing_ms = min(ttl_ms, round(PUBLISHING_S * 1000))
+    deadline, pause, replaced = time.monotonic() + 2 * PUBLISHING_S, 0.002, False
+    while True:
+        queued = companions.mark_queued(settings.url, keys, task_id, publishing_ms)
+        if queued is None:
+            return None
+        if not queued.startswith(companions.PUBLISHING):
+            if queued == task_id or replaced or not has_ended(task, queued):
+                return queued
+            companions.clear_queued(settings.url, keys, queued)  # only if still that call's
+            replaced = True
+        elif time.monotonic() < deadline:
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)
+        else:
+            raise LockUnavailable(
+                f"calls of {keys.lock} were still being published after {2 * PUBLISHING_S:.0f} s",
+                key=keys.lock,
+            )
+
+
+def confirm_queued(
+    task: Any, args: Any, kwargs: Any, task_id: str, expires: float | None = None
+) -> None:
+    """After the publish of a call that :func:`mark_queued` marked: its marker now says it
+    is queued, for ``lock_enqueue_ttl`` (bounded by ``expires``), unless its execution already
+    started and cleared it. If Redis does not answer, the marker expires within
+    :data:`PUBLISHING_S`, and the calls of the key that wait for it are then published."""
+    spec = spec_of(task)
+    assert spec is not None
+    settings = settings_for(task.app)
+    keys = _keys.keys_for(settings.prefix, lock_name_for(task, spec, args, kwargs))
+    try:
+        companions.confirm_queued(settings.url, keys, task_id, _marker_ms(spec, expires))
+    except LockUnavailable as exc:
+        logger.warning("%s[%s]: could not confirm the queued marker: %s", task.name, task_id, exc)
+
+
+def _marker_ms(spec: Spec, expires: float | None) -> int:
+    """A queued marker's TTL: ``lock_enqueue_ttl``, no longer than until the call expires (a
+    later call is then queued: the worker would discard the expired one unrun)."""
+    ttl = spec.options.enqueue_ttl if expires is None else min(spec.options.enqueue_ttl, expires)
+    return max(1, round(ttl * 1000))
 
 
 def clear_queued(

@@ -323,7 +323,7 @@ OPTIONS: dict[str, Option] = {
             "How long an enqueue marker lives: with 'keep' ('until_executed'), if its task "
             "never starts (never ends); with "
             "'replace' or lock_debounce, after its call is due.",
-            seconds(),
+            seconds(ms=True),
         ),
         Option(
             "debounce",

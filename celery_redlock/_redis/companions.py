@@ -80,14 +80,28 @@ def acl_refusal(exc: BaseException, script: str) -> str | None:
 # -- the queued marker (lock_enqueue="keep") -----------------------------------------------------
 
 
+#: What a queued marker starts with while its call is being published (:func:`mark_queued`).
+PUBLISHING = "?"
+
+
 def mark_queued(target: Any, keys: LockKeys, task_id: str, ttl_ms: int) -> str | None:
-    """Mark ``task_id`` as the queued call of ``keys``; the task id already queued, if any."""
+    """Mark ``task_id`` as the queued call of ``keys``, being published, for ``ttl_ms``
+    (:func:`confirm_queued` once it is); else the marker already there: a task id, or
+    :data:`PUBLISHING` and a task id while that call is being published."""
     script = _scripts.MARK_QUEUED
     reply = _run(target, script, _scripts.queued_call(keys, task_id, ttl_ms), keys.queued)
     if int(reply[0]) == 1:
         return None
     existing = reply[1]
     return existing.decode() if isinstance(existing, bytes) else str(existing)
+
+
+def confirm_queued(target: Any, keys: LockKeys, task_id: str, ttl_ms: int) -> bool:
+    """After its publish: the marker names ``task_id`` as queued, for ``ttl_ms``, unless it
+    is no longer that call's (its execution already started and cleared it, or it expired)."""
+    script = _scripts.CONFIRM_QUEUED
+    reply = _run(target, script, _scripts.queued_call(keys, task_id, ttl_ms), keys.queued)
+    return bool(reply)
 
 
 def clear_queued(target: Any, keys: LockKeys, task_id: str, timeout: float | None = None) -> bool:

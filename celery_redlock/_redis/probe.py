@@ -79,7 +79,10 @@ FEATURES: dict[str, Feature] = {
         Feature("counters", (), ("HINCRBY",)),
         # ZRANGE: a release, take or leave wakes the waiter queued next (read, not popped)
         Feature("queue", _scripts.QUEUE_SCRIPTS, ("EXISTS", "ZPOPMIN", "ZRANGE")),
-        Feature("enqueue", _named(_scripts.COMPANION_SCRIPTS, "mark_queued", "clear_queued")),
+        Feature(
+            "enqueue",
+            _named(_scripts.COMPANION_SCRIPTS, "mark_queued", "confirm_queued", "clear_queued"),
+        ),
         Feature(
             "newest",
             _named(_scripts.COMPANION_SCRIPTS, "mark_newest", "confirm_newest", "check_newest"),

@@ -9,7 +9,6 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,11 +18,14 @@ import pytest
 import redis as redis_py
 from celery import Celery, Task, chain, chord, group
 from celery.exceptions import TimeLimitExceeded
+from celery.signals import before_task_publish
+from kombu.exceptions import EncodeError
 
 from celery_redlock import LockedTask, lock_key
 from celery_redlock.testing import RedisServer, free_port, wait_until
 from support.apps import lock_keys, make_app
 from support.workers import Holder, running_worker
+from tests.integration.test_script_keys import Monitor
 
 
 @pytest.fixture
@@ -414,26 +416,71 @@ def test_an_unreachable_redis_never_drops_a_call(
         ids = {job.delay().id for _ in range(2)}
     assert len(ids) == 2
     assert broker.llen("celery") == 2  # both published
-    assert "enqueue de-duplication skipped, Redis unavailable" in caplog.text
+    assert "enqueue de-duplication skipped: Redis at" in caplog.text
     app.close()
 
 
-def test_an_expired_queued_call_clears_its_marker(app: Celery, r: redis_py.Redis) -> None:
+def test_a_call_made_while_the_queued_call_is_published_is_not_lost(
+    app: Celery, r: redis_py.Redis, redis_server: RedisServer
+) -> None:
+    """Timeline: A marks its key and publishes; B, a call of the same key, finds A's marker
+    and was given A's id; A's publish then fails (here an argument that does not serialize;
+    a broker outage alike) and A's marker is cleared. B's caller held the id of a call that
+    was never queued, and B never ran. B now waits for A's publish, and is queued itself."""
+
+    @app.task(base=LockedTask, lock_enqueue=True, lock_by=["n"])
+    def keep(n: int, extra: Any = None) -> int:
+        return n
+
+    monitor = Monitor(redis_server)
+    joined: list[Any] = []
+
+    def b_during_a_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        if (headers or {}).get("id") != "task-A":
+            return
+        call = threading.Thread(
+            target=lambda: joined.append(keep.apply_async((7,), task_id="task-B")), daemon=True
+        )
+        call.start()
+        wait_until(
+            lambda: any("task-B" in line["command"] for line in monitor.lines),
+            5,
+            "B to find A's marker",
+        )
+
+    before_task_publish.connect(b_during_a_publish, weak=False)
+    try:
+        with pytest.raises(EncodeError):
+            keep.apply_async((7,), {"extra": object()}, task_id="task-A")
+        wait_until(lambda: joined, 5, "B's apply_async to return")
+    finally:
+        before_task_publish.disconnect(b_during_a_publish)
+        monitor.close()
+    assert joined[0].id == "task-B"
+    assert r.get(queued_key(keep, 7)) == b"task-B"
+    with running_worker(app):
+        assert joined[0].get(timeout=10) == 7
+
+
+def test_a_call_after_the_queued_calls_expiry_is_queued(app: Celery, r: redis_py.Redis) -> None:
+    """A call made after the queued call's ``expires`` passed, and before a worker discarded
+    it, was given its id: the worker then discarded both as one, and nothing ran (an hourly
+    beat entry with ``expires`` lost a run after a backlog). The marker now lives no longer
+    than the call can run."""
+
     @app.task(base=LockedTask, lock_enqueue=True)
     def report(day: str) -> str:
         return day
 
-    first = report.apply_async(("monday",), expires=0.2)
+    first = report.apply_async(("monday",), expires=0.5)
     marker = queued_key(report, "monday")
-    assert r.get(marker) == first.id.encode()
-    wait_until(lambda: first.state == "PENDING" and r.pttl(marker) > 0, 5, "marker set")
-    time.sleep(0.3)  # the point is elapsed time: the message must be past its expiry
+    assert r.get(marker) == first.id.encode() and 0 < r.pttl(marker) <= 500
+    wait_until(lambda: not r.exists(marker), 5, "the marker to end with the call's expiry")
+    second = report.delay("monday")  # no worker yet: the expired call is still in the queue
+    assert second.id != first.id
     with running_worker(app):
-        wait_until(lambda: not r.exists(marker), 10, "the worker to discard it and clear")
-        assert first.state == "REVOKED"
-        second = report.delay("monday")  # not swallowed by the expired call's marker
-        assert second.id != first.id
         assert second.get(timeout=10) == "monday"
+        wait_until(lambda: first.state == "REVOKED", 10, "the worker to discard the expired call")
 
 
 @pytest.mark.skipif(

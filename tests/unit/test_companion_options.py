@@ -9,7 +9,7 @@ from celery import Celery
 from celery_redlock import LockConfigError, LockedTask, single_instance
 
 
-@pytest.mark.parametrize("option", ["lock_debounce", "lock_ttl"])
+@pytest.mark.parametrize("option", ["lock_debounce", "lock_ttl", "lock_enqueue_ttl"])
 def test_sub_millisecond_durations_are_refused_naming_task_and_option(option: str) -> None:
     """0.0004 s would be sent as 0 ms (an error reply at every run, or no debounce at all)."""
     app = Celery("submillisecond", set_as_current=False)

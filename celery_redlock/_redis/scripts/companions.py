@@ -18,19 +18,34 @@ from .base import Script
 
 MARK_QUEUED = """
 -- KEYS[1] queued marker key
--- ARGV[1] task id, ARGV[2] ttl in ms
--- returns {1} marked (nothing of this key was queued), {0, task_id} already queued
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+-- ARGV[1] task id, ARGV[2] ttl in ms while the call is being published
+-- Marks the call as being published ('?' and its task id) until CONFIRM_QUEUED.
+-- returns {1} marked (nothing of this key was queued), {0, marker} already marked (a marker
+--         starting with '?': that call is still being published)
+if redis.call('SET', KEYS[1], '?' .. ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1}
 end
 return {0, redis.call('GET', KEYS[1])}
 """
 
+CONFIRM_QUEUED = """
+-- KEYS[1] queued marker key
+-- ARGV[1] task id, ARGV[2] ttl in ms
+-- returns 1 confirmed (the call is published), 0 the marker is no longer this call's (its
+--         execution started and cleared it, or it expired)
+if redis.call('GET', KEYS[1]) == '?' .. ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+
 CLEAR_QUEUED = """
 -- KEYS[1] queued marker key
 -- ARGV[1] task id
--- returns 1 cleared (the marker was this task's), 0 otherwise
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+-- returns 1 cleared (the marker was this task's, published or being published), 0 otherwise
+local marker = redis.call('GET', KEYS[1])
+if marker == ARGV[1] or marker == '?' .. ARGV[1] then
   redis.call('DEL', KEYS[1])
   return 1
 end
@@ -189,7 +204,7 @@ def rate_call(
 
 
 def queued_call(keys: LockKeys, task_id: str, ttl_ms: int) -> tuple[list[str], list[Any]]:
-    """``(KEYS, ARGV)`` of :data:`MARK_QUEUED`."""
+    """``(KEYS, ARGV)`` of :data:`MARK_QUEUED` and of :data:`CONFIRM_QUEUED`."""
     return [keys.queued], [task_id, ttl_ms]
 
 
@@ -248,6 +263,7 @@ return length
 #: What each script runs (:class:`~celery_redlock._redis.scripts.base.Script`).
 SCRIPTS = (
     Script("mark_queued", MARK_QUEUED, ("SET", "GET")),
+    Script("confirm_queued", CONFIRM_QUEUED, ("GET", "SET")),
     Script("clear_queued", CLEAR_QUEUED, ("GET", "DEL")),
     Script("mark_newest", MARK_NEWEST, ("TIME", "HGET", "HSET", "PTTL", "PEXPIRE")),
     Script("confirm_newest", CONFIRM_NEWEST, ("HGET", "HSET")),
