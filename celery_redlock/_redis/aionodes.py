@@ -381,7 +381,7 @@ class Quorum(QuorumRules):
             return AcquireResult(
                 True, fencing_token=vote.fencing, complete=vote.won == len(replies)
             )
-        await self.release(keys, token, quiet=True)
+        await self.release(keys, token, quiet=True, wake="never" if vote.taken else "freed")
         self.check_answered(keys.lock, replies, "acquire failed")
         return vote.refusal
 
@@ -391,12 +391,17 @@ class Quorum(QuorumRules):
         return self.fence_raised(replies, lagging, won)
 
     async def release(
-        self, keys: LockKeys, token: str, keep_ms: int = 0, quiet: bool = False
+        self,
+        keys: LockKeys,
+        token: str,
+        keep_ms: int = 0,
+        quiet: bool = False,
+        wake: _scripts.Wake = "always",
     ) -> bool:
-        """Release on every node (see the sync ``Quorum.release``): ``quiet`` is the give-back
-        of a failed acquisition, and a node whose reply was lost (frozen past
+        """Release on every node (see the sync ``Quorum.release``, and its ``wake``): ``quiet``
+        is the give-back of a failed acquisition, and a node whose reply was lost (frozen past
         ``node_timeout``) is given the release again in the background (:func:`give_back`)."""
-        call = _scripts.release_call(keys, token, keep_ms)
+        call = _scripts.release_call(keys, token, keep_ms, wake=wake)
         replies = await self._call_all(_scripts.RELEASE, call)
         for i, (_, error) in enumerate(replies):
             if error is not None and lost_reply(error):

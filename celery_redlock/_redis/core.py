@@ -30,6 +30,7 @@ This module never imports Celery, nor a Redis client.
 
 from __future__ import annotations
 
+import collections
 import enum
 import logging
 import os
@@ -305,6 +306,9 @@ class Vote(NamedTuple):
     #: What a failed attempt reports: a holder seen by a node, or a bare refusal (no holder
     #: seen: enough votes, but the validity time ran out).
     refusal: AcquireResult
+    #: One other owner holds the lock on a majority (``quorum`` nodes): a failed
+    #: attempt gives back what it won without waking the waiters (nothing is free for them).
+    taken: bool = False
 
 
 def count_votes(
@@ -322,7 +326,9 @@ def count_votes(
     refusal = held[0] if held else AcquireResult(False)
     validity_ms = ttl_ms - elapsed_ms - (ttl_ms * 0.01 + 2)
     if len(won) < quorum or validity_ms <= 0:
-        return Vote(None, len(won), [], refusal)
+        holders = collections.Counter(res.holder for res in held if res.holder)
+        taken = any(seen >= quorum for seen in holders.values())
+        return Vote(None, len(won), [], refusal, taken)
     fencing = max(results[i].fencing_token or 0 for i in won)
     lagging = [i for i in won if results[i].fencing_token != fencing]
     return Vote(fencing, len(won), lagging, refusal)

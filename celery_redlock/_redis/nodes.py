@@ -378,7 +378,7 @@ class Quorum(QuorumRules):
             return AcquireResult(
                 True, fencing_token=vote.fencing, complete=vote.won == len(replies)
             )
-        self.release(keys, token, quiet=True)
+        self.release(keys, token, quiet=True, wake="never" if vote.taken else "freed")
         self.check_answered(keys.lock, replies, "acquire failed")
         return vote.refusal
 
@@ -392,9 +392,24 @@ class Quorum(QuorumRules):
             self._call_all(_scripts.RAISE_FENCE, call, only=lagging), lagging, won
         )
 
-    def release(self, keys: LockKeys, token: str, keep_ms: int = 0, quiet: bool = False) -> bool:
+    def release(
+        self,
+        keys: LockKeys,
+        token: str,
+        keep_ms: int = 0,
+        quiet: bool = False,
+        wake: _scripts.Wake = "always",
+    ) -> bool:
         """Release on every node; ``quiet``: the give-back of a failed acquisition, whose
         outcome is not asked for (no error when too few nodes answer).
+
+        ``wake``: a release wakes the waiters on every node, those the holder lacks too (the
+        waiters listen on one node); a give-back wakes them where it freed what it won, or
+        (``"never"``) not at all while another owner holds the lock on a majority. Timeline
+        that closes: the holder lacks node A, where the waiters listen; each failed attempt
+        wins A, and its give-back woke every waiter, whose attempts failed and woke the others
+        again: hundreds of attempts a second until the holder released, on every node, and
+        the holder's renewal could not take A back.
 
         A node whose reply was lost is given the release again in the background
         (:mod:`~celery_redlock._redis.givebacks`). Timeline it closes: (a) node C is frozen
@@ -402,7 +417,7 @@ class Quorum(QuorumRules):
         the release to C gets no answer; (c) C resumes and runs the acquire: C holds the
         released lock for a whole TTL, and one more node down then stops every acquisition.
         """
-        call = _scripts.release_call(keys, token, keep_ms)
+        call = _scripts.release_call(keys, token, keep_ms, wake=wake)
         replies = self._call_all(_scripts.RELEASE, call)
         for i, (_, error) in enumerate(replies):
             if error is not None and lost_reply(error):

@@ -1100,6 +1100,84 @@ def test_publish_refused_on_a_quorum_release_warns(
     assert all(admin.get(lock.keys.lock) is None for admin in admins)
 
 
+def test_quorum_waiters_sleep_while_the_holder_lacks_the_node_they_listen_on(
+    d2: Driver, three: list[RedisServer]
+) -> None:
+    """Timeline: H acquires while node 0 holds a foreign value: H holds nodes 1 and 2. The
+    waiters listen on node 0 (the first that answers). Each failed attempt won node 0, and its
+    give-back published a release there: every other waiter woke, tried, failed and published
+    in turn, hundreds of attempts a second each, on every node, until H released. A give-back
+    while another owner holds a majority now wakes nobody: the waiters sleep on H's TTL."""
+    urls = [s.url for s in three]
+    first = three[0].client()
+    holder = d2.lock(urls, "q-storm", ttl=30)
+    first.set(holder.keys.lock, "foreign", px=60_000)
+    assert d2(holder.acquire(blocking=False))
+    first.delete(holder.keys.lock)
+    waiters = [d2.lock(urls, "q-storm", ttl=5) for _ in range(4)]
+    if d2.is_async:
+
+        async def wait_all() -> list[bool]:
+            return list(await asyncio.gather(*(w.acquire(timeout=1) for w in waiters)))
+
+        got = d2(wait_all())
+    else:
+        results: list[bool] = []
+        threads = [
+            threading.Thread(target=lambda w=w: results.append(w.acquire(timeout=1)))
+            for w in waiters
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        got = results
+    assert got == [False] * 4
+    assert max(w.attempts for w in waiters) <= 3, [w.attempts for w in waiters]
+    assert first.get(holder.keys.lock) is None  # each give-back deleted what it won
+    d2(holder.release())
+
+
+def test_a_quorum_release_wakes_the_waiters_on_the_node_the_holder_lacks(
+    d2: Driver, three: list[RedisServer]
+) -> None:
+    """The waiters listen on node 0, which the holder lacks: its release published only where
+    it held the lock, and a waiter slept on until its deadline (or the holder's TTL)."""
+    urls = [s.url for s in three]
+    first = three[0].client()
+    holder = d2.lock(urls, "q-lacks", ttl=30)
+    first.set(holder.keys.lock, "foreign", px=60_000)
+    assert d2(holder.acquire(blocking=False))
+    first.delete(holder.keys.lock)
+    waiter = d2.lock(urls, "q-lacks", ttl=5)
+
+    def listening() -> bool:
+        subscribers = first.pubsub_numsub(holder.keys.channel)
+        return waiter.attempts >= 1 and subscribers[0][1] >= 1
+
+    start = time.monotonic()
+    if d2.is_async:
+
+        async def wait_and_release() -> bool:
+            waiting = asyncio.ensure_future(waiter.acquire(timeout=10))
+            while not listening():
+                await asyncio.sleep(0.01)
+            await holder.release()
+            return bool(await waiting)
+
+        got = d2(wait_and_release())
+    else:
+        results: list[bool] = []
+        thread = threading.Thread(target=lambda: results.append(waiter.acquire(timeout=10)))
+        thread.start()
+        wait_until(listening, 5)
+        holder.release()
+        thread.join(15)
+        got = results[0]
+    assert got and time.monotonic() - start < 5  # woken, not at its deadline (10 s)
+    d2(waiter.release())
+
+
 def test_a_quorum_without_a_majority_names_the_first_error(
     d2: Driver, three: list[RedisServer]
 ) -> None:

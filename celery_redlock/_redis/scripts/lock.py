@@ -14,7 +14,7 @@ notified" (reply 2) instead of an error reply for a release that did happen.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from ..keys import FENCE_TTL_MS, LockKeys
 from .base import Script
@@ -167,7 +167,13 @@ RELEASE = (
 -- ARGV[1] owner token, ARGV[2] keep in ms ('0': delete now; > 0: keep the slot that long, its
 --         token's secret marked 'cooldown': the task ended; see celery_redlock._redis.owner),
 -- ARGV[3] '1': hand a single-slot lock over to the first queued waiter (a plain node, where
---         PUBLISH counts every subscriber; not a Cluster, where it counts one node's)
+--         PUBLISH counts every subscriber; not a Cluster, where it counts one node's),
+-- ARGV[4] whom to wake: 'freed' the waiters, when this node frees (or keeps) a slot;
+--         'never' nobody (a quorum's failed acquisition giving back what it won while another
+--         owner holds the lock on a majority: nothing is free for the waiters, and each woken
+--         waiter's own failed attempt would wake the others again); 'always' also when this
+--         node holds no slot of the token (a quorum's release: the waiters listen on one
+--         node, which the holder may lack)
 -- returns 1 released (handed over, or deleted, or kept until expiry; the waiters notified),
 --         2 released (deleted or kept) but PUBLISH was refused: waiters not notified,
 --         0 not the owner of any slot (expired or taken over)
@@ -181,9 +187,14 @@ for i = 3, #KEYS do
       redis.call('SET', KEYS[i], cooling, 'PX', ARGV[2])
       return free_slot(KEYS[1], KEYS[2], KEYS[i], false, true)
     end
+    if ARGV[4] == 'never' then
+      redis.call('DEL', KEYS[i])
+      return 1
+    end
     return free_slot(KEYS[1], KEYS[2], KEYS[i], ARGV[3] == '1' and #KEYS == 3)
   end
 end
+if ARGV[4] == 'always' then redis.pcall('PUBLISH', KEYS[1], '1') end
 return 0
 """
 )
@@ -353,11 +364,17 @@ def fence_call(keys: LockKeys, slot: str, token: str) -> tuple[list[str], list[A
     return [slot, keys.fence, keys.high_water], [token]
 
 
+#: Whom a release wakes (ARGV[4] of :data:`RELEASE`).
+Wake = Literal["freed", "never", "always"]
+
+
 def release_call(
-    keys: LockKeys, token: str, keep_ms: int = 0, handoff: bool = False
+    keys: LockKeys, token: str, keep_ms: int = 0, handoff: bool = False, wake: Wake = "freed"
 ) -> tuple[list[str], list[Any]]:
-    """``(KEYS, ARGV)`` of :data:`RELEASE`; ``handoff``: only for a plain node (see there)."""
-    return [keys.channel, keys.waiters, *keys.slots], [token, keep_ms, "1" if handoff else "0"]
+    """``(KEYS, ARGV)`` of :data:`RELEASE`; ``handoff``: only for a plain node; ``wake``:
+    ``"never"`` and ``"always"`` are for a quorum (see there)."""
+    argv = [token, keep_ms, "1" if handoff else "0", wake]
+    return [keys.channel, keys.waiters, *keys.slots], argv
 
 
 def extend_call(
