@@ -53,7 +53,6 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
-from ..exceptions import LockLost
 from .aionodes import Nodes, SingleNode, as_planned, give_back, in_background, nodes_for
 from .core import SUBSCRIBED, Closing, Extended, GiveBack, LockCore, Op, Run, lost_reply, ms
 from .nodes import Target
@@ -266,7 +265,7 @@ class Lock(LockCore):
     async def __aexit__(self, *exc: object) -> None:
         if self._token is None or self._forked():
             return  # a forked child leaves its parent's lock alone
-        with contextlib.suppress(LockLost):
+        with self._leaving(raised=exc[0] is not None):
             await self.release()
 
     # -- override points ------------------------------------------------------------------------

@@ -31,6 +31,7 @@ This module never imports Celery, nor a Redis client.
 from __future__ import annotations
 
 import collections
+import contextlib
 import enum
 import logging
 import os
@@ -744,7 +745,7 @@ class LockCore:
         lost (:class:`LockLost`, an ERROR), though nothing expired or changed owner."""
         if self._token is None:
             raise self._not_acquired()
-        if keep and not seconds(keep, zero=True):
+        if (keep != 0 or isinstance(keep, bool)) and not seconds(keep, zero=True):
             raise ValueError(
                 f"release keep must be seconds >= 0 and <= {MAX_TTL:.0f}, got {keep!r}"
             )
@@ -756,6 +757,29 @@ class LockCore:
             raise self._not_acquired()
         self._released_token = token  # what a release that finds the lock lost logs
         return token
+
+    @contextlib.contextmanager
+    def _leaving(self, raised: bool) -> Iterator[None]:
+        """The release on the way out of a ``with`` block: an expired lock is no error
+        (:meth:`on_lost` logs it), and when the block raised, a Redis that does not answer
+        is a WARNING, and the block's exception goes on. Timeline otherwise: (1) the body
+        raises ``KeyError``, or its task is cancelled; (2) Redis does not answer the release;
+        (3) the caller gets :class:`LockUnavailable`, with the ``KeyError`` only in its
+        context, and a cancelled task ends not cancelled. The lock ends with its lease (its
+        renewal stopped at the release)."""
+        try:
+            yield
+        except LockLost:
+            pass
+        except LockUnavailable as exc:
+            if not raised:
+                raise
+            logger.warning(
+                "lock %s not released on the way out of a block that raised (it ends with its "
+                "lease): %s",
+                self.key,
+                exc,
+            )
 
     def _not_acquired(self) -> LockNotOwned:
         return LockNotOwned(f"cannot release {self.key}: not acquired", key=self.key)

@@ -57,7 +57,6 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
-from ..exceptions import LockLost
 from . import keys as _keys
 from . import owner as _owner
 from . import renewal as _renewal
@@ -226,7 +225,7 @@ class Lock(LockCore):
     def __exit__(self, *exc: object) -> None:
         if self._token is None or self._forked():
             return  # a forked child leaves its parent's lock alone
-        with contextlib.suppress(LockLost):
+        with self._leaving(raised=exc[0] is not None):
             self.release()
 
     # -- override points ------------------------------------------------------------------------

@@ -226,6 +226,59 @@ def test_acquire_extend_release(d: Driver, redis_url: str, r: redis_py.Redis) ->
     d(lock.release())
 
 
+@pytest.mark.parametrize("keep", [None, "1", -1, True])
+def test_a_release_with_a_bad_keep_is_refused_and_keeps_the_lock(
+    d: Driver, redis_url: str, r: redis_py.Redis, keep: Any
+) -> None:
+    """``keep=None`` passed the check (only a truthy ``keep`` was checked): the object
+    dropped its token, then the release failed with a ``TypeError``, leaving the key held
+    for its TTL, unreleasable (a second ``release()`` said "not acquired")."""
+    lock = d.lock(redis_url, "bad-keep", ttl=30)
+    assert d(lock.acquire(blocking=False))
+    with pytest.raises(ValueError, match=r"release keep must be seconds >= 0"):
+        d(lock.release(keep=keep))
+    assert lock.held
+    d(lock.release())
+    assert not r.exists(lock.key)
+
+
+def test_the_blocks_exception_survives_a_release_redis_does_not_answer(
+    d2: Driver, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The body raised, then Redis was gone at the release: the caller got
+    :class:`LockUnavailable` instead of the body's exception (and, for asyncio, a cancelled
+    task ended not cancelled)."""
+    with RedisServer() as server:
+        lock = d2.lock(server.url, "exit-down", ttl=30)
+        if d2.is_async:
+
+            async def cancelled_inside() -> bool:
+                entered = asyncio.Event()
+
+                async def body() -> None:
+                    async with lock:
+                        server.stop()
+                        entered.set()
+                        await asyncio.sleep(60)
+
+                task = asyncio.ensure_future(body())
+                await entered.wait()
+                task.cancel()
+                await asyncio.wait([task])
+                return task.cancelled()
+
+            with caplog.at_level(logging.WARNING, logger="celery_redlock.lock"):
+                assert d2(cancelled_inside())
+        else:
+            with caplog.at_level(logging.WARNING, logger="celery_redlock.lock"):
+                with pytest.raises(KeyError, match="the body's"):
+                    with lock:
+                        server.stop()
+                        raise KeyError("the body's")
+    assert "not released on the way out of a block that raised" in caplog.text
+    assert not lock.held
+
+
 class SlowRelease(celery_redlock.Lock):
     """A thread lock whose first release waits, inside its call, until told to go on."""
 
