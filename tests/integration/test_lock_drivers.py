@@ -270,11 +270,13 @@ def test_the_blocks_exception_survives_a_release_redis_does_not_answer(
             with caplog.at_level(logging.WARNING, logger="celery_redlock.lock"):
                 assert d2(cancelled_inside())
         else:
-            with caplog.at_level(logging.WARNING, logger="celery_redlock.lock"):
-                with pytest.raises(KeyError, match="the body's"):
-                    with lock:
-                        server.stop()
-                        raise KeyError("the body's")
+            with (
+                caplog.at_level(logging.WARNING, logger="celery_redlock.lock"),
+                pytest.raises(KeyError, match="the body's"),
+                lock,
+            ):
+                server.stop()
+                raise KeyError("the body's")
     assert "not released on the way out of a block that raised" in caplog.text
     assert not lock.held
 
