@@ -54,7 +54,18 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 from .aionodes import Nodes, SingleNode, as_planned, give_back, in_background, nodes_for
-from .core import SUBSCRIBED, Closing, Extended, GiveBack, LockCore, Op, Run, lost_reply, ms
+from .core import (
+    SUBSCRIBED,
+    Closing,
+    Extended,
+    GiveBack,
+    LockCore,
+    Op,
+    Run,
+    classify,
+    lost_reply,
+    ms,
+)
 from .nodes import Target
 from .scripts import AcquireResult, WaitReply
 from .subscriptions import hub_for
@@ -427,9 +438,11 @@ class Lock(LockCore):
         in_background(self._give_back(token))
 
     def _give_back_if_lost(self, error: Exception, token: str) -> None:
-        """An attempt raised ``error``: if its reply was lost, give ``token`` back in the
-        background as :class:`~celery_redlock._redis.core.GiveBack` plans (hazard 7)."""
-        if lost_reply(error):
+        """An attempt raised ``error``: if its reply was lost, or it is no Redis error (the
+        script may have run: a client of a closed event loop fails after sending it), give
+        ``token`` back in the background as :class:`~celery_redlock._redis.core.GiveBack`
+        plans (hazard 7), as the thread lock gives it back."""
+        if lost_reply(error) or classify(error) is None:
             give_back(self.key, functools.partial(self.do_release, token))
 
     def _drop(self, token: str) -> None:
