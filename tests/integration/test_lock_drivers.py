@@ -582,15 +582,7 @@ def test_an_asyncio_lock_whose_loop_ended_says_lost_after_its_lease(redis_url: s
     assert lock.lost and not lock.held
 
 
-# The first loop's connection can only be dropped unclosed (its loop is closed): the misuse
-# this test makes, which asyncio reports when the connection is collected.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_an_asyncio_acquire_that_raised_no_redis_error_gives_the_lock_back(
-    redis_url: str, r: redis_py.Redis
-) -> None:
-    """A ``redis.asyncio`` client used in a second event loop sends the script, then fails
-    with ``RuntimeError: Event loop is closed``: the lock was taken, ``held`` was False, and
-    nobody could take it for its TTL. The thread lock gave such a lock back; so does this."""
+def _take_in_two_loops(redis_url: str, r: redis_py.Redis) -> None:
     client = aioredis.Redis.from_url(redis_url)
     lock = celery_redlock.asyncio.Lock(client, "other-loop", ttl=30)
 
@@ -610,6 +602,18 @@ def test_an_asyncio_acquire_that_raised_no_redis_error_gives_the_lock_back(
     asyncio.run(take_and_release())
     asyncio.run(take_in_another_loop())
     assert not lock.held
+
+
+# The first loop's connection can only be dropped unclosed (its loop is closed): the misuse
+# this test makes, which asyncio reports when the connection is collected.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_an_asyncio_acquire_that_raised_no_redis_error_gives_the_lock_back(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """A ``redis.asyncio`` client used in a second event loop sends the script, then fails
+    with ``RuntimeError: Event loop is closed``: the lock was taken, ``held`` was False, and
+    nobody could take it for its TTL. The thread lock gave such a lock back; so does this."""
+    _take_in_two_loops(redis_url, r)
     gc.collect()  # the warnings of the dropped connection, here rather than in a later test
 
 
