@@ -59,7 +59,7 @@ def redlock(ctx: click.Context, /, **_: Any) -> None:
     tolerant_streams()
 
 
-def _without_app(ctx: click.Context) -> bool:
+def without_app(ctx: click.Context) -> bool:
     """Whether ``celery`` was run without ``-A``/``--app`` (nor ``APP`` in the environment)."""
     root = ctx.find_root()
     return "app" in root.params and not root.params["app"]
@@ -99,7 +99,7 @@ def store_of(ctx: click.Context) -> LockStore:
     try:
         return LockStore(settings_for(ctx.obj.app))
     except LockConfigError as exc:
-        if _without_app(ctx):
+        if without_app(ctx):
             raise click.ClickException(
                 f"no app given, so no redlock_* settings ({exc}); run it with your app: "
                 f"celery -A yourproject redlock {ctx.info_name} ..."

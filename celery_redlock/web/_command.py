@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import socket
 from typing import Any
 
 import click
 
-from ..cli._group import seconds_above_zero
+from ..cli._group import seconds_above_zero, store_of, without_app
 from . import NEEDS_EXTRA
 from ._security import LOOPBACK_NAMES, Credentials
 
@@ -70,6 +71,8 @@ def web(ctx: click.Context, host: str, port: int, actions: bool, ping_timeout: f
             "--actions needs credentials in the environment: REDLOCK_WEB_TOKEN, or "
             "REDLOCK_WEB_USER and REDLOCK_WEB_PASSWORD"
         )
+    if without_app(ctx):  # said at once, as by every command, not on each page served
+        store_of(ctx)
     app: Any = ctx.obj.app
     try:
         asgi = create_app(
@@ -91,6 +94,30 @@ def web(ctx: click.Context, host: str, port: int, actions: bool, ping_timeout: f
         handler.setFormatter(logging.Formatter("[%(asctime)s: %(levelname)s] %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
+    listening = _listen(host, port)
+    bound = listening.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
     mode = "actions enabled" if actions else "read-only"
-    click.echo(f"celery-redlock dashboard on http://{host}:{port}/ ({mode})", err=True)
-    uvicorn.run(asgi, host=host, port=port, log_level="warning", access_log=False)
+    click.echo(f"celery-redlock dashboard on http://{shown}:{bound}/ ({mode})", err=True)
+    config = uvicorn.Config(asgi, log_level="warning", access_log=False)
+    uvicorn.Server(config).run(sockets=[listening])
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host`` (an IPv4 address first, for a name) and ``port`` (0: one
+    the system picks), before the address is announced: the announcement names the port
+    bound, and a port in use or an address that is not this machine's is one error line."""
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise click.ClickException(f"cannot listen on {host}: {exc.strerror}") from exc
+    family, kind, proto, _, address = sorted(found, key=lambda a: a[0] != socket.AF_INET)[0]
+    listening = socket.socket(family, kind, proto)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listening.bind(address)
+        listening.listen(2048)  # uvicorn's backlog: a request sent once announced waits
+    except OSError as exc:
+        listening.close()
+        raise click.ClickException(f"cannot listen on {host} port {port}: {exc.strerror}") from exc
+    return listening
