@@ -299,3 +299,11 @@ def release_for_dead_child(request: Any) -> None:
             logger.info("%s[%s]: released the lock of dead child %s", task.name, request.id, pid)
             key = keys_for(settings.prefix, name).lock
             emit(task, request.id, "released", signals.lock_released, key=key, by="parent")
+        else:  # said too, so that a missing line above is never a silent path
+            logger.info(
+                "%s[%s]: child %s died holding no lock of this call (not taken, already "
+                "released, or expired): nothing to release",
+                task.name,
+                request.id,
+                pid,
+            )

@@ -355,6 +355,10 @@ def test_hard_time_limit_released_by_the_main_process(env: Env, api: str, how: s
         )
         assert env.finished(waiter) == key
         logged = worker.log_time(rf"Hard time limit \(.*\) exceeded for .*\[{holder.id}\]")
+        if how == "sleep_noterm":  # the child cannot release: the main process does, and
+            # logs it after the script's reply, which the waiter may outrun: waited for here,
+            # before the worker stops (a line read once was missing in one CI run)
+            worker.wait_for_log(rf"{PARENT_RELEASE} {start['pid']}\b", 5.0)
     nxt = env.starts(key)[1]
     report(
         f"hard limit ({how}, {api})",
@@ -374,9 +378,7 @@ def test_hard_time_limit_released_by_the_main_process(env: Env, api: str, how: s
     assert sorted(env.hooks(holder.id)) == sorted(expected)
     assert holder.state == "FAILURE"
     assert seen["released"] - (start["t"] + limit) < 1.0
-    if how == "sleep_noterm":  # the child cannot release: the key is freed once it is dead
-        # (Its "released the lock of dead child" line was missing once in a CI run, the key
-        # freed 0.05 s after the child died: which path released without logging is open.)
+    if how == "sleep_noterm":  # freed by the main process, once the child is dead
         assert seen["released"] >= seen["child_dead"], seen
     assert_no_unlocked_code(env, key)
 
@@ -429,7 +431,10 @@ def test_a_child_killed_while_its_queued_call_waits_leaves_no_marker(env: Env, a
         env.locks.set(marker, waiter.id, px=3_600_000)  # as its delay() set it
         wait_until(lambda: env.waiting(lock), 10.0, "the waiter to block on the lock")
         (member,) = env.locks.zrange(waiters, 0, -1)
-        os.kill(int(member.decode().split("|")[1]), signal.SIGKILL)  # secret|pid|...
+        pid = int(member.decode().split("|")[1])  # secret|pid|...
+        os.kill(pid, signal.SIGKILL)
+        # It held no lock: the main process says so, rather than nothing.
+        worker.wait_for_log(rf"child {pid} died holding no lock of this call", 15.0)
         if acks_late:  # redelivered to the other child, which waits again
             again = env.locks.zrange
             wait_until(lambda: again(waiters, 0, -1) not in ([], [member]), 15.0, "the requeue")
@@ -502,7 +507,7 @@ def test_child_sigkill_released_by_the_main_process(env: Env, api: str) -> None:
         assert env.finished(waiter) == key
         holder.get(timeout=10, propagate=False)
         noticed = worker.log_time(rf"pid:{start['pid']} exited")
-        text = worker.text()
+        worker.wait_for_log(rf"{PARENT_RELEASE} {start['pid']}\b", 5.0)  # after the reply
     nxt = env.starts(key)[1]
     report(
         f"child SIGKILL ({api})",
@@ -515,7 +520,6 @@ def test_child_sigkill_released_by_the_main_process(env: Env, api: str) -> None:
     # the lock is released as soon as it does.
     assert seen["released"] - noticed < MS_AFTER_NOTICE
     assert seen["released"] - killed < 1.0  # the main process looks every 0.1 s
-    assert f"{PARENT_RELEASE} {start['pid']}" in text
     assert holder.state == "FAILURE"
     assert type(holder.result).__name__ == "WorkerLostError"
     assert nxt["prev_pid_alive"] is False
@@ -540,7 +544,7 @@ def test_child_sigkill_with_acks_late_released_before_the_requeue(env: Env, api:
         )
         assert env.finished(holder) == key  # the requeued message ran to completion
         noticed = worker.log_time(rf"pid:{start['pid']} exited")
-        text = worker.text()
+        worker.wait_for_log(rf"{PARENT_RELEASE} {start['pid']}\b", 5.0)  # after the reply
     again = env.starts(key)[1]
     report(
         f"child SIGKILL (acks_late, {api})",
@@ -551,7 +555,6 @@ def test_child_sigkill_with_acks_late_released_before_the_requeue(env: Env, api:
     )
     assert seen["released"] - noticed < MS_AFTER_NOTICE
     assert seen["released"] - killed < 1.0  # the main process looks every 0.1 s
-    assert f"{PARENT_RELEASE} {start['pid']}" in text
     assert (again["id"], again["redelivered"]) == (holder.id, True)
     assert again["token"] is not None  # it acquired the lock: it did not find its dead self
     assert again["t"] >= seen["released"] - 0.005
@@ -575,7 +578,8 @@ def test_revoke_terminate_releases_within_a_second(env: Env, api: str, sig: str)
             10.0,
         )
         assert env.finished(waiter) == key
-        text = worker.text()
+        if sig == "SIGKILL":  # the main process releases, and logs it after the reply
+            worker.wait_for_log(rf"{PARENT_RELEASE} {start['pid']}\b", 5.0)
     nxt = env.starts(key)[1]
     report(
         f"revoke(terminate, {sig}, {api})",
@@ -587,8 +591,6 @@ def test_revoke_terminate_releases_within_a_second(env: Env, api: str, sig: str)
     assert env.hooks(holder.id) == ([f"postrun:None:{start['pid']}"] if sig == "SIGTERM" else [])
     assert seen["released"] - revoked < 1.0
     assert holder.state == "REVOKED"
-    if sig == "SIGKILL":
-        assert f"{PARENT_RELEASE} {start['pid']}" in text
     assert_no_unlocked_code(env, key)
 
 
