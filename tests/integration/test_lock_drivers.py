@@ -1190,6 +1190,19 @@ def test_publish_refused_on_a_quorum_release_warns(
     assert all(admin.get(lock.keys.lock) is None for admin in admins)
 
 
+def holder_lacking_node_0(
+    d2: Driver, three: list[RedisServer], name: str
+) -> tuple[Any, redis_py.Redis]:
+    """A quorum lock held on nodes 1 and 2 only (node 0 held a foreign value when it was
+    taken, gone since), and a client of node 0, where the waiters listen."""
+    first = three[0].client()
+    holder = d2.lock([s.url for s in three], name, ttl=30)
+    first.set(holder.keys.lock, "foreign", px=60_000)
+    assert d2(holder.acquire(blocking=False))
+    first.delete(holder.keys.lock)
+    return holder, first
+
+
 def test_quorum_waiters_sleep_while_the_holder_lacks_the_node_they_listen_on(
     d2: Driver, three: list[RedisServer]
 ) -> None:
@@ -1198,13 +1211,8 @@ def test_quorum_waiters_sleep_while_the_holder_lacks_the_node_they_listen_on(
     give-back published a release there: every other waiter woke, tried, failed and published
     in turn, hundreds of attempts a second each, on every node, until H released. A give-back
     while another owner holds a majority now wakes nobody: the waiters sleep on H's TTL."""
-    urls = [s.url for s in three]
-    first = three[0].client()
-    holder = d2.lock(urls, "q-storm", ttl=30)
-    first.set(holder.keys.lock, "foreign", px=60_000)
-    assert d2(holder.acquire(blocking=False))
-    first.delete(holder.keys.lock)
-    waiters = [d2.lock(urls, "q-storm", ttl=5) for _ in range(4)]
+    holder, first = holder_lacking_node_0(d2, three, "q-storm")
+    waiters = [d2.lock([s.url for s in three], "q-storm", ttl=5) for _ in range(4)]
     if d2.is_async:
 
         async def wait_all() -> list[bool]:
@@ -1233,13 +1241,8 @@ def test_a_quorum_release_wakes_the_waiters_on_the_node_the_holder_lacks(
 ) -> None:
     """The waiters listen on node 0, which the holder lacks: its release published only where
     it held the lock, and a waiter slept on until its deadline (or the holder's TTL)."""
-    urls = [s.url for s in three]
-    first = three[0].client()
-    holder = d2.lock(urls, "q-lacks", ttl=30)
-    first.set(holder.keys.lock, "foreign", px=60_000)
-    assert d2(holder.acquire(blocking=False))
-    first.delete(holder.keys.lock)
-    waiter = d2.lock(urls, "q-lacks", ttl=5)
+    holder, first = holder_lacking_node_0(d2, three, "q-lacks")
+    waiter = d2.lock([s.url for s in three], "q-lacks", ttl=5)
 
     def listening() -> bool:
         subscribers = first.pubsub_numsub(holder.keys.channel)
