@@ -127,8 +127,8 @@ class LockedTask(Task):  # type: ignore[misc]
            still guarantees exclusion when it runs. If the publish fails (the broker is down,
            an argument does not serialize), the marker it set is cleared, owner-checked, as
            the error propagates: a marker left behind would send every later call of the key
-           to a task id that was never queued, for ``lock_enqueue_ttl``. The marker says
-           "being published" until the publish returns: a call of the key made meanwhile
+           to a task id that was never queued, for ``lock_enqueue_ttl``. The call is marked
+           as being published until the publish returns: a call of the key made meanwhile
            waits for it (:func:`~celery_redlock._celery.engine.mark_queued`), and is queued
            itself if that publish failed.
         5. A ``lock_bypass`` call, and a call with callbacks or in a canvas (``link``,

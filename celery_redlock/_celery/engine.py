@@ -965,9 +965,11 @@ def _check_rate(task: Any, spec: Spec, settings: Settings, request: Any, lock: L
 
 
 #: How long a queued marker may say that its call is being published (:func:`mark_queued`):
-#: longer than a publish takes, the broker's retries included. A caller that died while
-#: publishing holds up the later calls of its key no longer than this.
+#: longer than a publish takes, the broker's retries included.
 PUBLISHING_S = 30.0
+#: How long a call waits for the publish of the call queued before it, at most; then it is
+#: published too, unmarked (a caller that died while publishing, or a lost confirmation).
+WAIT_FOR_PUBLISH_S = 10.0
 
 
 @tracing.traced_enqueue
@@ -979,7 +981,7 @@ def mark_queued(
     until the call's ``expires``, which bounds the marker's ``lock_enqueue_ttl``.
 
     A call of the key still being published is waited for (a few milliseconds, at most
-    :data:`PUBLISHING_S`): once published, its task id is returned; if its publish failed
+    :data:`WAIT_FOR_PUBLISH_S`): once published, its task id is returned; if its publish failed
     (its marker cleared, or expired), this call marks itself. Timeline without the wait:
     (1) A marks and publishes, the broker being down; (2) B finds A's marker and returns A's
     id; (3) A's publish fails, the error reaches A's caller, A's marker is cleared; B's
@@ -987,8 +989,8 @@ def mark_queued(
 
     A marker whose call the result backend says has ended is replaced (see
     :meth:`~celery_redlock.LockedTask.apply_async`). Raises :class:`LockUnavailable` when
-    Redis does not answer, or when calls of the key were still being published after twice
-    :data:`PUBLISHING_S` (the caller then publishes: never a dropped call).
+    Redis does not answer, or when the call queued before is still being published after
+    :data:`WAIT_FOR_PUBLISH_S` (the caller then publishes: never a dropped call).
     """
     spec = spec_of(task)
     assert spec is not None
@@ -998,22 +1000,23 @@ def mark_queued(
     keys = _keys.keys_for(settings.prefix, name)
     ttl_ms = _marker_ms(spec, expires)
     publishing_ms = min(ttl_ms, round(PUBLISHING_S * 1000))
-    deadline, pause, replaced = time.monotonic() + 2 * PUBLISHING_S, 0.002, False
+    deadline, pause, replaced = time.monotonic() + WAIT_FOR_PUBLISH_S, 0.002, False
     while True:
         queued = companions.mark_queued(settings.url, keys, task_id, publishing_ms)
         if queued is None:
             return None
-        if not queued.startswith(companions.PUBLISHING):
-            if queued == task_id or replaced or not has_ended(task, queued):
-                return queued
-            companions.clear_queued(settings.url, keys, queued)  # only if still that call's
+        if not queued.publishing:
+            if queued.task_id == task_id or replaced or not has_ended(task, queued.task_id):
+                return queued.task_id
+            companions.clear_queued(settings.url, keys, queued.task_id)  # if still that call's
             replaced = True
         elif time.monotonic() < deadline:
             time.sleep(pause)
             pause = min(2 * pause, 0.05)
         else:
             raise LockUnavailable(
-                f"calls of {keys.lock} were still being published after {2 * PUBLISHING_S:.0f} s",
+                f"the call {queued.task_id} queued for {keys.lock} was still being published "
+                f"after {WAIT_FOR_PUBLISH_S:.0f} s",
                 key=keys.lock,
             )
 
@@ -1032,7 +1035,15 @@ def confirm_queued(
     try:
         companions.confirm_queued(settings.url, keys, task_id, _marker_ms(spec, expires))
     except LockUnavailable as exc:
-        logger.warning("%s[%s]: could not confirm the queued marker: %s", task.name, task_id, exc)
+        logger.warning(
+            "%s[%s]: could not confirm the queued marker (the calls of the key in the next "
+            "%.0f s wait up to %.0f s for it, then are published beside it): %s",
+            task.name,
+            task_id,
+            PUBLISHING_S,
+            WAIT_FOR_PUBLISH_S,
+            exc,
+        )
 
 
 def _marker_ms(spec: Spec, expires: float | None) -> int:

@@ -80,25 +80,30 @@ def acl_refusal(exc: BaseException, script: str) -> str | None:
 # -- the queued marker (lock_enqueue="keep") -----------------------------------------------------
 
 
-#: What a queued marker starts with while its call is being published (:func:`mark_queued`).
-PUBLISHING = "?"
+class Queued(NamedTuple):
+    """The call a queued marker names, as :func:`mark_queued` found it."""
+
+    task_id: str
+    #: It is still being published (:func:`confirm_queued` not yet run).
+    publishing: bool
 
 
-def mark_queued(target: Any, keys: LockKeys, task_id: str, ttl_ms: int) -> str | None:
+def mark_queued(target: Any, keys: LockKeys, task_id: str, ttl_ms: int) -> Queued | None:
     """Mark ``task_id`` as the queued call of ``keys``, being published, for ``ttl_ms``
-    (:func:`confirm_queued` once it is); else the marker already there: a task id, or
-    :data:`PUBLISHING` and a task id while that call is being published."""
+    (:func:`confirm_queued` once it is); else the call already marked."""
     script = _scripts.MARK_QUEUED
     reply = _run(target, script, _scripts.queued_call(keys, task_id, ttl_ms), keys.queued)
     if int(reply[0]) == 1:
         return None
     existing = reply[1]
-    return existing.decode() if isinstance(existing, bytes) else str(existing)
+    text = existing.decode() if isinstance(existing, bytes) else str(existing)
+    return Queued(text, int(reply[2]) == 1)
 
 
 def confirm_queued(target: Any, keys: LockKeys, task_id: str, ttl_ms: int) -> bool:
-    """After its publish: the marker names ``task_id`` as queued, for ``ttl_ms``, unless it
-    is no longer that call's (its execution already started and cleared it, or it expired)."""
+    """After its publish: ``task_id`` is queued, no longer being published, for ``ttl_ms``,
+    unless the marker is no longer that call's (its execution already started and cleared
+    it, or it expired)."""
     script = _scripts.CONFIRM_QUEUED
     reply = _run(target, script, _scripts.queued_call(keys, task_id, ttl_ms), keys.queued)
     return bool(reply)
@@ -108,7 +113,8 @@ def clear_queued(target: Any, keys: LockKeys, task_id: str, timeout: float | Non
     """Clear the queued marker of ``keys`` if it is ``task_id``'s; whether it was.
     ``timeout`` sets the socket timeouts of clients built from URLs."""
     script = _scripts.CLEAR_QUEUED
-    return bool(_run(target, script, ([keys.queued], [task_id]), keys.queued, timeout))
+    call = ([keys.queued, keys.publishing], [task_id])
+    return bool(_run(target, script, call, keys.queued, timeout))
 
 
 # -- the newest-call marker (lock_enqueue="replace", lock_debounce) ------------------------------

@@ -73,7 +73,6 @@ from . import owner as _owner
 from . import scripts as _scripts
 from .clients import UNAVAILABLE_ERRORS, client_for, redact, refused
 from .commands import run_script
-from .companions import PUBLISHING
 from .core import tls_mismatch, warn_not_notified
 from .keys import (
     CHECK_NAME,
@@ -552,7 +551,7 @@ class Inventory:
     def queued(self, name: str) -> str | None:
         """The task id of ``name``'s queued call (``lock_enqueue``), or ``None``."""
         marker = self._first(lambda c: c.get(keys_for(self.prefix, name).queued))
-        return None if marker is None else _task_id(marker)
+        return None if marker is None else _text(marker)
 
     def clear_marker(self, key: str, fingerprint: str) -> bool:
         """Delete the marker at ``key`` (a rate window with its promised next slot) if its
@@ -706,7 +705,7 @@ class Inventory:
                     name=name,
                     kind=kind,
                     ttl=None if int(pttl) < 0 else int(pttl) / 1000.0,
-                    task_id=None if kind == "rate" or info is None else _task_id(info),
+                    task_id=None if kind == "rate" or info is None else _text(info),
                     starts=int(info or 0) if kind == "rate" else None,
                     fingerprint=hashlib.sha1(bytes(dumped)).hexdigest()[:16],
                 )
@@ -981,9 +980,3 @@ def _overrides(token: str, records: Sequence[Any]) -> dict[str, Any] | None:
 
 def _text(value: str | bytes) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-
-
-def _task_id(marker: str | bytes) -> str:
-    """The task id a marker names (a queued marker's, while its call is being published,
-    starts with :data:`~celery_redlock._redis.companions.PUBLISHING`)."""
-    return _text(marker).removeprefix(PUBLISHING)

@@ -10,6 +10,8 @@ one Redis Cluster slot::
                                  Cluster hash slot (string: integer), no TTL; ``<tag>`` is 14
                                  characters '0'/'1' chosen to hash to that slot (16384 at most)
     <prefix>:{<name>}:queued     task id of the queued call (lock_enqueue), TTL = its own
+    <prefix>:{<name>}:publishing task id of the queued call while it is being published (string),
+                                 TTL = 30 s at most
     <prefix>:{<name>}:newest     newest call published (lock_enqueue='replace', lock_debounce):
                                  hash of id and first (debounce window start, server ms), TTL =
                                  the call's delay + lock_enqueue_ttl
@@ -89,6 +91,11 @@ class LockKeys:
     def queued(self) -> str:
         """``lock_enqueue``: the task id of the queued call."""
         return f"{self.lock}:queued"
+
+    @property
+    def publishing(self) -> str:
+        """``lock_enqueue``: the task id of the queued call while it is being published."""
+        return f"{self.lock}:publishing"
 
     @property
     def newest(self) -> str:

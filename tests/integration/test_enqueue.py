@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from celery.signals import before_task_publish
 from kombu.exceptions import EncodeError
 
 from celery_redlock import LockedTask, lock_key
+from celery_redlock._celery.engine import WAIT_FOR_PUBLISH_S
 from celery_redlock.testing import RedisServer, free_port, wait_until
 from support.apps import lock_keys, make_app
 from support.workers import Holder, running_worker
@@ -438,6 +440,9 @@ def test_a_call_made_while_the_queued_call_is_published_is_not_lost(
     def b_during_a_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
         if (headers or {}).get("id") != "task-A":
             return
+        # The marker holds the bare task id while A is published (its publishing key says
+        # the rest), as every reader, an older release's too, takes it.
+        assert r.get(queued_key(keep, 7)) == b"task-A"
         call = threading.Thread(
             target=lambda: joined.append(keep.apply_async((7,), task_id="task-B")), daemon=True
         )
@@ -460,6 +465,22 @@ def test_a_call_made_while_the_queued_call_is_published_is_not_lost(
     assert r.get(queued_key(keep, 7)) == b"task-B"
     with running_worker(app):
         assert joined[0].get(timeout=10) == 7
+
+
+def test_a_task_id_of_any_form_is_taken_as_it_is(app: Celery, r: redis_py.Redis) -> None:
+    """A marker naming "?weekly-report" was taken for one still being published: every later
+    call of the key waited, then was published beside the queued one."""
+
+    @app.task(base=LockedTask, lock_enqueue=True)
+    def report() -> str:
+        return "done"
+
+    first = report.apply_async(task_id="?weekly-report")
+    started = time.monotonic()
+    again = report.delay()
+    assert again.id == first.id == "?weekly-report"
+    assert time.monotonic() - started < WAIT_FOR_PUBLISH_S  # returned, not waited out
+    assert r.get(queued_key(report)) == b"?weekly-report"
 
 
 def test_a_call_after_the_queued_calls_expiry_is_queued(app: Celery, r: redis_py.Redis) -> None:

@@ -17,36 +17,47 @@ from ..keys import LockKeys
 from .base import Script
 
 MARK_QUEUED = """
--- KEYS[1] queued marker key
+-- KEYS[1] queued marker key, KEYS[2] its publishing key
 -- ARGV[1] task id, ARGV[2] ttl in ms while the call is being published
--- Marks the call as being published ('?' and its task id) until CONFIRM_QUEUED.
--- returns {1} marked (nothing of this key was queued), {0, marker} already marked (a marker
---         starting with '?': that call is still being published)
-if redis.call('SET', KEYS[1], '?' .. ARGV[1], 'NX', 'PX', ARGV[2]) then
+-- Marks the call as queued, and as being published until CONFIRM_QUEUED (the publishing key
+-- names it: the marker itself holds the bare task id, which every reader takes as it is).
+-- returns {1} marked (nothing of this key was queued), {0, task id, 1 if that call is still
+--         being published else 0} already marked
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
   return {1}
 end
-return {0, redis.call('GET', KEYS[1])}
+local queued = redis.call('GET', KEYS[1])
+if redis.call('GET', KEYS[2]) == queued then
+  return {0, queued, 1}
+end
+return {0, queued, 0}
 """
 
 CONFIRM_QUEUED = """
--- KEYS[1] queued marker key
+-- KEYS[1] queued marker key, KEYS[2] its publishing key
 -- ARGV[1] task id, ARGV[2] ttl in ms
 -- returns 1 confirmed (the call is published), 0 the marker is no longer this call's (its
 --         execution started and cleared it, or it expired)
-if redis.call('GET', KEYS[1]) == '?' .. ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if redis.call('GET', KEYS[2]) == ARGV[1] then
+  redis.call('DEL', KEYS[2])
+end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
 end
 return 0
 """
 
 CLEAR_QUEUED = """
--- KEYS[1] queued marker key
+-- KEYS[1] queued marker key, KEYS[2] its publishing key
 -- ARGV[1] task id
--- returns 1 cleared (the marker was this task's, published or being published), 0 otherwise
-local marker = redis.call('GET', KEYS[1])
-if marker == ARGV[1] or marker == '?' .. ARGV[1] then
+-- returns 1 cleared (the marker was this task's), 0 otherwise
+if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
+  if redis.call('GET', KEYS[2]) == ARGV[1] then
+    redis.call('DEL', KEYS[2])
+  end
   return 1
 end
 return 0
@@ -204,8 +215,8 @@ def rate_call(
 
 
 def queued_call(keys: LockKeys, task_id: str, ttl_ms: int) -> tuple[list[str], list[Any]]:
-    """``(KEYS, ARGV)`` of :data:`MARK_QUEUED` and of :data:`CONFIRM_QUEUED`."""
-    return [keys.queued], [task_id, ttl_ms]
+    """``(KEYS, ARGV)`` of :data:`MARK_QUEUED` and :data:`CONFIRM_QUEUED`."""
+    return [keys.queued, keys.publishing], [task_id, ttl_ms]
 
 
 def mark_newest_call(
@@ -263,7 +274,7 @@ return length
 #: What each script runs (:class:`~celery_redlock._redis.scripts.base.Script`).
 SCRIPTS = (
     Script("mark_queued", MARK_QUEUED, ("SET", "GET")),
-    Script("confirm_queued", CONFIRM_QUEUED, ("GET", "SET")),
+    Script("confirm_queued", CONFIRM_QUEUED, ("GET", "DEL", "PEXPIRE")),
     Script("clear_queued", CLEAR_QUEUED, ("GET", "DEL")),
     Script("mark_newest", MARK_NEWEST, ("TIME", "HGET", "HSET", "PTTL", "PEXPIRE")),
     Script("confirm_newest", CONFIRM_NEWEST, ("HGET", "HSET")),
