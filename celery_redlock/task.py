@@ -279,10 +279,15 @@ _warned_rpc: set[str] = set()
 
 
 def _seconds_left(app: Any, expires: Any) -> float | None:
-    """Seconds until a call's ``expires`` (seconds, or a datetime: naive in the app's
-    timezone, as Celery reads it), ``None`` without one."""
+    """Seconds until a call's ``expires`` (seconds, a datetime or an ISO 8601 string; a naive
+    one is UTC, as Celery reads it), ``None`` without one."""
+    if isinstance(expires, str):
+        try:
+            expires = datetime.fromisoformat(expires)
+        except ValueError:
+            return None  # not a form this Python reads: the marker keeps lock_enqueue_ttl
     if isinstance(expires, datetime):
-        left = maybe_make_aware(expires, app.timezone) - app.now()
+        left = maybe_make_aware(expires) - app.now()
         return float(left.total_seconds())
     if isinstance(expires, (int, float)) and not isinstance(expires, bool):
         return float(expires)

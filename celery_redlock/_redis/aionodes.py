@@ -381,7 +381,7 @@ class Quorum(QuorumRules):
             return AcquireResult(
                 True, fencing_token=vote.fencing, complete=vote.won == len(replies)
             )
-        await self.release(keys, token, quiet=True, wake="never" if vote.taken else "freed")
+        await self.release(keys, token, quiet=True, wake=not vote.taken)
         self.check_answered(keys.lock, replies, "acquire failed")
         return vote.refusal
 
@@ -396,7 +396,7 @@ class Quorum(QuorumRules):
         token: str,
         keep_ms: int = 0,
         quiet: bool = False,
-        wake: _scripts.Wake = "always",
+        wake: bool = True,
     ) -> bool:
         """Release on every node (see the sync ``Quorum.release``, and its ``wake``): ``quiet``
         is the give-back of a failed acquisition, and a node whose reply was lost (frozen past
@@ -406,6 +406,9 @@ class Quorum(QuorumRules):
         for i, (_, error) in enumerate(replies):
             if error is not None and lost_reply(error):
                 give_back(keys.lock, functools.partial(self._release_on, i, call))
+        lacking = [] if quiet else self.lacking(replies)
+        if lacking:  # the waiters on the nodes it held nothing on (see the sync release)
+            await self._call_all(_scripts.WAKE, _scripts.wake_call(keys), only=lacking)
         return quiet or self.released(keys.lock, replies)
 
     async def _release_on(self, node: int, call: Call) -> None:

@@ -328,8 +328,15 @@ def count_votes(
     validity_ms = ttl_ms - elapsed_ms - (ttl_ms * 0.01 + 2)
     if len(won) < quorum or validity_ms <= 0:
         holders = collections.Counter(res.holder for res in held if res.holder)
-        taken = any(seen >= quorum for seen in holders.values())
-        return Vote(None, len(won), [], refusal, taken)
+        owner, seen = holders.most_common(1)[0] if holders else (None, 0)
+        if seen < quorum:
+            return Vote(None, len(won), [], refusal)
+        # Its TTL, not that of a node's other value (a failed attempt's, given back without
+        # waking anyone): until fewer than a majority of its nodes hold it.
+        ttls = sorted((res.pttl_ms or 0 for res in held if res.holder == owner), reverse=True)
+        return Vote(
+            None, len(won), [], AcquireResult(False, holder=owner, pttl_ms=ttls[quorum - 1]), True
+        )
     fencing = max(results[i].fencing_token or 0 for i in won)
     lagging = [i for i in won if results[i].fencing_token != fencing]
     return Vote(fencing, len(won), lagging, refusal)
@@ -366,6 +373,14 @@ class QuorumRules:
         if len(self.names) - len(failed) < self.quorum:
             raise self.no_quorum(key, failed, what, replies)
         return failed
+
+    def lacking(self, replies: Replies) -> list[int]:
+        """After a release: the nodes that held no slot of it, when it freed the lock on
+        others (their waiters are woken there too, :data:`~._scripts.WAKE`)."""
+        answered = [(i, int(rep)) for i, (rep, err) in enumerate(replies) if rep is not None]
+        if not any(reply > 0 for _, reply in answered):
+            return []
+        return [i for i, reply in answered if reply == 0]
 
     def released(self, key: str, replies: Replies) -> bool:
         """Whether no majority contradicts a release (a silent node is no evidence of loss);

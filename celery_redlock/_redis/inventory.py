@@ -53,6 +53,7 @@ counts each lock's blocking waiters. A marker is cleared only if unchanged since
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import enum
 import hashlib
@@ -73,7 +74,7 @@ from . import owner as _owner
 from . import scripts as _scripts
 from .clients import UNAVAILABLE_ERRORS, client_for, redact, refused
 from .commands import run_script
-from .core import tls_mismatch, warn_not_notified
+from .core import lost_reply, tls_mismatch, warn_not_notified
 from .keys import (
     CHECK_NAME,
     LockKeys,
@@ -512,18 +513,25 @@ class Inventory:
         keys = keys_for(self.prefix, lock.name)
         limit = lock.pttl_ms if unless_renewed else None
 
+        unanswered: list[BaseException] = []  # sent, and no reply came: it may have run
+
         def one(client: Any) -> int:
             # Handoff as the holder's own release does it: on one plain node only (a quorum's
             # and a Cluster's waiters listen on the shared channel; see scripts.RELEASE).
             handoff = len(self.urls) == 1 and not isinstance(client, RedisCluster)
             call = _scripts.release_unrenewed_call(keys, lock.key, lock.value, limit, handoff)
-            return int(run_script(client, _scripts.RELEASE_UNRENEWED, *call))
+            try:
+                return int(run_script(client, _scripts.RELEASE_UNRENEWED, *call))
+            except Exception as exc:
+                if lost_reply(exc):
+                    unanswered.append(exc)
+                raise
 
         try:
             answers = self._each(one)
-        except InventoryRefused:
-            raise
         except LockUnavailable as exc:
+            if not unanswered:  # refused, or never sent: certainly not released
+                raise
             raise ReleaseUnanswered(
                 f"no answer to the release of {lock.key}, which may have happened or not: "
                 f"read the lock again ({exc})",
@@ -531,6 +539,8 @@ class Inventory:
                 nodes=exc.nodes,
             ) from exc
         replies = [r for r in answers if r is not None]
+        if len(self.urls) > 1 and any(r > 0 for r in replies):
+            self._wake_lacking(keys, answers)
         refused = [  # the nodes where the user lacks +publish or +zpopmin
             redact(url)
             for url, reply in zip(self.urls, answers, strict=True)
@@ -547,6 +557,16 @@ class Inventory:
         if -1 in replies:
             return Released.RENEWED
         return Released.CHANGED
+
+    def _wake_lacking(self, keys: LockKeys, answers: Sequence[int | None]) -> None:
+        """After a quorum release freed the lock: wake the waiters on the nodes that did not
+        hold it (they listen on one node, which the holder may lack); see
+        :meth:`~celery_redlock._redis.nodes.Quorum.wake_lacking`. Errors are not the
+        release's: such a waiter wakes at the holder's TTL, as before."""
+        for i, reply in enumerate(answers):
+            if reply == 0:
+                with contextlib.suppress(Exception):
+                    run_script(self._client(i), _scripts.WAKE, *_scripts.wake_call(keys))
 
     def queued(self, name: str) -> str | None:
         """The task id of ``name``'s queued call (``lock_enqueue``), or ``None``."""

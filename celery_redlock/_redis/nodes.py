@@ -378,7 +378,7 @@ class Quorum(QuorumRules):
             return AcquireResult(
                 True, fencing_token=vote.fencing, complete=vote.won == len(replies)
             )
-        self.release(keys, token, quiet=True, wake="never" if vote.taken else "freed")
+        self.release(keys, token, quiet=True, wake=not vote.taken)
         self.check_answered(keys.lock, replies, "acquire failed")
         return vote.refusal
 
@@ -398,18 +398,19 @@ class Quorum(QuorumRules):
         token: str,
         keep_ms: int = 0,
         quiet: bool = False,
-        wake: _scripts.Wake = "always",
+        wake: bool = True,
     ) -> bool:
         """Release on every node; ``quiet``: the give-back of a failed acquisition, whose
         outcome is not asked for (no error when too few nodes answer).
 
-        ``wake``: a release wakes the waiters on every node, those the holder lacks too (the
-        waiters listen on one node); a give-back wakes them where it freed what it won, or
-        (``"never"``) not at all while another owner holds the lock on a majority. Timeline
-        that closes: the holder lacks node A, where the waiters listen; each failed attempt
-        wins A, and its give-back woke every waiter, whose attempts failed and woke the others
-        again: hundreds of attempts a second until the holder released, on every node, and
-        the holder's renewal could not take A back.
+        A release wakes the waiters on every node: where it frees the lock, and then where it
+        held nothing (:meth:`wake_lacking`; the waiters listen on one node, which the holder
+        may lack). A give-back wakes them where it freed what it won, or (``wake`` False) not
+        at all while another owner holds the lock on a majority. Timeline that closes: the
+        holder lacks node A, where the waiters listen; each failed attempt wins A, and its
+        give-back woke every waiter, whose attempts failed and woke the others again: hundreds
+        of attempts a second until the holder released, on every node, and the holder's
+        renewal could not take A back.
 
         A node whose reply was lost is given the release again in the background
         (:mod:`~celery_redlock._redis.givebacks`). Timeline it closes: (a) node C is frozen
@@ -422,7 +423,16 @@ class Quorum(QuorumRules):
         for i, (_, error) in enumerate(replies):
             if error is not None and lost_reply(error):
                 _givebacks.give_back(keys.lock, functools.partial(self._release_on, i, call))
+        if not quiet:
+            self.wake_lacking(keys, replies)
         return quiet or self.released(keys.lock, replies)
+
+    def wake_lacking(self, keys: LockKeys, replies: Replies) -> None:
+        """Wake the waiters on the nodes where a release that freed the lock held nothing,
+        once the others answered (:data:`~._scripts.WAKE`); errors are not the release's."""
+        lacking = self.lacking(replies)
+        if lacking:
+            self._call_all(_scripts.WAKE, _scripts.wake_call(keys), only=lacking)
 
     def _release_on(self, node: int, call: Call) -> None:
         """The release ``call`` on one node; raises that node's error."""
@@ -450,6 +460,7 @@ class Quorum(QuorumRules):
     ) -> bool:
         call = _scripts.release_attempt_call(keys, task_id, host, pid, keep_ms=keep_ms)
         replies = self._call_all(_scripts.RELEASE_ATTEMPT, call)
+        self.wake_lacking(keys, replies)
         self.check_answered(keys.lock, replies, "release_attempt failed")
         return any(rep for rep, err in replies if err is None)
 

@@ -71,6 +71,7 @@ FEATURES: dict[str, Feature] = {
                 "release",
                 "extend",
                 "release_attempt",
+                "wake",
                 "fence",
                 "raise_fence",
             ),
@@ -91,7 +92,7 @@ FEATURES: dict[str, Feature] = {
         Feature("timeline", _named(_scripts.COMPANION_SCRIPTS, "ring_push")),
         Feature(
             "cli",
-            _named(_scripts.LOCK_SCRIPTS, "pttls", "release_unrenewed"),
+            _named(_scripts.LOCK_SCRIPTS, "pttls", "release_unrenewed", "wake"),
             # ZPOPMIN: a release hands the lock to a queued waiter; ZRANGE, ZREM: and wakes the
             # next one (dropping those gone)
             ("SCAN", "GET", "MGET", "EXISTS", "HGETALL", "ZPOPMIN", "ZRANGE", "ZREM"),

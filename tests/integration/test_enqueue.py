@@ -6,6 +6,7 @@ A worker started after the calls leaves them waiting in the broker queue (db 1, 
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import logging
 import threading
@@ -481,6 +482,20 @@ def test_a_task_id_of_any_form_is_taken_as_it_is(app: Celery, r: redis_py.Redis)
     assert again.id == first.id == "?weekly-report"
     assert time.monotonic() - started < WAIT_FOR_PUBLISH_S  # returned, not waited out
     assert r.get(queued_key(report)) == b"?weekly-report"
+
+
+@pytest.mark.parametrize("form", ["aware", "naive-utc", "iso"])
+def test_the_marker_ends_with_an_expires_of_any_form(
+    app: Celery, r: redis_py.Redis, form: str
+) -> None:
+    @app.task(base=LockedTask, lock_enqueue=True)
+    def report(day: str) -> str:
+        return day
+
+    at = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=5)
+    expires = {"aware": at, "naive-utc": at.replace(tzinfo=None), "iso": at.isoformat()}[form]
+    report.apply_async(("monday",), expires=expires)
+    assert 0 < r.pttl(queued_key(report, "monday")) <= 5_000
 
 
 def test_a_call_after_the_queued_calls_expiry_is_queued(app: Celery, r: redis_py.Redis) -> None:

@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,13 @@ from click.testing import CliRunner, Result
 
 from celery_redlock import Lock, LockedTask, LockLost, LockUnavailable, metrics
 from celery_redlock._redis import probe
-from celery_redlock._redis.inventory import Inventory, InventoryRefused, Released, lease_age
+from celery_redlock._redis.inventory import (
+    Inventory,
+    InventoryRefused,
+    Released,
+    ReleaseUnanswered,
+    lease_age,
+)
 from celery_redlock.cli import _commands as commands
 from celery_redlock.cli import redlock
 from celery_redlock.testing import RedisServer, wait_until
@@ -144,6 +151,28 @@ def test_a_release_by_the_command_line_that_got_no_answer_may_have_happened(
             assert "released 0 lock(s) of dead workers; kept 0; then:" in done.stdout
         wait_until(lambda: not server.client().exists(holder.key), 5, "the release to run")
         app.close()
+
+
+def test_a_release_the_server_refused_is_not_reported_as_unknown() -> None:
+    """A refusal (``READONLY``: the node became a replica in a failover) is an answer: the
+    release did not run. It was reported "no answer ..., which may have happened or not"."""
+    with RedisServer() as server:
+        holder = Lock(server.url, "job", ttl=60, owner="t-gone", host="w9@gone")
+        assert holder.acquire(blocking=False)
+        inventory = Inventory(server.url, "redlock")
+        seen = inventory.read(holder.key)
+        assert seen is not None
+        admin = server.client()
+        with socket.socket() as gone:  # a primary that is not there: no sync, data kept
+            gone.bind(("127.0.0.1", 0))
+            admin.execute_command("REPLICAOF", "127.0.0.1", gone.getsockname()[1])
+        try:
+            with pytest.raises(LockUnavailable, match=r"READONLY|read only") as raised:
+                inventory.release(seen)
+        finally:
+            admin.execute_command("REPLICAOF", "NO", "ONE")
+        assert not isinstance(raised.value, ReleaseUnanswered)
+        assert admin.exists(holder.key)
 
 
 def test_a_quorum_release_warns_of_the_node_that_refused_to_notify_only(

@@ -36,6 +36,8 @@ import celery_redlock.asyncio
 from celery_redlock import LockContended, LockLost, LockNotOwned, LockUnavailable
 from celery_redlock._redis import aionodes
 from celery_redlock._redis.core import Extended
+from celery_redlock._redis.inventory import Inventory
+from celery_redlock._redis.lock import release_attempt
 from celery_redlock._redis.nodes import SingleNode
 from celery_redlock._redis.owner import parse
 from celery_redlock.testing import RedisServer
@@ -1191,12 +1193,12 @@ def test_publish_refused_on_a_quorum_release_warns(
 
 
 def holder_lacking_node_0(
-    d2: Driver, three: list[RedisServer], name: str
+    d2: Driver, three: list[RedisServer], name: str, ttl: float = 30
 ) -> tuple[Any, redis_py.Redis]:
     """A quorum lock held on nodes 1 and 2 only (node 0 held a foreign value when it was
     taken, gone since), and a client of node 0, where the waiters listen."""
     first = three[0].client()
-    holder = d2.lock([s.url for s in three], name, ttl=30)
+    holder = d2.lock([s.url for s in three], name, ttl=ttl)
     first.set(holder.keys.lock, "foreign", px=60_000)
     assert d2(holder.acquire(blocking=False))
     first.delete(holder.keys.lock)
@@ -1269,6 +1271,70 @@ def test_a_quorum_release_wakes_the_waiters_on_the_node_the_holder_lacks(
         got = results[0]
     assert got and time.monotonic() - start < 5  # woken, not at its deadline (10 s)
     d2(waiter.release())
+
+
+def test_a_quorum_waiter_sleeps_on_the_majority_holders_ttl_not_a_leftovers(
+    d2: Driver, three: list[RedisServer]
+) -> None:
+    """Timeline: H holds nodes 1 and 2 (3 s left); W1's failed attempt holds node 0 (15 s),
+    where W2 listens; W2 tries, and slept on the first refusal's TTL, node 0's: W1's. W1
+    gives node 0 back without waking anyone (H holds a majority); H dies: the lock was free
+    from 3 s while W2 slept on to its deadline. It now sleeps on H's TTL."""
+    urls = [s.url for s in three]
+    holder, first = holder_lacking_node_0(d2, three, "q-leftover", ttl=3)
+    first.set(holder.keys.lock, "w1-attempt", px=15_000)
+    waiter = d2.lock(urls, "q-leftover", ttl=5)
+    start = time.monotonic()
+    if d2.is_async:
+
+        async def wait_with_the_leftover_gone() -> bool:
+            waiting = asyncio.ensure_future(waiter.acquire(timeout=10))
+            while waiter.attempts < 2:  # tried again once subscribed, and sleeps
+                await asyncio.sleep(0.01)
+            first.delete(holder.keys.lock)  # W1's silent give-back
+            return bool(await waiting)
+
+        got = d2(wait_with_the_leftover_gone())
+    else:
+        results: list[bool] = []
+        waiting = threading.Thread(target=lambda: results.append(waiter.acquire(timeout=10)))
+        waiting.start()
+        wait_until(lambda: waiter.attempts >= 2, 5)
+        first.delete(holder.keys.lock)
+        waiting.join(15)
+        got = results[0]
+    assert got and time.monotonic() - start < 8  # at H's expiry (3 s), not its deadline (10 s)
+    d2(waiter.release())
+
+
+@pytest.mark.parametrize("by", ["operator", "main-process"])
+def test_a_release_by_another_process_wakes_the_waiters_on_the_node_the_holder_lacks(
+    three: list[RedisServer], by: str
+) -> None:
+    """The command line's or dashboard's release (``RELEASE_UNRENEWED``) and the worker's
+    main process's release of a dead child's lock (``RELEASE_ATTEMPT``) woke the waiters only
+    where they deleted a key: a waiter on a node the holder lacked slept until the holder's
+    TTL."""
+    thread = Driver("thread", "url")
+    holder, first = holder_lacking_node_0(thread, three, "q-other")
+    urls = [s.url for s in three]
+    waiter = celery_redlock.Lock(urls, "q-other", ttl=5)
+    results: list[bool] = []
+    waiting = threading.Thread(target=lambda: results.append(waiter.acquire(timeout=10)))
+    start = time.monotonic()
+    waiting.start()
+    wait_until(
+        lambda: waiter.attempts >= 1 and first.pubsub_numsub(holder.keys.channel)[0][1] >= 1, 5
+    )
+    if by == "operator":
+        inventory = Inventory(urls, "redlock")
+        seen = inventory.read(holder.key)
+        assert seen is not None and inventory.release(seen)
+    else:
+        assert release_attempt(urls, "q-other", "redlock", holder.owner, holder.host, os.getpid())
+    waiting.join(15)
+    assert results == [True] and time.monotonic() - start < 5  # not at its deadline (10 s)
+    waiter.release()
 
 
 def test_a_quorum_without_a_majority_names_the_first_error(

@@ -46,8 +46,8 @@ from .lock import (
     RELEASE_ATTEMPT,
     RELEASE_UNRENEWED,
     RELEASED_NOT_NOTIFIED,
+    WAKE,
     AcquireResult,
-    Wake,
     acquire_call,
     decode_acquire,
     extend_call,
@@ -56,6 +56,7 @@ from .lock import (
     release_attempt_call,
     release_call,
     release_unrenewed_call,
+    wake_call,
 )
 from .lock import SCRIPTS as LOCK_SCRIPTS
 from .queue import (
@@ -99,11 +100,11 @@ __all__ = [
     "RING_PUSH",
     "SCRIPTS",
     "WAIT",
+    "WAKE",
     "AcquireResult",
     "RateDecision",
     "Script",
     "WaitReply",
-    "Wake",
     "acquire_call",
     "check_newest_call",
     "decode_acquire",
@@ -123,4 +124,5 @@ __all__ = [
     "release_unrenewed_call",
     "sha1",
     "wait_call",
+    "wake_call",
 ]

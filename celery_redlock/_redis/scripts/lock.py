@@ -14,7 +14,7 @@ notified" (reply 2) instead of an error reply for a release that did happen.
 
 from __future__ import annotations
 
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 from ..keys import FENCE_TTL_MS, LockKeys
 from .base import Script
@@ -168,12 +168,9 @@ RELEASE = (
 --         token's secret marked 'cooldown': the task ended; see celery_redlock._redis.owner),
 -- ARGV[3] '1': hand a single-slot lock over to the first queued waiter (a plain node, where
 --         PUBLISH counts every subscriber; not a Cluster, where it counts one node's),
--- ARGV[4] whom to wake: 'freed' the waiters, when this node frees (or keeps) a slot;
---         'never' nobody (a quorum's failed acquisition giving back what it won while another
---         owner holds the lock on a majority: nothing is free for the waiters, and each woken
---         waiter's own failed attempt would wake the others again); 'always' also when this
---         node holds no slot of the token (a quorum's release: the waiters listen on one
---         node, which the holder may lack)
+-- ARGV[4] '1': wake nobody (a quorum's failed acquisition giving back what it won while
+--         another owner holds the lock on a majority: nothing is free for the waiters, and
+--         each woken waiter's own failed attempt would wake the others again)
 -- returns 1 released (handed over, or deleted, or kept until expiry; the waiters notified),
 --         2 released (deleted or kept) but PUBLISH was refused: waiters not notified,
 --         0 not the owner of any slot (expired or taken over)
@@ -187,14 +184,13 @@ for i = 3, #KEYS do
       redis.call('SET', KEYS[i], cooling, 'PX', ARGV[2])
       return free_slot(KEYS[1], KEYS[2], KEYS[i], false, true)
     end
-    if ARGV[4] == 'never' then
+    if ARGV[4] == '1' then
       redis.call('DEL', KEYS[i])
       return 1
     end
     return free_slot(KEYS[1], KEYS[2], KEYS[i], ARGV[3] == '1' and #KEYS == 3)
   end
 end
-if ARGV[4] == 'always' then redis.pcall('PUBLISH', KEYS[1], '1') end
 return 0
 """
 )
@@ -272,6 +268,18 @@ if ARGV[2] ~= '' and redis.call('PTTL', KEYS[3]) > tonumber(ARGV[2]) then return
 return free_slot(KEYS[1], KEYS[2], KEYS[3], ARGV[3] == '1')
 """
 )
+
+WAKE = """
+-- KEYS[1] release channel
+-- Wakes the waiters listening on this node. Sent, after a quorum's release freed the lock on
+-- the nodes that held it, to the nodes that did not: the waiters listen on one node, which
+-- the holder may lack, and a notice from it sent before the others' deletes would find the
+-- lock still held.
+-- returns the subscribers reached, -1 when PUBLISH was refused
+local reached = redis.pcall('PUBLISH', KEYS[1], '1')
+if type(reached) == 'table' then return -1 end
+return reached
+"""
 
 PTTLS = """
 -- KEYS[1..n] any keys (of one node; read only)
@@ -364,17 +372,18 @@ def fence_call(keys: LockKeys, slot: str, token: str) -> tuple[list[str], list[A
     return [slot, keys.fence, keys.high_water], [token]
 
 
-#: Whom a release wakes (ARGV[4] of :data:`RELEASE`).
-Wake = Literal["freed", "never", "always"]
-
-
 def release_call(
-    keys: LockKeys, token: str, keep_ms: int = 0, handoff: bool = False, wake: Wake = "freed"
+    keys: LockKeys, token: str, keep_ms: int = 0, handoff: bool = False, wake: bool = True
 ) -> tuple[list[str], list[Any]]:
-    """``(KEYS, ARGV)`` of :data:`RELEASE`; ``handoff``: only for a plain node; ``wake``:
-    ``"never"`` and ``"always"`` are for a quorum (see there)."""
-    argv = [token, keep_ms, "1" if handoff else "0", wake]
+    """``(KEYS, ARGV)`` of :data:`RELEASE`; ``handoff``: only for a plain node; ``wake``
+    False: a quorum's give-back while another owner holds the lock (see there)."""
+    argv = [token, keep_ms, "1" if handoff else "0", "0" if wake else "1"]
     return [keys.channel, keys.waiters, *keys.slots], argv
+
+
+def wake_call(keys: LockKeys) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of :data:`WAKE`."""
+    return [keys.channel], []
 
 
 def extend_call(
@@ -421,6 +430,7 @@ SCRIPTS = (
         ("GET", "SET", "DEL", "TIME"),
         tolerated=("EXISTS", "ZPOPMIN", "PUBLISH", "ZRANGE", "ZREM"),
     ),
+    Script("wake", WAKE, (), tolerated=("PUBLISH",)),
     Script("fence", FENCE, ("GET", "TIME", "SET")),
     Script("raise_fence", RAISE_FENCE, ("GET", "SET")),
     Script("pttls", PTTLS, ("PTTL",)),
