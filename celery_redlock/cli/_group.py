@@ -13,6 +13,7 @@ import contextlib
 import math
 import os
 import shlex
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -82,8 +83,7 @@ def command_line(ctx: click.Context, *args: str) -> str:
     that they typed. Arguments are quoted for a shell; a password in a URL shows as ``***``,
     to be typed again."""
     root = ctx.find_root()
-    value = root.params.get("app")
-    words = ["celery", "-A", value if isinstance(value, str) and value else "yourproject"]
+    words = ["celery", "-A", _app_given(root.params.get("app"))]
     for name, flag in _ROOT_OPTIONS:
         if root.get_parameter_source(name) is not ParameterSource.COMMANDLINE:
             continue
@@ -92,6 +92,21 @@ def command_line(ctx: click.Context, *args: str) -> str:
         if isinstance(value, str) and value:
             words += [flag, redact_url(value) if "://" in value else value]
     return " ".join([*map(shlex.quote, words), "redlock", *map(shlex.quote, args)])
+
+
+def _app_given(value: object) -> str:
+    """The ``-A`` the operator gave. Celery 5.3 hands the command the app it loaded, not the
+    name: it is read from the command line then (``yourproject`` when there is none)."""
+    if isinstance(value, str) and value:
+        return value
+    if value is not None:
+        words = sys.argv[1:]
+        for i, word in enumerate(words[: words.index("redlock")] if "redlock" in words else []):
+            if word in ("-A", "--app") and i + 1 < len(words):
+                return words[i + 1]
+            if word.startswith(("--app=", "-A")) and word not in ("-A", "--app"):
+                return word.removeprefix("--app=").removeprefix("-A")
+    return "yourproject"
 
 
 def store_of(ctx: click.Context) -> LockStore:
