@@ -982,15 +982,18 @@ def mark_queued(
 
     A call of the key still being published is waited for (a few milliseconds, at most
     :data:`WAIT_FOR_PUBLISH_S`): once published, its task id is returned; if its publish failed
-    (its marker cleared, or expired), this call marks itself. Timeline without the wait:
+    (its marker cleared, or expired), this call marks itself. Past the wait it takes the
+    marker over and is published marked, so the next calls wait for it, not each for ten
+    seconds on a caller that died while publishing (a publish that was only slow is then
+    published twice; the lock excludes the two). Timeline without the wait:
     (1) A marks and publishes, the broker being down; (2) B finds A's marker and returns A's
     id; (3) A's publish fails, the error reaches A's caller, A's marker is cleared; B's
     caller holds the id of a call that was never queued, and B never runs.
 
     A marker whose call the result backend says has ended is replaced (see
     :meth:`~celery_redlock.LockedTask.apply_async`). Raises :class:`LockUnavailable` when
-    Redis does not answer, or when the call queued before is still being published after
-    :data:`WAIT_FOR_PUBLISH_S` (the caller then publishes: never a dropped call).
+    Redis does not answer, or when another call was being published again once this one took
+    the marker over (the caller then publishes: never a dropped call).
     """
     spec = spec_of(task)
     assert spec is not None
@@ -1000,9 +1003,9 @@ def mark_queued(
     keys = _keys.keys_for(settings.prefix, name)
     ttl_ms = _marker_ms(spec, expires)
     publishing_ms = min(ttl_ms, round(PUBLISHING_S * 1000))
-    deadline, pause, replaced = time.monotonic() + WAIT_FOR_PUBLISH_S, 0.002, False
+    deadline, pause, replaced, given_up = time.monotonic() + WAIT_FOR_PUBLISH_S, 0.002, False, ""
     while True:
-        queued = companions.mark_queued(settings.url, keys, task_id, publishing_ms)
+        queued = companions.mark_queued(settings.url, keys, task_id, publishing_ms, given_up)
         if queued is None:
             return None
         if not queued.publishing:
@@ -1013,6 +1016,8 @@ def mark_queued(
         elif time.monotonic() < deadline:
             time.sleep(pause)
             pause = min(2 * pause, 0.05)
+        elif not given_up:  # its caller died while publishing, or its broker hangs: take over
+            given_up = queued.task_id
         else:
             raise LockUnavailable(
                 f"the call {queued.task_id} queued for {keys.lock} was still being published "
@@ -1026,8 +1031,8 @@ def confirm_queued(
 ) -> None:
     """After the publish of a call that :func:`mark_queued` marked: its marker now says it
     is queued, for ``lock_enqueue_ttl`` (bounded by ``expires``), unless its execution already
-    started and cleared it. If Redis does not answer, the marker expires within
-    :data:`PUBLISHING_S`, and the calls of the key that wait for it are then published."""
+    started and cleared it. If Redis does not answer, the next call of the key waits
+    :data:`WAIT_FOR_PUBLISH_S` for it, then takes its place (:func:`mark_queued`)."""
     spec = spec_of(task)
     assert spec is not None
     settings = settings_for(task.app)
@@ -1036,11 +1041,10 @@ def confirm_queued(
         companions.confirm_queued(settings.url, keys, task_id, _marker_ms(spec, expires))
     except LockUnavailable as exc:
         logger.warning(
-            "%s[%s]: could not confirm the queued marker (the calls of the key in the next "
-            "%.0f s wait up to %.0f s for it, then are published beside it): %s",
+            "%s[%s]: could not confirm the queued marker (the next call of the key waits up "
+            "to %.0f s for it, then takes its place): %s",
             task.name,
             task_id,
-            PUBLISHING_S,
             WAIT_FOR_PUBLISH_S,
             exc,
         )

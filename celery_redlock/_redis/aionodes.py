@@ -401,15 +401,26 @@ class Quorum(QuorumRules):
         """Release on every node (see the sync ``Quorum.release``, and its ``wake``): ``quiet``
         is the give-back of a failed acquisition, and a node whose reply was lost (frozen past
         ``node_timeout``) is given the release again in the background (:func:`give_back`)."""
-        call = _scripts.release_call(keys, token, keep_ms, wake=wake)
+        call = _scripts.release_call(keys, token, keep_ms, wake=False)
         replies = await self._call_all(_scripts.RELEASE, call)
         for i, (_, error) in enumerate(replies):
             if error is not None and lost_reply(error):
                 give_back(keys.lock, functools.partial(self._release_on, i, call))
-        lacking = [] if quiet else self.lacking(replies)
-        if lacking:  # the waiters on the nodes it held nothing on (see the sync release)
-            await self._call_all(_scripts.WAKE, _scripts.wake_call(keys), only=lacking)
+        nodes = self.to_wake(replies) if wake else []
+        if nodes:  # once every node answered, in the background (see the sync release)
+            in_background(self._wake(keys, nodes))
         return quiet or self.released(keys.lock, replies)
+
+    async def _wake(self, keys: LockKeys, nodes: list[int]) -> None:
+        """Wake the waiters on ``nodes`` (see the sync ``Quorum._wake``)."""
+        sent = [self.nodes[i].client().publish(keys.channel, "1") for i in nodes]
+        replies = await asyncio.gather(*sent, return_exceptions=True)
+        errors: dict[int, BaseException] = {
+            i: reply
+            for i, reply in zip(nodes, replies, strict=True)
+            if isinstance(reply, Exception)
+        }
+        self.woken(keys.lock, errors)
 
     async def _release_on(self, node: int, call: Call) -> None:
         """The release ``call`` on one node; raises that node's error."""

@@ -88,11 +88,15 @@ class Queued(NamedTuple):
     publishing: bool
 
 
-def mark_queued(target: Any, keys: LockKeys, task_id: str, ttl_ms: int) -> Queued | None:
+def mark_queued(
+    target: Any, keys: LockKeys, task_id: str, ttl_ms: int, given_up: str = ""
+) -> Queued | None:
     """Mark ``task_id`` as the queued call of ``keys``, being published, for ``ttl_ms``
-    (:func:`confirm_queued` once it is); else the call already marked."""
+    (:func:`confirm_queued` once it is); else the call already marked. ``given_up``: a call
+    still being published that was waited for too long, whose marker is taken over."""
     script = _scripts.MARK_QUEUED
-    reply = _run(target, script, _scripts.queued_call(keys, task_id, ttl_ms), keys.queued)
+    call = _scripts.queued_call(keys, task_id, ttl_ms, given_up)
+    reply = _run(target, script, call, keys.queued)
     if int(reply[0]) == 1:
         return None
     existing = reply[1]

@@ -374,13 +374,19 @@ class QuorumRules:
             raise self.no_quorum(key, failed, what, replies)
         return failed
 
-    def lacking(self, replies: Replies) -> list[int]:
-        """After a release: the nodes that held no slot of it, when it freed the lock on
-        others (their waiters are woken there too, :data:`~._scripts.WAKE`)."""
+    def to_wake(self, replies: Replies) -> list[int]:
+        """After a quorum release that freed the lock (on the nodes that held it, waking
+        nobody there): every node that answered, to be sent a ``PUBLISH`` on its channel."""
         answered = [(i, int(rep)) for i, (rep, err) in enumerate(replies) if rep is not None]
         if not any(reply > 0 for _, reply in answered):
             return []
-        return [i for i, reply in answered if reply == 0]
+        return [i for i, _ in answered]
+
+    def woken(self, key: str, errors: dict[int, BaseException]) -> None:
+        """After the wake's ``PUBLISH`` to each node: WARNING naming those that refused it."""
+        refused = [self.names[i] for i, exc in errors.items() if classify(exc) is Outcome.REFUSED]
+        if refused:
+            warn_not_notified(key, refused)
 
     def released(self, key: str, replies: Replies) -> bool:
         """Whether no majority contradicts a release (a silent node is no evidence of loss);

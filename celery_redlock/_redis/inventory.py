@@ -53,7 +53,6 @@ counts each lock's blocking waiters. A marker is cleared only if unchanged since
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import enum
 import hashlib
@@ -74,7 +73,7 @@ from . import owner as _owner
 from . import scripts as _scripts
 from .clients import UNAVAILABLE_ERRORS, client_for, redact, refused
 from .commands import run_script
-from .core import lost_reply, tls_mismatch, warn_not_notified
+from .core import Outcome, classify, lost_reply, tls_mismatch, warn_not_notified
 from .keys import (
     CHECK_NAME,
     LockKeys,
@@ -519,7 +518,10 @@ class Inventory:
             # Handoff as the holder's own release does it: on one plain node only (a quorum's
             # and a Cluster's waiters listen on the shared channel; see scripts.RELEASE).
             handoff = len(self.urls) == 1 and not isinstance(client, RedisCluster)
-            call = _scripts.release_unrenewed_call(keys, lock.key, lock.value, limit, handoff)
+            # A quorum's nodes wake nobody: the waiters are woken once every node answered.
+            call = _scripts.release_unrenewed_call(
+                keys, lock.key, lock.value, limit, handoff, wake=len(self.urls) == 1
+            )
             try:
                 return int(run_script(client, _scripts.RELEASE_UNRENEWED, *call))
             except Exception as exc:
@@ -540,7 +542,7 @@ class Inventory:
             ) from exc
         replies = [r for r in answers if r is not None]
         if len(self.urls) > 1 and any(r > 0 for r in replies):
-            self._wake_lacking(keys, answers)
+            answers = self._wake(keys, answers)
         refused = [  # the nodes where the user lacks +publish or +zpopmin
             redact(url)
             for url, reply in zip(self.urls, answers, strict=True)
@@ -558,15 +560,20 @@ class Inventory:
             return Released.RENEWED
         return Released.CHANGED
 
-    def _wake_lacking(self, keys: LockKeys, answers: Sequence[int | None]) -> None:
-        """After a quorum release freed the lock: wake the waiters on the nodes that did not
-        hold it (they listen on one node, which the holder may lack); see
-        :meth:`~celery_redlock._redis.nodes.Quorum.wake_lacking`. Errors are not the
-        release's: such a waiter wakes at the holder's TTL, as before."""
+    def _wake(self, keys: LockKeys, answers: list[int | None]) -> list[int | None]:
+        """After a quorum release freed the lock on every node: wake the waiters on each node
+        that answered (see :meth:`~celery_redlock._redis.nodes.Quorum.wake`); ``answers``,
+        with :data:`~._scripts.RELEASED_NOT_NOTIFIED` where ``PUBLISH`` was refused. A node
+        that does not answer is not the release's error: its waiters wake at the TTL."""
+        out = list(answers)
         for i, reply in enumerate(answers):
-            if reply == 0:
-                with contextlib.suppress(Exception):
-                    run_script(self._client(i), _scripts.WAKE, *_scripts.wake_call(keys))
+            if reply is not None:
+                try:
+                    self._client(i).publish(keys.channel, "1")
+                except Exception as exc:  # a node that fails now: its waiters wake at the TTL
+                    if classify(exc) is Outcome.REFUSED:
+                        out[i] = _scripts.RELEASED_NOT_NOTIFIED
+        return out
 
     def queued(self, name: str) -> str | None:
         """The task id of ``name``'s queued call (``lock_enqueue``), or ``None``."""

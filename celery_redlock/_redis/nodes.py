@@ -403,14 +403,15 @@ class Quorum(QuorumRules):
         """Release on every node; ``quiet``: the give-back of a failed acquisition, whose
         outcome is not asked for (no error when too few nodes answer).
 
-        A release wakes the waiters on every node: where it frees the lock, and then where it
-        held nothing (:meth:`wake_lacking`; the waiters listen on one node, which the holder
-        may lack). A give-back wakes them where it freed what it won, or (``wake`` False) not
-        at all while another owner holds the lock on a majority. Timeline that closes: the
-        holder lacks node A, where the waiters listen; each failed attempt wins A, and its
-        give-back woke every waiter, whose attempts failed and woke the others again: hundreds
-        of attempts a second until the holder released, on every node, and the holder's
-        renewal could not take A back.
+        It frees the lock on every node first, waking nobody, then wakes the waiters on every
+        node that answered (:meth:`_wake`, in the background): they listen on one node, which
+        the holder may lack, and one woken as the first node freed the lock would find it
+        still held on the others, and sleep on to that holder's TTL. A give-back wakes nobody
+        (``wake`` False) while another owner holds the lock on a majority. Timeline that
+        closes: the holder lacks node A, where the waiters listen; each failed attempt wins
+        A, and its give-back woke every waiter, whose attempts failed and woke the others
+        again: hundreds of attempts a second until the holder released, on every node, and
+        the holder's renewal could not take A back.
 
         A node whose reply was lost is given the release again in the background
         (:mod:`~celery_redlock._redis.givebacks`). Timeline it closes: (a) node C is frozen
@@ -418,21 +419,26 @@ class Quorum(QuorumRules):
         the release to C gets no answer; (c) C resumes and runs the acquire: C holds the
         released lock for a whole TTL, and one more node down then stops every acquisition.
         """
-        call = _scripts.release_call(keys, token, keep_ms, wake=wake)
+        call = _scripts.release_call(keys, token, keep_ms, wake=False)
         replies = self._call_all(_scripts.RELEASE, call)
         for i, (_, error) in enumerate(replies):
             if error is not None and lost_reply(error):
                 _givebacks.give_back(keys.lock, functools.partial(self._release_on, i, call))
-        if not quiet:
-            self.wake_lacking(keys, replies)
+        nodes = self.to_wake(replies) if wake else []
+        if nodes:  # off this thread: the release costs its caller one round trip
+            _givebacks.soon(functools.partial(self._wake, keys, nodes))
         return quiet or self.released(keys.lock, replies)
 
-    def wake_lacking(self, keys: LockKeys, replies: Replies) -> None:
-        """Wake the waiters on the nodes where a release that freed the lock held nothing,
-        once the others answered (:data:`~._scripts.WAKE`); errors are not the release's."""
-        lacking = self.lacking(replies)
-        if lacking:
-            self._call_all(_scripts.WAKE, _scripts.wake_call(keys), only=lacking)
+    def _wake(self, keys: LockKeys, nodes: list[int]) -> None:
+        """Wake the waiters on ``nodes`` (a ``PUBLISH`` each), once a release freed the lock
+        on every node that answered it (:meth:`~.core.QuorumRules.to_wake`)."""
+        errors: dict[int, BaseException] = {}
+        for i in nodes:
+            try:
+                self.clients[i].publish(keys.channel, "1")
+            except Exception as exc:  # a node that fails now: its waiters wake at the TTL
+                errors[i] = exc
+        self.woken(keys.lock, errors)
 
     def _release_on(self, node: int, call: Call) -> None:
         """The release ``call`` on one node; raises that node's error."""
@@ -458,9 +464,11 @@ class Quorum(QuorumRules):
     def release_attempt(
         self, keys: LockKeys, task_id: str, host: str, pid: int, keep_ms: int = 0
     ) -> bool:
-        call = _scripts.release_attempt_call(keys, task_id, host, pid, keep_ms=keep_ms)
+        call = _scripts.release_attempt_call(keys, task_id, host, pid, keep_ms=keep_ms, wake=False)
         replies = self._call_all(_scripts.RELEASE_ATTEMPT, call)
-        self.wake_lacking(keys, replies)
+        nodes = self.to_wake(replies)
+        if nodes:
+            self._wake(keys, nodes)
         self.check_answered(keys.lock, replies, "release_attempt failed")
         return any(rep for rep, err in replies if err is None)
 

@@ -71,7 +71,6 @@ FEATURES: dict[str, Feature] = {
                 "release",
                 "extend",
                 "release_attempt",
-                "wake",
                 "fence",
                 "raise_fence",
             ),
@@ -92,7 +91,7 @@ FEATURES: dict[str, Feature] = {
         Feature("timeline", _named(_scripts.COMPANION_SCRIPTS, "ring_push")),
         Feature(
             "cli",
-            _named(_scripts.LOCK_SCRIPTS, "pttls", "release_unrenewed", "wake"),
+            _named(_scripts.LOCK_SCRIPTS, "pttls", "release_unrenewed"),
             # ZPOPMIN: a release hands the lock to a queued waiter; ZRANGE, ZREM: and wakes the
             # next one (dropping those gone)
             ("SCAN", "GET", "MGET", "EXISTS", "HGETALL", "ZPOPMIN", "ZRANGE", "ZREM"),

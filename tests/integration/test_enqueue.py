@@ -24,6 +24,7 @@ from celery.signals import before_task_publish
 from kombu.exceptions import EncodeError
 
 from celery_redlock import LockedTask, lock_key
+from celery_redlock._celery import engine
 from celery_redlock._celery.engine import WAIT_FOR_PUBLISH_S
 from celery_redlock.testing import RedisServer, free_port, wait_until
 from support.apps import lock_keys, make_app
@@ -466,6 +467,27 @@ def test_a_call_made_while_the_queued_call_is_published_is_not_lost(
     assert r.get(queued_key(keep, 7)) == b"task-B"
     with running_worker(app):
         assert joined[0].get(timeout=10) == 7
+
+
+def test_the_calls_after_a_caller_that_died_while_publishing_are_queued_once(
+    app: Celery, r: redis_py.Redis, broker: redis_py.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller died between marking its call and publishing it: every call of the key in
+    the next 30 s waited 10 s, then was published unmarked, one message each. The first now
+    takes the marker over once its wait is past, and the next ones are de-duplicated to it."""
+    monkeypatch.setattr(engine, "WAIT_FOR_PUBLISH_S", 0.3)
+
+    @app.task(base=LockedTask, lock_enqueue=True, lock_by=["n"])
+    def keep(n: int) -> int:
+        return n
+
+    marker = queued_key(keep, 1)
+    r.set(marker, "dead-caller", px=30_000)  # what the dead caller left: marked, publishing
+    r.set(marker.removesuffix(":queued") + ":publishing", "dead-caller", px=30_000)
+    first = keep.delay(1)
+    again = keep.delay(1)
+    assert first.id != "dead-caller" and again.id == first.id
+    assert r.get(marker) == first.id.encode() and broker.llen("celery") == 1
 
 
 def test_a_task_id_of_any_form_is_taken_as_it_is(app: Celery, r: redis_py.Redis) -> None:

@@ -1183,12 +1183,16 @@ def test_publish_refused_on_a_quorum_release_warns(
             stack.enter_context(acl_user(admin, "nopublish", *rules))
         lock = d2.lock([user_url(s, "nopublish") for s in three], "q-publish", ttl=10)
         assert d2(lock.acquire(blocking=False))
+        warned = "waiters were not notified (PUBLISH, or ZPOPMIN for the queued ones, was refused"
+
+        def said() -> bool:  # the wake runs in the background: a thread, or the driver's loop
+            if d2.is_async:
+                d2(asyncio.sleep(0.01))
+            return warned in caplog.text
+
         with caplog.at_level(logging.WARNING, logger="celery_redlock.lock"):
             d2(lock.release())
-    assert (
-        "waiters were not notified (PUBLISH, or ZPOPMIN for the queued ones, was refused"
-        in caplog.text
-    )
+            wait_until(said, 5)
     assert all(admin.get(lock.keys.lock) is None for admin in admins)
 
 
@@ -1305,6 +1309,50 @@ def test_a_quorum_waiter_sleeps_on_the_majority_holders_ttl_not_a_leftovers(
         got = results[0]
     assert got and time.monotonic() - start < 8  # at H's expiry (3 s), not its deadline (10 s)
     d2(waiter.release())
+
+
+class Watched(Inventory):
+    """An inventory that counts, as each node's client is taken, the ``PUBLISH`` node 0 has
+    run: what the waiters listening there were sent before the other nodes' deletes."""
+
+    def __init__(self, urls: list[str], first: redis_py.Redis) -> None:
+        super().__init__(urls, "redlock")
+        self.first = first
+        self.published: dict[int, int] = {}
+
+    def _client(self, i: int) -> Any:
+        stats = self.first.info("commandstats").get("cmdstat_publish", {"calls": 0})
+        self.published.setdefault(i, int(stats["calls"]))  # the release's, not the wake's
+        return super()._client(i)
+
+
+def test_a_quorum_release_wakes_the_waiters_once_every_node_freed_the_lock(
+    three: list[RedisServer],
+) -> None:
+    """An operator's release freed node 0, where the waiter listens, first: node 0 woke the
+    waiter at once, which found the lock still held on nodes 1 and 2, gave node 0 back without
+    waking anyone, and slept to the released holder's TTL (3 runs in 5)."""
+    urls = [s.url for s in three]
+    first = three[0].client()
+    holder = celery_redlock.Lock(urls, "q-order", ttl=20)
+    assert holder.acquire(blocking=False)
+    waiter = celery_redlock.Lock(urls, "q-order", ttl=5)
+    results: list[bool] = []
+    waiting = threading.Thread(target=lambda: results.append(waiter.acquire(timeout=10)))
+    waiting.start()
+    wait_until(
+        lambda: waiter.attempts >= 1 and first.pubsub_numsub(holder.keys.channel)[0][1] >= 1, 5
+    )
+    inventory = Watched(urls, first)
+    seen = inventory.read(holder.key)
+    assert seen is not None
+    inventory.published.clear()
+    start = time.monotonic()
+    assert inventory.release(seen)
+    assert inventory.published[1] == inventory.published[0]  # nothing sent before node 1's
+    waiting.join(15)
+    assert results == [True] and time.monotonic() - start < 5  # not at its deadline (10 s)
+    waiter.release()
 
 
 @pytest.mark.parametrize("by", ["operator", "main-process"])

@@ -46,7 +46,6 @@ from .lock import (
     RELEASE_ATTEMPT,
     RELEASE_UNRENEWED,
     RELEASED_NOT_NOTIFIED,
-    WAKE,
     AcquireResult,
     acquire_call,
     decode_acquire,
@@ -56,7 +55,6 @@ from .lock import (
     release_attempt_call,
     release_call,
     release_unrenewed_call,
-    wake_call,
 )
 from .lock import SCRIPTS as LOCK_SCRIPTS
 from .queue import (
@@ -100,7 +98,6 @@ __all__ = [
     "RING_PUSH",
     "SCRIPTS",
     "WAIT",
-    "WAKE",
     "AcquireResult",
     "RateDecision",
     "Script",
@@ -124,5 +121,4 @@ __all__ = [
     "release_unrenewed_call",
     "sha1",
     "wait_call",
-    "wake_call",
 ]

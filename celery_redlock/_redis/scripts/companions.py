@@ -18,17 +18,22 @@ from .base import Script
 
 MARK_QUEUED = """
 -- KEYS[1] queued marker key, KEYS[2] its publishing key
--- ARGV[1] task id, ARGV[2] ttl in ms while the call is being published
+-- ARGV[1] task id, ARGV[2] ttl in ms while the call is being published,
+-- ARGV[3] a task id given up on ('' none): the call whose publish was waited for too long (its
+--         caller died while publishing, say); its marker is taken over if it still names that
+--         call, still being published
 -- Marks the call as queued, and as being published until CONFIRM_QUEUED (the publishing key
 -- names it: the marker itself holds the bare task id, which every reader takes as it is).
--- returns {1} marked (nothing of this key was queued), {0, task id, 1 if that call is still
---         being published else 0} already marked
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+-- returns {1} marked (nothing of this key was queued, or the call given up on), {0, task id,
+--         1 if that call is still being published else 0} already marked
+local queued = redis.call('GET', KEYS[1])
+local publishing = queued and redis.call('GET', KEYS[2]) == queued
+if not queued or (publishing and ARGV[3] ~= '' and queued == ARGV[3]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
   return {1}
 end
-local queued = redis.call('GET', KEYS[1])
-if redis.call('GET', KEYS[2]) == queued then
+if publishing then
   return {0, queued, 1}
 end
 return {0, queued, 0}
@@ -214,9 +219,12 @@ def rate_call(
     return [keys.rate, keys.rate_next], [count, period_us, period_us // count, int(promise)]
 
 
-def queued_call(keys: LockKeys, task_id: str, ttl_ms: int) -> tuple[list[str], list[Any]]:
-    """``(KEYS, ARGV)`` of :data:`MARK_QUEUED` and :data:`CONFIRM_QUEUED`."""
-    return [keys.queued, keys.publishing], [task_id, ttl_ms]
+def queued_call(
+    keys: LockKeys, task_id: str, ttl_ms: int, given_up: str = ""
+) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of :data:`MARK_QUEUED` (``given_up``: see there) and of
+    :data:`CONFIRM_QUEUED`."""
+    return [keys.queued, keys.publishing], [task_id, ttl_ms, given_up]
 
 
 def mark_newest_call(

@@ -168,9 +168,9 @@ RELEASE = (
 --         token's secret marked 'cooldown': the task ended; see celery_redlock._redis.owner),
 -- ARGV[3] '1': hand a single-slot lock over to the first queued waiter (a plain node, where
 --         PUBLISH counts every subscriber; not a Cluster, where it counts one node's),
--- ARGV[4] '1': wake nobody (a quorum's failed acquisition giving back what it won while
---         another owner holds the lock on a majority: nothing is free for the waiters, and
---         each woken waiter's own failed attempt would wake the others again)
+-- ARGV[4] '1': wake nobody here (a quorum node: the waiters are woken by a PUBLISH once
+--         every node answered; a waiter woken by the first node to free the lock would find it
+--         still held on the others, and sleep on)
 -- returns 1 released (handed over, or deleted, or kept until expiry; the waiters notified),
 --         2 released (deleted or kept) but PUBLISH was refused: waiters not notified,
 --         0 not the owner of any slot (expired or taken over)
@@ -182,6 +182,7 @@ for i = 3, #KEYS do
   if value == ARGV[1] or (ARGV[2] ~= '0' and value == cooling) then
     if ARGV[2] ~= '0' then
       redis.call('SET', KEYS[i], cooling, 'PX', ARGV[2])
+      if ARGV[4] == '1' then return 1 end
       return free_slot(KEYS[1], KEYS[2], KEYS[i], false, true)
     end
     if ARGV[4] == '1' then
@@ -224,7 +225,8 @@ RELEASE_ATTEMPT = (
 -- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3..n] the lock's slot keys
 -- ARGV[1] task id, ARGV[2] host, ARGV[3] pid, ARGV[4] '1': handoff (as in RELEASE),
 -- ARGV[5] keep in ms ('0': delete; > 0: the task's cooldown: the slot is kept that long,
---         marked as the child's own release with a cooldown leaves it)
+--         marked as the child's own release with a cooldown leaves it),
+-- ARGV[6] '1': wake nobody here (a quorum node, as in RELEASE)
 -- A slot already marked as a cooldown was released (by the child before it died, or by an
 -- earlier call of this script): it is left as it is, and this returns 0.
 -- Releases the slot taken by that attempt: the token layout is
@@ -241,7 +243,12 @@ for i = 3, #KEYS do
       if string.sub(value, 1, 8) == 'cooldown' then return 0 end
       if ARGV[5] ~= '0' then
         redis.call('SET', KEYS[i], 'cooldown' .. string.sub(value, 9), 'PX', ARGV[5])
+        if ARGV[6] == '1' then return 1 end
         return free_slot(KEYS[1], KEYS[2], KEYS[i], false, true)
+      end
+      if ARGV[6] == '1' then
+        redis.call('DEL', KEYS[i])
+        return 1
       end
       return free_slot(KEYS[1], KEYS[2], KEYS[i], ARGV[4] == '1' and #KEYS == 3)
     end
@@ -257,7 +264,8 @@ RELEASE_UNRENEWED = (
 -- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3] one slot key
 -- ARGV[1] owner token read from it, ARGV[2] '': no check, else the most PTTL in ms the slot may
 --         have left (what was read: more means its holder renewed it since, so it is alive),
--- ARGV[3] '1': hand a single-slot lock over to the first queued waiter (as in RELEASE)
+-- ARGV[3] '1': hand a single-slot lock over to the first queued waiter (as in RELEASE),
+-- ARGV[4] '1': wake nobody here (a quorum node, as in RELEASE)
 -- returns 1 released (as RELEASE), 2 deleted but PUBLISH was refused,
 --         0 not held by ARGV[1] any more (expired or taken over), -1 kept: renewed since read
 -- The release of `celery redlock release` (an operator's, not the holder's): the owner check
@@ -265,21 +273,13 @@ RELEASE_UNRENEWED = (
 -- operator's read and the delete keeps the lock.
 if redis.call('GET', KEYS[3]) ~= ARGV[1] then return 0 end
 if ARGV[2] ~= '' and redis.call('PTTL', KEYS[3]) > tonumber(ARGV[2]) then return -1 end
+if ARGV[4] == '1' then
+  redis.call('DEL', KEYS[3])
+  return 1
+end
 return free_slot(KEYS[1], KEYS[2], KEYS[3], ARGV[3] == '1')
 """
 )
-
-WAKE = """
--- KEYS[1] release channel
--- Wakes the waiters listening on this node. Sent, after a quorum's release freed the lock on
--- the nodes that held it, to the nodes that did not: the waiters listen on one node, which
--- the holder may lack, and a notice from it sent before the others' deletes would find the
--- lock still held.
--- returns the subscribers reached, -1 when PUBLISH was refused
-local reached = redis.pcall('PUBLISH', KEYS[1], '1')
-if type(reached) == 'table' then return -1 end
-return reached
-"""
 
 PTTLS = """
 -- KEYS[1..n] any keys (of one node; read only)
@@ -376,14 +376,9 @@ def release_call(
     keys: LockKeys, token: str, keep_ms: int = 0, handoff: bool = False, wake: bool = True
 ) -> tuple[list[str], list[Any]]:
     """``(KEYS, ARGV)`` of :data:`RELEASE`; ``handoff``: only for a plain node; ``wake``
-    False: a quorum's give-back while another owner holds the lock (see there)."""
+    False: a quorum's (see there)."""
     argv = [token, keep_ms, "1" if handoff else "0", "0" if wake else "1"]
     return [keys.channel, keys.waiters, *keys.slots], argv
-
-
-def wake_call(keys: LockKeys) -> tuple[list[str], list[Any]]:
-    """``(KEYS, ARGV)`` of :data:`WAKE`."""
-    return [keys.channel], []
 
 
 def extend_call(
@@ -394,19 +389,32 @@ def extend_call(
 
 
 def release_attempt_call(
-    keys: LockKeys, task_id: str, host: str, pid: int, handoff: bool = False, keep_ms: int = 0
+    keys: LockKeys,
+    task_id: str,
+    host: str,
+    pid: int,
+    handoff: bool = False,
+    keep_ms: int = 0,
+    wake: bool = True,
 ) -> tuple[list[str], list[Any]]:
-    """``(KEYS, ARGV)`` of :data:`RELEASE_ATTEMPT`."""
-    argv = [task_id, host, str(pid), "1" if handoff else "0", str(keep_ms)]
+    """``(KEYS, ARGV)`` of :data:`RELEASE_ATTEMPT`; ``wake`` False: a quorum's (see there)."""
+    argv = [task_id, host, str(pid), "1" if handoff else "0", str(keep_ms), "0" if wake else "1"]
     return [keys.channel, keys.waiters, *keys.slots], argv
 
 
 def release_unrenewed_call(
-    keys: LockKeys, slot: str, token: str, max_pttl_ms: int | None, handoff: bool
+    keys: LockKeys,
+    slot: str,
+    token: str,
+    max_pttl_ms: int | None,
+    handoff: bool,
+    wake: bool = True,
 ) -> tuple[list[str], list[Any]]:
-    """``(KEYS, ARGV)`` of :data:`RELEASE_UNRENEWED` (``max_pttl_ms=None``: no renewal check)."""
+    """``(KEYS, ARGV)`` of :data:`RELEASE_UNRENEWED` (``max_pttl_ms=None``: no renewal check;
+    ``wake`` False: a quorum's, see there)."""
     limit = "" if max_pttl_ms is None else str(max_pttl_ms)
-    return [keys.channel, keys.waiters, slot], [token, limit, "1" if handoff else "0"]
+    argv = [token, limit, "1" if handoff else "0", "0" if wake else "1"]
+    return [keys.channel, keys.waiters, slot], argv
 
 
 def raise_fence_call(keys: LockKeys, token: int) -> tuple[list[str], list[Any]]:
@@ -430,7 +438,6 @@ SCRIPTS = (
         ("GET", "SET", "DEL", "TIME"),
         tolerated=("EXISTS", "ZPOPMIN", "PUBLISH", "ZRANGE", "ZREM"),
     ),
-    Script("wake", WAKE, (), tolerated=("PUBLISH",)),
     Script("fence", FENCE, ("GET", "TIME", "SET")),
     Script("raise_fence", RAISE_FENCE, ("GET", "SET")),
     Script("pttls", PTTLS, ("PTTL",)),
