@@ -1003,7 +1003,8 @@ def mark_queued(
     keys = _keys.keys_for(settings.prefix, name)
     ttl_ms = _marker_ms(spec, expires)
     publishing_ms = min(ttl_ms, round(PUBLISHING_S * 1000))
-    deadline, pause, replaced, given_up = time.monotonic() + WAIT_FOR_PUBLISH_S, 0.002, False, ""
+    replaced, waiting_on, given_up = False, "", ""
+    deadline, pause = 0.0, 0.002
     while True:
         queued = companions.mark_queued(settings.url, keys, task_id, publishing_ms, given_up)
         if queued is None:
@@ -1013,11 +1014,18 @@ def mark_queued(
                 return queued.task_id
             companions.clear_queued(settings.url, keys, queued.task_id)  # if still that call's
             replaced = True
-        elif time.monotonic() < deadline:
+            continue
+        if queued.task_id != waiting_on:  # another call is being published: its own wait
+            waiting_on, deadline, pause = (
+                queued.task_id,
+                time.monotonic() + WAIT_FOR_PUBLISH_S,
+                0.002,
+            )
+        if time.monotonic() < deadline:
             time.sleep(pause)
             pause = min(2 * pause, 0.05)
-        elif not given_up:  # its caller died while publishing, or its broker hangs: take over
-            given_up = queued.task_id
+        elif given_up != queued.task_id:  # its caller died while publishing, or its broker
+            given_up = queued.task_id  # hangs: take its marker over
         else:
             raise LockUnavailable(
                 f"the call {queued.task_id} queued for {keys.lock} was still being published "

@@ -339,8 +339,12 @@ class Quorum(QuorumRules):
         self.quorum = majority(len(nodes))
         self.node_timeout = node_timeout
 
-    async def _one(self, i: int, source: str, call: Call) -> tuple[Any, BaseException | None]:
-        task = asyncio.ensure_future(run_script(self.nodes[i].client(), source, call))
+    async def _one(
+        self, i: int, source: str, call: Call, command: Sequence[Any] = ()
+    ) -> tuple[Any, BaseException | None]:
+        client = self.nodes[i].client()
+        sent = client.execute_command(*command) if command else run_script(client, source, call)
+        task = asyncio.ensure_future(sent)
         try:
             done, _ = await asyncio.wait((task,), timeout=self.node_timeout)
         except BaseException:
@@ -357,12 +361,17 @@ class Quorum(QuorumRules):
         return None, exc
 
     async def _call_all(
-        self, source: str, call: Call, only: Sequence[int] | None = None
+        self,
+        source: str,
+        call: Call,
+        only: Sequence[int] | None = None,
+        command: Sequence[Any] = (),
     ) -> Replies:
-        """Run ``source`` on every node (or those in ``only``) at once: ``(reply, error)`` each."""
+        """Run ``source`` on every node (or those in ``only``) at once: ``(reply, error)`` each;
+        ``command``: send that command instead of the script (a ``PUBLISH``)."""
         indexes = list(range(len(self.nodes)) if only is None else only)
         out: Replies = [(None, None)] * len(self.nodes)
-        done = await asyncio.gather(*(self._one(i, source, call) for i in indexes))
+        done = await asyncio.gather(*(self._one(i, source, call, command) for i in indexes))
         for i, reply in zip(indexes, done, strict=True):
             out[i] = reply
         return out
@@ -406,21 +415,16 @@ class Quorum(QuorumRules):
         for i, (_, error) in enumerate(replies):
             if error is not None and lost_reply(error):
                 give_back(keys.lock, functools.partial(self._release_on, i, call))
-        nodes = self.to_wake(replies) if wake else []
-        if nodes:  # once every node answered, in the background (see the sync release)
-            in_background(self._wake(keys, nodes))
+        nodes = self.to_wake(replies, quiet) if wake else []
+        if nodes:  # once every node answered (see the sync release)
+            await self._wake(keys, nodes)
         return quiet or self.released(keys.lock, replies)
 
     async def _wake(self, keys: LockKeys, nodes: list[int]) -> None:
         """Wake the waiters on ``nodes`` (see the sync ``Quorum._wake``)."""
-        sent = [self.nodes[i].client().publish(keys.channel, "1") for i in nodes]
-        replies = await asyncio.gather(*sent, return_exceptions=True)
-        errors: dict[int, BaseException] = {
-            i: reply
-            for i, reply in zip(nodes, replies, strict=True)
-            if isinstance(reply, Exception)
-        }
-        self.woken(keys.lock, errors)
+        publish = ("PUBLISH", keys.channel, "1")
+        replies = await self._call_all("", ([], []), nodes, command=publish)
+        self.woken(keys.lock, {i: err for i, (_, err) in enumerate(replies) if err is not None})
 
     async def _release_on(self, node: int, call: Call) -> None:
         """The release ``call`` on one node; raises that node's error."""

@@ -374,13 +374,16 @@ class QuorumRules:
             raise self.no_quorum(key, failed, what, replies)
         return failed
 
-    def to_wake(self, replies: Replies) -> list[int]:
+    def to_wake(self, replies: Replies, quiet: bool = False) -> list[int]:
         """After a quorum release that freed the lock (on the nodes that held it, waking
-        nobody there): every node that answered, to be sent a ``PUBLISH`` on its channel."""
+        nobody there): the nodes to send a ``PUBLISH`` on its channel. Every node that
+        answered; for a ``quiet`` give-back of a failed attempt, only those it freed (its
+        waiters would otherwise wake each other on the node they all listen on, which the
+        holder may lack: a storm of attempts until the holder's TTL)."""
         answered = [(i, int(rep)) for i, (rep, err) in enumerate(replies) if rep is not None]
         if not any(reply > 0 for _, reply in answered):
             return []
-        return [i for i, _ in answered]
+        return [i for i, reply in answered if reply > 0 or not quiet]
 
     def woken(self, key: str, errors: dict[int, BaseException]) -> None:
         """After the wake's ``PUBLISH`` to each node: WARNING naming those that refused it."""

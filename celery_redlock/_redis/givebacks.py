@@ -1,5 +1,4 @@
-"""Give-backs of acquisitions whose reply was lost, in one daemon thread per process; and the
-wake of a quorum's waiters after a release (:func:`soon`), off the releasing thread.
+"""Give-backs of acquisitions whose reply was lost, in one daemon thread per process.
 
 The thread lock hands :func:`give_back` the owner-checked release of a token whose
 acquisition got no answer; this thread sends it until the lock core's
@@ -29,7 +28,7 @@ from collections.abc import Callable
 from .core import GiveBack
 from .owner import current_pid
 
-__all__ = ["give_back", "soon"]
+__all__ = ["give_back"]
 
 logger = logging.getLogger("celery_redlock.lock")
 
@@ -41,16 +40,16 @@ class _Sender:
     def __init__(self) -> None:
         self.pid = current_pid()
         self._cond = threading.Condition()
-        #: ``(due, seq, release, plan)``; no plan: run once, its error ignored (:func:`soon`).
-        self._heap: list[tuple[float, int, Callable[[], object], GiveBack | None]] = []
+        #: ``(due, seq, release, plan)``.
+        self._heap: list[tuple[float, int, Callable[[], object], GiveBack]] = []
         self._seq = itertools.count()
         thread = threading.Thread(target=self._run, name="celery-redlock-give-back")
         thread.daemon = True
         thread.start()
 
-    def add(self, release: Callable[[], object], plan: GiveBack | None, delay: float) -> None:
+    def add(self, release: Callable[[], object], plan: GiveBack, delay: float) -> None:
         with self._cond:
-            if plan is not None and len(self._heap) >= MAX_PENDING:
+            if len(self._heap) >= MAX_PENDING:
                 logger.warning(
                     "lock %s: %d give-backs wait for Redis already; this one is dropped, and "
                     "the key expires by its TTL if its acquisition ran",
@@ -61,7 +60,7 @@ class _Sender:
             heapq.heappush(self._heap, (time.monotonic() + delay, next(self._seq), release, plan))
             self._cond.notify()
 
-    def _next_due(self) -> tuple[Callable[[], object], GiveBack | None]:
+    def _next_due(self) -> tuple[Callable[[], object], GiveBack]:
         with self._cond:
             while True:
                 due = self._heap[0][0] - time.monotonic() if self._heap else None
@@ -78,8 +77,6 @@ class _Sender:
                 release()
             except Exception as exc:  # judged by the plan: retried, or the end
                 error = exc
-            if plan is None:  # once: a wake that fails leaves the waiters to the TTL
-                continue
             delay = plan.after(error, time.monotonic())
             if delay is not None:
                 self.add(release, plan, delay)
@@ -92,21 +89,10 @@ _sender_lock = threading.Lock()
 def give_back(key: str, release: Callable[[], object]) -> None:
     """Send ``release()`` (the owner-checked release of a token whose acquisition's reply was
     lost, for lock ``key``) in the background, as :class:`GiveBack` plans."""
-    plan = GiveBack(key, time.monotonic())
-    _current().add(release, plan, plan.delay)
-
-
-def soon(call: Callable[[], object]) -> None:
-    """Run ``call()`` once in the background, now: a quorum release's wake of the waiters,
-    which would otherwise cost the releasing task one more round trip. Its error is ignored:
-    the waiters then wake at the TTL they saw."""
-    _current().add(call, None, 0.0)
-
-
-def _current() -> _Sender:
-    """This process's sender (a forked child starts its own: hazard 1)."""
     global _sender
     with _sender_lock:
         if _sender is None or _sender.pid != current_pid():
             _sender = _Sender()
-        return _sender
+        sender = _sender
+    plan = GiveBack(key, time.monotonic())
+    sender.add(release, plan, plan.delay)

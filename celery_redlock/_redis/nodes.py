@@ -289,8 +289,15 @@ class Quorum(QuorumRules):
 
     # -- fan-out --------------------------------------------------------------------------------
 
-    def _call_all(self, source: str, call: Call, only: Sequence[int] | None = None) -> Replies:
-        """Run ``source`` on every node (or those in ``only``): ``(reply, error)`` per node.
+    def _call_all(
+        self,
+        source: str,
+        call: Call,
+        only: Sequence[int] | None = None,
+        command: Sequence[Any] = (),
+    ) -> Replies:
+        """Run ``source`` on every node (or those in ``only``): ``(reply, error)`` per node;
+        ``command``: send that command instead of the script (a ``PUBLISH``).
 
         Each node's reply is awaited ``node_timeout`` from when its request was sent; the
         round's deadline is ``node_timeout`` from its start. A node that failed lately
@@ -315,7 +322,7 @@ class Quorum(QuorumRules):
             try:
                 conn = connection_of(pool)
                 try:
-                    conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
+                    conn.send_command(*(command or ("EVALSHA", sha, len(keys), *keys, *args)))
                 except BaseException:
                     conn.disconnect()
                     pool.release(conn)
@@ -404,8 +411,8 @@ class Quorum(QuorumRules):
         outcome is not asked for (no error when too few nodes answer).
 
         It frees the lock on every node first, waking nobody, then wakes the waiters on every
-        node that answered (:meth:`_wake`, in the background): they listen on one node, which
-        the holder may lack, and one woken as the first node freed the lock would find it
+        node that answered (:meth:`_wake`; a second round trip): they listen on one node,
+        which the holder may lack, and one woken as the first node freed the lock would find it
         still held on the others, and sleep on to that holder's TTL. A give-back wakes nobody
         (``wake`` False) while another owner holds the lock on a majority. Timeline that
         closes: the holder lacks node A, where the waiters listen; each failed attempt wins
@@ -424,21 +431,18 @@ class Quorum(QuorumRules):
         for i, (_, error) in enumerate(replies):
             if error is not None and lost_reply(error):
                 _givebacks.give_back(keys.lock, functools.partial(self._release_on, i, call))
-        nodes = self.to_wake(replies) if wake else []
-        if nodes:  # off this thread: the release costs its caller one round trip
-            _givebacks.soon(functools.partial(self._wake, keys, nodes))
+        nodes = self.to_wake(replies, quiet) if wake else []
+        if nodes:  # a second round trip, once the lock is free on every node that answered
+            self._wake(keys, nodes)
         return quiet or self.released(keys.lock, replies)
 
     def _wake(self, keys: LockKeys, nodes: list[int]) -> None:
-        """Wake the waiters on ``nodes`` (a ``PUBLISH`` each), once a release freed the lock
-        on every node that answered it (:meth:`~.core.QuorumRules.to_wake`)."""
-        errors: dict[int, BaseException] = {}
-        for i in nodes:
-            try:
-                self.clients[i].publish(keys.channel, "1")
-            except Exception as exc:  # a node that fails now: its waiters wake at the TTL
-                errors[i] = exc
-        self.woken(keys.lock, errors)
+        """Wake the waiters on ``nodes`` (a ``PUBLISH`` each, at once), once a release freed
+        the lock on every node that answered it (:meth:`~.core.QuorumRules.to_wake`). A node
+        that fails now is not the release's error: its waiters wake at the TTL they saw."""
+        publish = ("PUBLISH", keys.channel, "1")
+        replies = self._call_all("", ([], []), nodes, command=publish)
+        self.woken(keys.lock, {i: err for i, (_, err) in enumerate(replies) if err is not None})
 
     def _release_on(self, node: int, call: Call) -> None:
         """The release ``call`` on one node; raises that node's error."""

@@ -1242,6 +1242,38 @@ def test_quorum_waiters_sleep_while_the_holder_lacks_the_node_they_listen_on(
     d2(holder.release())
 
 
+def test_a_give_back_wakes_only_where_it_freed(d2: Driver, three: list[RedisServer]) -> None:
+    """No owner holds a majority of the nodes that answer (H on node 0, another value on node
+    2): a waiter's failed attempt wins node 1 and gives it back, waking the waiters. It woke
+    them on every node that answered, node 0 too, where they all listen: each failed attempt
+    woke the others, thousands of attempts until H's TTL. It wakes them where it freed."""
+    urls = [s.url for s in three]
+    holder = d2.lock(urls, "q-nomajority", ttl=30)
+    assert d2(holder.acquire(blocking=False))
+    three[1].client().delete(holder.keys.lock)  # node 1 lost it (restarted empty, say)
+    three[2].client().set(holder.keys.lock, "another", px=30_000)
+    waiters = [d2.lock(urls, "q-nomajority", ttl=5) for _ in range(3)]
+    if d2.is_async:
+
+        async def wait_all() -> list[bool]:
+            return list(await asyncio.gather(*(w.acquire(timeout=1) for w in waiters)))
+
+        got = d2(wait_all())
+    else:
+        results: list[bool] = []
+        threads = [
+            threading.Thread(target=lambda w=w: results.append(w.acquire(timeout=1)))
+            for w in waiters
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        got = results
+    assert got == [False] * 3
+    assert max(w.attempts for w in waiters) <= 10, [w.attempts for w in waiters]
+
+
 def test_a_quorum_release_wakes_the_waiters_on_the_node_the_holder_lacks(
     d2: Driver, three: list[RedisServer]
 ) -> None:
