@@ -410,13 +410,13 @@ class Quorum(QuorumRules):
         """Release on every node (see the sync ``Quorum.release``, and its ``wake``): ``quiet``
         is the give-back of a failed acquisition, and a node whose reply was lost (frozen past
         ``node_timeout``) is given the release again in the background (:func:`give_back`)."""
-        call = _scripts.release_call(keys, token, keep_ms, wake=False)
+        call = _scripts.release_call(keys, token, keep_ms, wake=wake)
         replies = await self._call_all(_scripts.RELEASE, call)
         for i, (_, error) in enumerate(replies):
             if error is not None and lost_reply(error):
                 give_back(keys.lock, functools.partial(self._release_on, i, call))
-        nodes = self.to_wake(replies, quiet) if wake else []
-        if nodes:  # once every node answered (see the sync release)
+        nodes = [] if quiet else self.to_wake(replies, lacking=True)
+        if nodes:  # only when the holder lacked a node (see the sync release)
             await self._wake(keys, nodes)
         return quiet or self.released(keys.lock, replies)
 

@@ -374,16 +374,15 @@ class QuorumRules:
             raise self.no_quorum(key, failed, what, replies)
         return failed
 
-    def to_wake(self, replies: Replies, quiet: bool = False) -> list[int]:
-        """After a quorum release that freed the lock (on the nodes that held it, waking
-        nobody there): the nodes to send a ``PUBLISH`` on its channel. Every node that
-        answered; for a ``quiet`` give-back of a failed attempt, only those it freed (its
-        waiters would otherwise wake each other on the node they all listen on, which the
-        holder may lack: a storm of attempts until the holder's TTL)."""
+    def to_wake(self, replies: Replies, lacking: bool = False) -> list[int]:
+        """After a quorum release that freed the lock: the nodes to send a ``PUBLISH`` on its
+        channel. Every node that answered, after a release that woke nobody itself; with
+        ``lacking``, after one that woke the waiters where it freed the lock, the nodes that
+        held nothing of it (the waiters listen on one node, which the holder may lack)."""
         answered = [(i, int(rep)) for i, (rep, err) in enumerate(replies) if rep is not None]
         if not any(reply > 0 for _, reply in answered):
             return []
-        return [i for i, reply in answered if reply > 0 or not quiet]
+        return [i for i, reply in answered if reply == 0 or not lacking]
 
     def woken(self, key: str, errors: dict[int, BaseException]) -> None:
         """After the wake's ``PUBLISH`` to each node: WARNING naming those that refused it."""

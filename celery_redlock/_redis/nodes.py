@@ -410,15 +410,21 @@ class Quorum(QuorumRules):
         """Release on every node; ``quiet``: the give-back of a failed acquisition, whose
         outcome is not asked for (no error when too few nodes answer).
 
-        It frees the lock on every node first, waking nobody, then wakes the waiters on every
-        node that answered (:meth:`_wake`; a second round trip): they listen on one node,
-        which the holder may lack, and one woken as the first node freed the lock would find it
-        still held on the others, and sleep on to that holder's TTL. A give-back wakes nobody
-        (``wake`` False) while another owner holds the lock on a majority. Timeline that
-        closes: the holder lacks node A, where the waiters listen; each failed attempt wins
-        A, and its give-back woke every waiter, whose attempts failed and woke the others
-        again: hundreds of attempts a second until the holder released, on every node, and
-        the holder's renewal could not take A back.
+        Each node wakes its waiters as it frees the lock (one round trip); the nodes that held
+        nothing of it are then sent a ``PUBLISH`` too (:meth:`_wake`, a second round trip
+        only then): the waiters listen on one node, which the holder may lack. A give-back
+        wakes nobody (``wake`` False) while another owner holds the lock on a majority.
+        Timeline that closes: the holder lacks node A, where the waiters listen; each failed
+        attempt wins A, and its give-back woke every waiter, whose attempts failed and woke
+        the others again: hundreds of attempts a second until the holder released, on every
+        node, and the holder's renewal could not take A back.
+
+        Hazard left, for one round trip's latency: a waiter woken by the node it listens on
+        tries at once; if the release reaches the other nodes later than that attempt (a
+        network where the holder's path to them is slower by more than a round trip), the
+        attempt finds the lock still held there, and the waiter sleeps to the released
+        holder's TTL. The command line's, the dashboard's and the worker's main process's
+        releases (not a task's) free every node before they wake anyone.
 
         A node whose reply was lost is given the release again in the background
         (:mod:`~celery_redlock._redis.givebacks`). Timeline it closes: (a) node C is frozen
@@ -426,13 +432,13 @@ class Quorum(QuorumRules):
         the release to C gets no answer; (c) C resumes and runs the acquire: C holds the
         released lock for a whole TTL, and one more node down then stops every acquisition.
         """
-        call = _scripts.release_call(keys, token, keep_ms, wake=False)
+        call = _scripts.release_call(keys, token, keep_ms, wake=wake)
         replies = self._call_all(_scripts.RELEASE, call)
         for i, (_, error) in enumerate(replies):
             if error is not None and lost_reply(error):
                 _givebacks.give_back(keys.lock, functools.partial(self._release_on, i, call))
-        nodes = self.to_wake(replies, quiet) if wake else []
-        if nodes:  # a second round trip, once the lock is free on every node that answered
+        nodes = [] if quiet else self.to_wake(replies, lacking=True)
+        if nodes:  # a second round trip, only when the holder lacked a node
             self._wake(keys, nodes)
         return quiet or self.released(keys.lock, replies)
 
@@ -468,6 +474,8 @@ class Quorum(QuorumRules):
     def release_attempt(
         self, keys: LockKeys, task_id: str, host: str, pid: int, keep_ms: int = 0
     ) -> bool:
+        # Frees every node waking nobody, then wakes them all: not the holder's own release,
+        # so a second round trip costs no task anything (see release's hazard).
         call = _scripts.release_attempt_call(keys, task_id, host, pid, keep_ms=keep_ms, wake=False)
         replies = self._call_all(_scripts.RELEASE_ATTEMPT, call)
         nodes = self.to_wake(replies)

@@ -81,9 +81,7 @@ def test_acquire_extend_release_reach_every_node(nodes: list[RedisServer]) -> No
 
 def test_acquire_costs_one_round_trip_not_n(nodes: list[RedisServer]) -> None:
     """Each node sits behind a proxy adding 100 ms each way: one round trip is 200 ms, and a
-    node-after-node acquire would take 5 x 200 ms. A release is two round trips: it frees
-    every node, then wakes the waiters on every node (a waiter woken as the first node freed
-    it would find it still held on the others, and sleep to the released holder's TTL)."""
+    node-after-node acquire would take 5 x 200 ms."""
     with contextlib.ExitStack() as stack:
         proxies = [stack.enter_context(DelayProxy(s.port, 0.0)) for s in nodes]
         targets = [p.url for p in proxies]
@@ -102,7 +100,7 @@ def test_acquire_costs_one_round_trip_not_n(nodes: list[RedisServer]) -> None:
             lock.release()
             releases.append(time.monotonic() - start)
     assert 0.2 <= min(acquires) < 0.35, acquires
-    assert 0.4 <= min(releases) < 0.55, releases
+    assert 0.2 <= min(releases) < 0.35, releases
 
 
 def test_minority_is_released_everywhere_and_reports_contention(
