@@ -1209,6 +1209,26 @@ def holder_lacking_node_0(
     return holder, first
 
 
+def acquire_all(d2: Driver, waiters: list[Any], timeout: float) -> list[bool]:
+    """What each of ``waiters`` got from a blocking ``acquire(timeout)``, all at once."""
+    if d2.is_async:
+
+        async def wait_all() -> list[bool]:
+            return list(await asyncio.gather(*(w.acquire(timeout=timeout) for w in waiters)))
+
+        return list(d2(wait_all()))
+    results: list[bool] = []
+    threads = [
+        threading.Thread(target=lambda w=w: results.append(w.acquire(timeout=timeout)))
+        for w in waiters
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout + 10)
+    return results
+
+
 def test_quorum_waiters_sleep_while_the_holder_lacks_the_node_they_listen_on(
     d2: Driver, three: list[RedisServer]
 ) -> None:
@@ -1219,23 +1239,7 @@ def test_quorum_waiters_sleep_while_the_holder_lacks_the_node_they_listen_on(
     while another owner holds a majority now wakes nobody: the waiters sleep on H's TTL."""
     holder, first = holder_lacking_node_0(d2, three, "q-storm")
     waiters = [d2.lock([s.url for s in three], "q-storm", ttl=5) for _ in range(4)]
-    if d2.is_async:
-
-        async def wait_all() -> list[bool]:
-            return list(await asyncio.gather(*(w.acquire(timeout=1) for w in waiters)))
-
-        got = d2(wait_all())
-    else:
-        results: list[bool] = []
-        threads = [
-            threading.Thread(target=lambda w=w: results.append(w.acquire(timeout=1)))
-            for w in waiters
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(10)
-        got = results
+    got = acquire_all(d2, waiters, timeout=1)
     assert got == [False] * 4
     assert max(w.attempts for w in waiters) <= 3, [w.attempts for w in waiters]
     assert first.get(holder.keys.lock) is None  # each give-back deleted what it won
@@ -1253,23 +1257,7 @@ def test_a_give_back_wakes_only_where_it_freed(d2: Driver, three: list[RedisServ
     three[1].client().delete(holder.keys.lock)  # node 1 lost it (restarted empty, say)
     three[2].client().set(holder.keys.lock, "another", px=30_000)
     waiters = [d2.lock(urls, "q-nomajority", ttl=5) for _ in range(3)]
-    if d2.is_async:
-
-        async def wait_all() -> list[bool]:
-            return list(await asyncio.gather(*(w.acquire(timeout=1) for w in waiters)))
-
-        got = d2(wait_all())
-    else:
-        results: list[bool] = []
-        threads = [
-            threading.Thread(target=lambda w=w: results.append(w.acquire(timeout=1)))
-            for w in waiters
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(10)
-        got = results
+    got = acquire_all(d2, waiters, timeout=1)
     assert got == [False] * 3
     assert max(w.attempts for w in waiters) <= 10, [w.attempts for w in waiters]
 
