@@ -490,6 +490,63 @@ def test_the_calls_after_a_caller_that_died_while_publishing_are_queued_once(
     assert r.get(marker) == first.id.encode() and broker.llen("celery") == 1
 
 
+def test_callers_waiting_on_a_dead_publisher_wait_anew_for_the_one_that_took_it_over(
+    app: Celery, r: redis_py.Redis, broker: redis_py.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Timeline: two calls of a key wait for a caller that died while publishing; past the
+    wait the first takes the marker over and publishes. The second, its own wait on the dead
+    caller long past, took the first's marker over at once and published too: two messages.
+    It now waits anew for the call that took the marker over, and is given its id."""
+    monkeypatch.setattr(engine, "WAIT_FOR_PUBLISH_S", 2.0)
+    seen: dict[str, list[Any]] = {"call-1": [], "call-2": []}
+    mark_queued = engine.companions.mark_queued
+
+    def spy(target: Any, keys: Any, task_id: str, *rest: Any) -> Any:
+        queued = mark_queued(target, keys, task_id, *rest)
+        seen[task_id].append(queued)
+        return queued
+
+    monkeypatch.setattr(engine.companions, "mark_queued", spy)
+
+    @app.task(base=LockedTask, lock_enqueue=True, lock_by=["n"])
+    def keep(n: int) -> int:
+        return n
+
+    marker = queued_key(keep, 1)
+    r.set(marker, "dead-caller", px=30_000)
+    r.set(marker.removesuffix(":queued") + ":publishing", "dead-caller", px=30_000)
+    returned: dict[str, str] = {}
+    published: list[str] = []
+
+    def hold_the_first_publish(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        taker = str((headers or {}).get("id"))
+        published.append(taker)
+        if len(published) > 1:
+            return
+        other = "call-2" if taker == "call-1" else "call-1"
+        wait_until(
+            lambda: other in returned or sum(1 for q in seen[other] if q == (taker, True)) >= 2,
+            10,
+            "the other call to see this one being published",
+        )
+
+    def call(task_id: str) -> None:
+        returned[task_id] = keep.apply_async((1,), task_id=task_id).id
+
+    before_task_publish.connect(hold_the_first_publish, weak=False)
+    try:
+        threads = [threading.Thread(target=call, args=(i,)) for i in ("call-1", "call-2")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(15)
+    finally:
+        before_task_publish.disconnect(hold_the_first_publish)
+    assert len(published) == 1 and broker.llen("celery") == 1
+    assert returned == {"call-1": published[0], "call-2": published[0]}
+    assert r.get(marker) == published[0].encode()
+
+
 def test_a_task_id_of_any_form_is_taken_as_it_is(app: Celery, r: redis_py.Redis) -> None:
     """A marker naming "?weekly-report" was taken for one still being published: every later
     call of the key waited, then was published beside the queued one."""
