@@ -9,11 +9,14 @@ and option mixes do stop it, earlier: see :mod:`celery_redlock._celery.wiring`.)
 =========================================  =======  ===========================================
 finding                                    level    why
 =========================================  =======  ===========================================
-a node does not answer ``PING``            ERROR    tasks follow ``redlock_on_unavailable``
-a command a registered task needs is       ERROR    one line per feature (the lock; enqueue,
-refused (ACL: ``NOPERM``), found by a dry           replace/debounce, rate where a task uses
-run (:mod:`celery_redlock._redis.probe`)            them), naming the commands and the ACL
-                                                    rules to grant
+a node does not answer ``PING`` (a         ERROR    tasks follow ``redlock_on_unavailable``
+refusal is an answer: only a quorum needs
+``+ping``)
+a command a registered task needs, or its  ERROR    one line per feature (the lock; enqueue,
+key or channel, is refused (ACL:                    replace/debounce, rate where a task uses
+``NOPERM``), found by a dry run                     them), naming the commands and the ACL
+(:mod:`celery_redlock._redis.probe`)                rules to grant (``+cmd``, ``~<prefix>:*``
+                                                    or ``&<prefix>:*``)
 a command of the waiters' queue refused    WARNING  a release wakes every waiter instead of
                                                     handing the lock over
 a command only ``celery redlock`` sends    INFO     ``SCAN``, ``HGETALL``...: the command line
@@ -199,7 +202,9 @@ def _check_node(
             redact(exc),
         )
         return True
-    _report_dry_run(shown, refusals, on_unavailable, features)
+    if not in_quorum:
+        refusals.pop("PING", None)  # only a quorum pings its nodes
+    _report_dry_run(shown, refusals, on_unavailable, features, prefix)
     return True
 
 
@@ -225,12 +230,19 @@ _UNTIL = {
 }
 
 
-def _grant(commands: list[str]) -> str:
-    return " ".join(f"+{name.lower()}" for name in commands)
+def _grant(refused: list[str], refusals: dict[str, str], prefix: str) -> str:
+    """The ACL rules that grant the ``refused`` probes: a command, or the key or channel
+    pattern a refusal names (``~<prefix>:*``, ``&<prefix>:*``)."""
+    rules = (probe.acl_rule(refusals[name], prefix, name) for name in refused)
+    return " ".join(dict.fromkeys(rules))
 
 
 def _report_dry_run(
-    shown: str, refusals: dict[str, str], on_unavailable: str, features: dict[str, list[str]]
+    shown: str,
+    refusals: dict[str, str],
+    on_unavailable: str,
+    features: dict[str, list[str]],
+    prefix: str,
 ) -> None:
     """Log the refusals of :func:`~celery_redlock._redis.probe.dry_run` by what they cost."""
     oom = refusals.pop("OOM", None)
@@ -249,8 +261,8 @@ def _report_dry_run(
             continue
         # A refusal the lock's ERROR named is not repeated; one that two features need (LTRIM
         # for lock_rate and the ring) is named for each, with all that each needs.
-        lock = set() if feature == "lock" else set(probe.FEATURES["lock"].commands)
-        commands = probe.FEATURES[feature].commands
+        lock = set() if feature == "lock" else set(probe.FEATURES["lock"].checked)
+        commands = probe.FEATURES[feature].checked
         refused = [c for c in commands if c in refusals and c not in lock]
         reported.update(refused)
         if not refused:
@@ -265,7 +277,7 @@ def _report_dry_run(
             tasks,
             ", ".join(refused),
             "; ".join(f"{name}: {refusals[name]}" for name in refused),
-            _grant(refused),
+            _grant(refused, refusals, prefix),
             _UNTIL[feature].format(on_unavailable),
         )
     queue = [c for c in probe.FEATURES["queue"].commands if c in refusals and c not in reported]
@@ -277,7 +289,7 @@ def _report_dry_run(
             shown,
             "; ".join(f"{name}: {refusals[name]}" for name in queue),
             _queue_consequence(set(queue)),
-            _grant(queue),
+            _grant(queue, refusals, prefix),
         )
     tools = [*probe.FEATURES["cli"].commands, *probe.FEATURES["dashboard"].commands]
     cli = [c for c in dict.fromkeys(tools) if c in refusals and c not in reported]
@@ -288,7 +300,7 @@ def _report_dry_run(
             "workers do not need them",
             shown,
             ", ".join(cli),
-            _grant(cli),
+            _grant(cli, refusals, prefix),
         )
 
 

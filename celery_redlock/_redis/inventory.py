@@ -87,6 +87,7 @@ from .keys import (
     validate_name,
 )
 from .nodes import majority
+from .probe import acl_rule
 
 __all__ = [
     "BUDGET",
@@ -786,10 +787,17 @@ class Inventory:
                 or "user executing the script" in text
                 or isinstance(exc, redis_py.exceptions.NoPermissionError)
             ):
+                rule = acl_rule(text, self.prefix)
+                grant = (
+                    f"grant the ACL user {rule}; the guide's ACL section lists what the "
+                    "command line and the dashboard need"
+                    if rule
+                    else "grant that command to the ACL user: the command line needs +scan "
+                    "+exists +mget +pttl +hgetall +zpopmin +zrange +zrem, see the guide's ACL "
+                    "section"
+                )
                 return InventoryRefused(
-                    f"permission denied by the lock Redis at {shown}: {redact(exc)} (grant "
-                    "that command to the ACL user: the command line needs +scan +exists +mget "
-                    "+pttl +hgetall +zpopmin +zrange +zrem, see the guide's ACL section)",
+                    f"permission denied by the lock Redis at {shown}: {redact(exc)} ({grant})",
                     nodes=(shown,),
                 )
             return LockUnavailable(f"the lock Redis at {shown} refused: {redact(exc)}")

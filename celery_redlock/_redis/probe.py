@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from redis.cluster import RedisCluster
 
 from . import scripts as _scripts
 from .clients import UNAVAILABLE_ERRORS, client_for, refused
-from .keys import CHECK_NAME, keys_for, lock_pattern, stats_key
+from .keys import CHECK_NAME, glob_escape, keys_for, lock_pattern, stats_key, timeline_key
 from .scripts.base import Script
 
 
@@ -38,6 +39,8 @@ class Feature:
     name: str
     scripts: tuple[Script, ...]
     direct: tuple[str, ...] = ()
+    #: Its probes of :data:`KEY_PROBES`: keys outside the lock's ``<prefix>:{...}`` family.
+    keys: tuple[str, ...] = ()
 
     @property
     def commands(self) -> tuple[str, ...]:
@@ -48,10 +51,24 @@ class Feature:
         found.update(dict.fromkeys(self.direct))
         return tuple(found)
 
+    @property
+    def checked(self) -> tuple[str, ...]:
+        """The names of the :func:`dry_run` probes whose refusal the feature reports."""
+        return (*self.commands, *self.keys)
+
 
 def _named(scripts: tuple[Script, ...], *names: str) -> tuple[Script, ...]:
     return tuple(script for script in scripts if script.name in names)
 
+
+#: The probes of key patterns, sent after :data:`ORDER`: the scripts also write keys outside the
+#: lock's ``<prefix>:{...}`` family, which an ACL line may leave out (``~redlock:{*``): the
+#: fencing tokens' high-water mark (``<prefix>:fence:{<tag>}``, probed on a throwaway tag) and
+#: the ring of ``redlock_timeline`` (``<prefix>:timeline``, an ``LTRIM`` that keeps every
+#: event). Each is reported only when its key is refused (a refused command has its own probe).
+HIGH_WATER = "SET (the fencing tokens' high-water mark)"
+RING = "LTRIM (the timeline ring)"
+KEY_PROBES = (HIGH_WATER, RING)
 
 #: The features, by name. ``lock``: every locked task (the acquire ``SET ... NX PX GET`` and
 #: the holder's ``PTTL``, the release notification, ``SUBSCRIBE`` for blocking waits, ``PING``
@@ -75,6 +92,7 @@ FEATURES: dict[str, Feature] = {
                 "raise_fence",
             ),
             ("SET", "GET", "PTTL", "PUBLISH", "SUBSCRIBE", "PING"),
+            (HIGH_WATER,),
         ),
         Feature("counters", (), ("HINCRBY",)),
         # ZRANGE: a release, take or leave wakes the waiter queued next (read, not popped)
@@ -88,7 +106,7 @@ FEATURES: dict[str, Feature] = {
             _named(_scripts.COMPANION_SCRIPTS, "mark_newest", "confirm_newest", "check_newest"),
         ),
         Feature("rate", _named(_scripts.COMPANION_SCRIPTS, "rate")),
-        Feature("timeline", _named(_scripts.COMPANION_SCRIPTS, "ring_push")),
+        Feature("timeline", _named(_scripts.COMPANION_SCRIPTS, "ring_push"), (), (RING,)),
         Feature(
             "cli",
             _named(_scripts.LOCK_SCRIPTS, "pttls", "release_unrenewed"),
@@ -145,10 +163,33 @@ ERRORS: tuple[type[BaseException], ...] = (*UNAVAILABLE_ERRORS, redis_py.RedisEr
 
 
 def connect(url: str, timeout: float) -> Any:
-    """A client of ``url`` that has answered ``PING`` (raises what the connection raised)."""
+    """A client of ``url`` that has answered ``PING``, or refused it (an ACL user without
+    ``+ping``: reachable; :func:`dry_run` names the refusal). Raises what the connection raised.
+    """
     client = client_for(url, timeout)
-    client.ping()
+    try:
+        client.ping()
+    except redis_py.exceptions.ResponseError as exc:
+        if not (refused(exc) and "'ping'" in str(exc)):
+            raise
     return client
+
+
+_RUN = re.compile(r"run the '([^']+)' command")
+
+
+def acl_rule(reply: str, prefix: str, command: str = "") -> str:
+    """The ACL rule that grants what ``reply`` (a ``NOPERM`` refusal, direct or inside a
+    script) refused: ``~<prefix>:*`` for a key, ``&<prefix>:*`` for a channel, else
+    ``+<command>`` (``command``, or the one the reply names); ``""`` when it names none (a
+    refusal inside a script does not say which command)."""
+    text = reply.lower()
+    if "of the keys" in text:
+        return f"~{glob_escape(prefix)}:*"
+    if "channel" in text:
+        return f"&{glob_escape(prefix)}:*"
+    named = command or next(iter(_RUN.findall(reply)), "")
+    return f"+{named.lower()}" if named else ""
 
 
 def login_refusal(exc: BaseException) -> str | None:
@@ -173,8 +214,10 @@ def infos(client: Any) -> list[dict[str, Any]]:
 
 
 def _probes(client: Any, prefix: str, timeout: float) -> dict[str, Callable[[], Any]]:
-    """One call per command of :data:`ORDER`, on throwaway keys (one hash tag)."""
-    keys = keys_for(prefix, f"{CHECK_NAME}{os.getpid()}:{secrets.token_hex(4)}")
+    """One call per command of :data:`ORDER`, on throwaway keys (one hash tag), and one per
+    key of :data:`KEY_PROBES`."""
+    name = f"{CHECK_NAME}{os.getpid()}:{secrets.token_hex(4)}"
+    keys = keys_for(prefix, name)
     string, hash_, list_, zset = keys.lock, keys.newest, keys.rate, keys.waiters
     counters = stats_key(prefix, f"{CHECK_NAME}{os.getpid()}")
 
@@ -219,13 +262,15 @@ def _probes(client: Any, prefix: str, timeout: float) -> dict[str, Callable[[], 
         "SCAN": lambda: client.scan(0, match=lock_pattern(prefix), count=10),
         "SCRIPT|LOAD": lambda: [client.script_load(source) for source in dict.fromkeys(sources)],
         "EVALSHA": lambda: client.evalsha(_scripts.sha1(_scripts.PTTLS), 1, string),
+        HIGH_WATER: lambda: client.set(f"{prefix}:fence:{{{name}}}", "0", px=1000),
+        RING: lambda: client.ltrim(timeline_key(prefix), 0, -1),
         "": lambda: [client.pexpire(k, 1000) for k in (string, hash_, list_, zset, counters)],
     }
 
 
 def dry_run(client: Any, prefix: str, timeout: float = 1.0) -> dict[str, str]:
-    """Send every command of every feature once (:data:`ORDER`); the refused ones,
-    ``{command: error reply}``.
+    """Send every command of every feature once (:data:`ORDER`), then the key probes
+    (:data:`KEY_PROBES`); the refused ones, ``{command or probe: error reply}``.
 
     A full ``noeviction`` node is reported under the name ``"OOM"``. Errors other than
     refusals propagate (a node that stops answering, an unexpected error reply).
@@ -233,7 +278,7 @@ def dry_run(client: Any, prefix: str, timeout: float = 1.0) -> dict[str, str]:
     probes = _probes(client, prefix, timeout)
     refusals: dict[str, str] = {}
     try:
-        for name in ORDER:
+        for name in (*ORDER, *KEY_PROBES):
             if name == "EVALSHA" and "SCRIPT|LOAD" in refusals:
                 continue  # nothing was loaded to run
             try:
@@ -245,6 +290,8 @@ def dry_run(client: Any, prefix: str, timeout: float = 1.0) -> dict[str, str]:
                     raise
                 if name == "EVALSHA" and "evalsha" not in str(exc).lower():
                     continue  # refused inside the script: that command's own probe names it
+                if name in KEY_PROBES and "of the keys" not in str(exc):
+                    continue  # the command itself: its own probe names it
                 refusals[name] = _reply(exc)
     finally:  # also when a command failed otherwise: no throwaway key may stay for good
         with contextlib.suppress(redis_py.RedisError):

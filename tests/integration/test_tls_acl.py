@@ -36,7 +36,7 @@ from celery_redlock._celery.checks import run_startup_checks
 from celery_redlock._celery.options import reset_settings
 from celery_redlock._redis import probe
 from celery_redlock._redis import timeline as ring
-from celery_redlock._redis.inventory import Inventory
+from celery_redlock._redis.inventory import Inventory, InventoryRefused
 from celery_redlock._redis.lock import release_attempt
 from celery_redlock.asyncio import Lock as AsyncLock
 from celery_redlock.testing import RedisServer
@@ -578,6 +578,109 @@ def test_an_acl_without_hincrby_is_told_that_only_the_counters_stop(
     assert "the tasks lock and run as usual" in error and "redlock_on_unavailable" not in error
     assert counted.apply().get() == "ran"
     app.close()
+
+
+def _set_user(servers: list[TlsServer], user: str, rules: str) -> None:
+    for server in servers:
+        admin = server.admin()
+        try:
+            admin.execute_command("ACL", "SETUSER", user, "reset", *rules.split())
+        finally:
+            admin.close()
+
+
+def test_key_patterns_that_leave_out_the_high_water_mark_or_the_ring_are_an_error(
+    tls: TlsServer,
+    servers: list[TlsServer],
+    redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Key patterns ``~redlock:{* ~redlock:stats:*`` cover the lock's keys but not the fencing
+    tokens' high-water mark (``redlock:fence:{<tag>}``) nor the ring (``redlock:timeline``):
+    the startup check said nothing, then every acquire was refused, and the ring stayed
+    empty. Each is now an ERROR that names the key pattern to grant."""
+    narrow = ACL_RULES.replace("~redlock:*", "~redlock:{* ~redlock:stats:*")
+    _set_user(servers, "narrow", f"{narrow} {ACL_ADDITIONS['timeline']}")
+    url = tls.url("narrow", "secret")
+    with pytest.raises(LockUnavailable, match="keys"):
+        Lock(url, "narrow", ttl=10).acquire(blocking=False)
+    app = make_app(redis_server, "acl-narrow", redlock_url=url, redlock_timeline=5)
+
+    @app.task(base=LockedTask, shared=False, name="acl.narrow")
+    def narrowed() -> None: ...
+
+    lock, timeline = sorted(_checked(app, caplog)[logging.ERROR], key=lambda e: "ring" in e)
+    assert f"this package needs: {probe.HIGH_WATER} (" in lock, lock
+    assert "grant them to the ACL user (~redlock:*)" in lock and "+set" not in lock, lock
+    assert f"redlock_timeline needs (tasks: acl.narrow): {probe.RING}" in timeline, timeline
+    assert "(~redlock:*)" in timeline
+    _set_user(servers, "narrow", f"{ACL_RULES} {ACL_ADDITIONS['timeline']}")
+    assert logging.ERROR not in _checked(app, caplog)
+    app.close()
+
+
+def test_a_missing_channel_pattern_is_named_not_the_commands_the_user_has(
+    tls: TlsServer,
+    servers: list[TlsServer],
+    redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Without ``&redlock:*`` the ERROR asked for ``+publish +subscribe``, which the user had."""
+    _set_user(servers, "no-channels", ACL_RULES.replace(" &redlock:*", ""))
+    app = make_app(redis_server, "acl-channels", redlock_url=tls.url("no-channels", "secret"))
+
+    @app.task(base=LockedTask, shared=False, name="acl.channels")
+    def work() -> None: ...
+
+    (error,) = _checked(app, caplog)[logging.ERROR]
+    assert "PUBLISH, SUBSCRIBE" in error and "grant them to the ACL user (&redlock:*)" in error
+    app.close()
+
+
+def test_a_single_node_that_refuses_ping_is_reached_and_checked(
+    tls: TlsServer,
+    servers: list[TlsServer],
+    redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Without ``+ping`` (only a quorum needs it) the check said it "cannot reach" the node,
+    and skipped the dry run: a command the tasks need went unreported. The node is checked;
+    here the missing ``+hincrby`` is named, and PING is not."""
+    _set_user(servers, "no-ping", ACL_RULES.replace(" +ping", "").replace(" +hincrby", ""))
+    app = make_app(redis_server, "acl-ping", redlock_url=tls.url("no-ping", "secret"))
+
+    @app.task(base=LockedTask, shared=False, name="acl.ping")
+    def work() -> str:
+        return "ran"
+
+    found = _checked(app, caplog)
+    (error,) = found[logging.ERROR]
+    assert "the event counters need: HINCRBY" in error and "PING" not in error, error
+    assert not [m for m in found[logging.INFO] + error.split("\n") if "cannot reach" in m]
+    assert work.apply().get() == "ran"
+    app.close()
+
+
+def test_the_command_line_names_the_permission_it_was_refused(
+    tls: TlsServer, servers: list[TlsServer]
+) -> None:
+    """The command line's refusal hint listed its fixed set of commands, whatever was
+    refused: a ``SELECT`` of database 1, a key pattern. It now names the rule to grant."""
+    _set_user(servers, "cli-user", f"{ACL_RULES} {ACL_ADDITIONS['cli']}")
+    with pytest.raises(InventoryRefused) as info:
+        Inventory(tls.url("cli-user", "secret").replace("/0?", "/1?"), "redlock").counters()
+    assert "grant the ACL user +select;" in str(info.value), info.value
+    rules = f"{ACL_RULES} {ACL_ADDITIONS['cli']}".replace("~redlock:*", "~other:*")
+    _set_user(servers, "cli-user", rules)
+    admin = tls.admin()
+    try:
+        admin.hset("redlock:stats:acl.counted", "acquired", 1)
+        with pytest.raises(InventoryRefused) as info:
+            Inventory(tls.url("cli-user", "secret"), "redlock").counters()
+        assert "grant the ACL user ~redlock:*;" in str(info.value), info.value
+    finally:
+        admin.delete("redlock:stats:acl.counted")
+        admin.close()
 
 
 def test_a_replace_call_refused_by_the_acl_is_published_with_a_permission_warning(
