@@ -42,8 +42,12 @@ What is never superseded:
 Hazards, stated in the guide: the newest message carries the batch, so revoking it (or losing
 it) leaves the calls it superseded unrun; a marker that expired (``lock_enqueue_ttl`` after the
 call was due; the TTL is never shortened by a later call) or was lost (the lock Redis restarted)
-lets every older call run, until a later call is published (numbers follow the server's clock
-across markers: ``MARK_NEWEST`` in :mod:`celery_redlock._redis.scripts.companions`); with a
+lets the older calls run: the first to start marks itself the newest (``CHECK_NEWEST``), so of
+those that start after it only the newer ones run, until a later call is published (numbers
+follow the server's clock across markers: ``MARK_NEWEST`` in
+:mod:`celery_redlock._redis.scripts.companions`). Timeline without that mark: (1) calls 1 and 2
+wait, their marker is lost; (2) call 2 starts first (a retry's jitter) and runs; (3) call 1
+starts, finds no marker, and runs: its old arguments undo the newest. With a
 debounce, every superseded message waits for its ETA in a worker's memory, as Celery holds ETA
 messages, and an ``expires`` shorter than the debounce revokes every call of the window.
 """
@@ -238,7 +242,8 @@ def superseded(task: Any, spec: Spec, settings: Settings, name: str, request: An
         return False
     keys = _keys.keys_for(settings.prefix, name)
     try:
-        newest = companions.check_newest(settings.url, keys, request.id, seq)
+        ttl_ms = max(1, round(spec.options.enqueue_ttl * 1000))
+        newest = companions.check_newest(settings.url, keys, request.id, seq, ttl_ms)
     except LockUnavailable as exc:
         grant = companions.acl_refusal(exc, "check_newest")
         logger.warning(

@@ -149,10 +149,11 @@ def confirm_newest(target: Any, keys: LockKeys, task_id: str, seq: int) -> bool:
     return bool(_run(target, _scripts.CONFIRM_NEWEST, call, keys.newest))
 
 
-def check_newest(target: Any, keys: LockKeys, task_id: str, seq: int) -> str | None:
+def check_newest(target: Any, keys: LockKeys, task_id: str, seq: int, ttl_ms: int) -> str | None:
     """At start: the task id of the newer call that supersedes ``task_id``, or ``None`` (run;
-    a debounce window it is the newest of closes)."""
-    call = _scripts.check_newest_call(keys, task_id, seq)
+    a debounce window it is the newest of closes; with no marker left, the call is marked the
+    newest for ``ttl_ms``, so that older calls starting after it are superseded)."""
+    call = _scripts.check_newest_call(keys, task_id, seq, ttl_ms)
     return _scripts.decode_check_newest(_run(target, _scripts.CHECK_NEWEST, call, keys.newest))
 
 

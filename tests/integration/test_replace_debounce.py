@@ -424,6 +424,43 @@ def test_a_call_published_after_the_marker_expired_runs_and_supersedes_the_older
 
 
 @pytest.mark.parametrize("option", ["replace", "debounce"])
+def test_calls_that_lost_their_marker_never_run_an_older_one_after_a_newer(
+    app: Celery, r: redis_py.Redis, redis_server: RedisServer, option: str
+) -> None:
+    """Helper probe, round 3. Five calls wait in the broker; their marker is lost (expired
+    here; a restart of the lock Redis without persistence alike); they reach the worker
+    newest first (retries after an outage come back in any order; here the queue is
+    reversed). Each found no marker and ran: the oldest ran last, its arguments undoing the
+    newest. The first to start now records itself as the newest, so the older ones that
+    start after it are superseded."""
+    ran: list[int] = []
+
+    def save(self: Task, doc: str, version: int) -> int:
+        ran.append(version)
+        return version
+
+    supersede: dict[str, Any] = (
+        {"enqueue": "replace"} if option == "replace" else {"debounce": 0.01}
+    )
+    task = define(app, "task", save, by=["doc"], enqueue_ttl=1, **supersede)
+    marker = lock_key(task, "d", 0) + ":newest"
+    calls = [task.delay("d", version) for version in range(1, 6)]
+    wait_until(lambda: not r.exists(marker), 10, "the marker to expire")
+    broker = redis_py.Redis(port=redis_server.port, db=1)
+    try:
+        queued = broker.lrange("celery", 0, -1)  # newest first: the worker pops the right end
+        assert len(queued) == 5
+        with broker.pipeline() as pipe:
+            pipe.delete("celery").rpush("celery", *reversed(queued)).execute()
+    finally:
+        broker.close()
+    with running_worker(app, concurrency=1):
+        assert [c.get(timeout=10) for c in calls] == [None, None, None, None, 5]
+    assert ran == [5]
+    assert r.hget(marker, "id") == calls[-1].id.encode() and 0 < r.pttl(marker) <= 1000
+
+
+@pytest.mark.parametrize("option", ["replace", "debounce"])
 def test_an_older_call_requeued_for_an_outage_is_still_superseded(
     redis_server: RedisServer, option: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -126,13 +126,22 @@ return 0
 CHECK_NEWEST = """
 -- KEYS[1] newest-call marker (see MARK_NEWEST)
 -- ARGV[1] task id of a call about to start, ARGV[2] its number ('0': a message stamped by a
---         version without numbers: only the id is compared)
--- returns {0}          no marker (expired, or never written): the call runs
+--         version without numbers: only the id is compared), ARGV[3] the TTL in ms of a
+--         marker this call writes (lock_enqueue_ttl)
+-- returns {0}          no marker and no number: the call runs
 --         {1}          the call is the newest: it runs, and its debounce window closes
 --         {2, task_id} the call is superseded by that newer call
 -- A call whose number is above the newest known was published (it arrived), even if its
--- CONFIRM_NEWEST has not run yet: it becomes the newest here.
-if not redis.call('HGET', KEYS[1], 'n') then return {0} end
+-- CONFIRM_NEWEST has not run yet: it becomes the newest here. So does a numbered call that
+-- finds no marker (expired, or lost by a restart without persistence): the older calls that
+-- start after it are superseded, whatever order they arrive in (numbers follow the server's
+-- clock across markers).
+if not redis.call('HGET', KEYS[1], 'n') then
+  if ARGV[2] == '0' then return {0} end
+  redis.call('HSET', KEYS[1], 'n', ARGV[2], 'id', ARGV[1], 'seq', ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return {1}
+end
 local newest = redis.call('HGET', KEYS[1], 'id')
 local mine = tonumber(ARGV[2])
 if newest == ARGV[1] then
@@ -234,9 +243,12 @@ def mark_newest_call(
     return [keys.newest], [debounce_ms, debounce_max_ms, ttl_ms]
 
 
-def check_newest_call(keys: LockKeys, task_id: str, seq: int = 0) -> tuple[list[str], list[Any]]:
-    """``(KEYS, ARGV)`` of :data:`CHECK_NEWEST` (``seq`` 0: compare the id only)."""
-    return [keys.newest], [task_id, seq]
+def check_newest_call(
+    keys: LockKeys, task_id: str, seq: int, ttl_ms: int
+) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of :data:`CHECK_NEWEST` (``seq`` 0: compare the id only; ``ttl_ms``:
+    of the marker a numbered call writes when it finds none)."""
+    return [keys.newest], [task_id, seq, ttl_ms]
 
 
 def decode_check_newest(reply: Any) -> str | None:
@@ -286,7 +298,7 @@ SCRIPTS = (
     Script("clear_queued", CLEAR_QUEUED, ("GET", "DEL")),
     Script("mark_newest", MARK_NEWEST, ("TIME", "HGET", "HSET", "PTTL", "PEXPIRE")),
     Script("confirm_newest", CONFIRM_NEWEST, ("HGET", "HSET")),
-    Script("check_newest", CHECK_NEWEST, ("HGET", "HDEL", "HSET")),
+    Script("check_newest", CHECK_NEWEST, ("HGET", "HSET", "PEXPIRE", "HDEL")),
     Script("rate", RATE, ("TIME", "LLEN", "LINDEX", "RPUSH", "LTRIM", "PEXPIRE", "GET", "SET")),
     Script("clear_marker", CLEAR_MARKER, ("DUMP", "DEL")),
     Script("ring_push", RING_PUSH, ("LPUSH", "LTRIM", "PEXPIRE")),
