@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import kombu
 import pytest
 
 from celery_redlock.testing import RedisServer, wait_until
@@ -28,6 +29,12 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(100)
+@pytest.mark.skipif(
+    tuple(map(int, kombu.__version__.split(".")[:2])) < (5, 7),
+    # A killed worker's messages come back by kombu's restore sweep: before 5.7 it scans about
+    # every 100 s (``unacked_restore_interval`` is 5.7's), after the run's 30 s drain.
+    reason="kombu < 5.7 cannot redeliver a killed worker's messages within the drain",
+)
 def test_short_torture_run_finds_no_violation(tmp_path: Path) -> None:
     report = tmp_path / "torture.json"
     run = subprocess.run(
