@@ -23,6 +23,7 @@ import redis as redis_py
 from ..exceptions import LockUnavailable
 from . import scripts as _scripts
 from .clients import client_for, redact, refused
+from .core import denied_by_acl
 from .keys import LockKeys, call_key
 from .nodes import nodes_for
 from .probe import FEATURES
@@ -61,8 +62,7 @@ def acl_refusal(exc: BaseException, script: str) -> str | None:
     cause = exc.__cause__ if isinstance(exc, LockUnavailable) else exc
     text = str(cause)
     denied = isinstance(cause, redis_py.exceptions.NoPermissionError) or (
-        isinstance(cause, redis_py.exceptions.ResponseError)
-        and ("NOPERM" in text or "user executing the script" in text)
+        isinstance(cause, redis_py.exceptions.ResponseError) and denied_by_acl(text)
     )
     if not denied:
         return None

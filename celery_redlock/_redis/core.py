@@ -103,7 +103,7 @@ _REFUSED_CLASSES = frozenset({"OutOfMemoryError", "ReadOnlyError", "NoPermission
 #: long (``BUSY``), the disk is failing (``MISCONF``), the node is a replica after a failover
 #: (``READONLY``) or has lost its replicas (``MASTERDOWN``, ``NOREPLICAS``), memory is full
 #: under ``noeviction`` (``OOM``), or the ACL user lacks a permission (``NOPERM``, and inside a
-#: script "The user executing the script can't ...").
+#: script: :func:`denied_by_acl`).
 REFUSED_REPLIES = ("BUSY", "MISCONF", "READONLY", "MASTERDOWN", "NOREPLICAS", "OOM", "NOPERM")
 
 _NO_PASSWORD = "the server wants a password (or an ACL user) that the URL does not give"
@@ -131,6 +131,13 @@ _UNAVAILABLE_REPLIES = ("LOADING", "CLUSTERDOWN", "TRYAGAIN")
 _SCRIPT_REPLY = re.compile(r"@user_script: ?\d+: -([A-Z]+) ")
 
 
+def denied_by_acl(text: str) -> bool:
+    """Whether an error reply's ``text`` is the ACL's refusal: ``NOPERM``, or inside a script
+    "The user executing the script can't ..." (Redis 7.0) or "ACL failure in script: ..."
+    (Redis 7.2 and newer)."""
+    return "NOPERM" in text or "user executing the script" in text or "ACL failure in" in text
+
+
 def classify(exc: BaseException) -> Outcome | None:
     """What ``exc`` means for a lock, or ``None`` when it is no Redis error at all (a bug)."""
     if isinstance(exc, LockUnavailable):
@@ -151,7 +158,7 @@ def classify(exc: BaseException) -> Outcome | None:
         return Outcome.NOSCRIPT
     if prefix in _UNAVAILABLE_REPLIES:
         return Outcome.UNAVAILABLE
-    if prefix in REFUSED_REPLIES or "user executing the script" in text:
+    if prefix in REFUSED_REPLIES or denied_by_acl(text):
         return Outcome.REFUSED
     if any(refusal in text for refusal in _REFUSED_TEXTS):
         return Outcome.REFUSED
@@ -222,7 +229,7 @@ def script_refused(exc: LockUnavailable, source: str) -> LockUnavailable:
     (Redis names the script's SHA, not the command), else ``exc`` itself."""
     text = str(exc)
     script = _DECLARED.get(source)
-    if script is None or not ("NOPERM" in text or "user executing the script" in text):
+    if script is None or not denied_by_acl(text):
         return exc
     return LockUnavailable(
         f"{text} (the {script.name} script runs {', '.join(script.commands)}: the ACL user "
@@ -248,10 +255,8 @@ class QueueRules:
         ACL written before the queue existed); then waiters stop queueing here."""
         cause = exc.__cause__ if isinstance(exc, LockUnavailable) else exc
         text = str(cause)
-        refused = (
-            "NOPERM" in text
-            or "user executing the script" in text
-            or (cause is not None and "NoPermissionError" in type(cause).__name__)
+        refused = denied_by_acl(text) or (
+            cause is not None and "NoPermissionError" in type(cause).__name__
         )
         if refused:
             self.queue_allowed = False

@@ -73,7 +73,7 @@ from . import owner as _owner
 from . import scripts as _scripts
 from .clients import UNAVAILABLE_ERRORS, client_for, redact, refused
 from .commands import run_script
-from .core import Outcome, classify, lost_reply, tls_mismatch, warn_not_notified
+from .core import Outcome, classify, denied_by_acl, lost_reply, tls_mismatch, warn_not_notified
 from .keys import (
     CHECK_NAME,
     LockKeys,
@@ -780,13 +780,8 @@ class Inventory:
         if isinstance(exc, LockUnavailable):
             return exc
         if isinstance(exc, redis_py.exceptions.ResponseError) and refused(exc):
-            # Inside a script Redis says "The user executing the script can't run ...".
             text = str(exc)
-            if (
-                "NOPERM" in text
-                or "user executing the script" in text
-                or isinstance(exc, redis_py.exceptions.NoPermissionError)
-            ):
+            if denied_by_acl(text) or isinstance(exc, redis_py.exceptions.NoPermissionError):
                 rule = acl_rule(text, self.prefix)
                 grant = (
                     f"grant the ACL user {rule}; the guide's ACL section lists what the "

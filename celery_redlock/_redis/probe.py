@@ -178,15 +178,21 @@ def connect(url: str, timeout: float) -> Any:
 _RUN = re.compile(r"run the '([^']+)' command")
 
 
+def key_refused(reply: str) -> bool:
+    """Whether a ``NOPERM`` refusal is of a key, as Redis 6.2 and 7.0 ("one of the keys") and
+    7.2 and newer ("No permissions to access a key") word it."""
+    text = reply.lower()
+    return "of the keys" in text or "access a key" in text
+
+
 def acl_rule(reply: str, prefix: str, command: str = "") -> str:
     """The ACL rule that grants what ``reply`` (a ``NOPERM`` refusal, direct or inside a
     script) refused: ``~<prefix>:*`` for a key, ``&<prefix>:*`` for a channel, else
     ``+<command>`` (``command``, or the one the reply names); ``""`` when it names none (a
-    refusal inside a script does not say which command)."""
-    text = reply.lower()
-    if "of the keys" in text:
+    refusal inside a script does not say which command). Redis 6.2 to 7.4 wordings."""
+    if key_refused(reply):
         return f"~{glob_escape(prefix)}:*"
-    if "channel" in text:
+    if "channel" in reply.lower():
         return f"&{glob_escape(prefix)}:*"
     named = command or next(iter(_RUN.findall(reply)), "")
     return f"+{named.lower()}" if named else ""
@@ -290,7 +296,7 @@ def dry_run(client: Any, prefix: str, timeout: float = 1.0) -> dict[str, str]:
                     raise
                 if name == "EVALSHA" and "evalsha" not in str(exc).lower():
                     continue  # refused inside the script: that command's own probe names it
-                if name in KEY_PROBES and "of the keys" not in str(exc):
+                if name in KEY_PROBES and not key_refused(str(exc)):
                     continue  # the command itself: its own probe names it
                 refusals[name] = _reply(exc)
     finally:  # also when a command failed otherwise: no throwaway key may stay for good

@@ -42,6 +42,8 @@ CASES = [
         E.ResponseError("The user executing the script can't run this command or subcommand"),
         Outcome.REFUSED,
     ),
+    # Redis 7.2 and newer, inside a script (measured on 7.4.1)
+    (E.ResponseError("ACL failure in script: No permissions to access a key"), Outcome.REFUSED),
     (E.NoScriptError("No matching script. Please use EVAL."), Outcome.NOSCRIPT),
     (E.ResponseError("NOSCRIPT No matching script"), Outcome.NOSCRIPT),
     (E.ResponseError("DB index is out of range"), Outcome.REFUSED),

@@ -51,3 +51,27 @@ def test_the_release_scripts_mark_a_cooldown_as_owner_reads_it() -> None:
     for script in (lock.RELEASE, lock.RELEASE_ATTEMPT):
         assert f"'{owner.COOLDOWN}' .. string.sub(" in script
     assert len(owner.COOLDOWN) == 8  # the scripts replace the first 8 characters
+
+
+@pytest.mark.parametrize(
+    ("reply", "rule"),
+    [
+        # Redis 6.2 and 7.0, direct
+        ("this user has no permissions to access one of the keys used as arguments", "~rl:*"),
+        ("this user has no permissions to access one of the channels used as arguments", "&rl:*"),
+        ("this user has no permissions to run the 'select' command", "+select"),
+        ("this user has no permissions to run the 'script' command or its subcommand", "+script"),
+        # Redis 7.2 and newer (measured on 7.4.1), direct and inside a script
+        ("No permissions to access a key", "~rl:*"),
+        ("No permissions to access a channel", "&rl:*"),
+        ("ACL failure in script: No permissions to access a key script: 1a2b", "~rl:*"),
+        ("User redlock has no permissions to run the 'dump' command", "+dump"),
+        # inside a script on 7.0: no command named
+        ("The user executing the script can't run this command or subcommand script: 3e", ""),
+    ],
+)
+def test_a_refusal_is_mapped_to_the_acl_rule_that_grants_it(reply: str, rule: str) -> None:
+    """Redis 7.2 words a key refusal "No permissions to access a key": read as a command
+    refusal, the startup check dropped its key probes and asked for commands the user had."""
+    assert probe.acl_rule(reply, "rl") == rule
+    assert probe.key_refused(reply) is rule.startswith("~")
