@@ -23,6 +23,8 @@ from celery import Celery, Task
 from celery import signals as celery_signals
 
 from celery_redlock import LockedTask, lock_key, single_instance
+from celery_redlock._redis import companions
+from celery_redlock._redis.keys import keys_for
 from celery_redlock.testing import RedisServer, free_port, record_lock_events, wait_until
 from support.apps import make_app
 from support.workers import Holder, running_worker
@@ -427,8 +429,8 @@ def test_a_call_published_after_the_marker_expired_runs_and_supersedes_the_older
 def test_calls_that_lost_their_marker_never_run_an_older_one_after_a_newer(
     app: Celery, r: redis_py.Redis, redis_server: RedisServer, option: str
 ) -> None:
-    """Helper probe, round 3. Five calls wait in the broker; their marker is lost (expired
-    here; a restart of the lock Redis without persistence alike); they reach the worker
+    """Helper probe, round 3. Five calls wait in the broker; their marker is lost (a restart
+    of the lock Redis without persistence; here deleted; an expiry alike); they reach the worker
     newest first (retries after an outage come back in any order; here the queue is
     reversed). Each found no marker and ran: the oldest ran last, its arguments undoing the
     newest. The first to start now records itself as the newest, so the older ones that
@@ -442,10 +444,10 @@ def test_calls_that_lost_their_marker_never_run_an_older_one_after_a_newer(
     supersede: dict[str, Any] = (
         {"enqueue": "replace"} if option == "replace" else {"debounce": 0.01}
     )
-    task = define(app, "task", save, by=["doc"], enqueue_ttl=1, **supersede)
+    task = define(app, "task", save, by=["doc"], **supersede)
     marker = lock_key(task, "d", 0) + ":newest"
     calls = [task.delay("d", version) for version in range(1, 6)]
-    wait_until(lambda: not r.exists(marker), 10, "the marker to expire")
+    assert r.delete(marker) == 1
     broker = redis_py.Redis(port=redis_server.port, db=1)
     try:
         queued = broker.lrange("celery", 0, -1)  # newest first: the worker pops the right end
@@ -457,7 +459,21 @@ def test_calls_that_lost_their_marker_never_run_an_older_one_after_a_newer(
     with running_worker(app, concurrency=1):
         assert [c.get(timeout=10) for c in calls] == [None, None, None, None, 5]
     assert ran == [5]
-    assert r.hget(marker, "id") == calls[-1].id.encode() and 0 < r.pttl(marker) <= 1000
+    assert r.hget(marker, "id") == calls[-1].id.encode()
+    assert 0 < r.pttl(marker) <= 3600 * 1000  # lock_enqueue_ttl, by default an hour
+
+
+def test_a_marker_written_at_a_start_lives_lock_enqueue_ttl(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """The marker a numbered call writes when it finds none carries that call and a TTL (never
+    a key for good); an older call is then superseded by it, a newer one runs."""
+    keys = keys_for("redlock", "doc")
+    assert companions.check_newest(redis_url, keys, "call-2", 2_000, 60_000) is None
+    assert r.hgetall(keys.newest) == {b"n": b"2000", b"id": b"call-2", b"seq": b"2000"}
+    assert 0 < r.pttl(keys.newest) <= 60_000
+    assert companions.check_newest(redis_url, keys, "call-1", 1_000, 60_000) == "call-2"
+    assert companions.check_newest(redis_url, keys, "call-3", 3_000, 60_000) is None
 
 
 @pytest.mark.parametrize("option", ["replace", "debounce"])
