@@ -439,3 +439,30 @@ def test_frozen_nodes_cost_one_node_timeout_per_round_not_one_each(
         for server in frozen:
             assert server.process is not None
             os.kill(server.process.pid, signal.SIGCONT)
+
+
+def test_a_node_that_failed_lately_is_still_asked_when_the_others_leave_no_majority(
+    nodes: list[RedisServer],
+) -> None:
+    """Three nodes: node 0 froze during a lock and answers again (it failed lately); node 1's
+    connections were dropped, then it froze. The round sent to node 1 first, whose connect
+    hung the round's deadline away, and then did not ask node 0, healthy: 1 of 3 answered,
+    and the lock was refused with a majority up. A node that failed lately is now asked
+    past the deadline when the others sent to are no majority."""
+    three = nodes[:3]
+    lock = Lock(urls(three), "failed-lately", ttl=5)
+    pids = [server.process.pid for server in three if server.process is not None]
+    os.kill(pids[0], signal.SIGSTOP)
+    try:
+        assert lock.acquire(blocking=False)  # nodes 1 and 2; node 0 times out: failed lately
+        lock.release()
+    finally:
+        os.kill(pids[0], signal.SIGCONT)
+    on_node(three[1], "CLIENT", "KILL", "TYPE", "normal")
+    os.kill(pids[1], signal.SIGSTOP)
+    try:
+        assert lock.acquire(blocking=False)  # nodes 0 and 2
+        assert values([three[0], three[2]], lock.key) == [str(lock.token).encode()] * 2
+        lock.release()
+    finally:
+        os.kill(pids[1], signal.SIGCONT)
