@@ -255,7 +255,8 @@ class Lock(LockCore):
 
     async def locked(self) -> bool:
         """Whether anyone holds the lock right now: its key (on a majority, for a quorum), or
-        any slot of a semaphore."""
+        any slot of a semaphore. :class:`LockUnavailable` when Redis (a majority of a quorum's
+        nodes) does not answer: a silent node may hold it."""
         for key in self._observed:
             if await self.nodes.pttl_ms(key) != -2:
                 return True

@@ -442,15 +442,15 @@ class Quorum(QuorumRules):
 
     async def pttl_ms(self, key: str) -> int:
         """Time until fewer than a majority of nodes hold ``key`` (negative: not held)."""
-        values = []
+        replies: Replies = []
         for node in self.nodes:
             try:
-                values.append(int(await node.client().pttl(key)))
+                replies.append((await node.client().pttl(key), None))
             except Exception as exc:
                 if classify(exc) is None:
                     raise
-                values.append(-2)
-        return self.pttl(values)
+                replies.append((None, exc))
+        return self.pttl(key, replies)
 
     def check_wait(self) -> None:
         """Raise :class:`ValueError` if a blocking acquire cannot wait on some node."""

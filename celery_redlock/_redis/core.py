@@ -421,8 +421,12 @@ class QuorumRules:
         raised_failed = sum(1 for i in lagging if replies[i][1] is not None)
         return won - raised_failed >= self.quorum
 
-    def pttl(self, values: list[int]) -> int:
-        """Time until fewer than a majority of nodes hold a key (negative: not held)."""
+    def pttl(self, key: str, replies: Replies) -> int:
+        """Time until fewer than a majority of nodes hold ``key`` (negative: not held), from
+        each node's ``PTTL``; :class:`LockUnavailable` when too few answered for a majority
+        (a silent node may hold it: "not held" would be a guess)."""
+        self.check_answered(key, replies, "PTTL failed")
+        values = [-2 if err is not None else int(rep) for rep, err in replies]
         return sorted(values, reverse=True)[self.quorum - 1]
 
     def queues(self, keys: _keys.LockKeys) -> bool:

@@ -208,7 +208,8 @@ class Lock(LockCore):
 
     def locked(self) -> bool:
         """Whether anyone holds the lock right now: its key (on a majority, for a quorum), or
-        any slot of a semaphore."""
+        any slot of a semaphore. :class:`LockUnavailable` when Redis (a majority of a quorum's
+        nodes) does not answer: a silent node may hold it."""
         return any(self.nodes.pttl_ms(key) != -2 for key in self._observed)
 
     def remaining_ttl(self) -> float | None:

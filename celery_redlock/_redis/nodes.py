@@ -489,15 +489,15 @@ class Quorum(QuorumRules):
 
     def pttl_ms(self, key: str) -> int:
         """Time until fewer than a majority of nodes hold ``key`` (negative: not held)."""
-        values = []
+        replies: Replies = []
         for client in self.clients:
             try:
-                values.append(int(client.pttl(key)))
+                replies.append((client.pttl(key), None))
             except Exception as exc:
                 if classify(exc) is None:
                     raise
-                values.append(-2)
-        return self.pttl(values)
+                replies.append((None, exc))
+        return self.pttl(key, replies)
 
     def run(self, source: str, call: Call, key: str) -> Any:
         """Run another script on the first node that answers (advisory data: queued markers)."""

@@ -1422,6 +1422,30 @@ def test_a_quorum_without_a_majority_names_the_first_error(
     assert first.strip(), str(raised.value)
 
 
+def test_a_quorum_without_a_majority_answering_does_not_say_the_lock_is_free(
+    d2: Driver, three: list[RedisServer]
+) -> None:
+    """A lock held on three nodes, two of them paused: ``locked()`` said False and
+    ``remaining_ttl()`` None (a silent node counted as "no key"), while ``acquire`` raised. A
+    single node that does not answer raises; so does a quorum whose majority does not."""
+    urls = [s.url for s in three]
+    holder = d2.lock(urls, "q-silent", ttl=20)
+    assert d2(holder.acquire(blocking=False))
+    other = d2.lock(urls, "q-silent", ttl=20)
+    for server in three[1:]:
+        server.client().execute_command("CLIENT", "PAUSE", 3000, "ALL")
+    try:
+        with pytest.raises(LockUnavailable, match="PTTL failed"):
+            d2(other.locked())
+        with pytest.raises(LockUnavailable, match="PTTL failed"):
+            d2(other.remaining_ttl())
+    finally:
+        for server in three[1:]:
+            server.client().execute_command("CLIENT", "UNPAUSE")
+    assert d2(other.locked()) and 0 < d2(other.remaining_ttl()) <= 20
+    d2(holder.release())
+
+
 def test_a_quorum_acquires_extends_and_releases_on_every_node(
     d2: Driver, three: list[RedisServer]
 ) -> None:
