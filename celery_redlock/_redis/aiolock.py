@@ -374,8 +374,15 @@ class Lock(LockCore):
         )
 
     def _stop_renewal(self) -> None:
+        """Cancel the renewal task, unless it is the caller, or its loop was closed (it never
+        runs again; cancelling it there raises ``RuntimeError`` and would end a release in
+        another loop after its token was dropped, the key left to its TTL)."""
         renewer, self._renewer = self._renewer, None
-        if renewer is not None and renewer is not asyncio.current_task():
+        if (
+            renewer is not None
+            and renewer is not asyncio.current_task()
+            and not renewer.get_loop().is_closed()
+        ):
             renewer.cancel()
 
     # -- internals ------------------------------------------------------------------------------

@@ -525,6 +525,23 @@ def test_renewal_ends_with_its_loop_and_the_lease_expires(
     assert lock.extends == extends
 
 
+def test_a_lock_whose_renewal_loop_was_closed_is_released_from_another_loop(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """Acquired with renewal on a loop that was then closed (``loop.close()``, its renewal task
+    still pending): the release in another loop raised ``RuntimeError: Event loop is closed``
+    from the renewal's cancellation, after the token was dropped, so the key stayed for its
+    TTL and a retry said "not owned". The release now goes through."""
+    lock = Lock(redis_url, NAME, ttl=5, auto_renew=True)
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(lock.acquire(blocking=False))
+    finally:
+        loop.close()
+    asyncio.run(lock.release())
+    assert not r.exists(KEY) and not lock.held
+
+
 def test_renewal_detects_a_key_deleted_by_someone_else(
     redis_url: str, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
