@@ -441,9 +441,17 @@ class Lock(LockCore):
 
     def _give_back_later(self, token: str) -> None:
         """:meth:`_give_back` for a cancelled caller: forget ``token`` now, and release it in
-        the background, so that the cancellation is raised without waiting for Redis."""
+        the background, so that the cancellation is raised without waiting for Redis; at once,
+        then as :class:`~.core.GiveBack` plans, until two releases in a row were answered.
+        Timeline with one release: (1) the acquisition is sent, the server freezes; (2) the
+        caller is cancelled; its release waits, and fails; (3) the server resumes and runs the
+        acquisition: the key is held by nobody until its TTL."""
         self._drop(token)
-        in_background(self._give_back(token))
+
+        async def release() -> None:
+            await finish(self.do_release(token))
+
+        in_background(as_planned(GiveBack(self.key, time.monotonic()), release, delay=0.0))
 
     def _give_back_if_lost(self, error: Exception, token: str) -> None:
         """An attempt raised ``error``: if its reply was lost, or it is no Redis error (the

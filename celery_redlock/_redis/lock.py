@@ -62,6 +62,7 @@ from . import owner as _owner
 from . import renewal as _renewal
 from . import subscriptions as _subscriptions
 from .core import SUBSCRIBED, Clock, Closing, Extended, LockCore, Op, Run, classify, ms
+from .givebacks import give_back
 from .nodes import Nodes, SingleNode, Target, nodes_for
 from .scripts import AcquireResult
 
@@ -340,13 +341,21 @@ class Lock(LockCore):
     @contextlib.contextmanager
     def _given_back_if_interrupted(self, token: str) -> Iterator[None]:
         """Release ``token`` if the call in the block ends in anything but a Redis error: it
-        may have taken the lock (hazard 5). A lost reply is given back by the nodes (hazard 6)."""
+        may have taken the lock (hazard 5). At once (the process may be ending), and unless
+        that release found the key and deleted it, again in the background as
+        :class:`~celery_redlock._redis.core.GiveBack` plans: the call may still be in flight
+        (timeline: the server freezes with it in its buffer, the release fails or runs first,
+        the server resumes and runs the call). A lost reply is given back by the nodes
+        (hazard 6)."""
         try:
             yield
         except BaseException as exc:
             if classify(exc) is None:
+                released = False
                 with contextlib.suppress(Exception):
-                    self.do_release(token)
+                    released = self.do_release(token)
+                if not released:
+                    give_back(self.key, functools.partial(self.do_release, token))
             raise
 
     def _saw(self, holder: str | None, pttl: int | None) -> None:

@@ -806,6 +806,92 @@ def test_an_asyncio_acquisition_whose_reply_was_lost_is_given_back(
         driver.close()
 
 
+def bytes_waiting_on(port: int) -> bool:
+    """Whether a connection to the server on ``port`` holds bytes it has not read (it is
+    frozen with a request in its socket buffer): ``/proc/net/tcp``'s receive queue."""
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            local, queues = fields[1], fields[4]
+            if int(local.split(":")[1], 16) == port and int(queues.split(":")[1], 16) > 0:
+                return True
+    return False
+
+
+class Interrupted(Exception):
+    """Raised from a signal handler, as a time limit's exception is."""
+
+
+def test_an_interrupted_acquire_a_frozen_server_runs_late_is_given_back(d2: Driver) -> None:
+    """Helper probe, round 3. Timeline: (1) the server freezes; (2) an acquire is sent, and
+    interrupted while it waits for the reply (an exception from a signal handler;
+    ``task.cancel()``); (3) its one give-back fails, the server still frozen; (4) the server
+    resumes and runs the acquire: the key was held by nobody for its whole TTL. The give-back
+    now goes on until two releases in a row were answered."""
+    with RedisServer() as server:
+        assert server.process is not None
+        admin = server.client()
+        admin.config_set("notify-keyspace-events", "K$g")
+        lock = d2.lock(f"{server.url}?socket_timeout=0.5", "interrupted", ttl=30)
+        assert d2(lock.acquire(blocking=False))  # connected, scripts loaded: the next
+        d2(lock.release())  # acquire is one request on that connection
+        events = admin.pubsub()
+        events.subscribe(f"__keyspace@0__:{lock.key}")
+        assert events.get_message(timeout=5) is not None  # subscribed
+        server.process.send_signal(signal.SIGSTOP)
+        try:
+            if d2.is_async:
+
+                async def cancelled() -> None:
+                    task = asyncio.ensure_future(lock.acquire(blocking=False))
+                    while not bytes_waiting_on(server.port):
+                        await asyncio.sleep(0.005)
+                    task.cancel()
+                    with pytest.raises(asyncio.CancelledError):
+                        await task
+                    # The first give-back, sent in the background, outlives its socket timeout
+                    # (the thread lock's is sent before the interruption goes on).
+                    await asyncio.sleep(1.5)
+
+                d2(cancelled())
+            else:
+
+                def interrupt(*_: Any) -> None:
+                    raise Interrupted
+
+                previous = signal.signal(signal.SIGUSR1, interrupt)
+                main = threading.get_ident()
+
+                def when_sent() -> None:
+                    while not bytes_waiting_on(server.port):
+                        time.sleep(0.005)
+                    signal.pthread_kill(main, signal.SIGUSR1)
+
+                threading.Thread(target=when_sent, daemon=True).start()
+                try:
+                    with pytest.raises(Interrupted):
+                        lock.acquire(blocking=False)
+                finally:
+                    signal.signal(signal.SIGUSR1, previous)
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        seen: list[bytes] = []
+
+        def deleted() -> bool:
+            if d2.is_async:
+                d2(asyncio.sleep(0.05))  # the give-back runs on the driver's loop
+            message = events.get_message(timeout=0.05)
+            if message is not None:
+                seen.append(message["data"])
+            return b"del" in seen
+
+        wait_until(deleted)  # within 10 s; the TTL is 30
+        assert seen[0] == b"set", seen  # the acquire ran late, and was given back
+        events.close()
+        admin.close()
+        d2.close()
+
+
 def test_a_quorum_release_a_frozen_node_missed_is_given_back_when_it_resumes(
     d2: Driver, three: list[RedisServer], caplog: pytest.LogCaptureFixture
 ) -> None:
