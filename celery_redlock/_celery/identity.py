@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from celery import Task
 from celery.app.annotations import resolve_all as resolve_annotations
 from celery.app.autoretry import add_autoretry_behaviour
 from celery.local import Proxy
@@ -525,16 +526,30 @@ def lock_name_of(app: Any, task_name: str) -> str:
     return (spec.options.name or task_name) if spec is not None else task_name
 
 
-def lock_key(task: Any, *args: Any, **kwargs: Any) -> str:
-    """The Redis key that calling ``task(*args, **kwargs)`` would lock.
-
-    Raises :class:`TypeError` when an argument has no canonical encoding, and
-    :class:`ValueError` when ``task`` is not a locked task.
-    """
+def locked_spec(task: Any, caller: str) -> Spec:
+    """The lock spec of ``task`` given to the public helper ``caller``: :class:`TypeError`
+    when it is no Celery task (a function, a task's ``.run``, a task name), :class:`ValueError`
+    when it is a task that takes no lock."""
+    if not isinstance(task, (Task, Proxy)):
+        raise TypeError(
+            f"{caller}() takes a Celery task (what @app.task returns), got "
+            f"{type(task).__name__} {task!r}"
+            + (": decorate it with @app.task too" if hasattr(task, OPTIONS_ATTR) else "")
+        )
     spec = spec_of(task)
     if spec is None:
         raise ValueError(
             f"{task.name} is not a locked task (use base=LockedTask or @single_instance)"
         )
+    return spec
+
+
+def lock_key(task: Any, *args: Any, **kwargs: Any) -> str:
+    """The Redis key that calling ``task(*args, **kwargs)`` would lock.
+
+    Raises :class:`TypeError` when ``task`` is no Celery task or an argument has no canonical
+    encoding, and :class:`ValueError` when ``task`` is not a locked task.
+    """
+    spec = locked_spec(task, "lock_key")
     settings = settings_for(task.app)
     return _keys.keys_for(settings.prefix, lock_name_for(task, spec, args, kwargs)).lock

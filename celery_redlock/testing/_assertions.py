@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._celery.identity import lock_name_for, spec_of
+from .._celery.identity import lock_name_for, locked_spec
 from .._celery.options import reset_settings, settings_for
 from .._redis.lock import Lock
 from ..signals import lock_acquired, lock_contended, lock_lost, lock_released
@@ -194,9 +194,7 @@ def hold_lock(task: Any, *args: Any, ttl: float = 60.0, **kwargs: Any) -> Iterat
     Every slot is held for a ``lock_limit`` > 1 task. The holder's task id is :data:`HOLDER`.
     Raises :class:`RuntimeError` if the key is already held.
     """
-    spec = spec_of(task)
-    if spec is None:
-        raise ValueError(f"{task.name} is not a locked task")
+    spec = locked_spec(task, "hold_lock")
     if spec.options.limit is None:
         raise ValueError(f"{task.name} takes no lock (lock_limit=None): there is none to hold")
     settings = settings_for(task.app)

@@ -144,10 +144,12 @@ class RedisServer:
 
         So another server's answer stops this one and raises :class:`RuntimeError` naming the
         port and that server's process id, also when this one already exited for want of the
-        port. The port is not changed: :attr:`url` may be in use.
+        port. The port is not changed: :attr:`url` may be in use. A server that does not
+        answer within ``timeout`` seconds is stopped too, and :class:`RuntimeError` names it.
         """
+        command = self.command()
         process = self.process = subprocess.Popen(
-            self.command(),
+            command,
             env=self.environment(),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -166,7 +168,11 @@ class RedisServer:
                             f"redis-server exited with {process.returncode}"
                         ) from None
                     if time.monotonic() > deadline:
-                        raise
+                        self.stop()
+                        raise RuntimeError(
+                            f"{command[0]} (pid {process.pid}, stopped) did not answer on "
+                            f"port {self.port} within {timeout:g} s"
+                        ) from None
                     time.sleep(0.02)  # waiting for the server to bind: nothing to sync on
                     continue
                 if answering == process.pid:

@@ -8,10 +8,11 @@ Fixtures:
 
 * ``redlock_server`` (session): a ``redis-server`` on a free loopback port
   (:class:`celery_redlock.testing.RedisServer`), killed at the end of the session, also when
-  pytest is ended by SIGTERM (what a CI job's cancel, ``timeout`` or ``docker stop`` send):
-  while it runs, a SIGTERM that nothing else handles is raised in pytest as
-  ``KeyboardInterrupt``, so the session's teardown still stops the server (which runs in a
-  session of its own, out of reach of the signals sent to pytest's process group);
+  pytest is ended by SIGTERM (what a CI job's cancel, ``timeout`` or ``docker stop`` send) or
+  SIGHUP (a closed terminal, a dropped ssh session): while it runs, such a signal that nothing
+  else handles is raised in pytest as ``KeyboardInterrupt``, so the session's teardown still
+  stops the server (which runs in a session of its own, out of reach of the signals sent to
+  pytest's process group);
 * ``redlock_url``: its URL, the database emptied before each test;
 * ``configure_redlock``: ``configure_redlock(app)`` points an app's locks at ``redlock_url``
   (also when its settings were already resolved) and returns the app;
@@ -49,31 +50,32 @@ __all__ = ["configure_redlock", "lock_events", "redlock_server", "redlock_url"]
 @pytest.fixture(scope="session")
 def redlock_server() -> Iterator[RedisServer]:
     """A throwaway ``redis-server`` for the whole session."""
-    with _sigterm_interrupts(), RedisServer() as server:
+    with _signals_interrupt(), RedisServer() as server:
         yield server
 
 
 @contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """Raise SIGTERM as ``KeyboardInterrupt`` while inside, if SIGTERM still has its default
-    action (a handler of the user's, or a thread other than the main one, is left alone).
-    Timeline without it: (1) the server starts in a session of its own; (2) a CI cancel sends
-    SIGTERM to pytest, which dies at once; (3) no teardown runs: the server lives on."""
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
-    ):
+def _signals_interrupt() -> Iterator[None]:
+    """Raise SIGTERM and SIGHUP as ``KeyboardInterrupt`` while inside, each that still has its
+    default action (a handler of the user's, or a thread other than the main one, is left
+    alone). Timeline without it: (1) the server starts in a session of its own; (2) a CI
+    cancel sends SIGTERM to pytest (a closed terminal, SIGHUP), which dies at once; (3) no
+    teardown runs: the server lives on."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    taken = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is signal.SIG_DFL]
 
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
 
-    signal.signal(signal.SIGTERM, interrupt)
+    for signum in taken:
+        signal.signal(signum, interrupt)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for signum in taken:
+            signal.signal(signum, signal.SIG_DFL)
 
 
 @pytest.fixture

@@ -127,13 +127,16 @@ import pathlib, time
 
 def test_waits(redlock_server):
     pathlib.Path("server.pid").write_text(str(redlock_server.process.pid))
-    time.sleep(60)  # until the SIGTERM
+    time.sleep(60)  # until the signal
 """
 
 
-def test_a_sigterm_to_pytest_still_stops_the_server(pytester: pytest.Pytester) -> None:
-    """A CI job's cancel sends SIGTERM: the session's server, in a session of its own, used
-    to outlive pytest."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_sigterm_or_sighup_to_pytest_still_stops_the_server(
+    pytester: pytest.Pytester, signum: signal.Signals
+) -> None:
+    """A CI job's cancel sends SIGTERM, a closed terminal SIGHUP: the session's server, in a
+    session of its own, used to outlive pytest."""
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_waits=WAITS)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:celery"]
@@ -142,7 +145,7 @@ def test_a_sigterm_to_pytest_still_stops_the_server(pytester: pytest.Pytester) -
     try:
         wait_until(lambda: pid_file.exists() and pid_file.read_text(), 30, "the test to start")
         server = int(pid_file.read_text())
-        run.send_signal(signal.SIGTERM)
+        run.send_signal(signum)
         out, _ = run.communicate(timeout=30)
     finally:
         run.kill()

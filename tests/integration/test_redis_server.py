@@ -4,6 +4,10 @@ emptied by the plugin's ``FLUSHDB``). "The other server" is a fresh one on a fre
 
 from __future__ import annotations
 
+import os
+import re
+from pathlib import Path
+
 import pytest
 
 from celery_redlock.testing import RedisServer
@@ -28,3 +32,23 @@ def test_a_restart_on_a_port_taken_meanwhile_is_an_error() -> None:
             with pytest.raises(RuntimeError, match=rf"port {server.port} is served by another"):
                 server.restart()
             assert other.client().get("precious") == b"data"
+
+
+def test_a_server_that_never_answers_is_stopped_and_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A binary that never binds (a slow wrapper, a shim): the start raised redis-py's bare
+    "Connection refused" after its timeout, and the process it started ran on."""
+    binary = tmp_path / "redis-server"
+    binary.write_text("#!/bin/sh\nexec sleep 300\n")
+    binary.chmod(0o755)
+    monkeypatch.setenv("REDLOCK_TEST_REDIS_SERVER", str(binary))
+    server = RedisServer()
+    with pytest.raises(
+        RuntimeError, match=r"redis-server \(pid \d+, stopped\) did not answer"
+    ) as e:
+        server.start(timeout=0.3)
+    assert server.process is None  # stopped (SIGKILL) and waited for
+    pid = int(re.search(r"pid (\d+)", str(e.value)).group(1))  # type: ignore[union-attr]
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)

@@ -7,6 +7,7 @@ No Redis is contacted: every URL here is only parsed.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +20,7 @@ from celery_redlock._celery.options import MAX_SECONDS, reset_settings, settings
 from celery_redlock._celery.wiring import check_app
 from celery_redlock._redis import keys as _keys
 from celery_redlock._redis.clients import redact, redact_url
+from celery_redlock.testing import hold_lock
 
 LOCK_URL = "redis://127.0.0.1:1/0"  # never connected to
 PASSWORD = "hunter2"
@@ -242,6 +244,38 @@ def test_an_argument_without_a_canonical_encoding_is_a_type_error_naming_it(
     assert "account_id" in str(info.value) and expected in str(info.value)
     assert "bad.task" in str(info.value)
     assert "48213" not in str(info.value)  # an argument's value, never shown
+
+
+def _use(helper: str, task: Any) -> None:
+    """Call the public helper named ``helper`` on ``task``, with one argument."""
+    if helper == "lock_key":
+        lock_key(task, 1)
+    else:
+        with hold_lock(task, 1):
+            pass
+
+
+@pytest.mark.parametrize("helper", ["lock_key", "hold_lock"])
+def test_the_key_helpers_given_no_task_say_so(app: Celery, helper: str) -> None:
+    """``lock_key`` and ``hold_lock`` given a task's ``.run``, a function, or a task name
+    failed with ``AttributeError: run``; a task without a lock is a ``ValueError``."""
+
+    @single_instance(by=["n"])
+    def undecorated(n: int) -> None: ...
+
+    task = declare(app)
+    for wrong in (task.run, undecorated, "bad.task"):
+        with pytest.raises(TypeError, match=re.escape(f"{helper}() takes a Celery task")):
+            _use(helper, wrong)
+    with pytest.raises(TypeError, match=re.escape("decorate it with @app.task too")):
+        _use(helper, undecorated)
+
+    @app.task(name="bad.plain", shared=False)
+    def plain(n: int) -> int:
+        return n
+
+    with pytest.raises(ValueError, match=re.escape("bad.plain is not a locked task")):
+        _use(helper, plain)
 
 
 def test_a_lock_by_callable_that_raises_names_the_task_and_lock_by(app: Celery) -> None:
