@@ -258,7 +258,8 @@ OPTIONS: dict[str, Option] = {
             "name",
             None,
             "str or None",
-            "Name part of the key (default: the task's name); tasks sharing it exclude each other.",
+            "Name part of the key (default: the task's name); tasks sharing it exclude each "
+            "other, and must agree on `lock_limit` and `lock_rate` (else a `LockConfigError`).",
             _name,
         ),
         Option(

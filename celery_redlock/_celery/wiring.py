@@ -63,7 +63,7 @@ from kombu.utils.imports import symbol_by_name
 from ..exceptions import LockConfigError
 from . import calls, checks, routing, supersede
 from .engine import clear_queued, leave
-from .identity import check_ignored_options, spec_of
+from .identity import Spec, check_ignored_options, spec_of
 from .options import cross_check, settings_for, warn_unknown_settings
 from .parent import ParentReleaseMixin
 from .state import state
@@ -101,11 +101,42 @@ def check_app(app: Any) -> None:
     and for ``lock_*`` options given to a task that does not read them."""
     for task in app.tasks.values():
         check_ignored_options(task)
-    specs = [spec for spec in map(spec_of, app.tasks.values()) if spec is not None]
+    specs: dict[str, Spec] = {}
+    for task in app.tasks.values():
+        spec = spec_of(task)
+        if spec is not None:
+            specs[task.name] = spec
     if specs:
         settings = settings_for(app)
-        for spec in specs:
+        for spec in specs.values():
             cross_check(spec.owner, spec.options, settings, spec.keywords)
+        _check_shared_names(specs)
+
+
+def _check_shared_names(specs: dict[str, Spec]) -> None:
+    """Tasks that share a lock name must agree on ``lock_limit`` and ``lock_rate``: they
+    share the keys. Timeline of a mix: (1) a ``lock_limit=1`` task holds slot 1; (2) a
+    ``lock_limit=3`` task of the same name finds slot 2 free and runs beside it. A shorter
+    rate window alike trims the shared start log to its own count, and the longer one's
+    history is lost."""
+    first: dict[str, tuple[str, Spec]] = {}
+    for name, spec in specs.items():
+        shared = spec.options.name or name
+        seen = first.setdefault(shared, (name, spec))
+        for option, mine, theirs in (
+            ("lock_limit", spec.options.limit, seen[1].options.limit),
+            ("lock_rate", spec.options.rate, seen[1].options.rate),
+        ):
+            if mine != theirs:
+                raise LockConfigError(
+                    f"tasks {seen[0]} and {name} share the lock name {shared!r} but not "
+                    f"{option} ({_shown(theirs)} and {_shown(mine)}): they would not limit "
+                    f"each other; give them the same {option}, or each a lock_name of its own"
+                )
+
+
+def _shown(value: Any) -> str:
+    return "None" if value is None else str(value)
 
 
 def _on_app_finalize(app: Any) -> None:

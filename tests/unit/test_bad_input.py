@@ -533,6 +533,42 @@ def test_a_task_option_over_single_instance_is_refused_naming_the_keyword(app: C
     ) in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("option", "one", "other", "shown"),
+    [
+        ("limit", 1, 3, "lock_limit (1 and 3)"),
+        ("rate", "3/m", "1/s", "lock_rate (3/m and 1/s)"),
+    ],
+)
+def test_tasks_sharing_a_lock_name_must_agree_on_limit_and_rate(
+    app: Celery, option: str, one: Any, other: Any, shown: str
+) -> None:
+    """Helper probe, round 3. A ``lock_limit=1`` task held slot 1 while a ``lock_limit=3``
+    task of the same ``lock_name`` ran in slot 2; a ``1/s`` rate trimmed the shared start log
+    of a ``3/m`` one. Both ran silently; the mix is now refused where options are checked."""
+    extra: dict[str, Any] = {"lock_limit": None} if option == "rate" else {}
+
+    @app.task(
+        base=LockedTask, name="mix.one", lock_name="shared", **{f"lock_{option}": one}, **extra
+    )
+    def first() -> None: ...
+
+    @app.task(
+        base=LockedTask, name="mix.two", lock_name="shared", **{f"lock_{option}": other}, **extra
+    )
+    def second() -> None: ...
+
+    @app.task(base=LockedTask, name="mix.own", **{f"lock_{option}": other}, **extra)
+    def own() -> None: ...  # its own name: nothing shared
+
+    with pytest.raises(LockConfigError) as info:
+        check_app(app)  # what a worker runs at start (and an app at its finalize)
+    assert str(info.value) == (
+        f"tasks mix.one and mix.two share the lock name 'shared' but not {shown}: they would "
+        f"not limit each other; give them the same lock_{option}, or each a lock_name of its own"
+    )
+
+
 def test_lock_options_a_task_reads_are_not_refused(app: Celery) -> None:
     app.conf.task_annotations = {"*": {"lock_on_contention": "wait"}}
 
