@@ -120,7 +120,7 @@ def _check_shared_names(specs: dict[str, Spec]) -> None:
     rate window alike trims the shared start log to its own count, and the longer one's
     history is lost."""
     first: dict[str, tuple[str, Spec]] = {}
-    for name, spec in specs.items():
+    for name, spec in sorted(specs.items()):  # named in order, whatever the registration's
         shared = spec.options.name or name
         seen = first.setdefault(shared, (name, spec))
         for option, mine, theirs in (
