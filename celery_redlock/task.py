@@ -187,7 +187,8 @@ class LockedTask(Task):  # type: ignore[misc]
         comes here through :meth:`apply_async`), with the per-call ``lock_*`` options of
         :meth:`apply_async`: validated, and given to the lock in the request's headers. Celery's
         own ``apply()`` would drop them, a misspelled one too."""
-        calls.put(options, calls.take(f"task {self.name}", options))
+        if options:  # the usual apply() has none
+            calls.put(options, calls.take(f"task {self.name}", options))
         return super().apply(args, kwargs, **options)
 
     def on_replace(self, sig: Any) -> Any:

@@ -54,7 +54,7 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, cast
 
 from . import keys as _keys
@@ -260,8 +260,11 @@ class Lock(LockCore):
                 if op is Op.ATTEMPT:
                     run.reply = self._attempt()
                 elif op is Op.QUEUED:
-                    with self._given_back_if_interrupted(arg[0]):
+                    try:
                         run.reply = queue.wait_attempt(self.keys, *arg)
+                    except BaseException as exc:
+                        self._give_back_if_interrupted(exc, arg[0])
+                        raise
                 elif op is Op.HOLDER_TTL:
                     run.reply = self.last_holder_ttl
                 elif op is Op.SUBSCRIBE:  # sent at the first receive, as the asyncio driver's
@@ -334,29 +337,28 @@ class Lock(LockCore):
         token = self._try_token()
         ttl = self._lease()
         start = self.clock()
-        with self._given_back_if_interrupted(token):
+        try:
             result = self.do_acquire(token, ttl)
+        except BaseException as exc:
+            self._give_back_if_interrupted(exc, token)
+            raise
         return self._result(token, start, ttl, result)
 
-    @contextlib.contextmanager
-    def _given_back_if_interrupted(self, token: str) -> Iterator[None]:
-        """Release ``token`` if the call in the block ends in anything but a Redis error: it
-        may have taken the lock (hazard 5). At once (the process may be ending), and unless
-        that release found the key and deleted it, again in the background as
-        :class:`~celery_redlock._redis.core.GiveBack` plans: the call may still be in flight
-        (timeline: the server freezes with it in its buffer, the release fails or runs first,
-        the server resumes and runs the call). A lost reply is given back by the nodes
-        (hazard 6)."""
-        try:
-            yield
-        except BaseException as exc:
-            if classify(exc) is None:
-                released = False
-                with contextlib.suppress(Exception):
-                    released = self.do_release(token)
-                if not released:
-                    give_back(self.key, functools.partial(self.do_release, token))
-            raise
+    def _give_back_if_interrupted(self, exc: BaseException, token: str) -> None:
+        """An attempt with ``token`` raised ``exc``: if it is anything but a Redis error, the
+        attempt may have taken the lock (hazard 5), so release ``token``. At once (the process
+        may be ending), and unless that release found the key and deleted it, again in the
+        background as :class:`~celery_redlock._redis.core.GiveBack` plans: the attempt may
+        still be in flight (timeline: the server freezes with it in its buffer, the release
+        fails or runs first, the server resumes and runs the attempt). A lost reply is given
+        back by the nodes (hazard 6). (No context manager: this is every acquire's path.)"""
+        if classify(exc) is not None:
+            return
+        released = False
+        with contextlib.suppress(Exception):
+            released = self.do_release(token)
+        if not released:
+            give_back(self.key, functools.partial(self.do_release, token))
 
     def _saw(self, holder: str | None, pttl: int | None) -> None:
         """As the core's; without a PTTL in the reply, :attr:`last_holder_ttl` asks Redis on
