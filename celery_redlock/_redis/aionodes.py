@@ -433,12 +433,16 @@ class Quorum(QuorumRules):
             raise error
 
     async def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> Extended:
-        """Extend where held, re-assert where missing (see the sync ``Quorum.extend``)."""
+        """Extend where held, re-assert where missing; found lost, give back what the re-assert
+        wrote (see the sync ``Quorum.extend``)."""
         loop = asyncio.get_running_loop()
         start = loop.time()
         call = _scripts.extend_call(keys, token, ttl_ms, reassert=True)
         replies = await self._call_all(_scripts.EXTEND, call)
-        return self.extended(keys.lock, replies, (loop.time() - start) * 1000, ttl_ms)
+        extended = self.extended(keys.lock, replies, (loop.time() - start) * 1000, ttl_ms)
+        if not extended.held:
+            await self.release(keys, token, quiet=True)
+        return extended
 
     async def pttl_ms(self, key: str) -> int:
         """Time until fewer than a majority of nodes hold ``key`` (negative: not held)."""

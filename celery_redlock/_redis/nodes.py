@@ -468,11 +468,20 @@ class Quorum(QuorumRules):
         held the lock meanwhile. Timeline this repairs: (1) node 0 is down, A acquires on 1
         and 2; (2) node 0 rejoins empty; (3) node 2 goes down: without the repair A holds on
         node 1 only and is lost although only one node was ever down at a time.
+
+        An extend that finds the lock lost gives back what its re-assert wrote. Timeline
+        without that: (1) the key vanishes from two of three nodes (expired while they were
+        frozen, restarted empty); (2) the holder's extend re-asserts it there, and raises
+        :class:`LockLost`; (3) all three nodes hold it for the new TTL: everyone else is locked
+        out by an owner told it no longer holds the lock.
         """
         start = self.clock()
         call = _scripts.extend_call(keys, token, ttl_ms, reassert=True)
         replies = self._call_all(_scripts.EXTEND, call)
-        return self.extended(keys.lock, replies, (self.clock() - start) * 1000, ttl_ms)
+        extended = self.extended(keys.lock, replies, (self.clock() - start) * 1000, ttl_ms)
+        if not extended.held:
+            self.release(keys, token, quiet=True)
+        return extended
 
     def release_attempt(
         self, keys: LockKeys, task_id: str, host: str, pid: int, keep_ms: int = 0

@@ -1532,6 +1532,25 @@ def test_a_quorum_without_a_majority_answering_does_not_say_the_lock_is_free(
     d2(holder.release())
 
 
+def test_a_quorum_extend_that_finds_the_lock_lost_leaves_no_key_behind(
+    d2: Driver, three: list[RedisServer]
+) -> None:
+    """Helper probe, round 3. The key vanished from two of three nodes; the holder's extend
+    raised ``LockLost``, but its re-assert had written the key back there: every node held
+    it for the new TTL, and another acquire was refused by an owner told it was lost."""
+    urls = [s.url for s in three]
+    holder = d2.lock(urls, "q-lost-extend", ttl=5)
+    assert d2(holder.acquire(blocking=False))
+    for server in three[:2]:
+        server.client().delete(holder.keys.lock)
+    with pytest.raises(LockLost):
+        d2(holder.extend(10))
+    assert [s.client().get(holder.keys.lock) for s in three] == [None] * 3
+    other = d2.lock(urls, "q-lost-extend", ttl=5)
+    assert d2(other.acquire(blocking=False))
+    d2(other.release())
+
+
 def test_a_quorum_acquires_extends_and_releases_on_every_node(
     d2: Driver, three: list[RedisServer]
 ) -> None:
