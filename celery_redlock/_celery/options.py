@@ -259,7 +259,8 @@ OPTIONS: dict[str, Option] = {
             None,
             "str or None",
             "Name part of the key (default: the task's name); tasks sharing it exclude each "
-            "other, and must agree on `lock_limit` and `lock_rate` (else a `LockConfigError`).",
+            "other, and those whose calls can share a key must agree on `lock_limit` and "
+            "`lock_rate` (else a `LockConfigError`).",
             _name,
         ),
         Option(

@@ -114,15 +114,17 @@ def check_app(app: Any) -> None:
 
 
 def _check_shared_names(specs: dict[str, Spec]) -> None:
-    """Tasks that share a lock name must agree on ``lock_limit`` and ``lock_rate``: they
-    share the keys. Timeline of a mix: (1) a ``lock_limit=1`` task holds slot 1; (2) a
+    """Tasks whose calls can share keys (the same lock name, and identities encoding the same
+    parameter names, or both computed by a ``lock_by`` callable) must agree on ``lock_limit``
+    and ``lock_rate``. Timeline of a mix: (1) a ``lock_limit=1`` task holds slot 1; (2) a
     ``lock_limit=3`` task of the same name finds slot 2 free and runs beside it. A shorter
     rate window alike trims the shared start log to its own count, and the longer one's
-    history is lost."""
-    first: dict[str, tuple[str, Spec]] = {}
+    history is lost. Tasks whose identities encode other names never share a key."""
+    first: dict[tuple[str, Any], tuple[str, Spec]] = {}
     for name, spec in sorted(specs.items()):  # named in order, whatever the registration's
         shared = spec.options.name or name
-        seen = first.setdefault(shared, (name, spec))
+        identity = "lock_by callable" if callable(spec.options.by) else spec.names
+        seen = first.setdefault((shared, identity), (name, spec))
         for option, mine, theirs in (
             ("lock_limit", spec.options.limit, seen[1].options.limit),
             ("lock_rate", spec.options.rate, seen[1].options.rate),
@@ -130,13 +132,9 @@ def _check_shared_names(specs: dict[str, Spec]) -> None:
             if mine != theirs:
                 raise LockConfigError(
                     f"tasks {seen[0]} and {name} share the lock name {shared!r} but not "
-                    f"{option} ({_shown(theirs)} and {_shown(mine)}): they would not limit "
-                    f"each other; give them the same {option}, or each a lock_name of its own"
+                    f"{option} ({theirs} and {mine}): they would not limit each other; give "
+                    f"them the same {option}, or each a lock_name of its own"
                 )
-
-
-def _shown(value: Any) -> str:
-    return "None" if value is None else str(value)
 
 
 def _on_app_finalize(app: Any) -> None:

@@ -447,6 +447,9 @@ class Lock(LockCore):
         caller is cancelled; its release waits, and fails; (3) the server resumes and runs the
         acquisition: the key is held by nobody until its TTL."""
         self._drop(token)
+        if not isinstance(self.nodes, SingleNode):  # a quorum's release gives back per node
+            in_background(self._give_back(token))
+            return
 
         async def release() -> None:
             await finish(self.do_release(token))

@@ -350,15 +350,16 @@ class Lock(LockCore):
         may be ending), and unless that release found the key and deleted it, again in the
         background as :class:`~celery_redlock._redis.core.GiveBack` plans: the attempt may
         still be in flight (timeline: the server freezes with it in its buffer, the release
-        fails or runs first, the server resumes and runs the attempt). A lost reply is given
-        back by the nodes (hazard 6). (No context manager: this is every acquire's path.)"""
+        fails or runs first, the server resumes and runs the attempt); on a quorum, its
+        release gives back to each node whose reply was lost. A lost reply is given back by
+        the nodes (hazard 6). (No context manager: this is every acquire's path.)"""
         if classify(exc) is not None:
             return
         released = False
         with contextlib.suppress(Exception):
             released = self.do_release(token)
-        if not released:
-            give_back(self.key, functools.partial(self.do_release, token))
+        if not released and isinstance(self.nodes, SingleNode):  # a quorum's release gives
+            give_back(self.key, functools.partial(self.do_release, token))  # back per node
 
     def _saw(self, holder: str | None, pttl: int | None) -> None:
         """As the core's; without a PTTL in the reply, :attr:`last_holder_ttl` asks Redis on

@@ -302,13 +302,16 @@ class Quorum(QuorumRules):
         Each node's reply is awaited ``node_timeout`` from when its request was sent; the
         round's deadline is ``node_timeout`` from its start. A node that failed lately
         (:data:`_failed_at`) is sent to last, and not at all once the deadline has passed, if
-        a majority was sent to: sending to it may first connect, which waits for a node that
-        hangs up to its socket timeout. Timeline without that (5 nodes, 2 frozen): (1) a round
-        times out on the two, which drops their connections; (2) the next round connects to
-        each in turn, 0.5 s apiece, before its deadline starts: every acquire, renewal and
-        release took 1 s. Timeline without the majority's exception (3 nodes): (1) node 0
-        failed lately and answers again; (2) node 1 hangs at its connect, and the deadline
-        passes; (3) node 0, healthy, was not asked: 1 of 3, refused with a majority up.
+        a majority was sent to or another such node failed again this round: sending to it
+        may first connect, which waits for a node that hangs up to its socket timeout.
+        Timeline without that (5 nodes, 2 frozen): (1) a round times out on the two, which
+        drops their connections; (2) the next round connects to each in turn, 0.5 s apiece,
+        before its deadline starts: every acquire, renewal and release took 1 s. Timeline
+        without the exception for a majority not sent to (3 nodes): (1) node 0 failed lately
+        and answers again; (2) node 1 hangs at its connect, and the deadline passes; (3) node
+        0, healthy, was not asked: 1 of 3, refused with a majority up. (A third node that
+        failed lately and fails again ends the exception: a majority frozen still costs one
+        ``node_timeout`` a round.)
         """
         keys, args = call
         sha = _scripts.sha1(source)
@@ -317,8 +320,9 @@ class Quorum(QuorumRules):
         sent: list[tuple[int, Any, Any, float]] = []
         deadline = time.monotonic() + self.node_timeout
         lately = {i for i in indexes if self._failed_lately(i)}
+        again = False  # a node that failed lately failed this round too
         for i in sorted(indexes, key=lately.__contains__):
-            if i in lately and time.monotonic() >= deadline and len(sent) >= self.quorum:
+            if i in lately and time.monotonic() >= deadline and (len(sent) >= self.quorum or again):
                 out[i] = (None, TimeoutError("not asked: it failed lately, and no time is left"))
                 continue
             pool = self.clients[i].connection_pool
@@ -334,6 +338,7 @@ class Quorum(QuorumRules):
                 if not _node_error(exc):
                     raise
                 out[i] = (None, exc)
+                again = again or i in lately
                 continue
             # Its own deadline: a node sent to after another's connect hung the round's
             # whole 0.5 s would otherwise count as failed, healthy as it is (a fresh process's

@@ -26,6 +26,8 @@ from types import TracebackType
 from typing import TypeVar
 
 import redis as redis_py
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 __all__ = ["RedisServer", "free_port", "redis_server_binary", "wait_until"]
 
@@ -156,13 +158,17 @@ class RedisServer:
             start_new_session=True,
         )
         deadline = time.monotonic() + timeout
-        client = self.client()
+        # No retries, and no read longer than a second: a binary that binds and never answers
+        # is stopped by the deadline too.
+        client = redis_py.Redis(
+            host="127.0.0.1", port=self.port, socket_timeout=1, retry=Retry(NoBackoff(), 0)
+        )
         try:
             while True:
                 exited = process.poll() is not None
                 try:
                     answering = client.info("server").get("process_id")
-                except redis_py.exceptions.ConnectionError:
+                except (redis_py.exceptions.ConnectionError, redis_py.exceptions.TimeoutError):
                     if exited:
                         raise RuntimeError(
                             f"redis-server exited with {process.returncode}"

@@ -569,6 +569,21 @@ def test_tasks_sharing_a_lock_name_must_agree_on_limit_and_rate(
     )
 
 
+def test_tasks_sharing_a_lock_name_but_no_key_may_differ(app: Celery) -> None:
+    """The identity encodes the parameters' names: ``by_account(account_id)`` and
+    ``by_order(order_id)`` under one ``lock_name`` never share a key, and may have their own
+    ``lock_limit`` (the check refused them, and the worker would not start)."""
+
+    @app.task(base=LockedTask, name="mix.account", lock_name="billing", lock_limit=3)
+    def by_account(account_id: int) -> None: ...
+
+    @app.task(base=LockedTask, name="mix.order", lock_name="billing")
+    def by_order(order_id: int) -> None: ...
+
+    check_app(app)
+    assert lock_key(by_account, 7) != lock_key(by_order, 7)
+
+
 def test_lock_options_a_task_reads_are_not_refused(app: Celery) -> None:
     app.conf.task_annotations = {"*": {"lock_on_contention": "wait"}}
 
