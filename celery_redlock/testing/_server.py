@@ -26,8 +26,6 @@ from types import TracebackType
 from typing import TypeVar
 
 import redis as redis_py
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 __all__ = ["RedisServer", "free_port", "redis_server_binary", "wait_until"]
 
@@ -147,7 +145,8 @@ class RedisServer:
         So another server's answer stops this one and raises :class:`RuntimeError` naming the
         port and that server's process id, also when this one already exited for want of the
         port. The port is not changed: :attr:`url` may be in use. A server that does not
-        answer within ``timeout`` seconds is stopped too, and :class:`RuntimeError` names it.
+        bind its port within ``timeout`` seconds is stopped too, and :class:`RuntimeError`
+        names it.
         """
         command = self.command()
         process = self.process = subprocess.Popen(
@@ -158,17 +157,13 @@ class RedisServer:
             start_new_session=True,
         )
         deadline = time.monotonic() + timeout
-        # No retries, and no read longer than a second: a binary that binds and never answers
-        # is stopped by the deadline too.
-        client = redis_py.Redis(
-            host="127.0.0.1", port=self.port, socket_timeout=1, retry=Retry(NoBackoff(), 0)
-        )
+        client = self.client()
         try:
             while True:
                 exited = process.poll() is not None
                 try:
                     answering = client.info("server").get("process_id")
-                except (redis_py.exceptions.ConnectionError, redis_py.exceptions.TimeoutError):
+                except redis_py.exceptions.ConnectionError:
                     if exited:
                         raise RuntimeError(
                             f"redis-server exited with {process.returncode}"

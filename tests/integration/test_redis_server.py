@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -50,33 +49,6 @@ def test_a_server_that_never_answers_is_stopped_and_named(
     ) as e:
         server.start(timeout=0.3)
     assert server.process is None  # stopped (SIGKILL) and waited for
-    pid = int(re.search(r"pid (\d+)", str(e.value)).group(1))  # type: ignore[union-attr]
-    with pytest.raises(ProcessLookupError):
-        os.kill(pid, 0)
-
-
-def test_a_server_that_binds_and_never_answers_is_stopped_too(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A binary that takes the port and never replies: the start's first read waited out
-    redis-py's 5 s timeout and its retries (about 50 s), then raised a bare ``TimeoutError``,
-    and the process ran on."""
-    binary = tmp_path / "redis-server"
-    binary.write_text(
-        f"#!{sys.executable}\n"
-        "import socket, sys\n"
-        "port = int(sys.argv[sys.argv.index('--port') + 1])\n"
-        "server = socket.create_server(('127.0.0.1', port))\n"
-        "connections = []\n"
-        "while True:\n"
-        "    connections.append(server.accept()[0])  # read nothing, answer nothing\n"
-    )
-    binary.chmod(0o755)
-    monkeypatch.setenv("REDLOCK_TEST_REDIS_SERVER", str(binary))
-    server = RedisServer()
-    with pytest.raises(RuntimeError, match=r"\(pid \d+, stopped\) did not answer") as e:
-        server.start(timeout=0.3)
-    assert server.process is None
     pid = int(re.search(r"pid (\d+)", str(e.value)).group(1))  # type: ignore[union-attr]
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
