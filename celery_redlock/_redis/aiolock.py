@@ -447,7 +447,7 @@ class Lock(LockCore):
         caller is cancelled; its release waits, and fails; (3) the server resumes and runs the
         acquisition: the key is held by nobody until its TTL."""
         self._drop(token)
-        if not isinstance(self.nodes, SingleNode):  # a quorum's release gives back per node
+        if self.nodes.gives_back_per_node:
             in_background(self._give_back(token))
             return
 

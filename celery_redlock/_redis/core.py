@@ -244,6 +244,9 @@ class QueueRules:
 
     #: Blocking waiters queue here; False once the user was refused the queue's commands.
     queue_allowed = True
+    #: A release whose reply was lost is not given back again by the node itself: an
+    #: interrupted acquire's give-back goes on as :class:`GiveBack` plans (hazard 5).
+    gives_back_per_node = False
 
     def queues(self, keys: _keys.LockKeys) -> bool:
         """Whether blocking waiters of this lock queue (:data:`~._scripts.WAIT`), so that a
@@ -352,6 +355,9 @@ class QuorumRules:
 
     names: tuple[str, ...]
     quorum: int
+    #: A release gives back again to each node whose reply was lost: an interrupted acquire's
+    #: give-back needs no plan of its own around it.
+    gives_back_per_node = True
 
     def failed(self, replies: Replies) -> list[str]:
         return [self.names[i] for i, (_, err) in enumerate(replies) if err is not None]

@@ -358,8 +358,8 @@ class Lock(LockCore):
         released = False
         with contextlib.suppress(Exception):
             released = self.do_release(token)
-        if not released and isinstance(self.nodes, SingleNode):  # a quorum's release gives
-            give_back(self.key, functools.partial(self.do_release, token))  # back per node
+        if not released and not self.nodes.gives_back_per_node:
+            give_back(self.key, functools.partial(self.do_release, token))
 
     def _saw(self, holder: str | None, pttl: int | None) -> None:
         """As the core's; without a PTTL in the reply, :attr:`last_holder_ttl` asks Redis on

@@ -83,6 +83,9 @@ logger = logging.getLogger("celery_redlock.lock")
 class Nodes(Protocol):
     """Where a lock lives: the operations :class:`~celery_redlock.Lock` needs, one call each."""
 
+    #: Whether a release gives back again to each node whose reply was lost (a quorum).
+    gives_back_per_node: bool
+
     @property
     def names(self) -> tuple[str, ...]:
         """``host:port`` of each node, for messages (never with credentials)."""
