@@ -173,12 +173,15 @@ def _decorate(fun: Any, options: dict[str, Any]) -> Any:
         task = current_task._get_current_object()
         if task is None:
             return fun(*args, **kwargs)
-        if not _runs(task, wrapper):  # a plain call from a task, or a decorator in between:
-            spec_of(task)  # refused here (an eager call: no worker start or publish checks)
-            return fun(*args, **kwargs)
+        # A misconfiguration is refused here even on a plain call (an eager call has no
+        # worker start or publish checks).
         spec = spec_of(task)
+        if not _runs(task, wrapper):  # a plain call from a task, or a decorator in between
+            return fun(*args, **kwargs)
         call_args = args[1:] if spec is not None and spec.bound else args
-        return engine.execute(task, call_args, kwargs, lambda: fun(*args, **kwargs))
+        return engine.execute(
+            task, call_args, kwargs, lambda: fun(*args, **kwargs), task.request_stack.top, spec
+        )
 
     wrapper.__signature__ = inspect.signature(fun)  # type: ignore[attr-defined]
     setattr(wrapper, OPTIONS_ATTR, validated)

@@ -52,6 +52,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import logging
+import os
 import time
 import traceback
 from collections.abc import Callable, Mapping
@@ -141,10 +142,19 @@ _recording: bool | None = None if _trace is not None else False
 
 
 def _active() -> bool:
-    """Whether a tracer provider that records spans is set: asked of ``opentelemetry-api``
-    (about 0.8 us: it looks at one environment variable) once per acquisition or enqueue
-    until a provider is set, then a cached answer. :func:`record` needs no check: without an
-    operation under way (no span started) it returns at its first lookup.
+    """Whether a tracer provider that records spans is set: a cached answer once one is set;
+    until then one look at the global ``opentelemetry.trace`` holds the provider in, once per
+    acquisition or enqueue (about 20 ns). :func:`record` needs no check: without an operation
+    under way (no span started) it returns at its first lookup.
+
+    That global, ``_TRACER_PROVIDER`` (``None`` until a provider is set), is private; the
+    public ``get_tracer_provider()`` costs 40 times as much without a provider (it looks for
+    the ``OTEL_PYTHON_TRACER_PROVIDER`` environment variable through a ``KeyError``, about 9,000
+    instructions, 2 % of what an execution's lock adds). ``tests/unit/test_tracing_global.py``
+    pins that the global holds the provider on the lowest and newest ``opentelemetry-api``
+    the matrix installs; if a release renames it, or the environment names a provider when
+    this module is imported (``OTEL_PYTHON_TRACER_PROVIDER``, loaded by the public call), the
+    public call is asked instead.
 
     The usual order in a worker: this module is imported at 0 s (no provider yet: no spans,
     and no span objects built), the provider is set at worker start, and the next operation
@@ -153,11 +163,21 @@ def _active() -> bool:
     global _recording
     if _recording is not None:
         return _recording
+    if _GLOBAL_READABLE and _trace._TRACER_PROVIDER is None:
+        return False  # none set yet
     provider = _trace.get_tracer_provider()
     if isinstance(provider, _trace.ProxyTracerProvider):
         return False  # none set yet
     _recording = not isinstance(provider, _trace.NoOpTracerProvider)
     return _recording
+
+
+#: Whether :func:`_active` may read the global provider (see there) instead of asking.
+_GLOBAL_READABLE = (
+    _trace is not None
+    and getattr(_trace, "_TRACER_PROVIDER", False) is None
+    and "OTEL_PYTHON_TRACER_PROVIDER" not in os.environ
+)
 
 
 def _start(name: str, attributes: Mapping[str, Any]) -> _Operation | None:
@@ -280,25 +300,26 @@ def _request_key(request: Any) -> str | None:
 
 
 def traced_acquire(enter: F) -> F:
-    """Wrap the engine's ``enter(task, request, spec, args, kwargs)`` in ``redlock.acquire``."""
+    """Wrap the engine's ``enter(task, request, spec, args, kwargs)`` in ``redlock.acquire``
+    (with that signature, not ``*args``: packing them costs on every execution)."""
     if _trace is None:
         return enter
 
     @functools.wraps(enter)
-    def wrapper(task: Any, request: Any, spec: Any, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(task: Any, request: Any, spec: Any, args: Any, kwargs: Any) -> Any:
         if not (_recording or _active()):
-            return enter(task, request, spec, *args, **kwargs)
+            return enter(task, request, spec, args, kwargs)
         try:
             mode = _mode(spec)
         except Exception:
             logger.debug("reading the lock mode for a span failed", exc_info=True)
-            return enter(task, request, spec, *args, **kwargs)
+            return enter(task, request, spec, args, kwargs)
         op = _start("redlock.acquire", {"redlock.mode": mode})
         if op is None:
-            return enter(task, request, spec, *args, **kwargs)
+            return enter(task, request, spec, args, kwargs)
         token = _current.set(op)
         try:
-            entered = enter(task, request, spec, *args, **kwargs)
+            entered = enter(task, request, spec, args, kwargs)
         except BaseException as exc:
             if type(exc).__name__ == "Ignore":  # a redelivered copy of a call that ended
                 _finish(op, "skipped")
@@ -324,12 +345,12 @@ def traced_release(release: F) -> F:
         return release
 
     @functools.wraps(release)
-    def wrapper(task: Any, request: Any, lock: Any, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(task: Any, request: Any, lock: Any, keep: float = 0) -> Any:
         if not _holds:  # no hold span open anywhere (the usual case without a provider)
-            return release(task, request, lock, *args, **kwargs)
+            return release(task, request, lock, keep)
         key = (request.id or "", str(lock.key))
         try:  # the span stays findable while releasing: a loss found there is its event
-            released = release(task, request, lock, *args, **kwargs)
+            released = release(task, request, lock, keep)
         finally:
             span = _holds.pop(key, None)
         if span is not None:

@@ -62,7 +62,7 @@ from kombu.utils.imports import symbol_by_name
 
 from ..exceptions import LockConfigError
 from . import calls, checks, routing, supersede
-from .engine import clear_queued, leave
+from .engine import clear_queued, held, leave
 from .identity import Spec, check_ignored_options, spec_of
 from .options import cross_check, settings_for, warn_unknown_settings
 from .parent import ParentReleaseMixin
@@ -207,8 +207,9 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
 
 @signals.task_postrun.connect(weak=False)
 def _on_task_postrun(sender: Any = None, **_: Any) -> None:
-    """Backstop: an attempt whose body never returned to ``execute`` (idempotent)."""
-    if sender is not None:
+    """Backstop: an attempt whose body never returned to ``execute`` (idempotent); only
+    while an execution of this process holds a lock (:data:`~.engine.held`)."""
+    if sender is not None and held:
         leave(sender)
 
 

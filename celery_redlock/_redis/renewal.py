@@ -183,9 +183,15 @@ def _current() -> _Watchdog:
 
 def watch(item: Renewable, delay: float) -> None:
     """Call ``item.renew_step()`` after ``delay`` seconds, and again as long as it asks."""
-    _current().watch(item, delay)
+    watchdog = _watchdog  # the usual case, without a call to _current
+    if watchdog is None or watchdog.pid != current_pid():
+        watchdog = _current()
+    watchdog.watch(item, delay)
 
 
 def unwatch(item: Renewable) -> None:
     """Stop renewing ``item`` (idempotent)."""
-    _current().unwatch(item)
+    watchdog = _watchdog
+    if watchdog is None or watchdog.pid != current_pid():
+        watchdog = _current()
+    watchdog.unwatch(item)

@@ -17,6 +17,7 @@ import redis as redis_py
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from celery_redlock._redis import commands
 from celery_redlock._redis.commands import execute, pack
 from celery_redlock.testing import RedisServer
 
@@ -72,13 +73,39 @@ def library_calls(run: Callable[[], Any]) -> tuple[Any, int]:
 )
 @pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
 def test_the_packer_sends_the_bytes_the_library_packs(
-    args: tuple[Any, ...], encoding: str, redis_url: str
+    args: tuple[Any, ...], encoding: str, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Packed afresh and then from the kept short arguments (a second call), per encoding."""
+    monkeypatch.setattr(commands, "_packed", {})
     for library in ("redis", "valkey") if valkey is not None else ("redis",):
         connection = client_of(
             library, redis_url, encoding=encoding
         ).connection_pool.make_connection()
-        assert pack(connection.encoder, args) == b"".join(connection.pack_command(*args))
+        expected = b"".join(connection.pack_command(*args))
+        assert pack(connection.encoder, args) == expected
+        assert pack(connection.encoder, args) == expected
+
+
+def test_the_packer_keeps_short_ascii_text_and_integers_within_bounds(
+    monkeypatch: pytest.MonkeyPatch, r: redis_py.Redis
+) -> None:
+    """Keys and tokens (longer than a script digest) and non-ASCII text are never kept, and at
+    most ``PACKED_MAX`` of each kind per encoding."""
+    monkeypatch.setattr(commands, "_packed", {})
+    monkeypatch.setattr(commands, "PACKED_MAX", 3)
+    encoder = r.connection_pool.make_connection().encoder
+    pack(encoder, ("SET", "b" * 41, "hôst", "a" * 40, 7, 8, 9, 10, "NX", "PX"))
+    texts, numbers = commands._packed[encoder.encoding]
+    assert sorted(texts) == ["NX", "SET", "a" * 40]
+    assert sorted(numbers) == [7, 8, 9]
+
+
+def test_a_kept_integer_does_not_let_a_bool_through(r: redis_py.Redis) -> None:
+    """``True == 1`` and they hash alike: the type is checked before the kept packing."""
+    encoder = r.connection_pool.make_connection().encoder
+    pack(encoder, ("SET", "k", 1))
+    with pytest.raises(TypeError, match="bool"):
+        pack(encoder, ("SET", "k", True))
 
 
 def test_the_packer_refuses_a_type_it_does_not_send(r: redis_py.Redis) -> None:

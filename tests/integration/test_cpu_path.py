@@ -27,7 +27,7 @@ PROGRAM = textwrap.dedent(
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from celery_redlock import LockedTask
-    from celery_redlock._celery import timeline, tracing
+    from celery_redlock._celery import engine, timeline, tracing
 
     app = Celery("cpu_path", broker="memory://", set_as_current=False)
     app.conf.update(redlock_url=sys.argv[1], task_store_eager_result=False)
@@ -36,7 +36,12 @@ PROGRAM = textwrap.dedent(
     def work(n):
         return n
 
-    watched = {tracing._start.__code__: "span started", timeline._target.__code__: "ring read"}
+    watched = {
+        tracing._start.__code__: "span started",
+        timeline._target.__code__: "ring read",
+        trace.get_tracer_provider.__code__: "provider asked",
+        engine.leave.__code__: "leave",
+    }
     calls = []
 
     def profile(frame, event, arg):
@@ -66,9 +71,11 @@ PROGRAM = textwrap.dedent(
 def test_without_a_tracer_provider_or_a_timeline_an_execution_builds_no_span_and_reads_no_ring(
     redis_server: RedisServer,
 ) -> None:
-    """Without a tracer provider no span object is started (the wrappers check one global),
-    with ``redlock_timeline`` unset the ring's target is never looked up; a provider set
-    later, as a worker sets it at start, is seen by the next execution."""
+    """Without a tracer provider no span object is started and ``get_tracer_provider()`` is
+    not called (the wrappers read one global), with ``redlock_timeline`` unset the ring's
+    target is never looked up, and the ``task_postrun`` backstop does not look for a lock
+    once the execution released it; a provider set later, as a worker sets it at start, is
+    seen by the next execution."""
     out = subprocess.run(
         [sys.executable, "-c", PROGRAM, redis_server.url],
         capture_output=True,
@@ -78,5 +85,6 @@ def test_without_a_tracer_provider_or_a_timeline_an_execution_builds_no_span_and
     )
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen["results"] == [0, 1, 2, 3, 4]
-    assert seen["off"] == []
+    # One leave per execution (the body's end): the task_postrun backstop does not look.
+    assert seen["off"] == ["leave"] * 3
     assert seen["spans"] == ["redlock.acquire"] * 2 + ["redlock.hold"] * 2
