@@ -52,7 +52,7 @@ import redis.lock
 from celery import Celery, Task
 
 from benchmarks._common import environment
-from celery_redlock import LockedTask, single_instance
+from celery_redlock import LockedTask, metrics, single_instance
 from celery_redlock.testing import RedisServer
 
 VARIANTS = ("plain", "locked", "decorated", "redispy")
@@ -150,7 +150,14 @@ INSTRUCTION_CALLS = (200, 1200)
 
 
 def child(variant: str, calls: int) -> None:
-    """The process ``--instructions`` counts: ``calls`` calls of ``variant`` after a warm-up."""
+    """The process ``--instructions`` counts: ``calls`` calls of ``variant`` after a warm-up.
+
+    The lock counters' flush (a thread, once a second: one ``HINCRBY`` round per task name,
+    whatever the number of executions) is held off: under valgrind a run lasts about fifty
+    times as long, so the flushes it counted depended on how long the run took, and moved the
+    per-call figure by up to 3,000 instructions between runs of the same tree.
+    """
+    metrics.FLUSH_INTERVAL = 3600.0
     with RedisServer() as server:
         task = build(server.url)[variant]
         per_call(task, 50, -1000)

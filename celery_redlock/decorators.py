@@ -45,7 +45,8 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, overload
 
-from celery import Task, current_task
+from celery import Task
+from celery._state import get_current_task
 from celery.local import Proxy
 
 from ._celery import (
@@ -170,7 +171,10 @@ def _decorate(fun: Any, options: dict[str, Any]) -> Any:
 
     @functools.wraps(fun)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        task = current_task._get_current_object()
+        # What celery.current_task resolves to, without its proxy (about 3,700 instructions
+        # an execution); wiring imports from celery._state too, and every Celery of the
+        # test matrix runs this wrapper.
+        task = get_current_task()
         if task is None:
             return fun(*args, **kwargs)
         # A misconfiguration is refused here even on a plain call (an eager call has no
