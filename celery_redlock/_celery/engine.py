@@ -70,7 +70,7 @@ _CHECKED = "_redlock_checked"
 
 #: ``id()`` of this process's executions that hold a lock (added when :func:`enter` takes it,
 #: removed by :func:`leave`): the ``task_postrun`` backstop looks at the request only while
-#: one does (about 4,000 instructions an execution spared).
+#: one does (about 8,000 instructions spared per execution of every task, locked or not).
 held: set[int] = set()
 
 

@@ -150,11 +150,11 @@ def _active() -> bool:
     That global, ``_TRACER_PROVIDER`` (``None`` until a provider is set), is private; the
     public ``get_tracer_provider()`` costs 40 times as much without a provider (it looks for
     the ``OTEL_PYTHON_TRACER_PROVIDER`` environment variable through a ``KeyError``, about 9,000
-    instructions, 2 % of what an execution's lock adds). ``tests/unit/test_tracing_global.py``
-    pins that the global holds the provider on the lowest and newest ``opentelemetry-api``
-    the matrix installs; if a release renames it, or the environment names a provider when
-    this module is imported (``OTEL_PYTHON_TRACER_PROVIDER``, loaded by the public call), the
-    public call is asked instead.
+    instructions, 2 % of what an execution's lock adds). ``test_tracing_global.py`` (unit and
+    integration tiers) pins that the global holds the provider on the lowest and newest
+    ``opentelemetry-api`` the matrix installs; if a release renames it, or the environment
+    names a provider when this module is imported (``OTEL_PYTHON_TRACER_PROVIDER``, loaded by
+    the public call), the public call is asked instead.
 
     The usual order in a worker: this module is imported at 0 s (no provider yet: no spans,
     and no span objects built), the provider is set at worker start, and the next operation
