@@ -1232,6 +1232,63 @@ def test_a_release_that_keeps_the_key_wakes_the_waiters_for_its_end(
     d2(lock.release())
 
 
+@pytest.mark.parametrize("limit", [1, 2], ids=["queued", "semaphore"])
+def test_an_extend_that_shortens_the_ttl_wakes_the_waiters_for_its_end(
+    d2: Driver, redis_url: str, r: redis_py.Redis, limit: int
+) -> None:
+    """``extend(ttl)`` to less than the lock had left wakes the blocking waiters, queued (one
+    slot) or on the release channel (a semaphore): each reads the new TTL and takes the key
+    when it ends. Before, a waiter slept on the 60 s it had read, to its timeout's last try,
+    while the holders here never release (as if they died after the extend)."""
+    holders = [
+        celery_redlock.Lock(redis_url, "shortened", ttl=60, limit=limit) for _ in range(limit)
+    ]
+    assert all(holder.acquire(blocking=False) for holder in holders)
+    keys = holders[0].keys
+
+    def shorten_once_waiting() -> None:
+        wait_until(lambda: r.zcard(keys.waiters) or r.pubsub_numsub(keys.channel)[0][1])
+        for holder in holders:
+            holder.extend(0.3)
+
+    shortener = threading.Thread(target=shorten_once_waiting)
+    shortener.start()
+    lock = d2.lock(redis_url, "shortened", ttl=10, limit=limit)
+    start = time.monotonic()
+    try:
+        assert d2(lock.acquire(timeout=20))
+    finally:
+        shortener.join()
+    assert time.monotonic() - start < 10.0  # woke for the new TTL's end, not at the timeout
+    assert r.get(lock.key) == lock.token.encode()
+    d2(lock.release())
+    for holder in holders:
+        with pytest.raises(LockLost):
+            holder.release()
+
+
+def test_a_renewal_or_a_longer_extend_wakes_nobody(redis_url: str, r: redis_py.Redis) -> None:
+    """Only an extend that shortens the TTL publishes: a renewal (the same TTL again) or an
+    extend to more than is left sends nothing to the waiters' channel."""
+    holder = celery_redlock.Lock(redis_url, "lengthened", ttl=5)
+    assert holder.acquire(blocking=False)
+    listener = r.pubsub()
+    listener.subscribe(holder.keys.channel)
+    assert listener.get_message(timeout=5)["type"] == "subscribe"
+    holder.extend(5)
+    holder.extend(30)
+    holder.extend(1)
+    r.publish(holder.keys.channel, "end")  # after whatever the extends published
+    received = []
+    while not received or received[-1] != b"end":
+        message = listener.get_message(timeout=5)
+        assert message is not None
+        received.append(message["data"])
+    assert received == [b"1", b"end"]  # the shortening extend's wake only
+    listener.close()
+    holder.release()
+
+
 def test_a_release_that_keeps_the_key_marks_it_as_a_cooldown(
     d: Driver, redis_url: str, r: redis_py.Redis
 ) -> None:

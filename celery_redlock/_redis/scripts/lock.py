@@ -196,28 +196,43 @@ return 0
 """
 )
 
-EXTEND = """
--- KEYS[1..n] the lock's slot keys
+EXTEND = (
+    _NUDGE
+    + """
+-- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3..n] the lock's slot keys
 -- ARGV[1] owner token, ARGV[2] new ttl in ms (> 0),
 -- ARGV[3] '1': re-assert the lock on this node if no slot exists (a quorum node that was down
 --         at acquisition, or restarted empty), '0': never
 -- returns 1 extended, 2 re-asserted (it was missing here), 0 not the owner (taken over, or
 --         missing without re-assertion)
-local first = redis.call('GET', KEYS[1])
-for i = 1, #KEYS do
+-- An extend that shortens the slot's TTL wakes the waiters (the release channel's, and the
+-- first queued waiter), as a release that keeps the slot does, so that they read the new TTL.
+-- A waiter sleeps until the TTL it read at its last try ends, so without this:
+-- (1) H holds for 60 s, W is queued, sleeping on H's TTL; (2) H extends to 1 s, then dies;
+-- (3) the key is free at 1 s, and W sleeps on to 60 s (or its timeout), while any
+-- non-blocking caller may take the key ahead of it. A renewal, which never shortens, wakes
+-- nobody.
+local first = redis.call('GET', KEYS[3])
+for i = 3, #KEYS do
   local value = first
-  if i > 1 then value = redis.call('GET', KEYS[i]) end
+  if i > 3 then value = redis.call('GET', KEYS[i]) end
   if value == ARGV[1] then
+    local left = redis.call('PTTL', KEYS[i])
     redis.call('PEXPIRE', KEYS[i], ARGV[2])
+    if left < 0 or tonumber(ARGV[2]) < left then
+      redis.pcall('PUBLISH', KEYS[1], '1')
+      if redis.pcall('EXISTS', KEYS[2]) == 1 then nudge(KEYS[2]) end
+    end
     return 1
   end
 end
 if ARGV[3] == '1' and not first then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
   return 2
 end
 return 0
 """
+)
 
 RELEASE_ATTEMPT = (
     _HAND_ON
@@ -385,7 +400,7 @@ def extend_call(
     keys: LockKeys, token: str, ttl_ms: int, reassert: bool = False
 ) -> tuple[list[str], list[Any]]:
     """``(KEYS, ARGV)`` of :data:`EXTEND`."""
-    return list(keys.slots), [token, ttl_ms, "1" if reassert else "0"]
+    return [keys.channel, keys.waiters, *keys.slots], [token, ttl_ms, "1" if reassert else "0"]
 
 
 def release_attempt_call(
@@ -431,7 +446,12 @@ SCRIPTS = (
         ("GET", "SET", "DEL", "TIME"),
         tolerated=("EXISTS", "ZPOPMIN", "PUBLISH", "ZRANGE", "ZREM"),
     ),
-    Script("extend", EXTEND, ("GET", "PEXPIRE", "SET")),
+    Script(
+        "extend",
+        EXTEND,
+        ("GET", "PTTL", "PEXPIRE", "SET"),
+        tolerated=("PUBLISH", "EXISTS", "ZRANGE", "ZREM"),
+    ),
     Script(
         "release_attempt",
         RELEASE_ATTEMPT,
