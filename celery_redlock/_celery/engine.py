@@ -272,8 +272,10 @@ def _take(task: Any, request: Any, spec: Spec, settings: Settings, name: str, he
     if options.rate is not None:
         _check_rate(task, spec, settings, request, lock)
     execution = Execution(lock, cooldown=options.cooldown, settings=settings)
-    setattr(request, REQUEST_ATTR, execution)
+    # Counted first: an exception raised between the two (a soft time limit's signal
+    # handler) would leave the request holding a lock the backstop does not look for.
     held.add(id(execution))
+    setattr(request, REQUEST_ATTR, execution)
     if header:  # the usual call has no overrides to record
         _record_overrides(settings, lock, request, header)
     if logger.isEnabledFor(logging.DEBUG):

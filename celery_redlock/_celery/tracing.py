@@ -59,6 +59,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from celery import signals
+
 from .._redis.keys import keys_for
 
 try:
@@ -153,8 +155,9 @@ def _active() -> bool:
     instructions, 2 % of what an execution's lock adds). ``test_tracing_global.py`` (unit and
     integration tiers) pins that the global holds the provider on the lowest and newest
     ``opentelemetry-api`` the matrix installs; if a release renames it, or the environment
-    names a provider when this module is imported (``OTEL_PYTHON_TRACER_PROVIDER``, loaded by
-    the public call), the public call is asked instead.
+    names a provider (``OTEL_PYTHON_TRACER_PROVIDER``, loaded by the public call) when this
+    module is imported or a worker or pool process starts (:func:`_read_environment`), the
+    public call is asked instead.
 
     The usual order in a worker: this module is imported at 0 s (no provider yet: no spans,
     and no span objects built), the provider is set at worker start, and the next operation
@@ -173,11 +176,26 @@ def _active() -> bool:
 
 
 #: Whether :func:`_active` may read the global provider (see there) instead of asking.
-_GLOBAL_READABLE = (
-    _trace is not None
-    and getattr(_trace, "_TRACER_PROVIDER", False) is None
-    and "OTEL_PYTHON_TRACER_PROVIDER" not in os.environ
-)
+_GLOBAL_READABLE = False
+
+
+def _read_environment(**_: Any) -> None:
+    """Decide :data:`_GLOBAL_READABLE`: at import, and again when a worker starts and when each
+    pool process starts, where a settings module imported after the tasks may have named a
+    provider in the environment (``OTEL_PYTHON_TRACER_PROVIDER``) since. Outside a worker, a
+    provider named there after this module's import is loaded by the first call of
+    ``get_tracer_provider()`` (Celery's instrumentation makes one), or else not at all."""
+    global _GLOBAL_READABLE
+    _GLOBAL_READABLE = (
+        _trace is not None
+        and getattr(_trace, "_TRACER_PROVIDER", False) is None
+        and "OTEL_PYTHON_TRACER_PROVIDER" not in os.environ
+    )
+
+
+_read_environment()
+signals.worker_init.connect(_read_environment, weak=False)
+signals.worker_process_init.connect(_read_environment, weak=False)
 
 
 def _start(name: str, attributes: Mapping[str, Any]) -> _Operation | None:

@@ -1262,8 +1262,8 @@ def test_an_extend_that_shortens_the_ttl_wakes_the_waiters_for_its_end(
     assert time.monotonic() - start < 10.0  # woke for the new TTL's end, not at the timeout
     assert r.get(lock.key) == lock.token.encode()
     d2(lock.release())
-    for holder in holders:
-        with pytest.raises(LockLost):
+    for holder in holders:  # lost by now, or (a semaphore's other slot) about to be
+        with contextlib.suppress(LockLost):
             holder.release()
 
 

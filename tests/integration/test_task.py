@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
+import sys
 import threading
 import time
 from typing import Any, ClassVar
@@ -25,6 +27,7 @@ from celery_redlock import (
     lock_key,
     single_instance,
 )
+from celery_redlock._celery import engine as engine_module
 from celery_redlock._celery.calls import replaces
 from celery_redlock._celery.engine import TaskLock
 from celery_redlock._redis.scripts import AcquireResult
@@ -968,3 +971,48 @@ def test_a_replacement_on_the_same_key_runs_at_once(
     assert "own task id holding" not in caplog.text and " skipped: " not in caplog.text
     assert ran == [2, 1, 0]
     assert lock_keys(r) == []
+
+
+def test_an_exception_right_after_the_lock_is_on_the_request_is_released_by_the_backstop(
+    app: Celery, r: redis_py.Redis
+) -> None:
+    """A soft time limit (any exception a signal handler raises) landing on the statement after
+    ``enter`` put the attempt's lock on the request: the attempt never reaches ``execute``'s
+    ``try``, and the ``task_postrun`` backstop releases the lock. It looks only while an
+    execution of the process holds one, so the execution is counted before it is put on the
+    request; counted after, the exception landed in between and the key stayed held for its
+    TTL (every call meanwhile skipped)."""
+    code = engine_module._take.__code__
+    lines, first = inspect.getsourcelines(code)
+    stored = next(
+        first + i
+        for i, line in enumerate(lines)
+        if "setattr(request, REQUEST_ATTR, execution)" in line
+    )
+    fired: list[int] = []
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not code:
+            return None
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            if event == "line" and frame.f_lineno == stored + 1 and not fired:
+                fired.append(frame.f_lineno)
+                raise SoftTimeLimitExceeded("injected after the lock is on the request")
+            return local
+
+        return local
+
+    @app.task(base=LockedTask, shared=False, lock_ttl=60)
+    def work(n: int) -> int:
+        return n
+
+    sys.settrace(trace)
+    try:
+        result = work.apply((1,))
+    finally:
+        sys.settrace(None)
+    assert fired and isinstance(result.result, SoftTimeLimitExceeded)
+    assert not r.exists(lock_key(work, 1))
+    assert not engine_module.held
+    assert work.apply((1,)).result == 1

@@ -62,3 +62,32 @@ def test_a_provider_named_by_the_environment_makes_the_hooks_ask_the_public_call
     seen = run(env)
     assert seen["readable"] is False
     assert seen["before"] is True
+
+
+AFTER_IMPORT = textwrap.dedent(
+    """
+    import json, os
+    from celery import signals
+    from celery_redlock._celery import tracing
+
+    seen = {"before": tracing._active()}
+    os.environ["OTEL_PYTHON_TRACER_PROVIDER"] = "sdk_tracer_provider"
+    signals.worker_process_init.send(sender=None)
+    seen["after_start"] = tracing._active()
+    print(json.dumps(seen))
+    """
+)
+
+
+def test_a_provider_named_by_the_environment_after_import_is_seen_from_a_workers_start() -> None:
+    """A settings module imported after the tasks may name the provider in the environment:
+    a worker's start (and each pool process's) reads the environment again."""
+    env = {k: v for k, v in os.environ.items() if k != "OTEL_PYTHON_TRACER_PROVIDER"}
+    out = subprocess.run(
+        [sys.executable, "-c", AFTER_IMPORT], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {
+        "before": False,
+        "after_start": True,
+    }
