@@ -1203,6 +1203,38 @@ def test_a_release_hands_a_non_ascii_lock_to_its_queued_waiter(
     d2(lock.release())
 
 
+def wakes_the_waiter_for_its_end(
+    d2: Driver, redis_url: str, r: redis_py.Redis, limit: int, change: Callable[[Any], Any]
+) -> None:
+    """``limit`` holders with 60 s left; once a blocking waiter waits (queued, or on the release
+    channel), ``change(holder)`` on each leaves the key(s) 0.3 s: the waiter must take the key
+    when that ends, not at its timeout's last try (20 s)."""
+    name = f"woken-{change.__name__}"
+    holders = [celery_redlock.Lock(redis_url, name, ttl=60, limit=limit) for _ in range(limit)]
+    assert all(holder.acquire(blocking=False) for holder in holders)
+    keys = holders[0].keys
+
+    def change_once_waiting() -> None:
+        wait_until(lambda: r.zcard(keys.waiters) or r.pubsub_numsub(keys.channel)[0][1])
+        for holder in holders:
+            change(holder)
+
+    changer = threading.Thread(target=change_once_waiting)
+    changer.start()
+    lock = d2.lock(redis_url, name, ttl=10, limit=limit)
+    start = time.monotonic()
+    try:
+        assert d2(lock.acquire(timeout=20))
+    finally:
+        changer.join()
+    assert time.monotonic() - start < 10.0  # woke for the key's new end, not at the timeout
+    assert r.get(lock.key) == lock.token.encode()
+    d2(lock.release())
+    for holder in holders:  # lost by now, or (a semaphore's other slot) about to be
+        with contextlib.suppress(LockLost, LockNotOwned):
+            holder.release()
+
+
 @pytest.mark.parametrize("limit", [1, 2], ids=["queued", "semaphore"])
 def test_a_release_that_keeps_the_key_wakes_the_waiters_for_its_end(
     d2: Driver, redis_url: str, r: redis_py.Redis, limit: int
@@ -1210,26 +1242,11 @@ def test_a_release_that_keeps_the_key_wakes_the_waiters_for_its_end(
     """``release(keep=...)`` (a task's ``lock_cooldown``) wakes the blocking waiters, queued
     (one slot) or on the release channel (a semaphore): each reads the kept key's TTL and
     tries when it ends, not at its timeout's last try (the old lease had 60 s left)."""
-    holders = [celery_redlock.Lock(redis_url, "kept", ttl=60, limit=limit) for _ in range(limit)]
-    assert all(holder.acquire(blocking=False) for holder in holders)
-    keys = holders[0].keys
 
-    def release_once_waiting() -> None:
-        wait_until(lambda: r.zcard(keys.waiters) or r.pubsub_numsub(keys.channel)[0][1])
-        for holder in holders:
-            holder.release(keep=0.3)
+    def keep(holder: Any) -> None:
+        holder.release(keep=0.3)
 
-    releaser = threading.Thread(target=release_once_waiting)
-    releaser.start()
-    lock = d2.lock(redis_url, "kept", ttl=10, limit=limit)
-    start = time.monotonic()
-    try:
-        assert d2(lock.acquire(timeout=20))
-    finally:
-        releaser.join()
-    assert time.monotonic() - start < 10.0  # woke for the kept key's end, not at the timeout
-    assert r.get(lock.key) == lock.token.encode()
-    d2(lock.release())
+    wakes_the_waiter_for_its_end(d2, redis_url, r, limit, keep)
 
 
 @pytest.mark.parametrize("limit", [1, 2], ids=["queued", "semaphore"])
@@ -1240,31 +1257,11 @@ def test_an_extend_that_shortens_the_ttl_wakes_the_waiters_for_its_end(
     slot) or on the release channel (a semaphore): each reads the new TTL and takes the key
     when it ends. Before, a waiter slept on the 60 s it had read, to its timeout's last try,
     while the holders here never release (as if they died after the extend)."""
-    holders = [
-        celery_redlock.Lock(redis_url, "shortened", ttl=60, limit=limit) for _ in range(limit)
-    ]
-    assert all(holder.acquire(blocking=False) for holder in holders)
-    keys = holders[0].keys
 
-    def shorten_once_waiting() -> None:
-        wait_until(lambda: r.zcard(keys.waiters) or r.pubsub_numsub(keys.channel)[0][1])
-        for holder in holders:
-            holder.extend(0.3)
+    def shorten(holder: Any) -> None:
+        holder.extend(0.3)
 
-    shortener = threading.Thread(target=shorten_once_waiting)
-    shortener.start()
-    lock = d2.lock(redis_url, "shortened", ttl=10, limit=limit)
-    start = time.monotonic()
-    try:
-        assert d2(lock.acquire(timeout=20))
-    finally:
-        shortener.join()
-    assert time.monotonic() - start < 10.0  # woke for the new TTL's end, not at the timeout
-    assert r.get(lock.key) == lock.token.encode()
-    d2(lock.release())
-    for holder in holders:  # lost by now, or (a semaphore's other slot) about to be
-        with contextlib.suppress(LockLost):
-            holder.release()
+    wakes_the_waiter_for_its_end(d2, redis_url, r, limit, shorten)
 
 
 def test_a_renewal_or_a_longer_extend_wakes_nobody(redis_url: str, r: redis_py.Redis) -> None:
