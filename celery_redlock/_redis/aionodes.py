@@ -437,11 +437,13 @@ class Quorum(QuorumRules):
         wrote (see the sync ``Quorum.extend``)."""
         loop = asyncio.get_running_loop()
         start = loop.time()
-        call = _scripts.extend_call(keys, token, ttl_ms, reassert=True)
+        call = _scripts.extend_call(keys, token, ttl_ms, reassert=True, wake=False)
         replies = await self._call_all(_scripts.EXTEND, call)
         extended = self.extended(keys.lock, replies, (loop.time() - start) * 1000, ttl_ms)
         if not extended.held:
             await self.release(keys, token, quiet=True)
+        elif nodes := self.to_wake_extended(replies):  # a second round trip, only then
+            await self._wake(keys, nodes)
         return extended
 
     async def pttl_ms(self, key: str) -> int:

@@ -45,6 +45,7 @@ from ..exceptions import LockContended, LockLost, LockNotOwned, LockUnavailable
 from . import keys as _keys
 from . import owner as _owner
 from .scripts import (
+    EXTENDED_SHORTER,
     RELEASED_NOT_NOTIFIED,
     SCRIPTS,
     AcquireResult,
@@ -420,8 +421,18 @@ class QuorumRules:
         if elapsed_ms >= ttl_ms:
             return Extended(False, False)
         self.check_answered(key, replies, "extend failed")
-        held = sum(1 for rep, err in replies if err is None and int(rep) == 1)
+        held = sum(1 for rep, err in replies if err is None and int(rep) in (1, EXTENDED_SHORTER))
         return Extended(held >= self.quorum, held == len(self.names))
+
+    def to_wake_extended(self, replies: Replies) -> list[int]:
+        """After a quorum extend that shortened the TTL somewhere (each node woke nobody
+        itself): every node that answered, to be sent a ``PUBLISH`` once all have the new TTL.
+        The waiters listen on one node, which the holder may lack (re-asserted now); and woken
+        by the first node to shorten, a waiter could read the old TTL from the others and
+        sleep on it (a node that had to load the script is sent it after the others)."""
+        if not any(err is None and int(rep) == EXTENDED_SHORTER for rep, err in replies):
+            return []
+        return [i for i, (rep, err) in enumerate(replies) if err is None and rep is not None]
 
     def fence_raised(self, replies: Replies, lagging: list[int], won: int) -> bool:
         raised_failed = sum(1 for i in lagging if replies[i][1] is not None)

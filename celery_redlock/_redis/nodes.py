@@ -484,11 +484,13 @@ class Quorum(QuorumRules):
         out by an owner told it no longer holds the lock.
         """
         start = self.clock()
-        call = _scripts.extend_call(keys, token, ttl_ms, reassert=True)
+        call = _scripts.extend_call(keys, token, ttl_ms, reassert=True, wake=False)
         replies = self._call_all(_scripts.EXTEND, call)
         extended = self.extended(keys.lock, replies, (self.clock() - start) * 1000, ttl_ms)
         if not extended.held:
             self.release(keys, token, quiet=True)
+        elif nodes := self.to_wake_extended(replies):  # a second round trip, only then
+            self._wake(keys, nodes)
         return extended
 
     def release_attempt(

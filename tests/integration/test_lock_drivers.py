@@ -1286,6 +1286,28 @@ def test_a_renewal_or_a_longer_extend_wakes_nobody(redis_url: str, r: redis_py.R
     holder.release()
 
 
+def test_a_renewal_capped_by_max_hold_wakes_nobody(redis_url: str, r: redis_py.Redis) -> None:
+    """Capped by ``max_hold``, each renewal asks for the same end as the one before, which a
+    faster round trip makes a few ms shorter: that is no shortening to wake the waiters for
+    (before, about one capped renewal in three published a wake)."""
+    holder = celery_redlock.Lock(redis_url, "capped", ttl=0.6, max_hold=2.0, auto_renew=True)
+    listener = r.pubsub()
+    listener.subscribe(holder.keys.channel)
+    assert listener.get_message(timeout=5)["type"] == "subscribe"
+    assert holder.acquire(blocking=False)
+    wait_until(lambda: not r.exists(holder.key), 10)  # renewed up to its cap, then expired
+    r.publish(holder.keys.channel, "end")
+    received = []
+    while not received or received[-1] != b"end":
+        message = listener.get_message(timeout=5)
+        assert message is not None
+        received.append(message["data"])
+    assert received == [b"end"]
+    listener.close()
+    with contextlib.suppress(LockLost):
+        holder.release()
+
+
 def test_a_release_that_keeps_the_key_marks_it_as_a_cooldown(
     d: Driver, redis_url: str, r: redis_py.Redis
 ) -> None:
@@ -1348,6 +1370,62 @@ def holder_lacking_node_0(
     assert d2(holder.acquire(blocking=False))
     first.delete(holder.keys.lock)
     return holder, first
+
+
+@pytest.mark.parametrize("how", ["lacking", "flushed"])
+def test_a_quorum_extend_that_shortens_wakes_the_waiters_once_every_node_has_it(
+    d2: Driver, three: list[RedisServer], how: str
+) -> None:
+    """A shortening extend on a quorum wakes the waiters once every node answered it: on node
+    0, where they listen, also when the holder lacked it (re-asserted there now: it published
+    nothing), and only after the slowest node has the new TTL (after a ``SCRIPT FLUSH`` the
+    script is loaded node by node; a waiter woken by the first read the old TTL from the
+    others and slept on). The holder then dies; before, the waiter slept on to its timeout."""
+    urls = [s.url for s in three]
+    name = f"q-shortened-{how}"
+    if how == "lacking":
+        holder, first = holder_lacking_node_0(d2, three, name)
+    else:
+        first = three[0].client()
+        holder = d2.lock(urls, name, ttl=30)
+        assert d2(holder.acquire(blocking=False))
+    waiter = d2.lock(urls, name, ttl=5)
+
+    def listening() -> bool:  # subscribed, and tried once more since (now asleep)
+        subscribers = first.pubsub_numsub(holder.keys.channel)
+        return waiter.attempts >= 2 and subscribers[0][1] >= 1
+
+    def before_extend() -> None:
+        if how == "flushed":  # EXTEND not cached (a restart, an upgrade), the acquire cached
+            for server in three:
+                server.client().script_flush()
+            warm = celery_redlock.Lock(urls, f"{name}-warm", ttl=5)
+            assert warm.acquire(blocking=False)
+            warm.release()
+
+    start = time.monotonic()
+    if d2.is_async:
+
+        async def wait_and_shorten() -> bool:
+            waiting = asyncio.ensure_future(waiter.acquire(timeout=20))
+            while not listening():
+                await asyncio.sleep(0.01)
+            before_extend()
+            await holder.extend(0.3)
+            return bool(await waiting)
+
+        got = d2(wait_and_shorten())
+    else:
+        results: list[bool] = []
+        thread = threading.Thread(target=lambda: results.append(waiter.acquire(timeout=20)))
+        thread.start()
+        wait_until(listening, 5)
+        before_extend()
+        holder.extend(0.3)
+        thread.join(25)
+        got = results[0]
+    assert got and time.monotonic() - start < 10  # woken for the new TTL, not at 20 s
+    d2(waiter.release())
 
 
 def acquire_all(d2: Driver, waiters: list[Any], timeout: float) -> list[bool]:

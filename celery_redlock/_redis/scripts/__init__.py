@@ -39,6 +39,7 @@ from .companions import SCRIPTS as COMPANION_SCRIPTS
 from .lock import (
     ACQUIRE,
     EXTEND,
+    EXTENDED_SHORTER,
     FENCE,
     PTTLS,
     RAISE_FENCE,
@@ -81,6 +82,7 @@ __all__ = [
     "CONFIRM_NEWEST",
     "CONFIRM_QUEUED",
     "EXTEND",
+    "EXTENDED_SHORTER",
     "FENCE",
     "LEAVE",
     "LOCK_SCRIPTS",

@@ -202,16 +202,20 @@ EXTEND = (
 -- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3..n] the lock's slot keys
 -- ARGV[1] owner token, ARGV[2] new ttl in ms (> 0),
 -- ARGV[3] '1': re-assert the lock on this node if no slot exists (a quorum node that was down
---         at acquisition, or restarted empty), '0': never
--- returns 1 extended, 2 re-asserted (it was missing here), 0 not the owner (taken over, or
---         missing without re-assertion)
--- An extend that shortens the slot's TTL wakes the waiters (the release channel's, and the
--- first queued waiter), as a release that keeps the slot does, so that they read the new TTL.
--- A waiter sleeps until the TTL it read at its last try ends, so without this:
--- (1) H holds for 60 s, W is queued, sleeping on H's TTL; (2) H extends to 1 s, then dies;
--- (3) the key is free at 1 s, and W sleeps on to 60 s (or its timeout), while any
--- non-blocking caller may take the key ahead of it. A renewal, which never shortens, wakes
--- nobody.
+--         at acquisition, or restarted empty), '0': never,
+-- ARGV[4] '1': wake nobody here (a quorum node: the driver wakes every node once all answered)
+-- returns 1 extended, 3 extended to a shorter TTL (the waiters woken, unless ARGV[4]),
+--         2 re-asserted (it was missing here), 0 not the owner (taken over, or missing
+--         without re-assertion)
+-- An extend that shortens the slot's TTL by more than SHORTER ms wakes the waiters (the
+-- release channel's, and the first queued waiter), as a release that keeps the slot does, so
+-- that they read the new TTL. A waiter sleeps until the TTL it read at its last try ends, so
+-- without this: (1) H holds for 60 s, W is queued, sleeping on H's TTL; (2) H extends to 1 s,
+-- then dies; (3) the key is free at 1 s, and W sleeps on to 60 s (or its timeout), while any
+-- non-blocking caller may take the key ahead of it. A renewal wakes nobody: it asks for the
+-- lease again, or, capped by max_hold, for the same end as the renewal before, which a faster
+-- round trip makes a few ms shorter (within SHORTER: a waiter oversleeps by less than that).
+local SHORTER = 250
 local first = redis.call('GET', KEYS[3])
 for i = 3, #KEYS do
   local value = first
@@ -219,11 +223,12 @@ for i = 3, #KEYS do
   if value == ARGV[1] then
     local left = redis.call('PTTL', KEYS[i])
     redis.call('PEXPIRE', KEYS[i], ARGV[2])
-    if left < 0 or tonumber(ARGV[2]) < left then
+    if left >= 0 and tonumber(ARGV[2]) + SHORTER >= left then return 1 end
+    if ARGV[4] ~= '1' then
       redis.pcall('PUBLISH', KEYS[1], '1')
       if redis.pcall('EXISTS', KEYS[2]) == 1 then nudge(KEYS[2]) end
     end
-    return 1
+    return 3
   end
 end
 if ARGV[3] == '1' and not first then
@@ -341,6 +346,8 @@ return 1
 
 #: Reply of :data:`RELEASE` and :data:`RELEASE_ATTEMPT`: deleted, but ``PUBLISH`` was refused.
 RELEASED_NOT_NOTIFIED = 2
+#: Reply of :data:`EXTEND`: extended to a shorter TTL (the waiters are to read it again).
+EXTENDED_SHORTER = 3
 
 
 class AcquireResult(NamedTuple):
@@ -397,10 +404,11 @@ def release_call(
 
 
 def extend_call(
-    keys: LockKeys, token: str, ttl_ms: int, reassert: bool = False
+    keys: LockKeys, token: str, ttl_ms: int, reassert: bool = False, wake: bool = True
 ) -> tuple[list[str], list[Any]]:
-    """``(KEYS, ARGV)`` of :data:`EXTEND`."""
-    return [keys.channel, keys.waiters, *keys.slots], [token, ttl_ms, "1" if reassert else "0"]
+    """``(KEYS, ARGV)`` of :data:`EXTEND`; ``wake`` False: a quorum's (see there)."""
+    argv = [token, ttl_ms, "1" if reassert else "0", "0" if wake else "1"]
+    return [keys.channel, keys.waiters, *keys.slots], argv
 
 
 def release_attempt_call(
