@@ -420,11 +420,13 @@ class Quorum(QuorumRules):
             await self._wake(keys, nodes)
         return quiet or self.released(keys.lock, replies)
 
-    async def _wake(self, keys: LockKeys, nodes: list[int]) -> None:
+    async def _wake(self, keys: LockKeys, nodes: list[int], done: str = "released") -> None:
         """Wake the waiters on ``nodes`` (see the sync ``Quorum._wake``)."""
         publish = ("PUBLISH", keys.channel, "1")
         replies = await self._call_all("", ([], []), nodes, command=publish)
-        self.woken(keys.lock, {i: err for i, (_, err) in enumerate(replies) if err is not None})
+        self.woken(
+            keys.lock, {i: err for i, (_, err) in enumerate(replies) if err is not None}, done
+        )
 
     async def _release_on(self, node: int, call: Call) -> None:
         """The release ``call`` on one node; raises that node's error."""
@@ -443,7 +445,7 @@ class Quorum(QuorumRules):
         if not extended.held:
             await self.release(keys, token, quiet=True)
         elif nodes := self.to_wake_extended(replies):  # a second round trip, only then
-            await self._wake(keys, nodes)
+            await self._wake(keys, nodes, "shortened")
         return extended
 
     async def pttl_ms(self, key: str) -> int:

@@ -267,13 +267,15 @@ class QueueRules:
         return refused
 
 
-def warn_not_notified(key: str, nodes: Sequence[str]) -> None:
-    """WARNING for a release whose ``PUBLISH`` was refused (:data:`RELEASED_NOT_NOTIFIED`)."""
+def warn_not_notified(key: str, nodes: Sequence[str], done: str = "released") -> None:
+    """WARNING for a release (or an extend that shortened the TTL: ``done``) whose
+    ``PUBLISH`` was refused (:data:`RELEASED_NOT_NOTIFIED`)."""
     logger.warning(
-        "lock %s released on %s, but waiters were not notified (PUBLISH, or ZPOPMIN for the "
+        "lock %s %s on %s, but waiters were not notified (PUBLISH, or ZPOPMIN for the "
         "queued ones, was refused: is it missing from the ACL user's permissions?); they try "
         "again when the old lease would have ended",
         key,
+        done,
         ", ".join(nodes),
     )
 
@@ -396,11 +398,11 @@ class QuorumRules:
             return []
         return [i for i, reply in answered if reply == 0 or not lacking]
 
-    def woken(self, key: str, errors: dict[int, BaseException]) -> None:
+    def woken(self, key: str, errors: dict[int, BaseException], done: str = "released") -> None:
         """After the wake's ``PUBLISH`` to each node: WARNING naming those that refused it."""
         refused = [self.names[i] for i, exc in errors.items() if classify(exc) is Outcome.REFUSED]
         if refused:
-            warn_not_notified(key, refused)
+            warn_not_notified(key, refused, done)
 
     def released(self, key: str, replies: Replies) -> bool:
         """Whether no majority contradicts a release (a silent node is no evidence of loss);

@@ -453,13 +453,17 @@ class Quorum(QuorumRules):
             self._wake(keys, nodes)
         return quiet or self.released(keys.lock, replies)
 
-    def _wake(self, keys: LockKeys, nodes: list[int]) -> None:
+    def _wake(self, keys: LockKeys, nodes: list[int], done: str = "released") -> None:
         """Wake the waiters on ``nodes`` (a ``PUBLISH`` each, at once), once a release freed
-        the lock on every node that answered it (:meth:`~.core.QuorumRules.to_wake`). A node
-        that fails now is not the release's error: its waiters wake at the TTL they saw."""
+        the lock on every node that answered it (:meth:`~.core.QuorumRules.to_wake`), or an
+        extend shortened its TTL there (``done``: what the WARNING for a refused ``PUBLISH``
+        says). A node that fails now is not the release's error: its waiters wake at the TTL
+        they saw."""
         publish = ("PUBLISH", keys.channel, "1")
         replies = self._call_all("", ([], []), nodes, command=publish)
-        self.woken(keys.lock, {i: err for i, (_, err) in enumerate(replies) if err is not None})
+        self.woken(
+            keys.lock, {i: err for i, (_, err) in enumerate(replies) if err is not None}, done
+        )
 
     def _release_on(self, node: int, call: Call) -> None:
         """The release ``call`` on one node; raises that node's error."""
@@ -490,7 +494,7 @@ class Quorum(QuorumRules):
         if not extended.held:
             self.release(keys, token, quiet=True)
         elif nodes := self.to_wake_extended(replies):  # a second round trip, only then
-            self._wake(keys, nodes)
+            self._wake(keys, nodes, "shortened")
         return extended
 
     def release_attempt(

@@ -1359,6 +1359,25 @@ def test_publish_refused_on_a_quorum_release_warns(
     assert all(admin.get(lock.keys.lock) is None for admin in admins)
 
 
+def test_publish_refused_on_a_quorum_extend_that_shortens_warns_it_shortened(
+    d2: Driver, three: list[RedisServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The quorum's wake after a shortening extend, refused its ``PUBLISH``, says the lock was
+    shortened (not released: it is still held)."""
+    rules = [rule for rule in RULES if rule != "+publish"]
+    admins = [s.client() for s in three]
+    with contextlib.ExitStack() as stack:
+        for admin in admins:
+            stack.enter_context(acl_user(admin, "nopublish", *rules))
+        lock = d2.lock([user_url(s, "nopublish") for s in three], "q-shorten-publish", ttl=10)
+        assert d2(lock.acquire(blocking=False))
+        with caplog.at_level(logging.WARNING, logger="celery_redlock.lock"):
+            d2(lock.extend(1))
+        assert "shortened on" in caplog.text and "waiters were not notified" in caplog.text
+        assert "released" not in caplog.text
+        d2(lock.release())
+
+
 def holder_lacking_node_0(
     d2: Driver, three: list[RedisServer], name: str, ttl: float = 30
 ) -> tuple[Any, redis_py.Redis]:
