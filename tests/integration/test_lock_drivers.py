@@ -1336,16 +1336,23 @@ def three() -> Iterator[list[RedisServer]]:
         yield [stack.enter_context(RedisServer()) for _ in range(3)]
 
 
+@contextlib.contextmanager
+def held_without_publish(d2: Driver, three: list[RedisServer], name: str) -> Iterator[Any]:
+    """A quorum lock ``name`` (TTL 10 s) held by an ACL user without ``+publish``."""
+    rules = [rule for rule in RULES if rule != "+publish"]
+    with contextlib.ExitStack() as stack:
+        for server in three:
+            stack.enter_context(acl_user(server.client(), "nopublish", *rules))
+        lock = d2.lock([user_url(s, "nopublish") for s in three], name, ttl=10)
+        assert d2(lock.acquire(blocking=False))
+        yield lock
+
+
 def test_publish_refused_on_a_quorum_release_warns(
     d2: Driver, three: list[RedisServer], caplog: pytest.LogCaptureFixture
 ) -> None:
-    rules = [rule for rule in RULES if rule != "+publish"]
     admins = [s.client() for s in three]
-    with contextlib.ExitStack() as stack:
-        for admin in admins:
-            stack.enter_context(acl_user(admin, "nopublish", *rules))
-        lock = d2.lock([user_url(s, "nopublish") for s in three], "q-publish", ttl=10)
-        assert d2(lock.acquire(blocking=False))
+    with held_without_publish(d2, three, "q-publish") as lock:
         warned = "waiters were not notified (PUBLISH, or ZPOPMIN for the queued ones, was refused"
 
         def said() -> bool:  # the wake runs in the background: a thread, or the driver's loop
@@ -1364,18 +1371,38 @@ def test_publish_refused_on_a_quorum_extend_that_shortens_warns_it_shortened(
 ) -> None:
     """The quorum's wake after a shortening extend, refused its ``PUBLISH``, says the lock was
     shortened (not released: it is still held)."""
-    rules = [rule for rule in RULES if rule != "+publish"]
-    admins = [s.client() for s in three]
-    with contextlib.ExitStack() as stack:
-        for admin in admins:
-            stack.enter_context(acl_user(admin, "nopublish", *rules))
-        lock = d2.lock([user_url(s, "nopublish") for s in three], "q-shorten-publish", ttl=10)
-        assert d2(lock.acquire(blocking=False))
+    with held_without_publish(d2, three, "q-shorten-publish") as lock:
         with caplog.at_level(logging.WARNING, logger="celery_redlock.lock"):
             d2(lock.extend(1))
         assert "shortened on" in caplog.text and "waiters were not notified" in caplog.text
         assert "released" not in caplog.text
         d2(lock.release())
+
+
+def acquire_meanwhile(
+    d2: Driver, waiter: Any, timeout: float, ready: Callable[[], Any], act: Callable[[], Any]
+) -> bool:
+    """A blocking ``waiter.acquire(timeout=timeout)``, during which ``act()`` runs once
+    ``ready()`` is true (its coroutine awaited, under the asyncio driver); what it got."""
+    if d2.is_async:
+
+        async def wait_and_act() -> bool:
+            waiting = asyncio.ensure_future(waiter.acquire(timeout=timeout))
+            while not ready():
+                await asyncio.sleep(0.01)
+            acted = act()
+            if asyncio.iscoroutine(acted):
+                await acted
+            return bool(await waiting)
+
+        return bool(d2(wait_and_act()))
+    results: list[bool] = []
+    thread = threading.Thread(target=lambda: results.append(waiter.acquire(timeout=timeout)))
+    thread.start()
+    wait_until(ready, 5)
+    act()
+    thread.join(timeout + 5)
+    return results[0]
 
 
 def holder_lacking_node_0(
@@ -1422,27 +1449,12 @@ def test_a_quorum_extend_that_shortens_wakes_the_waiters_once_every_node_has_it(
             assert warm.acquire(blocking=False)
             warm.release()
 
-    start = time.monotonic()
-    if d2.is_async:
-
-        async def wait_and_shorten() -> bool:
-            waiting = asyncio.ensure_future(waiter.acquire(timeout=20))
-            while not listening():
-                await asyncio.sleep(0.01)
-            before_extend()
-            await holder.extend(0.3)
-            return bool(await waiting)
-
-        got = d2(wait_and_shorten())
-    else:
-        results: list[bool] = []
-        thread = threading.Thread(target=lambda: results.append(waiter.acquire(timeout=20)))
-        thread.start()
-        wait_until(listening, 5)
+    def shorten() -> Any:
         before_extend()
-        holder.extend(0.3)
-        thread.join(25)
-        got = results[0]
+        return holder.extend(0.3)
+
+    start = time.monotonic()
+    got = acquire_meanwhile(d2, waiter, 20, listening, shorten)
     assert got and time.monotonic() - start < 10  # woken for the new TTL, not at 20 s
     d2(waiter.release())
 
@@ -1513,24 +1525,7 @@ def test_a_quorum_release_wakes_the_waiters_on_the_node_the_holder_lacks(
         return waiter.attempts >= 1 and subscribers[0][1] >= 1
 
     start = time.monotonic()
-    if d2.is_async:
-
-        async def wait_and_release() -> bool:
-            waiting = asyncio.ensure_future(waiter.acquire(timeout=10))
-            while not listening():
-                await asyncio.sleep(0.01)
-            await holder.release()
-            return bool(await waiting)
-
-        got = d2(wait_and_release())
-    else:
-        results: list[bool] = []
-        thread = threading.Thread(target=lambda: results.append(waiter.acquire(timeout=10)))
-        thread.start()
-        wait_until(listening, 5)
-        holder.release()
-        thread.join(15)
-        got = results[0]
+    got = acquire_meanwhile(d2, waiter, 10, listening, holder.release)
     assert got and time.monotonic() - start < 5  # woken, not at its deadline (10 s)
     d2(waiter.release())
 
@@ -1547,24 +1542,13 @@ def test_a_quorum_waiter_sleeps_on_the_majority_holders_ttl_not_a_leftovers(
     first.set(holder.keys.lock, "w1-attempt", px=15_000)
     waiter = d2.lock(urls, "q-leftover", ttl=5)
     start = time.monotonic()
-    if d2.is_async:
-
-        async def wait_with_the_leftover_gone() -> bool:
-            waiting = asyncio.ensure_future(waiter.acquire(timeout=10))
-            while waiter.attempts < 2:  # tried again once subscribed, and sleeps
-                await asyncio.sleep(0.01)
-            first.delete(holder.keys.lock)  # W1's silent give-back
-            return bool(await waiting)
-
-        got = d2(wait_with_the_leftover_gone())
-    else:
-        results: list[bool] = []
-        waiting = threading.Thread(target=lambda: results.append(waiter.acquire(timeout=10)))
-        waiting.start()
-        wait_until(lambda: waiter.attempts >= 2, 5)
-        first.delete(holder.keys.lock)
-        waiting.join(15)
-        got = results[0]
+    got = acquire_meanwhile(
+        d2,
+        waiter,
+        10,
+        lambda: waiter.attempts >= 2,  # tried again once subscribed, and sleeps
+        lambda: first.delete(holder.keys.lock),  # W1's silent give-back
+    )
     assert got and time.monotonic() - start < 8  # at H's expiry (3 s), not its deadline (10 s)
     d2(waiter.release())
 
