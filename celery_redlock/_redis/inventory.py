@@ -255,6 +255,22 @@ def add_counts(url: str, key: str, counts: Mapping[str, int]) -> dict[str, BaseE
     }
 
 
+#: A reply refused with ``WRONGTYPE`` (:func:`_replies`).
+FOREIGN = object()
+
+
+def _replies(pipe: Any) -> list[Any]:
+    """Run ``pipe``. A reply refused with ``WRONGTYPE`` becomes :data:`FOREIGN`: another
+    program's key under the prefix, of a type ours never have, is left out of what is shown
+    instead of failing the whole page or listing as an outage. Any other error is raised (a
+    refusal such as ``NOPERM``, or no answer: not the key's fault)."""
+    replies = pipe.execute(raise_on_error=False)
+    for reply in replies:
+        if isinstance(reply, Exception) and "WRONGTYPE" not in str(reply):
+            raise reply
+    return [FOREIGN if isinstance(reply, Exception) else reply for reply in replies]
+
+
 def iso(ms: int) -> str:
     """Milliseconds since the epoch as an ISO 8601 UTC time."""
     moment = datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc)
@@ -625,11 +641,9 @@ class Inventory:
         pipe = client.pipeline(transaction=False)
         for key in page:
             pipe.hgetall(key)
-        replies = pipe.execute(raise_on_error=False) if page else []
+        replies = _replies(pipe) if page else []
         for key, values in zip(page, replies, strict=True):
-            if isinstance(values, Exception):
-                if "WRONGTYPE" not in str(values):
-                    raise values  # a refusal (NOPERM), or no answer: not the key's fault
+            if values is FOREIGN:
                 continue
             task = _text(key)[len(head) :]
             if task.startswith(CHECK_NAME):
@@ -719,13 +733,13 @@ class Inventory:
             else:
                 pipe.hget(key, "id")
         try:
-            replies = pipe.execute()
+            replies = _replies(pipe)
         except Exception as exc:
             raise self._failure(url, exc) from exc
         out = []
         for n, (key, (name, kind)) in enumerate(named.items()):
             pttl, dumped, info = replies[3 * n : 3 * n + 3]
-            if dumped is None:
+            if dumped is None or info is FOREIGN:
                 continue
             out.append(
                 Marker(
@@ -755,10 +769,13 @@ class Inventory:
             pipe = client.pipeline(transaction=False)
             for queue in queues:
                 pipe.zcard(queue)
-            replies = pipe.execute()
+            replies = _replies(pipe)
         except Exception as exc:
             raise self._failure(self.urls[0], exc) from exc
-        counts.update((lock.key, int(n or 0)) for lock, n in zip(locks, replies, strict=True))
+        counts.update(
+            (lock.key, 0 if n is FOREIGN else int(n or 0))
+            for lock, n in zip(locks, replies, strict=True)
+        )
         return counts
 
     def _targets(self) -> list[tuple[Any, Any]]:

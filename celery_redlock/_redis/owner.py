@@ -48,6 +48,11 @@ import time
 from dataclasses import dataclass
 
 SEPARATOR = "|"
+#: The largest pid a token may name (a 32-bit ``pid_t``).
+MAX_PID = 2**31 - 1
+#: The latest time a token may name: the last millisecond of year 9999, the last one
+#: :mod:`datetime` can show.
+MAX_MS = 253_402_300_799_999
 
 #: What the first 8 characters of a token's secret become when its task ended and the slot is
 #: kept for ``lock_cooldown`` (written by the release scripts: a secret is hex, never this).
@@ -152,10 +157,24 @@ def parse(token: str | bytes | None) -> Owner | None:
     if isinstance(token, bytes):
         token = token.decode("utf-8", "replace")
     parts = token.split(SEPARATOR, 4)
-    if len(parts) != 5 or not parts[1].isdigit():
+    if len(parts) != 5:
         return None
     acquired, plus, cap = parts[2].partition("+")
-    if not acquired.isdigit() or (plus and not cap.isdigit()):
+    pid, acquired_ms = _number(parts[1], MAX_PID), _number(acquired, MAX_MS)
+    max_hold = _number(cap, MAX_MS) if plus else None
+    if pid is None or acquired_ms is None or (plus and max_hold is None):
         return None
-    max_hold = int(cap) if plus else None
-    return Owner(token, int(parts[1]), int(acquired), unescape_host(parts[3]), parts[4], max_hold)
+    return Owner(token, pid, acquired_ms, unescape_host(parts[3]), parts[4], max_hold)
+
+
+def _number(field: str, most: int) -> int | None:
+    """``field`` as a number of ASCII digits up to ``most``; ``None`` for anything else.
+
+    ``str.isdigit()`` alone accepts ``"²"``, which ``int()`` refuses, and a time of year 10000
+    parses but cannot be shown: a key another program wrote under the prefix would stop
+    ``celery redlock ls`` and the dashboard for every lock, instead of being listed as foreign.
+    """
+    if not (field.isascii() and field.isdigit()) or len(field) > len(str(most)):
+        return None
+    value = int(field)
+    return value if value <= most else None

@@ -120,6 +120,20 @@ def _cause(exc: BaseException) -> str:
 #: lock name can be as long as a task's name. A row links its timeline up to this length.
 MAX_KEY = 4096
 
+#: What a browser never posts as it is in a form field: a line break becomes CR LF, a NUL
+#: U+FFFD (the HTML standard's form encoding). A row whose key holds one offers no action
+#: (its button would post another key and answer "not held"): the command line takes it.
+UNPOSTABLE = frozenset("\r\n\x00")
+
+
+def postable(key: str) -> bool:
+    """Whether a row's form can carry ``key`` as it is (:data:`MAX_KEY`,
+    :data:`UNPOSTABLE`)."""
+    return len(key) <= MAX_KEY and UNPOSTABLE.isdisjoint(key)
+
+
+_env.tests["postable"] = postable
+
 
 def _text(value: str | None, name: str, limit: int = MAX_FILTER) -> str:
     text = (value or "").strip()

@@ -33,6 +33,7 @@ from celery_redlock._redis.inventory import (
     ReleaseUnanswered,
     lease_age,
 )
+from celery_redlock._redis.keys import keys_for
 from celery_redlock.cli import _commands as commands
 from celery_redlock.cli import redlock
 from celery_redlock.testing import RedisServer, wait_until
@@ -765,3 +766,49 @@ def test_the_startup_check_leaves_no_key_for_good_when_a_command_times_out(
     client.close()
     left = [k for k in r.scan_iter(match="redlock:*") if r.pttl(k) == -1]
     assert left == []  # every throwaway key expires (it lives a second at most)
+
+
+@pytest.mark.parametrize("value", ["abc|²|1796502400000|w@h|t", "abc|1|99999999999999999999|w@h|t"])
+def test_a_foreign_value_with_odd_numbers_is_listed_as_foreign(
+    redis_server: RedisServer, redis_url: str, r: redis_py.Redis, value: str
+) -> None:
+    """``str.isdigit()`` took ``'²'`` for a pid, and a time past year 9999 for one: ``ls``,
+    ``ls --json``, ``inspect`` and ``release --dead`` ended in a traceback, and the dashboard
+    showed no lock at all."""
+    with Lock(redis_url, "ok", ttl=600):
+        r.set("redlock:{stray}", value, px=600_000)
+        app = make_app(redis_server)
+        listed = run(app, "ls")
+        as_json = run(app, "ls", "--json")
+        inspected = run(app, "inspect", "stray")
+        dead = run(app, "release", "--dead")
+        app.close()
+        page = Inventory(redis_url, "redlock").view()
+    assert listed.exit_code == 0, listed.output
+    assert "redlock:{stray}  stray  -        -       -      -" in listed.output
+    rows = {row["key"]: row for row in json.loads(as_json.output)}
+    assert rows["redlock:{stray}"]["task_id"] is None and rows["redlock:{ok}"]["pid"]
+    assert inspected.exit_code == 0, inspected.output
+    assert "a value that is not a celery-redlock token" in inspected.output
+    assert dead.exit_code == 0, dead.output
+    assert r.get("redlock:{stray}") == value.encode()  # not a holder to judge dead
+    assert [(lock.key, lock.holder is None) for lock in page.locks] == [
+        ("redlock:{ok}", False),
+        ("redlock:{stray}", True),
+    ]
+
+
+def test_a_marker_name_holding_a_key_of_another_type_is_left_out(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """A string where ``lock_rate`` keeps a list, a hash where ``lock_enqueue`` keeps a string,
+    a string where a lock's waiters queue: the dashboard's page failed, named as an outage."""
+    r.set(keys_for("redlock", "x").rate, "x")
+    r.hset(keys_for("redlock", "y").queued, "id", "z")
+    r.set(keys_for("redlock", "ok").waiters, "x")
+    r.rpush(keys_for("redlock", "w").rate, "1")
+    with Lock(redis_url, "ok", ttl=600):
+        view = Inventory(redis_url, "redlock").view()
+    assert [lock.key for lock in view.locks] == ["redlock:{ok}"]
+    assert view.waiters == {"redlock:{ok}": 0}
+    assert [(m.name, m.kind) for m in view.markers] == [("w", "rate")]

@@ -4,8 +4,10 @@ checked actions, and a page view that writes nothing."""
 
 from __future__ import annotations
 
+import html
 import logging
 import os
+import re
 import signal
 import threading
 import urllib.parse
@@ -514,6 +516,31 @@ def test_invisible_and_bidi_characters_are_shown_escaped(redis_url: str, r: redi
         body = page({"task": name}, {"csrf_token": "x"})[1]
         assert 'list="tasks" value="papp.report\\u202etxt.exe\\u200b"' in body
     app.close()
+
+
+def test_a_key_a_browser_cannot_post_offers_the_command_line(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """A browser posts a line break in a form field as CR LF, and a NUL as U+FFFD: the Release
+    button of such a key posted another key, and the page said "not held" while the lock
+    stayed. Its row names the command line instead, as a row of a key too long to post does."""
+    names = ["job\nlf", "job\rcr", "job\x00nul", "job\r\ncrlf", "job plain"]
+    fill(r, names)
+    app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
+    board = Dashboard(app, actions=True, ping_timeout=0.2)
+    status, body = board.locks_page({}, {"csrf_token": "x"})
+    app.close()
+    assert status == 200
+    found = dict(re.findall(r'<tr data-key="([^"]*)">(.*?)</tr>', body, re.S))
+    assert len(found) == len(names), body
+    for name in names:
+        row = found[html.escape(keys_for("redlock", name).lock)]
+        if name == "job plain":
+            assert "<form" in row
+            continue
+        assert "<form" not in row, name
+        said = "a browser cannot post a key with a line break or NUL: <code>celery redlock release"
+        assert said in row, row
 
 
 def test_a_broker_that_does_not_answer_leaves_the_locks_shown(r: redis_py.Redis) -> None:

@@ -6,6 +6,8 @@ import os
 import signal
 import threading
 
+import pytest
+
 from celery_redlock._redis import owner
 
 
@@ -66,3 +68,27 @@ def test_a_child_forked_while_a_secret_is_drawn_can_draw_its_own() -> None:
                 os._exit(3)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "abc|²|1796502400000|w@h|t",  # a digit str.isdigit() accepts and int() refuses
+        "abc|1|1796502400000+³|w@h|t",
+        "abc|1|99999999999999999999|w@h|t",  # past year 9999: no datetime shows it
+        "abc|1|1796502400000+253402300800000|w@h|t",
+        "abc|99999999999999999999|1796502400000|w@h|t",  # no pid_t holds it
+        "abc|1|-5|w@h|t",
+    ],
+)
+def test_a_value_with_numbers_no_token_holds_is_foreign(value: str) -> None:
+    """Such a value under the prefix (another program's) made ``celery redlock ls``, ``inspect``,
+    ``release --dead`` and the dashboard fail for every lock instead of listing it as foreign."""
+    assert owner.parse(value) is None
+
+
+def test_the_largest_numbers_a_token_holds_are_read() -> None:
+    latest = owner.MAX_MS
+    parsed = owner.parse(f"abc|{owner.MAX_PID}|{latest}+{latest}|w@h|t")
+    assert parsed is not None
+    assert (parsed.pid, parsed.acquired_ms, parsed.max_hold_ms) == (owner.MAX_PID, latest, latest)
