@@ -55,7 +55,7 @@ from ..exceptions import LockContended, LockLost, LockUnavailable, RateLimited
 from . import calls, supersede, tracing
 from .events import emit
 from .identity import Spec, lock_name_for, spec_of
-from .options import KEEPING_MODES, Settings, cross_check, settings_for
+from .options import KEEPING_MODES, Settings, contention_policy, cross_check, settings_for
 from .state import state
 
 logger = logging.getLogger("celery_redlock.task")
@@ -199,8 +199,9 @@ def enter(task: Any, request: Any, spec: Spec, args: Any, kwargs: Any) -> bool:
        cross-checked against the settings, once per task;
     5. ``lock_bypass``: the call runs without the lock;
     6. ``lock_enqueue='replace'`` or ``lock_debounce``: a call superseded by a newer one skips;
-    7. the lock, non-blocking; under ``wait`` then blocking; if still held, the contention
-       policy (skip, requeue or fail); with ``lock_limit=None`` there is no lock to take;
+    7. the lock, non-blocking; under ``wait`` then blocking, and a call superseded while it
+       waited gives it back and skips; if still held, the contention policy (skip, requeue
+       or fail); with ``lock_limit=None`` there is no lock to take;
     8. ``lock_rate``: the start admitted, or the call requeued for its slot;
     9. the per-call overrides recorded beside the lock, the acquisition reported.
     """
@@ -262,13 +263,16 @@ def _take(task: Any, request: Any, spec: Spec, settings: Settings, name: str, he
         _check_rate(task, spec, settings, request, lock)
         setattr(request, REQUEST_ATTR, Execution(None, settings=settings))
         return True
-    policy = contention_policy(spec, settings)
+    policy = contention_policy(spec.options, settings)
     try:
         acquired = _acquire(task, spec, request, lock, policy)
     except LockUnavailable as exc:
         return _on_unavailable(task, spec, settings, request, exc, lock)
     if not acquired:
         return _on_contended(task, spec, settings, request, lock, policy)
+    waited = lock.attempts > 1
+    if waited and _superseded_while_waiting(task, spec, settings, name, request, lock):
+        return False
     if options.rate is not None:
         _check_rate(task, spec, settings, request, lock)
     execution = Execution(lock, cooldown=options.cooldown, settings=settings)
@@ -307,13 +311,31 @@ def _take(task: Any, request: Any, spec: Spec, settings: Settings, name: str, he
     return True
 
 
-def contention_policy(spec: Spec, settings: Settings) -> str:
-    """The task's ``lock_on_contention``; unset, ``retry`` under a ``lock_rate`` (a rate never
-    drops a call: it delays it, as Celery's ``rate_limit`` does), else ``redlock_on_contention``.
+def _superseded_while_waiting(
+    task: Any, spec: Spec, settings: Settings, name: str, request: Any, lock: TaskLock
+) -> bool:
+    """After a wait for the lock, under ``lock_enqueue='replace'`` or ``lock_debounce``:
+    whether a newer call of the key was published meanwhile;
+    if so, the lock goes back (quietly: it was never reported as acquired) and the call ends
+    as superseded. The check before the lock alone let older arguments run after newer ones:
+
+    1. call 1 runs; calls 2 and 3 arrive, pass the check (each was the newest then) and
+       wait (``on_contention="wait"``);
+    2. call 1 ends; call 3 takes the lock (or, on a ``lock_limit`` semaphore, whose waiters
+       are not served in order, a slot) and runs;
+    3. call 2 takes the lock after it and runs: the older arguments land last.
     """
-    if spec.options.on_contention is not None:
-        return spec.options.on_contention
-    return "retry" if spec.options.rate is not None else settings.on_contention
+    if not supersede.supersedes(spec.options):
+        return False
+    try:
+        if not supersede.superseded(task, spec, settings, name, request):
+            return False
+    except BaseException:
+        _release(task, request, lock)
+        raise
+    _release(task, request, lock)
+    setattr(request, REQUEST_ATTR, Execution(None, skipped=True))
+    return True
 
 
 def _hard_limit(task: Any, request: Any) -> float | None:
@@ -752,7 +774,11 @@ def _on_unavailable(
         countdown = max(lock.last_holder_ttl or 0.0, 1.0)
         why = f"saw its key held, then could not wait ({exc}); not run unlocked:"
         # A duplicate's requeue stays marked, as a contended duplicate's does.
-        label = "redelivered" if _duplicate(request, lock) else contention_policy(spec, settings)
+        label = (
+            "redelivered"
+            if _duplicate(request, lock)
+            else contention_policy(spec.options, settings)
+        )
         _requeue(task, request, spec, lock, countdown, label, why)
     if policy == "run":
         logger.warning(

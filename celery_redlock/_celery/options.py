@@ -931,6 +931,15 @@ def warn_unknown_settings(app: Any) -> None:
 _settings: dict[int, tuple[weakref.ref[Any], Settings]] = {}
 
 
+def contention_policy(options: TaskLockOptions, settings: Settings) -> str:
+    """The task's ``lock_on_contention``; unset, ``retry`` under a ``lock_rate`` (a rate never
+    drops a call: it delays it, as Celery's ``rate_limit`` does), else ``redlock_on_contention``.
+    """
+    if options.on_contention is not None:
+        return options.on_contention
+    return "retry" if options.rate is not None else settings.on_contention
+
+
 def settings_for(app: Any) -> Settings:
     """The resolved settings of ``app``, computed on first use and then cached."""
     cached = _settings.get(id(app))

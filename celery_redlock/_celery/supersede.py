@@ -18,18 +18,21 @@ start of the open window. Each side is one script (:mod:`celery_redlock._redis.c
   kombu's retries used up) never gets here, so the queued calls are not superseded by a call
   that does not exist.
 * **at start** (:func:`superseded`, from :func:`celery_redlock._celery.engine.enter`, before the
-  lock is taken): a stamped call superseded by a later-numbered newest call ends like a skip
-  (SUCCESS, ``None``, so chords complete) with an INFO line naming the newer call. A call
+  lock is taken, and again once a call that waited for it has it): a stamped call superseded
+  by a later-numbered newest call ends like a skip (SUCCESS, ``None``, so chords complete)
+  with an INFO line naming the newer call. A call
   numbered above the newest known runs and becomes the newest (it arrived, so its publish
   succeeded, even if its confirmation has not been written yet). The newest closes its
   debounce window.
 
 What is never superseded:
 
-1. A call whose body started: a message republished by the running execution
-   (``self.retry()``, ``autoretry_for``) is stamped ``false`` here, although Celery copies the
-   original headers into it; so are messages published while Redis was unreachable or refused
-   the marker (``false``), messages without the header (older versions, eager calls) and
+1. A call whose body started. Its retries (``self.retry()``, ``autoretry_for``) keep its
+   number under the ``wait`` and ``retry`` contention policies, where a newer call runs in
+   its turn, so a newer call supersedes them (:func:`_retry_superseded`); under ``skip`` and
+   ``fail`` they are stamped ``false`` here, although Celery copies the original headers into
+   them. So are messages published while Redis was unreachable or refused the marker
+   (``false``), messages without the header (older versions, eager calls) and
    ``lock_bypass`` calls, which write no marker either. A replacement (``self.replace()``)
    is not such a message although it carries the running task id: it is a new call, numbered
    (and debounced) as any. A requeue by the lock itself
@@ -70,7 +73,7 @@ from ..exceptions import LockUnavailable
 from . import calls, routing
 from .events import emit
 from .identity import Spec, lock_name_for, spec_of
-from .options import Settings, TaskLockOptions, settings_for
+from .options import Settings, TaskLockOptions, contention_policy, settings_for
 
 logger = logging.getLogger("celery_redlock.task")
 
@@ -127,8 +130,9 @@ def on_publish(headers: MutableMapping[str, Any] | None, body: Any, properties: 
         return  # task protocol 1: the call is not marked, and runs
     if _republished(headers, properties):
         task = current_task._get_current_object()
-        if HEADER in headers and not getattr(task.request, REQUEUE_ATTR, False):
-            headers[HEADER] = False  # a started call is never superseded
+        requeued = getattr(task.request, REQUEUE_ATTR, False)
+        if HEADER in headers and not requeued and not _retry_superseded(task):
+            headers[HEADER] = False
         return
     task = publishing_task(str(headers.get("task")))
     spec = None if task is None else spec_of(task)
@@ -186,6 +190,26 @@ def on_publish(headers: MutableMapping[str, Any] | None, body: Any, properties: 
         )
     if delay_ms > pending_ms:
         headers["eta"] = (now + datetime.timedelta(milliseconds=delay_ms)).isoformat()
+
+
+def _retry_superseded(task: Any) -> bool:
+    """Whether a retry of the call running in this thread (``self.retry()``,
+    ``autoretry_for``) keeps the call's number, so that a newer call supersedes it: under the
+    ``wait`` and ``retry`` contention policies, where that newer call runs in its turn. Under
+    ``skip`` and ``fail`` it may have ended unrun while this call held the lock, so the retry
+    is never superseded (the newest call's loss is the guide's hazard of those policies).
+
+    Timeline it closes: (1) call 1 runs and calls ``self.retry(countdown=5)``, which releases
+    the lock and publishes the retry; (2) call 2 takes the lock and runs; (3) the retry of call
+    1 runs after it: the older arguments land last.
+    """
+    spec = spec_of(task)
+    if spec is None:
+        return False
+    header = calls.header_of(task.request)
+    if header:
+        spec = calls.call_spec(spec, header)
+    return contention_policy(spec.options, settings_for(task.app)) in ("wait", "retry")
 
 
 def on_published(headers: Mapping[str, Any] | None) -> None:

@@ -241,7 +241,7 @@ def _on_publish_newest(
     headers: Any = None, body: Any = None, properties: Any = None, **_: Any
 ) -> None:
     """``lock_enqueue='replace'``, ``lock_debounce``: mark the call as its key's newest (and
-    delay it), or stamp a requeue of the running call as never superseded."""
+    delay it), or stamp a retry of the running call (as never superseded, or with its number)."""
     supersede.on_publish(headers, body, properties)
 
 

@@ -90,27 +90,70 @@ def test_replace_runs_only_the_newest_queued_call(
 
 
 @pytest.mark.parametrize("api", APIS)
-def test_a_retry_of_a_started_call_is_never_superseded(
-    app: Celery, r: redis_py.Redis, api: str
+@pytest.mark.parametrize("option", [{"enqueue": "replace"}, {"debounce": 0.1}])
+@pytest.mark.parametrize("policy", ["wait", "retry", "skip", "fail"])
+def test_a_retry_of_a_started_call_is_superseded_where_the_newer_call_runs_in_its_turn(
+    app: Celery, r: redis_py.Redis, api: str, option: dict[str, Any], policy: str
 ) -> None:
-    """A newer call published while the first runs does not supersede the first's retry:
-    Celery copies the marked header into the retry, and the publish receiver unmarks it."""
+    """A newer call published while the first runs supersedes the first's retry under
+    ``wait`` and ``retry``, where the newer call runs in its turn: the retry used to run after
+    it, with the older arguments. Under ``skip`` and ``fail`` the newer call may have ended
+    unrun while the first held the lock, so the retry runs. (The newer call is due in an hour:
+    it stays the newest, and never contends with the retry.)"""
     attempts: list[tuple[str, int]] = []
 
     def reindex(self: Task, doc: str, role: str) -> int:
         attempts.append((role, self.request.retries))
         if role == "first" and self.request.retries == 0:
-            newer = task.delay(doc, "newer")  # the newest call of the key from now on
+            newer = task.apply_async((doc, "newer"), countdown=3600)
             assert r.hget(lock_key(task, doc, role) + ":newest", "id") == newer.id.encode()
             raise self.retry(countdown=0, max_retries=3)
         return int(self.request.retries)
 
-    task = define(app, api, reindex, by=["doc"], enqueue="replace", on_contention="wait")
+    task = define(app, api, reindex, by=["doc"], on_contention=policy, **option)
     with running_worker(app, concurrency=2):
         first = task.delay("d", "first")
-        assert first.get(timeout=10) == 1  # the retry ran, although "newer" is the newest
-        wait_until(lambda: ("newer", 0) in attempts, 10, "the newer call to run")
-    assert sorted(attempts) == [("first", 0), ("first", 1), ("newer", 0)]
+        if policy in ("wait", "retry"):
+            assert first.get(timeout=10) is None  # superseded by "newer"
+            assert attempts == [("first", 0)]
+        else:
+            assert first.get(timeout=10) == 1  # the retry ran, although "newer" is the newest
+            assert attempts == [("first", 0), ("first", 1)]
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_call_superseded_while_it_waited_for_the_lock_does_not_run(
+    h: Holder, app: Celery, api: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Calls 1 and 2 arrive while call 0 runs, each the newest then, and wait for the lock
+    (``on_contention="wait"``). The check before the lock alone let call 1 run once call 0
+    ended, and call 2 after it; call 1 is checked again once it has the lock, gives it back
+    and ends as superseded, and only call 2 runs."""
+    ran: list[int] = []
+
+    def reindex(self: Task, doc: str, version: int) -> int:
+        ran.append(version)
+        if version == 0:
+            h.hold()
+        return version
+
+    task = define(app, api, reindex, by=["doc"], enqueue="replace", on_contention="wait")
+    with (
+        caplog.at_level(logging.INFO, logger="celery_redlock.task"),
+        record_lock_events() as events,
+        running_worker(app, concurrency=3),
+    ):
+        running = task.delay("d", 0)
+        assert h.entered.wait(10)
+        calls = []
+        for version in (1, 2):
+            calls.append(task.delay("d", version))
+            wait_until(lambda: events.contended(calls[-1]), 10, "the call to wait")
+        h.gate.set()
+        assert running.get(timeout=10) == 0
+        assert [c.get(timeout=10) for c in calls] == [None, 2]
+    assert ran == [0, 2]
+    assert superseded_by(caplog.text, calls[0]) == calls[1].id
 
 
 @pytest.mark.parametrize("api", APIS)
