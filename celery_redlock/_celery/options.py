@@ -30,6 +30,7 @@ import difflib
 import inspect
 import logging
 import re
+import sys
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -694,7 +695,8 @@ SETTINGS: dict[str, Setting] = {
             "url",
             None,
             "the broker's URL if it is Redis",
-            "a Redis URL, or a list of 3, 5, ... URLs of independent nodes",
+            "a Redis URL, or a list of 3, 5, ... URLs of independent nodes (a list of one URL is "
+            "that one server)",
             "Where locks live ([URL forms](guide.md#where-locks-live)); unset with a non-Redis "
             "broker, a worker refuses to start and the first lock operation raises "
             "LockConfigError.",
@@ -912,6 +914,22 @@ _UNSET = object()
 _warned: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 
+#: Apps whose settings warnings wait for Celery to set up logging (:func:`warn_when_logged`).
+_unlogged: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def warn_when_logged(app: Any) -> None:
+    """:func:`warn_unknown_settings`, asked when an app finalizes and when its settings are
+    first resolved (a process that only sends tasks, a web process's ``delay()``, may never
+    finalize its app). Under Celery's command line before Celery set up logging (``celery
+    worker``, ``celery beat``), the app waits for :func:`warn_waiting`: the warning would be a
+    bare line on stderr, outside the log file."""
+    if "celery.bin.celery" in sys.modules and not logging.getLogger().handlers:
+        _unlogged.add(app)
+    else:
+        warn_unknown_settings(app)
+
+
 def warn_unknown_settings(app: Any) -> None:
     """Log each of :func:`unknown_settings` at WARNING, once per app; never raises."""
     try:
@@ -923,6 +941,13 @@ def warn_unknown_settings(app: Any) -> None:
         if message not in warned:
             warned.add(message)
             logger.warning("%s", message)
+
+
+def warn_waiting() -> None:
+    """Celery has set up logging: log the settings warnings that waited for it."""
+    for app in list(_unlogged):
+        _unlogged.discard(app)
+        warn_unknown_settings(app)
 
 
 #: ``id(app)`` -> (a weak reference to the app, its settings). Read once per execution: a
@@ -946,6 +971,7 @@ def settings_for(app: Any) -> Settings:
     if cached is not None and cached[0]() is app:
         return cached[1]
     settings = resolve(app)  # outside an except block: its errors chain to nothing
+    warn_when_logged(app)
     key = id(app)
 
     def forget(ref: weakref.ref[Any]) -> None:  # the app is collected: drop its entry

@@ -62,6 +62,7 @@ from celery import Celery
 from celery._state import _get_active_apps
 from celery.app.amqp import AMQP
 
+from ..exceptions import LockConfigError
 from . import calls
 from .identity import check_ignored_options, spec_of
 
@@ -83,12 +84,20 @@ def check_lock_options(
     call of a task also refuses ``lock_*`` options the task does not read
     (:func:`celery_redlock._celery.identity.check_ignored_options`) and a lock the task cannot
     take (:func:`~celery_redlock._celery.identity.spec_of`: ``by=["self"]`` on a bound task):
-    no worker would run the call, so it is not published."""
+    no worker would run the call, so it is not published. A ``lock_*`` option given to a call
+    of a task that takes no lock (``base=LockedTask`` forgotten) is refused too: it would be
+    published as a message property that nothing reads."""
     note(task)
+    locked = True
     if task is not None:
         check_ignored_options(task)
-        spec_of(task)
+        locked = spec_of(task) is not None
     raw = {n: v for n, v in options.items() if isinstance(n, str) and n.startswith("lock_")}
+    if raw and not locked:
+        raise LockConfigError(
+            f"task {name} takes no lock, so the per-call option {', '.join(sorted(raw))} would "
+            "be ignored; expected a task with base=LockedTask or @single_instance"
+        )
     if raw:
         calls.take(f"task {name}", raw)
 

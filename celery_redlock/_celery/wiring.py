@@ -41,7 +41,8 @@ task or setting and the fix, exit status 1, instead of a traceback through Celer
 (:func:`_brief_config_errors`; every other exception keeps the usual traceback).
 
 Unknown ``redlock_*`` (``CELERY_REDLOCK_*``) settings, which Celery would silently ignore, are
-logged at WARNING with a "did you mean" hint, once, when an app finalizes. Under Celery's command
+logged at WARNING with a "did you mean" hint, once, when an app finalizes or its settings are
+first resolved (a process that only sends tasks may never finalize its app). Under Celery's command
 line an app finalizes before Celery sets up logging (``celery worker``, ``celery beat``): the
 warning would be a bare line on stderr, outside the log file, so it waits for Celery's logging
 (``after_setup_logger``); a worker's start logs what is still unlogged.
@@ -51,7 +52,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import weakref
 from types import TracebackType
 from typing import Any
 
@@ -64,7 +64,13 @@ from ..exceptions import LockConfigError
 from . import calls, checks, routing, supersede
 from .engine import clear_queued, held, leave
 from .identity import Spec, check_ignored_options, spec_of
-from .options import cross_check, settings_for, warn_unknown_settings
+from .options import (
+    cross_check,
+    settings_for,
+    warn_unknown_settings,
+    warn_waiting,
+    warn_when_logged,
+)
 from .parent import ParentReleaseMixin
 from .state import state
 
@@ -139,22 +145,13 @@ def _check_shared_names(specs: dict[str, Spec]) -> None:
 
 def _on_app_finalize(app: Any) -> None:
     routing.install(app)
-    if "celery.bin.celery" in sys.modules and not logging.getLogger().handlers:
-        _unlogged.add(app)  # Celery's command line sets up logging later (module docstring)
-    else:
-        warn_unknown_settings(app)
-
-
-#: Apps whose settings warnings wait for Celery to set up logging.
-_unlogged: weakref.WeakSet[Any] = weakref.WeakSet()
+    warn_when_logged(app)
 
 
 @signals.after_setup_logger.connect(weak=False)
 def _on_logging_set_up(**_: Any) -> None:
     """Celery has set up logging (worker, beat): log the warnings that waited for it."""
-    for app in list(_unlogged):
-        warn_unknown_settings(app)
-    _unlogged.clear()
+    warn_waiting()
 
 
 def _brief_config_errors(

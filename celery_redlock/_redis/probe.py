@@ -30,6 +30,7 @@ from . import scripts as _scripts
 from .clients import UNAVAILABLE_ERRORS, client_for, refused
 from .keys import CHECK_NAME, glob_escape, keys_for, lock_pattern, stats_key, timeline_key
 from .scripts.base import Script
+from .subscriptions import pubsub_of
 
 
 @dataclass(frozen=True)
@@ -228,7 +229,7 @@ def _probes(client: Any, prefix: str, timeout: float) -> dict[str, Callable[[], 
     counters = stats_key(prefix, f"{CHECK_NAME}{os.getpid()}")
 
     def subscribe() -> None:
-        pubsub = client.pubsub()
+        pubsub = pubsub_of(client)
         try:
             pubsub.subscribe(keys.channel)
             pubsub.get_message(timeout=timeout)

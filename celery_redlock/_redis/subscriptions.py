@@ -106,9 +106,34 @@ def subscribe(client: Any, channel: str) -> Any:
             continue
         pubsub.subscribe(channel)
         return pubsub
-    pubsub = client.pubsub()
+    pubsub = pubsub_of(client)
     pubsub.subscribe(channel)
     return pubsub
+
+
+def pubsub_of(client: Any) -> Any:
+    """A new ``PubSub`` of ``client`` (a thread's); on a RESP3 connection, with a handler of
+    push messages that returns each as it came (:func:`as_received`).
+
+    Without a handler of its own, a ``PubSub`` of redis-py 5.0 (and valkey-py 6.0) on a RESP3
+    connection (``?protocol=3``) writes ``Push response: [...]`` to stderr at INFO, through a
+    handler it adds to the ``push_response`` logger, for every subscription and release
+    message; its default handler does nothing else (later releases log them at DEBUG). Given
+    on RESP2 too, redis-py 5.0 and valkey-py would fail the subscription: their RESP2 parser
+    takes no handler.
+    """
+    try:
+        protocol = client.get_connection_kwargs().get("protocol")
+    except AttributeError:  # a client of another shape: its own defaults
+        protocol = None
+    if str(protocol) == "3":
+        return client.pubsub(push_handler_func=as_received)
+    return client.pubsub()
+
+
+def as_received(message: Any) -> Any:
+    """A RESP3 push message, as it came (:func:`pubsub_of`)."""
+    return message
 
 
 def set_aside(client: Any, pubsub: Any, reusable: bool = True) -> None:

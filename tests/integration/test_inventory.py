@@ -785,7 +785,7 @@ def test_a_foreign_value_with_odd_numbers_is_listed_as_foreign(
         app.close()
         page = Inventory(redis_url, "redlock").view()
     assert listed.exit_code == 0, listed.output
-    assert "redlock:{stray}  stray  -        -       -      -" in listed.output
+    assert re.search(r"^redlock:\{stray\} +stray +- +- +- +- +600", listed.output, re.M)
     rows = {row["key"]: row for row in json.loads(as_json.output)}
     assert rows["redlock:{stray}"]["task_id"] is None and rows["redlock:{ok}"]["pid"]
     assert inspected.exit_code == 0, inspected.output

@@ -9,6 +9,7 @@ made to produce on cue.
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import signal
 import threading
@@ -102,6 +103,25 @@ def test_a_release_hands_the_lock_to_the_waiter_queued_first_and_no_other(
     assert second_won.get(timeout=10)
     second.release()
     assert keys_left(r) == []  # no key left: lock and queue are gone
+
+
+def test_a_resp3_wait_writes_no_push_response_lines(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """redis-py 5.0's ``PubSub`` without a push handler of its own, on a RESP3 connection
+    (``?protocol=3``), logged each subscription and release message (``Push response: [...]``)
+    at INFO through a stderr handler it added to the ``push_response`` logger; later releases
+    log them at DEBUG. Run on both by ``nox -s lowest`` and the dev venv."""
+    url = f"{redis_url}?protocol=3"
+    holder, waiter = Lock(url, "resp3", ttl=30), Lock(url, "resp3", ttl=20)
+    with caplog.at_level(logging.DEBUG, logger="push_response"):
+        assert holder.acquire(blocking=False)
+        won = blocked(waiter)
+        wait_until(lambda: queued(waiter.nodes.client, holder) == 1, 10, "the waiter queued")
+        holder.release()
+        assert won.get(timeout=10)
+        waiter.release()
+    assert [r.getMessage() for r in caplog.records if r.name == "push_response"] == []
 
 
 @pytest.mark.parametrize("max_hold", [None, 12.5], ids=["lease", "capped"])

@@ -32,3 +32,22 @@ def test_sub_millisecond_durations_are_refused_naming_task_and_option(option: st
     with pytest.raises(LockConfigError, match=r"proj.fine: option lock_ttl=0.0004 is invalid"):
         fine.apply_async(lock_ttl=0.0004)  # per call, before anything is published
     app.close()
+
+
+def test_a_per_call_option_on_a_task_without_a_lock_is_refused() -> None:
+    """``base=LockedTask`` forgotten: ``apply_async(lock_on_contention="wait")`` was published
+    with the option as a message property nothing reads, and the call ran unlocked."""
+    app = Celery("unlocked", broker="memory://", set_as_current=False)  # nothing leaves
+
+    @app.task(shared=False, name="proj.plain")
+    def plain(account_id: int) -> None: ...
+
+    expected = (
+        r"task proj.plain takes no lock, so the per-call option lock_on_contention, lock_ttl "
+        r"would be ignored; expected a task with base=LockedTask or @single_instance"
+    )
+    with pytest.raises(LockConfigError, match=expected):
+        plain.apply_async((1,), lock_ttl=5, lock_on_contention="wait")
+    with pytest.raises(LockConfigError, match="takes no lock"):
+        plain.s(1).apply_async(lock_bypass=True)
+    app.close()

@@ -702,6 +702,24 @@ def test_a_misspelled_setting_is_a_warning_with_a_hint_when_the_app_finalizes(
     assert "app 'cfg'" in warning
 
 
+def test_a_misspelled_setting_is_a_warning_where_the_app_never_finalizes(
+    bare_app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A process that only sends tasks (a web process's ``delay()``) may never finalize its
+    app, so the warning never came; it comes when the settings are first resolved."""
+    bare_app.conf.update(redlock_ulr=LOCK_URL, broker_url=LOCK_URL)
+
+    @bare_app.task(base=LockedTask, shared=False)
+    def sync_account(account_id: int) -> None: ...
+
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.config"):
+        key = lock_key_of(sync_account, 42)
+        lock_key_of(sync_account, 43)
+    assert not bare_app.finalized and key
+    (warning,) = _warnings(caplog)
+    assert "unknown setting 'redlock_ulr'; did you mean 'redlock_url'?" in warning
+
+
 @pytest.mark.parametrize("space", ["CELERY", "JOBS"])  # Django's, and the app's own
 def test_a_misspelled_namespaced_setting_is_a_warning_in_its_own_spelling(
     bare_app: Celery, caplog: pytest.LogCaptureFixture, space: str
