@@ -40,7 +40,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
-import celery
 from celery import current_task, states
 from celery.exceptions import Ignore, Reject, Retry
 
@@ -56,6 +55,7 @@ from . import calls, supersede, tracing
 from .events import emit
 from .identity import Spec, lock_name_for, spec_of
 from .options import KEEPING_MODES, Settings, contention_policy, cross_check, settings_for
+from .results import has_ended, stored_state
 from .state import state
 
 logger = logging.getLogger("celery_redlock.task")
@@ -508,50 +508,6 @@ def _drop_if_ended(task: Any, request: Any, header: Mapping[str, Any]) -> None:
             request.id,
         )
         raise Ignore()
-
-
-#: Whether Celery may requeue a call that hit its hard time limit (5.7 and later, as its
-#: ``acks_on_timeout`` says; a bound task has it set from the settings).
-_REQUEUES_TIMEOUTS = celery.VERSION >= (5, 7)
-
-
-def has_ended(task: Any, task_id: str) -> bool:
-    """Whether the result backend says the call ``task_id`` has ended (a ready state), for
-    :meth:`~celery_redlock.LockedTask.apply_async` to replace its queued marker.
-
-    Not a hard time limit's ``FAILURE`` that Celery requeues: Celery 5.7, under ``acks_late``
-    with ``task_acks_on_timeout`` (or the older ``task_acks_on_failure_or_timeout``) off,
-    stores it, then queues the call again. Timeline without this: (1) X hits its hard limit;
-    (2) Celery stores FAILURE and requeues X; (3) a ``delay()`` of the key reads FAILURE,
-    takes X for ended, and publishes Y beside the queued X. Celery before 5.7 has no
-    ``acks_on_timeout`` and never requeues a timed-out call: that FAILURE is its end.
-    """
-    meta = _stored(task, task_id)
-    if meta is None or meta.get("status") not in states.READY_STATES:
-        return False
-    requeues = _REQUEUES_TIMEOUTS and task.acks_late and task.acks_on_timeout is False
-    timed_out = type(meta.get("result")).__name__ == "TimeLimitExceeded"
-    return not (meta["status"] == states.FAILURE and timed_out and requeues)
-
-
-def stored_state(task: Any, task_id: str) -> str | None:
-    """The state the result backend keeps for ``task_id`` (see :func:`_stored`)."""
-    meta = _stored(task, task_id)
-    return None if meta is None else str(meta.get("status"))
-
-
-def _stored(task: Any, task_id: str) -> dict[str, Any] | None:
-    """What the result backend keeps for ``task_id``; ``None`` without a backend that keeps
-    states (none, or ``rpc://``, whose answer for another client's call is only what its own
-    queue holds), or when the backend does not answer (the caller then goes on as it would
-    without it)."""
-    backend = task.backend
-    if not getattr(backend, "persistent", False):
-        return None
-    try:
-        return dict(backend.get_task_meta(task_id))
-    except Exception:
-        return None
 
 
 def _holder(lock: Lock) -> str | None:

@@ -916,14 +916,19 @@ _warned: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 #: Apps whose settings warnings wait for Celery to set up logging (:func:`warn_when_logged`).
 _unlogged: weakref.WeakSet[Any] = weakref.WeakSet()
+#: Apps :func:`warn_when_logged` was asked for (it is asked at every publish).
+_asked: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def warn_when_logged(app: Any) -> None:
-    """:func:`warn_unknown_settings`, asked when an app finalizes and when its settings are
-    first resolved (a process that only sends tasks, a web process's ``delay()``, may never
-    finalize its app). Under Celery's command line before Celery set up logging (``celery
-    worker``, ``celery beat``), the app waits for :func:`warn_waiting`: the warning would be a
-    bare line on stderr, outside the log file."""
+    """:func:`warn_unknown_settings`, once per app: asked when an app finalizes, when its
+    settings are first resolved and at each publish (a process that only sends tasks, a web
+    process's ``delay()``, may never finalize its app). Under Celery's command line before
+    Celery set up logging (``celery worker``, ``celery beat``), the app waits for
+    :func:`warn_waiting`: the warning would be a bare line on stderr, outside the log file."""
+    if app in _asked:
+        return
+    _asked.add(app)
     if "celery.bin.celery" in sys.modules and not logging.getLogger().handlers:
         _unlogged.add(app)
     else:
@@ -970,8 +975,8 @@ def settings_for(app: Any) -> Settings:
     cached = _settings.get(id(app))
     if cached is not None and cached[0]() is app:
         return cached[1]
+    warn_when_logged(app)  # first: a misspelled redlock_url is named before resolve() fails
     settings = resolve(app)  # outside an except block: its errors chain to nothing
-    warn_when_logged(app)
     key = id(app)
 
     def forget(ref: weakref.ref[Any]) -> None:  # the app is collected: drop its entry

@@ -54,6 +54,7 @@ Hazards:
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from typing import Any
@@ -62,9 +63,9 @@ from celery import Celery
 from celery._state import _get_active_apps
 from celery.app.amqp import AMQP
 
-from ..exceptions import LockConfigError
 from . import calls
 from .identity import check_ignored_options, spec_of
+from .options import warn_when_logged
 
 #: The apps :func:`install` has seen (an app is installed once).
 _installed: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -85,21 +86,48 @@ def check_lock_options(
     (:func:`celery_redlock._celery.identity.check_ignored_options`) and a lock the task cannot
     take (:func:`~celery_redlock._celery.identity.spec_of`: ``by=["self"]`` on a bound task):
     no worker would run the call, so it is not published. A ``lock_*`` option given to a call
-    of a task that takes no lock (``base=LockedTask`` forgotten) is refused too: it would be
-    published as a message property that nothing reads."""
+    of a task that takes no lock (``base=LockedTask`` forgotten) is warned about
+    (:func:`_warn_unlocked`), and so are the app's misspelled settings, once (a process that
+    only sends tasks may never finalize its app)."""
     note(task)
     locked = True
     if task is not None:
+        warn_when_logged(task.app)
         check_ignored_options(task)
         locked = spec_of(task) is not None
     raw = {n: v for n, v in options.items() if isinstance(n, str) and n.startswith("lock_")}
     if raw and not locked:
-        raise LockConfigError(
-            f"task {name} takes no lock, so the per-call option {', '.join(sorted(raw))} would "
-            "be ignored; expected a task with base=LockedTask or @single_instance"
-        )
-    if raw:
+        _warn_unlocked(name, raw)
+    elif raw:
         calls.take(f"task {name}", raw)
+
+
+logger = logging.getLogger("celery_redlock.config")
+
+#: The tasks without a lock already warned about a per-call ``lock_*`` option.
+_warned_unlocked: set[str] = set()
+
+
+def _warn_unlocked(name: str, raw: dict[str, Any]) -> None:
+    """Warn, once per task and process, that a call of task ``name``, which takes no lock, was
+    given ``lock_*`` options: Celery publishes them as message properties nothing reads.
+
+    A warning, not an error: Celery itself hands a canvas's options to every part. Timeline of
+    an error here: (1) ``chord([locked.s(1), locked.s(2)], plain.s()).apply_async(
+    lock_wait_timeout=5)`` publishes the locked header; (2) they run; (3) the worker publishes
+    the body ``plain`` with the chord's options, which it copied; (4) the refusal fails the
+    whole chord after its header did its work.
+    """
+    if name in _warned_unlocked:
+        return
+    _warned_unlocked.add(name)
+    logger.warning(
+        "task %s takes no lock, so the per-call option %s is ignored (a task with "
+        "base=LockedTask or @single_instance reads it; a canvas passes its options to every "
+        "part)",
+        name,
+        ", ".join(sorted(raw)),
+    )
 
 
 def note(task: Any) -> None:

@@ -29,7 +29,8 @@ What is never superseded:
 
 1. A call whose body started. Its retries (``self.retry()``, ``autoretry_for``) keep its
    number under the ``wait`` and ``retry`` contention policies, where a newer call runs in
-   its turn, so a newer call supersedes them (:func:`_retry_superseded`); under ``skip`` and
+   its turn, so a newer call supersedes them (:func:`_retry_superseded`), unless it ended
+   without running (:func:`superseded`); under ``skip`` and
    ``fail`` they are stamped ``false`` here, although Celery copies the original headers into
    them. So are messages published while Redis was unreachable or refused the marker
    (``false``), messages without the header (older versions, eager calls) and
@@ -63,7 +64,7 @@ import threading
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from celery import current_app, current_task
+from celery import current_app, current_task, states
 from celery.utils.time import maybe_make_aware
 
 from .._redis import companions
@@ -74,6 +75,7 @@ from . import calls, routing
 from .events import emit
 from .identity import Spec, lock_name_for, spec_of
 from .options import Settings, TaskLockOptions, contention_policy, settings_for
+from .results import stored_state
 
 logger = logging.getLogger("celery_redlock.task")
 
@@ -257,8 +259,21 @@ def _number(value: Any) -> int | None:
     return None
 
 
+#: The states of a newer call that does not supersede a started call's retry: it failed (in
+#: its body, or found the key held past ``lock_wait_timeout`` or ``lock_retry_for``) or was
+#: revoked.
+_UNRUN = (states.FAILURE, states.REVOKED)
+
+
 def superseded(task: Any, spec: Spec, settings: Settings, name: str, request: Any) -> bool:
-    """Whether the call starting now was superseded by a newer one; logs and counts it."""
+    """Whether the call starting now was superseded by a newer one; logs and counts it.
+
+    A retry of a started call (``request.retries``) is superseded only by a newer call that
+    has not ended unrun (:data:`_UNRUN`, from the result backend; without one, or when it
+    does not answer, the retry is superseded). Timeline it closes: (1) call 1 holds the key
+    for 40 s; (2) call 2, published meanwhile, waits 30 s (``lock_wait_timeout``) and fails;
+    (3) call 1 calls ``self.retry()``: superseded by call 2, neither call's work would be done.
+    """
     if not supersedes(spec.options):
         return False
     seq = _number(getattr(request, HEADER, None))
@@ -282,6 +297,15 @@ def superseded(task: Any, spec: Spec, settings: Settings, name: str, request: An
         )
         return False
     if newest is None:
+        return False
+    if request.retries and stored_state(task, newest) in _UNRUN:
+        logger.info(
+            "%s[%s] runs: a newer call of %s, %s, was published but ended without running",
+            task.name,
+            request.id,
+            keys.lock,
+            newest,
+        )
         return False
     logger.info(
         "%s[%s] superseded by %s: a newer call of %s was published; not run",

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import redis as redis_py
-from celery import Celery
+from celery import Celery, chord
 from celery.app.amqp import AMQP
 from celery.app.routes import Router
 
@@ -218,3 +218,18 @@ def test_an_app_created_after_the_import_refuses_an_unlocked_task_at_its_first_d
         sync.delay(42)
     assert not app.finalized and published(broker) == []
     app.close()
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_chord_with_lock_options_and_an_unlocked_body_completes(app: Celery, api: str) -> None:
+    """Celery copies a chord's options into its body: a refusal of ``lock_*`` options on the
+    unlocked body, at its publish by the worker, failed the chord after its header ran."""
+    locked = define(app, api, "routing.locked_part")
+
+    @app.task(shared=False, name="routing.plain_body")
+    def plain_body(results: list[str]) -> int:
+        return len(results)
+
+    with running_worker(app, concurrency=2):
+        done = chord([locked.s(), locked.s()], plain_body.s()).apply_async(lock_wait_timeout=5)
+        assert done.get(timeout=20) == 2

@@ -122,6 +122,38 @@ def test_a_retry_of_a_started_call_is_superseded_where_the_newer_call_runs_in_it
 
 
 @pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {"on_contention": "wait", "wait_timeout": 0.3},
+        {"on_contention": "retry", "retry_countdown": 0.1, "retry_for": 0.3},
+    ],
+    ids=["wait", "retry"],
+)
+def test_a_retry_runs_when_the_newer_call_ended_without_running(
+    app: Celery, api: str, policy: dict[str, Any]
+) -> None:
+    """The newer call gave up on the key the first still held (``lock_wait_timeout``,
+    ``lock_retry_for``) and failed: superseded by it, the first's retry would leave neither
+    call's work done. It runs."""
+    attempts: list[tuple[str, int]] = []
+
+    def reindex(self: Task, doc: str, role: str) -> int:
+        attempts.append((role, self.request.retries))
+        if role == "first" and self.request.retries == 0:
+            newer = task.delay(doc, "newer")
+            wait_until(lambda: newer.state == "FAILURE", 20, "the newer call to give up")
+            raise self.retry(countdown=0, max_retries=3)
+        return int(self.request.retries)
+
+    task = define(app, api, reindex, by=["doc"], enqueue="replace", **policy)
+    with running_worker(app, concurrency=2):
+        first = task.delay("d", "first")
+        assert first.get(timeout=30) == 1  # the retry ran
+    assert attempts == [("first", 0), ("first", 1)]
+
+
+@pytest.mark.parametrize("api", APIS)
 def test_a_call_superseded_while_it_waited_for_the_lock_does_not_run(
     h: Holder, app: Celery, api: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 from celery import Celery
 
@@ -34,20 +36,24 @@ def test_sub_millisecond_durations_are_refused_naming_task_and_option(option: st
     app.close()
 
 
-def test_a_per_call_option_on_a_task_without_a_lock_is_refused() -> None:
+def test_a_per_call_option_on_a_task_without_a_lock_is_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """``base=LockedTask`` forgotten: ``apply_async(lock_on_contention="wait")`` was published
-    with the option as a message property nothing reads, and the call ran unlocked."""
+    with the option as a message property nothing reads, without a word. A warning, once per
+    task, not an error: a canvas hands its options to every part (a chord's body too)."""
     app = Celery("unlocked", broker="memory://", set_as_current=False)  # nothing leaves
 
     @app.task(shared=False, name="proj.plain")
     def plain(account_id: int) -> None: ...
 
-    expected = (
-        r"task proj.plain takes no lock, so the per-call option lock_on_contention, lock_ttl "
-        r"would be ignored; expected a task with base=LockedTask or @single_instance"
-    )
-    with pytest.raises(LockConfigError, match=expected):
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.config"):
         plain.apply_async((1,), lock_ttl=5, lock_on_contention="wait")
-    with pytest.raises(LockConfigError, match="takes no lock"):
-        plain.s(1).apply_async(lock_bypass=True)
+        plain.s(2).apply_async(lock_bypass=True)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "celery_redlock.config"]
+    assert warnings == [
+        "task proj.plain takes no lock, so the per-call option lock_on_contention, lock_ttl is "
+        "ignored (a task with base=LockedTask or @single_instance reads it; a canvas passes "
+        "its options to every part)"
+    ]
     app.close()

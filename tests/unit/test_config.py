@@ -702,22 +702,29 @@ def test_a_misspelled_setting_is_a_warning_with_a_hint_when_the_app_finalizes(
     assert "app 'cfg'" in warning
 
 
+@pytest.mark.parametrize("first", ["delay", "lock_key"])
 def test_a_misspelled_setting_is_a_warning_where_the_app_never_finalizes(
-    bare_app: Celery, caplog: pytest.LogCaptureFixture
+    caplog: pytest.LogCaptureFixture, first: str
 ) -> None:
     """A process that only sends tasks (a web process's ``delay()``) may never finalize its
-    app, so the warning never came; it comes when the settings are first resolved."""
-    bare_app.conf.update(redlock_ulr=LOCK_URL, broker_url=LOCK_URL)
+    app, so the warning never came; it comes at the first publish or settings read."""
+    app = Celery("cfg", broker="memory://", set_as_current=False)  # nothing leaves
+    app.conf.update(redlock_ulr=LOCK_URL)
 
-    @bare_app.task(base=LockedTask, shared=False)
+    @app.task(base=LockedTask, shared=False)
     def sync_account(account_id: int) -> None: ...
 
     with caplog.at_level(logging.WARNING, logger="celery_redlock.config"):
-        key = lock_key_of(sync_account, 42)
-        lock_key_of(sync_account, 43)
-    assert not bare_app.finalized and key
+        for account in (42, 43):
+            if first == "delay":
+                sync_account.delay(account)
+            else:  # the broker is no Redis, so the missing redlock_url is an error too
+                with pytest.raises(LockConfigError, match="setting redlock_url is missing"):
+                    lock_key_of(sync_account, account)
+    assert not app.finalized
     (warning,) = _warnings(caplog)
     assert "unknown setting 'redlock_ulr'; did you mean 'redlock_url'?" in warning
+    app.close()
 
 
 @pytest.mark.parametrize("space", ["CELERY", "JOBS"])  # Django's, and the app's own

@@ -1,0 +1,57 @@
+"""What the result backend says of a call: whether it ended, and in which state.
+
+Read by the engine (a redelivered copy of a call that succeeded, a queued marker whose call
+ended) and by newest-wins (a newer call that ended without running supersedes nothing). Each
+read is one round trip to the result backend; without a backend that keeps states, or when it
+does not answer, the callers go on as they would without it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import celery
+from celery import states
+
+#: Whether Celery may requeue a call that hit its hard time limit (5.7 and later, as its
+#: ``acks_on_timeout`` says; a bound task has it set from the settings).
+_REQUEUES_TIMEOUTS = celery.VERSION >= (5, 7)
+
+
+def has_ended(task: Any, task_id: str) -> bool:
+    """Whether the result backend says the call ``task_id`` has ended (a ready state), for
+    :meth:`~celery_redlock.LockedTask.apply_async` to replace its queued marker.
+
+    Not a hard time limit's ``FAILURE`` that Celery requeues: Celery 5.7, under ``acks_late``
+    with ``task_acks_on_timeout`` (or the older ``task_acks_on_failure_or_timeout``) off,
+    stores it, then queues the call again. Timeline without this: (1) X hits its hard limit;
+    (2) Celery stores FAILURE and requeues X; (3) a ``delay()`` of the key reads FAILURE,
+    takes X for ended, and publishes Y beside the queued X. Celery before 5.7 has no
+    ``acks_on_timeout`` and never requeues a timed-out call: that FAILURE is its end.
+    """
+    meta = _stored(task, task_id)
+    if meta is None or meta.get("status") not in states.READY_STATES:
+        return False
+    requeues = _REQUEUES_TIMEOUTS and task.acks_late and task.acks_on_timeout is False
+    timed_out = type(meta.get("result")).__name__ == "TimeLimitExceeded"
+    return not (meta["status"] == states.FAILURE and timed_out and requeues)
+
+
+def stored_state(task: Any, task_id: str) -> str | None:
+    """The state the result backend keeps for ``task_id`` (see :func:`_stored`)."""
+    meta = _stored(task, task_id)
+    return None if meta is None else str(meta.get("status"))
+
+
+def _stored(task: Any, task_id: str) -> dict[str, Any] | None:
+    """What the result backend keeps for ``task_id``; ``None`` without a backend that keeps
+    states (none, or ``rpc://``, whose answer for another client's call is only what its own
+    queue holds), or when the backend does not answer (the caller then goes on as it would
+    without it)."""
+    backend = task.backend
+    if not getattr(backend, "persistent", False):
+        return None
+    try:
+        return dict(backend.get_task_meta(task_id))
+    except Exception:
+        return None
