@@ -916,7 +916,7 @@ _warned: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
 
 #: Apps whose settings warnings wait for Celery to set up logging (:func:`warn_when_logged`).
 _unlogged: weakref.WeakSet[Any] = weakref.WeakSet()
-#: Apps :func:`warn_when_logged` was asked for (it is asked at every publish).
+#: Apps whose settings were looked at (:func:`warn_when_logged` is asked at every publish).
 _asked: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
@@ -925,14 +925,16 @@ def warn_when_logged(app: Any) -> None:
     settings are first resolved and at each publish (a process that only sends tasks, a web
     process's ``delay()``, may never finalize its app). Under Celery's command line before
     Celery set up logging (``celery worker``, ``celery beat``), the app waits for
-    :func:`warn_waiting`: the warning would be a bare line on stderr, outside the log file."""
+    :func:`warn_waiting`, or for a publish once the root logger has a handler: the warning
+    would be a bare line on stderr, outside the log file."""
     if app in _asked:
         return
-    _asked.add(app)
     if "celery.bin.celery" in sys.modules and not logging.getLogger().handlers:
         _unlogged.add(app)
-    else:
-        warn_unknown_settings(app)
+        return
+    _asked.add(app)
+    _unlogged.discard(app)
+    warn_unknown_settings(app)
 
 
 def warn_unknown_settings(app: Any) -> None:
@@ -949,9 +951,13 @@ def warn_unknown_settings(app: Any) -> None:
 
 
 def warn_waiting() -> None:
-    """Celery has set up logging: log the settings warnings that waited for it."""
+    """Celery has set up logging (``after_setup_logger``), or a beat started (``beat_init``:
+    a project's ``setup_logging`` receiver replaces Celery's logging setup, and with it
+    ``after_setup_logger``): log the settings warnings that waited for it. A worker logs them
+    at start in any case (its cross-check step)."""
     for app in list(_unlogged):
         _unlogged.discard(app)
+        _asked.add(app)
         warn_unknown_settings(app)
 
 

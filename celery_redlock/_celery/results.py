@@ -1,7 +1,7 @@
 """What the result backend says of a call: whether it ended, and in which state.
 
 Read by the engine (a redelivered copy of a call that succeeded, a queued marker whose call
-ended) and by newest-wins (a newer call that ended without running supersedes nothing). Each
+ended) and by newest-wins (a newer call that failed without running supersedes no retry). Each
 read is one round trip to the result backend; without a backend that keeps states, or when it
 does not answer, the callers go on as they would without it.
 """
@@ -35,6 +35,22 @@ def has_ended(task: Any, task_id: str) -> bool:
     requeues = _REQUEUES_TIMEOUTS and task.acks_late and task.acks_on_timeout is False
     timed_out = type(meta.get("result")).__name__ == "TimeLimitExceeded"
     return not (meta["status"] == states.FAILURE and timed_out and requeues)
+
+
+#: The exceptions of a call that failed without running its body: the key stayed held past
+#: its wait (``lock_wait_timeout``, ``lock_retry_for``), or the lock Redis did not answer.
+_UNRUN = frozenset({"LockContended", "LockUnavailable"})
+
+
+def ended_unrun(task: Any, task_id: str) -> bool:
+    """Whether the result backend says the call ``task_id`` failed without running its body
+    (:data:`_UNRUN`); ``False`` when it ran (whatever its end), has not ended, or cannot be
+    told (no backend that keeps states, ``ignore_result``, a backend that does not answer).
+    The exception is told by its class name, as Celery rebuilds it from the stored one."""
+    meta = _stored(task, task_id)
+    if meta is None or meta.get("status") != states.FAILURE:
+        return False
+    return type(meta.get("result")).__name__ in _UNRUN
 
 
 def stored_state(task: Any, task_id: str) -> str | None:

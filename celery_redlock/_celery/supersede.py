@@ -64,7 +64,7 @@ import threading
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from celery import current_app, current_task, states
+from celery import current_app, current_task
 from celery.utils.time import maybe_make_aware
 
 from .._redis import companions
@@ -75,7 +75,7 @@ from . import calls, routing
 from .events import emit
 from .identity import Spec, lock_name_for, spec_of
 from .options import Settings, TaskLockOptions, contention_policy, settings_for
-from .results import stored_state
+from .results import ended_unrun
 
 logger = logging.getLogger("celery_redlock.task")
 
@@ -259,18 +259,15 @@ def _number(value: Any) -> int | None:
     return None
 
 
-#: The states of a newer call that does not supersede a started call's retry: it failed (in
-#: its body, or found the key held past ``lock_wait_timeout`` or ``lock_retry_for``) or was
-#: revoked.
-_UNRUN = (states.FAILURE, states.REVOKED)
-
-
 def superseded(task: Any, spec: Spec, settings: Settings, name: str, request: Any) -> bool:
     """Whether the call starting now was superseded by a newer one; logs and counts it.
 
     A retry of a started call (``request.retries``) is superseded only by a newer call that
-    has not ended unrun (:data:`_UNRUN`, from the result backend; without one, or when it
-    does not answer, the retry is superseded). Timeline it closes: (1) call 1 holds the key
+    did not fail without running (:func:`~celery_redlock._celery.results.ended_unrun`: it
+    found the key held past its wait, or Redis did not answer; without a result backend that
+    keeps its state, the retry is superseded). A newer call whose body ran, and failed, or
+    that was revoked, supersedes it: a revoked newest call leaves the calls it superseded
+    unrun, as the guide says. Timeline it closes: (1) call 1 holds the key
     for 40 s; (2) call 2, published meanwhile, waits 30 s (``lock_wait_timeout``) and fails;
     (3) call 1 calls ``self.retry()``: superseded by call 2, neither call's work would be done.
     """
@@ -298,9 +295,9 @@ def superseded(task: Any, spec: Spec, settings: Settings, name: str, request: An
         return False
     if newest is None:
         return False
-    if request.retries and stored_state(task, newest) in _UNRUN:
+    if request.retries and ended_unrun(task, newest):
         logger.info(
-            "%s[%s] runs: a newer call of %s, %s, was published but ended without running",
+            "%s[%s] runs: a newer call of %s, %s, was published but failed without running",
             task.name,
             request.id,
             keys.lock,

@@ -45,7 +45,8 @@ logged at WARNING with a "did you mean" hint, once, when an app finalizes or its
 first resolved (a process that only sends tasks may never finalize its app). Under Celery's command
 line an app finalizes before Celery sets up logging (``celery worker``, ``celery beat``): the
 warning would be a bare line on stderr, outside the log file, so it waits for Celery's logging
-(``after_setup_logger``); a worker's start logs what is still unlogged.
+(``after_setup_logger``, or ``beat_init`` where a project's ``setup_logging`` receiver
+replaces Celery's logging setup); a worker's start logs what is still unlogged.
 """
 
 from __future__ import annotations
@@ -149,8 +150,10 @@ def _on_app_finalize(app: Any) -> None:
 
 
 @signals.after_setup_logger.connect(weak=False)
+@signals.beat_init.connect(weak=False)
 def _on_logging_set_up(**_: Any) -> None:
-    """Celery has set up logging (worker, beat): log the warnings that waited for it."""
+    """Celery has set up logging (worker, beat), or a beat started: log the warnings that
+    waited for it."""
     warn_waiting()
 
 

@@ -9,6 +9,10 @@ refusals start their own worker (:mod:`tests.e2e.crosscheck_app`), which must ex
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +24,7 @@ from celery import Celery
 from celery_redlock import LockContended
 from celery_redlock.testing import RedisServer, wait_until
 from support.apps import make_app
-from support.workers import WorkerProcess
+from support.workers import WorkerProcess, child_env
 
 pytestmark = pytest.mark.slow
 
@@ -173,3 +177,31 @@ def test_a_misspelled_setting_is_one_warning_in_the_worker_log(
     warned = [line for line in output.splitlines() if "unknown setting 'redlock_ulr'" in line]
     assert len(warned) == 1, output[-3000:]
     assert "WARNING/MainProcess] app 'crosscheck_app': unknown setting" in warned[0]
+
+
+def test_a_misspelled_setting_is_one_warning_in_a_beat_whose_project_sets_up_logging(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """With a ``setup_logging`` receiver Celery sends no ``after_setup_logger``, which the
+    warning waited for: a beat that publishes nothing never logged it. It is logged when the
+    beat starts (``beat_init``)."""
+    log = tmp_path / "project.log"
+    command = [sys.executable, "-m", "celery", "-A", "tests.e2e.beat_logging_app", "beat"]
+    command += ["-s", str(tmp_path / "schedule"), "--max-interval", "1"]
+    env = child_env(REDLOCK_TEST_PORT=str(server.port), REDLOCK_TEST_LOG=str(log))
+    beat = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
+
+    def text() -> str:
+        return log.read_text() if log.exists() else ""
+
+    try:
+        wait_until(lambda: "beat: Starting" in text(), 30, "the beat to start")
+        wait_until(lambda: "unknown setting 'redlock_ulr'" in text(), 10, "the warning")
+    finally:
+        os.killpg(beat.pid, signal.SIGKILL)
+        _, stderr = beat.communicate(timeout=10)
+    warned = [line for line in text().splitlines() if "unknown setting 'redlock_ulr'" in line]
+    assert len(warned) == 1, text()
+    assert b"unknown setting" not in stderr

@@ -154,6 +154,32 @@ def test_a_retry_runs_when_the_newer_call_ended_without_running(
 
 
 @pytest.mark.parametrize("api", APIS)
+def test_a_retry_is_superseded_by_a_newer_call_whose_body_ran_and_failed(
+    app: Celery, api: str
+) -> None:
+    """The newer call ran (a second slot of ``lock_limit=2``) and failed in its body: it did
+    run its newer arguments, so the first's retry is superseded (only a failure to take the
+    lock counts as not run)."""
+    attempts: list[tuple[str, int]] = []
+
+    def reindex(self: Task, doc: str, role: str) -> int:
+        attempts.append((role, self.request.retries))
+        if role == "newer":
+            raise ValueError("the newer call's body failed")
+        if self.request.retries == 0:
+            newer = task.delay(doc, "newer")
+            wait_until(lambda: newer.state == "FAILURE", 20, "the newer call to fail")
+            raise self.retry(countdown=0, max_retries=3)
+        return int(self.request.retries)
+
+    task = define(app, api, reindex, by=["doc"], enqueue="replace", on_contention="wait", limit=2)
+    with running_worker(app, concurrency=2):
+        first = task.delay("d", "first")
+        assert first.get(timeout=20) is None  # superseded
+    assert attempts == [("first", 0), ("newer", 0)]
+
+
+@pytest.mark.parametrize("api", APIS)
 def test_a_call_superseded_while_it_waited_for_the_lock_does_not_run(
     h: Holder, app: Celery, api: str, caplog: pytest.LogCaptureFixture
 ) -> None:
