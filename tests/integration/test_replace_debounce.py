@@ -55,13 +55,9 @@ def assert_superseded_by_newer(text: str, calls: list[Any]) -> None:
     assert superseded_by(text, calls[-1]) is None
 
 
-@pytest.mark.parametrize("api", APIS)
-def test_replace_runs_only_the_newest_queued_call(
-    h: Holder, app: Celery, r: redis_py.Redis, api: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Five calls queued while the key is held (the one pool thread runs the holder, so they
-    wait in the worker): the running call finishes untouched, the first four end as superseded
-    by the fifth, and only the fifth runs."""
+def holding_reindex(h: Holder) -> tuple[list[int], Callable[..., int]]:
+    """A task body that records each version it runs, holding the key through version 0
+    until ``h``'s gate opens; and the list it records into."""
     ran: list[int] = []
 
     def reindex(self: Task, doc: str, version: int) -> int:
@@ -69,6 +65,36 @@ def test_replace_runs_only_the_newest_queued_call(
         if version == 0:
             h.hold()
         return version
+
+    return ran, reindex
+
+
+def queued_behind(
+    h: Holder, app: Celery, task: Any, versions: list[int], concurrency: int, waits: str
+) -> tuple[list[Any], list[Any]]:
+    """Run version 0 (it holds the key), then call each of ``versions`` once the one before
+    found the key held (``waits``: what the wait is for); open the gate. Version 0's result
+    checked; the calls, and their results (each read within 20 s)."""
+    with record_lock_events() as events, running_worker(app, concurrency=concurrency):
+        running = task.delay("d", 0)
+        assert h.entered.wait(10)
+        calls = []
+        for version in versions:
+            calls.append(task.delay("d", version))
+            wait_until(lambda: events.contended(calls[-1]), 10, waits)
+        h.gate.set()
+        assert running.get(timeout=10) == 0
+        return calls, [call.get(timeout=20) for call in calls]
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_replace_runs_only_the_newest_queued_call(
+    h: Holder, app: Celery, r: redis_py.Redis, api: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Five calls queued while the key is held (the one pool thread runs the holder, so they
+    wait in the worker): the running call finishes untouched, the first four end as superseded
+    by the fifth, and only the fifth runs."""
+    ran, reindex = holding_reindex(h)
 
     task = define(app, api, reindex, by=["doc"], enqueue="replace")
     with (
@@ -187,29 +213,12 @@ def test_a_call_superseded_while_it_waited_for_the_lock_does_not_run(
     (``on_contention="wait"``). The check before the lock alone let call 1 run once call 0
     ended, and call 2 after it; call 1 is checked again once it has the lock, gives it back
     and ends as superseded, and only call 2 runs."""
-    ran: list[int] = []
-
-    def reindex(self: Task, doc: str, version: int) -> int:
-        ran.append(version)
-        if version == 0:
-            h.hold()
-        return version
+    ran, reindex = holding_reindex(h)
 
     task = define(app, api, reindex, by=["doc"], enqueue="replace", on_contention="wait")
-    with (
-        caplog.at_level(logging.INFO, logger="celery_redlock.task"),
-        record_lock_events() as events,
-        running_worker(app, concurrency=3),
-    ):
-        running = task.delay("d", 0)
-        assert h.entered.wait(10)
-        calls = []
-        for version in (1, 2):
-            calls.append(task.delay("d", version))
-            wait_until(lambda: events.contended(calls[-1]), 10, "the call to wait")
-        h.gate.set()
-        assert running.get(timeout=10) == 0
-        assert [c.get(timeout=10) for c in calls] == [None, 2]
+    with caplog.at_level(logging.INFO, logger="celery_redlock.task"):
+        calls, results = queued_behind(h, app, task, [1, 2], 3, "the call to wait")
+    assert results == [None, 2]
     assert ran == [0, 2]
     assert superseded_by(caplog.text, calls[0]) == calls[1].id
 
@@ -369,13 +378,7 @@ def test_a_failed_publish_supersedes_nothing(
 ) -> None:
     """Issue 22 item 2. A call whose publish fails (its producer's broker does not answer)
     never becomes the newest: the queued call of its key still runs, with its arguments."""
-    ran: list[int] = []
-
-    def reindex(self: Task, doc: str, version: int) -> int:
-        ran.append(version)
-        if version == 0:
-            h.hold()
-        return version
+    ran, reindex = holding_reindex(h)
 
     name = f"replace.failed.{api}"  # one lock name in both apps
     task = define(app, api, reindex, by=["doc"], enqueue="replace", name=name)
@@ -459,13 +462,7 @@ def test_replace_with_retry_runs_the_newest_arguments_last(
     is requeued (``on_contention="retry"``, with jitter); a requeue by the lock keeps its
     number, so when it comes back it is checked again: the older ones end as superseded (by
     the newest call published by then) and the last run has the newest arguments."""
-    ran: list[int] = []
-
-    def reindex(self: Task, doc: str, version: int) -> int:
-        ran.append(version)
-        if version == 0:
-            h.hold()
-        return version
+    ran, reindex = holding_reindex(h)
 
     task = define(
         app,
@@ -476,20 +473,9 @@ def test_replace_with_retry_runs_the_newest_arguments_last(
         on_contention="retry",
         retry_countdown=0.2,
     )
-    with (
-        caplog.at_level(logging.INFO, logger="celery_redlock.task"),
-        record_lock_events() as events,
-        running_worker(app, concurrency=4),
-    ):
-        running = task.delay("d", 0)
-        assert h.entered.wait(10)
-        calls = []
-        for version in (1, 2, 3):
-            calls.append(task.delay("d", version))
-            wait_until(lambda: events.contended(calls[-1]), 10, "the call to be requeued")
-        h.gate.set()
-        assert running.get(timeout=10) == 0
-        assert [c.get(timeout=20) for c in calls] == [None, None, 3]
+    with caplog.at_level(logging.INFO, logger="celery_redlock.task"):
+        calls, results = queued_behind(h, app, task, [1, 2, 3], 4, "the call to be requeued")
+    assert results == [None, None, 3]
     assert ran == [0, 3]
     # The first call's requeue may come back before the third is published: then the second
     # supersedes it.
