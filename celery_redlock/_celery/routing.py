@@ -67,6 +67,8 @@ from . import calls
 from .identity import check_ignored_options, spec_of
 from .options import warn_when_logged
 
+logger = logging.getLogger("celery_redlock.config")
+
 #: The apps :func:`install` has seen (an app is installed once).
 _installed: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -101,8 +103,6 @@ def check_lock_options(
     elif raw:
         calls.take(f"task {name}", raw)
 
-
-logger = logging.getLogger("celery_redlock.config")
 
 #: The tasks without a lock already warned about a per-call ``lock_*`` option.
 _warned_unlocked: set[str] = set()

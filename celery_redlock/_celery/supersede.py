@@ -29,7 +29,7 @@ What is never superseded:
 
 1. A call whose body started. Its retries (``self.retry()``, ``autoretry_for``) keep its
    number under the ``wait`` and ``retry`` contention policies, where a newer call runs in
-   its turn, so a newer call supersedes them (:func:`_retry_superseded`), unless it ended
+   its turn, so a newer call supersedes them (:func:`_retry_superseded`), unless it failed
    without running (:func:`superseded`); under ``skip`` and
    ``fail`` they are stamped ``false`` here, although Celery copies the original headers into
    them. So are messages published while Redis was unreachable or refused the marker

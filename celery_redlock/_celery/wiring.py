@@ -41,12 +41,13 @@ task or setting and the fix, exit status 1, instead of a traceback through Celer
 (:func:`_brief_config_errors`; every other exception keeps the usual traceback).
 
 Unknown ``redlock_*`` (``CELERY_REDLOCK_*``) settings, which Celery would silently ignore, are
-logged at WARNING with a "did you mean" hint, once, when an app finalizes or its settings are
-first resolved (a process that only sends tasks may never finalize its app). Under Celery's command
-line an app finalizes before Celery sets up logging (``celery worker``, ``celery beat``): the
-warning would be a bare line on stderr, outside the log file, so it waits for Celery's logging
-(``after_setup_logger``, or ``beat_init`` where a project's ``setup_logging`` receiver
-replaces Celery's logging setup); a worker's start logs what is still unlogged.
+logged at WARNING with a "did you mean" hint, once, when an app finalizes, first publishes or
+first resolves its settings (a process that only sends tasks may never finalize its app). Under
+Celery's command line an app finalizes before Celery sets up logging (``celery worker``,
+``celery beat``): the warning would be a bare line on stderr, outside the log file, so it waits
+for Celery's logging (``after_setup_logger``, or ``beat_init`` where a project's
+``setup_logging`` receiver replaces Celery's logging setup); a worker's start logs what is still
+unlogged.
 """
 
 from __future__ import annotations
