@@ -315,9 +315,9 @@ def _superseded_while_waiting(
     task: Any, spec: Spec, settings: Settings, name: str, request: Any, lock: TaskLock
 ) -> bool:
     """After a wait for the lock, under ``lock_enqueue='replace'`` or ``lock_debounce``:
-    whether a newer call of the key was published meanwhile;
-    if so, the lock goes back (quietly: it was never reported as acquired) and the call ends
-    as superseded. The check before the lock alone let older arguments run after newer ones:
+    whether a newer call of the key was published meanwhile; if so, the lock goes back
+    (quietly: it was never reported as acquired) and the call ends as superseded. The check
+    before the lock alone let older arguments run after newer ones:
 
     1. call 1 runs; calls 2 and 3 arrive, pass the check (each was the newest then) and
        wait (``on_contention="wait"``);
