@@ -57,6 +57,12 @@ SESSION_COOKIE = "redlock_session"
 #: dashboard without a login answers.
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 
+#: The shortest ``REDLOCK_WEB_SECRET`` accepted. Timeline it closes: (1) an operator sets a
+#: short word as the secret; (2) anyone who sees one session cookie (a proxy log, a shared
+#: browser) tries words offline against its HMAC until one matches; (3) they sign cookies of
+#: their own, which every process sharing the secret accepts, for as long as it is unchanged.
+MIN_SECRET = 32
+
 #: Seconds a session cookie is accepted after the login that set it (its ``Max-Age`` too).
 SESSION_LIFETIME = 12 * 3600
 
@@ -100,6 +106,7 @@ class Guard:
     """Authentication (standalone) and CSRF checks; no web framework in here.
 
     :param secret: the HMAC key (default ``REDLOCK_WEB_SECRET``, else random).
+    :raises ValueError: for a ``REDLOCK_WEB_SECRET`` shorter than :data:`MIN_SECRET`.
     :param lifetime: seconds a session is accepted after its login.
     :param clock: the time in seconds since the epoch (injected by tests).
     """
@@ -114,6 +121,11 @@ class Guard:
     ) -> None:
         self.credentials = credentials
         env_secret = os.environ.get(SECRET_ENV)
+        if secret is None and env_secret and len(env_secret) < MIN_SECRET:
+            raise ValueError(
+                f"{SECRET_ENV} must be at least {MIN_SECRET} characters "
+                "(secrets.token_urlsafe(32) gives 43)"
+            )
         self.secret = secret or (env_secret.encode() if env_secret else secrets.token_bytes(32))
         self.lifetime = lifetime
         self.clock = clock

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from celery_redlock.web._security import TOKEN_ENV
+from celery_redlock.web._security import SECRET_ENV, TOKEN_ENV
 from support import ROOT
 
 
@@ -58,3 +58,8 @@ def test_no_actions_without_credentials() -> None:
 def test_a_short_token_is_refused() -> None:
     done = run(*CMD, "web", env={TOKEN_ENV: "abc"})
     assert done.returncode == 1 and "REDLOCK_WEB_TOKEN must be at least 16" in done.stderr
+
+
+def test_a_short_secret_is_refused() -> None:
+    done = run(*CMD, "web", env={TOKEN_ENV: "t" * 20, SECRET_ENV: "hunter2"})
+    assert done.returncode == 1 and "REDLOCK_WEB_SECRET must be at least 32" in done.stderr

@@ -11,7 +11,14 @@ from celery_redlock._redis.inventory import MAX_FILTER, _cursor, check_filter
 from celery_redlock._redis.keys import glob_escape, lock_pattern
 from celery_redlock.web._asgi import host_of
 from celery_redlock.web._core import SHOWN_MAX, _name_prefix, _shown
-from celery_redlock.web._security import SESSION_LIFETIME, Credentials, Guard, origin_ok
+from celery_redlock.web._security import (
+    MIN_SECRET,
+    SECRET_ENV,
+    SESSION_LIFETIME,
+    Credentials,
+    Guard,
+    origin_ok,
+)
 from celery_redlock.web._svg import draw
 
 
@@ -59,6 +66,14 @@ def test_cursors_name_a_node_and_its_scan_position() -> None:
     assert _cursor("0", 1) == (0, 0)
     assert _cursor("0:0", 1) == (0, 0)
     assert _cursor("2:12345", 3) == (2, 12345)
+
+
+def test_a_short_secret_in_the_environment_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SECRET_ENV, "s" * (MIN_SECRET - 1))
+    with pytest.raises(ValueError, match=f"REDLOCK_WEB_SECRET must be at least {MIN_SECRET}"):
+        Guard(Credentials())
+    monkeypatch.setenv(SECRET_ENV, "s" * MIN_SECRET)
+    assert Guard(Credentials()).secret == b"s" * MIN_SECRET
 
 
 def test_credentials_come_from_the_environment_and_are_checked() -> None:
