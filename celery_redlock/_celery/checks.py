@@ -49,8 +49,7 @@ from .._redis import probe, servers
 from .._redis.clients import redact
 from .._redis.core import tls_mismatch
 from .identity import spec_of
-from .options import TaskLockOptions, quorum_size, settings_for
-from .supersede import supersedes
+from .options import TaskLockOptions, quorum_size, settings_for, supersedes
 from .timeline import size_for
 
 logger = logging.getLogger("celery_redlock.worker")

@@ -36,6 +36,7 @@ import decimal
 import functools
 import inspect
 import json
+import logging
 import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -50,6 +51,8 @@ from celery.local import Proxy
 from .._redis import keys as _keys
 from ..exceptions import LockConfigError, LockContended, LockUnavailable
 from .options import OPTIONS, Settings, TaskLockOptions, parameters_of, settings_for
+
+logger = logging.getLogger("celery_redlock.config")
 
 _SCALARS = (str, int, float, type(None))
 #: The exact types JSON gives back as they are (not subclasses: a named tuple is no int).
@@ -309,11 +312,14 @@ def check_ignored_options(task: Any) -> None:
     ``@app.task(lock_by=[...])`` without ``base=LockedTask`` builds a plain task class with a
     ``lock_by`` attribute, and the task runs unlocked; under ``@single_instance``, which reads
     only its own keywords, ``@app.task(lock_on_contention="fail")`` is ignored the same way.
-    Left alone: an attribute a base class defines too (``LockedTask``, or a lock base class of
-    the user's own that has a ``lock_ttl`` of its own), and one set by ``task_annotations``
-    (``{"*": {"lock_ttl": 60}}`` reaches every task). Checked once per task: at worker start,
-    and at the first publish in a process (``celery_redlock._celery.routing``). A decorator
-    between ``@app.task`` and ``@single_instance`` is refused there too.
+    Left alone: every option of a ``LockedTask``, and one set by ``task_annotations``
+    (``{"*": {"lock_ttl": 60}}`` reaches every task). An option a base class that is not a
+    ``LockedTask`` defines is logged as a WARNING, not refused: it may be a lock base class of
+    the user's own that reads a ``lock_ttl`` of its own, or a base that should have derived
+    from ``LockedTask`` (``class Base(Task): lock_by = [...]``), whose tasks run unlocked.
+    Checked once per task: at worker start, and at the first publish in a process
+    (``celery_redlock._celery.routing``). A decorator between ``@app.task`` and
+    ``@single_instance`` is refused there too.
     """
     if isinstance(task, Proxy):
         task = task._get_current_object()
@@ -321,15 +327,22 @@ def check_ignored_options(task: Any) -> None:
         return
     _check_nothing_between(task.name, run_function(task)[0])
     cls = type(task)
+    if getattr(cls, OPTIONS_ATTR, None) is not None:  # a LockedTask reads them all
+        task.__dict__["_redlock_read_options"] = True
+        return
     annotated = {key for found in resolve_annotations(task.app.annotations, task) for key in found}
+    keywords = getattr(run_function(task)[0], OPTIONS_ATTR, None) is not None
+    inherited: dict[type, list[str]] = {}
     for option in OPTIONS.values():
         attr = option.attr
-        if attr not in vars(cls) or attr in annotated:
+        defined = [k for k in cls.__mro__ if attr in vars(k)]
+        if not defined or attr in annotated:
             continue
-        if any(attr in vars(base) for base in cls.__mro__[1:]):
+        if defined[-1] is not cls:  # a base class defines it
+            inherited.setdefault(defined[-1], []).append(attr)
             continue
         given = f"task {task.name}: option {attr}={vars(cls)[attr]!r}"
-        if getattr(run_function(task)[0], OPTIONS_ATTR, None) is not None:
+        if keywords:
             raise LockConfigError(
                 f"{given} is given to @app.task, and @single_instance reads only its own "
                 f"keywords; expected @single_instance({option.name}=...)"
@@ -338,6 +351,18 @@ def check_ignored_options(task: Any) -> None:
             f"{given} is ignored: the task is not locked; expected "
             f"@app.task(base=LockedTask, {attr}=...), or @single_instance({option.name}=...) "
             "under @app.task"
+        )
+    for base, attrs in inherited.items():
+        name = base.__name__
+        logger.warning(
+            "task %s: option %s of its base class %s is not read: %s",
+            task.name,
+            ", ".join(attrs),
+            name,
+            "@single_instance reads only its own keywords"
+            if keywords
+            else f"{name} is not a LockedTask, and the task takes no lock; if {name} is meant "
+            f"to lock, expected class {name}(LockedTask)",
         )
     task.__dict__["_redlock_read_options"] = True
 

@@ -976,6 +976,11 @@ def contention_policy(options: TaskLockOptions, settings: Settings) -> str:
     return "retry" if options.rate is not None else settings.on_contention
 
 
+def supersedes(options: TaskLockOptions) -> bool:
+    """Whether a later call of a key supersedes the waiting ones (replace or debounce)."""
+    return options.enqueue == "replace" or options.debounce is not None
+
+
 def settings_for(app: Any) -> Settings:
     """The resolved settings of ``app``, computed on first use and then cached."""
     cached = _settings.get(id(app))

@@ -57,6 +57,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 from celery import Celery
@@ -64,8 +65,8 @@ from celery._state import _get_active_apps
 from celery.app.amqp import AMQP
 
 from . import calls
-from .identity import check_ignored_options, spec_of
-from .options import warn_when_logged
+from .identity import check_ignored_options, lock_name_for, spec_of
+from .options import supersedes, warn_when_logged
 
 logger = logging.getLogger("celery_redlock.config")
 
@@ -87,21 +88,30 @@ def check_lock_options(
     call of a task also refuses ``lock_*`` options the task does not read
     (:func:`celery_redlock._celery.identity.check_ignored_options`) and a lock the task cannot
     take (:func:`~celery_redlock._celery.identity.spec_of`: ``by=["self"]`` on a bound task):
-    no worker would run the call, so it is not published. A ``lock_*`` option given to a call
-    of a task that takes no lock (``base=LockedTask`` forgotten) is warned about
-    (:func:`_warn_unlocked`), and so are the app's misspelled settings, once (a process that
-    only sends tasks may never finalize its app)."""
+    no worker would run the call, so it is not published. So is a call of a ``replace`` or
+    debounce task whose lock name cannot be built (a ``lock_by`` callable that raises, or
+    arguments that do not bind), as ``LockedTask.apply_async`` refuses one under ``keep``:
+    the receiver that numbers the call cannot fail the publish, and the worker would fail it.
+    A ``lock_*`` option given to a call of a task that takes no lock (``base=LockedTask``
+    forgotten) is warned about (:func:`_warn_unlocked`), and so are the app's misspelled
+    settings, once (a process that only sends tasks may never finalize its app)."""
     note(task)
-    locked = True
+    spec = None
     if task is not None:
         warn_when_logged(task.app)
         check_ignored_options(task)
-        locked = spec_of(task) is not None
+        spec = spec_of(task)
     raw = {n: v for n, v in options.items() if isinstance(n, str) and n.startswith("lock_")}
-    if raw and not locked:
+    header = None
+    if raw and task is not None and spec is None:
         _warn_unlocked(name, raw)
     elif raw:
-        calls.take(f"task {name}", raw)
+        header = calls.take(f"task {name}", raw)
+    if spec is not None and supersedes(spec.options):
+        if header is None:  # LockedTask.apply_async took them, into the message's headers
+            header = (options.get("headers") or {}).get(calls.HEADER)
+        if not (isinstance(header, Mapping) and calls.bypassed(header)):
+            lock_name_for(task, spec, args, kwargs)
 
 
 #: The tasks without a lock already warned about a per-call ``lock_*`` option.

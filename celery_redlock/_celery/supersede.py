@@ -70,11 +70,11 @@ from celery.utils.time import maybe_make_aware
 from .._redis import companions
 from .._redis import keys as _keys
 from .._redis.clients import redact
-from ..exceptions import LockUnavailable
+from ..exceptions import LockConfigError, LockUnavailable
 from . import calls, routing
 from .events import emit
 from .identity import Spec, lock_name_for, spec_of
-from .options import Settings, TaskLockOptions, contention_policy, settings_for
+from .options import Settings, contention_policy, settings_for, supersedes
 from .results import ended_unrun
 
 logger = logging.getLogger("celery_redlock.task")
@@ -90,11 +90,6 @@ REQUEUE_ATTR = "redlock_requeue"
 #: The call this thread is publishing: ``(task id, target, keys, number)`` for
 #: :func:`on_published`.
 _pending = threading.local()
-
-
-def supersedes(options: TaskLockOptions) -> bool:
-    """Whether a later call of a key supersedes the waiting ones (replace or debounce)."""
-    return options.enqueue == "replace" or options.debounce is not None
 
 
 def publishing_task(name: str) -> Any:
@@ -181,6 +176,13 @@ def on_publish(headers: MutableMapping[str, Any] | None, body: Any, properties: 
                 task_id,
                 exc,
             )
+    except LockConfigError as exc:  # unchecked by the router (routing: hazards)
+        logger.error(
+            "%s[%s]: published without the newest-call marker, and no worker will run it: %s",
+            task.name,
+            task_id,
+            exc,
+        )
     except Exception as exc:  # never make the publish fail: the call runs, unmarked
         logger.warning(
             "%s[%s]: published without the newest-call marker (it will run, not superseded): "

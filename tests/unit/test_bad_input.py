@@ -7,6 +7,7 @@ No Redis is contacted: every URL here is only parsed.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -287,6 +288,45 @@ def test_a_lock_by_callable_that_raises_names_the_task_and_lock_by(app: Celery) 
         lock_key(task, 1)
     assert "bad.task" in str(info.value) and "lock_by" in str(info.value)
     assert isinstance(info.value.__cause__, KeyError)
+
+
+@pytest.mark.parametrize("api", ["replace", "debounce"])
+def test_a_superseding_call_whose_lock_name_cannot_be_built_is_not_published(
+    app: Celery, api: str
+) -> None:
+    """Helper probe, round 3: under ``keep`` such a ``delay()`` raised, under ``replace`` and
+    debounce it was published with a WARNING that it "will run, not superseded", and the
+    worker failed it. Now it raises in the caller too, under both APIs."""
+    app.conf.broker_url = "memory://"
+
+    def by(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        return str(kwargs["missing"])
+
+    if api == "replace":
+        task = declare(app, lock_by=by, lock_enqueue="replace")
+    else:
+
+        @app.task(name="bad.task", lazy=False)
+        @single_instance(by=by, debounce=5)
+        def task(account_id: int) -> None: ...
+
+    published: list[Any] = []
+
+    def count(**kwargs: Any) -> None:
+        published.append(kwargs)
+
+    signals.before_task_publish.connect(count, weak=False)
+    try:
+        with pytest.raises(LockConfigError) as info:
+            task.delay(1)
+        assert "bad.task" in str(info.value) and "lock_by" in str(info.value)
+        with pytest.raises(LockConfigError):
+            task.apply_async((1,), countdown=1)
+        assert published == []
+        task.apply_async((1,), lock_bypass=True)  # no lock, so no lock name to build
+        assert len(published) == 1
+    finally:
+        signals.before_task_publish.disconnect(count)
 
 
 # -- row 14: the keyed digest ---------------------------------------------------------------------
@@ -601,6 +641,36 @@ def test_lock_options_a_task_reads_are_not_refused(app: Celery) -> None:
     declare(app, lock_by=["account_id"])
     check_app(app)
     assert app.tasks["bad.annotated"].lock_on_contention == "wait"
+
+
+def test_lock_options_of_a_base_class_that_is_not_lockedtask_are_warned_about(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Helper probe, round 3: ``lock_by`` on a base class that forgot ``LockedTask`` made its
+    tasks run unlocked, and nothing said so (a ``lock_*`` given to ``@app.task`` is refused).
+    A warning, not a refusal: such a base may be a hand-rolled lock that reads them itself."""
+
+    class PlainBase(Task):  # type: ignore[misc]
+        lock_by = ("account_id",)
+        lock_on_contention = "fail"
+
+    @app.task(base=PlainBase, name="bad.base")
+    def forgot(account_id: int) -> None: ...
+
+    @app.task(base=PlainBase, name="bad.base_single")
+    @single_instance(by=["account_id"])
+    def single(account_id: int) -> None: ...
+
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.config"):
+        check_app(app)  # what a worker runs at start
+        check_app(app)  # once per task
+    assert sorted(r.getMessage() for r in caplog.records) == [
+        "task bad.base: option lock_by, lock_on_contention of its base class PlainBase is not "
+        "read: PlainBase is not a LockedTask, and the task takes no lock; if PlainBase is meant "
+        "to lock, expected class PlainBase(LockedTask)",
+        "task bad.base_single: option lock_by, lock_on_contention of its base class PlainBase "
+        "is not read: @single_instance reads only its own keywords",
+    ]
 
 
 def test_the_wrong_order_error_names_the_real_function(app: Celery) -> None:

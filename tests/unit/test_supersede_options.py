@@ -13,7 +13,7 @@ from celery import Celery
 import celery_redlock
 from celery_redlock import LockConfigError, LockedTask, single_instance
 from celery_redlock._celery.identity import spec_of
-from celery_redlock._celery.supersede import supersedes
+from celery_redlock._celery.options import supersedes
 
 
 def work(doc: str) -> None: ...
