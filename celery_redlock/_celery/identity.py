@@ -513,13 +513,15 @@ def _check_bound_by(
 
 
 def check_task_name(name: str | None, options: TaskLockOptions) -> None:
-    """Refuse a task name that cannot name its lock: one with ``{`` or ``}``, when no
-    ``lock_name`` replaces it (braces delimit the key's Redis Cluster hash tag)."""
-    if options.name is None and name and set(name) & set("{}"):
+    """Refuse a task name that cannot name its lock: one with ``{`` or ``}`` (they delimit the
+    key's Redis Cluster hash tag) or a control character (a line break splits the lines of
+    every tool that lists the key), when no ``lock_name`` replaces it."""
+    if options.name is None and name and (set(name) & set("{}") or not name.isprintable()):
+        shown = name if name.isprintable() else repr(name)
         raise LockConfigError(
-            f"task {name}: its name contains '{{' or '}}', which a lock name cannot (they delimit "
-            "the key's Redis Cluster hash tag); expected a task name without braces, or a "
-            "lock_name option (name= with @single_instance) without them"
+            f"task {shown}: its name contains '{{', '}}' or a control character, which a lock "
+            "name cannot (braces delimit the key's Redis Cluster hash tag); expected a task "
+            "name without them, or a lock_name option (name= with @single_instance) without them"
         )
 
 

@@ -474,7 +474,17 @@ def seconds(value: Any, *, zero: bool = False) -> bool:
     return (value >= 0 if zero else value > 0) and value <= MAX_TTL
 
 
-def check_arguments(ttl: Any, max_hold: Any, timeout: Any, limit: Any, blocking: Any) -> None:
+def check_arguments(
+    ttl: Any,
+    max_hold: Any,
+    timeout: Any,
+    limit: Any,
+    blocking: Any,
+    auto_renew: Any,
+    owner: Any,
+    host: Any,
+    clock: Any,
+) -> None:
     """Raise :class:`ValueError` for lock arguments of the wrong kind or out of range (``ttl``
     checked inline: a lock is built per task execution)."""
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= MAX_TTL:
@@ -491,6 +501,14 @@ def check_arguments(ttl: Any, max_hold: Any, timeout: Any, limit: Any, blocking:
         raise ValueError(f"Lock limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
     if not isinstance(blocking, bool):
         raise ValueError(f"Lock blocking must be True or False, got {blocking!r}")
+    if not isinstance(auto_renew, bool):
+        raise ValueError(f"Lock auto_renew must be True or False, got {auto_renew!r}")
+    if not isinstance(owner, str):
+        raise ValueError(f"Lock owner must be a string, got {owner!r}")
+    if host is not None and not isinstance(host, str):
+        raise ValueError(f"Lock host must be a string or None, got {host!r}")
+    if not callable(clock):
+        raise ValueError(f"Lock clock must be a function giving seconds, got {clock!r}")
 
 
 def check_limit(limit: int, nodes: tuple[str, ...]) -> None:
@@ -652,7 +670,8 @@ class LockCore:
         limit: int = 1,
         clock: Clock = time.monotonic,
     ) -> None:
-        check_arguments(ttl, max_hold, timeout, limit, blocking)
+        check_arguments(ttl, max_hold, timeout, limit, blocking, auto_renew, owner, host, clock)
+        _keys.validate_prefix(prefix)
         self.nodes = self._connect(redis)
         if limit > 1:  # the node names are read only here (building them costs a URL parse)
             check_limit(limit, self.nodes.names)

@@ -114,11 +114,28 @@ class LockKeys:
 
 
 def validate_name(name: str) -> None:
-    """Reject names that would break the hash tag (``{`` or ``}``) or are empty."""
+    """Reject names that would break the hash tag (``{`` or ``}``), are empty, or hold a
+    control character (a line break in a key splits the lines of every tool that lists it)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"lock name must be a non-empty string, got {name!r}")
-    if "{" in name or "}" in name:
-        raise ValueError(f"lock name {name!r} must not contain '{{' or '}}'")
+    if "{" in name or "}" in name or not name.isprintable():
+        raise ValueError(f"lock name {name!r} must not contain '{{', '}}' or control characters")
+
+
+def validate_prefix(prefix: str) -> None:
+    """Reject a key prefix that is not a non-empty string, or holds ``{``, ``}`` or a control
+    character (the rule of the ``redlock_prefix`` setting)."""
+    if (
+        not isinstance(prefix, str)
+        or not prefix
+        or "{" in prefix
+        or "}" in prefix
+        or not prefix.isprintable()
+    ):
+        raise ValueError(
+            "Lock prefix must be a non-empty string without '{', '}' or control characters, "
+            f"got {prefix!r}"
+        )
 
 
 def keys_for(prefix: str, name: str, limit: int = 1) -> LockKeys:

@@ -527,6 +527,35 @@ def test_a_forked_child_leaves_its_parents_lock_alone(redis_url: str, r: redis_p
     assert r.get(lock.keys.lock) is None
 
 
+@pytest.mark.parametrize(
+    ("arguments", "expected"),
+    [
+        ({"auto_renew": "no"}, "Lock auto_renew must be True or False, got 'no'"),
+        ({"auto_renew": 1}, "Lock auto_renew must be True or False, got 1"),
+        ({"prefix": None}, "Lock prefix must be a non-empty string without"),
+        ({"prefix": ""}, "Lock prefix must be a non-empty string without"),
+        ({"prefix": "a{b"}, "Lock prefix must be a non-empty string without"),
+        ({"prefix": "a\n"}, "Lock prefix must be a non-empty string without"),
+        ({"owner": None}, "Lock owner must be a string, got None"),
+        ({"host": 5}, "Lock host must be a string or None, got 5"),
+        ({"clock": None}, "Lock clock must be a function giving seconds, got None"),
+        ({"name": "a\nb"}, "must not contain '{', '}' or control characters"),
+        ({"name": "a\x00b"}, "must not contain '{', '}' or control characters"),
+    ],
+)
+def test_the_constructor_refuses_arguments_of_the_wrong_kind(
+    d: Driver, redis_url: str, arguments: dict[str, Any], expected: str
+) -> None:
+    """Helper probe, round 3: ``auto_renew="no"`` renewed the lock, ``prefix=None`` made the key
+    ``None:{n}``, ``owner=None`` was stored as ``|None``, ``Lock(name="a\\nb")`` was taken
+    (a task's ``lock_name`` cannot be), and ``host=5`` or ``clock=None`` failed at the first
+    ``acquire()`` naming no argument."""
+    given = {"name": "kinds", **arguments}  # a copy: the parameters are shared by the drivers
+    with pytest.raises(ValueError) as info:
+        d.lock(redis_url, **given)
+    assert expected in str(info.value)
+
+
 def test_a_quorum_naming_one_node_twice_is_refused(d: Driver, redis_url: str) -> None:
     """Its attempts would compete with themselves: it never acquired, and reported its own
     attempt as the holder. ``localhost`` and ``127.0.0.1`` are one node."""

@@ -429,6 +429,26 @@ def test_a_decorated_task_name_with_braces_is_refused_at_its_first_use(app: Cele
         decorated.apply().get()
 
 
+def test_a_task_name_with_a_control_character_is_refused_unless_lock_name_replaces_it(
+    app: Celery,
+) -> None:
+    """Helper probe, round 3: ``lock_name="a\\nb"`` was refused, but a task named so became
+    the lock name unchecked (a line break in a key splits ``celery redlock ls``)."""
+    with pytest.raises(LockConfigError) as info:
+
+        @app.task(base=LockedTask, name="bad.a\nb", lazy=False)
+        def broken() -> None: ...
+
+    assert "task 'bad.a\\nb': its name contains '{', '}' or a control character" in str(
+        info.value
+    )
+
+    @app.task(base=LockedTask, name="bad.a\x00c", lock_name="renamed", lazy=False)
+    def renamed() -> None: ...
+
+    assert lock_key(renamed).startswith("redlock:{renamed:")
+
+
 def test_by_naming_the_bound_task_itself_is_refused_at_its_first_use(app: Celery) -> None:
     """``@single_instance`` checks ``by`` before ``bind=True`` is known; ``self`` is then the
     task, not an argument of the call (``lock_by=["self"]`` is refused when the class is
