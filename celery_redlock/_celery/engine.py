@@ -54,7 +54,14 @@ from ..exceptions import LockContended, LockLost, LockUnavailable, RateLimited
 from . import calls, supersede, tracing
 from .events import emit
 from .identity import Spec, lock_name_for, spec_of
-from .options import KEEPING_MODES, Settings, contention_policy, cross_check, settings_for
+from .options import (
+    KEEPING_MODES,
+    Settings,
+    contention_policy,
+    cross_check,
+    settings_for,
+    supersedes,
+)
 from .results import has_ended, stored_state
 from .state import state
 
@@ -255,7 +262,7 @@ def _take(task: Any, request: Any, spec: Spec, settings: Settings, name: str, he
         task.__dict__[_CHECKED] = settings
     if header and calls.bypassed(header):
         return _bypass(task, settings, name, request)
-    if supersede.supersedes(options) and supersede.superseded(task, spec, settings, name, request):
+    if supersedes(options) and supersede.superseded(task, spec, settings, name, request):
         setattr(request, REQUEST_ATTR, Execution(None, skipped=True))
         return False
     lock = _make_lock(task, spec, settings, name, request)
@@ -325,7 +332,7 @@ def _superseded_while_waiting(
        are not served in order, a slot) and runs;
     3. call 2 takes the lock after it and runs: the older arguments land last.
     """
-    if not supersede.supersedes(spec.options):
+    if not supersedes(spec.options):
         return False
     try:
         if not supersede.superseded(task, spec, settings, name, request):

@@ -158,6 +158,36 @@ def _on_logging_set_up(**_: Any) -> None:
     warn_waiting()
 
 
+@signals.beat_init.connect(weak=False)
+def _check_beat_schedule(sender: Any = None, **_: Any) -> None:
+    """A ``celery beat`` starts: log an ERROR for each ``beat_schedule`` entry whose
+    ``options`` hold a ``lock_*`` option its task refuses, naming the entry.
+
+    Timeline without it: (1) ``"options": {"lock_cooldown": 50}`` (a task option, not a
+    per-call one) is added to a daily entry; (2) beat starts without a word; (3) at the
+    entry's first tick, hours later, the publish is refused (Celery logs the
+    :class:`~celery_redlock.LockConfigError`), and so at every tick after: the job never runs.
+    Logged, not raised: Celery's ``Signal.send`` logs what a receiver raises, and the other
+    entries still run. Entries of a scheduler of another kind (a database) are not read.
+    """
+    app: Any = getattr(sender, "app", None)
+    schedule = getattr(getattr(app, "conf", None), "beat_schedule", None)
+    if app is None or not isinstance(schedule, dict):
+        return
+    for entry, fields in schedule.items():
+        if not isinstance(fields, dict):
+            continue
+        options = fields.get("options") or {}
+        raw = {n: v for n, v in options.items() if isinstance(n, str) and n.startswith("lock_")}
+        task = app.tasks.get(fields.get("task"))
+        if not raw or task is None or spec_of(task) is None:
+            continue  # an unlocked task's lock_* options are warned about when sent
+        try:
+            calls.take(f"task {task.name}", raw)
+        except LockConfigError as exc:
+            logger.error("beat_schedule entry %r is never sent until fixed: %s", entry, exc)
+
+
 def _brief_config_errors(
     kind: type[BaseException], error: BaseException, tb: TracebackType | None
 ) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from celery import Celery, Task, signals
+from celery.apps.beat import Beat
 
 import celery_redlock.asyncio
 from celery_redlock import LockConfigError, LockedTask, lock_key, single_instance
@@ -439,9 +440,7 @@ def test_a_task_name_with_a_control_character_is_refused_unless_lock_name_replac
         @app.task(base=LockedTask, name="bad.a\nb", lazy=False)
         def broken() -> None: ...
 
-    assert "task 'bad.a\\nb': its name contains '{', '}' or a control character" in str(
-        info.value
-    )
+    assert "task 'bad.a\\nb': its name contains '{', '}' or a control character" in str(info.value)
 
     @app.task(base=LockedTask, name="bad.a\x00c", lock_name="renamed", lazy=False)
     def renamed() -> None: ...
@@ -749,3 +748,24 @@ def test_lock_by_listing_a_parameter_twice_is_refused(app: Celery) -> None:
     with pytest.raises(LockConfigError, match=r"'account_id' is listed twice") as info:
         declare(app, lock_by=["account_id", "account_id"])
     assert "bad.task" in str(info.value) and "lock_by" in str(info.value)
+
+
+def test_a_beat_entry_with_a_refused_lock_option_is_logged_when_beat_starts(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Helper probe, round 3: ``"options": {"lock_cooldown": 50}`` (a task option) in a
+    ``beat_schedule`` entry was refused only at the entry's first tick, and at every tick
+    after, with nothing said when beat started."""
+    task = declare(app)
+    app.conf.beat_schedule = {
+        "report": {"task": task.name, "schedule": 60.0, "options": {"lock_cooldown": 50}},
+        "fine": {"task": task.name, "schedule": 60.0, "options": {"lock_ttl": 60}},
+        "elsewhere": {"task": "other.app.task", "schedule": 60.0, "options": {"lock_ttl": "x"}},
+    }
+    with caplog.at_level(logging.ERROR, logger="celery_redlock.worker"):
+        signals.beat_init.send(sender=Beat(app=app))  # as celery beat sends it, at its start
+    assert [r.getMessage() for r in caplog.records] == [
+        "beat_schedule entry 'report' is never sent until fixed: task bad.task: option "
+        "lock_cooldown cannot be given per call; expected one of lock_on_contention, "
+        "lock_wait_timeout, lock_ttl, lock_retry_countdown or lock_bypass"
+    ]
