@@ -732,7 +732,12 @@ def _on_unavailable(
     """
     policy = settings.on_unavailable
     emit(task, request.id, "unavailable", settings=settings)
-    where = f"the lock Redis at {redact(str(settings.url))} (redlock_url)"
+    url = settings.url
+    where = (
+        f"the lock Redis quorum at {redact(', '.join(url))} (redlock_url)"
+        if isinstance(url, tuple)
+        else f"the lock Redis at {redact(url)} (redlock_url)"
+    )
     if policy == "run" and lock is not None and lock.last_holder is not None:
         countdown = max(lock.last_holder_ttl or 0.0, 1.0)
         why = f"saw its key held, then could not wait ({exc}); not run unlocked:"

@@ -317,7 +317,7 @@ class Lock(LockCore):
                     run.reply = self._holder_ttl
                 elif op is Op.SUBSCRIBE:
                     channel, subscription = arg, None
-                    hub = hub_for(await settle(self.nodes.pubsub_client()))
+                    hub = hub_for(await settle(self.nodes.pubsub_client(self.keys.lock)))
                 elif op is Op.RECEIVE and subscription is None:
                     subscription = await settle(hub.subscribe(channel), _unsubscribe)
                     run.reply = SUBSCRIBED

@@ -306,7 +306,7 @@ class SingleNode(QueueRules):
     async def pttl_ms(self, key: str) -> int:
         return int(await self._guarded(key, self.node.client().pttl(key)))
 
-    async def pubsub_client(self) -> Any:
+    async def pubsub_client(self, key: str) -> Any:
         return self.node.client()
 
     def check_wait(self) -> None:
@@ -465,7 +465,7 @@ class Quorum(QuorumRules):
         for node in self.nodes:
             _waits(node)
 
-    async def pubsub_client(self) -> Any:
+    async def pubsub_client(self, key: str) -> Any:
         """The first node that answers a PING (release notifications come from every node)."""
         errors: Replies = []
         for node in self.nodes:
@@ -478,7 +478,7 @@ class Quorum(QuorumRules):
                 errors.append((None, exc))
                 continue
             return client
-        raise self.no_quorum("", list(self.names), "no node answers", errors)
+        raise self.no_listener(key, errors)
 
 
 def _abandon(task: asyncio.Future[Any]) -> None:

@@ -381,6 +381,17 @@ class QuorumRules:
             nodes=tuple(failed),
         )
 
+    def no_listener(self, key: str, errors: Replies) -> LockUnavailable:
+        """No node can carry a blocking wait's subscription: each failed its ``PING``. Says
+        whether they refused it (an ACL user without ``+ping``) or did not answer."""
+        refused = any(classify(err) is Outcome.REFUSED for _, err in errors if err is not None)
+        what = (
+            "a node refused PING, which a quorum's blocking wait sends first (grant +ping)"
+            if refused
+            else "no node answers"
+        )
+        return self.no_quorum(key, list(self.names), what, errors)
+
     def check_answered(self, key: str, replies: Replies, what: str) -> list[str]:
         """The failed nodes; :class:`LockUnavailable` when too few answered for a majority."""
         failed = self.failed(replies)

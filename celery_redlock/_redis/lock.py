@@ -268,7 +268,7 @@ class Lock(LockCore):
                 elif op is Op.HOLDER_TTL:
                     run.reply = self.last_holder_ttl
                 elif op is Op.SUBSCRIBE:  # sent at the first receive, as the asyncio driver's
-                    channel, client, pubsub = arg, self.nodes.pubsub_client(), None
+                    channel, client, pubsub = arg, self.nodes.pubsub_client(self.keys.lock), None
                 elif op is Op.RECEIVE:
                     if pubsub is None:
                         pubsub = _subscriptions.subscribe(client, channel)

@@ -108,7 +108,7 @@ class Nodes(Protocol):
 
     def pttl_ms(self, key: str) -> int: ...
 
-    def pubsub_client(self) -> Any: ...
+    def pubsub_client(self, key: str) -> Any: ...
 
     def run(self, source: str, call: Call, key: str) -> Any: ...
 
@@ -246,8 +246,9 @@ class SingleNode(QueueRules):
         """PTTL of ``key`` (negative when missing or without expiry)."""
         return int(self._guarded(key, self.client.pttl, key))
 
-    def pubsub_client(self) -> Any:
-        """The client blocking waiters subscribe with: :func:`subscriber_of` the lock's."""
+    def pubsub_client(self, key: str) -> Any:
+        """The client blocking waiters of ``key`` subscribe with: :func:`subscriber_of` the
+        lock's."""
         return subscriber_of(self.client)
 
     def run(self, source: str, call: Call, key: str) -> Any:
@@ -535,7 +536,7 @@ class Quorum(QuorumRules):
                 errors.append((None, exc))
         raise self.no_quorum(key, list(self.names), "no node answers", errors)
 
-    def pubsub_client(self) -> Any:
+    def pubsub_client(self, key: str) -> Any:
         errors: Replies = []
         for client in self.clients:
             try:
@@ -546,7 +547,7 @@ class Quorum(QuorumRules):
                 errors.append((None, exc))
                 continue
             return client
-        raise self.no_quorum("", list(self.names), "no node answers", errors)
+        raise self.no_listener(key, errors)
 
 
 Target = Any  # a URL, a client, or a sequence of them

@@ -1377,6 +1377,27 @@ def held_without_publish(d2: Driver, three: list[RedisServer], name: str) -> Ite
         yield lock
 
 
+def test_a_quorum_wait_refused_ping_says_so_and_names_the_lock(
+    d2: Driver, three: list[RedisServer]
+) -> None:
+    """Helper probe, round 3: every node answered and refused the wait's ``PING`` (a user
+    without ``+ping``), and the error said "no quorum for lock : no node answers"."""
+    rules = [rule for rule in RULES if rule != "+ping"]
+    with contextlib.ExitStack() as stack:
+        for server in three:
+            stack.enter_context(acl_user(server.client(), "noping", *rules))
+        urls = [user_url(s, "noping") for s in three]
+        holder = d2.lock(urls, "q-ping", ttl=10)
+        assert d2(holder.acquire(blocking=False))
+        waiter = d2.lock(urls, "q-ping", ttl=10)
+        with pytest.raises(LockUnavailable) as info:
+            d2(waiter.acquire(timeout=5))
+        message = str(info.value)
+        assert f"no quorum for lock {holder.keys.lock}: a node refused PING" in message
+        assert "grant +ping" in message and "no node answers" not in message
+        d2(holder.release())
+
+
 def test_publish_refused_on_a_quorum_release_warns(
     d2: Driver, three: list[RedisServer], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -412,6 +412,8 @@ def test_three_stopped_follows_redlock_on_unavailable(
             if r.name == "celery_redlock.task" and "retrying" in r.getMessage()
         ]
         assert retried == []  # `fail`; and `retry` through apply(), which is never requeued
+        shown = ", ".join(urls(nodes))  # not a Python tuple (helper probe, round 3)
+        assert f"the lock Redis quorum at {shown} (redlock_url)" in caplog.text
         if policy == "retry":
             assert "an eager call is not retried" in caplog.text
 
