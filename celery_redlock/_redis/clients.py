@@ -27,6 +27,7 @@ This module never imports Celery.
 from __future__ import annotations
 
 import inspect
+import math
 import re
 import ssl
 import threading
@@ -272,6 +273,8 @@ def validate_url(url: str) -> None:
     """
     if not url.startswith(SCHEMES):
         raise ValueError(f"the scheme is not one of {', '.join(s[:-3] for s in SCHEMES)}")
+    if url != url.strip():  # read from a file or an environment variable with its line break
+        raise ValueError("it starts or ends with a space or a line break")
     if re.search(r";\s*[a-z+]+://", url):
         raise ValueError(
             "it holds ';' (Celery's failover form): give one URL, or a quorum as a list of URLs"
@@ -288,9 +291,11 @@ def validate_url(url: str) -> None:
         _validate_multi_host(url, scheme)
         return
     try:
-        parts.port  # noqa: B018 (a ValueError for a port that is not a number)
+        port = parts.port
     except ValueError:
         raise ValueError("its port is not a number") from None
+    if port == 0:
+        raise ValueError("its port is 0, which no server listens on")
     # redis-py reads the digits between the slashes (kombu's ``redis://host:6379//`` is 0).
     if scheme != "unix" and not re.fullmatch(r"/*(\d+/*)?", parts.path):
         raise ValueError(f"its database {parts.path!r} is not a number (redis://host:port/<db>)")
@@ -303,6 +308,13 @@ def validate_url(url: str) -> None:
         raise ValueError(f"a query option is not one redis-py takes ({exc})") from None
     except (ValueError, redis_py.exceptions.RedisError) as exc:
         raise ValueError(f"a query option has a bad value ({redact(exc)})") from None
+    given = pool.connection_kwargs
+    if scheme == "unix" and not given.get("path"):
+        raise ValueError("it names no socket path (unix:///path/to/redis.sock)")
+    for option in ("socket_timeout", "socket_connect_timeout"):
+        value = given.get(option)
+        if value is not None and not 0 < value < math.inf:
+            raise ValueError(f"its {option} is {value}; expected seconds > 0")
 
 
 def _validate_multi_host(url: str, scheme: str) -> None:

@@ -683,6 +683,8 @@ class LockCore:
     ) -> None:
         check_arguments(ttl, max_hold, timeout, limit, blocking, auto_renew, owner, host, clock)
         _keys.validate_prefix(prefix)
+        if isinstance(name, str) and not name.isprintable():  # a line break splits `ls` rows
+            raise ValueError(f"lock name {name!r} must not contain control characters")
         self.nodes = self._connect(redis)
         if limit > 1:  # the node names are read only here (building them costs a URL parse)
             check_limit(limit, self.nodes.names)

@@ -114,12 +114,13 @@ class LockKeys:
 
 
 def validate_name(name: str) -> None:
-    """Reject names that would break the hash tag (``{`` or ``}``), are empty, or hold a
-    control character (a line break in a key splits the lines of every tool that lists it)."""
+    """Reject names that would break the hash tag (``{`` or ``}``) or are empty. (The readers
+    of keys take a name with a control character, which an older version or another program
+    may have written; a new lock refuses one: :func:`~celery_redlock._redis.core.LockCore`.)"""
     if not isinstance(name, str) or not name:
         raise ValueError(f"lock name must be a non-empty string, got {name!r}")
-    if "{" in name or "}" in name or not name.isprintable():
-        raise ValueError(f"lock name {name!r} must not contain '{{', '}}' or control characters")
+    if "{" in name or "}" in name:
+        raise ValueError(f"lock name {name!r} must not contain '{{' or '}}'")
 
 
 def validate_prefix(prefix: str) -> None:

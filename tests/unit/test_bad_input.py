@@ -125,6 +125,14 @@ UNUSABLE = [
     (f"redis://:{PASSWORD}@h:1/1, rediss://h:2/1", "a list of URLs, not one string"),
     (f"redis://u:p/{PASSWORD} x@h:1/0", "percent-encode"),
     (f"redis://u:p'{PASSWORD}@h:1/0x", "database '/0x'"),
+    # Helper probe, round 3: each was taken, then every call found Redis "unavailable" (or,
+    # for -1, failed with redis-py's ValueError from settimeout).
+    (f"redis://:{PASSWORD}@h:1/0?socket_timeout=-1", "socket_timeout is -1.0; expected seconds"),
+    (f"redis://:{PASSWORD}@h:1/0?socket_timeout=0", "socket_timeout is 0.0; expected seconds"),
+    (f"redis://:{PASSWORD}@h:1/0?socket_connect_timeout=0", "socket_connect_timeout is 0.0"),
+    ("unix://", "it names no socket path"),
+    (f"redis://:{PASSWORD}@h:0/0", "its port is 0"),
+    (f"redis://:{PASSWORD}@h:1/0\n", "ends with a space or a line break"),
 ]
 
 
