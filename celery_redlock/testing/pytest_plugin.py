@@ -41,6 +41,7 @@ from typing import Any
 
 import pytest
 
+from .. import metrics
 from ._assertions import LockEvents, record_lock_events, use_redlock_url
 from ._server import RedisServer
 
@@ -80,7 +81,9 @@ def _signals_interrupt() -> Iterator[None]:
 
 @pytest.fixture
 def redlock_url(redlock_server: RedisServer) -> str:
-    """The URL of the session's server; its database is emptied before each test."""
+    """The URL of the session's server; its database is emptied before each test, and the
+    counts earlier tests left to be written there are dropped (:func:`metrics.forget`)."""
+    metrics.forget(redlock_server.url)
     client = redlock_server.client()
     try:
         client.flushdb()

@@ -44,7 +44,7 @@ DOC_EXAMPLE = next(
 
 MORE = """
 import pytest
-from celery_redlock import Lock, LockContended, LockedTask
+from celery_redlock import Lock, LockContended, LockedTask, metrics
 from celery_redlock.testing import (
     HOLDER, assert_skipped, hold_lock, record_lock_events,
 )
@@ -87,6 +87,23 @@ def test_wait_gives_up_after_its_timeout(configure_redlock, lock_events):
     assert [e.policy for e in lock_events.events] == ["wait"]
 
 
+@app.task(base=LockedTask, lock_by=(), lock_on_contention="skip")
+def skipping():
+    return "ran"
+
+
+def test_leaves_counts_to_be_written(configure_redlock):
+    configure_redlock(app)
+    with hold_lock(skipping):
+        assert [skipping.delay().get() for _ in range(5)] == [None] * 5
+
+
+def test_each_test_starts_without_counts(configure_redlock):
+    configure_redlock(app)
+    metrics.flush()  # what the background flush does within a second
+    assert metrics.read_stats(app) == {}
+
+
 def test_leaves_a_lock_behind(redlock_url):
     assert Lock(redlock_url, "left-behind", ttl=60).acquire()
 
@@ -119,7 +136,7 @@ def test_the_plugin_in_a_user_test_suite(pytester: pytest.Pytester) -> None:
     )
     pytester.makepyfile(test_readme=DOC_EXAMPLE, test_more=MORE)
     result = pytester.runpytest_subprocess("-q", timeout=60)
-    result.assert_outcomes(passed=8)
+    result.assert_outcomes(passed=10)
 
 
 WAITS = """
