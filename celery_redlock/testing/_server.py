@@ -85,6 +85,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _in_session(pid: object, leader: int) -> bool:
+    """Whether process ``pid`` runs in the session that process ``leader`` leads: a server a
+    wrapper script started without ``exec`` (the server is then its child, in its session)."""
+    if not isinstance(pid, int):
+        return False
+    try:
+        return os.getsid(pid) == leader
+    except OSError:  # gone, or not ours to look at
+        return False
+
+
 class RedisServer:
     """A ``redis-server`` process for tests and demos.
 
@@ -176,7 +187,7 @@ class RedisServer:
                         ) from None
                     time.sleep(0.02)  # waiting for the server to bind: nothing to sync on
                     continue
-                if answering == process.pid:
+                if answering == process.pid or _in_session(answering, process.pid):
                     return self
                 self.stop()
                 raise RuntimeError(
@@ -188,9 +199,12 @@ class RedisServer:
             client.close()
 
     def stop(self) -> None:
-        """Kill the server (SIGKILL: nothing to persist) and wait for it."""
-        if self.process is not None and self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
+        """Kill the server (SIGKILL: nothing to persist) and wait for it. The whole process
+        group goes: a ``REDLOCK_TEST_REDIS_SERVER`` wrapper script that runs redis-server
+        without ``exec`` leaves it as a child, which outlived the wrapper's kill."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
         self.process = None
 

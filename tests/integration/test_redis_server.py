@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from celery_redlock.testing import RedisServer
+from celery_redlock.testing import RedisServer, wait_until
+from celery_redlock.testing._server import redis_server_binary
 
 
 def test_a_port_another_redis_serves_is_an_error_not_that_server() -> None:
@@ -52,3 +53,35 @@ def test_a_server_that_never_answers_is_stopped_and_named(
     pid = int(re.search(r"pid (\d+)", str(e.value)).group(1))  # type: ignore[union-attr]
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def _gone(pid: int) -> bool:
+    """Ended: no such process, or a zombie (an orphan waits for init to reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
+def test_a_wrapper_script_without_exec_is_its_own_server_and_stops_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Helper probe, round 3: a wrapper that picks a Redis line and runs it without ``exec``
+    (the server is then the wrapper's child) was "served by another process", its own server,
+    which then ran on with parent 1; and a wrapper that never binds left its child running."""
+    binary = tmp_path / "redis-server"
+    binary.write_text(f'#!/bin/sh\n{redis_server_binary()} "$@"\n')
+    binary.chmod(0o755)
+    monkeypatch.setenv("REDLOCK_TEST_REDIS_SERVER", str(binary))
+    with RedisServer() as server:
+        assert server.process is not None
+        served_by = server.client().info("server")["process_id"]
+        assert served_by != server.process.pid  # the wrapper's child
+    wait_until(lambda: _gone(served_by), 10, "the wrapper's redis-server to end")
+    pid_file = tmp_path / "child.pid"
+    binary.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {pid_file}\nwait\n")
+    with pytest.raises(RuntimeError, match="did not answer"):
+        RedisServer().start(timeout=0.3)
+    child = int(pid_file.read_text())
+    wait_until(lambda: _gone(child), 10, "the wrapper's child to end")
