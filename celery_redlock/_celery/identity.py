@@ -571,7 +571,7 @@ def locked_spec(task: Any, caller: str) -> Spec:
     return spec
 
 
-def lock_key(task: Any, *args: Any, **kwargs: Any) -> str:
+def lock_key(task: Any, /, *args: Any, **kwargs: Any) -> str:
     """The Redis key that calling ``task(*args, **kwargs)`` would lock.
 
     Raises :class:`TypeError` when ``task`` is no Celery task or an argument has no canonical

@@ -70,7 +70,15 @@ class LockEvent:
 
 
 def _task_id(result_or_id: Any) -> str:
-    return result_or_id if isinstance(result_or_id, str) else str(result_or_id.id)
+    if isinstance(result_or_id, str):
+        return result_or_id
+    task_id = getattr(result_or_id, "id", None)
+    if not isinstance(task_id, str):
+        raise TypeError(
+            "expected the AsyncResult of a call (task.delay(...)) or its task id, got "
+            f"{result_or_id!r}"
+        )
+    return task_id
 
 
 class LockEvents:
@@ -187,12 +195,18 @@ def assert_acquired(result: Any, events: LockEvents | None = None) -> None:
         raise AssertionError(f"task {task_id} took no lock{_describe(events, task_id)}")
 
 
+#: The lease of a :func:`hold_lock` holder (seconds), renewed while it holds.
+HOLD_TTL = 60.0
+
+
 @contextlib.contextmanager
-def hold_lock(task: Any, *args: Any, ttl: float = 60.0, **kwargs: Any) -> Iterator[list[Lock]]:
-    """Hold the lock that ``task(*args, **kwargs)`` takes, as another worker running it would.
+def hold_lock(task: Any, /, *args: Any, **kwargs: Any) -> Iterator[list[Lock]]:
+    """Hold the lock that ``task(*args, **kwargs)`` takes, as another worker running it would:
+    renewed until the block ends, however long it takes (a breakpoint in it included).
 
     Every slot is held for a ``lock_limit`` > 1 task. The holder's task id is :data:`HOLDER`.
-    Raises :class:`RuntimeError` if the key is already held.
+    Raises :class:`RuntimeError` if the key is already held. Every keyword is the task's: a
+    task parameter named ``ttl`` or ``task`` is passed on.
     """
     spec = locked_spec(task, "hold_lock")
     if spec.options.limit is None:
@@ -205,10 +219,11 @@ def hold_lock(task: Any, *args: Any, ttl: float = 60.0, **kwargs: Any) -> Iterat
             lock = Lock(
                 settings.url,
                 name,
-                ttl,
+                HOLD_TTL,
                 prefix=settings.prefix,
                 owner=HOLDER,
                 limit=spec.options.limit,
+                auto_renew=True,
             )
             if not lock.acquire(blocking=False):
                 raise RuntimeError(f"cannot hold {lock.key}: it is already held")

@@ -210,3 +210,24 @@ def test_hold_lock_refuses_a_key_that_is_held(app: Celery) -> None:
         nested()
     with hold_lock(work, 1):  # the failed attempt left nothing behind
         pass
+
+
+def test_hold_lock_and_lock_key_pass_every_keyword_to_the_task(
+    app: Celery, r: redis_py.Redis
+) -> None:
+    """Helper probe, round 3: ``hold_lock(refresh, "k", ttl=10)`` took ``ttl`` for its own
+    holder TTL and held the key of ``refresh("k")``, so ``refresh.delay("k", ttl=10)`` ran;
+    a parameter named ``task`` was "multiple values for argument 'task'"."""
+
+    @app.task(base=LockedTask, lock_by=["key", "ttl", "task"])
+    def refresh(key: str, ttl: int = 300, task: str = "all") -> None: ...
+
+    expected = lock_key(refresh, "k", ttl=10, task="export")
+    assert expected != lock_key(refresh, "k")
+    with hold_lock(refresh, "k", ttl=10, task="export") as held:
+        assert [lock.key for lock in held] == [expected]
+        assert held[0].auto_renew  # held for as long as the block runs
+        assert r.get(expected) is not None
+    assert r.get(expected) is None
+    with record_lock_events(), pytest.raises(TypeError, match="expected the AsyncResult of"):
+        assert_skipped(None)
