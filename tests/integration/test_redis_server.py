@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from celery_redlock.testing import RedisServer, wait_until
-from celery_redlock.testing._server import redis_server_binary
 
 
 def test_a_port_another_redis_serves_is_an_error_not_that_server() -> None:
@@ -65,13 +64,14 @@ def _gone(pid: int) -> bool:
 
 
 def test_a_wrapper_script_without_exec_is_its_own_server_and_stops_with_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, redis_server: RedisServer
 ) -> None:
     """Helper probe, round 3: a wrapper that picks a Redis line and runs it without ``exec``
     (the server is then the wrapper's child) was "served by another process", its own server,
     which then ran on with parent 1; and a wrapper that never binds left its child running."""
+    real = redis_server.command()[0]  # the binary the suite runs
     binary = tmp_path / "redis-server"
-    binary.write_text(f'#!/bin/sh\n{redis_server_binary()} "$@"\n')
+    binary.write_text(f'#!/bin/sh\n{real} "$@"\n')
     binary.chmod(0o755)
     monkeypatch.setenv("REDLOCK_TEST_REDIS_SERVER", str(binary))
     with RedisServer() as server:
