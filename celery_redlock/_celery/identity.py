@@ -533,14 +533,14 @@ def lock_name_for(
     args, kwargs, by = args or (), kwargs or {}, spec.options.by
     if callable(by):
         serializer = getattr(task, "serializer", None) or task.app.conf.task_serializer
-        canonical = encode_call(task.name, spec.params, args, kwargs, by, serializer == "json")
+        canonical = encode_call(spec.owner, spec.params, args, kwargs, by, serializer == "json")
     else:
         positional = spec.positional
         if not kwargs and positional is not None and len(args) == len(positional):
             arguments: Mapping[str, Any] = dict(zip(positional, args, strict=True))
         else:
-            arguments = bind(task.name, spec.params, args, kwargs)
-        canonical = _encode_arguments(task.name, spec.names, arguments)
+            arguments = bind(spec.owner, spec.params, args, kwargs)
+        canonical = _encode_arguments(spec.owner, spec.names, arguments)
     secret = (settings if settings is not None else settings_for(task.app)).key_secret
     return _keys.task_lock_name(spec.options.name or task.name, canonical, secret)
 

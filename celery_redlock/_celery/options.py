@@ -261,7 +261,8 @@ OPTIONS: dict[str, Option] = {
             "str or None",
             "Name part of the key (default: the task's name); tasks sharing it exclude each "
             "other, and those whose calls can share a key must agree on `lock_limit` and "
-            "`lock_rate` (else a `LockConfigError`).",
+            "`lock_rate` (else a worker refuses to start with a `LockConfigError`; an eager call "
+            "is not checked).",
             _name,
         ),
         Option(
