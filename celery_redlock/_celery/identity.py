@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import Task
+from celery.app.annotations import MapAnnotation
 from celery.app.annotations import resolve_all as resolve_annotations
 from celery.app.autoretry import add_autoretry_behaviour
 from celery.local import Proxy
@@ -312,8 +313,9 @@ def check_ignored_options(task: Any) -> None:
     ``@app.task(lock_by=[...])`` without ``base=LockedTask`` builds a plain task class with a
     ``lock_by`` attribute, and the task runs unlocked; under ``@single_instance``, which reads
     only its own keywords, ``@app.task(lock_on_contention="fail")`` is ignored the same way.
-    Left alone: every option of a ``LockedTask``, and one set by ``task_annotations``
-    (``{"*": {"lock_ttl": 60}}`` reaches every task). An option a base class that is not a
+    So is one a ``task_annotations`` entry naming the task sets. Left alone: every option of a
+    ``LockedTask``, and one set by the ``"*"`` entry or an annotation object (they may reach
+    every task: ``{"*": {"lock_ttl": 60}}``). An option a base class that is not a
     ``LockedTask`` defines is logged as a WARNING, not refused: it may be a lock base class of
     the user's own that reads a ``lock_ttl`` of its own, or a base that should have derived
     from ``LockedTask`` (``class Base(Task): lock_by = [...]``), whose tasks run unlocked.
@@ -330,23 +332,34 @@ def check_ignored_options(task: Any) -> None:
     if getattr(cls, OPTIONS_ATTR, None) is not None:  # a LockedTask reads them all
         task.__dict__["_redlock_read_options"] = True
         return
-    annotated = {key for found in resolve_annotations(task.app.annotations, task) for key in found}
+    annotations = task.app.annotations
+    annotated = {key for found in resolve_annotations(annotations, task) for key in found}
+    # An entry naming this very task is meant for it: checked as an @app.task option is.
+    named = {
+        key
+        for annotation in annotations
+        if isinstance(annotation, MapAnnotation) and task.name in annotation
+        for key in annotation[task.name]
+    }
     keywords = getattr(run_function(task)[0], OPTIONS_ATTR, None) is not None
     inherited: dict[type, list[str]] = {}
     for option in OPTIONS.values():
         attr = option.attr
         defined = [k for k in cls.__mro__ if attr in vars(k)]
-        if not defined or attr in annotated:
+        if not defined or (attr in annotated and attr not in named):
             continue
-        if defined[-1] is not cls:  # a base class defines it
+        if defined[-1] is not cls and attr not in named:  # a base class defines it
             inherited.setdefault(defined[-1], []).append(attr)
             continue
-        given = f"task {task.name}: option {attr}={vars(cls)[attr]!r}"
+        given = f"task {task.name}: option {attr}={getattr(cls, attr)!r}"
+        source = f"task_annotations[{task.name!r}]" if attr in named else "@app.task"
         if keywords:
             raise LockConfigError(
-                f"{given} is given to @app.task, and @single_instance reads only its own "
+                f"{given} is given to {source}, and @single_instance reads only its own "
                 f"keywords; expected @single_instance({option.name}=...)"
             )
+        if attr in named:
+            given += f" (from {source})"
         raise LockConfigError(
             f"{given} is ignored: the task is not locked; expected "
             f"@app.task(base=LockedTask, {attr}=...), or @single_instance({option.name}=...) "

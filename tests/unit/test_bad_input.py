@@ -671,6 +671,43 @@ def test_lock_options_a_task_reads_are_not_refused(app: Celery) -> None:
     assert app.tasks["bad.annotated"].lock_on_contention == "wait"
 
 
+def test_a_task_annotation_naming_a_task_that_does_not_read_it_is_refused(app: Celery) -> None:
+    """Helper probe, round 3: ``{"an.plain": {"lock_ttl": 60}}`` on a plain task, and on an
+    ``@single_instance`` one, was ignored without a word; only ``"*"``, which reaches every
+    task, is left alone."""
+    app.conf.task_annotations = {
+        "an.plain": {"lock_ttl": 60},
+        "an.single": {"lock_on_contention": "fail"},
+        "*": {"lock_retry_countdown": 1},
+    }
+
+    @app.task(name="an.plain")
+    def plain() -> None: ...
+
+    with pytest.raises(LockConfigError) as info:
+        check_app(app)
+    assert str(info.value).startswith(
+        "task an.plain: option lock_ttl=60 (from task_annotations['an.plain']) is ignored: "
+        "the task is not locked; expected @app.task(base=LockedTask, lock_ttl=...)"
+    )
+    other = Celery("an", set_as_current=False)  # an app of its own: one refusal per check
+    other.conf.update(
+        redlock_url=LOCK_URL, task_annotations={"an.single": {"lock_on_contention": "fail"}}
+    )
+
+    @other.task(name="an.single")
+    @single_instance
+    def single() -> None: ...
+
+    with pytest.raises(LockConfigError) as info:
+        check_app(other)
+    assert str(info.value).startswith(
+        "task an.single: option lock_on_contention='fail' is given to "
+        "task_annotations['an.single'], and @single_instance reads only its own keywords"
+    )
+    other.close()
+
+
 def test_lock_options_of_a_base_class_that_is_not_lockedtask_are_warned_about(
     app: Celery, caplog: pytest.LogCaptureFixture
 ) -> None:
