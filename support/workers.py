@@ -309,6 +309,17 @@ def running_worker(app: Celery, pool: str = "threads", concurrency: int = 4) -> 
         set_event_loop(None)
 
 
+def control_ready(app: Celery, worker: Any) -> None:
+    """Wait until the in-process ``worker`` answers a control ping. ``running_worker`` returns
+    once its consumer is ready, which may be before its pidbox subscription is: a broadcast
+    (``revoke``) sent in between is lost, as a Redis ``PUBLISH`` without a subscriber is."""
+    wait_until(
+        lambda: app.control.ping([worker.hostname], timeout=0.5, limit=1),
+        10,
+        f"worker {worker.hostname} to answer a control ping",
+    )
+
+
 class Holder:
     """Holds a task inside its body until the test opens the gate."""
 

@@ -28,7 +28,7 @@ from celery_redlock._celery import engine
 from celery_redlock._celery.engine import WAIT_FOR_PUBLISH_S
 from celery_redlock.testing import RedisServer, free_port, wait_until
 from support.apps import lock_keys, make_app
-from support.workers import Holder, running_worker
+from support.workers import Holder, control_ready, running_worker
 from tests.integration.test_script_keys import Monitor
 
 
@@ -613,7 +613,8 @@ def test_a_call_after_a_revoke_is_not_swallowed_by_the_revoked_calls_marker(
     def keep(n: int, v: str = "old") -> str:
         return v
 
-    with running_worker(app):
+    with running_worker(app) as worker:
+        control_ready(app, worker)  # else the revoke may be broadcast before it listens
         first = keep.apply_async((11,), countdown=3600)
         marker = queued_key(keep, 11)
         assert r.get(marker) == first.id.encode()
