@@ -12,12 +12,18 @@ log's ``seq`` order per key is the store's own order of writes. The history chec
 :class:`~chaos.history.StoreWrite`. Its "stale writes accepted" check therefore tests this
 statement under real concurrency: it can only fail if the guard itself is wrong.
 
-A connection belongs to the process that made it. A prefork worker's pool children are forks:
-(1) a parent writes, making its connection; (2) it forks; (3) the child writes. Had the child
-used the inherited connection, both would speak on one socket and their statements and
-replies would interleave (a write applied in the wrong transaction, a reply read by the wrong
-process), and closing it in the child would end the parent's session. So the store remembers
-the pid that made its connection: a child makes its own, and leaves the parent's alone.
+A connection belongs to the thread, and the process, that made it. It is in autocommit mode,
+each write one explicit transaction: a read through :meth:`FencedStore.connection` would
+otherwise leave a transaction open, every later write would become a savepoint inside it
+(reported accepted, never committed), and its row lock would block every other writer of the
+key. Threads sharing one connection nested their transactions out of order the same way.
+
+A prefork worker's pool children are forks: (1) a parent writes, making its connection; (2) it
+forks; (3) the child writes. Had the child used the inherited connection, both would speak on
+one socket and their statements and replies would interleave (a write applied in the wrong
+transaction, a reply read by the wrong process), and closing it in the child would end the
+parent's session. So the store remembers the pid that made its connection: a child makes its
+own, and leaves the parent's alone.
 
 Each run has its own two tables, named after a run id (``faults_<id>_state`` and
 ``faults_<id>_log``), dropped by :meth:`FencedStore.drop`.
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from typing import Any
 
 import psycopg
@@ -50,20 +57,21 @@ class FencedStore:
         self.dsn = dsn
         self.state = f"faults_{run}_state"
         self.log = f"faults_{run}_log"
-        self._conn: Any = None
-        #: The pid of the process that made ``_conn``.
-        self._pid = 0
+        self._local = threading.local()
+        #: Every connection made, with the pid of the process that made it (``append`` is
+        #: atomic: no lock, which a fork could inherit held).
+        self._made: list[tuple[int, Any]] = []
 
     def connection(self) -> Any:
-        """This process's connection (made on first use: a forked child makes its own)."""
-        if self._pid != os.getpid():
-            # Inherited across a fork: the parent's, never to be used or closed here (the
-            # object is dropped; psycopg does not end a connection another process made).
-            self._conn = None
-        if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.dsn, autocommit=False)
-            self._pid = os.getpid()
-        return self._conn
+        """This thread's connection (made on first use: a forked child makes its own)."""
+        conn, pid = getattr(self._local, "conn", None), getattr(self._local, "pid", 0)
+        # One inherited across a fork is the parent's, never to be used or closed here (it is
+        # dropped; psycopg does not end a connection another process made).
+        if conn is None or pid != os.getpid() or conn.closed:
+            conn = psycopg.connect(self.dsn, autocommit=True)
+            self._local.conn, self._local.pid = conn, os.getpid()
+            self._made.append((os.getpid(), conn))
+        return conn
 
     def create(self) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
@@ -106,10 +114,12 @@ class FencedStore:
             return [StoreWrite(int(s), str(k), int(f), bool(a), str(w)) for s, k, f, a, w in rows]
 
     def close(self) -> None:
-        """Close this process's connection (if any; a parent's inherited one is left open)."""
-        if self._conn is not None and self._pid == os.getpid():
-            self._conn.close()
-        self._conn = None
+        """Close this process's connections (a parent's inherited ones are left open)."""
+        made, self._made = self._made, []
+        for pid, conn in made:
+            if pid == os.getpid():
+                conn.close()
+        self._local = threading.local()
 
     def drop(self) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:

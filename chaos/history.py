@@ -45,7 +45,9 @@ instant overlap even if one body took no time.
    was accepted before it; a rejection of a write whose token is at least every token
    accepted so far is a *wrong rejection* (the fence refused the newest holder: a violation);
 3. **token order**: of two holdings of a key that do not overlap, the earlier one has the
-   smaller token (a violation otherwise, also when either has none); of two that overlap,
+   smaller token (a violation otherwise, also when either has none, unless the later one was
+   admitted inside the window of a limit that loses the token state: counted under it); of
+   two that overlap,
    the one admitted later has the larger token (else the fence would refuse the newer holder
    and let the older one write): a violation, or, inside the window of a documented limit,
    counted under that limit (:attr:`Verdict.inversions_explained`). A limit that loses the
@@ -61,7 +63,8 @@ instant overlap even if one body took no time.
 4. **shared tokens**: two holdings of a key with one token, or two writers accepted with one
    token. Tokens are unique per acquisition (``docs/guide.md``, "Fencing tokens": they
    strictly increase), and the fence lets an equal token through, so a shared token would
-   let a stale writer's writes in (a violation);
+   let a stale writer's writes in (a violation; counted under the limit when the later
+   holding was admitted inside the window of a limit that loses the token state);
 5. **writes outside an admission**: a ``write`` of a call that held no admission then, or a
    store write whose writer was never admitted for that key (a violation: nothing judged it);
    and **mistokened writes**: a store write whose token is none its writer was admitted with
@@ -88,6 +91,7 @@ admitted. Such calls are counted (:attr:`Verdict.admitted_lost`), not judged as 
 from __future__ import annotations
 
 import itertools
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -131,17 +135,45 @@ class Event:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Event:
+        """An event as the recorder wrote it. :class:`ValueError` naming the field for a
+        record the checker would misjudge: a missing field, a time that is no finite number
+        (a NaN breaks the sort: an overlap read as an inversion), a token that is no whole
+        number (``1.9`` was cut to 1), and a body event without its run id (two admissions of
+        one call at once were one holding, and passed)."""
+        missing = [name for name in ("at", "call", "kind") if name not in data]
+        if missing:
+            raise ValueError(f"event {data!r} lacks {', '.join(missing)}")
+        kind, call = str(data["kind"]), str(data["call"])
+        where = f"event {kind} of call {call!r}"
         return cls(
-            at=float(data["at"]),
-            call=str(data["call"]),
-            kind=str(data["kind"]),
+            at=_time(data["at"], f"{where}: at"),
+            call=call,
+            kind=kind,
             key=str(data.get("key", "")),
-            token=None if data.get("token") is None else int(data["token"]),
+            token=_token(data.get("token"), where),
             accepted=data.get("accepted"),
             state=data.get("state"),
-            run=str(data.get("run", "")),
-            since=None if data.get("since") is None else float(data["since"]),
+            run=_run(data.get("run"), kind, where),
+            since=None if data.get("since") is None else _time(data["since"], f"{where}: since"),
         )
+
+
+def _time(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{what}={value!r} is no finite number of seconds")
+    return float(value)
+
+
+def _token(value: Any, where: str) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"{where}: token={value!r} is no whole number")
+    return value
+
+
+def _run(value: Any, kind: str, where: str) -> str:
+    if value in (None, "") and kind in BODY_KINDS - {"write"}:  # a write may be outside one
+        raise ValueError(f"{where}: a body event needs the run id of its execution")
+    return "" if value is None else str(value)
 
 
 @dataclass(frozen=True)
@@ -215,7 +247,9 @@ class Verdict:
     empty: bool = False
     #: Calls were submitted, but no holder had a token or the store accepted no write.
     untested: bool = False
-    #: Per limit, inversions between overlapping holders that began inside its window.
+    #: Per limit, inversions (and repeated tokens) its window explains: between overlapping
+    #: holders that began inside it, and, for a limit that loses the token state, of a later
+    #: holder admitted inside it.
     inversions_explained: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -314,6 +348,19 @@ def _ordered(older: Holding, newer: Holding) -> bool:
     return newer.since is not None and newer.since >= older.admitted
 
 
+def _tokens_lost(hold: Holding, windows: Sequence[Window]) -> Window | None:
+    """The window of a limit that loses the tokens' state in which ``hold`` was admitted."""
+    for w in windows:
+        if w.limit is not None and w.tokens_go_back and w.start <= hold.admitted <= w.end:
+            return w
+    return None
+
+
+def _explain_inversion(verdict: Verdict, window: Window) -> None:
+    limit = str(window.limit)
+    verdict.inversions_explained[limit] = verdict.inversions_explained.get(limit, 0) + 1
+
+
 def _share(verdict: Verdict, key: str, a: str, b: str) -> None:
     if all((k, {x, y}) != (key, {a, b}) for k, x, y in verdict.shared_tokens):
         verdict.shared_tokens.append((key, a, b))
@@ -339,7 +386,11 @@ def check(
     for key, held in by_key.items():
         for a, b in itertools.combinations(held, 2):
             if a.token is not None and a.token == b.token:
-                _share(verdict, key, a.call, b.call)
+                lost_state = _tokens_lost(max(a, b, key=lambda h: h.admitted), windows)
+                if lost_state is None:
+                    _share(verdict, key, a.call, b.call)
+                else:
+                    _explain_inversion(verdict, lost_state)
             if _overlap(a, b):
                 window = _explained(a, b, windows)
                 limit = None if window is None else window.limit
@@ -362,16 +413,23 @@ def check(
                     ):
                         verdict.token_inversions.append((key, older.call, newer.call))
                     else:
-                        count = verdict.inversions_explained.get(limit, 0) + 1
-                        verdict.inversions_explained[limit] = count
+                        _explain_inversion(verdict, window)
                 continue
             first, second = (a, b) if a.ended <= b.admitted else (b, a)
-            if first.token is None or second.token is None or first.token > second.token:
+            if first.token is None or second.token is None:
                 verdict.token_inversions.append((key, first.call, second.call))
+            elif first.token > second.token:
+                lost_state = _tokens_lost(second, windows)
+                if lost_state is None:
+                    verdict.token_inversions.append((key, first.call, second.call))
+                else:
+                    _explain_inversion(verdict, lost_state)
     admitted = {(h.key, h.call) for h in holds}
     tokens: dict[tuple[str, str], set[int | None]] = defaultdict(set)
+    admission: dict[tuple[str, str, int | None], Holding] = {}
     for hold in holds:
         tokens[(hold.key, hold.call)].add(hold.token)
+        admission[(hold.key, hold.call, hold.token)] = hold
     for event in unheld:
         if (event.key, event.call) not in verdict.unadmitted_writes:
             verdict.unadmitted_writes.append((event.key, event.call))
@@ -393,7 +451,9 @@ def check(
             verdict.stale_accepted.append(w)
             continue
         if top is not None and w.token == top.token and w.writer != top.writer:
-            _share(verdict, w.key, top.writer, w.writer)
+            hold = admission.get((w.key, w.writer, w.token))
+            if hold is None or _tokens_lost(hold, windows) is None:  # else counted above
+                _share(verdict, w.key, top.writer, w.writer)
         best[w.key] = w
     finals: dict[str, Event] = {}
     for e in events:

@@ -1120,7 +1120,9 @@ def current_fencing_token() -> int | None:
     ``None`` on a direct call (``sync_account(42)`` runs no lock code), outside a locked task,
     under ``redlock_on_unavailable='run'`` when Redis did not answer, and once the lock was
     lost (see :attr:`Lock.fencing_token`). A fenced store should then refuse the write, or the
-    caller decide that an unlocked run needs no fence.
+    caller decide that an unlocked run needs no fence. Raises
+    :class:`~celery_redlock.LockUnavailable` when a single-node lock reads its token for the
+    first time (one round trip) and Redis does not answer.
     """
     lock = current_lock()
     return None if lock is None else lock.fencing_token

@@ -95,3 +95,29 @@ def test_a_forked_child_writes_on_a_connection_of_its_own(store: FencedStore) ->
     store.close()
     writes = [(w.token, w.accepted, w.writer) for w in store.writes()]
     assert writes == [(10, True, "parent"), (11, True, "child"), (12, True, "parent")]
+
+
+def test_a_read_and_threads_sharing_one_store_leave_every_write_committed(
+    store: FencedStore,
+) -> None:
+    """Helper probe, round 3: a read through ``connection()`` left a transaction open, so every
+    later write was a savepoint inside it (``True``, never committed) holding the row lock;
+    threads sharing one store nested their transactions out of order."""
+    assert store.connection().execute(f"SELECT count(*) FROM {store.state}").fetchone() == (0,)
+    assert store.write("k", 1, "reader")
+    assert [(w.token, w.writer) for w in store.writes()] == [(1, "reader")]  # committed
+
+    def writer(n: int) -> None:
+        for token in range(2 + n, 202, 4):
+            store.write("k", token, f"w{n}")
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    store.close()
+    writes = store.writes()
+    assert len(writes) == 201
+    verdict = check([], writes)
+    assert not verdict.stale_accepted and not verdict.wrong_rejections

@@ -347,3 +347,47 @@ def test_a_limit_that_loses_the_tokens_explains_any_inversion_in_its_window() ->
     verdict = judge(events, writes, early)
     assert verdict.token_inversions == [] and verdict.ok, verdict.summary()
     assert verdict.inversions_explained == {"rejoined early": 1}
+
+
+@pytest.mark.parametrize(("second_token", "shared"), [(11, False), (12, True)])
+def test_a_limit_that_loses_the_tokens_explains_a_later_holder_s_smaller_or_equal_token(
+    second_token: int, shared: bool
+) -> None:
+    """Helper probe, round 3: after nodes restarted empty, a holder that followed the older
+    one (no overlap) with a smaller or equal token failed the run, while the same two
+    overlapping passed. Outside such a window it is still a violation."""
+    # The fence refuses a smaller token and lets an equal one through.
+    writes = [StoreWrite(1, "k", 12, True, "a"), StoreWrite(2, "k", second_token, shared, "b")]
+    events = call("a", "k", 12, 1, 2) + call("b", "k", second_token, 3, 4)
+    lost = [Window("restart-empty", 2.5, 3.5, limit="restarted empty", tokens_go_back=True)]
+    verdict = judge(events, writes, lost)
+    assert verdict.ok, verdict.summary()
+    assert verdict.inversions_explained == {"restarted empty": 1}
+    kept = [Window("pause-holder", 2.5, 3.5, limit="holder paused")]  # keeps the tokens
+    verdict = judge(events, writes, kept)
+    assert not verdict.ok
+    if shared:
+        assert verdict.shared_tokens == [("k", "a", "b")]
+    else:
+        assert verdict.token_inversions == [("k", "a", "b")]
+
+
+@pytest.mark.parametrize(
+    ("record", "says"),
+    [
+        ({"at": 1.0, "call": "a", "kind": "admitted", "key": "k", "token": 1}, "run id"),
+        ({"at": float("nan"), "call": "a", "kind": "submitted"}, "at=nan is no finite number"),
+        ({"at": "1", "call": "a", "kind": "submitted"}, "at='1' is no finite number"),
+        ({"at": 1.0, "call": "a", "kind": "write", "token": 1.9}, "token=1.9 is no whole"),
+        ({"at": 1.0, "call": "a", "kind": "write", "token": True}, "token=True is no whole"),
+        ({"call": "a", "kind": "submitted"}, "lacks at"),
+    ],
+)
+def test_a_record_the_checker_would_misjudge_is_refused_naming_the_field(
+    record: dict[str, Any], says: str
+) -> None:
+    """Helper probe, round 3: without run ids two admissions of one call at once were one
+    holding (the run passed); a NaN time broke the sort; ``1.9`` was cut to token 1."""
+    with pytest.raises(ValueError, match=says):
+        Event.from_dict(record)
+    assert Event.from_dict({"at": 1, "call": "a", "kind": "write", "token": 3}).run == ""
