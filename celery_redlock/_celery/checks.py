@@ -77,11 +77,13 @@ def run_startup_checks(app: Any, pool_enforces_limits: bool, *, pool: str | None
             "celery_redlock: redlock_url is not set; locks live on the Redis broker at %s",
             redact(settings.url),
         )
-    down = [
-        url
+    answered = {
+        url: _check_node(url, settings.on_unavailable, len(urls) > 1, settings.prefix, features)
         for url in urls
-        if not _check_node(url, settings.on_unavailable, len(urls) > 1, settings.prefix, features)
-    ]
+    }
+    down = [url for url, server in answered.items() if server is None]
+    if len(urls) > 1:
+        _check_distinct(answered, len(urls))
     if len(urls) > 1 and len(urls) - len(down) < quorum_size(settings):  # one node: said
         logger.error(
             "celery_redlock: %d of %d lock Redis nodes do not answer, no quorum; locked tasks "
@@ -141,10 +143,36 @@ def features_of(app: Any) -> dict[str, list[str]]:
     return found
 
 
+def _check_distinct(answered: dict[str, str | None], size: int) -> None:
+    """Log an ERROR for each server that several nodes of the quorum name (one ``run_id``):
+    one server by its TCP port and by its unix socket, by two of its addresses, or by a DNS
+    alias, which the URL check (:func:`~celery_redlock._redis.clients.check_distinct`) cannot
+    see. Timeline: (1) ``redlock_url`` lists A by port, A by socket, and B; (2) A crashes;
+    (3) two of three nodes are down, and no lock is taken while B, a majority of the servers,
+    answers; and a lock held on A alone passes for a majority."""
+    by_server: dict[str, list[str]] = {}
+    for url, server in answered.items():
+        if server:
+            by_server.setdefault(server, []).append(url)
+    for urls in by_server.values():
+        if len(urls) > 1:
+            logger.error(
+                "celery_redlock: redlock_url names one Redis server %d times (%s: one run_id): "
+                "the quorum of %d counts it as %d nodes, so its one crash takes %d votes; give "
+                "each node its own server",
+                len(urls),
+                ", ".join(redact(u) for u in urls),
+                size,
+                len(urls),
+                len(urls),
+            )
+
+
 def _check_node(
     url: str, on_unavailable: str, in_quorum: bool, prefix: str, features: dict[str, list[str]]
-) -> bool:
-    """Check one node; return whether it answered.
+) -> str | None:
+    """Check one node; return the ``run_id`` of the server that answered (``""`` when its
+    ``INFO`` is not readable), or ``None`` when it did not answer.
 
     A node of a quorum that does not answer is a WARNING (a minority down is tolerated); the
     caller reports an ERROR when no majority answers.
@@ -165,7 +193,7 @@ def _check_node(
                 fix,
                 on_unavailable,
             )
-            return False
+            return None
         hint = tls_mismatch(url.startswith("rediss"), exc)
         why = f"{type(exc).__name__}: {redact(exc)}" + (f"; {hint}" if hint else "")
         if in_quorum:
@@ -183,7 +211,7 @@ def _check_node(
                 why,
                 on_unavailable,
             )
-        return False
+        return None
     try:
         infos = probe.infos(client)
     except probe.ERRORS as exc:  # e.g. an ACL that denies INFO
@@ -191,6 +219,7 @@ def _check_node(
         infos = []
     for info in infos:
         _check_info(shown, info)
+    server = str(infos[0].get("run_id") or "") if len(infos) == 1 else ""
     try:
         refusals = probe.dry_run(client, prefix, CHECK_TIMEOUT)
     except probe.ERRORS as exc:
@@ -200,11 +229,11 @@ def _check_node(
             type(exc).__name__,
             redact(exc),
         )
-        return True
+        return server
     if not in_quorum:
         refusals.pop("PING", None)  # only a quorum pings its nodes
     _report_dry_run(shown, refusals, on_unavailable, features, prefix)
-    return True
+    return server
 
 
 #: What a refusal costs, per feature a registered task uses (ERROR).

@@ -5,6 +5,7 @@ nothing more about it."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import redis as redis_py
@@ -43,3 +44,31 @@ def test_the_startup_check_on_redis_logs_no_server_finding(
     lines = [r.getMessage() for r in caplog.records]
     assert any(line.startswith("celery_redlock: locks on Redis ") for line in lines), lines
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], lines
+
+
+def test_a_quorum_listing_one_server_twice_is_an_error_at_worker_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Helper probe, round 3: one server named by its TCP port and by its unix socket passed
+    the URL check (the URLs differ), so a "quorum of 3" was two servers, and one crash took
+    two votes. The startup check reads each node's ``run_id``."""
+    socket = tmp_path / "a.sock"
+    with (
+        RedisServer(args=["--unixsocket", str(socket)]) as a,
+        RedisServer() as b,
+    ):
+        app = Celery("twice", set_as_current=False)
+        app.conf.redlock_url = [a.url, f"unix://{socket}?db=0", b.url]
+
+        @app.task(base=LockedTask, shared=False)
+        def locked() -> None: ...
+
+        with caplog.at_level(logging.INFO, logger="celery_redlock.worker"):
+            run_startup_checks(app, pool_enforces_limits=True)
+        app.close()
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [
+        f"celery_redlock: redlock_url names one Redis server 2 times ({a.url}, "
+        f"unix://{socket}?db=0: one run_id): the quorum of 3 counts it as 2 nodes, so its "
+        "one crash takes 2 votes; give each node its own server"
+    ]
