@@ -84,7 +84,7 @@ class InstanceOptions(TypedDict, total=False):
     on_contention: Policy | None
     retry_countdown: float
     wait_timeout: float
-    limit: int
+    limit: int | None
     cooldown: float
     enqueue: bool | EnqueueMode
     enqueue_ttl: float

@@ -164,7 +164,10 @@ def _by(owner: str, option: str, value: Any, params: Params) -> LockBy:
         )
         for name in value:
             if name not in names:
-                check_unknown(owner, [name], shown, f"{option} parameter", note)
+                bound = "; with bind=True, self is the task itself, not an argument of the call"
+                check_unknown(
+                    owner, [name], shown, f"{option} parameter", bound if name == "self" else note
+                )
     return tuple(value)
 
 
