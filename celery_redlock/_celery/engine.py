@@ -362,6 +362,8 @@ class TaskLock(Lock):
     #: A task id holds one slot of a ``lock_limit`` semaphore at most: a duplicate delivery
     #: finds its own run holding and is requeued, as with a lock of one slot.
     one_slot_per_owner = True
+    #: Its arguments come from validated settings and Celery's request (``_make_lock``).
+    checked_by_caller = True
     #: ``redlock_ttl_margin`` when ``max_hold`` is the hard time limit's cap (else ``None``).
     margin: float | None = None
     #: ``(url, slot)`` of the per-call overrides record written at acquisition, if any.
@@ -441,7 +443,7 @@ def _make_lock(task: Any, spec: Spec, settings: Settings, name: str, request: An
         name,
         ttl,
         prefix=settings.prefix,
-        owner=request.id or "",
+        owner=str(request.id or ""),  # an eager call may be given a UUID object
         host=request.hostname,
         auto_renew=renewed,
         max_hold=max_hold,

@@ -313,7 +313,8 @@ def check_ignored_options(task: Any) -> None:
     ``@app.task(lock_by=[...])`` without ``base=LockedTask`` builds a plain task class with a
     ``lock_by`` attribute, and the task runs unlocked; under ``@single_instance``, which reads
     only its own keywords, ``@app.task(lock_on_contention="fail")`` is ignored the same way.
-    So is one a ``task_annotations`` entry naming the task sets. Left alone: every option of a
+    So is one a ``task_annotations`` entry naming the task sets, unless a base class defines it
+    too (then a WARNING, below). Left alone: every option of a
     ``LockedTask``, and one set by the ``"*"`` entry or an annotation object (they may reach
     every task: ``{"*": {"lock_ttl": 60}}``). An option a base class that is not a
     ``LockedTask`` defines is logged as a WARNING, not refused: it may be a lock base class of
@@ -348,7 +349,7 @@ def check_ignored_options(task: Any) -> None:
         defined = [k for k in cls.__mro__ if attr in vars(k)]
         if not defined or (attr in annotated and attr not in named):
             continue
-        if defined[-1] is not cls and attr not in named:  # a base class defines it
+        if defined[-1] is not cls:  # a base class defines it (a hand-rolled lock's, maybe)
             inherited.setdefault(defined[-1], []).append(attr)
             continue
         given = f"task {task.name}: option {attr}={getattr(cls, attr)!r}"
@@ -532,8 +533,8 @@ def check_task_name(name: str | None, options: TaskLockOptions) -> None:
     if options.name is None and name and (set(name) & set("{}") or not name.isprintable()):
         shown = name if name.isprintable() else repr(name)
         raise LockConfigError(
-            f"task {shown}: its name contains '{{', '}}' or a control character, which a lock "
-            "name cannot (braces delimit the key's Redis Cluster hash tag); expected a task "
+            f"task {shown}: its name contains '{{', '}}' or a non-printable character, which a "
+            "lock name cannot (braces delimit the key's Redis Cluster hash tag); expected a task "
             "name without them, or a lock_name option (name= with @single_instance) without them"
         )
 

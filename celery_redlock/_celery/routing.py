@@ -60,7 +60,7 @@ import weakref
 from collections.abc import Mapping
 from typing import Any
 
-from celery import Celery
+from celery import Celery, current_task
 from celery._state import _get_active_apps
 from celery.app.amqp import AMQP
 
@@ -107,11 +107,30 @@ def check_lock_options(
         _warn_unlocked(name, raw)
     elif raw:
         header = calls.take(f"task {name}", raw)
-    if spec is not None and supersedes(spec.options):
+    if spec is not None and supersedes(spec.options) and not _inside(task):
         if header is None:  # LockedTask.apply_async took them, into the message's headers
             header = (options.get("headers") or {}).get(calls.HEADER)
         if not (isinstance(header, Mapping) and calls.bypassed(header)):
-            lock_name_for(task, spec, args, kwargs)
+            _routing.lock_name = (task, lock_name_for(task, spec, args, kwargs))
+
+
+def _inside(task: Any) -> bool:
+    """Whether this publish comes from an execution of ``task`` itself: its retry, a requeue
+    by the lock, or a call it makes of its own task. Its lock name is left to the receiver
+    (:func:`celery_redlock._celery.supersede.on_publish`), which numbers no republish. Timeline
+    it keeps out: (1) a ``lock_by`` callable reads a database; (2) the database blips as the
+    call's ``self.retry()`` publishes; (3) an error here would make Celery reject the retry
+    (``Reject(requeue=False)``): the call would be dropped, where the retry had to run."""
+    running = current_task._get_current_object()
+    return running is not None and running.name == task.name and not running.request.called_directly
+
+
+def routed_lock_name(task: Any) -> str | None:
+    """The lock name :func:`check_lock_options` built for this thread's call of ``task``,
+    once; else ``None``. (A ``lock_by`` callable is called once per publish.)"""
+    noted = getattr(_routing, "lock_name", None)
+    _routing.lock_name = None
+    return noted[1] if noted is not None and noted[0] is task else None
 
 
 #: The tasks without a lock already warned about a per-call ``lock_*`` option.
@@ -148,6 +167,7 @@ def note(task: Any) -> None:
     :func:`check_lock_options` to note it.
     """
     _routing.task = task
+    _routing.lock_name = None
 
 
 def routed_task(name: str) -> Any:

@@ -139,6 +139,13 @@ def denied_by_acl(text: str) -> bool:
     return "NOPERM" in text or "user executing the script" in text or "ACL failure in" in text
 
 
+def _acl_refusal(exc: BaseException) -> bool:
+    """Whether ``exc`` is the ACL's refusal of a command (redis-py and valkey strip the
+    ``NOPERM`` prefix off the message of the error class they raise for it)."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    return "NoPermissionError" in names or denied_by_acl(str(exc))
+
+
 def classify(exc: BaseException) -> Outcome | None:
     """What ``exc`` means for a lock, or ``None`` when it is no Redis error at all (a bug)."""
     if isinstance(exc, LockUnavailable):
@@ -384,12 +391,13 @@ class QuorumRules:
     def no_listener(self, key: str, errors: Replies) -> LockUnavailable:
         """No node can carry a blocking wait's subscription: each failed its ``PING``. Says
         whether they refused it (an ACL user without ``+ping``) or did not answer."""
-        refused = any(classify(err) is Outcome.REFUSED for _, err in errors if err is not None)
-        what = (
-            "a node refused PING, which a quorum's blocking wait sends first (grant +ping)"
-            if refused
-            else "no node answers"
-        )
+        refusals = [e for _, e in errors if e is not None and classify(e) is Outcome.REFUSED]
+        if any(_acl_refusal(e) for e in refusals):
+            what = "a node refused PING, which a quorum's blocking wait sends first (grant +ping)"
+        elif refusals:
+            what = "the nodes refused PING, which a quorum's blocking wait sends first"
+        else:
+            what = "no node answers"
         return self.no_quorum(key, list(self.names), what, errors)
 
     def check_answered(self, key: str, replies: Replies, what: str) -> list[str]:
@@ -485,17 +493,7 @@ def seconds(value: Any, *, zero: bool = False) -> bool:
     return (value >= 0 if zero else value > 0) and value <= MAX_TTL
 
 
-def check_arguments(
-    ttl: Any,
-    max_hold: Any,
-    timeout: Any,
-    limit: Any,
-    blocking: Any,
-    auto_renew: Any,
-    owner: Any,
-    host: Any,
-    clock: Any,
-) -> None:
+def check_arguments(ttl: Any, max_hold: Any, timeout: Any, limit: Any, blocking: Any) -> None:
     """Raise :class:`ValueError` for lock arguments of the wrong kind or out of range (``ttl``
     checked inline: a lock is built per task execution)."""
     if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= MAX_TTL:
@@ -512,6 +510,20 @@ def check_arguments(
         raise ValueError(f"Lock limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
     if not isinstance(blocking, bool):
         raise ValueError(f"Lock blocking must be True or False, got {blocking!r}")
+
+
+def check_given(prefix: Any, name: Any, owner: Any, host: Any, auto_renew: Any, clock: Any) -> None:
+    """Raise :class:`ValueError` for the other arguments of a lock built by its user (the
+    engine's come from validated settings and from Celery: :attr:`LockCore.checked_by_caller`).
+    Each was taken and misread: ``auto_renew="no"`` renewed, ``prefix=None`` made the key
+    ``None:{name}``, ``owner=None`` was stored as the text ``None``, a name with a line break
+    split the rows of ``celery redlock ls``, and ``host=5`` or ``clock=None`` failed at the first
+    ``acquire()`` naming no argument."""
+    _keys.validate_prefix(prefix)
+    if isinstance(name, str) and not name.isprintable():
+        raise ValueError(
+            f"lock name {name!r} must not contain control or other non-printable characters"
+        )
     if not isinstance(auto_renew, bool):
         raise ValueError(f"Lock auto_renew must be True or False, got {auto_renew!r}")
     if not isinstance(owner, str):
@@ -636,6 +648,10 @@ class LockCore:
     #: redelivered message) running beside its own run; False for a plain :class:`Lock`,
     #: whose label several holders may share.
     one_slot_per_owner = False
+    #: The caller checked ``prefix``, ``name``, ``owner``, ``host``, ``auto_renew`` and
+    #: ``clock`` itself (:func:`check_given`): the lock of a task execution, whose are built
+    #: from validated settings and Celery's request, once per execution.
+    checked_by_caller = False
     #: What ``repr()`` calls it.
     _kind = "Lock"
 
@@ -681,10 +697,9 @@ class LockCore:
         limit: int = 1,
         clock: Clock = time.monotonic,
     ) -> None:
-        check_arguments(ttl, max_hold, timeout, limit, blocking, auto_renew, owner, host, clock)
-        _keys.validate_prefix(prefix)
-        if isinstance(name, str) and not name.isprintable():  # a line break splits `ls` rows
-            raise ValueError(f"lock name {name!r} must not contain control characters")
+        check_arguments(ttl, max_hold, timeout, limit, blocking)
+        if not self.checked_by_caller:
+            check_given(prefix, name, owner, host, auto_renew, clock)
         self.nodes = self._connect(redis)
         if limit > 1:  # the node names are read only here (building them costs a URL parse)
             check_limit(limit, self.nodes.names)

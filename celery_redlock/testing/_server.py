@@ -85,6 +85,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _exit_code(process: subprocess.Popen[bytes]) -> int | None:
+    """The exit status of ``process`` once it ended, else ``None``; it is left unreaped (a
+    zombie keeps its pid, and its process group's id, from being given to another process)."""
+    if process.returncode is not None:
+        return process.returncode
+    ended = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    return None if ended is None else ended.si_status
+
+
 def _in_session(pid: object, leader: int) -> bool:
     """Whether process ``pid`` runs in the session that process ``leader`` leads: a server a
     wrapper script started without ``exec`` (the server is then its child, in its session)."""
@@ -171,14 +180,13 @@ class RedisServer:
         client = self.client()
         try:
             while True:
-                exited = process.poll() is not None
+                exited = _exit_code(process)
                 try:
                     answering = client.info("server").get("process_id")
                 except redis_py.exceptions.ConnectionError:
-                    if exited:
-                        raise RuntimeError(
-                            f"redis-server exited with {process.returncode}"
-                        ) from None
+                    if exited is not None:
+                        self.stop()  # its children, if a wrapper script started any
+                        raise RuntimeError(f"redis-server exited with {exited}") from None
                     if time.monotonic() > deadline:
                         self.stop()
                         raise RuntimeError(
@@ -203,6 +211,8 @@ class RedisServer:
         group goes: a ``REDLOCK_TEST_REDIS_SERVER`` wrapper script that runs redis-server
         without ``exec`` leaves it as a child, which outlived the wrapper's kill."""
         if self.process is not None:
+            # Not reaped before (start() looks without reaping): the group's id is still this
+            # process's, never a later process's that got its pid.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()

@@ -80,8 +80,10 @@ def test_a_wrapper_script_without_exec_is_its_own_server_and_stops_with_it(
         assert served_by != server.process.pid  # the wrapper's child
     wait_until(lambda: _gone(served_by), 10, "the wrapper's redis-server to end")
     pid_file = tmp_path / "child.pid"
-    binary.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {pid_file}\nwait\n")
+    binary.write_text(
+        f"#!/bin/sh\nsleep 300 &\necho $! > {pid_file}.new\nmv {pid_file}.new {pid_file}\nwait\n"
+    )
     with pytest.raises(RuntimeError, match="did not answer"):
-        RedisServer().start(timeout=0.3)
+        RedisServer().start(timeout=2)  # the script starts its child well within it
     child = int(pid_file.read_text())
     wait_until(lambda: _gone(child), 10, "the wrapper's child to end")

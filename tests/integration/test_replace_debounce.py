@@ -668,3 +668,49 @@ def test_a_bypass_call_writes_no_marker(app: Celery, r: redis_py.Redis) -> None:
         assert task.apply_async(("d", 1), lock_bypass=True).get(timeout=10) == 1
     assert not r.exists(lock_key(task, "d", 0) + ":newest")
     assert ran == [1]
+
+
+@pytest.mark.parametrize("api", ["class", "decorator"])
+def test_a_retry_is_not_dropped_when_lock_by_fails_as_it_is_published(
+    app: Celery, api: str
+) -> None:
+    """Review, round 3: the caller's router built the lock name of every publish of a
+    ``replace`` task, its ``self.retry()`` too. A ``lock_by`` that reads a database and
+    failed as the retry was published made Celery reject the retry (``Reject(requeue=False)``):
+    the call was dropped. A publish from inside the task is left to the receiver, which
+    numbers no retry. The first publish calls ``lock_by`` once, not once per layer."""
+    blip = threading.Event()
+    called: list[bool] = []
+
+    def by(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        called.append(blip.is_set())
+        if blip.is_set():
+            raise ConnectionError("the database blipped")
+        return str(args[0])
+
+    runs: list[int] = []
+
+    def work(self: Task, n: int) -> int:
+        runs.append(self.request.retries)
+        if self.request.retries == 0:
+            blip.set()  # cleared once the retry is published (after_task_publish)
+            raise self.retry(countdown=0.1)
+        return n
+
+    if api == "class":
+        task = app.task(base=LockedTask, bind=True, lock_by=by, lock_enqueue="replace")(work)
+    else:
+        task = app.task(bind=True)(single_instance(by=by, enqueue="replace")(work))
+
+    def clear(**_: Any) -> None:
+        blip.clear()
+
+    celery_signals.after_task_publish.connect(clear)
+    try:
+        first = task.delay(7)  # before a worker runs it, which calls lock_by too
+        assert called == [False]  # once: the router's name is the receiver's too
+        with running_worker(app):
+            assert first.get(timeout=10) == 7
+    finally:
+        celery_signals.after_task_publish.disconnect(clear)
+    assert runs == [0, 1]

@@ -8,6 +8,7 @@ import re
 import sys
 import threading
 import time
+import uuid
 from typing import Any, ClassVar
 
 import celery
@@ -1016,3 +1017,22 @@ def test_an_exception_right_after_the_lock_is_on_the_request_is_released_by_the_
     assert not r.exists(lock_key(work, 1))
     assert not engine_module.held
     assert work.apply((1,)).result == 1
+
+
+def test_an_eager_call_given_a_uuid_object_for_its_task_id_runs(
+    app: Celery, r: redis_py.Redis
+) -> None:
+    """Review, round 3: a ``Lock`` now refuses an owner that is not a string, and an eager
+    ``apply(task_id=uuid4())`` (a test suite's habit) failed with it. The task id is the
+    owner label as text."""
+
+    @app.task(base=LockedTask, lock_by=["n"])
+    def triple(n: int) -> int | None:
+        lock = current_lock()
+        assert lock is not None and lock.token is not None
+        assert lock.token.endswith(f"|{task_id}")  # the owner label: the id, as text
+        return 3 * n
+
+    task_id = uuid.uuid4()
+    assert triple.apply((3,), task_id=task_id).get() == 9
+    assert r.get(lock_key(triple, 3)) is None  # released

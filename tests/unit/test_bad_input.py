@@ -132,8 +132,16 @@ UNUSABLE = [
     (f"redis://:{PASSWORD}@h:1/0?socket_connect_timeout=0", "socket_connect_timeout is 0.0"),
     ("unix://", "it names no socket path"),
     (f"redis://:{PASSWORD}@h:0/0", "its port is 0"),
-    (f"redis://:{PASSWORD}@h:1/0\n", "ends with a space or a line break"),
+    (f"redis://:{PASSWORD}@h ", "ends with a space"),
 ]
+
+
+def test_a_url_ending_in_a_line_break_is_taken(app: Celery) -> None:
+    """Review, round 3: a URL read from a file keeps its line break, which urlsplit and
+    redis-py drop: it worked, as a broker URL that redlock_url falls back to does in kombu,
+    and must not be refused with the trailing space that does not work."""
+    app.conf.redlock_url = "redis://h:1/0\n"
+    assert settings_for(app).url == "redis://h:1/0\n"
 
 
 @pytest.mark.parametrize(("url", "says"), UNUSABLE)
@@ -449,7 +457,9 @@ def test_a_task_name_with_a_control_character_is_refused_unless_lock_name_replac
         @app.task(base=LockedTask, name="bad.a\nb", lazy=False)
         def broken() -> None: ...
 
-    assert "task 'bad.a\\nb': its name contains '{', '}' or a control character" in str(info.value)
+    assert "task 'bad.a\\nb': its name contains '{', '}' or a non-printable character" in str(
+        info.value
+    )
 
     @app.task(base=LockedTask, name="bad.a\x00c", lock_name="renamed", lazy=False)
     def renamed() -> None: ...
@@ -718,6 +728,31 @@ def test_a_task_annotation_naming_a_task_that_does_not_read_it_is_refused(app: C
         "task_annotations['an.single'], and @single_instance reads only its own keywords"
     )
     other.close()
+
+
+def test_a_task_annotation_of_a_hand_rolled_lock_base_s_option_is_left_alone(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review, round 3: a base class of the user's own that reads ``lock_ttl`` itself, tuned
+    per task by ``task_annotations``, stopped the worker (an option its base defines is a
+    WARNING, as given to ``@app.task``)."""
+
+    class MyLockBase(Task):  # type: ignore[misc]
+        lock_ttl = 30
+
+    app.conf.task_annotations = {"an.report": {"lock_ttl": 60}}
+
+    @app.task(base=MyLockBase, name="an.report")
+    def report() -> None: ...
+
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.config"):
+        check_app(app)
+    assert app.tasks["an.report"].lock_ttl == 60
+    assert [r.getMessage() for r in caplog.records] == [
+        "task an.report: option lock_ttl of its base class MyLockBase is not read: MyLockBase "
+        "is not a LockedTask, and the task takes no lock; if MyLockBase is meant to lock, "
+        "expected class MyLockBase(LockedTask)"
+    ]
 
 
 def test_lock_options_of_a_base_class_that_is_not_lockedtask_are_warned_about(
