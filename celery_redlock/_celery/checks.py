@@ -215,7 +215,13 @@ def _check_node(
     try:
         infos = probe.infos(client)
     except probe.ERRORS as exc:  # e.g. an ACL that denies INFO
-        logger.info("celery_redlock: locks on %s; INFO is not readable (%s)", shown, exc)
+        logger.warning(
+            "celery_redlock: locks on %s; INFO is not readable (%s), so the checks of its "
+            "maxmemory-policy (an evicting policy drops held locks), its version and its kind "
+            "of server are skipped; grant +info to have them",
+            shown,
+            exc,
+        )
         infos = []
     for info in infos:
         _check_info(shown, info)

@@ -445,13 +445,21 @@ _SYNC_MODULES = frozenset({"redis.client", "redis.cluster", "valkey.client", "va
 
 def check_client(client: Any, *, asyncio: bool) -> Any:
     """``client``; :class:`TypeError` when it is no client (``5``, ``None``: it would fail at
-    the first command with an :class:`AttributeError`), or of the other kind than the lock's (an
-    asyncio client for the thread lock, whose commands would be unawaited coroutines; a blocking
-    one for the asyncio lock, which would block the loop, take the lock, then fail)."""
+    the first command with an :class:`AttributeError`; a pipeline, which queues its commands
+    and failed at the first acquire with a ``TypeError`` naming no argument), or of the other
+    kind than the lock's (an asyncio client for the thread lock, whose commands would be
+    unawaited coroutines; a blocking one for the asyncio lock, which would block the loop,
+    take the lock, then fail)."""
     kind = "celery_redlock.asyncio.Lock" if asyncio else "celery_redlock.Lock"
     if isinstance(client, (bytes, bytearray)):
         raise TypeError(
             f"{kind} needs a Redis URL as a str, got {type(client).__name__}: decode it"
+        )
+    if any(c.__name__.endswith("Pipeline") for c in type(client).__mro__):
+        raise TypeError(
+            f"{kind} needs a Redis URL or a client, got a pipeline "
+            f"({type(client).__module__}.{type(client).__qualname__}), whose commands are "
+            "queued, not sent: pass the client it came from"
         )
     definer = next((c for c in type(client).__mro__ if "execute_command" in vars(c)), None)
     if definer is None and callable(getattr(client, "execute_command", None)):

@@ -154,6 +154,10 @@ def classify(exc: BaseException) -> Outcome | None:
     if names & _UNAVAILABLE_CLASSES or isinstance(exc, OSError):
         return Outcome.UNAVAILABLE
     if "ResponseError" not in names:
+        # valkey's asyncio parser raises its base error on a connection it closed (redis-py
+        # raises an OSError there): no answer.
+        if names & {"RedisError", "ValkeyError"} and str(exc).startswith("Buffer is closed"):
+            return Outcome.UNAVAILABLE
         return None
     if "NoScriptError" in names:
         return Outcome.NOSCRIPT
@@ -215,6 +219,11 @@ def unavailable(
         what = (
             f"the client's connection pool for Redis at {names[0]} is exhausted for lock {key} "
             f"({text}): raise its max_connections, or use a BlockingConnectionPool"
+        )
+    elif "No connection available" in text:  # a BlockingConnectionPool's timeout
+        what = (
+            f"the client's connection pool for Redis at {names[0]} had no free connection for "
+            f"lock {key} within its timeout ({text}): raise its max_connections or timeout"
         )
     elif classify(exc) is Outcome.REFUSED or {"AuthenticationError", "AuthorizationError"} & {
         cls.__name__ for cls in type(exc).__mro__

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import threading
 import weakref
 from collections import deque
@@ -59,20 +60,38 @@ def subscriber_of(client: Any) -> Any:
     Closing a subscription disconnects its connection and hands it back to its pool. In the
     lock's own pool the next command, the waiter's release once it has run, would then
     connect again (a TCP connect and the handshake: round trips on the path to the next
-    waiter). Plain pools (TCP, TLS, Unix socket) are copied; any other (Sentinel) is used as
-    it is.
+    waiter), and a pool with ``max_connections`` would be used up by the waiters, each holding
+    a connection for its whole wait: a waiter found it exhausted on a healthy server. Plain and
+    blocking pools (TCP, TLS, Unix socket) of redis-py and valkey are copied, as a plain pool;
+    any other (Sentinel) is used as it is.
     """
-    pool = getattr(client, "connection_pool", None)
-    if type(pool) is not redis_py.ConnectionPool:
+    pool: Any = getattr(client, "connection_pool", None)
+    library = _plain_pool_library(pool)
+    if library is None:
         return client
     with _subscribers_guard:
         subscriber = _subscribers.get(client)
         if subscriber is None:
-            own = redis_py.ConnectionPool(
-                connection_class=pool.connection_class, **pool.connection_kwargs
-            )
-            subscriber = _subscribers[client] = redis_py.Redis(connection_pool=own)
+            pool_class, client_class = _POOL_LIBRARIES[library]
+            plain = getattr(sys.modules[f"{library}.connection"], pool_class)
+            own = plain(connection_class=pool.connection_class, **pool.connection_kwargs)
+            client_type = getattr(sys.modules[library], client_class)
+            subscriber = _subscribers[client] = client_type(connection_pool=own)
         return subscriber
+
+
+#: Per library, its plain pool class and its client class (:func:`subscriber_of`).
+_POOL_LIBRARIES = {"redis": ("ConnectionPool", "Redis"), "valkey": ("ConnectionPool", "Valkey")}
+
+
+def _plain_pool_library(pool: Any) -> str | None:
+    """The library (``redis``, ``valkey``) of ``pool`` when it is a plain or blocking pool of
+    it (not a Sentinel's, whose connections follow the primary), else ``None``."""
+    kind = type(pool)
+    library, _, module = kind.__module__.partition(".")
+    if library not in _POOL_LIBRARIES or module != "connection":
+        return None
+    return library if kind.__name__ in ("ConnectionPool", "BlockingConnectionPool") else None
 
 
 #: Idle subscriptions kept per subscriber client, at most (the rest are closed).
@@ -148,8 +167,7 @@ def set_aside(client: Any, pubsub: Any, reusable: bool = True) -> None:
     pool's connection kept idle could outlive a failover, still subscribed on the old primary,
     where the new one's handoff would not count it.
     """
-    pool = getattr(client, "connection_pool", None)
-    if not reusable or type(pool) is not redis_py.ConnectionPool:
+    if not reusable or _plain_pool_library(getattr(client, "connection_pool", None)) is None:
         pubsub.close()
         return
     idle = _idle.get(client)

@@ -1873,6 +1873,20 @@ def test_a_client_of_the_other_kind_is_a_type_error_naming_the_right_lock(
     assert all(s.client().keys("*") == [] for s in three)
 
 
+def test_a_pipeline_is_a_type_error_when_the_lock_is_built(redis_url: str) -> None:
+    """Helper probe, round 3: ``Lock(r.pipeline(), ...)`` was taken, and the first acquire
+    failed with ``int() argument must be ... not 'Pipeline'``: its commands are queued."""
+    client, aclient = redis_py.Redis.from_url(redis_url), aioredis.Redis.from_url(redis_url)
+    for lock, pipeline in (
+        (celery_redlock.Lock, client.pipeline()),
+        (celery_redlock.asyncio.Lock, aclient.pipeline()),
+        (celery_redlock.Lock, aclient.pipeline()),
+    ):
+        with pytest.raises(TypeError, match="got a pipeline .* pass the client it came from"):
+            lock(pipeline, "piped")
+    client.close()
+
+
 @pytest.mark.parametrize("value", [5, None, object()], ids=["int", "None", "object"])
 def test_a_redis_argument_that_is_no_client_is_a_type_error_when_the_lock_is_built(
     d2: Driver, three: list[RedisServer], value: Any

@@ -458,6 +458,20 @@ def test_the_startup_check_asks_only_what_the_registered_tasks_need(
     assert logging.ERROR not in found
     (cli,) = [m for m in found[logging.INFO] if "command line" in m]
     assert "SCAN" in cli and "HGETALL" in cli and "workers do not need them" in cli
+    # Helper probe, round 3: INFO refused skipped the eviction, version and server checks with
+    # an INFO line only; the guide's table names +info for them.
+    (skipped,) = [m for m in found[logging.WARNING] if "INFO is not readable" in m]
+    assert "maxmemory-policy" in skipped and "grant +info to have them" in skipped
+    _set_user(servers, "with-info", f"{ACL_RULES} +info")
+    with_info = make_app(redis_server, "acl-info", redlock_url=tls.url("with-info", "secret"))
+
+    @with_info.task(base=LockedTask, shared=False)
+    def informed() -> None: ...
+
+    found = _checked(with_info, caplog)
+    assert not [m for m in found.get(logging.WARNING, []) if "INFO" in m]
+    assert any(m.startswith("celery_redlock: locks on Redis ") for m in found[logging.INFO])
+    with_info.close()
 
     for feature, options in (
         ("newest", {"lock_enqueue": "replace"}),

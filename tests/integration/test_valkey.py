@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+import redis as redis_py
 import valkey
 import valkey.asyncio
 from valkey.asyncio.cluster import ValkeyCluster as AsyncValkeyCluster
@@ -24,7 +25,7 @@ from valkey.sentinel import Sentinel
 
 import celery_redlock.asyncio
 from celery_redlock import Lock, LockUnavailable
-from celery_redlock.testing import RedisServer
+from celery_redlock.testing import RedisServer, wait_until
 from support.servers import SERVICE, ClusterNodes, SentinelGroup
 
 
@@ -170,3 +171,49 @@ def test_valkey_asyncio_sentinel_and_cluster_clients_are_lock_connections(
                 await client.aclose()
 
     asyncio.run(main())
+
+
+WAITERS = 4
+
+
+@pytest.mark.parametrize("kind", ["valkey", "valkey-blocking", "redis-blocking"])
+def test_waiters_on_a_bounded_pool_do_not_use_it_up(redis_server: RedisServer, kind: str) -> None:
+    """Helper probe, round 3: thread waiters subscribe on a pool of their own only when the
+    client's was redis-py's plain ``ConnectionPool``. On a valkey client, or a blocking pool,
+    each waiter held one of the lock client's connections for its whole wait: with
+    ``max_connections`` as many as the waiters, some failed at once ("the client's connection
+    pool ... is exhausted") on a healthy server, or after the pool's timeout."""
+    port = redis_server.port
+    if kind == "valkey":
+        client = valkey.Valkey(port=port, max_connections=WAITERS)
+    else:
+        library = valkey if kind == "valkey-blocking" else redis_py
+        pool = library.BlockingConnectionPool(port=port, max_connections=WAITERS, timeout=2)
+        client = (valkey.Valkey if library is valkey else redis_py.Redis)(connection_pool=pool)
+    admin = redis_server.client()
+    holder = Lock(redis_server.url, "bounded", ttl=30)
+    assert holder.acquire(blocking=False)
+    outcomes: list[object] = []
+
+    def wait() -> None:
+        lock = Lock(client, "bounded", ttl=30)
+        try:
+            outcomes.append(lock.acquire(timeout=20))
+            lock.release()
+        except LockUnavailable as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=wait) for _ in range(WAITERS)]
+    for t in threads:
+        t.start()
+    wait_until(
+        lambda: admin.zcard(holder.keys.waiters) == WAITERS or len(outcomes) > 0,
+        20,
+        "every waiter to queue",
+    )
+    holder.release()
+    for t in threads:
+        t.join()
+    admin.close()
+    client.close()
+    assert outcomes == [True] * WAITERS

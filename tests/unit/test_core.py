@@ -74,6 +74,16 @@ def test_valkey_errors_are_classified_as_redis_py_ones(
     assert classify(twin(*exc.args)) is outcome
 
 
+@pytest.mark.skipif(importlib.util.find_spec("valkey") is None, reason="valkey not installed")
+def test_valkey_s_closed_buffer_is_no_answer() -> None:
+    """Helper probe, round 3: valkey's asyncio parser raises its base error on a connection it
+    closed (redis-py raises an OSError there), which escaped the lock as a raw error."""
+    import valkey.exceptions
+
+    assert classify(valkey.exceptions.ValkeyError("Buffer is closed.")) is Outcome.UNAVAILABLE
+    assert classify(valkey.exceptions.ValkeyError("something else")) is None
+
+
 def test_messages_name_an_exhausted_pool_and_never_end_empty() -> None:
     pool = unavailable(E.ConnectionError("Too many connections"), "k", ("h:1",))
     assert "connection pool for Redis at h:1 is exhausted for lock k" in str(pool)
