@@ -1882,7 +1882,7 @@ def test_a_pipeline_is_a_type_error_when_the_lock_is_built(redis_url: str) -> No
         (celery_redlock.asyncio.Lock, aclient.pipeline()),
         (celery_redlock.Lock, aclient.pipeline()),
     ):
-        with pytest.raises(TypeError, match="got a pipeline .* pass the client it came from"):
+        with pytest.raises(TypeError, match=r"got a pipeline .* pass the client it came from"):
             lock(pipeline, "piped")
     client.close()
 
