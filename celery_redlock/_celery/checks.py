@@ -47,7 +47,7 @@ from typing import Any
 
 from .._redis import probe, servers
 from .._redis.clients import redact
-from .._redis.core import tls_mismatch
+from .._redis.core import refused_by_acl, tls_mismatch
 from .identity import spec_of
 from .options import TaskLockOptions, quorum_size, settings_for, supersedes
 from .timeline import size_for
@@ -216,11 +216,14 @@ def _check_node(
         infos = probe.infos(client)
     except probe.ERRORS as exc:  # e.g. an ACL that denies INFO
         logger.warning(
-            "celery_redlock: locks on %s; INFO is not readable (%s), so the checks of its "
-            "maxmemory-policy (an evicting policy drops held locks), its version and its kind "
-            "of server are skipped; grant +info to have them",
+            "celery_redlock: locks on %s; INFO %s (%s), so the checks of its maxmemory-policy "
+            "(an evicting policy drops held locks), its version and its kind of server%s are "
+            "skipped%s",
             shown,
-            exc,
+            "is refused" if refused_by_acl(exc) else "did not answer",
+            redact(exc),
+            ", and whether another node of the quorum is the same server" if in_quorum else "",
+            "; grant +info to have them" if refused_by_acl(exc) else "",
         )
         infos = []
     for info in infos:

@@ -111,7 +111,7 @@ def check_lock_options(
         if header is None:  # LockedTask.apply_async took them, into the message's headers
             header = (options.get("headers") or {}).get(calls.HEADER)
         if not (isinstance(header, Mapping) and calls.bypassed(header)):
-            _routing.lock_name = (task, lock_name_for(task, spec, args, kwargs))
+            _routing.lock_name = (task, args, kwargs, lock_name_for(task, spec, args, kwargs))
 
 
 def _inside(task: Any) -> bool:
@@ -125,12 +125,25 @@ def _inside(task: Any) -> bool:
     return running is not None and running.name == task.name and not running.request.called_directly
 
 
-def routed_lock_name(task: Any) -> str | None:
-    """The lock name :func:`check_lock_options` built for this thread's call of ``task``,
-    once; else ``None``. (A ``lock_by`` callable is called once per publish.)"""
+def routed_lock_name(task: Any, args: Any, kwargs: Any) -> str | None:
+    """The lock name :func:`check_lock_options` built for this thread's call of ``task`` with
+    ``args`` and ``kwargs``, once; else ``None``. (A ``lock_by`` callable is called once per
+    publish.) The arguments are compared too. Timeline without it: (1) a publish is routed and
+    its name noted; (2) it fails before the message is built; (3) the next publish of that task
+    in this thread is not routed (``send_task(..., router=...)``), and its receiver would
+    number it under the first call's key."""
     noted = getattr(_routing, "lock_name", None)
     _routing.lock_name = None
-    return noted[1] if noted is not None and noted[0] is task else None
+    if noted is None or noted[0] is not task:
+        return None
+    _, noted_args, noted_kwargs, name = noted
+    try:  # Celery hands the same objects on; else equal ones (a list for a tuple)
+        same = (noted_args is args or tuple(noted_args or ()) == tuple(args or ())) and (
+            noted_kwargs is kwargs or dict(noted_kwargs or {}) == dict(kwargs or {})
+        )
+    except Exception:  # an argument whose == raises (an array): build the name again
+        return None
+    return str(name) if same else None
 
 
 #: The tasks without a lock already warned about a per-call ``lock_*`` option.

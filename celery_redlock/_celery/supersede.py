@@ -149,7 +149,9 @@ def on_publish(headers: MutableMapping[str, Any] | None, body: Any, properties: 
     delay_ms = debounce_ms
     try:
         settings = settings_for(task.app)
-        name = routing.routed_lock_name(task) or lock_name_for(task, spec, body[0], body[1])
+        name = routing.routed_lock_name(task, body[0], body[1]) or lock_name_for(
+            task, spec, body[0], body[1]
+        )
         keys = _keys.keys_for(settings.prefix, name)
         max_ms = round((options.debounce_max or 0) * 1000)
         ttl_ms = round(options.enqueue_ttl * 1000) + pending_ms

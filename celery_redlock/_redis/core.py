@@ -139,7 +139,7 @@ def denied_by_acl(text: str) -> bool:
     return "NOPERM" in text or "user executing the script" in text or "ACL failure in" in text
 
 
-def _acl_refusal(exc: BaseException) -> bool:
+def refused_by_acl(exc: BaseException) -> bool:
     """Whether ``exc`` is the ACL's refusal of a command (redis-py and valkey strip the
     ``NOPERM`` prefix off the message of the error class they raise for it)."""
     names = {cls.__name__ for cls in type(exc).__mro__}
@@ -223,7 +223,8 @@ def unavailable(
     elif "No connection available" in text:  # a BlockingConnectionPool's timeout
         what = (
             f"the client's connection pool for Redis at {names[0]} had no free connection for "
-            f"lock {key} within its timeout ({text}): raise its max_connections or timeout"
+            f"lock {key} within its timeout ({text}): raise its max_connections or timeout (for a "
+            "lock built from a URL, ?max_connections= in the URL), or pass a client of your own"
         )
     elif classify(exc) is Outcome.REFUSED or {"AuthenticationError", "AuthorizationError"} & {
         cls.__name__ for cls in type(exc).__mro__
@@ -401,7 +402,7 @@ class QuorumRules:
         """No node can carry a blocking wait's subscription: each failed its ``PING``. Says
         whether they refused it (an ACL user without ``+ping``) or did not answer."""
         refusals = [e for _, e in errors if e is not None and classify(e) is Outcome.REFUSED]
-        if any(_acl_refusal(e) for e in refusals):
+        if any(refused_by_acl(e) for e in refusals):
             what = "a node refused PING, which a quorum's blocking wait sends first (grant +ping)"
         elif refusals:
             what = "the nodes refused PING, which a quorum's blocking wait sends first"

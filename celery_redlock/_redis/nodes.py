@@ -537,6 +537,8 @@ class Quorum(QuorumRules):
         raise self.no_quorum(key, list(self.names), "no node answers", errors)
 
     def pubsub_client(self, key: str) -> Any:
+        """The first node that answers a PING, as :func:`subscriber_of` gives it (the waiters'
+        subscriptions on a pool of their own)."""
         errors: Replies = []
         for client in self.clients:
             try:
@@ -546,7 +548,7 @@ class Quorum(QuorumRules):
                     raise
                 errors.append((None, exc))
                 continue
-            return client
+            return subscriber_of(client)
         raise self.no_listener(key, errors)
 
 

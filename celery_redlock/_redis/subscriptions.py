@@ -74,7 +74,13 @@ def subscriber_of(client: Any) -> Any:
         if subscriber is None:
             pool_class, client_class = _POOL_LIBRARIES[library]
             plain = getattr(sys.modules[f"{library}.connection"], pool_class)
-            own = plain(connection_class=pool.connection_class, **pool.connection_kwargs)
+            # Unbounded, as the waiters are (by the threads that wait): redis-py 8 bounds a
+            # plain pool at 100 by default, and its 101st waiter failed as "pool exhausted".
+            own = plain(
+                connection_class=pool.connection_class,
+                max_connections=2**31,
+                **pool.connection_kwargs,
+            )
             client_type = getattr(sys.modules[library], client_class)
             subscriber = _subscribers[client] = client_type(connection_pool=own)
         return subscriber

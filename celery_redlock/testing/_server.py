@@ -86,12 +86,23 @@ def free_port() -> int:
 
 
 def _exit_code(process: subprocess.Popen[bytes]) -> int | None:
-    """The exit status of ``process`` once it ended, else ``None``; it is left unreaped (a
-    zombie keeps its pid, and its process group's id, from being given to another process)."""
+    """The exit status of ``process`` once it ended (minus the signal that killed it, as
+    ``Popen`` gives it), else ``None``. It is left unreaped where ``os.waitid`` exists (a zombie
+    keeps its pid, and its process group's id, from being given to another process); else
+    (macOS before Python 3.13), or when something else reaped it, ``Popen.poll``."""
     if process.returncode is not None:
         return process.returncode
-    ended = os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    return None if ended is None else ended.si_status
+    waitid = getattr(os, "waitid", None)
+    if waitid is None:
+        return process.poll()
+    try:
+        ended = waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped elsewhere (a SIGCHLD handler's waitpid(-1))
+        return process.poll()
+    if ended is None:
+        return None
+    status = int(ended.si_status)
+    return -status if ended.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else status
 
 
 def _in_session(pid: object, leader: int) -> bool:

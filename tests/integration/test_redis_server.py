@@ -87,3 +87,18 @@ def test_a_wrapper_script_without_exec_is_its_own_server_and_stops_with_it(
         RedisServer().start(timeout=2)  # the script starts its child well within it
     child = int(pid_file.read_text())
     wait_until(lambda: _gone(child), 10, "the wrapper's child to end")
+
+
+def test_a_binary_killed_by_a_signal_is_named_as_popen_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review, round 3: the start looks at its process without reaping it (``os.waitid``),
+    which gives the signal as a plain number: "exited with 9" read as an exit status."""
+    binary = tmp_path / "redis-server"
+    binary.write_text("#!/bin/sh\nkill -9 $$\n")
+    binary.chmod(0o755)
+    monkeypatch.setenv("REDLOCK_TEST_REDIS_SERVER", str(binary))
+    server = RedisServer()
+    with pytest.raises(RuntimeError, match=r"^redis-server exited with -9$"):
+        server.start(timeout=10)
+    assert server.process is None  # reaped

@@ -460,7 +460,7 @@ def test_the_startup_check_asks_only_what_the_registered_tasks_need(
     assert "SCAN" in cli and "HGETALL" in cli and "workers do not need them" in cli
     # Helper probe, round 3: INFO refused skipped the eviction, version and server checks with
     # an INFO line only; the guide's table names +info for them.
-    (skipped,) = [m for m in found[logging.WARNING] if "INFO is not readable" in m]
+    (skipped,) = [m for m in found[logging.WARNING] if "INFO is refused" in m]
     assert "maxmemory-policy" in skipped and "grant +info to have them" in skipped
     _set_user(servers, "with-info", f"{ACL_RULES} +info")
     with_info = make_app(redis_server, "acl-info", redlock_url=tls.url("with-info", "secret"))

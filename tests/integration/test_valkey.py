@@ -25,6 +25,7 @@ from valkey.sentinel import Sentinel
 
 import celery_redlock.asyncio
 from celery_redlock import Lock, LockUnavailable
+from celery_redlock._redis.subscriptions import subscriber_of
 from celery_redlock.testing import RedisServer, wait_until
 from support.servers import SERVICE, ClusterNodes, SentinelGroup
 
@@ -217,3 +218,48 @@ def test_waiters_on_a_bounded_pool_do_not_use_it_up(redis_server: RedisServer, k
     admin.close()
     client.close()
     assert outcomes == [True] * WAITERS
+
+
+def test_quorum_waiters_on_bounded_pools_do_not_use_them_up() -> None:
+    """Review, round 3: a quorum's waiters subscribed on the first answering node's own client,
+    so with blocking pools of 3 connections, 5 waiters found "no quorum ... No connection
+    available" on healthy nodes. The waiters' pool of their own is unbounded (redis-py 8 bounds
+    a plain pool at 100 by default)."""
+    with RedisServer() as a, RedisServer() as b, RedisServer() as c:
+        nodes = (a, b, c)
+        pools = [
+            redis_py.BlockingConnectionPool(port=s.port, max_connections=3, timeout=2)
+            for s in nodes
+        ]
+        clients = [redis_py.Redis(connection_pool=p) for p in pools]
+        holder = Lock([s.url for s in nodes], "bounded-q", ttl=30)
+        assert holder.acquire(blocking=False)
+        outcomes: list[object] = []
+
+        def wait() -> None:
+            lock = Lock(clients, "bounded-q", ttl=30)
+            try:
+                outcomes.append(lock.acquire(timeout=20))
+                lock.release()
+            except LockUnavailable as exc:
+                outcomes.append(exc)
+
+        threads = [threading.Thread(target=wait) for _ in range(5)]
+        for t in threads:
+            t.start()
+        channel = holder.keys.channel
+        admin = a.client()
+        wait_until(
+            lambda: admin.pubsub_numsub(channel)[0][1] == 5 or len(outcomes) > 0,
+            20,
+            "every waiter to subscribe",
+        )
+        holder.release()
+        for t in threads:
+            t.join()
+        admin.close()
+        subscriber = subscriber_of(clients[0]).connection_pool
+        assert subscriber.max_connections >= 2**31 and subscriber is not pools[0]
+        for client in clients:
+            client.close()
+    assert outcomes == [True] * 5

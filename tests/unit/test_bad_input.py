@@ -18,6 +18,7 @@ from celery.apps.beat import Beat
 
 import celery_redlock.asyncio
 from celery_redlock import LockConfigError, LockedTask, lock_key, single_instance
+from celery_redlock._celery import routing
 from celery_redlock._celery.options import MAX_SECONDS, reset_settings, settings_for
 from celery_redlock._celery.wiring import check_app
 from celery_redlock._redis import keys as _keys
@@ -862,3 +863,15 @@ def test_a_beat_entry_with_a_refused_lock_option_is_logged_when_beat_starts(
         "lock_cooldown cannot be given per call; expected one of lock_on_contention, "
         "lock_wait_timeout, lock_ttl, lock_retry_countdown or lock_bypass"
     ]
+
+
+def test_a_lock_name_the_router_built_serves_only_the_call_it_was_built_for(app: Celery) -> None:
+    """Review, round 3: the router notes the lock name it built so that the receiver does not
+    call ``lock_by`` again. A publish that failed after routing left its name noted, and the
+    next publish of that task in the thread, if not routed, would be numbered under it."""
+    task = declare(app, lock_enqueue="replace", lock_by=["account_id"])
+    routing.check_lock_options(task.name, (1,), {}, {}, task=task)
+    assert routing.routed_lock_name(task, [2], {}) is None  # another call: built again
+    routing.check_lock_options(task.name, (1,), {}, {}, task=task)
+    assert routing.routed_lock_name(task, [1], {}) == lock_key(task, 1).split("{")[1][:-1]
+    assert routing.routed_lock_name(task, [1], {}) is None  # taken once
