@@ -189,7 +189,7 @@ def test_waiters_on_a_bounded_pool_do_not_use_it_up(redis_server: RedisServer, k
         client = valkey.Valkey(port=port, max_connections=WAITERS)
     else:
         library = valkey if kind == "valkey-blocking" else redis_py
-        pool = library.BlockingConnectionPool(port=port, max_connections=WAITERS, timeout=2)
+        pool = library.BlockingConnectionPool(port=port, max_connections=WAITERS, timeout=10)
         client = (valkey.Valkey if library is valkey else redis_py.Redis)(connection_pool=pool)
     admin = redis_server.client()
     holder = Lock(redis_server.url, "bounded", ttl=30)
@@ -220,46 +220,42 @@ def test_waiters_on_a_bounded_pool_do_not_use_it_up(redis_server: RedisServer, k
     assert outcomes == [True] * WAITERS
 
 
-def test_quorum_waiters_on_bounded_pools_do_not_use_them_up() -> None:
+def test_quorum_waiters_hold_no_connection_of_the_nodes_clients_while_they_wait() -> None:
     """Review, round 3: a quorum's waiters subscribed on the first answering node's own client,
-    so with blocking pools of 3 connections, 5 waiters found "no quorum ... No connection
-    available" on healthy nodes. The waiters' pool of their own is unbounded (redis-py 8 bounds
-    a plain pool at 100 by default)."""
+    each holding one of its pool's connections for its whole wait: with blocking pools of 4
+    connections, 5 of 6 waiters found "no quorum ... No connection available" on healthy
+    nodes. They now subscribe on a pool of their own, unbounded (redis-py 8 bounds a plain pool
+    at 100 by default, and the 101st waiter of a process failed)."""
     with RedisServer() as a, RedisServer() as b, RedisServer() as c:
         nodes = (a, b, c)
-        pools = [
-            redis_py.BlockingConnectionPool(port=s.port, max_connections=3, timeout=2)
-            for s in nodes
-        ]
+        pools = [redis_py.ConnectionPool(port=s.port) for s in nodes]
         clients = [redis_py.Redis(connection_pool=p) for p in pools]
-        holder = Lock([s.url for s in nodes], "bounded-q", ttl=30)
+        holder = Lock([s.url for s in nodes], "held-q", ttl=30)
         assert holder.acquire(blocking=False)
         outcomes: list[object] = []
 
         def wait() -> None:
-            lock = Lock(clients, "bounded-q", ttl=30)
-            try:
-                outcomes.append(lock.acquire(timeout=20))
-                lock.release()
-            except LockUnavailable as exc:
-                outcomes.append(exc)
+            lock = Lock(clients, "held-q", ttl=30)
+            outcomes.append(lock.acquire(timeout=20))
+            lock.release()
 
-        threads = [threading.Thread(target=wait) for _ in range(5)]
+        threads = [threading.Thread(target=wait) for _ in range(3)]
         for t in threads:
             t.start()
-        channel = holder.keys.channel
-        admin = a.client()
+        admin = a.client()  # the first node that answers PING carries the subscriptions
         wait_until(
-            lambda: admin.pubsub_numsub(channel)[0][1] == 5 or len(outcomes) > 0,
+            lambda: admin.pubsub_numsub(holder.keys.channel)[0][1] == 3,
             20,
             "every waiter to subscribe",
         )
+        in_use = len(pools[0]._in_use_connections)  # the waiters' own commands returned theirs
         holder.release()
         for t in threads:
             t.join()
         admin.close()
         subscriber = subscriber_of(clients[0]).connection_pool
-        assert subscriber.max_connections >= 2**31 and subscriber is not pools[0]
         for client in clients:
             client.close()
-    assert outcomes == [True] * 5
+    assert outcomes == [True] * 3
+    assert in_use == 0
+    assert subscriber is not pools[0] and subscriber.max_connections >= 2**31
