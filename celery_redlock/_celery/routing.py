@@ -91,7 +91,8 @@ def check_lock_options(
     no worker would run the call, so it is not published. So is a call of a ``replace`` or
     debounce task whose lock name cannot be built (a ``lock_by`` callable that raises, or
     arguments that do not bind), as ``LockedTask.apply_async`` refuses one under ``keep``:
-    the receiver that numbers the call cannot fail the publish, and the worker would fail it.
+    the receiver that numbers the call cannot fail the publish, and the worker would fail it
+    (a publish from inside the task itself is left to the receiver: :func:`_inside`).
     A ``lock_*`` option given to a call of a task that takes no lock (``base=LockedTask``
     forgotten) is warned about (:func:`_warn_unlocked`), and so are the app's misspelled
     settings, once (a process that only sends tasks may never finalize its app)."""
