@@ -72,8 +72,7 @@ def subscriber_of(client: Any) -> Any:
     with _subscribers_guard:
         subscriber = _subscribers.get(client)
         if subscriber is None:
-            pool_class, client_class = _POOL_LIBRARIES[library]
-            plain = getattr(sys.modules[f"{library}.connection"], pool_class)
+            plain = sys.modules[f"{library}.connection"].ConnectionPool
             # Unbounded, as the waiters are (by the threads that wait): redis-py 8 bounds a
             # plain pool at 100 by default, and its 101st waiter failed as "pool exhausted".
             own = plain(
@@ -81,13 +80,13 @@ def subscriber_of(client: Any) -> Any:
                 max_connections=2**31,
                 **pool.connection_kwargs,
             )
-            client_type = getattr(sys.modules[library], client_class)
+            client_type = getattr(sys.modules[library], _CLIENTS[library])
             subscriber = _subscribers[client] = client_type(connection_pool=own)
         return subscriber
 
 
-#: Per library, its plain pool class and its client class (:func:`subscriber_of`).
-_POOL_LIBRARIES = {"redis": ("ConnectionPool", "Redis"), "valkey": ("ConnectionPool", "Valkey")}
+#: Per library whose pools :func:`subscriber_of` copies, its client class.
+_CLIENTS = {"redis": "Redis", "valkey": "Valkey"}
 
 
 def _plain_pool_library(pool: Any) -> str | None:
@@ -95,7 +94,7 @@ def _plain_pool_library(pool: Any) -> str | None:
     it (not a Sentinel's, whose connections follow the primary), else ``None``."""
     kind = type(pool)
     library, _, module = kind.__module__.partition(".")
-    if library not in _POOL_LIBRARIES or module != "connection":
+    if library not in _CLIENTS or module != "connection":
         return None
     return library if kind.__name__ in ("ConnectionPool", "BlockingConnectionPool") else None
 
