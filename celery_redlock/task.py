@@ -30,6 +30,7 @@ from datetime import datetime
 from typing import Any
 
 from celery import Task
+from celery._state import get_current_worker_task
 from celery.backends.rpc import RPCBackend
 from celery.utils.time import maybe_make_aware
 from kombu.utils.uuid import uuid
@@ -40,7 +41,7 @@ from ._celery import (
     routing,
     wiring,  # noqa: F401  (importing it connects the worker receivers)
 )
-from ._celery.identity import OPTIONS_ATTR, check_task_name, spec_of
+from ._celery.identity import OPTIONS_ATTR, check_not_mapped, check_task_name, spec_of
 from ._celery.options import (
     KEEPING_MODES,
     OPTIONS,
@@ -199,14 +200,16 @@ class LockedTask(Task):  # type: ignore[misc]
         replacement (:mod:`celery_redlock._celery.wiring`), for ``@single_instance``, but
         Celery before 5.3.5 leaves the mark off a chain built for a running task that is
         itself in a chain: its first message then found the key held, and was skipped or
-        requeued for the whole lease.
+        requeued for the whole lease. Under ``lock_enqueue='until_executed'`` the call's
+        queued marker stays: the replacement finishes the call, under its task id.
         """
-        engine.leave(self, cooldown=False)
+        engine.replaced(self)
         return super().on_replace(sig)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         request = self.request_stack.top
         if request is None or engine.called_directly(request):
+            check_not_mapped(self, get_current_worker_task())
             return super().__call__(*args, **kwargs)
         return engine.execute(self, args, kwargs, lambda: self.run(*args, **kwargs), request)
 

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 from celery import current_task, states
+from celery._state import get_current_worker_task
 from celery.exceptions import Ignore, Reject, Retry
 
 from .. import signals
@@ -53,7 +54,7 @@ from .._redis.owner import current_pid
 from ..exceptions import LockContended, LockLost, LockUnavailable, RateLimited
 from . import calls, supersede, tracing
 from .events import emit
-from .identity import Spec, lock_name_for, spec_of
+from .identity import Spec, check_not_mapped, lock_name_for, spec_of
 from .options import (
     KEEPING_MODES,
     Settings,
@@ -90,6 +91,8 @@ class Execution:
     #: ``lock_cooldown`` of the attempt: how long its release keeps the key.
     cooldown: float = 0.0
     settings: Settings | None = None
+    #: ``self.replace()`` published the call's replacement (``LockedTask.on_replace``).
+    replaced: bool = False
 
 
 def execute(
@@ -104,12 +107,14 @@ def execute(
 
     Returns the body's result, or ``None`` when the call is skipped. Raises ``Retry``
     (through ``task.retry``), :class:`LockContended` or :class:`LockUnavailable` according to
-    the policies. A direct call (``task(x)``, no worker, no ``apply()``) runs unlocked.
+    the policies. A direct call (``task(x)``, no worker, no ``apply()``) runs unlocked, but
+    not one made by ``map()``, ``starmap()`` or ``chunks()`` (:func:`check_not_mapped`).
     ``request``: ``task.request``, and ``spec``: ``spec_of(task)``, when the caller has them.
     """
     if request is None:
         request = task.request
     if called_directly(request):
+        check_not_mapped(task, get_current_worker_task())
         return body()
     if spec is None:
         spec = spec_of(task)
@@ -147,11 +152,50 @@ def _attempt(
     except Retry:
         leave(task, request, cooldown=False)  # not finished: the retry must not wait
         raise
-    except BaseException:
-        leave(task, request)
+    except BaseException as exc:
+        leave(task, request, cooldown=not _autoretried(task, request, exc))
         raise
     leave(task, request)
     return result
+
+
+def replaced(task: Any) -> None:
+    """``self.replace()`` is publishing the replacement of the running call: release its lock
+    without the cooldown, and keep its ``until_executed`` marker (:func:`_until_executed`)."""
+    execution = getattr(task.request, REQUEST_ATTR, None)
+    if execution is not None:
+        execution.replaced = True
+    leave(task, cooldown=False)
+
+
+def _autoretried(task: Any, request: Any, exc: BaseException) -> bool:
+    """Whether Celery's ``autoretry_for`` turns ``exc``, raised by the body, into a retry of
+    the call, which must not keep the cooldown (as a ``Retry`` does not, in :func:`_attempt`).
+
+    Under ``@single_instance`` the lock is taken inside ``run``, which Celery's autoretry
+    wraps: the engine sees the body's own exception before autoretry publishes the retry.
+    Timeline without this: (1) ``cooldown=5``, ``autoretry_for=(ValueError,)``; the body
+    raises ``ValueError``; (2) the lock is released with the cooldown; (3) autoretry publishes
+    the retry, which finds the key kept by its own earlier attempt and is requeued until the
+    cooldown ends. ``LockedTask`` takes the lock outside that wrapper: such an exception
+    reaches it only once the retries are spent, the call's last ending, which keeps the
+    cooldown. Mirrors ``celery.app.autoretry`` and ``Task.retry`` (Celery 5.3 to 5.7): the
+    task's ``autoretry_for`` less ``dont_autoretry_for``, then ``max_retries`` from
+    ``retry_kwargs`` or the task, spent when ``request.retries + 1`` exceeds it.
+    """
+    retry_for = getattr(task, "autoretry_for", None)
+    if not retry_for or "_orig_run" not in vars(task):  # no autoretry wrapping
+        return False
+    if isinstance(exc, (Ignore, Retry)) or not isinstance(exc, tuple(retry_for)):
+        return False
+    if isinstance(exc, tuple(getattr(task, "dont_autoretry_for", None) or ())):
+        return False
+    limit = (getattr(task, "retry_kwargs", None) or {}).get("max_retries")
+    if hasattr(task, "override_max_retries"):
+        limit = task.override_max_retries
+    if limit is None:
+        limit = task.max_retries
+    return limit is None or request.retries + 1 <= limit
 
 
 def _until_executed(
@@ -162,8 +206,15 @@ def _until_executed(
 
     So a ``delay()`` while the call is queued *or running* returns that call's
     ``AsyncResult``. A retry (``Retry``) keeps it: the call is not finished, and its retry has
-    the same task id. The marker is cleared before Celery stores the result, so a caller that
-    holds the result can call again at once. An execution that never ends here (the pool
+    the same task id. So does a replacement (``self.replace()``, :func:`replaced`), which
+    finishes the call under its task id: a replacement of the same key clears the marker when
+    it ends, any other once the result backend says the call has ended (:func:`mark_queued`),
+    or else after ``lock_enqueue_ttl``. Timeline if the ``Ignore`` of ``replace()`` cleared
+    it: (1) X replaces itself with ``X.si(...)``, which runs under X's id; (2) while it runs,
+    a ``delay()`` finds no marker and publishes Y, a second run of the call that was running.
+
+    The marker is cleared before Celery stores the result, so a caller that holds the result
+    can call again at once. An execution that never ends here (the pool
     child killed, a hard time limit) leaves it to the worker's main process
     (:func:`~celery_redlock._celery.parent.settle_marker`), or else to ``lock_enqueue_ttl``.
     """
@@ -172,6 +223,11 @@ def _until_executed(
         return _attempt(task, request, spec, args, kwargs, body)
     except Retry:
         task_id = None
+        raise
+    except Ignore:
+        execution = getattr(request, REQUEST_ATTR, None)
+        if execution is not None and execution.replaced:
+            task_id = None
         raise
     except BaseException as exc:
         if left_to_parent(task, exc):

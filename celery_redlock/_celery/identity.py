@@ -482,6 +482,28 @@ def _passes_on(wrapper: Any, kept: Any) -> bool:
     return list(params) == list(taken)
 
 
+#: Celery's builtin tasks that call a task's body as a plain function, item after item, in
+#: one execution of their own: ``task.map()``, ``task.starmap()``, ``task.chunks()``.
+MAPPERS = frozenset({"celery.map", "celery.starmap", "celery.chunks"})
+
+
+def check_not_mapped(task: Any, mapper: Any) -> None:
+    """Refuse a locked ``task`` run by ``mapper``, one of :data:`MAPPERS` (a task, or its
+    name): its items would run as direct calls, which take no lock. Timeline without this:
+    (1) ``sync_account(42)`` runs, holding its key; (2) ``sync_account.chunks([(42,)], 1)``
+    is published; (3) its ``celery.starmap`` calls the body directly: the same account is
+    synced twice at once, without a word. Raises :class:`LockConfigError` naming the fix."""
+    name = mapper if isinstance(mapper, str) else getattr(mapper, "name", None)
+    if name not in MAPPERS or spec_of(task) is None:
+        return
+    short = task.name.rpartition(".")[2] or task.name
+    raise LockConfigError(
+        f"task {task.name}: map(), starmap() and chunks() run its body as a plain function "
+        f"call inside one {name} task, which takes no lock for any item; expected "
+        f"group({short}.s(*args) for args in items), whose calls each take the lock"
+    )
+
+
 #: What the lock makes a call end with (not the task's own failures): never autoretried.
 _OUTCOMES = (LockContended, LockUnavailable, LockConfigError)
 

@@ -63,9 +63,10 @@ from typing import Any
 from celery import Celery, current_task
 from celery._state import _get_active_apps
 from celery.app.amqp import AMQP
+from celery.canvas import Signature
 
 from . import calls
-from .identity import check_ignored_options, lock_name_for, spec_of
+from .identity import MAPPERS, check_ignored_options, check_not_mapped, lock_name_for, spec_of
 from .options import supersedes, warn_when_logged
 
 logger = logging.getLogger("celery_redlock.config")
@@ -95,13 +96,17 @@ def check_lock_options(
     (a publish from inside the task itself is left to the receiver: :func:`_inside`).
     A ``lock_*`` option given to a call of a task that takes no lock (``base=LockedTask``
     forgotten) is warned about (:func:`_warn_unlocked`), and so are the app's misspelled
-    settings, once (a process that only sends tasks may never finalize its app)."""
+    settings, once (a process that only sends tasks may never finalize its app). A ``map()``,
+    ``starmap()`` or ``chunks()`` of a locked task is refused (:func:`_check_mapped`)."""
     note(task)
     spec = None
     if task is not None:
         warn_when_logged(task.app)
         check_ignored_options(task)
         spec = spec_of(task)
+    mapper = name if task is None else task.name  # a mapper is routed by its task's name
+    if mapper in MAPPERS:
+        _check_mapped(task, mapper, kwargs)
     raw = {n: v for n, v in options.items() if isinstance(n, str) and n.startswith("lock_")}
     header = None
     if raw and task is not None and spec is None:
@@ -113,6 +118,25 @@ def check_lock_options(
             header = (options.get("headers") or {}).get(calls.HEADER)
         if not (isinstance(header, Mapping) and calls.bypassed(header)):
             _routing.lock_name = (task, args, kwargs, lock_name_for(task, spec, args, kwargs))
+
+
+def _check_mapped(task: Any, name: str, kwargs: Any) -> None:
+    """Refuse, in the caller, a ``map()``, ``starmap()`` or ``chunks()`` of a locked task,
+    whose worker would refuse every item (:func:`.identity.check_not_mapped`).
+    ``kwargs["task"]`` is the signature of the mapped task, as Celery's builtins take it;
+    ``task``, the builtin, is ``None`` where the app has not finalized."""
+    sig = kwargs.get("task") if isinstance(kwargs, Mapping) else None
+    if not isinstance(sig, Mapping):
+        return
+    if isinstance(sig, Signature):
+        tasks = sig.app.tasks
+    elif task is not None:
+        tasks = task.app.tasks
+    else:
+        return
+    mapped = tasks.get(sig.get("task"))
+    if mapped is not None:
+        check_not_mapped(mapped, name)
 
 
 def _inside(task: Any) -> bool:

@@ -683,6 +683,45 @@ def test_a_body_that_exits_in_a_thread_pool_clears_its_marker(
         wait_until(lambda: not r.exists(queued_key(exits, 1)), 10, "the marker cleared")
 
 
+@pytest.mark.parametrize("onto", ["itself", "other"])
+def test_a_replaced_call_keeps_its_marker_while_its_replacement_runs(
+    app: Celery, r: redis_py.Redis, onto: str
+) -> None:
+    """``self.replace()`` publishes the replacement, which finishes the call under its task
+    id, then raises ``Ignore``. Under ``until_executed`` that ``Ignore`` cleared the marker: a
+    ``delay()`` while the replacement ran published a second call instead of returning the
+    running one. A replacement on the same key clears the marker when it ends; any other
+    leaves it to the next call, which finds the call ended in the result backend."""
+    gate, started = threading.Event(), threading.Event()
+
+    @app.task
+    def other(n: int) -> str:
+        started.set()
+        assert gate.wait(10)
+        return "other"
+
+    @app.task(base=LockedTask, bind=True, lock_enqueue="until_executed", lock_by=["n"])
+    def job(self: Task, n: int, stage: str = "first") -> str:
+        if stage == "first":
+            raise self.replace(job.si(n, "second") if onto == "itself" else other.si(n))
+        started.set()
+        assert gate.wait(10)
+        return stage
+
+    with running_worker(app):
+        first = job.delay(5)
+        assert started.wait(10)
+        again = job.delay(5)
+        gate.set()
+        assert again.id == first.id  # the call was still running, as its replacement
+        assert first.get(timeout=10) == ("second" if onto == "itself" else "other")
+        assert r.get(queued_key(job, 5)) == (None if onto == "itself" else first.id.encode())
+        after = job.delay(5, stage="after")
+        assert after.id != first.id
+        assert after.get(timeout=10) == "after"
+    assert r.get(queued_key(job, 5)) is None
+
+
 def test_a_marker_left_by_an_ended_call_is_replaced(app: Celery, r: redis_py.Redis) -> None:
     """The worker could not clear the marker (the lock Redis did not answer then: it logs a
     WARNING) and the call ended: every later call of the key got the ended call's id for

@@ -651,6 +651,74 @@ def test_a_retry_does_not_find_its_own_cooldown(app: Celery, r: redis_py.Redis) 
         assert work.delay("k").get(timeout=10) is None  # a new call inside the window skips
 
 
+@pytest.mark.parametrize("api", ["task", "decorator"])
+def test_an_autoretry_does_not_find_its_own_cooldown(
+    app: Celery, r: redis_py.Redis, caplog: pytest.LogCaptureFixture, api: str
+) -> None:
+    """Celery's ``autoretry_for`` wraps the task's ``run``, which under ``@single_instance`` is
+    the lock's wrapper: the lock saw the body's ``ValueError``, released with the cooldown,
+    and the retry found the key kept by its own first attempt ("found its own task id
+    holding the lock"), requeued until the cooldown ended. The retries spent, the last
+    failure ends the call and keeps the cooldown, under both APIs."""
+
+    def body(self: Task, key: str) -> int:
+        if self.request.retries == 0 or key == "always":
+            raise ValueError("try again")
+        return self.request.retries
+
+    options = {"autoretry_for": (ValueError,), "default_retry_delay": 0, "max_retries": 1}
+    if api == "task":
+        work = app.task(base=LockedTask, bind=True, lock_by=["key"], lock_cooldown=30, **options)(
+            body
+        )
+    else:
+        work = app.task(bind=True, **options)(single_instance(by=["key"], cooldown=30)(body))
+    with caplog.at_level(logging.INFO), running_worker(app):
+        assert work.delay("k").get(timeout=10) == 1  # the retry ran, at once
+        assert r.pttl(lock_key(work, "k")) > 25_000  # the finished run keeps its cooldown
+        with pytest.raises(ValueError, match="try again"):
+            work.delay("always").get(timeout=10)
+        assert r.pttl(lock_key(work, "always")) > 25_000  # so does the last failure
+    assert "own task id holding" not in caplog.text
+
+
+@pytest.mark.parametrize("api", ["task", "decorator"])
+@pytest.mark.parametrize("mapped", ["map", "starmap", "chunks"])
+def test_map_starmap_and_chunks_of_a_locked_task_are_refused(
+    app: Celery, r: redis_py.Redis, api: str, mapped: str
+) -> None:
+    """Celery's ``celery.map`` and ``celery.starmap`` call the task's body as a plain function
+    for each item, and a direct call takes no lock: the items ran while another run of the
+    same key held it, unlocked and without a word. The publish is refused in the caller, and
+    a mapper that runs anyway (eagerly, here) refuses the item, naming ``group()``."""
+
+    def echo(self: Task, key: str) -> str:
+        return key
+
+    work = _locked(app, api, echo)
+
+    @app.task
+    def plain(key: str) -> str:
+        return key
+
+    def build(task: Any) -> Any:
+        if mapped == "map":
+            return task.map(["k"])
+        if mapped == "starmap":
+            return task.starmap([("k",)])
+        return task.chunks([("k",)], 1)
+
+    message = rf"task {re.escape(work.name)}: map\(\), starmap\(\) and chunks\(\).*group\("
+    with pytest.raises(LockConfigError, match=message):
+        build(work).delay()
+    with pytest.raises(LockConfigError, match=message):
+        build(work).apply().get()
+    expected = ["k"] if mapped != "chunks" else [["k"]]
+    with running_worker(app):  # an unlocked task is mapped as before
+        assert build(plain).delay().get(timeout=10) == expected
+    assert lock_keys(r) == []
+
+
 # -- messages that name the fix (issue 24, items 8 and 9) -------------------------------------
 
 
