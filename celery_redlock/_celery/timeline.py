@@ -81,10 +81,11 @@ def record_for(app: Any, task_name: str, task_id: str, event: str, fields: dict[
         logger.debug("lock timeline: event %r of %s not recorded: %s", event, task_id, redact(exc))
 
 
-def read(app: Any, limit: int) -> list[dict[str, Any]]:
-    """The newest ``limit`` entries of ``app``'s ring, oldest first.
+def read(app: Any, limit: int, since_ms: int | None = None) -> list[dict[str, Any]]:
+    """The newest ``limit`` entries of ``app``'s ring, oldest first; with ``since_ms``, read
+    only as far back as that time (:func:`celery_redlock._redis.timeline.read`).
 
     :raises ~celery_redlock.LockConfigError: for bad ``redlock_*`` settings; Redis errors
         propagate (the dashboard says them on the page).
     """
-    return _ring.read(*_url(app), limit)
+    return _ring.read(*_url(app), limit, since_ms)

@@ -43,25 +43,38 @@ def push(url: str, prefix: str, entry: Mapping[str, Any], size: int) -> None:
     run_script(client_for(url), RING_PUSH, [timeline_key(prefix)], [data, size, TTL_MS])
 
 
-def read(url: str, prefix: str, limit: int) -> list[dict[str, Any]]:
-    """The ring's newest ``limit`` entries, oldest first (entries that are not JSON skipped).
+#: Entries :func:`read` asks for in one ``LRANGE``.
+PAGE = 10_000
+
+
+def read(url: str, prefix: str, limit: int, since_ms: int | None = None) -> list[dict[str, Any]]:
+    """The ring's newest ``limit`` entries, oldest first (entries that are not JSON skipped);
+    with ``since_ms``, only as far back as needed to hold every entry from then on: pages of
+    :data:`PAGE` entries are read, newest first, until one reaches back past ``since_ms``.
 
     :raises ~celery_redlock.LockUnavailable: naming the node (credentials hidden) when it does
         not answer or refuses.
     """
     out: list[dict[str, Any]] = []
-    try:
-        raw_entries = client_for(url).lrange(timeline_key(prefix), 0, max(limit, 1) - 1)
-    except _ERRORS as exc:
-        shown = redact(url)
-        raise LockUnavailable(
-            f"cannot read the lock Redis: {shown} ({redact(exc)})", nodes=(shown,)
-        ) from exc
-    for raw in reversed(raw_entries):
+    client, key = client_for(url), timeline_key(prefix)
+    limit = max(limit, 1)
+    for first in range(0, limit, PAGE):
         try:
-            entry = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and isinstance(entry.get("t"), int):
-            out.append(entry)
+            raw_entries = client.lrange(key, first, min(first + PAGE, limit) - 1)
+        except _ERRORS as exc:
+            shown = redact(url)
+            raise LockUnavailable(
+                f"cannot read the lock Redis: {shown} ({redact(exc)})", nodes=(shown,)
+            ) from exc
+        for raw in raw_entries:
+            try:
+                entry = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and isinstance(entry.get("t"), int):
+                out.append(entry)
+        done = since_ms is not None and bool(out) and out[-1]["t"] < since_ms
+        if done or len(raw_entries) < PAGE:
+            break
+    out.reverse()
     return out

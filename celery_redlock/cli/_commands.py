@@ -141,7 +141,7 @@ def inspect_(
                 ("acquired", lk.as_dict()["acquired_at"] or "-"),
                 ("ttl", ttl(lk.ttl)),
                 ("fencing", fence(lk) + ("" if lk.fencing_token else " (a one-server lock)")),
-                ("token", f"{lk.value[:8]}..."),
+                ("token", f"{safe(lk.value[:8])}..."),
                 ("overrides", shown_overrides(lk.overrides)),
             ):
                 click.echo(f"  {label:<9} {shown}")

@@ -68,9 +68,8 @@ logger = logging.getLogger("celery_redlock.web")
 #: How long a ping answer is reused for the next page views.
 LIVENESS_TTL = 5.0
 
-#: The timeline's window, in minutes, and the ring entries it reads at most.
+#: The timeline's windows, in minutes.
 TIMELINE_MINUTES = (5, 10, 30, 60)
-TIMELINE_ENTRIES = 10_000
 
 ACTIONS = ("release", "release-dead", "clear-marker", "reset-rate")
 
@@ -350,7 +349,7 @@ class Dashboard:
             task = _text(query.get("task"), "the task")
             key = _text(query.get("key"), "the key", MAX_KEY)
             raw = query.get("minutes") or "10"
-            if not raw.isdigit() or int(raw) not in TIMELINE_MINUTES:
+            if raw not in [str(choice) for choice in TIMELINE_MINUTES]:
                 raise ValueError(f"minutes must be one of {', '.join(map(str, TIMELINE_MINUTES))}")
             minutes = int(raw)
             if size and (task or key):
@@ -380,23 +379,43 @@ class Dashboard:
 
         A release mark the dashboard wrote names the lock's name (the task's ``lock_name``
         when it sets one): it is drawn with the task's own events on its keys, where it ends
-        the holder's bar."""
+        the holder's bar.
+
+        The ring is read back to the window's start, however many entries that is (up to
+        ``redlock_timeline``), and the locks held now are read from Redis: a holder that took
+        its lock before the window is a bar from the left edge, even once its ``acquired`` is
+        older than what was read. Timeline without the locks: (1) a task takes its lock and
+        runs for an hour; (2) the 5-minute view reads the ring from 5 minutes ago; (3) it holds
+        no event of that holder, and draws nothing for a lock held all along.
+        """
         end = int(time.time() * 1000)
         start = end - minutes * 60_000
         entries = [
             e
-            for e in timeline.read(self.app, TIMELINE_ENTRIES)
-            if e["t"] >= start and (not key or e.get("key") == key)
+            for e in timeline.read(self.app, timeline.size_for(self.app), start)
+            if not key or e.get("key") == key
         ]
+        marks = lock_name_of(self.app, task) if task else ""
         if task:
             keys = {e.get("key") for e in entries if e.get("task") == task}
-            marks = lock_name_of(self.app, task)
             entries = [
                 e
                 for e in entries
                 if e.get("task") == task or (e.get("task") == marks and e.get("key") in keys)
             ]
-        return _svg.draw(entries, start, end)
+        return _svg.draw(entries, start, end, self._holders(key, marks))
+
+    def _holders(self, key: str, lock_name: str) -> list[tuple[str, str, int]]:
+        """``(key, task id, acquired ms)`` of the locks held now: ``key``, or the locks under
+        ``lock_name`` (a task's); none when no filter can select them."""
+        name = key[key.find("{") + 1 : key.rfind("}")] if key else lock_name + ":"
+        if not _filterable(name):
+            return []
+        return [
+            (lock.key, lock.holder.task_id, lock.holder.acquired_ms)
+            for lock in self.inventory.all(name_prefix=name)
+            if lock.holder is not None and not lock.holder.cooling and (not key or lock.key == key)
+        ]
 
     # -- actions ------------------------------------------------------------------------------
 
@@ -563,11 +582,13 @@ def _name_prefix(task: str, lock_name: str, prefix: str) -> str:
     if not task:
         return prefix
     head = lock_name + ":"
-    if not _filterable(head):
+    try:
+        check_filter(head)
+    except ValueError as exc:
         raise ValueError(
-            f"the task {task!r} locks under a lock_name of {len(lock_name)} characters, which "
-            f"no filter can select (at most {MAX_FILTER}); filter by a name prefix of it"
-        )
+            f"no filter can select the locks of the task '{_shown(task, 64)}', under the name "
+            f"'{_shown(head, 64)}': {exc}; filter by a name prefix of it"
+        ) from None
     if not prefix or head.startswith(prefix):
         return head
     if prefix.startswith(head):

@@ -79,12 +79,21 @@ class Credentials:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Credentials:
         """Read them from ``env`` (default ``os.environ``).
 
+        One trailing line break is dropped from each, as a value read from a file
+        (``$(cat token)`` keeps it in some shells, a secret mounted as a file has it). Timeline
+        without: (1) ``REDLOCK_WEB_TOKEN`` ends in ``\n``; (2) no browser or ``curl`` header
+        can carry it; (3) every login is "wrong token", with the right one.
+
         :raises ValueError: for a user without a password or the reverse, a short token or a
             short password (basic auth has no lockout: a password is guessed at network speed).
         """
         env = os.environ if env is None else env
-        token = env.get(TOKEN_ENV) or None
-        user, password = env.get(USER_ENV) or None, env.get(PASSWORD_ENV) or None
+
+        def read(name: str) -> str | None:
+            value = env.get(name) or ""
+            return value.removesuffix("\n").removesuffix("\r") or None
+
+        token, user, password = read(TOKEN_ENV), read(USER_ENV), read(PASSWORD_ENV)
         if (user is None) != (password is None):
             raise ValueError(f"set both {USER_ENV} and {PASSWORD_ENV}, or neither")
         if token is not None and len(token) < 16:

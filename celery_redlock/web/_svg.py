@@ -34,16 +34,47 @@ COLORS = {
 WIDTH, LANE, LEFT, TOP = 960, 24, 260, 34
 
 
-def draw(entries: Sequence[dict[str, Any]], start_ms: int, end_ms: int) -> Markup:
-    """The SVG of the ``entries`` between ``start_ms`` and ``end_ms``."""
+def draw(
+    entries: Sequence[dict[str, Any]],
+    start_ms: int,
+    end_ms: int,
+    holders: Sequence[tuple[str, str, int]] = (),
+) -> Markup:
+    """The SVG of the ``entries`` (oldest first) between ``start_ms`` and ``end_ms``.
+
+    Entries from before ``start_ms`` only open and close bars: a holder that took its lock
+    before the window and still holds it, or released it inside the window, is a bar from the
+    left edge. So is a ``released`` or ``lost`` whose ``acquired`` is not among the entries
+    (older than what was read, or pushed out of the ring). ``holders``: ``(key, task id,
+    acquired ms)`` of the locks held now, read from the locks themselves: each is drawn to the
+    right edge, whether or not the ring still has its ``acquired``.
+    """
     span = max(end_ms - start_ms, 1)
 
     def x(t: int) -> float:
         return LEFT + (WIDTH - LEFT - 10) * (min(max(t, start_ms), end_ms) - start_ms) / span
 
-    lanes: dict[str, int] = {}
+    holding: dict[tuple[str, str], int] = {}
+    shapes: list[tuple[str, float, float, dict[str, Any]]] = []  # (lane, x1, x2 or -1: a mark, e)
     for e in entries:
-        lanes.setdefault(str(e.get("key") or f"({e.get('task')})"), len(lanes))
+        lane = str(e.get("key") or f"({e.get('task')})")
+        event, t, task_id = str(e.get("event")), int(e["t"]), str(e.get("id", ""))
+        if event == "acquired":
+            holding[lane, task_id] = t
+            continue
+        if event in ("released", "lost"):
+            since = holding.pop((lane, task_id), start_ms)
+            if t >= start_ms:
+                shapes.append((lane, x(since), x(t), e))
+        if t >= start_ms:
+            shapes.append((lane, x(t), -1, e))
+    for key, task_id, acquired_ms in holders:
+        holding.setdefault((key, task_id), acquired_ms)
+    for (lane, task_id), t in holding.items():  # still held at the right edge
+        shapes.append((lane, x(t), x(end_ms), {"id": task_id, "event": "held"}))
+    lanes: dict[str, int] = {}
+    for lane, *_ in shapes:
+        lanes.setdefault(lane, len(lanes))
     height = TOP + LANE * max(len(lanes), 1) + 40
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" role="img" width="{WIDTH}" height="{height}" '
@@ -61,20 +92,9 @@ def draw(entries: Sequence[dict[str, Any]], start_ms: int, end_ms: int) -> Marku
         out.append(
             f'<line x1="{LEFT}" x2="{WIDTH - 10}" y1="{y + 11}" y2="{y + 11}" stroke="#ddd"/>'
         )
-    holding: dict[tuple[str, str], int] = {}
-    for e in entries:
-        lane_name = str(e.get("key") or f"({e.get('task')})")
-        y = TOP + lanes[lane_name] * LANE
-        event, t, task_id = str(e.get("event")), int(e["t"]), str(e.get("id", ""))
-        if event == "acquired":
-            holding[lane_name, task_id] = t
-            continue
-        if event in ("released", "lost") and (lane_name, task_id) in holding:
-            out.append(_bar(x(holding.pop((lane_name, task_id))), x(t), y, e))
-        out.append(_mark(x(t), y, event, e))
-    for (lane_name, task_id), t in holding.items():  # still held at the right edge
-        y = TOP + lanes[lane_name] * LANE
-        out.append(_bar(x(t), x(end_ms), y, {"id": task_id, "event": "held", "key": lane_name}))
+    for lane, x1, x2, e in shapes:
+        y = TOP + lanes[lane] * LANE
+        out.append(_mark(x1, y, str(e.get("event")), e) if x2 < 0 else _bar(x1, x2, y, e))
     legend_y = height - 12
     for i, (event, color) in enumerate(COLORS.items()):
         lx = 10 + i * 105

@@ -157,3 +157,14 @@ def test_inspect_of_a_semaphore_name_shows_every_held_slot(app: Celery, redis_ur
     slots[1].release()
     done = inspect_of(app, "sem", "--json")
     assert (done.exit_code, done.output) == (1, "null\n")
+
+
+def test_inspect_shows_a_foreign_value_escaped(app: Celery, r: redis_py.Redis) -> None:
+    """A value that is not one of our tokens, set by anyone who can write the key: its first
+    characters reached the terminal raw, an escape sequence included (the window title here)."""
+    key = "redlock:{foreign}"
+    r.set(key, "\x1b]0;pwned\x07 and more")
+    done = inspect_of(app, key)
+    assert done.exit_code == 0, done.output
+    assert "\x1b" not in done.output and "\x07" not in done.output
+    assert "token     \\x1b]0;pwne..." in done.output

@@ -460,8 +460,15 @@ def test_a_task_whose_lock_name_no_filter_can_select_is_not_suggested(redis_url:
     status, body = board.locks_page({}, {"csrf_token": "x"})
     assert status == 200 and '<option value="proj.report">' not in body
     status, body = board.locks_page({"task": "proj.report"}, {"csrf_token": "x"})
-    assert status == 400 and "locks under a lock_name of 250 characters" in body
-    assert "filter by a name prefix of it" in body
+    assert status == 400 and "locks of the task &#39;proj.report&#39;, under the name" in body
+    assert "the filter is 251 characters; at most 200; filter by a name prefix of it" in body
+    # The reason given is the filter's own: a brace, a control character, the length.
+    status, body = board.locks_page({"task": "a{b"}, {"csrf_token": "x"})
+    assert status == 400 and "no &#39;{&#39; or &#39;}&#39;" in body and "characters" not in body
+    status, body = board.locks_page({"task": "p" * 200}, {"csrf_token": "x"})
+    assert status == 400 and "the filter is 201 characters; at most 200" in body
+    status, body = board.timeline_page({"task": "proj.report", "minutes": "\u00b2"}, {})
+    assert status == 400 and "minutes must be one of 5, 10, 30, 60" in body
     app.close()
 
 

@@ -100,3 +100,41 @@ def test_a_dashboard_release_ends_the_holders_bar(
     assert status == 200 and 'data-event="released"' in body
     assert "held by task dead-call" in body  # the bar, now closed by the release...
     assert body.count('class="bar"') == 1  # ...and not drawn again to the right edge
+
+
+def test_holders_from_before_the_window_and_events_past_ten_thousand_entries_are_drawn(
+    redis_server: RedisServer, r: redis_py.Redis
+) -> None:
+    """The view dropped the ring's entries older than its window before it paired them: a
+    holder that took its lock 20 minutes ago drew nothing in the 5-minute view while it held
+    it, and only a release mark once it released. It read the newest 10,000 entries whatever
+    ``redlock_timeline`` was: a busy task pushed a quiet one off the view. Now: bars from the
+    left edge, one for a lock held now that the ring has no event of, and the ring read back
+    to the window's start."""
+    app = make_app(redis_server, redlock_timeline=30_000)
+    job = _task(app)
+    now = int(time.time() * 1000)
+    held, released, quiet, ringless = (lock_key(job, n) for n in (1, 2, 3, 4))
+
+    def entry(minutes_ago: float, event: str, key: str, task_id: str, task: str) -> str:
+        t = now - int(minutes_ago * 60_000)
+        return json.dumps({"t": t, "event": event, "key": key, "id": task_id, "task": task})
+
+    ring_key = timeline_key("redlock")
+    r.lpush(ring_key, entry(20, "acquired", held, "long-call", "ring.job"))
+    r.lpush(ring_key, entry(20, "acquired", released, "done-call", "ring.job"))
+    r.lpush(ring_key, entry(3, "skipped", quiet, "quiet-call", "ring.job"))
+    r.lpush(ring_key, entry(1, "released", released, "done-call", "ring.job"))
+    noise = [entry(0.5, "skipped", "redlock:{ring.noise:x}", "n", "ring.noise")] * 12_000
+    r.lpush(ring_key, *noise)
+    r.set(held, new_token("long-call", "w1@host", 1), px=60_000)
+    r.set(ringless, new_token("ringless-call", "w1@host", 1), px=60_000)
+    status, body = Dashboard(app).timeline_page({"task": "ring.job", "minutes": "5"}, {})
+    assert status == 200
+    assert body.count('class="bar"') == 3
+    for task_id in ("long-call", "done-call", "ringless-call"):
+        assert f'class="bar" data-id="{task_id}"' in body
+    assert 'data-event="skipped" data-id="quiet-call"' in body
+    assert 'data-event="released" data-id="done-call"' in body
+    status, body = Dashboard(app).timeline_page({"key": held, "minutes": "5"}, {})
+    assert status == 200 and body.count('class="bar"') == 1 and 'data-id="long-call"' in body

@@ -97,6 +97,15 @@ def test_credentials_come_from_the_environment_and_are_checked() -> None:
     )
     assert guard.actor(f"Bearer {token}", None) == "token"
     assert guard.actor("Bearer " + "x" * 20, None) is None
+    # A value read from a file keeps its line break, which no header can carry: dropped.
+    read = Credentials.from_env(
+        {
+            "REDLOCK_WEB_TOKEN": token + "\n",
+            "REDLOCK_WEB_USER": "ops\r\n",
+            "REDLOCK_WEB_PASSWORD": password + "\n",
+        }
+    )
+    assert (read.token, read.user, read.password) == (token, "ops", password)
     basic = base64.b64encode(b"ops:pw-of-twelve").decode()
     assert guard.actor(f"Basic {basic}", None) == "ops"
     assert guard.actor("Basic " + base64.b64encode(b"ops:no").decode(), None) is None
