@@ -59,4 +59,8 @@ def __getattr__(name: str) -> Any:
     module = _CELERY_LAYER.get(name)
     if module is None:
         raise AttributeError(f"module 'celery_redlock' has no attribute {name!r}")
+    # The worker wiring comes with the Celery layer: its router refuses a lock_* option given
+    # to a task that does not read it (base=LockedTask forgotten) at the first delay(), also
+    # in a process that imports only current_fencing_token or lock_key.
+    importlib.import_module("celery_redlock._celery.wiring")
     return getattr(importlib.import_module(module), name)

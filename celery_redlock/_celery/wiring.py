@@ -1,6 +1,8 @@
 """Worker wiring: the one module that connects the receivers releasing locks on every ending.
 
-Imported by ``LockedTask`` and ``@single_instance``, never by the CLI. Which process releases,
+Imported by ``LockedTask`` and ``@single_instance``, never by the CLI; in a worker or a beat
+started by Celery's command line whose project imported neither, when it starts
+(:mod:`celery_redlock._celery.entry`). Which process releases,
 for each way an attempt ends (measured on Celery 5.7, see ``docs/guide.md``):
 
 * return, exception, soft time limit, ``Ignore``, ``Reject``, ``SystemExit`` (SIGTERM from
@@ -152,14 +154,14 @@ def _on_app_finalize(app: Any) -> None:
 
 @signals.after_setup_logger.connect(weak=False)
 @signals.beat_init.connect(weak=False)
-def _on_logging_set_up(**_: Any) -> None:
+def on_logging_set_up(**_: Any) -> None:
     """Celery has set up logging (worker, beat), or a beat started: log the warnings that
     waited for it."""
     warn_waiting()
 
 
 @signals.beat_init.connect(weak=False)
-def _check_beat_schedule(sender: Any = None, **_: Any) -> None:
+def check_beat_schedule(sender: Any = None, **_: Any) -> None:
     """A ``celery beat`` starts: log an ERROR for each ``beat_schedule`` entry whose
     ``options`` hold a ``lock_*`` option its task refuses, naming the entry.
 
@@ -214,7 +216,7 @@ for _app in _get_active_apps():
 
 
 @signals.worker_init.connect(weak=False)
-def _on_worker_init(sender: Any = None, **_: Any) -> None:
+def on_worker_init(sender: Any = None, **_: Any) -> None:
     """In the worker's main process, before the pool forks."""
     pool_cls = get_implementation(sender.pool_cls)
     state.enforces_limits = pool_cls.__module__ in _ENFORCING_POOLS

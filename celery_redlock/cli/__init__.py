@@ -22,6 +22,7 @@ are printed (:mod:`._format`) and the commands (:mod:`._commands`). A new subcom
 
 from __future__ import annotations
 
+from .._celery import entry as _entry  # noqa: F401  (wires a worker or beat when it starts)
 from .._redis.inventory import PAGE, HeldLock
 from ..web._command import web as _web  # click only: the web extra loads when it runs
 from . import _commands  # noqa: F401  (registers the commands on the group)

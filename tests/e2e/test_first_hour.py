@@ -205,3 +205,18 @@ def test_a_misspelled_setting_is_one_warning_in_a_beat_whose_project_sets_up_log
     warned = [line for line in text().splitlines() if "unknown setting 'redlock_ulr'" in line]
     assert len(warned) == 1, text()
     assert b"unknown setting" not in stderr
+
+
+def test_a_project_importing_nothing_of_ours_is_refused_by_the_entry_point(
+    server: RedisServer,
+) -> None:
+    """``@app.task(lock_by=[...])`` without ``base=LockedTask``, in a project that imports
+    nothing of celery-redlock: the check that refuses it lives in the worker wiring, which only
+    ``LockedTask`` and ``@single_instance`` imported, so the worker started and ran the calls
+    unlocked, two at once. Celery loads our ``celery.commands`` entry point in every
+    ``celery`` process, and it loads the wiring when the worker starts."""
+    status, output = WorkerProcess(server.port, "w4", app="tests.e2e.unimported_app").run_to_exit()
+    lines = [line for line in output.splitlines() if line.startswith("Error: LockConfigError: ")]
+    assert status != 0 and "ready." not in output, output[-3000:]
+    assert len(lines) == 1, output[-3000:]
+    assert "task unimported_app.sync_account: option lock_by=['account_id'] is ignored" in lines[0]

@@ -74,3 +74,34 @@ def test_the_dashboard_without_its_extra_names_the_extra() -> None:
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith('ModuleNotFoundError: the dashboard needs the web extra: pip install "')
     assert "starlette" in last
+
+
+def test_a_lock_option_without_the_base_is_refused_when_only_a_helper_is_imported() -> None:
+    """The README quickstart with ``base=LockedTask`` forgotten imports only
+    ``current_fencing_token``: the router that refuses ``lock_by`` at ``delay()`` came with
+    the wiring, which that import did not load, and the call was published to run unlocked."""
+    code = textwrap.dedent(
+        """
+        from celery import Celery
+        from celery_redlock import current_fencing_token
+
+        app = Celery("proj", broker="memory://")
+        app.conf.redlock_url = "redis://127.0.0.1:1/0"
+
+        @app.task(name="proj.sync_account", lock_by=["account_id"])
+        def sync_account(account_id):
+            return current_fencing_token()
+
+        try:
+            sync_account.delay(42)
+        except Exception as exc:
+            print(type(exc).__name__, exc)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(
+        "LockConfigError task proj.sync_account: option lock_by=['account_id'] is ignored"
+    ), done.stdout + done.stderr
