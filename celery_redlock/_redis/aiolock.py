@@ -114,8 +114,9 @@ async def settle(aw: Awaitable[T], late: Callable[[T], Any] | None = None) -> T:
     the wait for it and is raised at once, and ``aw`` is cancelled.
     """
     if _COUNTS_CANCELS and late is None:
+        asked = _cancels()
         result = await aw
-        if _cancelling():
+        if _cancels() > asked:
             raise asyncio.CancelledError
         return result
     task = asyncio.ensure_future(aw)
@@ -147,10 +148,17 @@ def _run_late(late: Callable[[T], Any], result: T) -> None:
 _COUNTS_CANCELS = sys.version_info >= (3, 11)
 
 
-def _cancelling() -> bool:
-    """Whether the current task was asked to cancel (Python >= 3.11; False before)."""
+def _cancels() -> int:
+    """How many cancellations the current task was asked (Python >= 3.11; 0 before).
+
+    A cancellation dropped on the way is one more than when the call began: not any count
+    above 0, which stays so for the rest of a task that was cancelled once. Timeline with
+    "above 0": (1) a task is cancelled, catches ``CancelledError`` and cleans up; (2) its
+    cleanup takes a free lock (``async with lock:``); (3) the acquire takes it, sees the old
+    cancellation, gives it back and raises ``CancelledError``: the cleanup can never lock.
+    """
     task = asyncio.current_task()
-    return task is not None and getattr(task, "cancelling", lambda: 0)() > 0
+    return 0 if task is None else getattr(task, "cancelling", lambda: 0)()
 
 
 class Lock(LockCore):
@@ -205,13 +213,14 @@ class Lock(LockCore):
         Cluster client raises :class:`ValueError`: it has no pub/sub to wait with.
         """
         timeout = self._acquire_mode(blocking, timeout)
+        asked = _cancels()
         try:
             if timeout == -1.0:
                 taken = await self._attempt()
             else:
                 self.nodes.check_wait()
                 taken = await self.do_wait(timeout)
-            if _cancelling():  # a cancellation dropped on the way (hazard 6)
+            if _cancels() > asked:  # a cancellation dropped on the way (hazard 6)
                 raise asyncio.CancelledError
             return taken
         except BaseException as exc:
@@ -236,12 +245,7 @@ class Lock(LockCore):
         """
         token = self._release_token(keep)
         self._stop_renewal()
-        try:
-            released = await finish(self.do_release(token, keep))
-        except BaseException:
-            self._token = None
-            raise
-        self._released(released)
+        self._released(await finish(self.do_release(token, keep)))
 
     async def extend(self, ttl: float | None = None) -> None:
         """Reset the remaining TTL to ``ttl`` seconds (default: the lock's ttl), owner-checked.

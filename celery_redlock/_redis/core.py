@@ -900,13 +900,23 @@ class LockCore:
         return LockNotOwned(f"cannot release {self.key}: not acquired", key=self.key)
 
     def _released(self, released: bool) -> None:
-        """After the release call: :class:`LockLost` if the key was not ours any more."""
+        """After the release call: :class:`LockLost` if the key was not ours any more.
+
+        The token was taken from this object when the release began (:meth:`_release_token`).
+        If the object took the lock again meanwhile (another thread or task), the new holding
+        is left alone. Timeline otherwise: (1) task A's release takes the token and waits for
+        Redis; (2) task B acquires with the same object; (3) A's release returns and forgets
+        the token: B's acquire returned True, but ``held`` is False, its release raises
+        :class:`LockNotOwned`, and the key stays held, unrenewed, until its TTL.
+        """
+        with self._state:
+            again = self._token is not None
+            if released and not again:
+                self._fencing_token = None  # the number of an acquisition that ended
         if not released:
-            self._mark_lost("it was no longer held by this owner at release")
-            self._token = None
+            if not again:
+                self._mark_lost("it was no longer held by this owner at release")
             raise LockLost(f"lock {self.key} expired or changed owner before release", key=self.key)
-        self._token = None
-        self._fencing_token = None  # the number of an acquisition that ended
 
     def _extend_args(self, ttl: float | None) -> tuple[str, float]:
         """The token and TTL of an extend: ``ttl`` (default: the lock's), capped so that the

@@ -190,12 +190,7 @@ class Lock(LockCore):
             if renewing is not None:  # a renewal in flight ends first (renew_step says why)
                 with renewing:
                     pass
-        try:
-            released = self.do_release(token, keep)
-        except BaseException:
-            self._token = None
-            raise
-        self._released(released)
+        self._released(self.do_release(token, keep))
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the remaining TTL to ``ttl`` seconds (default: the lock's ttl), owner-checked.

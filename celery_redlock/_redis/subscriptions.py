@@ -263,9 +263,17 @@ class _Connection:
             async with self.sending:
                 try:
                     await self.pubsub.subscribe(channel)
-                except RuntimeError as exc:  # redis-py reconnecting it: it reads twice at once
-                    broken = _broken(exc)
+                except BaseException as exc:
+                    self._unsent(channel, confirmation)
+                    if not isinstance(exc, Exception):
+                        raise
+                    # Any error, not only a Redis one: redis-py reconnecting it reads twice at
+                    # once (RuntimeError), valkey-py writes to the socket it just dropped
+                    # (AttributeError on None). The waiters subscribe again.
+                    broken = exc if classify(exc) is not None else _broken(exc)
                     self._break(broken)
+                    if broken is exc:
+                        raise
                     raise broken from exc
         if self.reader is None:
             self.reader = loop.create_task(self._read(), name="celery-redlock subscription")
@@ -275,6 +283,17 @@ class _Connection:
         finally:
             timer.cancel()
             confirmation.cancel()  # no-op once done; a cancelled waiter's is failed by no one
+
+    def _unsent(self, channel: str, confirmation: asyncio.Future[None]) -> None:
+        """A ``SUBSCRIBE`` that raised: its confirmation is awaited by nobody (so never failed:
+        asyncio would log "Future exception was never retrieved"), and the next wait of the
+        channel sends its own."""
+        confirmation.cancel()
+        waiting = self.pending.get(channel)
+        if waiting is not None and confirmation in waiting:
+            waiting.remove(confirmation)
+            if not waiting:
+                del self.pending[channel]
 
     def remove(self, inbox: Inbox) -> None:
         inboxes = self.inboxes.get(inbox.channel)

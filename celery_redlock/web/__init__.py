@@ -36,5 +36,11 @@ def __getattr__(name: str) -> Any:
     try:
         loaded = importlib.import_module(module, __name__)
     except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] == "django":  # the project's, not the extra's
+            raise ModuleNotFoundError(
+                f"django_urls mounts the dashboard in a Django project, and Django is not "
+                f"installed here ({exc})",
+                name=exc.name,
+            ) from exc
         raise ModuleNotFoundError(f"{NEEDS_EXTRA} ({exc})", name=exc.name) from exc
     return getattr(loaded, name)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import signal
@@ -891,3 +892,62 @@ def test_semaphore_waiters_on_one_loop_all_get_a_slot_and_send_no_unsubscribe(
 
     run(main())
     assert "cmdstat_unsubscribe" not in r.info("commandstats")
+
+
+class _FirstSubscribeFails(aioredis.client.PubSub):
+    """A real ``PubSub`` whose first ``SUBSCRIBE`` fails as valkey-py's does after its
+    connection was cut (it writes to the socket it dropped): an error no classifier knows."""
+
+    failed = 0
+    error: Exception = AttributeError("'NoneType' object has no attribute 'writelines'")
+
+    async def subscribe(self, *args: Any, **kwargs: Any) -> Any:
+        if not _FirstSubscribeFails.failed:
+            _FirstSubscribeFails.failed += 1
+            raise _FirstSubscribeFails.error
+        return await super().subscribe(*args, **kwargs)
+
+
+class _CutClient(aioredis.Redis):
+    def pubsub(self, **kwargs: Any) -> Any:
+        return _FirstSubscribeFails(self.connection_pool, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        AttributeError("'NoneType' object has no attribute 'writelines'"),
+        redis_py.ConnectionError("Connection closed by server."),
+    ],
+    ids=["unknown", "connection"],
+)
+def test_a_subscribe_that_raises_is_tried_again_and_leaves_no_future(
+    redis_url: str, r: redis_py.Redis, error: Exception
+) -> None:
+    """A ``SUBSCRIBE`` that raised an error other than ``RuntimeError`` (valkey-py's
+    ``AttributeError`` on a cut connection) reached the waiter raw; after any error, its
+    confirmation was failed later by nobody's await: asyncio logged "Future exception was
+    never retrieved". The connection is broken, the waiter subscribes again and gets the
+    lock."""
+    unhandled: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: unhandled.append(ctx))
+        client = _CutClient.from_url(redis_url)
+        try:
+            holder = Lock(redis_url, NAME, ttl=60)
+            assert await holder.acquire(blocking=False)
+            waiter = Lock(client, NAME, ttl=60)
+            task = asyncio.create_task(waiter.acquire(timeout=30))
+            await until(lambda: queued(r) == 1 or task.done())
+            await holder.release()
+            assert await task
+            await waiter.release()
+        finally:
+            await client.aclose()
+        gc.collect()  # a future failed and never awaited says so when it is collected
+
+    _FirstSubscribeFails.failed, _FirstSubscribeFails.error = 0, error
+    run(main())
+    assert _FirstSubscribeFails.failed == 1
+    assert unhandled == []

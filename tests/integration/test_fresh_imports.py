@@ -12,6 +12,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from support.layers import REDIS_LAYER
 
 
@@ -61,19 +63,27 @@ def test_the_cli_does_not_load_the_worker_wiring() -> None:
     assert "celery_redlock._celery.engine" not in loaded
 
 
-def test_the_dashboard_without_its_extra_names_the_extra() -> None:
+@pytest.mark.parametrize(
+    ("missing", "name", "expected"),
+    [
+        ("starlette", "create_app", 'the dashboard needs the web extra: pip install "'),
+        ("django", "django_urls", "django_urls mounts the dashboard in a Django project, and "),
+    ],
+)
+def test_the_dashboard_without_a_library_names_what_to_install(
+    missing: str, name: str, expected: str
+) -> None:
     """Without Starlette (``None`` in ``sys.modules`` stands for a library not installed),
-    ``from celery_redlock.web import create_app`` says which extra to install."""
-    code = (
-        "import sys; sys.modules['starlette'] = None\nfrom celery_redlock.web import create_app\n"
-    )
+    ``from celery_redlock.web import create_app`` says which extra to install. Without Django,
+    ``django_urls`` named the web extra too, which does not bring Django."""
+    code = f"import sys; sys.modules[{missing!r}] = None\nfrom celery_redlock.web import {name}\n"
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 1
     last = done.stderr.strip().splitlines()[-1]
-    assert last.startswith('ModuleNotFoundError: the dashboard needs the web extra: pip install "')
-    assert "starlette" in last
+    assert last.startswith(f"ModuleNotFoundError: {expected}"), last
+    assert missing in last
 
 
 def test_a_lock_option_without_the_base_is_refused_when_only_a_helper_is_imported() -> None:

@@ -2069,3 +2069,104 @@ def test_the_asyncio_nodes_docstring_names_what_they_send() -> None:
     doc = aionodes.__doc__ or ""
     assert "``EVAL``" not in doc.replace("never ``EVAL``", "")
     assert "SCRIPT LOAD" in doc
+
+
+def test_a_release_ending_after_the_object_took_the_lock_again_leaves_the_new_holding(
+    d2: Driver, redis_url: str, r: redis_py.Redis
+) -> None:
+    """One ``Lock`` object, two tasks (or threads): A's release takes the token, deletes the
+    key, and is still on its way back when B acquires with the same object. A's release then
+    forgot the token: B's acquire had returned True, but ``held`` was False, B's release raised
+    ``LockNotOwned``, and the key stayed held, unrenewed, for its whole TTL. Here the release
+    is held back after Redis answered (``do_release``, an override point), so the order is
+    certain."""
+    if d2.is_async:
+
+        async def main() -> None:
+            deleted, gate = asyncio.Event(), asyncio.Event()
+
+            class Slow(celery_redlock.asyncio.Lock):
+                async def do_release(self, token: str, keep: float = 0) -> bool:
+                    done = await super().do_release(token, keep)
+                    deleted.set()
+                    await gate.wait()
+                    return done
+
+            lock = Slow(redis_url, "again", ttl=30)
+            assert await lock.acquire(blocking=False)
+            first = asyncio.create_task(lock.release())
+            await deleted.wait()
+            assert await lock.acquire(blocking=False)  # B, on the same object
+            gate.set()
+            await first
+            assert lock.held and lock.fencing_token is not None
+            assert r.get(lock.key) == (lock.token or "").encode()
+            await lock.release()
+
+        d2(main())
+    else:
+        deleted, gate = threading.Event(), threading.Event()
+
+        class SlowThread(celery_redlock.Lock):
+            def do_release(self, token: str, keep: float = 0) -> bool:
+                done = super().do_release(token, keep)
+                deleted.set()
+                assert gate.wait(10)
+                return done
+
+        lock = SlowThread(redis_url, "again", ttl=30)
+        assert lock.acquire(blocking=False)
+        first = threading.Thread(target=lock.release)
+        first.start()
+        assert deleted.wait(10)
+        assert lock.acquire(blocking=False)
+        gate.set()
+        first.join(10)
+        assert lock.held and lock.fencing_token is not None
+        assert r.get(lock.key) == (lock.token or "").encode()
+        lock.release()
+    assert lock_keys(r) == []
+
+
+def test_a_task_cancelled_once_can_still_take_a_free_lock_in_its_cleanup(redis_url: str) -> None:
+    """From Python 3.11 a task counts the cancellations asked of it, and the count stays above
+    0 for the rest of a task cancelled once. The acquire took any count above 0 for a
+    cancellation dropped on the way: in a cleanup (``except CancelledError``, a ``finally``
+    under an expired ``asyncio.timeout``, a ``TaskGroup`` child whose sibling failed) it took
+    the free lock, gave it back and raised ``CancelledError``. Only a cancellation asked
+    during the acquire counts now."""
+
+    async def cleanup(lock: celery_redlock.asyncio.Lock, done: list[str]) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            assert await lock.acquire(blocking=False)
+            await lock.release()
+            assert await lock.acquire(timeout=5)
+            await lock.release()
+            async with lock:
+                done.append("cleanup ran under the lock")
+            raise
+
+    async def main() -> None:
+        done: list[str] = []
+        lock = celery_redlock.asyncio.Lock(redis_url, "cleanup", ttl=30)
+        task = asyncio.create_task(cleanup(lock, done))
+        await asyncio.sleep(0)  # the task is in its sleep
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert done == ["cleanup ran under the lock"]
+
+        async def sleeper() -> None:
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                async with lock:
+                    done.append("finally ran under the lock")
+
+        with pytest.raises(asyncio.TimeoutError):  # wait_for cancels the sleeper
+            await asyncio.wait_for(sleeper(), 0.05)
+        assert done[-1] == "finally ran under the lock"
+
+    asyncio.run(main())
