@@ -201,9 +201,10 @@ class LockedTask(Task):  # type: ignore[misc]
         Celery before 5.3.5 leaves the mark off a chain built for a running task that is
         itself in a chain: its first message then found the key held, and was skipped or
         requeued for the whole lease. Under ``lock_enqueue='until_executed'`` the call's
-        queued marker stays: the replacement finishes the call, under its task id.
+        queued marker stays if ``sig`` is a call of this task on the same key, which finishes
+        the call under its task id (:func:`~celery_redlock._celery.engine.replaced`).
         """
-        engine.replaced(self)
+        engine.replaced(self, sig)
         return super().on_replace(sig)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -159,13 +159,27 @@ def _attempt(
     return result
 
 
-def replaced(task: Any) -> None:
-    """``self.replace()`` is publishing the replacement of the running call: release its lock
-    without the cooldown, and keep its ``until_executed`` marker (:func:`_until_executed`)."""
-    execution = getattr(task.request, REQUEST_ATTR, None)
+def replaced(task: Any, sig: Any) -> None:
+    """``self.replace(sig)`` is publishing the replacement of the running call: release its
+    lock without the cooldown; keep its ``until_executed`` marker (:func:`_until_executed`)
+    if ``sig`` is a call of the same task on the same key, whose end clears it."""
+    request = task.request
+    execution = getattr(request, REQUEST_ATTR, None)
     if execution is not None:
-        execution.replaced = True
-    leave(task, cooldown=False)
+        execution.replaced = _same_key(task, request, sig)
+    leave(task, request, cooldown=False)
+
+
+def _same_key(task: Any, request: Any, sig: Any) -> bool:
+    """Whether ``sig`` calls ``task`` with arguments of the same lock name as ``request``'s."""
+    spec = spec_of(task)
+    if spec is None or not isinstance(sig, Mapping) or sig.get("task") != task.name:
+        return False  # another task, a chain, a group: nothing clears the marker at its end
+    try:
+        mine = lock_name_for(task, spec, request.args or (), request.kwargs or {})
+        return lock_name_for(task, spec, sig.get("args") or (), sig.get("kwargs") or {}) == mine
+    except Exception:  # a lock_by callable that raises, arguments that do not bind
+        return False
 
 
 def _autoretried(task: Any, request: Any, exc: BaseException) -> bool:
@@ -206,12 +220,14 @@ def _until_executed(
 
     So a ``delay()`` while the call is queued *or running* returns that call's
     ``AsyncResult``. A retry (``Retry``) keeps it: the call is not finished, and its retry has
-    the same task id. So does a replacement (``self.replace()``, :func:`replaced`), which
-    finishes the call under its task id: a replacement of the same key clears the marker when
-    it ends, any other once the result backend says the call has ended (:func:`mark_queued`),
-    or else after ``lock_enqueue_ttl``. Timeline if the ``Ignore`` of ``replace()`` cleared
+    the same task id. So does a replacement by a call of the same task on the same key
+    (``self.replace(X.si(...))``, :func:`replaced`), which finishes the call under its task id
+    and clears the marker when it ends. Timeline if the ``Ignore`` of ``replace()`` cleared
     it: (1) X replaces itself with ``X.si(...)``, which runs under X's id; (2) while it runs,
     a ``delay()`` finds no marker and publishes Y, a second run of the call that was running.
+    Any other replacement (another task, another key, a chain or group) clears it as the call
+    is replaced: nothing would clear it at its end, and without a result backend that keeps
+    states, every call of the key would be refused until ``lock_enqueue_ttl``.
 
     The marker is cleared before Celery stores the result, so a caller that holds the result
     can call again at once. An execution that never ends here (the pool

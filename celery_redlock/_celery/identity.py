@@ -488,14 +488,20 @@ MAPPERS = frozenset({"celery.map", "celery.starmap", "celery.chunks"})
 
 
 def check_not_mapped(task: Any, mapper: Any) -> None:
-    """Refuse a locked ``task`` run by ``mapper``, one of :data:`MAPPERS` (a task, or its
-    name): its items would run as direct calls, which take no lock. Timeline without this:
-    (1) ``sync_account(42)`` runs, holding its key; (2) ``sync_account.chunks([(42,)], 1)``
-    is published; (3) its ``celery.starmap`` calls the body directly: the same account is
-    synced twice at once, without a word. Raises :class:`LockConfigError` naming the fix."""
+    """Refuse a locked ``task`` mapped by ``mapper``, one of :data:`MAPPERS` (its name, in
+    the caller; in a worker, the running task, whose call's ``task`` argument must name
+    ``task``: a body of another mapped task may call ``task`` directly, as any body may): its
+    items would run as direct calls, which take no lock. Timeline without this: (1)
+    ``sync_account(42)`` runs, holding its key; (2) ``sync_account.chunks([(42,)], 1)`` is
+    published; (3) its ``celery.starmap`` calls the body directly: the same account is synced
+    twice at once, without a word. Raises :class:`LockConfigError` naming the fix."""
     name = mapper if isinstance(mapper, str) else getattr(mapper, "name", None)
     if name not in MAPPERS or spec_of(task) is None:
         return
+    if not isinstance(mapper, str):
+        mapped = (getattr(mapper.request, "kwargs", None) or {}).get("task")
+        if not isinstance(mapped, Mapping) or mapped.get("task") != task.name:
+            return
     short = task.name.rpartition(".")[2] or task.name
     raise LockConfigError(
         f"task {task.name}: map(), starmap() and chunks() run its body as a plain function "

@@ -1,9 +1,12 @@
 """Worker wiring: the one module that connects the receivers releasing locks on every ending.
 
-Imported by ``LockedTask`` and ``@single_instance``, never by the CLI; in a worker or a beat
-started by Celery's command line whose project imported neither, when it starts
-(:mod:`celery_redlock._celery.entry`). Which process releases,
-for each way an attempt ends (measured on Celery 5.7, see ``docs/guide.md``):
+Imported by ``LockedTask``, ``@single_instance`` and the other names of the Celery layer
+taken from ``celery_redlock`` (its ``__getattr__``), never by the CLI; in a worker or a beat
+started by Celery's command line for an app with a ``redlock_*`` setting, whose project
+imported none of those, when it starts (:mod:`celery_redlock._celery.entry`).
+
+Which process releases, for each way an attempt ends (measured on Celery 5.7, see
+``docs/guide.md``):
 
 * return, exception, soft time limit, ``Ignore``, ``Reject``, ``SystemExit`` (SIGTERM from
   revoke/hard limit/cold shutdown): the pool child, in

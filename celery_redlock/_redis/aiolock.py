@@ -243,8 +243,7 @@ class Lock(LockCore):
         :class:`LockLost` is raised. The release runs to its end even if the calling task is
         cancelled meanwhile (the cancellation is re-raised after).
         """
-        token = self._release_token(keep)
-        self._stop_renewal()
+        token = self._release_token(keep)  # the renewal stopped
         self._released(await finish(self.do_release(token, keep)))
 
     async def extend(self, ttl: float | None = None) -> None:

@@ -866,6 +866,8 @@ class LockCore:
             )
         if self._pid != _owner.process_id:
             raise self._not_ours("release")
+        if self.auto_renew:  # before the token is given up: see _released
+            self._stop_renewal()
         with self._state:
             token, self._token = self._token, None
         if token is None:
@@ -907,7 +909,9 @@ class LockCore:
         is left alone. Timeline otherwise: (1) task A's release takes the token and waits for
         Redis; (2) task B acquires with the same object; (3) A's release returns and forgets
         the token: B's acquire returned True, but ``held`` is False, its release raises
-        :class:`LockNotOwned`, and the key stays held, unrenewed, until its TTL.
+        :class:`LockNotOwned`, and the key stays held, unrenewed, until its TTL. The release
+        stops the renewal before it gives the token up, so it never stops B's (a semaphore's
+        B may take another slot while A's is being deleted).
         """
         with self._state:
             again = self._token is not None

@@ -183,9 +183,8 @@ class Lock(LockCore):
         A lock that expired or changed owner meanwhile is left alone (the owner check) and
         :class:`LockLost` is raised.
         """
-        token = self._release_token(keep)
+        token = self._release_token(keep)  # the renewal stopped
         if self.auto_renew:
-            self._stop_renewal()
             renewing = self.__dict__.get("_renewing")
             if renewing is not None:  # a renewal in flight ends first (renew_step says why)
                 with renewing:

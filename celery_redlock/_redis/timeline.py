@@ -50,7 +50,8 @@ PAGE = 10_000
 def read(url: str, prefix: str, limit: int, since_ms: int | None = None) -> list[dict[str, Any]]:
     """The ring's newest ``limit`` entries, oldest first (entries that are not JSON skipped);
     with ``since_ms``, only as far back as needed to hold every entry from then on: pages of
-    :data:`PAGE` entries are read, newest first, until one reaches back past ``since_ms``.
+    :data:`PAGE` entries are read, newest first, until one reaches back past ``since_ms``
+    (entries pushed meanwhile shift the list: what a page reads again is skipped).
 
     :raises ~celery_redlock.LockUnavailable: naming the node (credentials hidden) when it does
         not answer or refuses.
@@ -58,6 +59,7 @@ def read(url: str, prefix: str, limit: int, since_ms: int | None = None) -> list
     out: list[dict[str, Any]] = []
     client, key = client_for(url), timeline_key(prefix)
     limit = max(limit, 1)
+    previous: list[Any] = []
     for first in range(0, limit, PAGE):
         try:
             raw_entries = client.lrange(key, first, min(first + PAGE, limit) - 1)
@@ -66,7 +68,9 @@ def read(url: str, prefix: str, limit: int, since_ms: int | None = None) -> list
             raise LockUnavailable(
                 f"cannot read the lock Redis: {shown} ({redact(exc)})", nodes=(shown,)
             ) from exc
-        for raw in raw_entries:
+        fresh = raw_entries[_overlap(previous, raw_entries) :]
+        previous = raw_entries
+        for raw in fresh:
             try:
                 entry = json.loads(raw)
             except ValueError:
@@ -78,3 +82,18 @@ def read(url: str, prefix: str, limit: int, since_ms: int | None = None) -> list
             break
     out.reverse()
     return out
+
+
+def _overlap(previous: list[Any], page: list[Any]) -> int:
+    """How many entries at the start of ``page`` were read already, at the end of the page
+    before it (``previous``): each push between the two reads shifts the list by one. Timeline
+    without this: (1) a page ends with a ``released``; (2) a worker pushes an event; (3) the
+    next page starts with that ``released`` again, which, its ``acquired`` paired already,
+    draws a second bar from the window's left edge."""
+    if not previous or not page:
+        return 0
+    last = previous[-1]
+    for i, raw in enumerate(page[: len(previous)]):
+        if raw == last and previous[len(previous) - 1 - i :] == page[: i + 1]:
+            return i + 1
+    return 0

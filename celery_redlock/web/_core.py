@@ -68,8 +68,10 @@ logger = logging.getLogger("celery_redlock.web")
 #: How long a ping answer is reused for the next page views.
 LIVENESS_TTL = 5.0
 
-#: The timeline's windows, in minutes.
+#: The timeline's windows, in minutes, and the ring entries a view reads at most (about
+#: 20 MB): a ring of ``redlock_timeline=1000000`` would be 200 MB to read and parse per view.
 TIMELINE_MINUTES = (5, 10, 30, 60)
+TIMELINE_READ = 100_000
 
 ACTIONS = ("release", "release-dead", "clear-marker", "reset-rate")
 
@@ -382,18 +384,19 @@ class Dashboard:
         the holder's bar.
 
         The ring is read back to the window's start, however many entries that is (up to
-        ``redlock_timeline``), and the locks held now are read from Redis: a holder that took
-        its lock before the window is a bar from the left edge, even once its ``acquired`` is
-        older than what was read. Timeline without the locks: (1) a task takes its lock and
-        runs for an hour; (2) the 5-minute view reads the ring from 5 minutes ago; (3) it holds
-        no event of that holder, and draws nothing for a lock held all along.
+        ``redlock_timeline``, and :data:`TIMELINE_READ`), and the locks held now are read from
+        Redis: a holder that took its lock before the window is a bar from the left edge,
+        even once its ``acquired`` is older than what was read, and one whose lock is not held
+        now ends there (:func:`~celery_redlock.web._svg.draw`). Timeline without the locks:
+        (1) a task takes its lock and runs for an hour; (2) the 5-minute view reads the ring
+        from 5 minutes ago; (3) it holds no event of that holder, and draws nothing for a lock
+        held all along.
         """
         end = int(time.time() * 1000)
         start = end - minutes * 60_000
+        size = min(timeline.size_for(self.app), TIMELINE_READ)
         entries = [
-            e
-            for e in timeline.read(self.app, timeline.size_for(self.app), start)
-            if not key or e.get("key") == key
+            e for e in timeline.read(self.app, size, start) if not key or e.get("key") == key
         ]
         marks = lock_name_of(self.app, task) if task else ""
         if task:
@@ -405,12 +408,12 @@ class Dashboard:
             ]
         return _svg.draw(entries, start, end, self._holders(key, marks))
 
-    def _holders(self, key: str, lock_name: str) -> list[tuple[str, str, int]]:
+    def _holders(self, key: str, lock_name: str) -> list[tuple[str, str, int]] | None:
         """``(key, task id, acquired ms)`` of the locks held now: ``key``, or the locks under
-        ``lock_name`` (a task's); none when no filter can select them."""
+        ``lock_name`` (a task's); ``None`` when no filter can select them."""
         name = key[key.find("{") + 1 : key.rfind("}")] if key else lock_name + ":"
         if not _filterable(name):
-            return []
+            return None
         return [
             (lock.key, lock.holder.task_id, lock.holder.acquired_ms)
             for lock in self.inventory.all(name_prefix=name)

@@ -38,16 +38,19 @@ def draw(
     entries: Sequence[dict[str, Any]],
     start_ms: int,
     end_ms: int,
-    holders: Sequence[tuple[str, str, int]] = (),
+    holders: Sequence[tuple[str, str, int]] | None = None,
 ) -> Markup:
     """The SVG of the ``entries`` (oldest first) between ``start_ms`` and ``end_ms``.
 
     Entries from before ``start_ms`` only open and close bars: a holder that took its lock
-    before the window and still holds it, or released it inside the window, is a bar from the
-    left edge. So is a ``released`` or ``lost`` whose ``acquired`` is not among the entries
-    (older than what was read, or pushed out of the ring). ``holders``: ``(key, task id,
-    acquired ms)`` of the locks held now, read from the locks themselves: each is drawn to the
-    right edge, whether or not the ring still has its ``acquired``.
+    before the window and released it inside the window is a bar from the left edge. So is a
+    ``released`` or ``lost`` whose ``acquired`` is not among the entries (older than what was
+    read, or pushed out of the ring). ``holders``: ``(key, task id, acquired ms)`` of the locks
+    held now, read from the locks themselves (``None``: not known). Each is drawn to the right
+    edge, whether or not the ring still has its ``acquired``; a holder the ring says took a
+    lock and never gave it back, and that ``holders`` does not list (its worker died, and its
+    key expired, which writes no event), is not drawn to "now": from before the window, not at
+    all; from inside it, to the lane's last event after it, or as a sliver.
     """
     span = max(end_ms - start_ms, 1)
 
@@ -57,7 +60,7 @@ def draw(
     holding: dict[tuple[str, str], int] = {}
     shapes: list[tuple[str, float, float, dict[str, Any]]] = []  # (lane, x1, x2 or -1: a mark, e)
     for e in entries:
-        lane = str(e.get("key") or f"({e.get('task')})")
+        lane = _lane(e)
         event, t, task_id = str(e.get("event")), int(e["t"]), str(e.get("id", ""))
         if event == "acquired":
             holding[lane, task_id] = t
@@ -68,10 +71,16 @@ def draw(
                 shapes.append((lane, x(since), x(t), e))
         if t >= start_ms:
             shapes.append((lane, x(t), -1, e))
-    for key, task_id, acquired_ms in holders:
+    live = None if holders is None else {(key, task_id) for key, task_id, _ in holders}
+    for key, task_id, acquired_ms in holders or ():
         holding.setdefault((key, task_id), acquired_ms)
     for (lane, task_id), t in holding.items():  # still held at the right edge
-        shapes.append((lane, x(t), x(end_ms), {"id": task_id, "event": "held"}))
+        until = end_ms
+        if live is not None and (lane, task_id) not in live:  # not held now
+            until = max((int(e["t"]) for e in entries if _lane(e) == lane), default=t)
+            if until < start_ms:
+                continue
+        shapes.append((lane, x(t), x(until), {"id": task_id, "event": "held"}))
     lanes: dict[str, int] = {}
     for lane, *_ in shapes:
         lanes.setdefault(lane, len(lanes))
@@ -102,6 +111,10 @@ def draw(
         out.append(f'<text x="{lx + 14}" y="{legend_y}" font-size="11">{event}</text>')
     out.append("</svg>")
     return Markup("".join(out))
+
+
+def _lane(e: dict[str, Any]) -> str:
+    return str(e.get("key") or f"({e.get('task')})")
 
 
 def _short(text: str, size: int = 36) -> str:

@@ -220,3 +220,12 @@ def test_a_project_importing_nothing_of_ours_is_refused_by_the_entry_point(
     assert status != 0 and "ready." not in output, output[-3000:]
     assert len(lines) == 1, output[-3000:]
     assert "task unimported_app.sync_account: option lock_by=['account_id'] is ignored" in lines[0]
+
+
+def test_a_project_that_does_not_use_the_package_is_left_alone(server: RedisServer) -> None:
+    """The entry point is loaded in every ``celery`` process where the package is installed:
+    a project with no ``redlock_*`` setting that imports nothing of ours, whose own lock base
+    reads ``lock_ttl``, starts its worker as without the package."""
+    env = {"REDLOCK_TEST_FOREIGN": "1"}
+    with WorkerProcess(server.port, "w5", app="tests.e2e.unimported_app", env=env) as worker:
+        assert "lock_ttl" not in worker.text() and worker.alive

@@ -683,15 +683,16 @@ def test_a_body_that_exits_in_a_thread_pool_clears_its_marker(
         wait_until(lambda: not r.exists(queued_key(exits, 1)), 10, "the marker cleared")
 
 
-@pytest.mark.parametrize("onto", ["itself", "other"])
-def test_a_replaced_call_keeps_its_marker_while_its_replacement_runs(
+@pytest.mark.parametrize("onto", ["itself", "other task", "other key"])
+def test_a_call_replaced_on_its_key_keeps_its_marker_while_its_replacement_runs(
     app: Celery, r: redis_py.Redis, onto: str
 ) -> None:
     """``self.replace()`` publishes the replacement, which finishes the call under its task
     id, then raises ``Ignore``. Under ``until_executed`` that ``Ignore`` cleared the marker: a
-    ``delay()`` while the replacement ran published a second call instead of returning the
-    running one. A replacement on the same key clears the marker when it ends; any other
-    leaves it to the next call, which finds the call ended in the result backend."""
+    ``delay()`` while a replacement of the same task and key ran published a second call
+    instead of returning the running one. That replacement clears the marker when it ends.
+    Any other replacement clears it at once, as before: nothing would clear it at its end,
+    and without a result backend every later call would be refused for ``lock_enqueue_ttl``."""
     gate, started = threading.Event(), threading.Event()
 
     @app.task
@@ -703,7 +704,12 @@ def test_a_replaced_call_keeps_its_marker_while_its_replacement_runs(
     @app.task(base=LockedTask, bind=True, lock_enqueue="until_executed", lock_by=["n"])
     def job(self: Task, n: int, stage: str = "first") -> str:
         if stage == "first":
-            raise self.replace(job.si(n, "second") if onto == "itself" else other.si(n))
+            replacement = {
+                "itself": job.si(n, "second"),
+                "other task": other.si(n),
+                "other key": job.si(n + 1, "second"),
+            }[onto]
+            raise self.replace(replacement)
         started.set()
         assert gate.wait(10)
         return stage
@@ -712,12 +718,16 @@ def test_a_replaced_call_keeps_its_marker_while_its_replacement_runs(
         first = job.delay(5)
         assert started.wait(10)
         again = job.delay(5)
+        if onto == "itself":
+            assert r.get(queued_key(job, 5)) == first.id.encode()
         gate.set()
-        assert again.id == first.id  # the call was still running, as its replacement
-        assert first.get(timeout=10) == ("second" if onto == "itself" else "other")
-        assert r.get(queued_key(job, 5)) == (None if onto == "itself" else first.id.encode())
+        assert (again.id == first.id) == (onto == "itself")
+        ended = "other" if onto == "other task" else "second"
+        assert first.get(timeout=10) == ended
+        assert again.get(timeout=10) == ended  # the same call, or one of its own after it
+        wait_until(lambda: r.get(queued_key(job, 5)) is None, 5, "the marker to be cleared")
         after = job.delay(5, stage="after")
-        assert after.id != first.id
+        assert after.id not in (first.id, again.id)
         assert after.get(timeout=10) == "after"
     assert r.get(queued_key(job, 5)) is None
 

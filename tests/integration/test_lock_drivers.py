@@ -2170,3 +2170,43 @@ def test_a_task_cancelled_once_can_still_take_a_free_lock_in_its_cleanup(redis_u
         assert done[-1] == "finally ran under the lock"
 
     asyncio.run(main())
+
+
+def test_a_release_never_stops_the_renewal_of_a_slot_taken_meanwhile(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """A semaphore object renewed by its watchdog: thread A's release takes the token; before
+    A stopped the renewal, thread B acquired with the same object (another slot, A's still
+    held) and started its own; A then stopped B's, and B's slot expired while B held it. The
+    release stops the renewal before it gives the token up. A is held right after that
+    moment here (``_release_token``), so the order is certain."""
+    taken, gate, renewed = threading.Event(), threading.Event(), threading.Event()
+    second: list[str] = []
+
+    class Paused(celery_redlock.Lock):
+        def _release_token(self, keep: float) -> str:
+            token = super()._release_token(keep)
+            taken.set()
+            assert gate.wait(10)
+            return token
+
+        def do_extend(self, token: str, ttl: float) -> Extended:
+            extended = super().do_extend(token, ttl)
+            if second and token == second[0] and extended.held:
+                renewed.set()
+            return extended
+
+    lock = Paused(redis_url, "renewed-slots", ttl=0.9, auto_renew=True, limit=2)
+    assert lock.acquire(blocking=False)
+    first = threading.Thread(target=lock.release)
+    first.start()
+    assert taken.wait(10)
+    assert lock.acquire(blocking=False)  # B: slot 2, slot 1 still A's
+    assert lock._slot == lock.keys.slots[1] and lock.token is not None
+    second.append(lock.token)
+    gate.set()
+    first.join(10)
+    assert renewed.wait(5)  # B's slot renewed by the watchdog (every 0.3 s)
+    assert lock.held
+    lock.release()
+    assert lock_keys(r) == []

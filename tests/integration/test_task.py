@@ -701,6 +701,10 @@ def test_map_starmap_and_chunks_of_a_locked_task_are_refused(
     def plain(key: str) -> str:
         return key
 
+    @app.task
+    def calls(key: str) -> str:  # a body calling the locked task directly, as any body may
+        return str(work(key))
+
     def build(task: Any) -> Any:
         if mapped == "map":
             return task.map(["k"])
@@ -716,6 +720,7 @@ def test_map_starmap_and_chunks_of_a_locked_task_are_refused(
     expected = ["k"] if mapped != "chunks" else [["k"]]
     with running_worker(app):  # an unlocked task is mapped as before
         assert build(plain).delay().get(timeout=10) == expected
+        assert build(calls).delay().get(timeout=10) == expected
     assert lock_keys(r) == []
 
 

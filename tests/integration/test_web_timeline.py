@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -138,3 +139,61 @@ def test_holders_from_before_the_window_and_events_past_ten_thousand_entries_are
     assert 'data-event="released" data-id="done-call"' in body
     status, body = Dashboard(app).timeline_page({"key": held, "minutes": "5"}, {})
     assert status == 200 and body.count('class="bar"') == 1 and 'data-id="long-call"' in body
+
+
+def test_a_holder_whose_key_is_gone_is_not_drawn_to_now(
+    redis_server: RedisServer, r: redis_py.Redis
+) -> None:
+    """A worker killed whole writes no ``released``, and its key expires by TTL, which writes
+    no event either. Once the view read the ring past the window's start, such an
+    ``acquired`` of 20 minutes ago was a bar "held" to now; the locks held now say it is
+    not: not drawn. One inside the window ends at its lane's last event."""
+    app = make_app(redis_server, redlock_timeline=100)
+    job = _task(app)
+    now = int(time.time() * 1000)
+    gone, died = lock_key(job, 1), lock_key(job, 2)
+
+    def entry(minutes_ago: float, event: str, key: str, task_id: str) -> str:
+        t = now - int(minutes_ago * 60_000)
+        return json.dumps({"t": t, "event": event, "key": key, "id": task_id, "task": "ring.job"})
+
+    ring_key = timeline_key("redlock")
+    r.lpush(ring_key, entry(20, "acquired", gone, "expired-call"))
+    r.lpush(ring_key, entry(3, "acquired", died, "died-call"))
+    r.lpush(ring_key, entry(2, "skipped", died, "skipped-call"))
+    status, body = Dashboard(app).timeline_page({"task": "ring.job", "minutes": "5"}, {})
+    assert status == 200
+    assert 'data-id="expired-call"' not in body
+    (bar,) = re.findall(
+        r'<rect class="bar" data-id="died-call" x="([\d.]+)" y="\d+" '
+        r'width="([\d.]+)"',
+        body,
+    )
+    skipped = re.search(r'data-id="skipped-call" cx="([\d.]+)"', body)
+    assert skipped is not None
+    assert abs(float(bar[0]) + float(bar[1]) - float(skipped.group(1))) < 1  # ends at the skip
+
+
+def test_entries_pushed_between_two_pages_are_read_once(
+    redis_url: str, r: redis_py.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ring is read in pages of ``LRANGE``; each ``LPUSH`` between two pages shifts the
+    list, and the next page began with entries read already: a ``released`` read twice drew a
+    second bar from the window's left edge. Here 3 entries are pushed after the first page."""
+    monkeypatch.setattr(ring, "PAGE", 4)
+    ring_key = timeline_key("redlock")
+    r.lpush(ring_key, *(json.dumps({"t": t}) for t in range(10)))  # newest first: 9..0
+
+    class PushedBetween(redis_py.Redis):
+        pages = 0
+
+        def lrange(self, *args: Any) -> Any:
+            page = super().lrange(*args)
+            PushedBetween.pages += 1
+            if PushedBetween.pages == 1:
+                r.lpush(ring_key, *(json.dumps({"t": t}) for t in (10, 11, 12)))
+            return page
+
+    monkeypatch.setattr(ring, "client_for", lambda url: PushedBetween.from_url(url))
+    read = [e["t"] for e in ring.read(redis_url, "redlock", 100)]
+    assert read == list(range(10))  # each once, oldest first; the 3 pushed later not read
