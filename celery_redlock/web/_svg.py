@@ -58,10 +58,12 @@ def draw(
         return LEFT + (WIDTH - LEFT - 10) * (min(max(t, start_ms), end_ms) - start_ms) / span
 
     holding: dict[tuple[str, str], int] = {}
+    last: dict[str, int] = {}  # the time of each lane's last event
     shapes: list[tuple[str, float, float, dict[str, Any]]] = []  # (lane, x1, x2 or -1: a mark, e)
     for e in entries:
         lane = _lane(e)
         event, t, task_id = str(e.get("event")), int(e["t"]), str(e.get("id", ""))
+        last[lane] = t
         if event == "acquired":
             holding[lane, task_id] = t
             continue
@@ -77,7 +79,7 @@ def draw(
     for (lane, task_id), t in holding.items():  # still held at the right edge
         until = end_ms
         if live is not None and (lane, task_id) not in live:  # not held now
-            until = max((int(e["t"]) for e in entries if _lane(e) == lane), default=t)
+            until = last.get(lane, t)
             if until < start_ms:
                 continue
         shapes.append((lane, x(t), x(until), {"id": task_id, "event": "held"}))
