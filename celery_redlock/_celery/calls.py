@@ -9,7 +9,9 @@ A locked call may carry one message header, ``redlock`` (:data:`HEADER`), a smal
   without the lock;
 * ``first``: the wall-clock time (epoch seconds) of the call's first attempt, set by the first
   requeue caused by the lock (:func:`celery_redlock._celery.engine.lock_retry`), so that
-  ``lock_retry_for`` is measured from it;
+  ``lock_retry_for`` is measured from it, and ``retries``: the call's ``request.retries`` then
+  (a requeue by the lock leaves it unchanged; the task's own retry adds one, and starts the
+  budget anew: :func:`first_attempt`);
 * ``redelivered``: ``true`` once a redelivered copy of the call was requeued for finding its
   key held. A requeue is a new message, without the broker's ``redelivered`` flag: without
   this, (1) copies A and C of a lost worker's calls find the dead A holding the key and are
@@ -183,13 +185,22 @@ def redelivered(header: Mapping[str, Any]) -> bool:
     return header.get("redelivered") is True
 
 
-def first_attempt(header: Mapping[str, Any], now: float) -> float:
-    """When the call whose message carries ``header`` (:func:`header_of`) first ran (epoch
-    seconds); ``now`` on its first.
+def first_attempt(header: Mapping[str, Any], now: float, retries: int) -> float:
+    """When the attempts of the call whose message carries ``header`` (:func:`header_of`)
+    began to be requeued by the lock (epoch seconds); ``now`` on the first requeue, and on the
+    first since the task's own retry (``retries``, the request's, differs from the header's).
+
+    Celery copies the header into the task's own retries. Timeline without the count: (1) the
+    call is requeued by the lock for 1.6 s, then runs; (2) its body calls
+    ``self.retry(countdown=5)``; (3) the retry finds the key held and, with
+    ``lock_retry_for=3``, fails at once, "requeued by the lock for 6.6s". A header of an
+    earlier version, without ``retries``, is measured from its ``first``.
 
     Measured on each worker's wall clock: workers whose clocks disagree by D seconds end a
     call's lock retries up to D seconds early or late.
     """
+    if "retries" in header and header["retries"] != retries:
+        return now
     first = header.get("first")
     if isinstance(first, (int, float)) and not isinstance(first, bool) and math.isfinite(first):
         return float(first)

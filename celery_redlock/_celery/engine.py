@@ -747,7 +747,7 @@ def lock_retry(
         raise _gave_up(exc, reason)
     now = time.time()
     header = calls.header_of(request)
-    first = calls.first_attempt(header, now)
+    first = calls.first_attempt(header, now, request.retries or 0)
     budget = spec.options.retry_for
     if now - first + countdown > budget:
         reason = (
@@ -762,6 +762,7 @@ def lock_retry(
     headers[calls.HEADER] = {
         **header,
         "first": first,
+        "retries": request.retries or 0,
         **({"redelivered": True} if redelivered else {}),
     }
     signature = task.signature_from_request(

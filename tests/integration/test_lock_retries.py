@@ -164,3 +164,46 @@ def test_lock_retry_for_ends_the_call_with_lock_contended(
     ended = [rec for rec in traced if "LockContended" in rec.getMessage()]
     assert ended and all(rec.levelno == logging.INFO and not rec.exc_info for rec in ended)
     assert any(rec.getMessage().count("Retry in 0.1") for rec in traced)  # Celery's own line
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_task_s_own_retry_starts_the_lock_retry_budget_anew(
+    app: Celery, redis_url: str, api: str, contended: list[dict[str, Any]]
+) -> None:
+    """The header that measures ``lock_retry_for`` (its ``first`` requeue by the lock) is
+    carried into the task's own retries: a call requeued by the lock, then run, then retried
+    by its body with a countdown, failed at the retry's first requeue ("requeued by the lock
+    for 6.6s" of which 5 were its own countdown). Only the lock's requeues since the task's
+    last own retry count. Here the body retries with ``countdown=2.5`` past a budget of 2 s,
+    and its retry finds the key held again."""
+    ran: list[int] = []
+    retrying = threading.Event()
+
+    def work(self: Task) -> int:
+        ran.append(self.request.retries)
+        if self.request.retries == 0:
+            retrying.set()
+            raise self.retry(countdown=2.5)
+        return self.request.retries
+
+    task = locked(
+        app,
+        api,
+        work,
+        {"max_retries": 3},
+        by=(),
+        on_contention="retry",
+        retry_countdown=0.1,
+        retry_for=2,
+    )
+    first = hold(redis_url, task)
+    with running_worker(app):
+        result = task.delay()
+        wait_until(lambda: retried(contended, result.id) >= 1, 10, "a requeue by the lock")
+        first.release()  # the call runs, then retries itself
+        assert retrying.wait(10)
+        again = hold(redis_url, task)  # once the body released it: the retry finds it held
+        wait_until(lambda: retried(contended, result.id) >= 2, 10, "its retry's requeue")
+        again.release()
+        assert result.get(timeout=10) == 1
+    assert ran == [0, 1]
