@@ -409,15 +409,18 @@ class Dashboard:
         return _svg.draw(entries, start, end, self._holders(key, marks))
 
     def _holders(self, key: str, lock_name: str) -> list[tuple[str, str, int]] | None:
-        """``(key, task id, acquired ms)`` of the locks held now: ``key``, or the locks under
-        ``lock_name`` (a task's); ``None`` when no filter can select them."""
-        name = key[key.find("{") + 1 : key.rfind("}")] if key else lock_name + ":"
-        if not _filterable(name):
+        """``(key, task id, acquired ms)`` of the locks held now: ``key`` (one read), or the
+        locks of ``lock_name`` (a task's); ``None`` when no filter can select them."""
+        if key:
+            locks = [lock for lock in (self.inventory.read(key),) if lock is not None]
+        elif _filterable(lock_name):
+            locks = self.inventory.of_lock_name(lock_name)
+        else:
             return None
         return [
             (lock.key, lock.holder.task_id, lock.holder.acquired_ms)
-            for lock in self.inventory.all(name_prefix=name)
-            if lock.holder is not None and not lock.holder.cooling and (not key or lock.key == key)
+            for lock in locks
+            if lock.holder is not None and not lock.holder.cooling
         ]
 
     # -- actions ------------------------------------------------------------------------------
