@@ -216,6 +216,7 @@ class ClusterNodes(_Started):
             "--cluster-node-timeout",
             "2000",
         ]
+        self._args = args
         self.nodes = [RedisServer(port=cluster_port(), args=args) for _ in range(size)]
 
     @property
@@ -223,8 +224,8 @@ class ClusterNodes(_Started):
         return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes) + "/"
 
     def start(self) -> ClusterNodes:
-        for node in self.nodes:
-            node.start()
+        for index in range(len(self.nodes)):
+            self._start_node(index)
         cli = shutil.which("redis-cli")
         if cli is None:
             raise RuntimeError("redis-cli is needed to create a Redis Cluster")
@@ -248,16 +249,39 @@ class ClusterNodes(_Started):
             wait_until(ok, 10, f"cluster_state:ok on {node.port}")
         return self
 
+    def _start_node(self, index: int, attempts: int = 5) -> None:
+        """Start node ``index``; one that finds its port pair taken gets a new pair.
+
+        :func:`cluster_port` checks the pair, then the node binds it: another test process
+        that starts a node between the two, on the same random pair, takes it first (the node
+        exits with 1, or another server answers). Nothing else binds these ports: they are
+        below the kernel's range for ``bind(0)`` and outgoing connections.
+        """
+        for attempt in range(attempts):
+            try:
+                self.nodes[index].start()
+                return
+            except RuntimeError:
+                if attempt == attempts - 1:
+                    raise
+                self.nodes[index].__exit__(None, None, None)
+                self.nodes[index] = RedisServer(port=cluster_port(), args=self._args)
+
     def stop(self) -> None:
         for node in self.nodes:
             node.__exit__(None, None, None)
 
 
 def cluster_port() -> int:
-    """A free port P whose cluster bus port P + 10000 is free too (and below 65536)."""
+    """A free port P whose cluster bus port P + 10000 is free too.
+
+    Both lie below 32768, where Linux's default ``ip_local_port_range`` starts: neither
+    :func:`~celery_redlock.testing.free_port` (``bind(0)``) nor a client's outgoing connection
+    is given one of them, so only another cluster node of a parallel run competes for them.
+    """
     rng = random.Random()
     for _ in range(100):
-        port = rng.randrange(20000, 55000)
+        port = rng.randrange(12000, 22768)
         with contextlib.ExitStack() as stack:
             try:
                 for p in (port, port + 10000):

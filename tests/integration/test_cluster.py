@@ -169,3 +169,20 @@ def test_a_cluster_that_stops_answering_is_unavailable() -> None:
             held.extend()
         with pytest.raises(LockUnavailable):
             held.release()
+
+
+def test_a_node_whose_port_was_taken_meanwhile_starts_on_a_new_pair() -> None:
+    """The timeline of a parallel run: this cluster's node checks its port pair free, another
+    test's server binds that port, then the node starts. The node gets a new pair and the
+    cluster forms, on ports no ``bind(0)`` or outgoing connection is given."""
+    nodes = ClusterNodes()
+    taken = nodes.nodes[1].port
+    with RedisServer(port=taken) as other, nodes:
+        assert nodes.nodes[1].port != taken
+        assert all(node.port + 10000 < 32768 for node in nodes.nodes)
+        rc = redis_py.RedisCluster(host="127.0.0.1", port=nodes.nodes[1].port)
+        try:
+            assert rc.set("{x}k", "v") and rc.get("{x}k") == b"v"
+        finally:
+            rc.close()
+        assert other.client().dbsize() == 0
