@@ -942,11 +942,15 @@ class LockCore:
                 )
         return token, ttl
 
-    def _extended(self, extended: Extended, start: float, ttl: float) -> None:
+    def _extended(self, token: str, extended: Extended, start: float, ttl: float) -> None:
+        """An extend's reply for the holding of ``token``: :class:`LockLost` if it was gone;
+        a holding taken since by this object is left alone (see :meth:`_mark_lost`)."""
         if not extended.held:
-            self._mark_lost("extend found it expired or owned by someone else")
+            self._mark_lost("extend found it expired or owned by someone else", token)
             raise LockLost(f"lock {self.key} was lost before extend", key=self.key)
-        self._expires_at = start + ttl
+        with self._state:
+            if self._token == token:
+                self._expires_at = start + ttl
 
     def _contended(self, ttl: float | None) -> LockContended:
         """What the context manager raises when it could not acquire in time (``ttl``: the
@@ -1009,9 +1013,10 @@ class LockCore:
             self._start_renewal(self._renewal_delay(complete))
 
     def _fenced(self, token: str, value: int | None) -> None:
-        """Take in the fencing token read for ``token`` (``None``: not held any more: lost)."""
+        """Take in the fencing token read for ``token`` (``None``: not held any more: lost).
+        Either finding is about that holding only (see :meth:`_mark_lost`)."""
         if value is None:
-            self._mark_lost("its fencing token was read after it expired or changed owner")
+            self._mark_lost("its fencing token was read after it expired or changed owner", token)
         with self._state:
             if value is not None and self._token == token and self._fencing_token is None:
                 self._fencing_token = value
@@ -1171,9 +1176,15 @@ class LockCore:
             return False
         return held is not None and (yield from self._handed(wait, held))
 
-    def _mark_lost(self, reason: str) -> None:
+    def _mark_lost(self, reason: str, token: str | None = None) -> None:
+        """Mark the holding lost and stop its renewal; with ``token``, only if that is still
+        the holding. A reply about an earlier holding of this object arrives late, timeline:
+        (1) thread A reads ``fencing_token`` (or extends), and the reply is on its way; (2)
+        thread B releases and acquires again with the same object; (3) A's reply says the
+        old token is not held, and the new holding, valid, was marked lost, its renewal
+        stopped and its key left to expire while B runs on."""
         with self._state:
-            if self._lost:
+            if self._lost or (token is not None and self._token != token):
                 return
             self._lost = True
         self._stop_renewal()
@@ -1229,7 +1240,7 @@ class LockCore:
                     return None
         left = self._expires_at - now
         if left <= 0:
-            self._mark_lost("the lease ran out before a renewal was confirmed")
+            self._mark_lost("the lease ran out before a renewal was confirmed", token)
             return None
         return token, ttl, now, left
 
@@ -1245,7 +1256,9 @@ class LockCore:
             return None
         left = self._expires_at - self.clock()
         if left <= 0:
-            self._mark_lost(f"no renewal was confirmed before the lease ran out ({describe(exc)})")
+            self._mark_lost(
+                f"no renewal was confirmed before the lease ran out ({describe(exc)})", token
+            )
             return None
         logger.warning(
             "lock %s: renewal failed, retrying (lease ends in %.1fs): %s",
@@ -1262,7 +1275,7 @@ class LockCore:
         if self._token != token:  # released while the extend was in flight
             return None
         if not extended.held:
-            self._mark_lost("renewal found it expired or owned by someone else")
+            self._mark_lost("renewal found it expired or owned by someone else", token)
             return None
         self._expires_at = start + ttl
         return self._renewal_delay(extended.complete)

@@ -199,7 +199,7 @@ class Lock(LockCore):
         """
         token, ttl = self._extend_args(ttl)
         start = self.clock()
-        self._extended(self.do_extend(token, ttl), start, ttl)
+        self._extended(token, self.do_extend(token, ttl), start, ttl)
 
     def locked(self) -> bool:
         """Whether anyone holds the lock right now: its key (on a majority, for a quorum), or

@@ -2128,6 +2128,93 @@ def test_a_release_ending_after_the_object_took_the_lock_again_leaves_the_new_ho
     assert lock_keys(r) == []
 
 
+def test_a_late_token_read_or_extend_of_an_earlier_holding_leaves_the_new_one(
+    d2: Driver, redis_url: str, r: redis_py.Redis
+) -> None:
+    """One ``Lock`` object, two tasks (or threads): A extends (on the thread lock, or reads
+    ``fencing_token``: one round trip), B releases and acquires again with the same object, then
+    A's request reaches Redis: the old token is not held. A's extend raises ``LockLost``; the
+    reply marked the new holding lost, stopped its renewal and left its key to expire while B
+    ran on. Here A's request is held back until B has the lock again (``do_extend``, an
+    override point, and the thread lock's token read), so the order is certain."""
+    if d2.is_async:
+
+        async def main() -> None:
+            sent, gate = asyncio.Event(), asyncio.Event()
+
+            class Slow(celery_redlock.asyncio.Lock):
+                async def do_extend(self, token: str, ttl: float) -> Extended:
+                    sent.set()
+                    await gate.wait()
+                    return await super().do_extend(token, ttl)
+
+            lock = Slow(redis_url, "late", ttl=30)
+            assert await lock.acquire(blocking=False)
+            first = asyncio.create_task(lock.extend(60))
+            await sent.wait()
+            await lock.release()
+            assert await lock.acquire(blocking=False)  # B, on the same object
+            gate.set()
+            with pytest.raises(LockLost):
+                await first
+            assert lock.held and not lock.lost and lock.fencing_token is not None
+            assert r.get(lock.key) == (lock.token or "").encode()
+            await lock.release()
+
+        d2(main())
+        assert lock_keys(r) == []
+        return
+    sent, gate = threading.Event(), threading.Event()
+
+    class SlowThread(celery_redlock.Lock):
+        def do_extend(self, token: str, ttl: float) -> Extended:
+            sent.set()
+            assert gate.wait(10)
+            return super().do_extend(token, ttl)
+
+    lock = SlowThread(redis_url, "late", ttl=30)
+    fence = lock.nodes.fence
+    for late in ("extend", "fencing_token"):
+        sent.clear()
+        gate.clear()
+        if late == "fencing_token":
+
+            def held_back(*args: Any) -> Any:
+                sent.set()
+                assert gate.wait(10)
+                return fence(*args)
+
+            lock.nodes.fence = held_back  # type: ignore[method-assign]
+        assert lock.acquire(blocking=False)
+        errors: list[BaseException] = []
+
+        def first(late: str = late, errors: list[BaseException] = errors) -> None:
+            try:
+                if late == "extend":
+                    lock.extend(60)
+                else:
+                    assert lock.fencing_token is None  # its holding ended
+            except BaseException as exc:  # handed to the test's thread
+                errors.append(exc)
+
+        thread = threading.Thread(target=first)
+        thread.start()
+        assert sent.wait(10)
+        lock.release()
+        lock.nodes.fence = fence  # type: ignore[method-assign]
+        assert lock.acquire(blocking=False)
+        gate.set()
+        thread.join(10)
+        if late == "extend":
+            assert [type(e) for e in errors] == [LockLost]
+        else:
+            assert errors == []
+        assert lock.held and not lock.lost and lock.fencing_token is not None, late
+        assert r.get(lock.key) == (lock.token or "").encode()
+        lock.release()
+    assert lock_keys(r) == []
+
+
 def test_a_task_cancelled_once_can_still_take_a_free_lock_in_its_cleanup(redis_url: str) -> None:
     """From Python 3.11 a task counts the cancellations asked of it, and the count stays above
     0 for the rest of a task cancelled once. The acquire took any count above 0 for a

@@ -187,6 +187,49 @@ def test_fencing_tokens_increase_through_lagging_and_stopped_nodes(
     assert tokens == sorted(set(tokens)), tokens
 
 
+def test_fencing_tokens_increase_when_the_shared_node_of_two_majorities_restarted_empty(
+    nodes: list[RedisServer],
+) -> None:
+    """Three nodes A, B, C, one down at a time, within one second of the servers' clock:
+    (1) a token T0 is written on all three; (2) B misses three acquisitions (its key is held by
+    another owner) that hand out T0+1..T0+3 on A and C; (3) C restarts empty; (4) with A down,
+    the next acquisition is granted by B and C. C counted its token in whole seconds: B's T0+1
+    won, below T0+3. A node with no mark in the slot counts in microseconds, past every
+    token handed out earlier in that second. A run that crossed a second is done again (the
+    whole-second token of the new second was larger anyway)."""
+    a, b, c = nodes[:3]
+    same_second = 0
+    for attempt in range(5):
+        name = f"shared-{attempt}"
+        wait_until(lambda: on_node(b, "TIME")[1] < 300_000, 2, "the start of a second")
+        first = Lock(urls([a, b, c]), name, ttl=30)
+        assert first.acquire(blocking=False)
+        t0 = first.fencing_token
+        first.release()
+        on_node(b, "SET", first.key, "another-owner", "PX", 30_000)
+        later = []
+        for _ in range(3):
+            lock = Lock(urls([a, b, c]), name, ttl=30)
+            assert lock.acquire(blocking=False)
+            later.append(lock.fencing_token)
+            lock.release()
+        on_node(b, "DEL", first.key)
+        c.restart()
+        a.stop()
+        try:
+            last = Lock(urls([a, b, c]), name, ttl=30)
+            assert last.acquire(blocking=False)
+            token = last.fencing_token
+            second = int(on_node(b, "TIME")[0])
+            last.release()
+        finally:
+            a.start()
+        assert t0 is not None and token is not None
+        assert t0 < later[0] < later[1] < later[2] < token, (t0, later, token)
+        same_second += second == t0 // 10**6
+    assert same_second, "no attempt ran within one second of the servers' clock"
+
+
 # -- failures -----------------------------------------------------------------------------------
 
 

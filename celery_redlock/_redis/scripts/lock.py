@@ -23,7 +23,8 @@ ACQUIRE = """
 -- KEYS[1] fencing counter key, KEYS[2] the high-water mark of tokens in the lock's Cluster
 --         slot, KEYS[3..n] the lock's slot keys (one, or lock_limit of them)
 -- ARGV[1] owner token, ARGV[2] ttl in ms (> 0), ARGV[3] fencing counter ttl in ms,
--- ARGV[4] '1': the server time in microseconds, else in whole seconds * 10^6,
+-- ARGV[4] '1': the server time in microseconds, else in whole seconds * 10^6 (microseconds
+--         still where the slot has no mark: a node that restarted empty, see below),
 -- ARGV[5] '1': write the counter, '0': only read it (a lock of one slot on one deployment)
 -- ARGV[6] a task id that may hold one slot only ('' for none): a slot held by a token of
 --         that task id refuses the attempt (a duplicate delivery of a running task)
@@ -34,7 +35,12 @@ ACQUIRE = """
 -- set to it (no TTL): tokens keep increasing after the counter expires, and across a step
 -- back of the server clock (the mark is ahead of the clock until the clock catches up).
 -- Whole seconds make independent nodes (quorum) usually agree on the token; microseconds
--- keep a single node's tokens above those read lazily by FENCE.
+-- keep a single node's tokens above those read lazily by FENCE. A quorum node with no mark
+-- in the slot (it restarted empty, or the slot is new to it) counts in microseconds too.
+-- Timeline with whole seconds there, in one second S, nodes A, B, C: (1) T0 is written on
+-- all three; (2) with B down, three acquisitions on A and C hand out T0+1..T0+3; (3) B is
+-- back, C restarts empty; (4) with A down, B answers T0+1 and C S * 10^6: the token is
+-- T0+1, below T0+3. C's clock in microseconds is past every token of S handed out before.
 if ARGV[6] ~= '' then
   for i = 3, #KEYS do
     local held = redis.call('GET', KEYS[i])
@@ -46,12 +52,12 @@ end
 -- Read before the first write: a command refused (an ACL user without TIME) or failing here
 -- leaves no key behind (a script is not rolled back), held by nobody until its TTL.
 local now = redis.call('TIME')
-local last = math.max(tonumber(redis.call('GET', KEYS[1]) or '0'),
-                      tonumber(redis.call('GET', KEYS[2]) or '0'))
+local mark = redis.call('GET', KEYS[2])
+local last = math.max(tonumber(redis.call('GET', KEYS[1]) or '0'), tonumber(mark or '0'))
 for i = 3, #KEYS do
   if redis.call('SET', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) then
     local token = tonumber(now[1]) * 1000000
-    if ARGV[4] == '1' then token = token + tonumber(now[2]) end
+    if ARGV[4] == '1' or not mark then token = token + tonumber(now[2]) end
     if last + 1 > token then token = last + 1 end
     local text = string.format('%d', token)
     if ARGV[5] == '1' then redis.call('SET', KEYS[1], text, 'PX', ARGV[3]) end
