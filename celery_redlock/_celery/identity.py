@@ -22,8 +22,9 @@ values nested deeper than :data:`MAX_DEPTH`.
 A ``lock_by`` callable gets the call's ``args`` and ``kwargs`` as sent, not bound to the
 signature (for it ``f(1)`` and ``f(a=1)`` differ), and, for a task whose serializer is JSON
 (Celery's default), with their containers as JSON gives them back (:func:`as_sent`: tuples as
-lists, mapping keys as strings), in the caller and the worker alike (other serializers keep
-tuples and objects, on both sides). Timeline it closes: (1) ``delay(y=(1, 2))`` under
+lists, mapping keys as strings), in the caller and the worker alike; under pickle as they
+are; under another serializer (msgpack, YAML) as that serializer gives them back
+(:func:`as_received`). Timeline it closes: (1) ``delay(y=(1, 2))`` under
 ``lock_enqueue=True`` marks the key the callable computes from the tuple; (2) the worker
 receives ``[1, 2]``, computes another key and never clears that marker; (3) every later call
 of the value returns the finished call's result for the marker's hour, and never runs.
@@ -43,6 +44,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import kombu.exceptions
+import kombu.serialization
 from celery import Task
 from celery.app.annotations import MapAnnotation
 from celery.app.annotations import resolve_all as resolve_annotations
@@ -93,10 +96,9 @@ def _encode(value: Any, owner: str, param: str, depth: int = 0) -> Any:
                 )
             items[encoded] = _encode(v, owner, param, depth + 1)
         return ["D", *([k, items[k]] for k in sorted(items))]
-    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
-        return ["T", type(value).__name__, value.isoformat()]
-    if isinstance(value, (uuid.UUID, decimal.Decimal)):
-        return ["T", type(value).__name__, str(value)]
+    for kind, text in _TAGGED:  # a subclass (pendulum's, freezegun's) arrives as its base type
+        if isinstance(value, kind):
+            return ["T", kind.__name__, text(value)]
     if isinstance(value, (bytes, bytearray)):
         return ["T", "bytes", bytes(value).hex()]
     raise TypeError(
@@ -104,6 +106,21 @@ def _encode(value: Any, owner: str, param: str, depth: int = 0) -> Any:
         "encoding for the lock key; pass JSON-compatible values, or choose the identity with "
         "lock_by (parameter names or a callable returning a string)"
     )
+
+
+#: The types kombu's JSON carries with a tag, as the worker gets them back: a subclass's value
+#: arrives as its base type (``datetime`` before its base ``date``). Timeline with the
+#: subclass's own name in the encoding: (1) ``delay(pendulum.now())`` under
+#: ``lock_enqueue=True`` marks the key of a ``DateTime``; (2) the worker receives a
+#: ``datetime``, computes another key and never clears that marker; (3) every later call of
+#: the value returns the finished call's result for the marker's hour, and never runs.
+_TAGGED: tuple[tuple[type, Callable[[Any], str]], ...] = (
+    (datetime.datetime, datetime.datetime.isoformat),
+    (datetime.date, datetime.date.isoformat),
+    (datetime.time, datetime.time.isoformat),
+    (uuid.UUID, uuid.UUID.__str__),
+    (decimal.Decimal, decimal.Decimal.__str__),
+)
 
 
 def _key(key: Any, owner: str, param: str) -> str:
@@ -177,17 +194,16 @@ def encode_call(
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
     by: Callable[[tuple[Any, ...], dict[str, Any]], str] | Sequence[str] | None,
-    json_sent: bool = True,
+    serializer: str = "json",
 ) -> bytes:
     """The canonical bytes identifying one call of the task called ``owner``.
 
     ``by`` selects the identity: ``None`` all parameters, a sequence some of them (in the given
-    order), a callable a string computed from ``(args, kwargs)``, as JSON gives them back when
-    ``json_sent`` (the task's serializer is JSON), else as they are.
+    order), a callable a string computed from ``(args, kwargs)`` as the task's ``serializer``
+    gives them back (:func:`as_received`).
     """
     if callable(by):
-        if json_sent:
-            args, kwargs = as_sent(args), as_sent(kwargs)
+        args, kwargs = as_received(args, serializer), as_received(kwargs, serializer)
         try:
             ident = by(tuple(args), dict(kwargs))
         except Exception as exc:
@@ -199,9 +215,25 @@ def encode_call(
             raise LockConfigError(
                 f"{owner}: lock_by callable returned {type(ident).__name__}; expected str"
             )
-        return json.dumps(["C", ident], ensure_ascii=False).encode()
+        return json.dumps(["C", ident], ensure_ascii=False).encode("utf-8", "surrogatepass")
     names = [p.name for p in params] if by is None else by
     return _encode_arguments(owner, names, bind(owner, params, args, kwargs))
+
+
+def as_received(value: Any, serializer: str) -> Any:
+    """``value`` as the worker receives it under ``serializer``: JSON's containers by
+    :func:`as_sent`; pickle's as they are; another serializer's (msgpack and YAML make tuples
+    lists, YAML sorts mapping keys) through that serializer and back. A value it cannot
+    carry is left as it is: publishing it fails with the serializer's own error."""
+    if serializer == "json":
+        return as_sent(value)
+    if serializer == "pickle":
+        return value
+    try:
+        content_type, encoding, data = kombu.serialization.dumps(value, serializer=serializer)
+        return kombu.serialization.loads(data, content_type, encoding, force=True)
+    except kombu.exceptions.KombuError:  # the publish reports it, in the serializer's words
+        return value
 
 
 def as_sent(value: Any, depth: int = 0) -> Any:
@@ -256,9 +288,10 @@ def _encode_arguments(owner: str, names: Sequence[str], arguments: Mapping[str, 
             break
         parts.append(f"[{key},{text}]")
     else:
-        return f"[{','.join(parts)}]".encode()
+        return f"[{','.join(parts)}]".encode("utf-8", "surrogatepass")
     encoded = [[name, _encode(arguments[name], owner, name)] for name in names]
-    return _compact_json(["A", *encoded]).encode()
+    # A lone surrogate ("\ud800", which JSON carries) has its own bytes, never an error.
+    return _compact_json(["A", *encoded]).encode("utf-8", "surrogatepass")
 
 
 #: Attribute set by ``@single_instance`` on the function it wraps, and by ``LockedTask`` on
@@ -575,7 +608,7 @@ def lock_name_for(
     args, kwargs, by = args or (), kwargs or {}, spec.options.by
     if callable(by):
         serializer = getattr(task, "serializer", None) or task.app.conf.task_serializer
-        canonical = encode_call(spec.owner, spec.params, args, kwargs, by, serializer == "json")
+        canonical = encode_call(spec.owner, spec.params, args, kwargs, by, serializer)
     else:
         positional = spec.positional
         if not kwargs and positional is not None and len(args) == len(positional):

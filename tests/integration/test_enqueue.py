@@ -222,6 +222,49 @@ def test_a_lock_by_callable_sees_the_values_the_worker_sees(app: Celery, r: redi
     assert {repr(kwargs["y"]) for _, kwargs in seen} == {"[1, {'2': 'b'}]"}
 
 
+class _Stamp(datetime.datetime):
+    """A ``datetime`` subclass, as pendulum's ``DateTime`` or freezegun's ``FakeDatetime``."""
+
+
+def test_the_worker_clears_the_marker_of_values_its_serializer_changes(
+    app: Celery, r: redis_py.Redis
+) -> None:
+    """The caller keyed a value by what it was, the worker by what it received: a
+    ``datetime`` subclass (pendulum, freezegun) arrives as a ``datetime`` under JSON; under
+    YAML a tuple arrives as a list and a mapping with its keys sorted. The worker never cleared
+    the caller's marker, and every later call of the value returned the finished call's
+    result, never ran, for the marker's hour (no result backend said the call had ended)."""
+    app.conf.accept_content = ["json", "yaml"]
+    ran: list[str] = []
+
+    @app.task(base=LockedTask, lock_enqueue=True, ignore_result=True)
+    def stamped(at: datetime.datetime) -> None:
+        ran.append("stamped")
+
+    @app.task(
+        base=LockedTask,
+        lock_enqueue=True,
+        ignore_result=True,
+        serializer="yaml",
+        lock_by=lambda args, kwargs: repr((args, kwargs)),
+    )
+    def listed(pair: Any, names: Any) -> None:
+        ran.append("listed")
+
+    when = _Stamp(2026, 12, 6, 5, 0, tzinfo=datetime.timezone.utc)
+    calls = [(stamped, (when,)), (listed, ((1, 2), {"b": 1, "a": 2}))]
+    with running_worker(app):
+        for number in (1, 2):
+            for task, args in calls:
+                task.delay(*args)
+            wait_until(lambda n=number: len(ran) == 2 * n, 10, f"round {number} to run")
+            wait_until(lambda: lock_keys(r) == [], 5, "the locks and the markers to be gone")
+    assert sorted(ran) == ["listed"] * 2 + ["stamped"] * 2
+    naive = datetime.datetime(2026, 12, 6, 5, 0, tzinfo=datetime.timezone.utc)
+    assert lock_key(stamped, when) == lock_key(stamped, naive)
+    assert lock_key(listed, (1, 2), {"b": 1, "a": 2}) == lock_key(listed, [1, 2], {"a": 2, "b": 1})
+
+
 def test_the_marker_expires_after_lock_enqueue_ttl_and_is_cleared_owner_checked(
     h: Holder, app: Celery, r: redis_py.Redis, broker: redis_py.Redis
 ) -> None:

@@ -175,16 +175,16 @@ def test_lock_by_callable_sees_containers_as_json_gives_them_back() -> None:
     assert enc(1, by=by) != enc(account_id=1, by=by)  # as sent: not bound to the signature
 
 
-def test_lock_by_callable_sees_the_objects_themselves_under_another_serializer() -> None:
-    """Under pickle (or msgpack...) the worker gets the caller's objects: a named tuple stays
-    one, and a callable reading its fields works on both sides."""
+def test_lock_by_callable_sees_the_objects_themselves_under_pickle() -> None:
+    """Under pickle the worker gets the caller's objects: a named tuple stays one, and a
+    callable reading its fields works on both sides."""
     account = collections.namedtuple("account", ["pk", "name"])
 
     def by(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         return str(args[0].pk)
 
-    pickled = encode_call(OWNER, PARAMS, (account(5, "x"),), {}, by, json_sent=False)
-    assert pickled == encode_call(OWNER, PARAMS, (account(5, "y"),), {}, by, json_sent=False)
+    pickled = encode_call(OWNER, PARAMS, (account(5, "x"),), {}, by, "pickle")
+    assert pickled == encode_call(OWNER, PARAMS, (account(5, "y"),), {}, by, "pickle")
     app = Celery("pickled", set_as_current=False, task_serializer="pickle")
     app.conf.redlock_url = "redis://127.0.0.1:1/0"  # never connected to
 
@@ -243,3 +243,12 @@ def test_lock_pattern_matches_lock_keys_under_the_prefix_only() -> None:
 def test_names_with_braces_or_empty_are_rejected(name: str) -> None:
     with pytest.raises(ValueError, match="lock name"):
         _keys.keys_for("redlock", name)
+
+
+def test_a_lone_surrogate_has_its_own_key_not_an_encoding_error() -> None:
+    """JSON carries ``"\\ud800"`` and the worker decodes it back: the key was a
+    ``UnicodeEncodeError`` (quoting the character) in the caller and the worker alike."""
+    keys = {enc("\ud800x"), enc("\ud801x"), enc("x"), enc(account_id="\ud800x", full=[1])}
+    assert len(keys) == 4
+    by = lambda args, kwargs: str(args[0])  # noqa: E731 - the callable identity's path
+    assert enc("\ud800x", by=by) != enc("\ud801x", by=by)
