@@ -906,7 +906,7 @@ def _release(task: Any, request: Any, lock: Lock, keep: float = 0) -> bool:
     try:
         lock.release(keep=keep)
     except LockLost:
-        return False  # already logged as an ERROR by Lock.on_lost
+        return False  # logged: an ERROR by Lock.on_lost, or a WARNING if it expired on the way
     except LockUnavailable as exc:
         logger.warning(
             "%s[%s]: could not release %s, it will expire within %.0fs: %s",

@@ -260,10 +260,17 @@ def _note_resent(request: Any = None, **_: Any) -> None:
 
 def release_for_dead_child(request: Any) -> None:
     """Release the lock a dead pool child took for ``request`` (owner-checked, never raises).
-    Its queued marker is :func:`settle_marker`'s."""
+    Its queued marker is :func:`settle_marker`'s.
+
+    Once per request after Redis answered: the reaper and Celery's ``on_failure`` both come
+    here for one death, in either order. Timeline otherwise: (1) the reaper sees the child
+    gone and releases ("released the lock of dead child"); (2) Celery notices the death up
+    to 5 s later, and ``on_failure`` releases again: a second round trip on the event loop,
+    and "died holding no lock of this call", contradicting (1). One that Redis did not
+    answer is tried again by the next."""
     pid = request.worker_pid
-    if not pid:
-        return  # never accepted by a child: it cannot have taken a lock
+    if not pid or request.__dict__.get("_redlock_parent_released"):
+        return  # never accepted by a child (it took no lock), or released already
     task = request.task
     try:
         spec = spec_of(task)
@@ -295,6 +302,7 @@ def release_for_dead_child(request: Any) -> None:
             "%s[%s]: releasing the lock of dead child %s failed", task.name, request.id, pid
         )
     else:
+        request.__dict__["_redlock_parent_released"] = True
         if released:
             logger.info("%s[%s]: released the lock of dead child %s", task.name, request.id, pid)
             key = keys_for(settings.prefix, name).lock

@@ -688,6 +688,8 @@ class LockCore:
     _lost = False
     #: The token the last release took (the one :meth:`on_lost` names once it is taken).
     _released_token: str | None = None
+    #: When the last release was sent (by :attr:`clock`).
+    _release_began = 0.0
     #: Renewed past ``max_hold`` (:meth:`_past_cap`): said once, in an ERROR.
     _overran = False
     #: The holder seen by the last failed attempt (``None`` if it was not contended).
@@ -873,6 +875,7 @@ class LockCore:
         if token is None:
             raise self._not_acquired()
         self._released_token = token  # what a release that finds the lock lost logs
+        self._release_began = self.clock()  # _released: did the lease end on its way?
         return token
 
     @contextlib.contextmanager
@@ -918,9 +921,30 @@ class LockCore:
             if released and not again:
                 self._fencing_token = None  # the number of an acquisition that ended
         if not released:
-            if not again:
+            if not again and self._release_began < self._expires_at <= self.clock():
+                self._expired_on_the_way()
+            elif not again:
                 self._mark_lost("it was no longer held by this owner at release")
             raise LockLost(f"lock {self.key} expired or changed owner before release", key=self.key)
+
+    def _expired_on_the_way(self) -> None:
+        """A release sent within the lease, answered after its end, found the key gone: it
+        expired while the release was on its way (Redis, or the network to it, stalled).
+        Nothing ran beside the holder, whose work had ended within the lease: a WARNING, not
+        a loss. Timeline it closes: (1) the lease ends at 6 s; (2) the body returns at 4 s
+        and the release is sent; (3) Redis is stalled (a fork, SIGSTOP, a VM pause) until
+        8 s, then answers that the key is gone; (4) the holder was reported lost (ERROR,
+        ``lock_lost``), a false alarm to whoever undoes writes on that signal. A key
+        released by force, or lost with Redis's data, before the body ended is reported so
+        too when the answer comes that late: the stall hides which."""
+        logger.warning(
+            "lock %s expired while its release was on its way: Redis answered %.1fs after the "
+            "lease's end, and the release was sent %.1fs before it; the holder's work ended "
+            "within the lease",
+            self.key,
+            self.clock() - self._expires_at,
+            self._expires_at - self._release_began,
+        )
 
     def _extend_args(self, ttl: float | None) -> tuple[str, float]:
         """The token and TTL of an extend: ``ttl`` (default: the lock's), capped so that the

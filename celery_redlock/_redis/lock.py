@@ -181,7 +181,9 @@ class Lock(LockCore):
         (no other owner can take it in that window; nobody can release it early). Blocking
         waiters are woken all the same: each reads the new TTL and tries when it ends.
         A lock that expired or changed owner meanwhile is left alone (the owner check) and
-        :class:`LockLost` is raised.
+        :class:`LockLost` is raised; it is marked :attr:`lost` (an ERROR) unless it expired
+        while the release was on its way: sent within the lease, answered after its end (a
+        WARNING, see :meth:`~celery_redlock._redis.core.LockCore._expired_on_the_way`).
         """
         token = self._release_token(keep)  # the renewal stopped
         if self.auto_renew:

@@ -2215,6 +2215,59 @@ def test_a_late_token_read_or_extend_of_an_earlier_holding_leaves_the_new_one(
     assert lock_keys(r) == []
 
 
+@pytest.mark.parametrize("late", [True, False], ids=["answered-after-the-lease", "in-time"])
+def test_a_key_that_expired_while_the_release_was_on_its_way_is_no_loss(
+    d2: Driver, redis_url: str, r: redis_py.Redis, late: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A release sent within the lease and answered after its end (Redis stalled: a fork,
+    SIGSTOP, a VM pause) found the key expired: the holder was reported lost (ERROR, and a
+    task's ``lock_lost``), though its work had ended within the lease. It is a WARNING now.
+    A key found gone by a release answered within the lease was taken from the holder while
+    it worked: still a loss. Here the stall is the clock moved on, and the expiry a
+    ``DEL``, between the release's start and its script."""
+    clock = FakeClock()
+
+    def stall(key: str) -> None:
+        if late:
+            clock.now += 6  # past the 5 s lease
+        r.delete(key)
+
+    if d2.is_async:
+
+        class Stalled(celery_redlock.asyncio.Lock):
+            async def do_release(self, token: str, keep: float = 0) -> bool:
+                stall(self.key)
+                return await super().do_release(token, keep)
+
+        async def main() -> Stalled:
+            lock = Stalled(redis_url, "on-the-way", ttl=5, auto_renew=False, clock=clock)
+            assert await lock.acquire(blocking=False)
+            with pytest.raises(LockLost):
+                await lock.release()
+            return lock
+
+        lock: Any = d2(main())
+    else:
+
+        class StalledThread(celery_redlock.Lock):
+            def do_release(self, token: str, keep: float = 0) -> bool:
+                stall(self.key)
+                return super().do_release(token, keep)
+
+        lock = StalledThread(redis_url, "on-the-way", ttl=5, auto_renew=False, clock=clock)
+        assert lock.acquire(blocking=False)
+        with pytest.raises(LockLost):
+            lock.release()
+    said = [(record.levelname, record.getMessage()) for record in caplog.records]
+    if late:
+        warning = f"lock {lock.key} expired while its release was on its way: Redis answered"
+        assert [level for level, _ in said] == ["WARNING"] and said[0][1].startswith(warning)
+        assert not lock.lost
+    else:
+        assert [level for level, _ in said] == ["ERROR"] and "at release" in said[0][1]
+        assert lock.lost
+
+
 def test_a_task_cancelled_once_can_still_take_a_free_lock_in_its_cleanup(redis_url: str) -> None:
     """From Python 3.11 a task counts the cancellations asked of it, and the count stays above
     0 for the rest of a task cancelled once. The acquire took any count above 0 for a
