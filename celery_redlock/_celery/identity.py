@@ -622,8 +622,19 @@ def lock_name_for(
 
 def lock_name_of(app: Any, task_name: str) -> str:
     """The lock name of ``app``'s task ``task_name``: its ``lock_name``, else its own name
-    (also for a name that is no locked task of ``app``)."""
+    (also for a name that is no locked task of ``app``).
+
+    A name the app does not know yet is looked up again after the app's task modules are
+    imported (``include``, ``imports``, ``autodiscover_tasks()``: what a worker imports at
+    start). Timeline otherwise, in the usual layout: (1) ``celery -A proj`` loads ``proj``,
+    whose tasks live in ``proj.tasks``; (2) a worker there holds ``redlock:{grp:...}`` for
+    ``proj.tasks.sync`` (``lock_name="grp"``); (3) ``celery redlock inspect proj.tasks.sync``
+    looked for ``proj.tasks.sync:`` and said it was not held, as did the dashboard's filter.
+    """
     task = app.tasks.get(task_name)
+    if task is None:
+        app.loader.import_default_modules()
+        task = app.tasks.get(task_name)
     spec = spec_of(task) if task is not None else None
     return (spec.options.name or task_name) if spec is not None else task_name
 

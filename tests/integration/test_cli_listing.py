@@ -10,6 +10,7 @@ with commands of its own slot.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -23,6 +24,7 @@ from celery_redlock import Lock
 from celery_redlock._celery.options import settings_for
 from celery_redlock._redis.keys import call_key
 from celery_redlock.cli import PAGE, LockStore, redlock
+from celery_redlock.web._core import Dashboard
 from support.servers import ClusterNodes
 
 
@@ -168,3 +170,26 @@ def test_inspect_shows_a_foreign_value_escaped(app: Celery, r: redis_py.Redis) -
     assert done.exit_code == 0, done.output
     assert "\x1b" not in done.output and "\x07" not in done.output
     assert "token     \\x1b]0;pwne..." in done.output
+
+
+def test_a_task_named_from_an_included_module_is_found_by_its_lock_name(redis_url: str) -> None:
+    """The usual layout: ``celery -A proj`` loads ``proj``, its tasks live in a module of
+    ``include`` (or ``autodiscover_tasks()``), which a worker imports at start and the command
+    line did not. A task there that sets ``lock_name`` held ``redlock:{grp:...}``, and
+    ``inspect <task name>`` said it was not held (exit 1), as did the dashboard's task filter."""
+    assert "tests.integration.included_tasks" not in sys.modules  # as in a fresh `celery -A`
+    from tests.integration.included_app import app
+
+    app.conf.redlock_url = redis_url
+    held = Lock(redis_url, "grp:0123456789abcdef0123456789abcdef", ttl=60, owner="t-grp")
+    assert held.acquire(blocking=False)
+    try:
+        done = inspect_of(app, "included.sync", "--json")
+        assert done.exit_code == 0, done.output
+        assert [lock["key"] for lock in json.loads(done.output)] == [held.key]
+        board = Dashboard(app)
+        status, body = board.locks_page({"task": "included.sync"}, {"csrf_token": "x"})
+        assert status == 200 and held.key in body
+    finally:
+        held.release()
+        app.close()

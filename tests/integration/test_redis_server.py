@@ -4,11 +4,15 @@ emptied by the plugin's ``FLUSHDB``). "The other server" is a fresh one on a fre
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import socket
+import threading
 from pathlib import Path
 
 import pytest
+import redis as redis_py
 
 from celery_redlock.testing import RedisServer, wait_until
 
@@ -102,3 +106,62 @@ def test_a_binary_killed_by_a_signal_is_named_as_popen_names_it(
     with pytest.raises(RuntimeError, match=r"^redis-server exited with -9$"):
         server.start(timeout=10)
     assert server.process is None  # reaped
+
+
+class _Listener:
+    """A TCP listener on a free port that is no Redis: each connection gets ``reply`` (or is
+    closed at once when it is empty); counts the connections it accepted."""
+
+    def __init__(self, reply: bytes) -> None:
+        self.reply = reply
+        self.accepted = 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.sock.getsockname()[1])
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed by the test
+                return
+            self.accepted += 1
+            with conn:
+                if self.reply:
+                    conn.recv(1024)
+                    conn.sendall(self.reply)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept (a close alone does not)
+        self.sock.close()
+        self.thread.join(5)
+        assert not self.thread.is_alive()
+
+
+def test_a_port_a_non_redis_listener_holds_is_an_error_naming_it() -> None:
+    """An HTTP server on the port: the start raised redis-py's bare ``InvalidResponse``."""
+    listener = _Listener(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+    try:
+        server = RedisServer(port=listener.port)
+        with pytest.raises(RuntimeError, match=rf"port {listener.port} is served by another"):
+            server.start()
+        assert server.process is None  # stopped
+    finally:
+        listener.close()
+
+
+def test_the_client_that_waits_for_the_server_does_not_retry() -> None:
+    """redis-py 8 retries a failed connection (with backoff) by default: ``start()``, which
+    polls with this client, reported a server that had exited at once 4 to 8 s late. One
+    connection per command, whatever redis-py's default."""
+    listener = _Listener(b"")  # closes every connection at once
+    try:
+        client = RedisServer(port=listener.port).client()
+        with pytest.raises(redis_py.exceptions.ConnectionError):
+            client.ping()
+        client.close()
+        assert listener.accepted == 1
+    finally:
+        listener.close()
