@@ -179,7 +179,8 @@ def _warn_unlocked(name: str, raw: dict[str, Any]) -> None:
     """Warn, once per task and process, that a call of task ``name``, which takes no lock, was
     given ``lock_*`` options: Celery publishes them as message properties nothing reads.
 
-    A warning, not an error: Celery itself hands a canvas's options to every part. Timeline of
+    A warning, not an error: Celery itself hands a group's or chord's options to every part
+    (a chain's ``apply_async`` options reach its first step only). Timeline of
     an error here: (1) ``chord([locked.s(1), locked.s(2)], plain.s()).apply_async(
     lock_wait_timeout=5)`` publishes the locked header; (2) they run; (3) the worker publishes
     the body ``plain`` with the chord's options, which it copied; (4) the refusal fails the
@@ -190,8 +191,8 @@ def _warn_unlocked(name: str, raw: dict[str, Any]) -> None:
     _warned_unlocked.add(name)
     logger.warning(
         "task %s takes no lock, so the per-call option %s is ignored (a task with "
-        "base=LockedTask or @single_instance reads it; a canvas passes its options to every "
-        "part)",
+        "base=LockedTask or @single_instance reads it; a group or chord passes its options "
+        "to every part, a chain to its first step)",
         name,
         ", ".join(sorted(raw)),
     )

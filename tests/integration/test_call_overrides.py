@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import redis as redis_py
-from celery import Celery, Task
+from celery import Celery, Task, chain
 from celery.signals import task_retry
 
 from celery_redlock import (
@@ -280,6 +280,32 @@ def test_bypass_runs_without_the_lock_warns_and_counts(
         return read_stats(app).get(task.name, {}).get("bypassed") == 1
 
     wait_until(counted, 10, "the bypassed counter")
+
+
+def test_a_chains_options_reach_its_first_step_and_a_steps_own_set_reaches_it(
+    app: Celery, redis_url: str
+) -> None:
+    """As the guide says (Celery's rule, pinned here): ``chain(a, b).apply_async(
+    lock_bypass=True)`` bypasses ``a`` only, and ``b`` is locked (here it fails on the held
+    key); ``b.s().set(lock_bypass=True)`` bypasses ``b``."""
+
+    def work(self: Task, *args: Any) -> bool:
+        return current_lock() is None
+
+    first = locked(app, "task", work, {"name": "chain.first"}, by=(), on_contention="fail")
+    second = locked(app, "task", work, {"name": "chain.second"}, by=(), on_contention="fail")
+    holders = [hold(redis_url, first), hold(redis_url, second)]
+    try:
+        with running_worker(app):
+            whole = chain(first.s(), second.s()).apply_async(lock_bypass=True)
+            with pytest.raises(LockContended):
+                whole.get(timeout=10)
+            assert whole.parent is not None and whole.parent.get(timeout=10) is True
+            each = chain(first.s().set(lock_bypass=True), second.s().set(lock_bypass=True))
+            assert each.apply_async().get(timeout=10) is True
+    finally:
+        for holder in holders:
+            holder.release()
 
 
 @pytest.mark.parametrize("api", APIS)
