@@ -41,7 +41,7 @@ def test_a_per_call_option_on_a_task_without_a_lock_is_a_warning(
 ) -> None:
     """``base=LockedTask`` forgotten: ``apply_async(lock_on_contention="wait")`` was published
     with the option as a message property nothing reads, without a word. A warning, once per
-    task, not an error: a canvas hands its options to every part (a chord's body too)."""
+    task, not an error: a group or chord hands its options to every part (a chord's body too)."""
     app = Celery("unlocked", broker="memory://", set_as_current=False)  # nothing leaves
 
     @app.task(shared=False, name="proj.plain")
@@ -53,7 +53,7 @@ def test_a_per_call_option_on_a_task_without_a_lock_is_a_warning(
     warnings = [r.getMessage() for r in caplog.records if r.name == "celery_redlock.config"]
     assert warnings == [
         "task proj.plain takes no lock, so the per-call option lock_on_contention, lock_ttl is "
-        "ignored (a task with base=LockedTask or @single_instance reads it; a canvas passes "
-        "its options to every part)"
+        "ignored (a task with base=LockedTask or @single_instance reads it; a group or chord "
+        "passes its options to every part, a chain to its first step)"
     ]
     app.close()
