@@ -38,6 +38,7 @@ import functools
 import inspect
 import json
 import logging
+import threading
 import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -620,21 +621,44 @@ def lock_name_for(
     return _keys.task_lock_name(spec.options.name or task.name, canonical, secret)
 
 
+#: The apps :func:`import_task_modules` imported the task modules of.
+_modules_imported: weakref.WeakSet[Any] = weakref.WeakSet()
+_importing = threading.Lock()
+
+
+def import_task_modules(app: Any) -> None:
+    """Import the modules a worker of ``app`` imports at start (``include``, ``imports``,
+    ``autodiscover_tasks()``), once per app, for a process that looks tasks up by name (the
+    command line, the standalone dashboard) and is no worker. Timeline without it, in the
+    usual layout: (1) ``celery -A proj`` loads ``proj``, whose tasks live in ``proj.tasks``;
+    (2) a worker holds ``redlock:{grp:...}`` for ``proj.tasks.sync`` (``lock_name="grp"``);
+    (3) ``celery redlock inspect proj.tasks.sync`` did not know the task, looked for
+    ``proj.tasks.sync:`` and said it was not held, as did the dashboard's task filter.
+
+    Called at a command's or the dashboard's start, never per request: under Django, Celery's
+    fixup runs ``django.setup()`` and the system checks on this import. A module that fails to
+    import is a WARNING: the tasks defined there are looked up by their own names."""
+    with _importing:
+        if app in _modules_imported:
+            return
+        _modules_imported.add(app)
+    try:
+        app.loader.import_default_modules()
+    except Exception as exc:  # a worker-only dependency, a failing check: the command goes on
+        logger.warning(
+            "could not import the task modules of app %s (%s: %s): a task defined there is "
+            "looked up by its own name, not its lock_name",
+            app.main,
+            type(exc).__name__,
+            exc,
+        )
+
+
 def lock_name_of(app: Any, task_name: str) -> str:
     """The lock name of ``app``'s task ``task_name``: its ``lock_name``, else its own name
-    (also for a name that is no locked task of ``app``).
-
-    A name the app does not know yet is looked up again after the app's task modules are
-    imported (``include``, ``imports``, ``autodiscover_tasks()``: what a worker imports at
-    start). Timeline otherwise, in the usual layout: (1) ``celery -A proj`` loads ``proj``,
-    whose tasks live in ``proj.tasks``; (2) a worker there holds ``redlock:{grp:...}`` for
-    ``proj.tasks.sync`` (``lock_name="grp"``); (3) ``celery redlock inspect proj.tasks.sync``
-    looked for ``proj.tasks.sync:`` and said it was not held, as did the dashboard's filter.
-    """
+    (also for a name that is no locked task of ``app``). Only the tasks imported so far are
+    known: see :func:`import_task_modules`."""
     task = app.tasks.get(task_name)
-    if task is None:
-        app.loader.import_default_modules()
-        task = app.tasks.get(task_name)
     spec = spec_of(task) if task is not None else None
     return (spec.options.name or task_name) if spec is not None else task_name
 

@@ -180,7 +180,8 @@ def _warn_unlocked(name: str, raw: dict[str, Any]) -> None:
     given ``lock_*`` options: Celery publishes them as message properties nothing reads.
 
     A warning, not an error: Celery itself hands a group's or chord's options to every part
-    (a chain's ``apply_async`` options reach its first step only). Timeline of
+    (a published chain's ``apply_async`` options reach its first step only; an eager one's
+    reach every step). Timeline of
     an error here: (1) ``chord([locked.s(1), locked.s(2)], plain.s()).apply_async(
     lock_wait_timeout=5)`` publishes the locked header; (2) they run; (3) the worker publishes
     the body ``plain`` with the chord's options, which it copied; (4) the refusal fails the
@@ -192,7 +193,7 @@ def _warn_unlocked(name: str, raw: dict[str, Any]) -> None:
     logger.warning(
         "task %s takes no lock, so the per-call option %s is ignored (a task with "
         "base=LockedTask or @single_instance reads it; a group or chord passes its options "
-        "to every part, a chain to its first step)",
+        "to every part, a published chain to its first step)",
         name,
         ", ".join(sorted(raw)),
     )

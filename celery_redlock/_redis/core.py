@@ -921,7 +921,7 @@ class LockCore:
             if released and not again:
                 self._fencing_token = None  # the number of an acquisition that ended
         if not released:
-            if not again and self._release_began < self._expires_at <= self.clock():
+            if not (again or self._lost) and self._release_began < self._expires_at <= self.clock():
                 self._expired_on_the_way()
             elif not again:
                 self._mark_lost("it was no longer held by this owner at release")

@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from .._celery.identity import lock_name_of
+from .._celery.identity import import_task_modules, lock_name_of
 from .._redis.inventory import HeldLock, Released
 from ..metrics import EVENTS
 from ._format import dump, fence, json_row, safe, shown_overrides, table, ttl, who
@@ -72,6 +72,8 @@ def _lock_names(app: Any, name: str) -> list[str]:
     (none for a key: a name has no braces)."""
     if "{" in name or "}" in name:
         return []
+    if name not in app.tasks:  # a task of a module the worker imports, not `-A`'s
+        import_task_modules(app)
     own = lock_name_of(app, name)
     return [name] if own == name else [name, own]
 

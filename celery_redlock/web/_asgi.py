@@ -28,6 +28,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from .._celery.identity import import_task_modules
 from ._core import Dashboard
 from ._security import CSRF_COOKIE, LOOPBACK_NAMES, SESSION_COOKIE, Credentials, Guard, origin_ok
 
@@ -101,6 +102,10 @@ def create_app(
         read-only dashboard would hand it the lock list; its ``Host`` header is refused.
     :raises ValueError: when actions are enabled with neither ``authenticate`` nor
         credentials (anyone who reaches the port could release locks).
+
+    It imports the app's task modules first, as a worker does (once per app:
+    :func:`~celery_redlock._celery.identity.import_task_modules`), so that the task filter
+    knows a task of a module in ``include`` by its ``lock_name``.
     """
     if credentials is not None:
         creds = credentials
@@ -116,6 +121,7 @@ def create_app(
             "actions=True needs authenticate= or credentials in the environment "
             "(REDLOCK_WEB_TOKEN, or REDLOCK_WEB_USER and REDLOCK_WEB_PASSWORD)"
         )
+    import_task_modules(app)
     board = Dashboard(app, actions=actions, ping_timeout=ping_timeout)
     guard = Guard(creds)
 

@@ -287,7 +287,7 @@ def test_a_chains_options_reach_its_first_step_and_a_steps_own_set_reaches_it(
 ) -> None:
     """As the guide says (Celery's rule, pinned here): ``chain(a, b).apply_async(
     lock_bypass=True)`` bypasses ``a`` only, and ``b`` is locked (here it fails on the held
-    key); ``b.s().set(lock_bypass=True)`` bypasses ``b``."""
+    key); ``b.s().set(lock_bypass=True)`` bypasses ``b``; run eagerly, both are bypassed."""
 
     def work(self: Task, *args: Any) -> bool:
         return current_lock() is None
@@ -303,6 +303,8 @@ def test_a_chains_options_reach_its_first_step_and_a_steps_own_set_reaches_it(
             assert whole.parent is not None and whole.parent.get(timeout=10) is True
             each = chain(first.s().set(lock_bypass=True), second.s().set(lock_bypass=True))
             assert each.apply_async().get(timeout=10) is True
+        eager = chain(first.s(), second.s()).apply(lock_bypass=True)  # every step, eagerly
+        assert eager.get() is True and eager.parent is not None and eager.parent.get() is True
     finally:
         for holder in holders:
             holder.release()

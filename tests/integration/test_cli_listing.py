@@ -9,6 +9,7 @@ with commands of its own slot.
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from collections.abc import Iterator
@@ -172,24 +173,65 @@ def test_inspect_shows_a_foreign_value_escaped(app: Celery, r: redis_py.Redis) -
     assert "token     \\x1b]0;pwne..." in done.output
 
 
-def test_a_task_named_from_an_included_module_is_found_by_its_lock_name(redis_url: str) -> None:
+@pytest.fixture
+def included(redis_url: str) -> Iterator[Celery]:
+    """A fresh ``tests.integration.included_app`` whose task module is not imported yet, as
+    in a fresh ``celery -A`` process (also on a second run in one process)."""
+    modules = ("tests.integration.included_app", "tests.integration.included_tasks")
+    for name in modules:
+        sys.modules.pop(name, None)
+    app = importlib.import_module(modules[0]).app
+    app.conf.redlock_url = redis_url
+    assert "included.sync" not in app.tasks
+    yield app
+    app.close()
+    for name in modules:
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def grp(redis_url: str) -> Iterator[Lock]:
+    """A lock held under the lock name of ``included.sync`` (``lock_name="grp"``)."""
+    held = Lock(redis_url, "grp:0123456789abcdef0123456789abcdef", ttl=60, owner="t-grp")
+    assert held.acquire(blocking=False)
+    yield held
+    held.release()
+
+
+def test_a_task_of_an_included_module_is_inspected_by_its_lock_name(
+    included: Celery, grp: Lock
+) -> None:
     """The usual layout: ``celery -A proj`` loads ``proj``, its tasks live in a module of
     ``include`` (or ``autodiscover_tasks()``), which a worker imports at start and the command
     line did not. A task there that sets ``lock_name`` held ``redlock:{grp:...}``, and
-    ``inspect <task name>`` said it was not held (exit 1), as did the dashboard's task filter."""
-    assert "tests.integration.included_tasks" not in sys.modules  # as in a fresh `celery -A`
-    from tests.integration.included_app import app
+    ``inspect <task name>`` said it was not held (exit 1)."""
+    done = inspect_of(included, "included.sync", "--json")
+    assert done.exit_code == 0, done.output
+    assert [lock["key"] for lock in json.loads(done.output)] == [grp.key]
 
+
+def test_the_dashboard_filters_a_task_of_an_included_module_by_its_lock_name(
+    included: Celery, grp: Lock
+) -> None:
+    """``create_app()`` (``celery redlock web``, a FastAPI or Flask mount) imports the task
+    modules at start: its task filter listed ``included.sync:`` and showed nothing."""
+    from celery_redlock.web import create_app
+
+    create_app(included)
+    status, body = Dashboard(included).locks_page({"task": "included.sync"}, {"csrf_token": "x"})
+    assert status == 200 and grp.key in body
+
+
+def test_a_task_module_that_fails_to_import_is_a_warning(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker-only dependency missing where the command runs: the command goes on, the name
+    is looked up as given, and one WARNING says why (once per app)."""
+    app = Celery("broken", set_as_current=False, include=["tests.integration.no_such_module"])
     app.conf.redlock_url = redis_url
-    held = Lock(redis_url, "grp:0123456789abcdef0123456789abcdef", ttl=60, owner="t-grp")
-    assert held.acquire(blocking=False)
-    try:
-        done = inspect_of(app, "included.sync", "--json")
-        assert done.exit_code == 0, done.output
-        assert [lock["key"] for lock in json.loads(done.output)] == [held.key]
-        board = Dashboard(app)
-        status, body = board.locks_page({"task": "included.sync"}, {"csrf_token": "x"})
-        assert status == 200 and held.key in body
-    finally:
-        held.release()
-        app.close()
+    for _ in range(2):
+        done = inspect_of(app, "broken.task")
+        assert done.exit_code == 1 and "is not held" in done.output
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "could not import the task modules of app broken" in warned[0]
+    app.close()

@@ -2215,20 +2215,21 @@ def test_a_late_token_read_or_extend_of_an_earlier_holding_leaves_the_new_one(
     assert lock_keys(r) == []
 
 
-@pytest.mark.parametrize("late", [True, False], ids=["answered-after-the-lease", "in-time"])
+@pytest.mark.parametrize("case", ["answered-after-the-lease", "in-time", "lost-before"])
 def test_a_key_that_expired_while_the_release_was_on_its_way_is_no_loss(
-    d2: Driver, redis_url: str, r: redis_py.Redis, late: bool, caplog: pytest.LogCaptureFixture
+    d2: Driver, redis_url: str, r: redis_py.Redis, case: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A release sent within the lease and answered after its end (Redis stalled: a fork,
     SIGSTOP, a VM pause) found the key expired: the holder was reported lost (ERROR, and a
     task's ``lock_lost``), though its work had ended within the lease. It is a WARNING now.
     A key found gone by a release answered within the lease was taken from the holder while
-    it worked: still a loss. Here the stall is the clock moved on, and the expiry a
-    ``DEL``, between the release's start and its script."""
+    it worked: still a loss. A holding already found lost (an extend, here) gets no WARNING
+    saying its work ended within the lease. Here the stall is the clock moved on, and the
+    expiry a ``DEL``, between the release's start and its script."""
     clock = FakeClock()
 
     def stall(key: str) -> None:
-        if late:
+        if case != "in-time":
             clock.now += 6  # past the 5 s lease
         r.delete(key)
 
@@ -2242,6 +2243,10 @@ def test_a_key_that_expired_while_the_release_was_on_its_way_is_no_loss(
         async def main() -> Stalled:
             lock = Stalled(redis_url, "on-the-way", ttl=5, auto_renew=False, clock=clock)
             assert await lock.acquire(blocking=False)
+            if case == "lost-before":
+                r.delete(lock.key)
+                with pytest.raises(LockLost):
+                    await lock.extend()
             with pytest.raises(LockLost):
                 await lock.release()
             return lock
@@ -2256,15 +2261,20 @@ def test_a_key_that_expired_while_the_release_was_on_its_way_is_no_loss(
 
         lock = StalledThread(redis_url, "on-the-way", ttl=5, auto_renew=False, clock=clock)
         assert lock.acquire(blocking=False)
+        if case == "lost-before":
+            r.delete(lock.key)
+            with pytest.raises(LockLost):
+                lock.extend()
         with pytest.raises(LockLost):
             lock.release()
     said = [(record.levelname, record.getMessage()) for record in caplog.records]
-    if late:
+    if case == "answered-after-the-lease":
         warning = f"lock {lock.key} expired while its release was on its way: Redis answered"
         assert [level for level, _ in said] == ["WARNING"] and said[0][1].startswith(warning)
         assert not lock.lost
     else:
-        assert [level for level, _ in said] == ["ERROR"] and "at release" in said[0][1]
+        reason = "at release" if case == "in-time" else "extend found it"
+        assert [level for level, _ in said] == ["ERROR"] and reason in said[0][1]
         assert lock.lost
 
 

@@ -54,6 +54,6 @@ def test_a_per_call_option_on_a_task_without_a_lock_is_a_warning(
     assert warnings == [
         "task proj.plain takes no lock, so the per-call option lock_on_contention, lock_ttl is "
         "ignored (a task with base=LockedTask or @single_instance reads it; a group or chord "
-        "passes its options to every part, a chain to its first step)"
+        "passes its options to every part, a published chain to its first step)"
     ]
     app.close()
