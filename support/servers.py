@@ -207,7 +207,7 @@ class SentinelGroup(_Started):
 class ClusterNodes(_Started):
     """Three cluster-enabled primaries joined with ``redis-cli --cluster create``."""
 
-    def __init__(self, size: int = 3) -> None:
+    def __init__(self, size: int = 3, extra: Sequence[str] = ()) -> None:
         args = [
             "--cluster-enabled",
             "yes",
@@ -215,6 +215,7 @@ class ClusterNodes(_Started):
             "nodes.conf",
             "--cluster-node-timeout",
             "2000",
+            *extra,
         ]
         self._args = args
         self.nodes = [RedisServer(port=cluster_port(), args=args) for _ in range(size)]

@@ -52,6 +52,7 @@ from .clients import (
     uses_tls,
     validate_url,
 )
+from .commands import load_target
 from .core import (
     Extended,
     GiveBack,
@@ -200,7 +201,7 @@ async def run_script(client: Any, source: str, call: Call) -> Any:
     except Exception as exc:
         if classify(exc) is not Outcome.NOSCRIPT:
             raise
-    await client.script_load(source)
+    await client.execute_command("SCRIPT LOAD", source, **load_target(client, keys))
     return await client.evalsha(sha, len(keys), *keys, *args)
 
 

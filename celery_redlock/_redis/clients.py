@@ -407,7 +407,22 @@ def _sentinel(url: str, options: dict[str, Any]) -> Any:
 def _cluster(url: str, options: dict[str, Any]) -> Any:
     auth, nodes, _, _ = _split(url)
     startup = [ClusterNode(host, port or 6379) for host, port in nodes]
-    return RedisCluster(startup_nodes=startup, **auth, **options)
+    return RedisCluster(startup_nodes=startup, **auth, **_no_cluster_retries(), **options)
+
+
+def _no_cluster_retries() -> dict[str, Any]:
+    """No retries of a command by the Cluster client: a failed command fails at once, and the
+    topology refresh it asked for serves the next one. redis-py's default (3 retries with
+    backoff, from 6.0 in ``retry``, before in ``cluster_error_retry_attempts``) blocked a
+    command to a dead primary about 4.5 s, refused connections and all. Timeline: (1) one of
+    three primaries dies, the others serve their slots; (2) the process's renewal thread
+    renews its locks one at a time, each on the dead node blocking 4.5 s; (3) with three of
+    them, the locks on the live primaries went unrenewed past their lease, and calls of their
+    keys ran beside them. Our own layer retries: a renewal within the lease, an acquire by
+    ``redlock_on_unavailable``."""
+    if int(redis_py.__version__.split(".")[0]) >= 6:
+        return {"retry": Retry(NoBackoff(), 0)}
+    return {"retry": Retry(NoBackoff(), 0), "cluster_error_retry_attempts": 0}
 
 
 def is_cluster(client: Any) -> bool:

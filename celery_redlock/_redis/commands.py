@@ -188,12 +188,26 @@ PACKED_TEXT_MAX = 40
 def run_script(client: Any, source: str, keys: list[str], args: list[Any]) -> Any:
     """Run ``source`` with ``EVALSHA``; after a ``NOSCRIPT`` reply (a server that restarted or
     ran ``SCRIPT FLUSH``), ``SCRIPT LOAD`` it and run it again (not ``EVAL``: an ACL user may
-    have ``+evalsha +script|load`` only). Any redis-py-like client (``valkey`` too)."""
+    have ``+evalsha +script|load`` only). Any redis-py-like client (``valkey`` too).
+
+    On a Cluster the script is loaded on the node of its keys only (:func:`load_target`)."""
     sha = _scripts.sha1(source)
     try:
         return execute(client, "EVALSHA", sha, len(keys), *keys, *args)
     except Exception as exc:
         if classify(exc) is not Outcome.NOSCRIPT:
             raise
-    client.script_load(source)
+    client.execute_command("SCRIPT LOAD", source, **load_target(client, keys))
     return execute(client, "EVALSHA", sha, len(keys), *keys, *args)
+
+
+def load_target(client: Any, keys: list[str]) -> dict[str, Any]:
+    """Where ``SCRIPT LOAD`` goes for a script of ``keys``: on a Cluster client (sync or
+    asyncio), the node that serves their slot; else the client's one server. A Cluster
+    client sends ``SCRIPT LOAD`` to every primary by default. Timeline: (1) one of three
+    primaries dies, the others serve their slots (full coverage off); (2) a task on a live
+    primary releases its lock, the first release of this process; (3) ``NOSCRIPT``, then the
+    load failed on the dead primary, and the release with it: the key stayed held by a task
+    that had ended until its lease ran out."""
+    node_of = getattr(client, "get_node_from_key", None)
+    return {"target_nodes": node_of(keys[0])} if node_of is not None and keys else {}

@@ -17,7 +17,7 @@ import redis as redis_py
 from celery_redlock import Lock, LockedTask, LockUnavailable, current_lock, lock_key
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.lock import release_attempt
-from celery_redlock.testing import RedisServer
+from celery_redlock.testing import RedisServer, wait_until
 from support.apps import make_app
 from support.servers import ClusterNodes, client
 from support.workers import running_worker
@@ -186,3 +186,51 @@ def test_a_node_whose_port_was_taken_meanwhile_starts_on_a_new_pair() -> None:
         finally:
             rc.close()
         assert other.client().dbsize() == 0
+
+
+class _Counted(Lock):
+    """A lock that counts its renewals (the watchdog's ``renew_step``)."""
+
+    renewals = 0
+
+    def renew_step(self) -> float | None:
+        delay = super().renew_step()
+        self.renewals += 1
+        return delay
+
+
+def test_locks_on_live_primaries_keep_their_lease_while_another_primary_is_dead() -> None:
+    """Full coverage off: with one primary dead, the others serve their slots. The process's
+    renewal thread renews its locks one at a time; each renewal of a key on the dead node
+    blocked about 4.5 s in the Cluster client's retries (redis-py's default), so with three
+    such locks the locks on the live primaries went unrenewed past their 3 s lease. Now a
+    renewal on the dead node fails at once, and the others are renewed on time."""
+    with ClusterNodes(extra=["--cluster-require-full-coverage", "no"]) as nodes:
+        rc = redis_py.RedisCluster(host="127.0.0.1", port=nodes.nodes[0].port)
+        try:
+            by_port: dict[int, list[str]] = {}
+            for name in (f"live-{i}" for i in range(60)):
+                by_port.setdefault(owner_port(rc, keys_for("redlock", name).lock), []).append(name)
+        finally:
+            rc.close()
+        dead, *live = nodes.nodes
+        doomed = [_Counted(nodes.url, n, ttl=3, auto_renew=True) for n in by_port[dead.port][:3]]
+        kept = [
+            _Counted(nodes.url, n, ttl=3, auto_renew=True)
+            for node in live
+            for n in by_port[node.port][:2]
+        ]
+        for lock in doomed + kept:
+            assert lock.acquire(blocking=False)
+        dead.stop()
+        since = [lock.renewals for lock in kept]
+        wait_until(lambda: all(lock.lost for lock in doomed), 15, "the dead node's locks lost")
+        wait_until(
+            lambda: all(lk.renewals >= n + 4 for lk, n in zip(kept, since, strict=True)),
+            15,
+            "four renewals of every lock on a live primary",
+        )
+        assert not any(lock.lost for lock in kept)
+        for lock in kept:
+            assert lock.locked()
+            lock.release()
