@@ -388,8 +388,10 @@ class Inventory:
 
     def on_unanswered(self, node: str, error: LockUnavailable) -> None:
         """Called for each quorum node that did not answer a read or a release while a majority
-        did (the call went on without it): ``node`` is its URL, credentials hidden, and
-        ``error`` says what failed. Does nothing; a command line overrides it to warn."""
+        did (the call went on without it), and for each Cluster primary that did not answer a
+        listing while another did (its slots' locks are left out): ``node`` is its URL
+        (``host:port`` for a primary), credentials hidden, and ``error`` says what failed.
+        Does nothing; a command line overrides it to warn."""
 
     # -- listing --------------------------------------------------------------------------------
 
@@ -682,14 +684,39 @@ class Inventory:
                 next_scan = next(iter(cursors.values()))
         except Exception as exc:
             error = self._failure(self.urls[i if len(self.urls) > 1 else 0], exc)
-            if len(self.urls) == 1 or isinstance(error, InventoryRefused):
+            if isinstance(error, InventoryRefused) or (len(self.urls) == 1 and node is None):
                 raise error from exc
-            self._down[i] = (time.monotonic(), error)
-            self._each(lambda c: c.ping(), missed)
+            if node is None:
+                self._down[i] = (time.monotonic(), error)
+                self._each(lambda c: c.ping(), missed)
+            else:
+                self._primary_down(client, node, error, missed)
             next_scan, raw = 0, []
         if int(next_scan) != 0:
             return i, list(raw), f"{i}:{int(next_scan)}"
         return i, list(raw), f"{i + 1}:0" if i + 1 < len(targets) else "0"
+
+    def _primary_down(
+        self, client: Any, node: Any, error: LockUnavailable, missed: dict[str, str] | None
+    ) -> None:
+        """A Cluster primary that did not answer the walk: the locks in its slots are left out
+        (they are unreachable to their holders too), and the walk goes on while another
+        primary answers a ``PING``; else this raises ``error``. Timeline without it: (1) one
+        of three primaries dies, the others serve their slots (full coverage off); (2) an
+        operator runs ``celery redlock ls``, or ``release --dead`` for the dead workers'
+        locks; (3) both failed, "cannot reach the lock Redis", when they are needed most."""
+        others = [n for n in client.get_primaries() if n.name != node.name]
+        for other in others:
+            try:
+                client.ping(target_nodes=other)
+                break
+            except Exception:
+                continue
+        else:
+            raise error
+        if missed is not None:
+            missed[node.name] = str(error)
+        self.on_unanswered(node.name, error)
 
     def _slots(self, keys: Iterable[Any]) -> list[tuple[str, str, int]]:
         """``(slot key, name, slot)`` of each slot key among the keys a ``SCAN`` matched (once

@@ -38,15 +38,17 @@ class LockStore(Inventory):
         self.warned: set[str] = set()
 
     def on_unanswered(self, node: str, error: LockUnavailable) -> None:
-        """One ``WARNING:`` line on stderr per quorum node that did not answer: what the
-        command prints is what the majority of nodes shows."""
+        """One ``WARNING:`` line on stderr per quorum node that did not answer (what the
+        command prints is what the majority of nodes shows), or Cluster primary (the locks in
+        its slots are left out)."""
         if node not in self.warned:
             self.warned.add(node)
-            click.echo(
-                f"WARNING: {error}; going on with the majority of the {len(self.urls)} "
-                "nodes that answer",
-                err=True,
+            going_on = (
+                f"going on with the majority of the {len(self.urls)} nodes that answer"
+                if len(self.urls) > 1
+                else f"the locks in the slots of Cluster primary {node} are not listed"
             )
+            click.echo(f"WARNING: {error}; {going_on}", err=True)
 
 
 @click.group(name="redlock")

@@ -283,6 +283,7 @@ class Dashboard:
             next_cursor=next_cursor,
             error=error,
             unanswered=unanswered,
+            quorum=bool(unanswered) and self.inventory.quorum > 1,
             form=form,
             base=base,
             tasks=tasks,

@@ -6,18 +6,25 @@ a CROSSSLOT error would fail these tests.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 import redis as redis_py
+from celery import Celery
+from click.testing import CliRunner
 
 from celery_redlock import Lock, LockedTask, LockUnavailable, current_lock, lock_key
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.lock import release_attempt
+from celery_redlock.cli import redlock
 from celery_redlock.testing import RedisServer, wait_until
+from celery_redlock.web._core import Dashboard
 from support.apps import make_app
 from support.servers import ClusterNodes, client
 from support.workers import running_worker
@@ -231,6 +238,20 @@ def test_locks_on_live_primaries_keep_their_lease_while_another_primary_is_dead(
             "four renewals of every lock on a live primary",
         )
         assert not any(lock.lost for lock in kept)
+        # The command line lists the live primaries' locks, naming the dead one on stderr
+        # (it failed as a whole: "cannot reach the lock Redis").
+        app = Celery("partial", set_as_current=False)
+        app.conf.redlock_url = nodes.url
+        done = CliRunner().invoke(redlock, ["ls", "--json"], obj=SimpleNamespace(app=app))
+        assert done.exit_code == 0, done.output
+        warned = re.findall(r"WARNING: [^\n]*\n", done.output)  # stderr, within a line
+        listed = json.loads(re.sub(r"WARNING: [^\n]*\n", "", done.output))
+        assert sorted(row["key"] for row in listed) == sorted(lock.key for lock in kept)
+        assert len(warned) == 1 and f"Cluster primary 127.0.0.1:{dead.port}" in warned[0]
+        status, body = Dashboard(app).locks_page({}, {"csrf_token": "x"})  # and the dashboard
+        assert status == 200 and all(lock.key in body for lock in kept)
+        assert f"Cluster primary 127.0.0.1:{dead.port} did not answer" in body
+        app.close()
         for lock in kept:
             assert lock.locked()
             lock.release()
