@@ -22,12 +22,13 @@ values nested deeper than :data:`MAX_DEPTH`.
 A ``lock_by`` callable gets the call's ``args`` and ``kwargs`` as sent, not bound to the
 signature (for it ``f(1)`` and ``f(a=1)`` differ), and, for a task whose serializer is JSON
 (Celery's default), with their containers as JSON gives them back (:func:`as_sent`: tuples as
-lists, mapping keys as strings), in the caller and the worker alike; under pickle as they
-are; under another serializer (msgpack, YAML) as that serializer gives them back
-(:func:`as_received`). Timeline it closes: (1) ``delay(y=(1, 2))`` under
-``lock_enqueue=True`` marks the key the callable computes from the tuple; (2) the worker
-receives ``[1, 2]``, computes another key and never clears that marker; (3) every later call
-of the value returns the finished call's result for the marker's hour, and never runs.
+lists, mapping keys as strings; values kombu tags, such as a ``datetime``, as kombu gives
+them back), in the caller and the worker alike; under pickle as they are; under another
+serializer (msgpack, YAML) as that serializer gives them back (:func:`as_received`).
+Timeline it closes: (1) ``delay(y=(1, 2))`` under ``lock_enqueue=True`` marks the key the
+callable computes from the tuple; (2) the worker receives ``[1, 2]``, computes another key and
+never clears that marker; (3) every later call of the value returns the finished call's result
+for the marker's hour, and never runs.
 """
 
 from __future__ import annotations
@@ -222,14 +223,19 @@ def encode_call(
 
 
 def as_received(value: Any, serializer: str) -> Any:
-    """``value`` as the worker receives it under ``serializer``: JSON's containers by
-    :func:`as_sent`; pickle's as they are; another serializer's (msgpack and YAML make tuples
-    lists, YAML sorts mapping keys) through that serializer and back. A value it cannot
-    carry is left as it is: publishing it fails with the serializer's own error."""
-    if serializer == "json":
-        return as_sent(value)
+    """``value`` as the worker receives it under ``serializer``: pickle's as it is; JSON's of
+    plain values by :func:`as_sent` (no encoding); any other, and JSON's with a value kombu
+    tags, through the serializer and back (msgpack and YAML make tuples lists, YAML sorts
+    mapping keys; JSON gives a ``datetime`` subclass back as a ``datetime``, and an aware one
+    with a fixed offset for its ``ZoneInfo``). A value the serializer cannot carry is left
+    as it is: publishing it fails with the serializer's own error."""
     if serializer == "pickle":
         return value
+    if serializer == "json":
+        try:
+            return as_sent(value)
+        except _NotPlain:
+            pass
     try:
         content_type, encoding, data = kombu.serialization.dumps(value, serializer=serializer)
         return kombu.serialization.loads(data, content_type, encoding, force=True)
@@ -237,13 +243,21 @@ def as_received(value: Any, serializer: str) -> Any:
         return value
 
 
+class _NotPlain(Exception):
+    """A value that is not a plain JSON value (a ``datetime``, an ``IntEnum``, nested deeper
+    than :data:`MAX_DEPTH`...): only the serializer says what the worker gets."""
+
+
 def as_sent(value: Any, depth: int = 0) -> Any:
-    """``value`` with its containers as Celery's JSON serializer gives them back: tuples as
-    lists, mapping keys as strings (``json.dumps`` of a number, ``None`` or a bool key); other
-    values, and containers deeper than :data:`MAX_DEPTH`, as they are. A list of scalars is
-    returned as it is, after one look at its element types (a large argument is not copied)."""
+    """``value``, made of plain JSON values, with its containers as Celery's JSON serializer
+    gives them back: tuples as lists, mapping keys as strings (``json.dumps`` of a number,
+    ``None`` or a bool key). A list of scalars is returned as it is, after one look at its
+    element types (a large argument is not copied). :class:`_NotPlain` for any other value.
+    Timeline it is the fast path of: (1) ``delay(y=(1, 2))`` under ``lock_enqueue=True``
+    marked the key a callable computed from the tuple; (2) the worker received ``[1, 2]``,
+    computed another key and never cleared that marker (see the module docstring)."""
     if depth >= MAX_DEPTH:
-        return value
+        raise _NotPlain
     if isinstance(value, (list, tuple)):
         if set(map(type, value)) <= _ATOMS:
             return value if type(value) is list else list(value)
@@ -255,7 +269,9 @@ def as_sent(value: Any, depth: int = 0) -> Any:
             )
             for k, v in value.items()
         }
-    return value
+    if type(value) in _ATOMS:
+        return value
+    raise _NotPlain
 
 
 def _scalar_json(value: Any) -> str | None:

@@ -420,7 +420,7 @@ def _within(seconds: float, call: Callable[[], Extended]) -> Extended:
 
     threading.Thread(target=run, name="celery-redlock-renew-call", daemon=True).start()
     if not done.wait(seconds):
-        raise TimeoutError(f"no reply from Redis within {seconds:.2f}s")
+        raise TimeoutError(f"no reply from Redis within the rest of the lease ({seconds:.3f}s)")
     if failure:
         raise failure[0]
     return outcome[0]

@@ -11,6 +11,7 @@ import inspect
 import logging
 import threading
 import time
+import zoneinfo
 from collections.abc import Iterator
 from typing import Any
 
@@ -222,6 +223,10 @@ def test_a_lock_by_callable_sees_the_values_the_worker_sees(app: Celery, r: redi
     assert {repr(kwargs["y"]) for _, kwargs in seen} == {"[1, {'2': 'b'}]"}
 
 
+def by_repr(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    return repr((args, kwargs))
+
+
 class _Stamp(datetime.datetime):
     """A ``datetime`` subclass, as pendulum's ``DateTime`` or freezegun's ``FakeDatetime``."""
 
@@ -233,7 +238,9 @@ def test_the_worker_clears_the_marker_of_values_its_serializer_changes(
     ``datetime`` subclass (pendulum, freezegun) arrives as a ``datetime`` under JSON; under
     YAML a tuple arrives as a list and a mapping with its keys sorted. The worker never cleared
     the caller's marker, and every later call of the value returned the finished call's
-    result, never ran, for the marker's hour (no result backend said the call had ended)."""
+    result, never ran, for the marker's hour (no result backend said the call had ended).
+    So did a ``lock_by`` callable under JSON given an aware ``datetime`` (its ``ZoneInfo``
+    arrives as a fixed offset) or a subclass: it saw the caller's object."""
     app.conf.accept_content = ["json", "yaml"]
     ran: list[str] = []
 
@@ -251,15 +258,20 @@ def test_the_worker_clears_the_marker_of_values_its_serializer_changes(
     def listed(pair: Any, names: Any) -> None:
         ran.append("listed")
 
+    @app.task(base=LockedTask, lock_enqueue=True, ignore_result=True, lock_by=by_repr)
+    def zoned(at: datetime.datetime) -> None:
+        ran.append("zoned")
+
     when = _Stamp(2026, 12, 6, 5, 0, tzinfo=datetime.timezone.utc)
-    calls = [(stamped, (when,)), (listed, ((1, 2), {"b": 1, "a": 2}))]
+    paris = datetime.datetime(2026, 12, 6, 6, 0, tzinfo=zoneinfo.ZoneInfo("Europe/Paris"))
+    calls = [(stamped, (when,)), (listed, ((1, 2), {"b": 1, "a": 2})), (zoned, (paris,))]
     with running_worker(app):
         for number in (1, 2):
             for task, args in calls:
                 task.delay(*args)
-            wait_until(lambda n=number: len(ran) == 2 * n, 10, f"round {number} to run")
+            wait_until(lambda n=number: len(ran) == 3 * n, 10, f"round {number} to run")
             wait_until(lambda: lock_keys(r) == [], 5, "the locks and the markers to be gone")
-    assert sorted(ran) == ["listed"] * 2 + ["stamped"] * 2
+    assert sorted(ran) == ["listed"] * 2 + ["stamped"] * 2 + ["zoned"] * 2
     naive = datetime.datetime(2026, 12, 6, 5, 0, tzinfo=datetime.timezone.utc)
     assert lock_key(stamped, when) == lock_key(stamped, naive)
     assert lock_key(listed, (1, 2), {"b": 1, "a": 2}) == lock_key(listed, [1, 2], {"a": 2, "b": 1})
