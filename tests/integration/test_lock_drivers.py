@@ -2177,6 +2177,8 @@ def test_a_late_token_read_or_extend_of_an_earlier_holding_leaves_the_new_one(
     for late in ("extend", "fencing_token"):
         sent.clear()
         gate.clear()
+        if late == "fencing_token" and not lock.nodes.set_get:
+            continue  # Redis 6.2: the acquire script gives the token, no later read to hold back
         if late == "fencing_token":
 
             def held_back(*args: Any) -> Any:
