@@ -414,12 +414,13 @@ def _no_cluster_retries() -> dict[str, Any]:
     """No retries of a command by the Cluster client: a failed command fails at once, and the
     topology refresh it asked for serves the next one. redis-py's default (3 retries with
     backoff, from 6.0 in ``retry``, before in ``cluster_error_retry_attempts``) blocked a
-    command to a dead primary about 4.5 s, refused connections and all. Timeline: (1) one of
-    three primaries dies, the others serve their slots; (2) the process's renewal thread
-    renews its locks one at a time, each on the dead node blocking 4.5 s; (3) with three of
-    them, the locks on the live primaries went unrenewed past their lease, and calls of their
-    keys ran beside them. Our own layer retries: a renewal within the lease, an acquire by
-    ``redlock_on_unavailable``."""
+    command to a dead primary about 4.5 s, refused connections and all. Timeline, when one
+    thread renewed a process's locks in turn: (1) one of three primaries dies, the others
+    serve their slots; (2) each renewal on the dead node blocks 4.5 s; (3) with three of them,
+    the locks on the live primaries went unrenewed past their lease, and calls of their keys
+    ran beside them. (Renewals run concurrently now; an acquire or a release on the dead node
+    would still wait those 4.5 s.) Our own layer retries: a renewal within the lease, an
+    acquire by ``redlock_on_unavailable``."""
     if int(redis_py.__version__.split(".")[0]) >= 6:
         return {"retry": Retry(NoBackoff(), 0)}
     return {"retry": Retry(NoBackoff(), 0), "cluster_error_retry_attempts": 0}

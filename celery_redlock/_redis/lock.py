@@ -402,9 +402,9 @@ def _within(seconds: float, call: Callable[[], Extended]) -> Extended:
     """``call()`` in a helper thread, waited for at most ``seconds``.
 
     Raises :class:`TimeoutError` when it has not returned by then: the call then finishes in
-    the background (at its socket timeout) and its outcome is dropped. So the one watchdog
-    thread is never held past a lease's end by a server that does not answer; the socket
-    timeout alone could hold it for seconds, and a reconnect's handshake as long again.
+    the background (at its socket timeout) and its outcome is dropped. So a server that does
+    not answer has its lock marked lost when the lease ends, not when the socket timeout, and
+    a reconnect's handshake as long again, let the call fail seconds later.
     """
     outcome: list[Extended] = []
     failure: list[BaseException] = []

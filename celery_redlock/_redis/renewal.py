@@ -1,17 +1,23 @@
 """The watchdog that keeps held leases alive.
 
-One daemon thread per process renews every lock registered with :func:`watch`. Each lock
-decides by itself what a renewal means (:meth:`Renewable.renew_step` returns the delay until its
-next renewal, or ``None`` to stop); this module only schedules.
+One daemon thread per process schedules the renewals of every lock registered with
+:func:`watch`, and runs each in a short-lived thread of its own. Each lock decides by itself
+what a renewal means (:meth:`Renewable.renew_step` returns the delay until its next renewal, or
+``None`` to stop); this module only schedules.
 
 Hazards, as timelines:
 
 1. Fork. A prefork child inherits the registry but not the thread: the parent's watchdog
    thread does not exist in the child. :func:`watch` notices the PID change and starts a fresh
    thread with an empty registry, so a child never renews its parent's locks and vice versa.
-2. A renewal that blocks. The thread calls ``renew_step`` for one lock at a time; a Redis call
-   stuck until its socket timeout delays the other locks by that long. Keep the socket timeout
-   well under a third of the lease (the defaults are 5 s against a 30 s lease).
+2. A renewal that blocks. Each renewal runs in a thread of its own: the watchdog thread only
+   schedules. Timeline when one thread ran them in turn (a Cluster with one primary frozen,
+   a threads pool holding locks on several primaries): (1) the renewals of the locks on the
+   frozen primary each wait until their lease ends; (2) a lock on a live primary, due
+   meanwhile, waits behind them; (3) it is renewed after its own lease ended: lost, and a
+   duplicate runs beside its live task. Now a server that does not answer delays only the
+   renewals of its own locks. One lock is never renewed by two threads at once: it is out
+   of the schedule while its renewal runs.
 3. An abandoned lock. (a) Code acquires ``Lock(auto_renew=True)`` and drops it without
    releasing; (b) nothing references the lock any more. The watchdog holds only a weak
    reference, so the lock is garbage-collected, renewal stops, and the key expires within one
@@ -145,7 +151,12 @@ class _Watchdog:
     def _run(self) -> None:
         while True:
             # A call, so that no strong reference to the item outlives it while we sleep.
-            self._renew(*self._next_due())
+            self._start(*self._next_due())
+
+    def _start(self, seq: int, item: Renewable) -> None:
+        threading.Thread(
+            target=self._renew, args=(seq, item), name="celery-redlock-renew", daemon=True
+        ).start()
 
     def _renew(self, seq: int, item: Renewable) -> None:
         try:

@@ -208,7 +208,7 @@ class _Counted(Lock):
 
 def test_locks_on_live_primaries_keep_their_lease_while_another_primary_is_dead() -> None:
     """Full coverage off: with one primary dead, the others serve their slots. The process's
-    renewal thread renews its locks one at a time; each renewal of a key on the dead node
+    renewal thread renewed its locks one at a time; each renewal of a key on the dead node
     blocked about 4.5 s in the Cluster client's retries (redis-py's default), so with three
     such locks the locks on the live primaries went unrenewed past their 3 s lease. Now a
     renewal on the dead node fails at once, and the others are renewed on time."""

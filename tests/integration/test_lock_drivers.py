@@ -1091,6 +1091,43 @@ def test_a_holder_that_blocks_at_once_for_most_of_its_lease_keeps_it_renewed(
     d2(lock.release())
 
 
+def test_a_frozen_server_delays_only_the_renewals_of_its_own_locks(d2: Driver) -> None:
+    """Helper probe, round 3 (a Redis Cluster primary that hangs). Timeline when the thread
+    lock's watchdog ran one renewal at a time: (1) server A freezes (SIGSTOP); (2) the renewal
+    of A's lock waits until that lock's lease ends; (3) the lock on server B, due meanwhile,
+    waits behind it and is renewed after its own lease ended: lost while its holder runs.
+    Each renewal runs in a thread of its own now (the asyncio lock's in a task of its own)."""
+    with RedisServer() as a, RedisServer() as b:
+        assert a.process is not None
+        frozen = d2.lock(a.url, "on-frozen", ttl=3, auto_renew=True)  # first renewal at 1 s
+        kept = d2.lock(b.url, "on-live", ttl=1.5, auto_renew=True)  # at 0.5 s, 1 s, ...
+        assert d2(frozen.acquire(blocking=False))
+        assert d2(kept.acquire(blocking=False))
+        a.process.send_signal(signal.SIGSTOP)
+        try:
+            live = b.client()
+            renewals = 0
+            last = live.pttl(kept.key)
+
+            def renewed_twice_since_frozen_lost() -> bool:
+                nonlocal renewals, last
+                if d2.is_async:
+                    d2(asyncio.sleep(0.01))  # the renewal tasks run on the driver's loop
+                ttl = live.pttl(kept.key)
+                if frozen.lost and ttl > last:
+                    renewals += 1
+                last = ttl
+                return renewals >= 2
+
+            wait_until(renewed_twice_since_frozen_lost)
+            assert not kept.lost and kept.held
+            assert live.get(kept.key) == (kept.token or "").encode()
+            live.close()
+        finally:
+            a.process.send_signal(signal.SIGCONT)
+        d2(kept.release())
+
+
 def test_renewal_finding_the_key_gone_marks_lost(
     d2: Driver, redis_url: str, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
