@@ -825,7 +825,7 @@ def _on_unavailable(
         _requeue(task, request, spec, lock, countdown, label, why)
     if policy == "run":
         logger.warning(
-            "%s[%s] runs WITHOUT a lock because %s does not answer "
+            "%s[%s] runs WITHOUT a lock because %s is unavailable "
             "(redlock_on_unavailable='run'): %s",
             task.name,
             request.id,

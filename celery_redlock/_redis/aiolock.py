@@ -250,7 +250,7 @@ class Lock(LockCore):
         """Reset the remaining TTL to ``ttl`` seconds (default: the lock's ttl), owner-checked.
 
         Raises :class:`LockNotOwned` if not acquired, :class:`LockLost` if Redis says another
-        owner (or nobody) holds the key now.
+        owner (or nobody) holds the key now, or the lock was found so before (:attr:`lost`).
         """
         token, ttl = self._extend_args(ttl)
         start = self.clock()
@@ -411,7 +411,7 @@ class Lock(LockCore):
         try:
             return await settle(
                 queue.wait_attempt(self.keys, token, ttl_ms, member, secret),
-                lambda _: self._abandon(queue, member, secret),
+                lambda reply: self._undo_wait(queue, reply, member, secret),
             )
         except asyncio.CancelledError:
             self._give_back_later(token)
@@ -419,6 +419,19 @@ class Lock(LockCore):
         except Exception as exc:
             self._give_back_if_lost(exc, token)
             raise
+
+    async def _undo_wait(
+        self, queue: SingleNode, reply: WaitReply | None, member: str, secret: str
+    ) -> None:
+        """The reply of a try whose waiter was cancelled: give back the lock it took, and
+        leave the queue. Timeline with the leave alone (the try re-sent after a ``NOSCRIPT``):
+        (1) the try is on its way, and the waiter is cancelled; (2) its give-backs and leaves
+        are answered while the holder still holds the key; (3) the holder releases; (4) the
+        try finds the key free and takes it; its leave does not know the try's token, and the
+        key was held by nobody for its TTL, the next waiter waiting that long."""
+        if reply is not None and reply.held is not None:
+            await self._give_back(reply.held)
+        await self._abandon(queue, member, secret)
 
     async def _abandon(self, queue: SingleNode, member: str, secret: str) -> None:
         """An interrupted or stranded wait: leave the queue, giving back a lock handed over

@@ -45,6 +45,7 @@ from . import scripts as _scripts
 from .clients import (
     check_client,
     check_distinct,
+    check_timeouts,
     is_cluster,
     node_name,
     redact,
@@ -501,4 +502,6 @@ def nodes_for(redis: Any) -> Nodes:
         return nodes_for(redis[0])
     check_distinct(redis)
     # Socket timeouts of URL clients are bounded like the sync quorum's (QUORUM_NODE_TIMEOUT).
-    return Quorum([Node(item, QUORUM_NODE_TIMEOUT) for item in redis])
+    nodes = [Node(item, QUORUM_NODE_TIMEOUT) for item in redis]
+    check_timeouts(redis)
+    return Quorum(nodes)

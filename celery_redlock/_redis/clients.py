@@ -192,6 +192,29 @@ def check_distinct(items: Sequence[Any]) -> None:
         seen[identity] = item
 
 
+def check_timeouts(items: Sequence[Any]) -> None:
+    """Raise :class:`ValueError` if a quorum's list holds a client without a socket timeout.
+
+    Such a client waits forever for a node that stops answering without closing its
+    connections (a frozen process, a network partition), and the quorum's calls with it.
+    Timeline, seen with three ``redis.Redis(port=...)`` clients: (1) node A freezes; (2) a
+    renewal's reply from A is awaited the quorum's 0.5 s, and its connection dropped; (3) the
+    next renewal reconnects to A, and its handshake is awaited forever: the lock was lost
+    with two of three nodes up, and every acquire hung. A URL's client is built with the
+    quorum's timeout."""
+    for item in items:
+        if isinstance(item, str):
+            continue
+        kwargs = getattr(getattr(item, "connection_pool", None), "connection_kwargs", None)
+        if isinstance(kwargs, dict) and kwargs.get("socket_timeout") is None:
+            raise ValueError(
+                f"the Redlock quorum's client of {node_name(item)} has no socket timeout: it "
+                "would wait forever for a node that stops answering (a frozen process, a "
+                "network partition), and so would the lock, with a majority up; give each "
+                "client one (socket_timeout=5), or pass the nodes' URLs"
+            )
+
+
 def _client_identity(client: Any) -> tuple[Any, ...]:
     """What :func:`node_identity` says of a URL, for a client of one server (its pool's
     ``host`` and ``port``, or socket ``path``); the object itself for any other."""

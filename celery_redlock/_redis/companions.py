@@ -26,7 +26,7 @@ from .clients import client_for, redact, refused
 from .core import denied_by_acl
 from .keys import LockKeys, call_key
 from .nodes import nodes_for
-from .probe import FEATURES
+from .probe import FEATURES, key_refused, refused_command
 
 logger = logging.getLogger("celery_redlock.task")
 
@@ -54,10 +54,11 @@ def acl_refusal(exc: BaseException, script: str) -> str | None:
     """When ``exc`` (raised by a function here) is an ACL refusal (``NOPERM``) of the script
     named ``script`` (``"mark_newest"``...): what to grant, for a message; else ``None``.
 
-    Inside a script Redis does not name the refused command, so this names the commands that
-    the lock itself does not need: of the whole feature the script is part of, for a worker's
-    feature (the guide's addition for it: granting one script's would leave its others
-    refused), else of the script.
+    A refusal of the script's call itself names its command (``EVALSHA``) or a key: that is
+    what it names. Inside a script Redis does not name the refused command, so this names the
+    commands that the lock itself does not need: of the whole feature the script is part of,
+    for a worker's feature (the guide's addition for it: granting one script's would leave its
+    others refused), else of the script.
     """
     cause = exc.__cause__ if isinstance(exc, LockUnavailable) else exc
     text = str(cause)
@@ -66,6 +67,11 @@ def acl_refusal(exc: BaseException, script: str) -> str | None:
     )
     if not denied:
         return None
+    if key_refused(text):
+        return f"access to its keys, a ~pattern covering the key prefix (for the {script} script)"
+    named = refused_command(text)
+    if named is not None:
+        return f"+{named} (refused before the {script} script ran)"
     declared = _BY_NAME[script]
     base = set(FEATURES["lock"].commands)
     needs = next(

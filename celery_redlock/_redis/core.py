@@ -950,7 +950,9 @@ class LockCore:
         """The token and TTL of an extend: ``ttl`` (default: the lock's), capped so that the
         lock never lives past acquisition + ``max_hold``, as renewal is."""
         token = self._token
-        if token is None or self._lost:
+        if token is not None and self._lost:  # as an extend that finds it gone raises
+            raise LockLost(f"cannot extend {self.key}: it was lost", key=self.key)
+        if token is None:
             raise LockNotOwned(f"cannot extend {self.key}: not held", key=self.key)
         ttl = self.ttl if ttl is None else ttl
         if not seconds(ttl):

@@ -197,7 +197,7 @@ class Lock(LockCore):
         """Reset the remaining TTL to ``ttl`` seconds (default: the lock's ttl), owner-checked.
 
         Raises :class:`LockNotOwned` if not acquired, :class:`LockLost` if Redis says another
-        owner (or nobody) holds the key now.
+        owner (or nobody) holds the key now, or the lock was found so before (:attr:`lost`).
         """
         token, ttl = self._extend_args(ttl)
         start = self.clock()

@@ -53,7 +53,15 @@ import redis as redis_py
 from ..exceptions import LockUnavailable
 from . import givebacks as _givebacks
 from . import scripts as _scripts
-from .clients import check_client, check_distinct, client_for, is_cluster, node_name, uses_tls
+from .clients import (
+    check_client,
+    check_distinct,
+    check_timeouts,
+    client_for,
+    is_cluster,
+    node_name,
+    uses_tls,
+)
 from .commands import connection_of, execute, run_script
 from .core import (
     Extended,
@@ -601,4 +609,5 @@ def nodes_for(redis: Target, timeout: float | None = None) -> Nodes:
         else check_client(item, asyncio=False)
         for item in redis
     ]
+    check_timeouts(clients)
     return Quorum(clients, node_timeout=node_timeout)

@@ -186,6 +186,13 @@ def key_refused(reply: str) -> bool:
     return "of the keys" in text or "access a key" in text
 
 
+def refused_command(reply: str) -> str | None:
+    """The command that a ``NOPERM`` refusal names, lower-case; ``None`` when it names none
+    (a refusal inside a script)."""
+    named = _RUN.findall(reply)
+    return named[0].lower() if named else None
+
+
 def acl_rule(reply: str, prefix: str, command: str = "") -> str:
     """The ACL rule that grants what ``reply`` (a ``NOPERM`` refusal, direct or inside a
     script) refused: ``~<prefix>:*`` for a key, ``&<prefix>:*`` for a channel, else
@@ -195,8 +202,8 @@ def acl_rule(reply: str, prefix: str, command: str = "") -> str:
         return f"~{glob_escape(prefix)}:*"
     if "channel" in reply.lower():
         return f"&{glob_escape(prefix)}:*"
-    named = command or next(iter(_RUN.findall(reply)), "")
-    return f"+{named.lower()}" if named else ""
+    named = command.lower() or refused_command(reply)
+    return f"+{named}" if named else ""
 
 
 def login_refusal(exc: BaseException) -> str | None:

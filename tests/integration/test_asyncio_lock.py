@@ -411,6 +411,44 @@ def test_a_queued_try_reaching_redis_after_its_cancel_leaves_the_queue(
     assert r.get(KEY) is None and lock_keys(r) == []
 
 
+@pytest.mark.usefixtures("cancel_path")
+def test_a_queued_try_reaching_a_free_key_after_its_cancel_gives_it_back(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """Helper probe, round 3 (5 of about 300 fresh processes, the try re-sent after a
+    ``NOSCRIPT``): 1. a waiter's try is on its way, and the waiter is cancelled; 2. its
+    give-backs and leaves are answered while the holder still holds the key; 3. the holder
+    releases; 4. the try reaches Redis, finds the key free and takes it. Its reply went to a
+    leave only, which does not know the try's token: the key was held by nobody for its whole
+    TTL, and the next waiter waited that long. The try's lock is given back once its reply
+    arrives."""
+    holder = celery_redlock.Lock(redis_url, NAME, ttl=60)
+    assert holder.acquire(blocking=False)
+
+    async def main() -> None:
+        waiter = Lock(redis_url, NAME, ttl=10)
+        queue = waiter.nodes
+        assert isinstance(queue, SingleNode)
+        late = SentLate(queue.wait_attempt, lambda: r.get(KEY))
+        queue.wait_attempt = late  # type: ignore[method-assign,assignment]
+        left = when_done(queue, "leave", times=2)
+        task = asyncio.create_task(waiter.acquire(timeout=30))
+        await late.entered.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await left.wait()  # step 2
+        holder.release()  # step 3
+        late.gate.set()
+        await late.ran.wait()
+        assert late.seen[0] not in (None, holder_token)  # step 4: the try took the key
+        await until(lambda: r.get(KEY) is None, 3)  # its TTL is 10 s
+
+    holder_token = (holder.token or "").encode()
+    run(main())
+    assert lock_keys(r) == []
+
+
 class WonThenCancelled(Lock):
     """A blocking acquire that wins, then is cancelled before returning (closing pub/sub)."""
 
@@ -600,7 +638,7 @@ def test_quorum_of_three_acquire_release(nodes: list[RedisServer]) -> None:
     direct = [s.client() for s in nodes]
 
     async def main() -> None:
-        clients = [aioredis.Redis.from_url(url) for url in urls]
+        clients = [aioredis.Redis.from_url(url, socket_timeout=5) for url in urls]
         try:
             lock = Lock(clients, NAME, ttl=30)
             assert await lock.acquire(blocking=False)

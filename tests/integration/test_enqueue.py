@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import inspect
 import logging
+import signal
 import threading
 import time
 import zoneinfo
@@ -812,3 +813,34 @@ def test_a_marker_left_by_an_ended_call_is_replaced(app: Celery, r: redis_py.Red
             assert second.id != first.id
             assert second.get(timeout=10) == "new"
             assert r.get(marker) is None
+
+
+def test_a_discarded_calls_marker_is_cleared_within_the_main_process_timeout(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Helper probe, round 3. The worker's main process clears the queued marker of each
+    revoked or expired message it discards (Celery's ``task_revoked``, sent from there). With
+    the lock Redis frozen it waited the 5 s socket timeout per message, and started no task
+    meanwhile; it waits the main process's 1 s now, and says it could not clear."""
+    with RedisServer() as locks:
+        assert locks.process is not None
+        app = make_app(redis_server, "discarded", redlock_url=locks.url)
+
+        @app.task(base=LockedTask, lock_enqueue="keep", shared=False)
+        def kept(n: int) -> int:
+            return n
+
+        request = celery.app.task.Context(id="revoked-1", args=(1,), kwargs={})
+        locks.process.send_signal(signal.SIGSTOP)
+        try:
+            with caplog.at_level(logging.WARNING, logger="celery_redlock.task"):
+                start = time.monotonic()
+                celery.signals.task_revoked.send(
+                    sender=kept, request=request, terminated=False, signum=None, expired=True
+                )
+                elapsed = time.monotonic() - start
+        finally:
+            locks.process.send_signal(signal.SIGCONT)
+        assert "could not clear the queued marker" in caplog.text
+        assert elapsed < 3.0, f"the main process waited {elapsed:.1f}s for a frozen Redis"
+        app.close()

@@ -317,7 +317,12 @@ def test_a_full_redis_is_unavailability_at_startup_and_for_tasks(
                 stored.delay("k").get(timeout=10)
             app.conf.redlock_on_unavailable = "run"
             reset_settings(app)
-            assert stored.delay("k").get(timeout=10) == "k"  # ran unlocked, as the policy says
+            with caplog.at_level(logging.WARNING, logger="celery_redlock.task"):
+                assert stored.delay("k").get(timeout=10) == "k"  # ran unlocked, as it says
+    # It answered, with a refusal: the warning said it "does not answer" (helper probe, round 3).
+    (unlocked,) = [r.getMessage() for r in caplog.records if "WITHOUT a lock" in r.getMessage()]
+    assert "is unavailable (redlock_on_unavailable='run')" in unlocked
+    assert "refused" in unlocked and "does not answer" not in unlocked
 
 
 # -- row 12: the counter thread survives any failure ----------------------------------------------

@@ -568,6 +568,27 @@ def test_a_quorum_naming_one_node_twice_is_refused(d: Driver, redis_url: str) ->
         d.lock(databases, "twice", ttl=10)
 
 
+@pytest.mark.parametrize("kind", ["thread", "asyncio"])
+def test_a_quorum_of_clients_without_a_socket_timeout_is_refused(
+    three: list[RedisServer], kind: str
+) -> None:
+    """Helper probe, round 3. Three ``redis.Redis(port=...)`` clients, one node frozen: the
+    thread lock's second renewal reconnected to it and waited for its handshake forever (the
+    lock lost with two of three nodes up, every acquire hung); the asyncio lock's ``locked()``
+    and blocking acquire hung likewise. Refused when the lock is built, naming the fix."""
+    make: Callable[..., Any] = (
+        aioredis.Redis.from_url if kind == "asyncio" else redis_py.Redis.from_url
+    )
+    cls: Any = celery_redlock.asyncio.Lock if kind == "asyncio" else celery_redlock.Lock
+    untimed = [s.url for s in three[:2]] + [make(three[2].url)]  # URLs get the quorum's own
+    with pytest.raises(ValueError) as info:
+        cls(untimed, "untimed", ttl=10)
+    assert f"client of 127.0.0.1:{three[2].port} has no socket timeout" in str(info.value)
+    assert "socket_timeout=5" in str(info.value)
+    timed = cls([make(s.url, socket_timeout=5) for s in three], "timed", ttl=10)
+    assert timed.key == "redlock:{timed}"
+
+
 @pytest.mark.parametrize("how", ["pickle", "copy", "deepcopy"])
 def test_a_lock_cannot_be_pickled_or_copied(
     d2: Driver, redis_url: str, r: redis_py.Redis, how: str
@@ -1126,6 +1147,23 @@ def test_a_frozen_server_delays_only_the_renewals_of_its_own_locks(d2: Driver) -
         finally:
             a.process.send_signal(signal.SIGCONT)
         d2(kept.release())
+
+
+def test_extend_of_a_lock_found_lost_raises_lock_lost_whoever_found_it(
+    d2: Driver, redis_url: str, r: redis_py.Redis
+) -> None:
+    """Helper probe, round 3: an extend that found the key gone raised ``LockLost``, but one
+    after the renewal had found it so raised ``LockNotOwned`` ("not held"), which the docs
+    give for a lock never acquired."""
+    lock = d2.lock(redis_url, "extend-lost", ttl=10)
+    assert d2(lock.acquire(blocking=False))
+    r.delete(lock.key)
+    assert d2(lock.renew_step()) is None and lock.lost  # the renewal found it
+    with pytest.raises(LockLost, match="was lost"):
+        d2(lock.extend())
+    never = d2.lock(redis_url, "extend-never", ttl=10)
+    with pytest.raises(LockNotOwned, match="not held"):
+        d2(never.extend())
 
 
 def test_renewal_finding_the_key_gone_marks_lost(

@@ -714,3 +714,39 @@ def test_a_retry_is_not_dropped_when_lock_by_fails_as_it_is_published(
     finally:
         celery_signals.after_task_publish.disconnect(clear)
     assert runs == [0, 1]
+
+
+@pytest.mark.parametrize(
+    ("refused", "needs"),
+    [
+        (["-evalsha", "-eval"], "+evalsha (refused before the mark_newest script ran)"),
+        (["-hset"], "+hget +hset"),  # inside the script: the feature's commands
+    ],
+)
+def test_a_refused_call_names_what_the_acl_user_needs(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture, refused: list[str], needs: str
+) -> None:
+    """Helper probe, round 3. An ACL user refused ``EVALSHA`` itself was told to grant the
+    script's commands (``+hget +hset +hdel``), which would not help; the refusal names the
+    command it refused, and that is what the warning names now."""
+    with RedisServer() as locks:
+        admin = locks.client()
+        admin.acl_setuser(
+            "u",
+            enabled=True,
+            passwords=["+p"],
+            keys=["*"],
+            channels=["*"],
+            commands=["+@all", *refused],
+        )
+        app = make_app(redis_server, redlock_url=f"redis://u:p@127.0.0.1:{locks.port}/0")
+
+        @app.task(base=LockedTask, lock_enqueue="replace", lock_by=(), shared=False)
+        def replaced() -> None: ...
+
+        with caplog.at_level(logging.WARNING, logger="celery_redlock.task"):
+            replaced.delay()
+        warning = next(r.message for r in caplog.records if "newest-call marker" in r.message)
+        assert f"the ACL user needs {needs}" in warning, warning
+        admin.close()
+        app.close()

@@ -229,7 +229,7 @@ def test_a_quorum_waiter_holds_no_connection_of_the_nodes_clients_while_it_waits
     waiters of one quorum lock do among themselves is not this test's."""
     with RedisServer() as a, RedisServer() as b, RedisServer() as c:
         nodes = (a, b, c)
-        pools = [redis_py.ConnectionPool(port=s.port) for s in nodes]
+        pools = [redis_py.ConnectionPool(port=s.port, socket_timeout=5) for s in nodes]
         clients = [redis_py.Redis(connection_pool=p) for p in pools]
         holder = Lock([s.url for s in nodes], "held-q", ttl=30)
         assert holder.acquire(blocking=False)
