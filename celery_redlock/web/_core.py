@@ -206,7 +206,9 @@ class Dashboard:
                     try:
                         heard = liveness(self.app, ask, self.ping_timeout)
                     except click.ClickException as exc:
-                        self._failed = (exc.message, now)
+                        # Dated when it failed: a frozen broker fails at the socket timeout
+                        # (5 s), and dated from the start it was too old to be reused.
+                        self._failed = (exc.message, time.monotonic())
                         raise
                     self._failed = None
                     with self._alive_lock:

@@ -85,7 +85,9 @@ class Credentials:
         can carry it; (3) every login is "wrong token", with the right one.
 
         :raises ValueError: for a user without a password or the reverse, a short token or a
-            short password (basic auth has no lockout: a password is guessed at network speed).
+            short password (basic auth has no lockout: a password is guessed at network speed),
+            or a user name with a ``:``, which basic auth cannot carry (RFC 7617: the browser
+            sends ``user:password``, split at the first ``:``; every login was refused).
         """
         env = os.environ if env is None else env
 
@@ -96,6 +98,8 @@ class Credentials:
         token, user, password = read(TOKEN_ENV), read(USER_ENV), read(PASSWORD_ENV)
         if (user is None) != (password is None):
             raise ValueError(f"set both {USER_ENV} and {PASSWORD_ENV}, or neither")
+        if user is not None and ":" in user:
+            raise ValueError(f"{USER_ENV} cannot contain ':' (basic auth splits at the first ':')")
         if token is not None and len(token) < 16:
             raise ValueError(f"{TOKEN_ENV} must be at least 16 characters (secrets.token_urlsafe)")
         if password is not None and len(password) < 12:
@@ -129,7 +133,9 @@ class Guard:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.credentials = credentials
-        env_secret = os.environ.get(SECRET_ENV)
+        # Its trailing line break dropped, as the credentials' (Credentials.from_env): else a
+        # secret read from a file signs other sessions than the same secret given bare.
+        env_secret = (os.environ.get(SECRET_ENV) or "").removesuffix("\n").removesuffix("\r")
         if secret is None and env_secret and len(env_secret) < MIN_SECRET:
             raise ValueError(
                 f"{SECRET_ENV} must be at least {MIN_SECRET} characters "

@@ -9,7 +9,9 @@ import logging
 import os
 import re
 import signal
+import socket
 import threading
+import time
 import urllib.parse
 from collections.abc import Iterable, Iterator
 
@@ -24,6 +26,7 @@ from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.owner import new_token
 from celery_redlock.cli._liveness import Verdict
 from celery_redlock.testing import RedisServer, free_port, wait_until
+from celery_redlock.web import _core
 from celery_redlock.web._core import Dashboard
 from celery_redlock.web._rows import Row, rows_of
 from support.apps import DownBroker, brokerless_app, layout_app
@@ -577,6 +580,42 @@ def test_a_broker_that_does_not_answer_leaves_the_locks_shown(r: redis_py.Redis)
     assert body.count('<td class="unknown">unknown</td>') == 1, body
     assert body.count('<td class="alive">alive</td>') == 1
     assert broker.connections == 1
+
+
+class SilentBroker(DownBroker):
+    """A broker's port that accepts connections and never answers (a frozen server)."""
+
+    def _answer(self, connection: socket.socket) -> None:
+        while connection.recv(4096):  # until the client gives up and closes
+            pass
+
+
+def test_a_failed_ping_is_reused_from_when_it_failed(
+    r: redis_py.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Helper probe, round 3: with the broker frozen a ping fails at its socket timeout (5 s
+    by default), and the failure was dated from when the ping began: already older than the
+    5 s for which it is reused, so every view pinged again and took 5 s. Here the ping takes
+    over 1 s and failures are reused for 0.5 s."""
+    monkeypatch.setattr(_core, "LIVENESS_TTL", 0.5)
+    fill(r, ["job:1"], ttl_ms=9_000)  # set 21 s ago, as a 30 s lease: it needs a ping
+    url = r.connection_pool.connection_kwargs
+    broker = SilentBroker()
+    app = brokerless_app(f"redis://127.0.0.1:{url['port']}/{url.get('db', 0)}", broker.url)
+    app.conf.broker_connection_timeout = 1.0
+    board = Dashboard(app, ping_timeout=0.2)
+    try:
+        began = time.monotonic()
+        first = board.locks_page({}, {"csrf_token": "x"})
+        assert time.monotonic() - began > _core.LIVENESS_TTL  # the ping outlasted it
+        pinged = broker.connections
+        second = board.locks_page({}, {"csrf_token": "x"})
+    finally:
+        app.close()
+        broker.close()
+    for status, body in (first, second):
+        assert status == 200 and "cannot ping workers through the broker" in body
+    assert pinged >= 1 and broker.connections == pinged  # the second view did not ping
 
 
 def test_a_forced_release_needs_no_broker(r: redis_py.Redis) -> None:

@@ -19,7 +19,7 @@ from celery_redlock.web._security import (
     Guard,
     origin_ok,
 )
-from celery_redlock.web._svg import draw
+from celery_redlock.web._svg import MAX_LANES, draw
 
 
 def test_a_filter_is_an_escaped_literal_prefix() -> None:
@@ -74,6 +74,9 @@ def test_a_short_secret_in_the_environment_is_refused(monkeypatch: pytest.Monkey
         Guard(Credentials())
     monkeypatch.setenv(SECRET_ENV, "s" * MIN_SECRET)
     assert Guard(Credentials()).secret == b"s" * MIN_SECRET
+    # Read from a file, with its line break (helper probe, round 3): the same sessions.
+    monkeypatch.setenv(SECRET_ENV, "s" * MIN_SECRET + "\n")
+    assert Guard(Credentials()).secret == b"s" * MIN_SECRET
 
 
 def test_credentials_come_from_the_environment_and_are_checked() -> None:
@@ -84,6 +87,9 @@ def test_credentials_come_from_the_environment_and_are_checked() -> None:
         Credentials.from_env({"REDLOCK_WEB_TOKEN": "short"})
     with pytest.raises(ValueError, match="REDLOCK_WEB_PASSWORD must be at least 12"):
         Credentials.from_env({"REDLOCK_WEB_USER": "ops", "REDLOCK_WEB_PASSWORD": "pw"})
+    # Basic auth splits at the first ':': such a user could never log in (helper probe, round 3).
+    with pytest.raises(ValueError, match="REDLOCK_WEB_USER cannot contain ':'"):
+        Credentials.from_env({"REDLOCK_WEB_USER": "ops:admin", "REDLOCK_WEB_PASSWORD": "p" * 14})
     token, password = "t" * 20, "pw-of-twelve"
     guard = Guard(
         Credentials.from_env(
@@ -185,6 +191,22 @@ def test_the_timeline_escapes_what_redis_holds() -> None:
     turned = [{**e, "key": "redlock:{a\u202eb}", "task": "t\u202e"} for e in entries]
     svg = str(draw(turned, 0, 3000))
     assert "\u202e" not in svg and "a\\u202eb" in svg  # shown as the command line shows it
+
+
+def test_the_timeline_draws_the_lanes_of_the_latest_events_and_says_how_many_more() -> None:
+    """Helper probe, round 3: one lane per key, unbounded; a task of 20,000 keys drew a 9 MB
+    SVG, 480,000 px tall, which the browser took 5.5 s to show."""
+    entries = [
+        {"t": 1000 + i, "task": "t", "id": str(i), "event": "skipped", "key": f"redlock:{{k{i}}}"}
+        for i in range(MAX_LANES + 50)
+    ]
+    held = [("redlock:{k0}", "holder", 500)]  # the oldest event's key, held now: latest
+    svg = str(draw(entries, 0, 300_000, held))
+    assert svg.count("<line ") == MAX_LANES
+    assert "50 more keys not drawn" in svg
+    assert "redlock:{k0}" in svg and f"redlock:{{k{MAX_LANES + 49}}}" in svg
+    assert "redlock:{k1}<" not in svg and "redlock:{k50}<" not in svg  # the oldest, not held
+    assert "redlock:{k51}<" in svg
 
 
 def test_a_log_line_shows_posted_text_escaped_and_cut() -> None:
