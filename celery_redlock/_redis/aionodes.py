@@ -503,5 +503,5 @@ def nodes_for(redis: Any) -> Nodes:
     check_distinct(redis)
     # Socket timeouts of URL clients are bounded like the sync quorum's (QUORUM_NODE_TIMEOUT).
     nodes = [Node(item, QUORUM_NODE_TIMEOUT) for item in redis]
-    check_timeouts(redis)
+    check_timeouts(redis, QUORUM_NODE_TIMEOUT)
     return Quorum(nodes)

@@ -27,10 +27,12 @@ This module never imports Celery.
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import re
 import ssl
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
@@ -43,6 +45,8 @@ from redis.sentinel import Sentinel
 
 from ..exceptions import LockUnavailable
 from .core import Outcome, classify
+
+logger = logging.getLogger("celery_redlock.lock")
 
 #: Schemes accepted by :func:`client_for`.
 SCHEMES = (
@@ -192,27 +196,78 @@ def check_distinct(items: Sequence[Any]) -> None:
         seen[identity] = item
 
 
-def check_timeouts(items: Sequence[Any]) -> None:
-    """Raise :class:`ValueError` if a quorum's list holds a client without a socket timeout.
+def check_timeouts(items: Sequence[Any], node_timeout: float) -> None:
+    """Raise :class:`ValueError` if a quorum's list holds a client without a socket timeout
+    (redis-py before 8 builds them so by default); log a WARNING for one whose timeout is
+    longer than the quorum's ``node_timeout`` (from redis-py 8 the default is 5 s).
 
-    Such a client waits forever for a node that stops answering without closing its
-    connections (a frozen process, a network partition), and the quorum's calls with it.
-    Timeline, seen with three ``redis.Redis(port=...)`` clients: (1) node A freezes; (2) a
-    renewal's reply from A is awaited the quorum's 0.5 s, and its connection dropped; (3) the
-    next renewal reconnects to A, and its handshake is awaited forever: the lock was lost
-    with two of three nodes up, and every acquire hung. A URL's client is built with the
-    quorum's timeout."""
+    Such a client waits for a node that stops answering without closing its connections (a
+    frozen process, a network partition) as long as its timeout says, forever without one,
+    and the quorum's calls with it. Timeline, with three ``redis.Redis(port=...)`` clients of
+    redis-py 5: (1) node A freezes; (2) a renewal's reply from A is awaited the quorum's
+    0.5 s, and its connection dropped; (3) the next renewal reconnects to A, and its
+    handshake is awaited forever: the lock was lost with two of three nodes up, and every
+    acquire hung. With redis-py 8's defaults each reconnect waits 5 s per try, retried 3
+    times: past a renewal's lease. A URL's client is built with the quorum's timeout, and no
+    retries."""
     for item in items:
         if isinstance(item, str):
             continue
-        kwargs = getattr(getattr(item, "connection_pool", None), "connection_kwargs", None)
-        if isinstance(kwargs, dict) and kwargs.get("socket_timeout") is None:
+        timeout = _socket_timeout(item)
+        if timeout is None:
             raise ValueError(
                 f"the Redlock quorum's client of {node_name(item)} has no socket timeout: it "
                 "would wait forever for a node that stops answering (a frozen process, a "
-                "network partition), and so would the lock, with a majority up; give each "
-                "client one (socket_timeout=5), or pass the nodes' URLs"
+                "network partition), and so would the lock, with a majority up; pass the "
+                "nodes' URLs, or clients with socket_timeout=0.5 and retry=Retry(NoBackoff(), 0)"
             )
+        if isinstance(timeout, (int, float)) and timeout > node_timeout and _first_warning(item):
+            logger.warning(
+                "the Redlock quorum's client of %s has a socket timeout of %gs, longer than "
+                "the quorum's %gs: a node that stops answering holds each lock call up to "
+                "that long at its reconnect, times the client's retries, and a lock can be "
+                "lost with a majority up; pass the nodes' URLs, or clients with "
+                "socket_timeout=%g and retry=Retry(NoBackoff(), 0)",
+                node_name(item),
+                timeout,
+                node_timeout,
+                node_timeout,
+            )
+
+
+def _first_warning(client: Any) -> bool:
+    """Whether ``client`` was not warned of yet (once per client: a ``Lock`` may be built per
+    call)."""
+    try:
+        if client in _warned:
+            return False
+        _warned.add(client)
+    except TypeError:  # not weakly referenceable, or unhashable: warned each time
+        pass
+    return True
+
+
+_warned: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _socket_timeout(client: Any) -> object:
+    """The socket timeout ``client``'s connections get: its pool's setting, else the default
+    of its connection class (5 s from redis-py 8, none before); :data:`_UNKNOWN` when the
+    client does not say (a proxy, a client of another kind)."""
+    pool: Any = getattr(client, "connection_pool", None)
+    kwargs = getattr(pool, "connection_kwargs", None)
+    if not isinstance(kwargs, dict):
+        return _UNKNOWN
+    if "socket_timeout" in kwargs:
+        return kwargs["socket_timeout"]
+    try:
+        parameter = inspect.signature(pool.connection_class).parameters["socket_timeout"]
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return _UNKNOWN
+    return _UNKNOWN if parameter.default is inspect.Parameter.empty else parameter.default
+
+
+_UNKNOWN = object()
 
 
 def _client_identity(client: Any) -> tuple[Any, ...]:

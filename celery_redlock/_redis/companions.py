@@ -55,7 +55,8 @@ def acl_refusal(exc: BaseException, script: str) -> str | None:
     named ``script`` (``"mark_newest"``...): what to grant, for a message; else ``None``.
 
     A refusal of the script's call itself names its command (``EVALSHA``) or a key: that is
-    what it names. Inside a script Redis does not name the refused command, so this names the
+    what it names. Inside a script Redis 7.0 does not name the refused command (7.2 and newer
+    do, but granting that one would leave the script's others refused), so this names the
     commands that the lock itself does not need: of the whole feature the script is part of,
     for a worker's feature (the guide's addition for it: granting one script's would leave its
     others refused), else of the script.
@@ -69,7 +70,7 @@ def acl_refusal(exc: BaseException, script: str) -> str | None:
         return None
     if key_refused(text):
         return f"access to its keys, a ~pattern covering the key prefix (for the {script} script)"
-    named = refused_command(text)
+    named = None if "script" in text.lower() else refused_command(text)  # 7.2+ names it inside
     if named is not None:
         return f"+{named} (refused before the {script} script ran)"
     declared = _BY_NAME[script]

@@ -609,5 +609,5 @@ def nodes_for(redis: Target, timeout: float | None = None) -> Nodes:
         else check_client(item, asyncio=False)
         for item in redis
     ]
-    check_timeouts(clients)
+    check_timeouts(clients, node_timeout)
     return Quorum(clients, node_timeout=node_timeout)

@@ -16,8 +16,9 @@ Hazards, as timelines:
    frozen primary each wait until their lease ends; (2) a lock on a live primary, due
    meanwhile, waits behind them; (3) it is renewed after its own lease ended: lost, and a
    duplicate runs beside its live task. Now a server that does not answer delays only the
-   renewals of its own locks. One lock is never renewed by two threads at once: it is out
-   of the schedule while its renewal runs.
+   renewals of its own locks. A lock is out of the schedule while its renewal runs, and a
+   renewal of a lock released and taken again meanwhile waits for the one in flight (the
+   lock's own ``_renewing``): one lock is never renewed by two threads at once.
 3. An abandoned lock. (a) Code acquires ``Lock(auto_renew=True)`` and drops it without
    releasing; (b) nothing references the lock any more. The watchdog holds only a weak
    reference, so the lock is garbage-collected, renewal stops, and the key expires within one
@@ -154,9 +155,17 @@ class _Watchdog:
             self._start(*self._next_due())
 
     def _start(self, seq: int, item: Renewable) -> None:
-        threading.Thread(
+        """Run the renewal in a thread of its own; in this one when none can be started (a
+        pids limit): an exception here would end the watchdog, and with it the renewal of
+        every lock of the process, none of them marked lost."""
+        thread = threading.Thread(
             target=self._renew, args=(seq, item), name="celery-redlock-renew", daemon=True
-        ).start()
+        )
+        try:
+            thread.start()
+        except RuntimeError:
+            logger.warning("could not start a renewal thread; renewing in the watchdog thread")
+            self._renew(seq, item)
 
     def _renew(self, seq: int, item: Renewable) -> None:
         try:

@@ -105,8 +105,8 @@ def draw(
     out.append(f'<text x="{WIDTH - 10}" y="14" font-size="11" text-anchor="end">now</text>')
     if hidden:
         out.append(
-            f'<text x="4" y="14" font-size="11" class="hidden-lanes">{hidden} more keys not '
-            f"drawn (the {MAX_LANES} of the latest events are): choose one by key</text>"
+            f'<text x="{LEFT + 90}" y="14" font-size="11" class="hidden-lanes">{hidden} more '
+            f"keys not drawn (the {MAX_LANES} of the latest events are): choose one by key</text>"
         )
     for lane, row in lanes.items():
         y = TOP + row * LANE

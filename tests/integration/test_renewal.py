@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import gc
+import logging
 import subprocess
 import sys
+import threading
 import time
+import types
 import weakref
 
 import pytest
@@ -13,6 +16,7 @@ import redis as redis_py
 
 from celery_redlock import Lock
 from celery_redlock._celery.engine import TaskLock
+from celery_redlock._redis import renewal
 from celery_redlock.testing import wait_until
 
 
@@ -121,3 +125,29 @@ def test_a_task_lock_still_held_at_its_hard_limit_cap_is_renewed_past_it(
     assert len(overran) == 1 and overran[0].levelname == "ERROR"
     task_lock.release()
     assert not r.exists(task_lock.key)
+
+
+def test_a_renewal_thread_that_cannot_start_is_run_by_the_watchdog(
+    redis_url: str,
+    r: redis_py.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Review, round 3: each renewal runs in a thread of its own; when none can be started (a
+    pids limit), the exception ended the watchdog thread, and no lock of the process was
+    renewed again, none marked lost. The watchdog renews in its own thread then."""
+    lock = Lock(redis_url, "no-threads", ttl=1.5, auto_renew=True)
+    assert lock.acquire(blocking=False)  # the watchdog runs
+
+    class Refused(threading.Thread):
+        def start(self) -> None:
+            raise RuntimeError("can't start new thread")
+
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.renewal"):
+        monkeypatch.setattr(renewal, "threading", types.SimpleNamespace(Thread=Refused))
+        renewed(r, lock.key)
+        renewed(r, lock.key)  # and again: the watchdog lives on
+        monkeypatch.undo()
+    assert "could not start a renewal thread" in caplog.text
+    assert lock.held and not lock.lost
+    lock.release()

@@ -6,7 +6,9 @@ from __future__ import annotations
 import re
 
 import pytest
+import redis as redis_py
 
+from celery_redlock._redis import companions as companion_calls
 from celery_redlock._redis import owner, probe, scripts
 from celery_redlock._redis.scripts import base, companions, lock, queue
 
@@ -75,3 +77,25 @@ def test_a_refusal_is_mapped_to_the_acl_rule_that_grants_it(reply: str, rule: st
     refusal, the startup check dropped its key probes and asked for commands the user had."""
     assert probe.acl_rule(reply, "rl") == rule
     assert probe.key_refused(reply) is rule.startswith("~")
+
+
+def test_an_acl_refusal_inside_a_script_names_the_features_commands_on_every_redis() -> None:
+    """Review, round 3: Redis 7.2 and newer name the command refused inside a script, and the
+    hint named that one alone ("+hset (refused before the script ran)"), as for a refused
+    EVALSHA; inside a script the feature's commands are what to grant, as on 7.0."""
+    inside = {
+        "7.0": "The user executing the script can't run this command or subcommand script: x",
+        "7.2": "ERR ACL failure in script: User u has no permissions to run the 'hset' command "
+        "script: x, on @user_script:1.",
+    }
+    for wording in inside.values():
+        grant = companion_calls.acl_refusal(
+            redis_py.exceptions.ResponseError(wording), "mark_newest"
+        )
+        assert grant is not None and grant.startswith("+hget +hset"), grant
+    direct = redis_py.exceptions.NoPermissionError(
+        "this user has no permissions to run the 'evalsha' command"
+    )
+    assert companion_calls.acl_refusal(direct, "mark_newest") == (
+        "+evalsha (refused before the mark_newest script ran)"
+    )
