@@ -993,25 +993,43 @@ def test_a_quorum_release_a_frozen_node_missed_is_given_back_when_it_resumes(
     assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
 
 
-def test_a_frozen_server_that_runs_an_acquisition_late_gets_it_given_back(
-    redis_server: RedisServer, r: redis_py.Redis
-) -> None:
+def test_a_frozen_server_that_runs_an_acquisition_late_gets_it_given_back() -> None:
     """The thread lock against a server frozen (SIGSTOP) past the socket timeout with the
-    ``SET`` in its buffer: the server runs it when it resumes, and the give-back, whose second
-    release is sent after the server answered the first, removes it. (The asyncio client
-    aborts its connection on a timeout, and the server then drops the command.)"""
-    lock = celery_redlock.Lock(redis_server.url + "?socket_timeout=0.3", "frozen-set", ttl=60)
-    assert lock.remaining_ttl() is None  # connected before the freeze
-    r.config_resetstat()
-    process = redis_server.process
-    assert process is not None
-    process.send_signal(signal.SIGSTOP)
-    try:
-        with pytest.raises(LockUnavailable, match="did not answer"):
-            lock.acquire(blocking=False)
-    finally:
-        process.send_signal(signal.SIGCONT)
-    wait_until(lambda: r.info("commandstats").get("cmdstat_set") and not r.exists(lock.key))
+    acquisition in its buffer: the server runs it when it resumes, and the give-back, whose
+    second release is sent after the server answered the first, removes it. (The asyncio
+    client aborts its connection on a timeout, and the server then drops the command.) It
+    counted ``SET`` commands: alone in its process, the lock's first acquisition is a script,
+    whose ``NOSCRIPT`` came after the timeout (nothing ran); keyspace events now."""
+    with RedisServer() as server:
+        assert server.process is not None
+        admin = server.client()
+        admin.config_set("notify-keyspace-events", "K$g")
+        lock = celery_redlock.Lock(server.url + "?socket_timeout=0.3", "frozen-set", ttl=60)
+        for _ in range(2):  # connected, scripts loaded: the next acquire is one request that
+            assert lock.acquire(blocking=False)  # Redis runs (a process's first is a script,
+            lock.release()  # a NOSCRIPT the first time; 6.2 refuses the second, a SET ... GET)
+        events = admin.pubsub()
+        events.subscribe(f"__keyspace@0__:{lock.key}")
+        assert events.get_message(timeout=5) is not None  # subscribed
+        server.process.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(LockUnavailable, match="did not answer"):
+                lock.acquire(blocking=False)
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        seen: list[bytes] = []
+
+        def deleted() -> bool:
+            message = events.get_message(timeout=0.05)
+            if message is not None:
+                seen.append(message["data"])
+            return b"del" in seen
+
+        wait_until(deleted)  # within 10 s; the TTL is 60
+        assert seen[0] == b"set", seen  # the acquisition ran late, and was given back
+        assert not admin.exists(lock.key)
+        events.close()
+        admin.close()
 
 
 def test_scripts_are_loaded_again_after_a_script_flush(
