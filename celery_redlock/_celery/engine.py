@@ -33,6 +33,7 @@ TTL rule, decided in :func:`_make_lock` for each execution:
 
 from __future__ import annotations
 
+import datetime
 import logging
 import random
 import time
@@ -41,8 +42,10 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 from celery import current_task, states
+from celery import signals as celery_signals
 from celery._state import get_current_worker_task
 from celery.exceptions import Ignore, Reject, Retry
+from celery.utils.time import maybe_iso8601
 
 from .. import signals
 from .._redis import companions
@@ -352,6 +355,8 @@ def _take(task: Any, request: Any, spec: Spec, settings: Settings, name: str, he
     waited = lock.attempts > 1
     if waited and _superseded_while_waiting(task, spec, settings, name, request, lock):
         return False
+    if waited and _expired(request):
+        _revoke_expired(task, request, lock)
     if options.rate is not None:
         _check_rate(task, spec, settings, request, lock)
     execution = Execution(lock, cooldown=options.cooldown, settings=settings)
@@ -415,6 +420,45 @@ def _superseded_while_waiting(
     _release(task, request, lock)
     setattr(request, REQUEST_ATTR, Execution(None, skipped=True))
     return True
+
+
+def _expired(request: Any) -> bool:
+    """Whether the call's ``expires`` has passed (never for an eager call, which Celery runs
+    whatever its ``expires``)."""
+    expires = getattr(request, "expires", None)
+    if not expires or request.is_eager:
+        return False
+    when = maybe_iso8601(expires) if isinstance(expires, str) else expires
+    if not isinstance(when, datetime.datetime):
+        return False
+    return datetime.datetime.now(datetime.timezone.utc if when.tzinfo else None) > when
+
+
+def _revoke_expired(task: Any, request: Any, lock: TaskLock) -> NoReturn:
+    """End a call whose ``expires`` passed while it waited for the lock as Celery ends one
+    whose message expired in the queue: the lock goes back (quietly: it was never reported
+    as acquired), the call is REVOKED (``task_revoked`` with ``expired=True``, which clears
+    a ``lock_enqueue`` marker), and the body does not run. Timeline without: (1) a beat send
+    with ``expires=50`` waits for the lock (``wait``) behind a run of 2 minutes; (2) the
+    run ends; (3) the stale send ran, though Celery drops one that expires in the queue; and
+    under ``lock_enqueue`` its marker had ended at ``expires``, so the next send was queued
+    too, and the key ran three times for two sends. (A ``revoke()`` without ``terminate``
+    reaches only the worker's main process: a waiting call does not see it.)"""
+    _release(task, request, lock)
+    setattr(request, REQUEST_ATTR, Execution(None, skipped=True))
+    logger.info(
+        "%s[%s] expired while it waited for %s (expires %s): revoked, not run",
+        task.name,
+        request.id,
+        lock.key,
+        request.expires,
+    )
+    store = not task.ignore_result or task.store_errors_even_if_ignored  # as Celery's Request
+    task.backend.mark_as_revoked(request.id, "expired", request=request, store_result=store)
+    celery_signals.task_revoked.send(
+        sender=task, request=request, terminated=False, signum=None, expired=True
+    )
+    raise Ignore()
 
 
 def _hard_limit(task: Any, request: Any) -> float | None:
@@ -595,19 +639,28 @@ def _holder(lock: Lock) -> str | None:
     return lock.last_holder.task_id if lock.last_holder else None
 
 
+def _held_by(lock: Lock) -> str:
+    """``held by task <id>``, or, for a key kept after its holder ended (``lock_cooldown``),
+    ``in the cooldown of task <id>``: a log line said "held by" a task that had ended."""
+    holder = lock.last_holder
+    if holder is not None and holder.cooling:
+        return f"in the cooldown of task {holder.task_id}"
+    return f"held by task {_holder(lock)}"
+
+
 def _contended_error(
     task: Any, request: Any, lock: Lock, waited: float | None = None
 ) -> LockContended:
     if waited is not None:  # the TTL read when the wait began is stale by now: not shown
         return LockContended(
-            f"{task.name}[{request.id}]: {lock.key} still held by task {_holder(lock)} after "
+            f"{task.name}[{request.id}]: {lock.key} still {_held_by(lock)} after "
             f"waiting {waited:.1f} s (lock_wait_timeout)",
             key=lock.key,
             holder=_holder(lock),
         )
     ttl = lock.last_holder_ttl
     return LockContended(
-        f"{task.name}[{request.id}]: {lock.key} is held by task {_holder(lock)} "
+        f"{task.name}[{request.id}]: {lock.key} is {_held_by(lock)} "
         f"(ttl {ttl if ttl is None else round(ttl, 3)}s)",
         key=lock.key,
         holder=_holder(lock),
@@ -640,7 +693,6 @@ def _on_contended(
     False), requeue or fail. A duplicate delivery is requeued whatever the policy; under
     ``wait``, the call gets here after its wait timed out (reported as contended when it
     began), unless it is a duplicate, which does not wait (:func:`_acquire`)."""
-    holder = _holder(lock)
     why = _duplicate(request, lock)
     if why is not None:
         # A duplicate of a live run, or maybe the only copy left: never skip it (a skip would
@@ -650,9 +702,7 @@ def _on_contended(
         _requeue(task, request, spec, lock, countdown, "redelivered", why)
     if policy == "skip":
         setattr(request, REQUEST_ATTR, Execution(None, skipped=True))
-        logger.info(
-            "%s[%s] skipped: %s is held by task %s", task.name, request.id, lock.key, holder
-        )
+        logger.info("%s[%s] skipped: %s is %s", task.name, request.id, lock.key, _held_by(lock))
         _report_contended(task, request, lock, "skipped", policy)
         return False
     if policy == "retry":
@@ -674,12 +724,12 @@ def _requeue(
     def report(event: str) -> None:
         if event == "retried":
             logger.info(
-                "%s[%s] %s %s is held by task %s; retrying in %.1fs",
+                "%s[%s] %s %s is %s; retrying in %.1fs",
                 task.name,
                 request.id,
                 why,
                 lock.key,
-                _holder(lock),
+                _held_by(lock),
                 countdown,
             )
         _report_contended(task, request, lock, event, policy)

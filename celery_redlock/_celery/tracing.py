@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from celery import signals
+from celery.exceptions import Retry
 
 from .._redis.keys import keys_for
 
@@ -215,6 +216,8 @@ def _finish(op: _Operation, outcome: str, error: BaseException | None = None) ->
             if attributes["redlock.outcome"] == "acquired":
                 attributes["redlock.outcome"] = "waited"
         op.span.set_attributes(attributes)
+        if isinstance(error, Retry) and isinstance(error.exc, BaseException):
+            error = error.exc  # retried for an outage: what happened is the outage
         if error is not None and attributes["redlock.outcome"] not in ("retried", "skipped"):
             # Without the chained causes: a lock_by callable's own error (the cause of its
             # LockConfigError) can quote an argument's value.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import inspect
 import logging
 import re
@@ -186,6 +187,45 @@ def test_wait_policy_is_woken_by_release_not_ttl(h: Holder, app: Celery, r: redi
         assert waiter.get(timeout=10) == "waiter"
     # woken by the release notification, far sooner than the 30 s lease
     assert started["waiter"] - released_at < 5
+    assert lock_keys(r) == []
+
+
+@pytest.mark.parametrize("api", ["task", "decorator"])
+def test_a_call_that_expires_while_it_waits_is_revoked_not_run(
+    h: Holder, app: Celery, r: redis_py.Redis, api: str
+) -> None:
+    """Helper probe, round 3: a call waiting for its lock (``wait``) whose ``expires`` passed
+    meanwhile ran once it had the lock, though Celery drops a call that expires in the queue
+    (a beat send's ``expires``); under ``lock_enqueue`` its marker had ended at ``expires``,
+    so a later call was queued too and the key ran twice more. It ends REVOKED, unrun, and
+    its marker is cleared."""
+    ran: list[str] = []
+
+    def body(self: Task, key: str, role: str) -> str:
+        ran.append(role)
+        if role == "holder":
+            h.hold()
+        return role
+
+    queued = {"enqueue": True} if api == "task" else {}  # a LockedTask option
+    work = _locked(app, api, body, on_contention="wait", wait_timeout=20, **queued)
+    with running_worker(app, concurrency=2):
+        first = work.delay("k", "holder")
+        assert h.entered.wait(10)
+        expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=1)
+        late = work.apply_async(("k", "late"), expires=expires)
+        key = lock_key(work, "k", "late")
+        wait_until(lambda: r.zcard(key + ":waiters") == 1, 10, "the late call to wait")
+        wait_until(lambda: datetime.datetime.now(datetime.timezone.utc) > expires, 5, "expiry")
+        h.gate.set()
+        assert first.get(timeout=10) == "holder"
+        with pytest.raises(celery.exceptions.TaskRevokedError):
+            late.get(timeout=10)
+        assert late.state == "REVOKED"
+        wait_until(lambda: not r.exists(key + ":queued"), 10, "the late call's marker cleared")
+        after = work.delay("k", "after")  # under lock_enqueue: queued anew, not the revoked one
+        assert after.id != late.id and after.get(timeout=10) == "after"
+    assert ran == ["holder", "after"]
     assert lock_keys(r) == []
 
 
@@ -638,17 +678,23 @@ def test_lock_key_accepts_the_lazy_task_proxy(redis_server: RedisServer) -> None
     assert lock_key(work, 1) == lock_key(work, a=1, b=2) == lock_key(app.tasks[work.name], 1)
 
 
-def test_a_retry_does_not_find_its_own_cooldown(app: Celery, r: redis_py.Redis) -> None:
+def test_a_retry_does_not_find_its_own_cooldown(
+    app: Celery, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
     @app.task(base=LockedTask, bind=True, lock_cooldown=30, max_retries=1)
     def work(self: Task, key: str) -> int:
         if self.request.retries == 0:
             raise self.retry(countdown=0)
         return self.request.retries
 
-    with running_worker(app):
-        assert work.delay("k").get(timeout=10) == 1  # the retry ran, at once
+    with caplog.at_level(logging.INFO, logger="celery_redlock.task"), running_worker(app):
+        first = work.delay("k")
+        assert first.get(timeout=10) == 1  # the retry ran, at once
         assert r.pttl(lock_key(work, "k")) > 25_000  # the finished run keeps its cooldown
         assert work.delay("k").get(timeout=10) is None  # a new call inside the window skips
+    # It said "is held by task <id>" of a task that had ended (helper probe, round 3).
+    (skipped,) = [r.getMessage() for r in caplog.records if "skipped:" in r.getMessage()]
+    assert skipped.endswith(f"is in the cooldown of task {first.id}"), skipped
 
 
 @pytest.mark.parametrize("api", ["task", "decorator"])

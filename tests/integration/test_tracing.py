@@ -31,7 +31,7 @@ from celery_redlock import (
     lock_key,
     signals,
 )
-from celery_redlock.testing import RedisServer, wait_until
+from celery_redlock.testing import RedisServer, free_port, wait_until
 from support.apps import lock_keys, make_app
 from support.workers import Holder, running_worker
 
@@ -407,6 +407,27 @@ def test_outcomes_without_a_lock_event_carry_the_key_too(
         outcomes["unavailable"].attributes["redlock.key.hash"] + "}"
     )
     assert outcomes["unavailable"].attributes["redlock.attempts"] == 1
+
+
+def test_an_outage_retried_records_the_outage_not_the_retry(
+    redis_server: RedisServer, spans: InMemorySpanExporter
+) -> None:
+    """Helper probe, round 3: under ``redlock_on_unavailable="retry"`` the acquire span of a
+    call retried for an outage recorded Celery's ``Retry`` as its error ("Retry"), the
+    ``LockUnavailable`` only inside its message. The outage is recorded."""
+    app = make_app(redis_server, redlock_url=f"redis://127.0.0.1:{free_port()}/0")
+
+    @app.task(base=LockedTask, shared=False, max_retries=1, lock_retry_countdown=0.1)
+    def down() -> None: ...
+
+    with running_worker(app), pytest.raises(LockUnavailable):
+        down.delay().get(timeout=20)
+    app.close()
+    first = one(spans, "redlock.acquire")
+    assert first.attributes["redlock.outcome"] == "unavailable"
+    (event,) = [e for e in first.events if e.name == "exception"]
+    assert event.attributes["exception.type"].endswith("LockUnavailable")
+    assert first.status.description == "LockUnavailable"
 
 
 def test_a_failed_acquire_records_no_argument_value_from_a_chained_cause(
