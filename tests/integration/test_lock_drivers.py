@@ -877,6 +877,23 @@ def bytes_waiting_on(port: int) -> bool:
     return False
 
 
+def events_until_deleted(events: Any, turn: Callable[[], Any] | None = None) -> list[bytes]:
+    """The keyspace events of a subscribed ``events`` until a ``del``, within 10 s; ``turn``
+    is called between reads (an event loop to run meanwhile)."""
+    seen: list[bytes] = []
+
+    def deleted() -> bool:
+        if turn is not None:
+            turn()
+        message = events.get_message(timeout=0.05)
+        if message is not None:
+            seen.append(message["data"])
+        return b"del" in seen
+
+    wait_until(deleted)
+    return seen
+
+
 class Interrupted(Exception):
     """Raised from a signal handler, as a time limit's exception is."""
 
@@ -935,18 +952,11 @@ def test_an_interrupted_acquire_a_frozen_server_runs_late_is_given_back(d2: Driv
                     signal.signal(signal.SIGUSR1, previous)
         finally:
             server.process.send_signal(signal.SIGCONT)
-        seen: list[bytes] = []
-
-        def deleted() -> bool:
-            if d2.is_async:
-                d2(asyncio.sleep(0.05))  # the give-back runs on the driver's loop
-            message = events.get_message(timeout=0.05)
-            if message is not None:
-                seen.append(message["data"])
-            return b"del" in seen
-
-        wait_until(deleted)  # within 10 s; the TTL is 30
-        assert seen[0] == b"set", seen  # the acquire ran late, and was given back
+        # The give-back runs on the asyncio driver's loop: turn it while waiting.
+        seen = events_until_deleted(
+            events, (lambda: d2(asyncio.sleep(0.05))) if d2.is_async else None
+        )
+        assert seen[0] == b"set", seen  # the acquire ran late, and was given back (TTL 30 s)
         events.close()
         admin.close()
         d2.close()
@@ -1017,16 +1027,8 @@ def test_a_frozen_server_that_runs_an_acquisition_late_gets_it_given_back() -> N
                 lock.acquire(blocking=False)
         finally:
             server.process.send_signal(signal.SIGCONT)
-        seen: list[bytes] = []
-
-        def deleted() -> bool:
-            message = events.get_message(timeout=0.05)
-            if message is not None:
-                seen.append(message["data"])
-            return b"del" in seen
-
-        wait_until(deleted)  # within 10 s; the TTL is 60
-        assert seen[0] == b"set", seen  # the acquisition ran late, and was given back
+        seen = events_until_deleted(events)
+        assert seen[0] == b"set", seen  # the acquisition ran late, and was given back (TTL 60 s)
         assert not admin.exists(lock.key)
         events.close()
         admin.close()
