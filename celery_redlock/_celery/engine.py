@@ -424,21 +424,25 @@ def _superseded_while_waiting(
 
 def _expired(request: Any) -> bool:
     """Whether the call's ``expires`` has passed (never for an eager call, which Celery runs
-    whatever its ``expires``)."""
+    whatever its ``expires``). A naive one is UTC, as Celery's worker reads it: as local
+    time, a host east of UTC dropped calls Celery holds valid for hours."""
     expires = getattr(request, "expires", None)
     if not expires or request.is_eager:
         return False
     when = maybe_iso8601(expires) if isinstance(expires, str) else expires
     if not isinstance(when, datetime.datetime):
         return False
-    return datetime.datetime.now(datetime.timezone.utc if when.tzinfo else None) > when
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.timezone.utc)
+    return datetime.datetime.now(datetime.timezone.utc) > when
 
 
-def _revoke_expired(task: Any, request: Any, lock: TaskLock) -> NoReturn:
-    """End a call whose ``expires`` passed while it waited for the lock as Celery ends one
-    whose message expired in the queue: the lock goes back (quietly: it was never reported
-    as acquired), the call is REVOKED (``task_revoked`` with ``expired=True``, which clears
-    a ``lock_enqueue`` marker), and the body does not run. Timeline without: (1) a beat send
+def _revoke_expired(task: Any, request: Any, lock: Lock) -> NoReturn:
+    """End a call whose ``expires`` passed while it waited for the lock (whether it got the
+    lock or its wait timed out) as Celery ends one whose message expired in the queue: the
+    lock goes back (quietly: it was never reported as acquired), the call is REVOKED
+    (``task_revoked`` with ``expired=True``, which clears a ``lock_enqueue`` marker, and a
+    ``task-revoked`` event), and the body does not run. Timeline without: (1) a beat send
     with ``expires=50`` waits for the lock (``wait``) behind a run of 2 minutes; (2) the
     run ends; (3) the stale send ran, though Celery drops one that expires in the queue; and
     under ``lock_enqueue`` its marker had ended at ``expires``, so the next send was queued
@@ -453,11 +457,14 @@ def _revoke_expired(task: Any, request: Any, lock: TaskLock) -> NoReturn:
         lock.key,
         request.expires,
     )
-    store = not task.ignore_result or task.store_errors_even_if_ignored  # as Celery's Request
+    per_call = vars(request).get("ignore_result")  # Celery 5.7's per-call option
+    ignored = task.ignore_result if per_call is None else per_call
+    store = not ignored or task.store_errors_even_if_ignored  # as Celery's Request
     task.backend.mark_as_revoked(request.id, "expired", request=request, store_result=store)
     celery_signals.task_revoked.send(
         sender=task, request=request, terminated=False, signum=None, expired=True
     )
+    task.send_event("task-revoked", terminated=False, signum=None, expired=True)  # with -E
     raise Ignore()
 
 
@@ -709,6 +716,8 @@ def _on_contended(
         countdown = _jittered(spec.options.retry_countdown)
         _requeue(task, request, spec, lock, countdown, policy, "contended:")
     timeout = spec.options.wait_timeout
+    if policy == "wait" and _expired(request):  # expired while it waited, in vain
+        _revoke_expired(task, request, lock)
     if policy == "wait" and timeout > 0:
         emit(task, request.id, "failed", settings=settings)
         raise _contended_error(task, request, lock, waited=timeout)

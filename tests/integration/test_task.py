@@ -229,6 +229,76 @@ def test_a_call_that_expires_while_it_waits_is_revoked_not_run(
     assert lock_keys(r) == []
 
 
+def test_an_expired_waiter_whose_wait_times_out_is_revoked_and_a_naive_expires_is_utc(
+    h: Holder, app: Celery, r: redis_py.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review, round 3. (1) A waiter whose ``expires`` passed and whose wait then timed out
+    ended FAILURE (``LockContended``), not REVOKED. (2) A naive ``expires`` is UTC, as
+    Celery's worker reads it: read as local time, on a host east of UTC (here UTC+9) a call
+    valid for another minute was revoked."""
+    ran: list[str] = []
+
+    def body(self: Task, key: str, role: str) -> str:
+        ran.append(role)
+        if role == "holder":
+            h.hold()
+        return role
+
+    work = _locked(app, "task", body, on_contention="wait", wait_timeout=1.5)
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    try:
+        with running_worker(app, concurrency=2):
+            first = work.delay("k", "holder")
+            assert h.entered.wait(10)
+            now = datetime.datetime.now(datetime.timezone.utc)
+            timed_out = work.apply_async(
+                ("k", "timed-out"), expires=now + datetime.timedelta(seconds=0.5)
+            )
+            with pytest.raises(celery.exceptions.TaskRevokedError):
+                timed_out.get(timeout=10)  # its wait ended at 1.5 s, after its expiry
+            naive = (now + datetime.timedelta(seconds=60)).replace(tzinfo=None)  # UTC
+            valid = work.apply_async(("k", "valid"), expires=naive)
+            key = lock_key(work, "k", "valid")
+            wait_until(lambda: r.zcard(key + ":waiters") == 1, 10, "the valid call to wait")
+            h.gate.set()
+            assert first.get(timeout=10) == "holder"
+            assert valid.get(timeout=10) == "valid"
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert ran == ["holder", "valid"]
+    assert lock_keys(r) == []
+
+
+@pytest.mark.skipif(
+    not hasattr(celery.app.task, "get_actual_ignore_result"),
+    reason="this Celery has no per-call ignore_result",
+)
+def test_an_expired_waiter_stores_its_revoke_as_its_call_says(h: Holder, app: Celery) -> None:
+    """Review, round 3: the REVOKED state of a call that expired while it waited was stored
+    by the task's ``ignore_result`` alone; a call of an ``ignore_result=True`` task sent with
+    ``ignore_result=False`` stayed PENDING, where Celery's own expiry stores it."""
+
+    def body(self: Task, key: str, role: str) -> str:
+        if role == "holder":
+            h.hold()
+        return role
+
+    work = app.task(
+        base=LockedTask, bind=True, ignore_result=True, lock_by=["key"], lock_on_contention="wait"
+    )(body)
+    with running_worker(app, concurrency=2):
+        work.delay("k", "holder")
+        assert h.entered.wait(10)
+        expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=0.5)
+        late = work.apply_async(("k", "late"), expires=expires, ignore_result=False)
+        wait_until(lambda: datetime.datetime.now(datetime.timezone.utc) > expires, 5, "expiry")
+        h.gate.set()
+        with pytest.raises(celery.exceptions.TaskRevokedError):
+            late.get(timeout=10)
+
+
 def test_current_lock_and_fencing_tokens_increase(app: Celery, r: redis_py.Redis) -> None:
     @app.task(base=LockedTask, bind=True)
     def work(self: Task, key: str) -> dict[str, Any]:
