@@ -6,7 +6,7 @@ try, so it waits for the server's ``subscribe`` confirmation first.
 
 * Threads: each wait holds a ``PubSub`` of its own, on a pool apart from the lock's
   (:func:`subscriber_of`); one whose wait ended is set aside for the next wait of the process
-  (:func:`subscribe`, :func:`set_aside`).
+  within :data:`IDLE_REUSE` seconds (:func:`subscribe`, :func:`set_aside`).
 * asyncio: one ``PubSub`` per event loop and client carries the channels of every waiting task
   (:class:`Hub`): 200 waiters cost one connection, not 200, and a release reaches the waiter
   it hands the lock to without waking the others. A connection idle for more than
@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import sys
 import threading
+import time
 import weakref
 from collections import deque
 from typing import Any
@@ -105,7 +106,8 @@ IDLE_SUBSCRIPTIONS = 8
 #: Channels one kept subscription may carry; one that has this many is closed, not reused.
 SUBSCRIPTION_CHANNELS = 16
 
-_idle: weakref.WeakKeyDictionary[Any, list[tuple[int, Any]]] = weakref.WeakKeyDictionary()
+#: Per client: ``(pid, PubSub, monotonic time set aside)`` of the subscriptions kept.
+_idle: weakref.WeakKeyDictionary[Any, list[tuple[int, Any, float]]] = weakref.WeakKeyDictionary()
 
 
 def subscribe(client: Any, channel: str) -> Any:
@@ -115,17 +117,22 @@ def subscribe(client: Any, channel: str) -> Any:
 
     A reused one stays subscribed to the dead channels of its earlier waits (no
     ``UNSUBSCRIBE``: an ACL user may lack it); nothing is published on them, but a waiter must
-    still ignore the messages of other channels.
+    still ignore the messages of other channels. One set aside more than :data:`IDLE_REUSE`
+    seconds ago is closed, not reused, as an asyncio one is. Timeline, seen in CI: (1) two
+    waits end and set their subscriptions aside; (2) the server cuts them while they are
+    idle (``CLIENT KILL``, its ``timeout``, a proxy's idle timeout, a restart); (3) the next
+    wait subscribes on the first, which fails before it is confirmed, then on the second:
+    two failures in a row, and it raised ``LockUnavailable`` with the server up.
     """
     idle = _idle.get(client)
     while idle:
         try:
-            pid, pubsub = idle.pop()
+            pid, pubsub, since = idle.pop()
         except IndexError:  # another thread took the last one
             break
         if pid != current_pid():
             continue  # inherited through a fork: the parent's socket, never read or closed here
-        if len(pubsub.channels) >= SUBSCRIPTION_CHANNELS:
+        if len(pubsub.channels) >= SUBSCRIPTION_CHANNELS or time.monotonic() - since > IDLE_REUSE:
             pubsub.close()
             continue
         pubsub.subscribe(channel)
@@ -182,7 +189,7 @@ def set_aside(client: Any, pubsub: Any, reusable: bool = True) -> None:
     if len(idle) >= IDLE_SUBSCRIPTIONS:
         pubsub.close()
         return
-    idle.append((current_pid(), pubsub))
+    idle.append((current_pid(), pubsub, time.monotonic()))
 
 
 # -- asyncio -------------------------------------------------------------------------------------
@@ -429,7 +436,8 @@ SUBSCRIBE_TIMEOUT = 5.0
 #: Seconds the asyncio reader waits for a message before it checks whether anyone listens.
 IDLE_READ = 30.0
 
-#: Seconds an asyncio subscription connection without waiters still serves a new wait.
+#: Seconds a subscription connection without waiters still serves a new wait (a thread's set
+#: aside, an asyncio loop's).
 IDLE_REUSE = 1.0
 
 #: Channels one asyncio subscription connection takes, dead ones included.

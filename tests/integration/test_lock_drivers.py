@@ -34,7 +34,7 @@ from celery.local import Proxy
 import celery_redlock
 import celery_redlock.asyncio
 from celery_redlock import LockContended, LockLost, LockNotOwned, LockUnavailable
-from celery_redlock._redis import aionodes
+from celery_redlock._redis import aionodes, subscriptions
 from celery_redlock._redis.core import Extended
 from celery_redlock._redis.inventory import Inventory
 from celery_redlock._redis.lock import release_attempt
@@ -1192,6 +1192,39 @@ def test_extend_of_a_lock_found_lost_raises_lock_lost_whoever_found_it(
     never = d2.lock(redis_url, "extend-never", ttl=10)
     with pytest.raises(LockNotOwned, match="not held"):
         d2(never.extend())
+
+
+def test_a_thread_waiter_reuses_no_subscription_cut_while_it_was_set_aside(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """CI, round 3: two waits end and set their subscriptions aside; the server cuts them
+    while idle (here ``CLIENT KILL``; its ``timeout``, a proxy, a restart); the next wait
+    subscribed on one, failed before the confirmation, then on the other: two failures in a
+    row, and ``LockUnavailable`` with the server up. One idle longer than ``IDLE_REUSE`` is
+    closed instead of reused."""
+    holder = celery_redlock.Lock(redis_url, "cut-idle", ttl=30, owner="holder")
+    assert holder.acquire(blocking=False)
+    ended = threading.Barrier(3)
+
+    def short_wait() -> None:
+        assert not celery_redlock.Lock(redis_url, "cut-idle", ttl=30).acquire(timeout=0.3)
+        ended.wait(10)
+
+    for thread in [threading.Thread(target=short_wait) for _ in range(2)]:
+        thread.start()
+    ended.wait(10)  # both subscriptions set aside
+    r.client_kill_filter(_type="pubsub")
+    cut = time.monotonic()
+    wait_until(lambda: time.monotonic() - cut > subscriptions.IDLE_REUSE)
+    waiter = celery_redlock.Lock(redis_url, "cut-idle", ttl=30)
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire(timeout=20)))
+    thread.start()
+    wait_until(lambda: r.zcard(holder.keys.waiters) == 1 or not thread.is_alive())
+    holder.release()
+    thread.join(10)
+    assert got == [True]
+    waiter.release()
 
 
 def test_renewal_finding_the_key_gone_marks_lost(
