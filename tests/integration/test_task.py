@@ -190,6 +190,19 @@ def test_wait_policy_is_woken_by_release_not_ttl(h: Holder, app: Celery, r: redi
     assert lock_keys(r) == []
 
 
+def roles(h: Holder, ran: list[str]) -> Any:
+    """A bound task body that appends its ``role`` to ``ran`` and, as the ``"holder"``,
+    holds ``h``."""
+
+    def body(self: Task, key: str, role: str) -> str:
+        ran.append(role)
+        if role == "holder":
+            h.hold()
+        return role
+
+    return body
+
+
 @pytest.mark.parametrize("api", ["task", "decorator"])
 def test_a_call_that_expires_while_it_waits_is_revoked_not_run(
     h: Holder, app: Celery, r: redis_py.Redis, api: str
@@ -200,13 +213,7 @@ def test_a_call_that_expires_while_it_waits_is_revoked_not_run(
     so a later call was queued too and the key ran twice more. It ends REVOKED, unrun, and
     its marker is cleared."""
     ran: list[str] = []
-
-    def body(self: Task, key: str, role: str) -> str:
-        ran.append(role)
-        if role == "holder":
-            h.hold()
-        return role
-
+    body = roles(h, ran)
     queued = {"enqueue": True} if api == "task" else {}  # a LockedTask option
     work = _locked(app, api, body, on_contention="wait", wait_timeout=20, **queued)
     with running_worker(app, concurrency=2):
@@ -237,13 +244,7 @@ def test_an_expired_waiter_whose_wait_times_out_is_revoked_and_a_naive_expires_i
     Celery's worker reads it: read as local time, on a host east of UTC (here UTC+9) a call
     valid for another minute was revoked."""
     ran: list[str] = []
-
-    def body(self: Task, key: str, role: str) -> str:
-        ran.append(role)
-        if role == "holder":
-            h.hold()
-        return role
-
+    body = roles(h, ran)
     work = _locked(app, "task", body, on_contention="wait", wait_timeout=1.5)
     monkeypatch.setenv("TZ", "Asia/Tokyo")
     time.tzset()
@@ -280,11 +281,7 @@ def test_an_expired_waiter_stores_its_revoke_as_its_call_says(h: Holder, app: Ce
     by the task's ``ignore_result`` alone; a call of an ``ignore_result=True`` task sent with
     ``ignore_result=False`` stayed PENDING, where Celery's own expiry stores it."""
 
-    def body(self: Task, key: str, role: str) -> str:
-        if role == "holder":
-            h.hold()
-        return role
-
+    body = roles(h, [])
     work = app.task(
         base=LockedTask, bind=True, ignore_result=True, lock_by=["key"], lock_on_contention="wait"
     )(body)
