@@ -265,6 +265,9 @@ class QueueRules:
     #: A release whose reply was lost is not given back again by the node itself: an
     #: interrupted acquire's give-back goes on as :class:`GiveBack` plans (hazard 5).
     gives_back_per_node = False
+    #: A failed attempt's reply may lack the holder's TTL (the thread lock's ``SET ... GET``):
+    #: ``PTTL`` is asked on first read.
+    ttl_in_reply = False
 
     def queues(self, keys: _keys.LockKeys) -> bool:
         """Whether blocking waiters of this lock queue (:data:`~._scripts.WAIT`), so that a
@@ -385,6 +388,13 @@ class QuorumRules:
     #: A release gives back again to each node whose reply was lost: an interrupted acquire's
     #: give-back needs no plan of its own around it.
     gives_back_per_node = True
+    #: A failed attempt's vote gives the holder's TTL whenever one is known; a split vote gives
+    #: none on purpose (:func:`count_votes`). Never asked of the nodes afterwards: their
+    #: ``PTTL`` counts any owner's keys, and a split vote's minority keys read as the TTL of a
+    #: lock held on a majority. Timeline: (1) X and Y each hold one node of three, 30 s; (2) a
+    #: waiter's try wins the third and gives it back; (3) its ``PTTL`` read gives 30 s, and it
+    #: slept that long (to its deadline), though X and Y gave back a moment later.
+    ttl_in_reply = True
 
     def failed(self, replies: Replies) -> list[str]:
         return [self.names[i] for i, (_, err) in enumerate(replies) if err is not None]

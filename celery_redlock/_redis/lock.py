@@ -358,10 +358,11 @@ class Lock(LockCore):
             give_back(self.key, functools.partial(self.do_release, token))
 
     def _saw(self, holder: str | None, pttl: int | None) -> None:
-        """As the core's; without a PTTL in the reply, :attr:`last_holder_ttl` asks Redis on
-        first read."""
+        """As the core's; without a PTTL in a single node's reply, :attr:`last_holder_ttl` asks
+        Redis on first read (a quorum's vote gives all it knows: ``ttl_in_reply``)."""
         super()._saw(holder, pttl)
-        self._holder_ttl_pending = pttl is None and holder is not None
+        pending = pttl is None and holder is not None
+        self._holder_ttl_pending = pending and not self.nodes.ttl_in_reply
 
 
 def release_attempt(

@@ -93,6 +93,8 @@ class Nodes(Protocol):
 
     #: Whether a release gives back again to each node whose reply was lost (a quorum).
     gives_back_per_node: bool
+    #: Whether a failed attempt's reply says all that is known of the holder's TTL.
+    ttl_in_reply: bool
 
     @property
     def names(self) -> tuple[str, ...]:
