@@ -1,4 +1,4 @@
-"""Event counters per task: acquired, skipped, superseded, retried, ... (see :data:`EVENTS`).
+"""Event counters per task: acquired, skipped, superseded, expired, ... (see :data:`EVENTS`).
 
 Every process counts in memory and a daemon thread adds the counts to a Redis hash per task
 (``<prefix>:stats:<task name>``, see the README's key table) once a second, so counting costs
@@ -50,6 +50,7 @@ EVENTS = (
     "acquired",
     "skipped",
     "superseded",
+    "expired",
     "retried",
     "rate_limited",
     "waited",

@@ -465,6 +465,7 @@ def _revoke_expired(task: Any, request: Any, lock: Lock) -> NoReturn:
         sender=task, request=request, terminated=False, signum=None, expired=True
     )
     task.send_event("task-revoked", terminated=False, signum=None, expired=True)  # with -E
+    emit(task, request.id, "expired")
     raise Ignore()
 
 

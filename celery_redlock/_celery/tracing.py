@@ -17,15 +17,15 @@ Attributes, all in the ``redlock.*`` namespace (there are no semantic convention
 ``redlock.mode`` (``run``, ``semaphore``, ``rate``, ``enqueue``), ``redlock.outcome``
 (``acquired``, ``waited`` (acquired after a wait), ``skipped``, ``retried``, ``failed``,
 ``bypassed``, ``unavailable``, and on the hold span ``released``, ``lost``, ``unreleased``),
-``redlock.reason`` (``superseded``, ``rate_limited``, a loss's reason), ``redlock.policy``,
-``redlock.wait_time`` (seconds), ``redlock.attempts`` (the tries the lock made: 1 without a
-wait, one more per try of a wait), ``redlock.fencing_token`` (only when one was read for a
-``lock_acquired`` receiver: reading it costs a round trip), ``redlock.key.prefix``,
-``redlock.key.name`` (the ``lock_name``) and ``redlock.key.hash`` (the argument digest), and
-on a skipped enqueue ``redlock.queued_task_id`` (the call ``delay()`` returned instead).
-Argument values are never recorded: the key holds only their digest, and an exception's
-stack trace is recorded without its chained causes (a ``lock_by`` callable's own error, the
-cause of its ``LockConfigError``, can quote a value).
+``redlock.reason`` (``superseded``, ``expired``, ``rate_limited``, a loss's reason),
+``redlock.policy``, ``redlock.wait_time`` (seconds), ``redlock.attempts`` (the tries the lock
+made: 1 without a wait, one more per try of a wait), ``redlock.fencing_token`` (only when one
+was read for a ``lock_acquired`` receiver: reading it costs a round trip),
+``redlock.key.prefix``, ``redlock.key.name`` (the ``lock_name``) and ``redlock.key.hash``
+(the argument digest), and on a skipped enqueue ``redlock.queued_task_id`` (the call
+``delay()`` returned instead). Argument values are never recorded: the key holds only their
+digest, and an exception's stack trace is recorded without its chained causes (a ``lock_by``
+callable's own error, the cause of its ``LockConfigError``, can quote a value).
 
 The spans are fed by the engine's report points (:func:`record` is called by
 :func:`~celery_redlock._celery.events.emit` for every lock event) and by three wrappers
@@ -89,6 +89,7 @@ _OUTCOMES = {
     "acquired": "acquired",
     "skipped": "skipped",
     "superseded": "skipped",
+    "expired": "skipped",
     "retried": "retried",
     "rate_limited": "retried",
     "failed": "failed",
@@ -96,7 +97,7 @@ _OUTCOMES = {
     "unavailable": "unavailable",
 }
 #: Events whose name is also the ``redlock.reason`` of the outcome.
-_REASONS = frozenset({"superseded", "rate_limited"})
+_REASONS = frozenset({"superseded", "expired", "rate_limited"})
 
 
 def enabled() -> bool:

@@ -28,6 +28,7 @@ COLORS = {
     "rate_limited": "#6d4c41",
     "failed": "#c62828",
     "superseded": "#546e7a",
+    "expired": "#90a4ae",
     "lost": "#000000",
 }
 

@@ -6,6 +6,7 @@ makes the ``apply_async/<task>`` and ``run/<task>`` spans ours must nest under.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 import redis as redis_py
 from celery import Celery
+from celery.exceptions import TaskRevokedError
 from opentelemetry import trace
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
 from opentelemetry.sdk import trace as sdk_trace
@@ -29,8 +31,10 @@ from celery_redlock import (
     LockUnavailable,
     current_lock,
     lock_key,
+    metrics,
     signals,
 )
+from celery_redlock.metrics import read_stats
 from celery_redlock.testing import RedisServer, free_port, wait_until
 from support.apps import lock_keys, make_app
 from support.workers import Holder, running_worker
@@ -249,6 +253,43 @@ def test_a_skip_and_a_wait_show_in_the_trace(
     assert sorted(parent_of(spans, s).name for s in named(spans, "redlock.hold")) == sorted(
         [f"run/{held.name}", f"run/{waiter.name}"]
     )
+
+
+def test_a_waiter_that_expired_is_traced_and_counted_as_expired(
+    app: Celery, spans: InMemorySpanExporter, h: Holder, r: redis_py.Redis
+) -> None:
+    """Helper probe, round 3: a call whose ``expires`` passed while it waited for the lock
+    ended its acquire span as ``skipped`` with no reason, and no counter said why."""
+
+    @app.task(
+        base=LockedTask, shared=False, lock_by=(), lock_on_contention="wait", lock_wait_timeout=20
+    )
+    def job(role: str) -> None:
+        if role == "holder":
+            h.hold()
+
+    with running_worker(app, concurrency=2):
+        first = job.delay("holder")
+        assert h.entered.wait(10)
+        expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=1)
+        late = job.apply_async(("late",), expires=expires)
+        wait_until(
+            lambda: r.zcard(lock_key(job, "late") + ":waiters") == 1, 10, "the late call to wait"
+        )
+        wait_until(lambda: datetime.datetime.now(datetime.timezone.utc) > expires, 5, "expiry")
+        h.gate.set()
+        first.get(timeout=10)
+        with pytest.raises(TaskRevokedError):
+            late.get(timeout=10)
+
+        def counted() -> bool:
+            metrics.flush()
+            return read_stats(app).get(job.name, {}).get("expired") == 1
+
+        wait_until(counted, 10, "the expired count")
+    expired = [s for s in named(spans, "redlock.acquire") if s.attributes.get("redlock.reason")]
+    assert [s.attributes["redlock.reason"] for s in expired] == ["expired"]
+    assert expired[0].attributes["redlock.outcome"] == "skipped"
 
 
 def test_a_loss_found_by_the_renewal_thread_is_an_event_of_the_hold_span(
