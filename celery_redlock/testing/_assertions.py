@@ -163,7 +163,11 @@ def _describe(events: LockEvents, task_id: str) -> str:
             + ", ".join(
                 f"{e.kind}({', '.join(f'{k}={v!r}' for k, v in e.fields.items())})" for e in seen
             )
-            + " (a hold_lock() on other arguments holds another key)"
+            + (
+                ""
+                if any(e.kind == "contended" for e in seen)
+                else " (its key was free: a hold_lock() on other arguments holds another key)"
+            )
         )
     return (
         "; no lock event was recorded for it (signals are received in the process that ran "

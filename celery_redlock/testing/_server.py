@@ -21,6 +21,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TypeVar
@@ -107,6 +108,17 @@ def _exit_code(process: subprocess.Popen[bytes]) -> int | None:
     return -status if ended.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else status
 
 
+def _last_lines(log: str, count: int = 3) -> str:
+    """The last ``count`` lines a server wrote to ``log``, for an error message ("" if none)."""
+    try:
+        with open(log, "rb") as output:
+            lines = output.read()[-4096:].decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    last = [line.strip() for line in lines if line.strip()][-count:]
+    return ": " + " | ".join(last) if last else ""
+
+
 def _in_session(pid: object, leader: int) -> bool:
     """Whether process ``pid`` runs in the session that process ``leader`` leads: a server a
     wrapper script started without ``exec`` (the server is then its child, in its session)."""
@@ -134,6 +146,9 @@ class RedisServer:
         self.args = list(args)
         self.process: subprocess.Popen[bytes] | None = None
         self._dir = tempfile.mkdtemp(prefix="redlock-redis-")
+        #: Removes the folder: at ``with``'s end, or when the object is collected or the
+        #: interpreter exits (a server used with start() and stop() alone, or never started).
+        self._remove_dir = weakref.finalize(self, shutil.rmtree, self._dir, ignore_errors=True)
 
     @property
     def url(self) -> str:
@@ -187,13 +202,17 @@ class RedisServer:
         names it.
         """
         command = self.command()
-        process = self.process = subprocess.Popen(
-            command,
-            env=self.environment(),
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        # Its output goes to a file, read back when it exits before answering (why: a port
+        # taken, an unknown option); a server logs a few lines at start and stop.
+        log = os.path.join(self._dir, "redis-server.log")
+        with open(log, "wb") as output:
+            process = self.process = subprocess.Popen(
+                command,
+                env=self.environment(),
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         client = self.client()
         try:
@@ -211,7 +230,10 @@ class RedisServer:
                 except redis_py.exceptions.ConnectionError:
                     if exited is not None:
                         self.stop()  # its children, if a wrapper script started any
-                        raise RuntimeError(f"redis-server exited with {exited}") from None
+                        raise RuntimeError(
+                            f"redis-server exited with {exited} before it answered on port "
+                            f"{self.port} ({command[0]}){_last_lines(log)}"
+                        ) from None
                     if time.monotonic() > deadline:
                         self.stop()
                         raise RuntimeError(
@@ -252,7 +274,7 @@ class RedisServer:
         try:
             return self.start()
         except BaseException:  # no server to stop: its folder goes
-            shutil.rmtree(self._dir, ignore_errors=True)
+            self._remove_dir()
             raise
 
     def __exit__(
@@ -262,4 +284,4 @@ class RedisServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        self._remove_dir()

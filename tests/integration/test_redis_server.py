@@ -5,6 +5,7 @@ emptied by the plugin's ``FLUSHDB``). "The other server" is a fresh one on a fre
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import re
 import socket
@@ -103,7 +104,7 @@ def test_a_binary_killed_by_a_signal_is_named_as_popen_names_it(
     binary.chmod(0o755)
     monkeypatch.setenv("REDLOCK_TEST_REDIS_SERVER", str(binary))
     server = RedisServer()
-    with pytest.raises(RuntimeError, match=r"^redis-server exited with -9$"):
+    with pytest.raises(RuntimeError, match=r"^redis-server exited with -9 before it answered"):
         server.start(timeout=10)
     assert server.process is None  # reaped
 
@@ -165,3 +166,29 @@ def test_the_client_that_waits_for_the_server_does_not_retry() -> None:
         assert listener.accepted == 1
     finally:
         listener.close()
+
+
+def test_a_server_that_exits_at_start_is_named_with_its_port_and_its_last_words() -> None:
+    """Helper probe, round 3: a bad option, a port taken or a failing binary all gave "redis-server
+    exited with 1", the server's own output thrown away."""
+    server = RedisServer(args=["--no-such-option", "1"])
+    with pytest.raises(RuntimeError) as e:
+        server.start()
+    message = str(e.value)
+    assert message.startswith(
+        f"redis-server exited with 1 before it answered on port {server.port}"
+    )
+    assert "no-such-option" in message  # the server's own complaint
+
+
+def test_a_server_used_without_with_leaves_no_folder() -> None:
+    """Helper probe, round 3: ``start()`` and ``stop()`` alone, or a server never started, left
+    an empty ``redlock-redis-*`` folder behind each time: it goes with the object."""
+    started, unused = RedisServer(), RedisServer()
+    folders = [started._dir, unused._dir]
+    started.start()
+    started.stop()
+    assert all(os.path.isdir(folder) for folder in folders)
+    del started, unused
+    gc.collect()
+    assert not any(os.path.exists(folder) for folder in folders)
