@@ -618,7 +618,9 @@ class Inventory:
 
     def counters(self) -> dict[str, dict[str, int]]:
         """The event counters of every task under the prefix, ``{task: {event: count}}``,
-        summed over all processes (they live on the first node)."""
+        summed over all processes (they live on the first node). On a quorum, the error of a
+        first node that fails says that only the counters need it: "cannot reach the lock
+        Redis" read as an outage of every lock while they worked on the majority."""
         client = self._client(0)
         head = stats_key(self.prefix, "")
         out: dict[str, dict[str, int]] = {}
@@ -631,7 +633,14 @@ class Inventory:
                     page = []
             self._count(client, page, head, out)
         except Exception as exc:
-            raise self._failure(self.urls[0], exc) from exc
+            failure = self._failure(self.urls[0], exc)
+            if len(self.urls) > 1 and type(failure) is LockUnavailable:
+                failure = LockUnavailable(
+                    f"{failure}; the counters live on the quorum's first node only (the locks "
+                    "need a majority: `celery redlock ls` lists them)",
+                    nodes=failure.nodes,
+                )
+            raise failure from exc
         return out
 
     @staticmethod

@@ -100,6 +100,32 @@ def _matching(ctx: click.Context, store: LockStore, key: str) -> tuple[list[Held
     return sorted(found.values(), key=lambda lk: lk.key), False
 
 
+#: Keys beside a lock's, by their last part, and what they are.
+_BESIDE = {
+    "queued": "the lock_enqueue marker of a queued call",
+    "publishing": "the lock_enqueue marker of a call being published",
+    "newest": "the newest-call marker of lock_enqueue='replace' or lock_debounce",
+    "rate": "the lock_rate window",
+    "next": "the lock_rate window's next promised slot",
+    "waiters": "the queue of a lock's waiters",
+    "fence": "a fencing counter",
+    "call": "a holder's per-call overrides",
+}
+
+
+def _hint(key: str) -> str:
+    """Why a KEY found no lock, when its form says: a key beside a lock's (the dashboard,
+    ``celery redlock web``, shows the markers and rate windows), or slot 1 of a semaphore
+    given as ``:1`` (the probe's operators read "not held" of a marker that still
+    de-duplicated every ``delay()``, and of a slot that was held)."""
+    last = key.rsplit(":", 1)[-1]
+    if key.endswith("}:1"):
+        return f"; slot 1 of a semaphore is its name's key, without ':1': {key[:-2]}"
+    if "}:" in key and last in _BESIDE:
+        return f"; it is {_BESIDE[last]}, not a lock: `celery redlock web` shows those"
+    return ""
+
+
 @redlock.command(name="inspect")
 @click.argument("key", required=False)
 @click.option("--task-id", help="Show the locks held by this task id instead.")
@@ -150,7 +176,7 @@ def inspect_(
     if not locks:
         if not as_json:
             missing = (
-                f"{key} is not held (no lock has that key, lock name or task name)"
+                f"{key} is not held (no lock has that key, lock name or task name){_hint(key)}"
                 if key
                 else f"task {task_id} holds no lock"
             )
@@ -273,8 +299,8 @@ def _release_dead(ctx: click.Context, store: LockStore, timeout: float, dry_run:
 def _why_kept(verdict: Verdict) -> str:
     if verdict.state == UNKNOWN:
         return "liveness unknown"
-    if verdict.state == COOLDOWN:
-        return "in its lock_cooldown"
+    if verdict.state == COOLDOWN:  # who() says so: "(ended; kept by its lock_cooldown)"
+        return "it frees itself when the cooldown ends"
     if verdict.renewed:
         return f"lease renewed: {safe(verdict.reason)}"
     return "worker alive"

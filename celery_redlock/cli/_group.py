@@ -112,15 +112,25 @@ def _app_given(value: object) -> str:
 
 
 def store_of(ctx: click.Context) -> LockStore:
-    """The locks of the ``-A`` app; a clear error naming ``-A`` when none was given."""
+    """The locks of the ``-A`` app; a clear error naming ``-A`` when none was given, also when
+    Celery's default settings would resolve (a Redis broker in ``CELERY_BROKER_URL`` or ``-b``).
+    Timeline without that: (1) the workers run with ``redlock_lease=120``; (2) a worker in a
+    warm shutdown runs a task, its lock renewed; (3) ``celery redlock release --dead``, typed
+    without ``-A`` in a container whose environment names the broker, judged it by the default
+    30 s lease, released it, and exited 0: the task ran on without its lock."""
+    if without_app(ctx):
+        try:
+            settings_for(ctx.obj.app)
+            why = "its redlock_* settings say where the locks are and how long a lease is"
+        except LockConfigError as exc:
+            why = f"so no redlock_* settings: {exc}"
+        raise click.ClickException(
+            f"no app given ({why}); run it with your app: "
+            f"celery -A yourproject redlock {ctx.info_name} ..."
+        )
     try:
         return LockStore(settings_for(ctx.obj.app))
     except LockConfigError as exc:
-        if without_app(ctx):
-            raise click.ClickException(
-                f"no app given, so no redlock_* settings ({exc}); run it with your app: "
-                f"celery -A yourproject redlock {ctx.info_name} ..."
-            ) from exc
         raise click.ClickException(str(exc)) from exc
 
 
@@ -134,13 +144,22 @@ def answers() -> Iterator[None]:
         raise click.ClickException(str(exc)) from exc
 
 
-def seconds_above_zero(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
-    """``value`` checked: seconds to wait for the workers' answers, a finite number above 0
-    (with 0 no worker has time to answer, so every live one looks dead; ``nan`` and ``inf``
-    are no waits)."""
-    if not (math.isfinite(value) and value > 0):
+#: The shortest and longest waits for the workers' pings, in seconds.
+PING_WAITS = (0.1, 3600.0)
+
+
+def ping_wait(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
+    """``value`` checked: seconds to wait for the workers' answers, from 0.1 to 3600
+    (:data:`PING_WAITS`). With 0, or a wait as short as ``1e-300``, no worker has time to
+    answer, so every live one looks dead (``release --dead --dry-run --timeout 1e-300`` said
+    "would release" of a live worker's lock in 4 runs of 21); above about 25 days the ping
+    cannot wait that long and said the broker did not answer; ``nan`` and ``inf`` are no
+    waits."""
+    low, high = PING_WAITS
+    if not (math.isfinite(value) and low <= value <= high):
         raise click.BadParameter(
-            f"{value} is not a wait: expected a finite number of seconds above 0"
+            f"{value} is not a wait for the workers' answers: expected a number of seconds "
+            f"from {low:g} to {high:g}"
         )
     return value
 
@@ -151,8 +170,8 @@ TIMEOUT = click.option(
     type=float,
     default=1.0,
     show_default=True,
-    callback=seconds_above_zero,
-    help="Seconds to wait for a ping (above 0).",
+    callback=ping_wait,
+    help="Seconds to wait for a ping (0.1 to 3600).",
 )
 
 

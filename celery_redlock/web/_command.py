@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from ..cli._group import seconds_above_zero, store_of, without_app
+from ..cli._group import ping_wait, store_of, without_app
 from . import NEEDS_EXTRA
 from ._security import LOOPBACK_NAMES, Credentials
 
@@ -39,8 +39,8 @@ def _loopback(host: str) -> bool:
     type=float,
     default=1.0,
     show_default=True,
-    callback=seconds_above_zero,
-    help="Seconds to wait for pings.",
+    callback=ping_wait,
+    help="Seconds to wait for pings (0.1 to 3600).",
 )
 @click.pass_context
 def web(ctx: click.Context, host: str, port: int, actions: bool, ping_timeout: float) -> None:

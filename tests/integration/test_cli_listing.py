@@ -235,3 +235,22 @@ def test_a_task_module_that_fails_to_import_is_a_warning(
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warned) == 1 and "could not import the task modules of app broken" in warned[0]
     app.close()
+
+
+def test_inspect_of_a_marker_or_of_slot_one_as_colon_one_says_what_it_is(
+    app: Celery, redis_url: str, r: redis_py.Redis
+) -> None:
+    """Helper probe, round 3: ``inspect`` of a ``lock_enqueue`` marker's key said only "not
+    held (no lock has that key...)" while the marker de-duplicated every ``delay()``; so did
+    slot 1 of a held semaphore given as ``<key>:1`` (slot 1's key has no suffix)."""
+    r.set("redlock:{proj.enq:abc}:queued", "task-1", px=60_000)
+    marker = inspect_of(app, "redlock:{proj.enq:abc}:queued")
+    assert marker.exit_code == 1
+    assert "it is the lock_enqueue marker of a queued call, not a lock" in marker.output
+    held = Lock(redis_url, "sem", ttl=60, limit=2, owner="s-1")
+    assert held.acquire(blocking=False)
+    slot = inspect_of(app, held.key + ":1")
+    assert slot.exit_code == 1
+    assert f"slot 1 of a semaphore is its name's key, without ':1': {held.key}" in slot.output
+    plain = inspect_of(app, "proj.nothing")
+    assert plain.output.endswith("(no lock has that key, lock name or task name)\n")

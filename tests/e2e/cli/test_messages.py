@@ -71,6 +71,9 @@ def test_empty_values_are_refused(server: RedisServer, args: tuple[str, ...], me
     "args",
     [
         ("release", "--dead", "--timeout", "0"),  # every live worker would look dead
+        ("release", "--dead", "--dry-run", "--timeout", "1e-300"),  # as good as 0
+        ("release", "--dead", "--dry-run", "--timeout", "0.05"),
+        ("inspect", "--task-id", "t", "--timeout", "3e6"),  # no ping waits that long
         ("release", "--dead", "--dry-run", "--timeout", "-1"),
         ("release", "redlock:{job}", "--timeout", "nan"),
         ("inspect", "--task-id", "t", "--timeout", "inf"),
@@ -83,11 +86,15 @@ def test_a_timeout_that_is_no_wait_is_a_usage_error(
     done = cli(server.port, *args)
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"Invalid value for '{args[-2]}'" in done.stderr
-    assert "expected a finite number of seconds above 0" in done.stderr
+    assert "expected a number of seconds from 0.1 to 3600" in done.stderr
     assert not done.stdout and "Traceback" not in done.stderr
 
 
-def test_without_an_app_the_error_shows_how_to_give_one(server: RedisServer) -> None:
+@pytest.mark.parametrize("broker", ["memory", "redis"])
+def test_without_an_app_the_error_shows_how_to_give_one(server: RedisServer, broker: str) -> None:
+    """Helper probe, round 3: with a Redis broker in the environment (a container's shell), a
+    command without ``-A`` ran on Celery's default settings (another prefix, the default
+    lease), and ``release --dead`` released a live worker's renewed lock."""
     env = {k: v for k, v in os.environ.items() if k not in ("APP", "CELERY_APP")}
     done = subprocess.run(
         [sys.executable, "-m", "celery", "redlock", "ls"],
@@ -96,7 +103,7 @@ def test_without_an_app_the_error_shows_how_to_give_one(server: RedisServer) -> 
         text=True,
         timeout=30,
         check=False,
-        env={**env, "CELERY_BROKER_URL": "memory://"},
+        env={**env, "CELERY_BROKER_URL": "memory://" if broker == "memory" else server.url},
     )
     assert done.returncode == 1
     assert "no app given" in done.stderr
