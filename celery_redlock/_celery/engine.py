@@ -33,6 +33,7 @@ TTL rule, decided in :func:`_make_lock` for each execution:
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import logging
 import random
@@ -44,7 +45,7 @@ from typing import Any, NoReturn, TypeVar
 from celery import current_task, states
 from celery import signals as celery_signals
 from celery._state import get_current_worker_task
-from celery.exceptions import Ignore, Reject, Retry
+from celery.exceptions import Ignore, Reject, Retry, SoftTimeLimitExceeded
 from celery.utils.time import maybe_iso8601
 
 from .. import signals
@@ -352,17 +353,26 @@ def _take(task: Any, request: Any, spec: Spec, settings: Settings, name: str, he
         return _on_unavailable(task, spec, settings, request, exc, lock)
     if not acquired:
         return _on_contended(task, spec, settings, request, lock, policy)
-    waited = lock.attempts > 1
-    if waited and _superseded_while_waiting(task, spec, settings, name, request, lock):
-        return False
-    if waited and _expired(request):
-        _revoke_expired(task, request, lock)
-    if options.rate is not None:
-        _check_rate(task, spec, settings, request, lock)
-    execution = Execution(lock, cooldown=options.cooldown, settings=settings)
-    # Counted first: an exception raised between the two (a soft time limit's signal
-    # handler) would leave the request holding a lock the backstop does not look for.
-    held.add(id(execution))
+    try:
+        waited = lock.attempts > 1
+        if waited and _superseded_while_waiting(task, spec, settings, name, request, lock):
+            return False
+        if waited and _expired(request):
+            _revoke_expired(task, request, lock)
+        if options.rate is not None:
+            _check_rate(task, spec, settings, request, lock)
+        execution = Execution(lock, cooldown=options.cooldown, settings=settings)
+        # Counted first: an exception raised between the two (a soft time limit's signal
+        # handler) would leave the request holding a lock the backstop does not look for.
+        held.add(id(execution))
+    except BaseException:
+        # Until it is counted, no backstop knows of the lock: give it back (quietly: it was
+        # never reported as acquired; a step above that gave it back leaves nothing to do).
+        # Timeline without: (1) the lock is taken; (2) a soft time limit's handler raises
+        # during the rate check's round trip; (3) the call fails, and the key stays held by
+        # nobody until its lease ends (2 calls in 120 with a limit of a few ms).
+        _release(task, request, lock)
+        raise
     setattr(request, REQUEST_ATTR, execution)
     if header:  # the usual call has no overrides to record
         _record_overrides(settings, lock, request, header)
@@ -943,15 +953,18 @@ def leave(task: Any, request: Any = None, *, cooldown: bool = True) -> None:
     if _release(task, request, lock, execution.cooldown if cooldown else 0):
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("%s[%s] released %s", task.name, request.id, lock.key)
-        emit(
-            task,
-            request.id,
-            "released",
-            signals.lock_released,
-            settings=execution.settings,
-            key=lock.key,
-            by="task",
-        )
+        # The body has ended: a soft time limit landing in the report changes nothing now (as
+        # one landing in the release itself, see _release_again).
+        with contextlib.suppress(SoftTimeLimitExceeded):
+            emit(
+                task,
+                request.id,
+                "released",
+                signals.lock_released,
+                settings=execution.settings,
+                key=lock.key,
+                by="task",
+            )
 
 
 @tracing.traced_release

@@ -1,13 +1,18 @@
 """How the Celery layer reports a lock event: a counter, a signal, with ``-E`` a task event, and
 with ``redlock_timeline`` an entry in the dashboard's ring.
 
-Reporting never raises into the task: a failing signal receiver or counter is logged.
+Reporting never raises into the task: a failing signal receiver or counter is logged. A soft
+time limit is not a failure of the reporting: its ``SoftTimeLimitExceeded``, raised by a signal
+handler wherever the task is, goes on (caught with the rest, a limit that landed here was lost:
+the task ran on past it and ended SUCCESS).
 """
 
 from __future__ import annotations
 
 import logging
 from typing import Any
+
+from celery.exceptions import SoftTimeLimitExceeded
 
 from .. import metrics, signals
 from . import timeline, tracing
@@ -41,5 +46,7 @@ def emit(
         if state.task_events and signal is signals.lock_contended:
             group = settings.event_names  # or task-lock (deprecated)
             task.send_event(f"{group}-{event}", key=fields["key"], holder=fields["holder"])
+    except SoftTimeLimitExceeded:
+        raise
     except Exception:
         logger.exception("%s[%s]: reporting lock event %r failed", task.name, task_id, event)

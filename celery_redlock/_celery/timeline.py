@@ -24,6 +24,8 @@ import time
 import weakref
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
+
 from .._redis import timeline as _ring
 from .._redis.clients import redact
 from .options import settings_for
@@ -77,6 +79,8 @@ def record_for(app: Any, task_name: str, task_id: str, event: str, fields: dict[
             if fields.get(name) is not None:
                 entry[name] = str(fields[name])
         _ring.push(url, prefix, entry, size)
+    except SoftTimeLimitExceeded:  # the task's limit, not the ring's failure (see events)
+        raise
     except Exception as exc:  # Redis down, a bad setting: the task goes on
         logger.debug("lock timeline: event %r of %s not recorded: %s", event, task_id, redact(exc))
 

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from celery import signals
-from celery.exceptions import Retry
+from celery.exceptions import Retry, SoftTimeLimitExceeded
 
 from .._redis.keys import keys_for
 
@@ -204,6 +204,8 @@ def _start(name: str, attributes: Mapping[str, Any]) -> _Operation | None:
     try:
         span = _tracer.start_span(name, kind=_trace.SpanKind.INTERNAL, attributes=attributes)
         return _Operation(span) if span.is_recording() else None
+    except SoftTimeLimitExceeded:  # the task's limit (see events)
+        raise
     except Exception:
         logger.debug("starting span %s failed", name, exc_info=True)
         return None
@@ -226,6 +228,8 @@ def _finish(op: _Operation, outcome: str, error: BaseException | None = None) ->
             op.span.record_exception(error, attributes={"exception.stacktrace": "".join(stack)})
             op.span.set_status(_trace.Status(_trace.StatusCode.ERROR, type(error).__name__))
         op.span.end()
+    except SoftTimeLimitExceeded:  # the task's limit (see events)
+        raise
     except Exception:
         logger.debug("ending a lock span failed", exc_info=True)
 
@@ -277,6 +281,8 @@ def record(task_id: str | None, event: str, fields: Mapping[str, Any]) -> None:
             op.attributes["redlock.policy"] = fields["policy"]
         if fields.get("fencing_token") is not None:
             op.attributes["redlock.fencing_token"] = int(fields["fencing_token"])
+    except SoftTimeLimitExceeded:  # the task's limit (see events)
+        raise
     except Exception:
         logger.debug("recording lock event %r in a span failed", event, exc_info=True)
 
@@ -333,6 +339,8 @@ def traced_acquire(enter: F) -> F:
             return enter(task, request, spec, args, kwargs)
         try:
             mode = _mode(spec)
+        except SoftTimeLimitExceeded:  # the task's limit (see events)
+            raise
         except Exception:
             logger.debug("reading the lock mode for a span failed", exc_info=True)
             return enter(task, request, spec, args, kwargs)
@@ -354,6 +362,8 @@ def traced_acquire(enter: F) -> F:
         if entered and op.outcome in (None, "acquired"):
             try:
                 _open_hold({**op.attributes, "redlock.mode": mode}, request)
+            except SoftTimeLimitExceeded:  # the task's limit (see events)
+                raise
             except Exception:
                 logger.debug("starting the hold span failed", exc_info=True)
         return entered

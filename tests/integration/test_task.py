@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import celery
@@ -30,6 +31,9 @@ from celery_redlock import (
     single_instance,
 )
 from celery_redlock._celery import engine as engine_module
+from celery_redlock._celery import events as events_module
+from celery_redlock._celery import timeline as timeline_module
+from celery_redlock._celery import tracing as tracing_module
 from celery_redlock._celery.calls import replaces
 from celery_redlock._celery.engine import TaskLock
 from celery_redlock._redis.scripts import AcquireResult
@@ -1158,6 +1162,137 @@ def test_a_replacement_on_the_same_key_runs_at_once(
     assert "own task id holding" not in caplog.text and " skipped: " not in caplog.text
     assert ran == [2, 1, 0]
     assert lock_keys(r) == []
+
+
+@pytest.mark.parametrize(
+    "statement",
+    ["if options.rate is not None:", "execution = Execution(lock", "held.add(id(execution))"],
+)
+def test_an_exception_between_the_acquire_and_the_backstop_gives_the_lock_back(
+    app: Celery, r: redis_py.Redis, statement: str
+) -> None:
+    """Helper probe, round 3: a soft time limit (any exception a signal handler raises) landing
+    after the acquire returned and before the execution was counted for the backstop (the rate
+    check's round trip, building the execution) left the slot held by nobody until its lease
+    ended: 2 of 120 calls with ``lock_limit=2`` and ``lock_rate``, ``soft_time_limit`` of a few
+    ms. Raised here at each statement of that stretch of ``_take``."""
+    code = engine_module._take.__code__
+    lines, first = inspect.getsourcelines(code)
+    acquired = next(i for i, line in enumerate(lines) if "acquired = _acquire(" in line)
+    target = first + next(i for i in range(acquired, len(lines)) if statement in lines[i])
+    fired: list[int] = []
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not code:
+            return None
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            if event == "line" and frame.f_lineno == target and not fired:
+                fired.append(frame.f_lineno)
+                raise SoftTimeLimitExceeded(f"injected at {statement}")
+            return local
+
+        return local
+
+    @app.task(base=LockedTask, shared=False, lock_ttl=60, lock_limit=2, lock_rate="100/s")
+    def work(n: int) -> int:
+        return n
+
+    sys.settrace(trace)
+    try:
+        result = work.apply((1,))
+    finally:
+        sys.settrace(None)
+    assert fired and isinstance(result.result, SoftTimeLimitExceeded)
+    assert lock_keys(r) == []  # the slots; the rate window's key may stay
+    assert not engine_module.held
+    assert work.apply((1,)).result == 1
+
+
+def _interrupt_at(code: Any, statement: str, when: Callable[[Any], bool]) -> tuple[Any, list[int]]:
+    """A trace function that raises ``SoftTimeLimitExceeded`` once, as a soft time limit's
+    signal handler would, before the first line of ``code`` that holds ``statement`` runs in a
+    frame for which ``when(frame)`` is true; and the list it records the firing in."""
+    lines, first = inspect.getsourcelines(code)
+    target = first + next(i for i, line in enumerate(lines) if statement in line)
+    fired: list[int] = []
+
+    def trace(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not code:
+            return None
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            if event == "line" and frame.f_lineno == target and not fired and when(frame):
+                fired.append(target)
+                raise SoftTimeLimitExceeded(f"injected at {statement}")
+            return local
+
+        return local
+
+    return trace, fired
+
+
+@pytest.mark.parametrize(
+    ("where", "statement"),
+    [
+        (events_module.emit, "metrics.count("),
+        (timeline_module.record_for, "_ring.push("),
+        (tracing_module.record, 'if event == "lost":'),
+    ],
+    ids=["counter", "timeline", "span"],
+)
+def test_a_soft_time_limit_while_the_lock_reports_an_event_still_ends_the_task(
+    app: Celery, r: redis_py.Redis, where: Any, statement: str
+) -> None:
+    """Helper probe, round 3: reporting a lock event catches any exception so that a failing
+    counter or receiver never fails the task, and so caught a soft time limit landing there
+    (9 of 120 calls with a limit of a few ms): the task ran on past its limit and ended
+    SUCCESS. The limit's exception goes on; the lock is released."""
+    app.conf.redlock_timeline = 10
+    ran: list[int] = []
+
+    @app.task(base=LockedTask, shared=False, lock_ttl=60)
+    def work(n: int) -> int:
+        ran.append(n)
+        return n
+
+    def acquired(frame: Any) -> bool:
+        return frame.f_locals.get("event") == "acquired"
+
+    trace, fired = _interrupt_at(where.__code__, statement, acquired)
+    sys.settrace(trace)
+    try:
+        result = work.apply((1,))
+    finally:
+        sys.settrace(None)
+    assert fired and isinstance(result.result, SoftTimeLimitExceeded)
+    assert ran == []
+    assert not r.exists(lock_key(work, 1))
+    assert work.apply((2,)).result == 2
+
+
+def test_a_soft_time_limit_while_the_release_is_reported_leaves_the_result_alone(
+    app: Celery, r: redis_py.Redis
+) -> None:
+    """Review, round 3: the body has ended when its release is reported; a soft time limit
+    landing there (now passed on by the reporting, see the test above) does not turn a
+    finished call into a failure, as one landing in the release itself does not."""
+
+    @app.task(base=LockedTask, shared=False, lock_ttl=60)
+    def work(n: int) -> int:
+        return n
+
+    def released(frame: Any) -> bool:
+        return frame.f_locals.get("event") == "released"
+
+    trace, fired = _interrupt_at(events_module.emit.__code__, "metrics.count(", released)
+    sys.settrace(trace)
+    try:
+        result = work.apply((1,))
+    finally:
+        sys.settrace(None)
+    assert fired and result.result == 1
+    assert not r.exists(lock_key(work, 1))
 
 
 def test_an_exception_right_after_the_lock_is_on_the_request_is_released_by_the_backstop(
