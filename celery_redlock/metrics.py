@@ -50,7 +50,6 @@ EVENTS = (
     "acquired",
     "skipped",
     "superseded",
-    "expired",
     "retried",
     "rate_limited",
     "waited",
@@ -59,6 +58,7 @@ EVENTS = (
     "lost",
     "released",
     "bypassed",
+    "expired",
 )
 
 FLUSH_INTERVAL = 1.0

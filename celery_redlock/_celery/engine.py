@@ -475,7 +475,7 @@ def _revoke_expired(task: Any, request: Any, lock: Lock) -> NoReturn:
         sender=task, request=request, terminated=False, signum=None, expired=True
     )
     task.send_event("task-revoked", terminated=False, signum=None, expired=True)  # with -E
-    emit(task, request.id, "expired")
+    emit(task, request.id, "expired", key=lock.key)
     raise Ignore()
 
 
@@ -676,10 +676,10 @@ def _contended_error(
             key=lock.key,
             holder=_holder(lock),
         )
-    ttl = lock.last_holder_ttl
+    ttl = lock.last_holder_ttl  # None: unknown (a quorum's split vote), or no expiry
     return LockContended(
         f"{task.name}[{request.id}]: {lock.key} is {_held_by(lock)} "
-        f"(ttl {ttl if ttl is None else round(ttl, 3)}s)",
+        + ("(ttl unknown)" if ttl is None else f"(ttl {round(ttl, 3)}s)"),
         key=lock.key,
         holder=_holder(lock),
         ttl=ttl,

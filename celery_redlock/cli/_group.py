@@ -10,7 +10,6 @@ with :data:`TIMEOUT`.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import shlex
 import sys
@@ -25,6 +24,7 @@ from .._redis.clients import redact_url
 from .._redis.inventory import Inventory
 from ..exceptions import LockConfigError, LockUnavailable, RedlockError
 from ._format import tolerant_streams
+from ._liveness import checked_wait
 
 
 class LockStore(Inventory):
@@ -112,26 +112,35 @@ def _app_given(value: object) -> str:
 
 
 def store_of(ctx: click.Context) -> LockStore:
-    """The locks of the ``-A`` app; a clear error naming ``-A`` when none was given, also when
-    Celery's default settings would resolve (a Redis broker in ``CELERY_BROKER_URL`` or ``-b``).
-    Timeline without that: (1) the workers run with ``redlock_lease=120``; (2) a worker in a
-    warm shutdown runs a task, its lock renewed; (3) ``celery redlock release --dead``, typed
-    without ``-A`` in a container whose environment names the broker, judged it by the default
-    30 s lease, released it, and exited 0: the task ran on without its lock."""
-    if without_app(ctx):
+    """The locks of the ``-A`` app; a clear error naming ``-A`` when none was given and no
+    configuration module (``--config``, ``CELERY_CONFIG_MODULE``, a ``celeryconfig.py``) set a
+    ``redlock_*`` setting, also when Celery's defaults would resolve (a Redis broker in
+    ``CELERY_BROKER_URL`` or ``-b``). Timeline without that: (1) the workers run with
+    ``redlock_lease=120``; (2) a worker in a warm shutdown runs a task, its lock renewed; (3)
+    ``celery redlock release --dead``, typed without ``-A`` in a container whose environment
+    names the broker, judged it by the default 30 s lease, released it, and exited 0: the task
+    ran on without its lock."""
+    app = ctx.obj.app
+    if without_app(ctx) and not _sets_redlock(app):
         try:
-            settings_for(ctx.obj.app)
+            settings_for(app)
             why = "its redlock_* settings say where the locks are and how long a lease is"
         except LockConfigError as exc:
             why = f"so no redlock_* settings: {exc}"
         raise click.ClickException(
             f"no app given ({why}); run it with your app: "
-            f"celery -A yourproject redlock {ctx.info_name} ..."
+            f"{command_line(ctx, ctx.info_name or 'ls')} ..."
         )
     try:
-        return LockStore(settings_for(ctx.obj.app))
+        return LockStore(settings_for(app))
     except LockConfigError as exc:
         raise click.ClickException(str(exc)) from exc
+
+
+def _sets_redlock(app: Any) -> bool:
+    """Whether ``app``'s configuration sets a ``redlock_*`` setting (any namespace: Django's
+    ``CELERY_REDLOCK_URL`` too); the package adds none of its own to it."""
+    return any(str(key).lower().startswith(("redlock_", "celery_redlock_")) for key in app.conf)
 
 
 @contextlib.contextmanager
@@ -144,24 +153,12 @@ def answers() -> Iterator[None]:
         raise click.ClickException(str(exc)) from exc
 
 
-#: The shortest and longest waits for the workers' pings, in seconds.
-PING_WAITS = (0.1, 3600.0)
-
-
 def ping_wait(_ctx: click.Context, _param: click.Parameter, value: float) -> float:
-    """``value`` checked: seconds to wait for the workers' answers, from 0.1 to 3600
-    (:data:`PING_WAITS`). With 0, or a wait as short as ``1e-300``, no worker has time to
-    answer, so every live one looks dead (``release --dead --dry-run --timeout 1e-300`` said
-    "would release" of a live worker's lock in 4 runs of 21); above about 25 days the ping
-    cannot wait that long and said the broker did not answer; ``nan`` and ``inf`` are no
-    waits."""
-    low, high = PING_WAITS
-    if not (math.isfinite(value) and low <= value <= high):
-        raise click.BadParameter(
-            f"{value} is not a wait for the workers' answers: expected a number of seconds "
-            f"from {low:g} to {high:g}"
-        )
-    return value
+    """``value`` checked by :func:`~._liveness.checked_wait`, as a usage error."""
+    try:
+        return checked_wait(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 #: The ``--timeout`` option of the commands that ping workers.

@@ -45,6 +45,7 @@ not answer.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,25 @@ ALIVE, DEAD, UNKNOWN, COOLDOWN = "alive", "dead", "unknown", "cooldown"
 
 #: The part of ``redlock_lease`` within which a renewal proves a live holder (see above).
 RENEWED_WITHIN = 2 / 3
+
+#: The shortest and longest waits for the workers' pings, in seconds.
+PING_WAITS = (0.1, 3600.0)
+
+
+def checked_wait(value: float) -> float:
+    """``value``, seconds to wait for the workers' answers, if it is from 0.1 to 3600
+    (:data:`PING_WAITS`); :class:`ValueError` otherwise. With 0, or a wait as short as
+    ``1e-300``, no worker has time to answer, so every live one looks dead (``release --dead
+    --dry-run --timeout 1e-300`` said "would release" of a live worker's lock in 4 runs of
+    21); above about 25 days the ping cannot wait that long and said the broker did not
+    answer; ``nan`` and ``inf`` are no waits."""
+    low, high = PING_WAITS
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and low <= value <= high):
+        raise ValueError(
+            f"{value!r} is not a wait for the workers' answers: expected a number of seconds "
+            f"from {low:g} to {high:g}"
+        )
+    return float(value)
 
 
 @dataclass(frozen=True)

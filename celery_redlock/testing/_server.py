@@ -108,6 +108,14 @@ def _exit_code(process: subprocess.Popen[bytes]) -> int | None:
     return -status if ended.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else status
 
 
+def _remove_folder(folder: str, pid: int) -> None:
+    """Remove a server's folder, in the process that made it only: a forked child that exits
+    normally runs the finalizers it inherited, and removed the folder (its log, a Sentinel's
+    configuration, an append-only file) of a server its parent still ran."""
+    if os.getpid() == pid:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def _last_lines(log: str, count: int = 3) -> str:
     """The last ``count`` lines a server wrote to ``log``, for an error message ("" if none)."""
     try:
@@ -148,7 +156,7 @@ class RedisServer:
         self._dir = tempfile.mkdtemp(prefix="redlock-redis-")
         #: Removes the folder: at ``with``'s end, or when the object is collected or the
         #: interpreter exits (a server used with start() and stop() alone, or never started).
-        self._remove_dir = weakref.finalize(self, shutil.rmtree, self._dir, ignore_errors=True)
+        self._remove_dir = weakref.finalize(self, _remove_folder, self._dir, os.getpid())
 
     @property
     def url(self) -> str:

@@ -54,7 +54,15 @@ from .._redis.inventory import (
 )
 from .._redis.keys import is_slot
 from ..cli._format import safe
-from ..cli._liveness import DEAD, Verdict, hosts_to_ping, liveness, unpinged, verdict
+from ..cli._liveness import (
+    DEAD,
+    Verdict,
+    checked_wait,
+    hosts_to_ping,
+    liveness,
+    unpinged,
+    verdict,
+)
 from ..exceptions import LockConfigError, LockUnavailable
 from ..metrics import EVENTS, read_stats
 from ..signals import lock_admin_action
@@ -147,13 +155,17 @@ class Dashboard:
     """The dashboard of one Celery app's locks.
 
     :param actions: allow the actions (read-only when false: every action is refused).
-    :param ping_timeout: seconds to wait for the workers' answers to a control ping.
+    :param ping_timeout: seconds to wait for the workers' answers to a control ping, from 0.1
+        to 3600 (:class:`ValueError` otherwise: with less, a live worker looks dead).
     """
 
     def __init__(self, app: Any, *, actions: bool = False, ping_timeout: float = 1.0) -> None:
         self.app = app
         self.actions = actions
-        self.ping_timeout = ping_timeout
+        try:
+            self.ping_timeout = checked_wait(ping_timeout)
+        except ValueError as exc:
+            raise ValueError(f"ping_timeout: {exc}") from None
         #: Whether the pages offer "Log out" (the standalone token login has it).
         self.logout = False
         self._inventory: Inventory | None = None

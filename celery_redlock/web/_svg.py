@@ -3,7 +3,7 @@
 Drawn from entries of the ring (:mod:`celery_redlock._celery.timeline`): a bar runs from a
 task's ``acquired`` to its ``released`` or ``lost`` (or to the right edge while it still
 holds); ``skipped``, ``waited``, ``retried``, ``rate_limited``, ``failed``, ``superseded``,
-``lost`` and ``released`` are marks with a tooltip. Every text from Redis (keys, task names,
+``expired``, ``lost`` and ``released`` are marks with a tooltip. Every text from Redis (keys, task names,
 task ids) is escaped: a lock name is chosen by whoever calls ``Lock(name)``.
 """
 

@@ -192,3 +192,19 @@ def test_a_server_used_without_with_leaves_no_folder() -> None:
     del started, unused
     gc.collect()
     assert not any(os.path.exists(folder) for folder in folders)
+
+
+def test_a_forked_child_that_exits_leaves_its_parent_s_server_folder() -> None:
+    """Review, round 3: a forked child that exits normally runs the finalizers it inherited,
+    and removed the folder of a server its parent still ran (here the finalizer is called as
+    the child's exit would)."""
+    with RedisServer() as server:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                server._remove_dir()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.path.isdir(server._dir)
+    assert not os.path.exists(server._dir)

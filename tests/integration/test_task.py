@@ -36,6 +36,7 @@ from celery_redlock._celery import timeline as timeline_module
 from celery_redlock._celery import tracing as tracing_module
 from celery_redlock._celery.calls import replaces
 from celery_redlock._celery.engine import TaskLock
+from celery_redlock._redis.owner import new_token
 from celery_redlock._redis.scripts import AcquireResult
 from celery_redlock.testing import (
     HOLDER,
@@ -223,7 +224,9 @@ def test_a_call_that_expires_while_it_waits_is_revoked_not_run(
     with running_worker(app, concurrency=2):
         first = work.delay("k", "holder")
         assert h.entered.wait(10)
-        expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=1)
+        expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(
+            seconds=3
+        )  # time to reach the worker
         late = work.apply_async(("k", "late"), expires=expires)
         key = lock_key(work, "k", "late")
         wait_until(lambda: r.zcard(key + ":waiters") == 1, 10, "the late call to wait")
@@ -1207,6 +1210,20 @@ def test_an_exception_between_the_acquire_and_the_backstop_gives_the_lock_back(
     assert lock_keys(r) == []  # the slots; the rate window's key may stay
     assert not engine_module.held
     assert work.apply((1,)).result == 1
+
+
+def test_a_holder_of_unknown_ttl_is_said_so(app: Celery, r: redis_py.Redis) -> None:
+    """Review, round 3: a holder whose TTL is unknown (a key without expiry here; a quorum's
+    split vote) made the message "held by task x (ttl Nones)"."""
+
+    @app.task(base=LockedTask, shared=False, lock_on_contention="fail")
+    def work(n: int) -> int:
+        return n
+
+    r.set(lock_key(work, 1), new_token("x"))  # no expiry: written by hand
+    with pytest.raises(LockContended) as info:
+        work.apply((1,)).get()
+    assert str(info.value).endswith("is held by task x (ttl unknown)")
 
 
 def _interrupt_at(code: Any, statement: str, when: Callable[[Any], bool]) -> tuple[Any, list[int]]:

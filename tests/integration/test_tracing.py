@@ -271,7 +271,9 @@ def test_a_waiter_that_expired_is_traced_and_counted_as_expired(
     with running_worker(app, concurrency=2):
         first = job.delay("holder")
         assert h.entered.wait(10)
-        expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=1)
+        expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(
+            seconds=3
+        )  # time to reach the worker
         late = job.apply_async(("late",), expires=expires)
         wait_until(
             lambda: r.zcard(lock_key(job, "late") + ":waiters") == 1, 10, "the late call to wait"

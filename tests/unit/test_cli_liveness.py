@@ -6,10 +6,12 @@ from __future__ import annotations
 import time
 
 import pytest
+from celery import Celery
 
 from celery_redlock._redis import owner as _owner
 from celery_redlock._redis.inventory import HeldLock
-from celery_redlock.cli._liveness import ALIVE, DEAD, UNKNOWN, verdict
+from celery_redlock.cli._liveness import ALIVE, DEAD, UNKNOWN, checked_wait, verdict
+from celery_redlock.web._core import Dashboard
 
 LEASE = 30.0
 
@@ -84,3 +86,17 @@ def test_a_token_s_acquisition_field_may_carry_the_cap(field: str, max_hold_ms: 
     else:
         assert owner is not None and owner.acquired_ms == 1796451764627
         assert owner.max_hold_ms == max_hold_ms and owner.task_id == "t-1"
+
+
+@pytest.mark.parametrize("wait", [0, 1e-300, 0.05, 3601, 3e6, float("nan"), float("inf"), "1"])
+def test_a_ping_wait_outside_a_tenth_of_a_second_to_an_hour_is_refused_everywhere(
+    wait: object,
+) -> None:
+    """Helper probe and review, round 3: ``--timeout 1e-300`` was as good as 0 (a live
+    worker's lock "would release"), above about 25 days the ping said the broker did not
+    answer; the dashboard's ``ping_timeout`` (``create_app``, the Django mount) took any value."""
+    with pytest.raises(ValueError, match=r"expected a number of seconds from 0\.1 to 3600"):
+        checked_wait(wait)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^ping_timeout: "):
+        Dashboard(Celery("waits", set_as_current=False), ping_timeout=wait)  # type: ignore[arg-type]
+    assert checked_wait(0.1) == 0.1 and checked_wait(3600) == 3600.0

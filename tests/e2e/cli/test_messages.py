@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import redis as redis_py
@@ -109,6 +110,35 @@ def test_without_an_app_the_error_shows_how_to_give_one(server: RedisServer, bro
     assert "no app given" in done.stderr
     assert "celery -A yourproject redlock ls" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("given", ["--config", "CELERY_CONFIG_MODULE"])
+def test_a_configuration_module_with_redlock_settings_needs_no_app(
+    server: RedisServer, tmp_path: Path, given: str
+) -> None:
+    """Review, round 3: refusing every command without ``-A`` refused a configuration module
+    given to Celery's default app, whose ``redlock_*`` settings are the real ones."""
+    (tmp_path / "lockconf.py").write_text(
+        f'broker_url = "{server.url}"\nredlock_url = "{server.url}"\nredlock_prefix = "lockconf"\n'
+    )
+    lock = Lock(server.url, "configured", ttl=60, prefix="lockconf")
+    assert lock.acquire(blocking=False)
+    env = {k: v for k, v in os.environ.items() if k not in ("APP", "CELERY_APP")}
+    args = ["--config", "lockconf"] if given == "--config" else []
+    if given == "CELERY_CONFIG_MODULE":
+        env["CELERY_CONFIG_MODULE"] = "lockconf"
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", *args, "redlock", "ls"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**env, "PYTHONPATH": str(tmp_path)},
+    )
+    lock.release()
+    assert done.returncode == 0, done.stderr
+    assert "lockconf:{configured}" in done.stdout
 
 
 def test_inspect_takes_a_task_or_lock_name_and_lists_its_held_keys(
