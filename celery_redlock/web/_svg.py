@@ -3,8 +3,8 @@
 Drawn from entries of the ring (:mod:`celery_redlock._celery.timeline`): a bar runs from a
 task's ``acquired`` to its ``released`` or ``lost`` (or to the right edge while it still
 holds); ``skipped``, ``waited``, ``retried``, ``rate_limited``, ``failed``, ``superseded``,
-``expired``, ``lost`` and ``released`` are marks with a tooltip. Every text from Redis (keys, task names,
-task ids) is escaped: a lock name is chosen by whoever calls ``Lock(name)``.
+``expired``, ``lost`` and ``released`` are marks with a tooltip. Every text from Redis (keys,
+task names, task ids) is escaped: a lock name is chosen by whoever calls ``Lock(name)``.
 """
 
 from __future__ import annotations
