@@ -1180,32 +1180,14 @@ def test_an_exception_between_the_acquire_and_the_backstop_gives_the_lock_back(
     ended: 2 of 120 calls with ``lock_limit=2`` and ``lock_rate``, ``soft_time_limit`` of a few
     ms. Raised here at each statement of that stretch of ``_take``."""
     code = engine_module._take.__code__
-    lines, first = inspect.getsourcelines(code)
-    acquired = next(i for i, line in enumerate(lines) if "acquired = _acquire(" in line)
-    target = first + next(i for i in range(acquired, len(lines)) if statement in lines[i])
-    fired: list[int] = []
-
-    def trace(frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code is not code:
-            return None
-
-        def local(frame: Any, event: str, arg: Any) -> Any:
-            if event == "line" and frame.f_lineno == target and not fired:
-                fired.append(frame.f_lineno)
-                raise SoftTimeLimitExceeded(f"injected at {statement}")
-            return local
-
-        return local
+    target = _line_of(code, statement, after="acquired = _acquire(")
+    trace, fired = _interrupt_at(code, target)
 
     @app.task(base=LockedTask, shared=False, lock_ttl=60, lock_limit=2, lock_rate="100/s")
     def work(n: int) -> int:
         return n
 
-    sys.settrace(trace)
-    try:
-        result = work.apply((1,))
-    finally:
-        sys.settrace(None)
+    result = _apply_traced(work, trace, 1)
     assert fired and isinstance(result.result, SoftTimeLimitExceeded)
     assert lock_keys(r) == []  # the slots; the rate window's key may stay
     assert not engine_module.held
@@ -1226,12 +1208,20 @@ def test_a_holder_of_unknown_ttl_is_said_so(app: Celery, r: redis_py.Redis) -> N
     assert str(info.value).endswith("is held by task x (ttl unknown)")
 
 
-def _interrupt_at(code: Any, statement: str, when: Callable[[Any], bool]) -> tuple[Any, list[int]]:
-    """A trace function that raises ``SoftTimeLimitExceeded`` once, as a soft time limit's
-    signal handler would, before the first line of ``code`` that holds ``statement`` runs in a
-    frame for which ``when(frame)`` is true; and the list it records the firing in."""
+def _line_of(code: Any, statement: str, after: str | None = None) -> int:
+    """The number of the first line of ``code`` that holds ``statement`` (after the first
+    line holding ``after``, if given)."""
     lines, first = inspect.getsourcelines(code)
-    target = first + next(i for i, line in enumerate(lines) if statement in line)
+    start = 0 if after is None else next(i for i, line in enumerate(lines) if after in line)
+    return first + next(i for i in range(start, len(lines)) if statement in lines[i])
+
+
+def _interrupt_at(
+    code: Any, target: int, when: Callable[[Any], bool] = lambda frame: True
+) -> tuple[Any, list[int]]:
+    """A trace function that raises ``SoftTimeLimitExceeded`` once, as a soft time limit's
+    signal handler would, before line ``target`` of ``code`` runs in a frame for which
+    ``when(frame)`` is true; and the list it records the firing in."""
     fired: list[int] = []
 
     def trace(frame: Any, event: str, arg: Any) -> Any:
@@ -1241,12 +1231,21 @@ def _interrupt_at(code: Any, statement: str, when: Callable[[Any], bool]) -> tup
         def local(frame: Any, event: str, arg: Any) -> Any:
             if event == "line" and frame.f_lineno == target and not fired and when(frame):
                 fired.append(target)
-                raise SoftTimeLimitExceeded(f"injected at {statement}")
+                raise SoftTimeLimitExceeded(f"injected at line {target}")
             return local
 
         return local
 
     return trace, fired
+
+
+def _apply_traced(task: Any, trace: Any, *args: Any) -> Any:
+    """``task.apply(args)`` with ``trace`` set (see :func:`_interrupt_at`)."""
+    sys.settrace(trace)
+    try:
+        return task.apply(args)
+    finally:
+        sys.settrace(None)
 
 
 @pytest.mark.parametrize(
@@ -1276,12 +1275,8 @@ def test_a_soft_time_limit_while_the_lock_reports_an_event_still_ends_the_task(
     def acquired(frame: Any) -> bool:
         return frame.f_locals.get("event") == "acquired"
 
-    trace, fired = _interrupt_at(where.__code__, statement, acquired)
-    sys.settrace(trace)
-    try:
-        result = work.apply((1,))
-    finally:
-        sys.settrace(None)
+    trace, fired = _interrupt_at(where.__code__, _line_of(where.__code__, statement), acquired)
+    result = _apply_traced(work, trace, 1)
     assert fired and isinstance(result.result, SoftTimeLimitExceeded)
     assert ran == []
     assert not r.exists(lock_key(work, 1))
@@ -1302,12 +1297,9 @@ def test_a_soft_time_limit_while_the_release_is_reported_leaves_the_result_alone
     def released(frame: Any) -> bool:
         return frame.f_locals.get("event") == "released"
 
-    trace, fired = _interrupt_at(events_module.emit.__code__, "metrics.count(", released)
-    sys.settrace(trace)
-    try:
-        result = work.apply((1,))
-    finally:
-        sys.settrace(None)
+    code = events_module.emit.__code__
+    trace, fired = _interrupt_at(code, _line_of(code, "metrics.count("), released)
+    result = _apply_traced(work, trace, 1)
     assert fired and result.result == 1
     assert not r.exists(lock_key(work, 1))
 
@@ -1322,35 +1314,14 @@ def test_an_exception_right_after_the_lock_is_on_the_request_is_released_by_the_
     request; counted after, the exception landed in between and the key stayed held for its
     TTL (every call meanwhile skipped)."""
     code = engine_module._take.__code__
-    lines, first = inspect.getsourcelines(code)
-    stored = next(
-        first + i
-        for i, line in enumerate(lines)
-        if "setattr(request, REQUEST_ATTR, execution)" in line
-    )
-    fired: list[int] = []
-
-    def trace(frame: Any, event: str, arg: Any) -> Any:
-        if frame.f_code is not code:
-            return None
-
-        def local(frame: Any, event: str, arg: Any) -> Any:
-            if event == "line" and frame.f_lineno == stored + 1 and not fired:
-                fired.append(frame.f_lineno)
-                raise SoftTimeLimitExceeded("injected after the lock is on the request")
-            return local
-
-        return local
+    stored = _line_of(code, "setattr(request, REQUEST_ATTR, execution)")
+    trace, fired = _interrupt_at(code, stored + 1)
 
     @app.task(base=LockedTask, shared=False, lock_ttl=60)
     def work(n: int) -> int:
         return n
 
-    sys.settrace(trace)
-    try:
-        result = work.apply((1,))
-    finally:
-        sys.settrace(None)
+    result = _apply_traced(work, trace, 1)
     assert fired and isinstance(result.result, SoftTimeLimitExceeded)
     assert not r.exists(lock_key(work, 1))
     assert not engine_module.held
