@@ -347,13 +347,14 @@ def _take(task: Any, request: Any, spec: Spec, settings: Settings, name: str, he
         setattr(request, REQUEST_ATTR, Execution(None, settings=settings))
         return True
     policy = contention_policy(spec.options, settings)
+    execution = None
     try:
-        acquired = _acquire(task, spec, request, lock, policy)
-    except LockUnavailable as exc:
-        return _on_unavailable(task, spec, settings, request, exc, lock)
-    if not acquired:
-        return _on_contended(task, spec, settings, request, lock, policy)
-    try:
+        try:
+            acquired = _acquire(task, spec, request, lock, policy)
+        except LockUnavailable as exc:
+            return _on_unavailable(task, spec, settings, request, exc, lock)
+        if not acquired:
+            return _on_contended(task, spec, settings, request, lock, policy)
         waited = lock.attempts > 1
         if waited and _superseded_while_waiting(task, spec, settings, name, request, lock):
             return False
@@ -362,18 +363,21 @@ def _take(task: Any, request: Any, spec: Spec, settings: Settings, name: str, he
         if options.rate is not None:
             _check_rate(task, spec, settings, request, lock)
         execution = Execution(lock, cooldown=options.cooldown, settings=settings)
-        # Counted first: an exception raised between the two (a soft time limit's signal
-        # handler) would leave the request holding a lock the backstop does not look for.
-        held.add(id(execution))
+        held.add(id(execution))  # what the backstop looks for: then what it releases
+        setattr(request, REQUEST_ATTR, execution)
     except BaseException:
-        # Until it is counted, no backstop knows of the lock: give it back (quietly: it was
-        # never reported as acquired; a step above that gave it back leaves nothing to do).
-        # Timeline without: (1) the lock is taken; (2) a soft time limit's handler raises
-        # during the rate check's round trip; (3) the call fails, and the key stays held by
-        # nobody until its lease ends (2 calls in 120 with a limit of a few ms).
+        # Until both are done, no backstop knows of the lock: give it back (quietly: it was
+        # never reported as acquired; a step above that gave it back, or a lock never
+        # taken, leaves nothing to do). Timeline without: (1) the lock is taken; (2) a soft
+        # time limit's handler raises during the rate check's round trip; (3) the call fails,
+        # and the key stays held by nobody until its lease ends (2 calls in 120 with a limit
+        # of a few ms).
+        if execution is not None:
+            held.discard(id(execution))
+            if getattr(request, REQUEST_ATTR, None) is execution:
+                setattr(request, REQUEST_ATTR, None)
         _release(task, request, lock)
         raise
-    setattr(request, REQUEST_ATTR, execution)
     if header:  # the usual call has no overrides to record
         _record_overrides(settings, lock, request, header)
     if logger.isEnabledFor(logging.DEBUG):
@@ -475,7 +479,8 @@ def _revoke_expired(task: Any, request: Any, lock: Lock) -> NoReturn:
         sender=task, request=request, terminated=False, signum=None, expired=True
     )
     task.send_event("task-revoked", terminated=False, signum=None, expired=True)  # with -E
-    emit(task, request.id, "expired", key=lock.key)
+    with contextlib.suppress(SoftTimeLimitExceeded):  # stored REVOKED: decided (see leave)
+        emit(task, request.id, "expired", key=lock.key)
     raise Ignore()
 
 
@@ -991,6 +996,8 @@ def _release(task: Any, request: Any, lock: Lock, keep: float = 0) -> bool:
         )
         return False
     except Exception as exc:  # not Redis's: an exception raised inside the release
+        if lock.lost:  # the release found it lost; the exception interrupted that report
+            return False
         return _release_again(task, request, lock, keep, exc)
     return True
 

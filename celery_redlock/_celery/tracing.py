@@ -211,7 +211,14 @@ def _start(name: str, attributes: Mapping[str, Any]) -> _Operation | None:
         return None
 
 
-def _finish(op: _Operation, outcome: str, error: BaseException | None = None) -> None:
+def _finish(
+    op: _Operation, outcome: str, error: BaseException | None = None, *, before_body: bool = False
+) -> None:
+    """End ``op``'s span with ``outcome``. A soft time limit landing here goes on to the task
+    only ``before_body`` (the call took its lock and is about to run); on every other path the
+    call's outcome is decided (an exception on its way, an ``Ignore``, a publish done), and
+    raising it there turned a published retry into a FAILURE: under ``until_executed`` its
+    marker was then cleared, and a call published meanwhile ran beside the retry."""
     try:
         attributes = {"redlock.outcome": op.outcome or outcome, **op.attributes}
         if op.waited_at is not None:
@@ -228,8 +235,10 @@ def _finish(op: _Operation, outcome: str, error: BaseException | None = None) ->
             op.span.record_exception(error, attributes={"exception.stacktrace": "".join(stack)})
             op.span.set_status(_trace.Status(_trace.StatusCode.ERROR, type(error).__name__))
         op.span.end()
-    except SoftTimeLimitExceeded:  # the task's limit (see events)
-        raise
+    except SoftTimeLimitExceeded:
+        if before_body:  # the task's limit (see events)
+            raise
+        logger.debug("ending a lock span was interrupted by a soft time limit", exc_info=True)
     except Exception:
         logger.debug("ending a lock span failed", exc_info=True)
 
@@ -358,7 +367,7 @@ def traced_acquire(enter: F) -> F:
             raise
         finally:
             _current.reset(token)
-        _finish(op, "acquired" if entered else "skipped")
+        _finish(op, "acquired" if entered else "skipped", before_body=bool(entered))
         if entered and op.outcome in (None, "acquired"):
             try:
                 _open_hold({**op.attributes, "redlock.mode": mode}, request)

@@ -19,7 +19,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from .._celery.options import Settings, settings_for
+from .._celery.options import SETTINGS, Settings, settings_for
 from .._redis.clients import redact_url
 from .._redis.inventory import Inventory
 from ..exceptions import LockConfigError, LockUnavailable, RedlockError
@@ -138,9 +138,10 @@ def store_of(ctx: click.Context) -> LockStore:
 
 
 def _sets_redlock(app: Any) -> bool:
-    """Whether ``app``'s configuration sets a ``redlock_*`` setting (any namespace: Django's
-    ``CELERY_REDLOCK_URL`` too); the package adds none of its own to it."""
-    return any(str(key).lower().startswith(("redlock_", "celery_redlock_")) for key in app.conf)
+    """Whether ``app``'s configuration sets one of the ``redlock_*`` settings, spelled as
+    Celery's default app reads it (lower case, no namespace: it ignores ``REDLOCK_LEASE`` and
+    ``CELERY_REDLOCK_LEASE``, and a misspelt one sets nothing); the package adds none."""
+    return any(key in SETTINGS for key in app.conf)
 
 
 @contextlib.contextmanager

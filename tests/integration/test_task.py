@@ -243,6 +243,40 @@ def test_a_call_that_expires_while_it_waits_is_revoked_not_run(
     assert lock_keys(r) == []
 
 
+def test_a_soft_time_limit_while_an_expired_waiter_is_counted_leaves_it_revoked(
+    h: Holder, app: Celery, r: redis_py.Redis
+) -> None:
+    """Review, round 3: a soft time limit landing while the expired waiter's ``expired`` was
+    reported (after its REVOKED was stored and ``task_revoked`` sent) replaced its ``Ignore``:
+    Celery stored FAILURE over REVOKED and sent ``task_failure`` too."""
+    ran: list[str] = []
+    work = _locked(app, "task", roles(h, ran), on_contention="wait", wait_timeout=20)
+
+    def expired(frame: Any) -> bool:
+        return frame.f_locals.get("event") == "expired"
+
+    code = events_module.emit.__code__
+    trace, fired = _interrupt_at(code, _line_of(code, "metrics.count("), expired)
+    threading.settrace(trace)  # the worker's threads, started below
+    try:
+        with running_worker(app, concurrency=2):
+            first = work.delay("k", "holder")
+            assert h.entered.wait(10)
+            expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=3)
+            late = work.apply_async(("k", "late"), expires=expires)
+            key = lock_key(work, "k", "late")
+            wait_until(lambda: r.zcard(key + ":waiters") == 1, 10, "the late call to wait")
+            wait_until(lambda: datetime.datetime.now(datetime.timezone.utc) > expires, 5, "expiry")
+            h.gate.set()
+            assert first.get(timeout=10) == "holder"
+            with pytest.raises(celery.exceptions.TaskRevokedError):
+                late.get(timeout=10)
+    finally:
+        threading.settrace(None)
+    stored = app.backend.get_task_meta(late.id, cache=False)["status"]  # the worker has ended
+    assert fired and stored == "REVOKED" and ran == ["holder"]
+
+
 def test_an_expired_waiter_whose_wait_times_out_is_revoked_and_a_naive_expires_is_utc(
     h: Holder, app: Celery, r: redis_py.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1169,7 +1203,13 @@ def test_a_replacement_on_the_same_key_runs_at_once(
 
 @pytest.mark.parametrize(
     "statement",
-    ["if options.rate is not None:", "execution = Execution(lock", "held.add(id(execution))"],
+    [
+        "if not acquired:",
+        "if options.rate is not None:",
+        "execution = Execution(lock",
+        "held.add(id(execution))",
+        "setattr(request, REQUEST_ATTR, execution)",
+    ],
 )
 def test_an_exception_between_the_acquire_and_the_backstop_gives_the_lock_back(
     app: Celery, r: redis_py.Redis, statement: str
@@ -1304,6 +1344,29 @@ def test_a_soft_time_limit_while_the_release_is_reported_leaves_the_result_alone
     assert not r.exists(lock_key(work, 1))
 
 
+def test_a_loss_found_at_release_whose_report_is_interrupted_is_no_release(
+    app: Celery, r: redis_py.Redis
+) -> None:
+    """Review, round 3: a soft time limit landing while the release reported the loss it found
+    made the engine take the release for an interrupted one, send it again (finding nothing)
+    and report the lost lock as released (``lock_released``, ``by="task"``)."""
+
+    @app.task(base=LockedTask, shared=False, lock_ttl=60)
+    def work(n: int) -> int:
+        r.delete(lock_key(work, n))  # the lock expires under its holder
+        return n
+
+    def lost(frame: Any) -> bool:
+        return frame.f_locals.get("event") == "lost"
+
+    code = events_module.emit.__code__
+    trace, fired = _interrupt_at(code, _line_of(code, "metrics.count("), lost)
+    with record_lock_events() as events:
+        result = _apply_traced(work, trace, 1)
+    assert fired and result.result == 1
+    assert [e.kind for e in events.of(result)] == ["acquired"]  # neither released nor lost
+
+
 def test_an_exception_right_after_the_lock_is_on_the_request_is_released_by_the_backstop(
     app: Celery, r: redis_py.Redis
 ) -> None:
@@ -1314,8 +1377,9 @@ def test_an_exception_right_after_the_lock_is_on_the_request_is_released_by_the_
     request; counted after, the exception landed in between and the key stayed held for its
     TTL (every call meanwhile skipped)."""
     code = engine_module._take.__code__
-    stored = _line_of(code, "setattr(request, REQUEST_ATTR, execution)")
-    trace, fired = _interrupt_at(code, stored + 1)
+    trace, fired = _interrupt_at(
+        code, _line_of(code, "if header:", after="setattr(request, REQUEST_ATTR, execution)")
+    )
 
     @app.task(base=LockedTask, shared=False, lock_ttl=60)
     def work(n: int) -> int:

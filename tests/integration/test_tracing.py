@@ -34,10 +34,12 @@ from celery_redlock import (
     metrics,
     signals,
 )
+from celery_redlock._celery import tracing as tracing_module
 from celery_redlock.metrics import read_stats
-from celery_redlock.testing import RedisServer, free_port, wait_until
+from celery_redlock.testing import RedisServer, free_port, hold_lock, wait_until
 from support.apps import lock_keys, make_app
 from support.workers import Holder, running_worker
+from tests.integration.test_task import _interrupt_at, _line_of
 
 
 class Breakable(SimpleSpanProcessor):
@@ -292,6 +294,34 @@ def test_a_waiter_that_expired_is_traced_and_counted_as_expired(
     expired = [s for s in named(spans, "redlock.acquire") if s.attributes.get("redlock.reason")]
     assert [s.attributes["redlock.reason"] for s in expired] == ["expired"]
     assert expired[0].attributes["redlock.outcome"] == "skipped"
+
+
+def test_a_soft_time_limit_while_a_retry_s_span_ends_leaves_the_retry(
+    app: Celery, spans: InMemorySpanExporter
+) -> None:
+    """Review, round 3: a soft time limit landing while the acquire span of a call requeued by
+    the lock ended (its retry already published) was passed on to the task: the call was
+    stored FAILURE, and under ``until_executed`` its marker was cleared, so a call published
+    meanwhile ran beside the retry. The call's outcome is decided there: it stays RETRY."""
+
+    @app.task(base=LockedTask, shared=False, lock_on_contention="retry", lock_retry_countdown=60)
+    def job() -> str:
+        return "ran"
+
+    def retried(frame: Any) -> bool:
+        return frame.f_locals.get("outcome") == "retried"
+
+    code = tracing_module._finish.__code__
+    trace, fired = _interrupt_at(code, _line_of(code, "op.span.end()"), retried)
+    with hold_lock(job):
+        threading.settrace(trace)  # the worker's threads, started below
+        try:
+            with running_worker(app, pool="solo"):
+                result = job.delay()
+                wait_until(lambda: result.state != "PENDING", 10, "the first attempt's end")
+        finally:
+            threading.settrace(None)
+    assert fired and result.state == "RETRY"
 
 
 def test_a_loss_found_by_the_renewal_thread_is_an_event_of_the_hold_span(

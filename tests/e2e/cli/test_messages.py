@@ -141,6 +141,28 @@ def test_a_configuration_module_with_redlock_settings_needs_no_app(
     assert "lockconf:{configured}" in done.stdout
 
 
+@pytest.mark.parametrize("spelled", ["REDLOCK_LEASE", "CELERY_REDLOCK_LEASE", "redlock_leas"])
+def test_a_configuration_module_whose_settings_celery_ignores_still_needs_an_app(
+    server: RedisServer, tmp_path: Path, spelled: str
+) -> None:
+    """Review, round 3: a configuration module counted as giving the settings when one of its
+    names merely looked like one (upper case, a namespace, a misspelling), which Celery's
+    default app ignores: the command ran on the default 30 s lease."""
+    (tmp_path / "otherconf.py").write_text(f'broker_url = "{server.url}"\n{spelled} = 120\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("APP", "CELERY_APP")}
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "--config", "otherconf", "redlock", "ls"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**env, "PYTHONPATH": str(tmp_path)},
+    )
+    assert done.returncode == 1, done.stdout
+    assert "no app given" in done.stderr and "--config otherconf" in done.stderr
+
+
 def test_inspect_takes_a_task_or_lock_name_and_lists_its_held_keys(
     server: RedisServer, w1: WorkerProcess, client: Celery, records: redis_py.Redis
 ) -> None:
