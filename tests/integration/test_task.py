@@ -208,6 +208,24 @@ def roles(h: Holder, ran: list[str]) -> Any:
     return body
 
 
+def _expired_while_waiting(h: Holder, work: Any, r: redis_py.Redis) -> Any:
+    """Run ``work("k", "holder")`` (it holds ``h``), then a call ``("k", "late")`` whose
+    ``expires`` passes while it waits for the lock; open the gate. The late call's result,
+    REVOKED (checked), once the holder has ended."""
+    first = work.delay("k", "holder")
+    assert h.entered.wait(10)
+    expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=3)
+    late = work.apply_async(("k", "late"), expires=expires)  # 3 s: time to reach the worker
+    key = lock_key(work, "k", "late")
+    wait_until(lambda: r.zcard(key + ":waiters") == 1, 10, "the late call to wait")
+    wait_until(lambda: datetime.datetime.now(datetime.timezone.utc) > expires, 5, "expiry")
+    h.gate.set()
+    assert first.get(timeout=10) == "holder"
+    with pytest.raises(celery.exceptions.TaskRevokedError):
+        late.get(timeout=10)
+    return late
+
+
 @pytest.mark.parametrize("api", ["task", "decorator"])
 def test_a_call_that_expires_while_it_waits_is_revoked_not_run(
     h: Holder, app: Celery, r: redis_py.Redis, api: str
@@ -222,20 +240,9 @@ def test_a_call_that_expires_while_it_waits_is_revoked_not_run(
     queued = {"enqueue": True} if api == "task" else {}  # a LockedTask option
     work = _locked(app, api, body, on_contention="wait", wait_timeout=20, **queued)
     with running_worker(app, concurrency=2):
-        first = work.delay("k", "holder")
-        assert h.entered.wait(10)
-        expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(
-            seconds=3
-        )  # time to reach the worker
-        late = work.apply_async(("k", "late"), expires=expires)
-        key = lock_key(work, "k", "late")
-        wait_until(lambda: r.zcard(key + ":waiters") == 1, 10, "the late call to wait")
-        wait_until(lambda: datetime.datetime.now(datetime.timezone.utc) > expires, 5, "expiry")
-        h.gate.set()
-        assert first.get(timeout=10) == "holder"
-        with pytest.raises(celery.exceptions.TaskRevokedError):
-            late.get(timeout=10)
+        late = _expired_while_waiting(h, work, r)
         assert late.state == "REVOKED"
+        key = lock_key(work, "k", "late")
         wait_until(lambda: not r.exists(key + ":queued"), 10, "the late call's marker cleared")
         after = work.delay("k", "after")  # under lock_enqueue: queued anew, not the revoked one
         assert after.id != late.id and after.get(timeout=10) == "after"
@@ -260,17 +267,7 @@ def test_a_soft_time_limit_while_an_expired_waiter_is_counted_leaves_it_revoked(
     threading.settrace(trace)  # the worker's threads, started below
     try:
         with running_worker(app, concurrency=2):
-            first = work.delay("k", "holder")
-            assert h.entered.wait(10)
-            expires = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=3)
-            late = work.apply_async(("k", "late"), expires=expires)
-            key = lock_key(work, "k", "late")
-            wait_until(lambda: r.zcard(key + ":waiters") == 1, 10, "the late call to wait")
-            wait_until(lambda: datetime.datetime.now(datetime.timezone.utc) > expires, 5, "expiry")
-            h.gate.set()
-            assert first.get(timeout=10) == "holder"
-            with pytest.raises(celery.exceptions.TaskRevokedError):
-                late.get(timeout=10)
+            late = _expired_while_waiting(h, work, r)
     finally:
         threading.settrace(None)
     stored = app.backend.get_task_meta(late.id, cache=False)["status"]  # the worker has ended

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis as redis_py
@@ -112,6 +113,21 @@ def test_without_an_app_the_error_shows_how_to_give_one(server: RedisServer, bro
     assert "Traceback" not in done.stderr
 
 
+def _without_app(folder: Path, *options: str, **environment: str) -> Any:
+    """``celery <options> redlock ls`` without ``-A``, run in ``folder`` (importable), with
+    ``environment`` added."""
+    env = {k: v for k, v in os.environ.items() if k not in ("APP", "CELERY_APP")}
+    return subprocess.run(
+        [sys.executable, "-m", "celery", *options, "redlock", "ls"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={**env, **environment, "PYTHONPATH": str(folder)},
+    )
+
+
 @pytest.mark.parametrize("given", ["--config", "CELERY_CONFIG_MODULE"])
 def test_a_configuration_module_with_redlock_settings_needs_no_app(
     server: RedisServer, tmp_path: Path, given: str
@@ -123,19 +139,10 @@ def test_a_configuration_module_with_redlock_settings_needs_no_app(
     )
     lock = Lock(server.url, "configured", ttl=60, prefix="lockconf")
     assert lock.acquire(blocking=False)
-    env = {k: v for k, v in os.environ.items() if k not in ("APP", "CELERY_APP")}
-    args = ["--config", "lockconf"] if given == "--config" else []
-    if given == "CELERY_CONFIG_MODULE":
-        env["CELERY_CONFIG_MODULE"] = "lockconf"
-    done = subprocess.run(
-        [sys.executable, "-m", "celery", *args, "redlock", "ls"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-        env={**env, "PYTHONPATH": str(tmp_path)},
-    )
+    if given == "--config":
+        done = _without_app(tmp_path, "--config", "lockconf")
+    else:
+        done = _without_app(tmp_path, CELERY_CONFIG_MODULE="lockconf")
     lock.release()
     assert done.returncode == 0, done.stderr
     assert "lockconf:{configured}" in done.stdout
@@ -149,16 +156,7 @@ def test_a_configuration_module_whose_settings_celery_ignores_still_needs_an_app
     names merely looked like one (upper case, a namespace, a misspelling), which Celery's
     default app ignores: the command ran on the default 30 s lease."""
     (tmp_path / "otherconf.py").write_text(f'broker_url = "{server.url}"\n{spelled} = 120\n')
-    env = {k: v for k, v in os.environ.items() if k not in ("APP", "CELERY_APP")}
-    done = subprocess.run(
-        [sys.executable, "-m", "celery", "--config", "otherconf", "redlock", "ls"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-        env={**env, "PYTHONPATH": str(tmp_path)},
-    )
+    done = _without_app(tmp_path, "--config", "otherconf")
     assert done.returncode == 1, done.stdout
     assert "no app given" in done.stderr and "--config otherconf" in done.stderr
 
