@@ -28,8 +28,11 @@ to threads too):
    releasing wakes B when its TTL runs out.
 5. A dying loop. The renewal task dies with its loop; the lease then expires within ``ttl``.
    The renewal task holds only a weak reference to the lock, so an abandoned lock (dropped
-   without release) stops being renewed too. Background give-backs (1, 7) die with the loop
-   too: their keys then expire by their TTL.
+   without release) stops being renewed too. Background give-backs (1, 7) and the leaves of
+   cancelled waiters outlive the cancellation of every task by a loop's shutdown
+   (``asyncio.run`` after Ctrl-C): each is tried once more at once, and the shutdown waits for
+   it (:func:`~celery_redlock._redis.aionodes.in_background`); a loop closed without shutting
+   down drops them, and their keys expire by their TTL.
 6. A swallowed cancellation. A client call can catch the ``CancelledError`` meant for the
    caller and return normally; the caller would then go on as if it had not been cancelled.
    Every call is settled (:func:`settle`): a cancellation asked meanwhile is raised after it.
@@ -53,7 +56,7 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
-from .aionodes import Nodes, SingleNode, as_planned, give_back, in_background, nodes_for
+from .aionodes import Nodes, SingleNode, as_planned, give_back, in_background, keep, nodes_for
 from .core import (
     SUBSCRIBED,
     Closing,
@@ -92,7 +95,7 @@ async def finish(aw: Awaitable[T]) -> T:
     return task.result()
 
 
-async def settle(aw: Awaitable[T], late: Callable[[T], Any] | None = None) -> T:
+async def settle(aw: Awaitable[T], late: Callable[[T], Awaitable[object]] | None = None) -> T:
     """Await ``aw``, and raise :class:`asyncio.CancelledError` if the caller was cancelled
     meanwhile, even if ``aw`` swallowed the cancellation (hazard 6); ``late(result)`` then
     undoes what ``aw`` did.
@@ -126,22 +129,16 @@ async def settle(aw: Awaitable[T], late: Callable[[T], Any] | None = None) -> T:
         if late is None:
             task.cancel()
         else:
-            in_background(task)
+            keep(task)
             task.add_done_callback(functools.partial(_undo, late))
         raise
     return task.result()
 
 
-def _undo(late: Callable[[T], Any], task: asyncio.Future[T]) -> None:
+def _undo(late: Callable[[T], Awaitable[object]], task: asyncio.Future[T]) -> None:
     """Done-callback of a call the caller gave up on: pass its result to ``late``."""
     if not task.cancelled() and task.exception() is None:
-        _run_late(late, task.result())
-
-
-def _run_late(late: Callable[[T], Any], result: T) -> None:
-    undo = late(result)
-    if asyncio.iscoroutine(undo):
-        in_background(undo)
+        in_background(functools.partial(late, task.result()))
 
 
 #: Tasks count the cancellations asked of them (``Task.cancelling()``, Python >= 3.11).
@@ -322,7 +319,7 @@ class Lock(LockCore):
                     channel, subscription = arg, None
                     hub = hub_for(await settle(self.nodes.pubsub_client(self.keys.lock)))
                 elif op is Op.RECEIVE and subscription is None:
-                    subscription = await settle(hub.subscribe(channel), _unsubscribe)
+                    subscription = await settle(hub.subscribe(channel), _unsubscribe_late)
                     run.reply = SUBSCRIBED
                 elif op is Op.RECEIVE:
                     run.reply = await subscription[1].get(arg)
@@ -333,12 +330,12 @@ class Lock(LockCore):
                 elif op is Op.LEAVE:
                     run.reply = await settle(queue.leave(self.keys, *arg))
                 elif op is Op.ABANDON:  # the wait was interrupted: not waiting for Redis
-                    in_background(self._abandon(queue, *arg))
+                    in_background(functools.partial(self._abandon, queue, *arg))
                 elif op is Op.CLOSE:
                     if subscription is not None:
                         _unsubscribe(subscription)
                     if arg is Closing.STRANDED and queued is not None:  # its leave went unanswered
-                        in_background(self._abandon(queue, *queued))
+                        in_background(functools.partial(self._abandon, queue, *queued))
             except BaseException as exc:  # the core decides: thrown into the wait
                 run.error = exc
         return run.result
@@ -379,14 +376,21 @@ class Lock(LockCore):
     def _stop_renewal(self) -> None:
         """Cancel the renewal task, unless it is the caller, or its loop was closed (it never
         runs again; cancelling it there raises ``RuntimeError`` and would end a release in
-        another loop after its token was dropped, the key left to its TTL)."""
+        another loop after its token was dropped, the key left to its TTL). A renewal of a
+        loop running in another thread is cancelled through that loop (``call_soon`` from
+        another thread is not safe, and a loop in debug mode raises ``RuntimeError``: the
+        release was never sent, and the renewal went on holding the key)."""
         renewer, self._renewer = self._renewer, None
-        if (
-            renewer is not None
-            and renewer is not asyncio.current_task()
-            and not renewer.get_loop().is_closed()
-        ):
-            renewer.cancel()
+        if renewer is None or renewer is asyncio.current_task():
+            return
+        loop = renewer.get_loop()
+        with contextlib.suppress(RuntimeError):  # closed meanwhile: it never runs again
+            if loop.is_closed():
+                return
+            if loop is _running_loop():
+                renewer.cancel()
+            else:
+                loop.call_soon_threadsafe(renewer.cancel)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -464,13 +468,14 @@ class Lock(LockCore):
         acquisition: the key is held by nobody until its TTL."""
         self._drop(token)
         if self.nodes.gives_back_per_node:
-            in_background(self._give_back(token))
+            in_background(functools.partial(self._give_back, token))
             return
 
         async def release() -> None:
             await finish(self.do_release(token))
 
-        in_background(as_planned(GiveBack(self.key, time.monotonic()), release, delay=0.0))
+        plan = GiveBack(self.key, time.monotonic())
+        in_background(functools.partial(as_planned, plan, release, 0.0))
 
     def _give_back_if_lost(self, error: Exception, token: str) -> None:
         """An attempt raised ``error``: if its reply was lost, or it is no Redis error (the
@@ -488,9 +493,21 @@ class Lock(LockCore):
             self._stop_renewal()
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 def _unsubscribe(subscription: tuple[Any, Any]) -> None:
-    """Drop the inbox of a wait's subscription (also one made after its waiter was cancelled)."""
+    """Drop the inbox of a wait's subscription."""
     subscription[0].remove(subscription[1])
+
+
+async def _unsubscribe_late(subscription: tuple[Any, Any]) -> None:
+    """Drop the inbox of a subscription made after its waiter was cancelled (:func:`settle`)."""
+    _unsubscribe(subscription)
 
 
 async def _renew(ref: weakref.ref[Lock], due: float) -> None:

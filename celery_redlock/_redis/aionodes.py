@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
+import logging
 import time
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
@@ -48,7 +50,6 @@ from .clients import (
     check_timeouts,
     is_cluster,
     node_name,
-    redact,
     redact_url,
     uses_tls,
     validate_url,
@@ -75,62 +76,149 @@ from .scripts import AcquireResult, WaitReply
 
 T = TypeVar("T")
 
+logger = logging.getLogger("celery_redlock.lock")
+
 #: Connections of the pool of a client built from a URL (per loop); more callers wait.
 MAX_CONNECTIONS = 100
 
 #: URL schemes an asyncio lock builds clients for; pass a ``redis.asyncio`` client otherwise.
 SCHEMES = ("redis://", "rediss://", "unix://")
 
-#: Clean-ups and give-backs running in the background (referenced until they end).
-_background: set[asyncio.Future[Any]] = set()
+
+def keep(task: asyncio.Future[Any]) -> None:
+    """Reference ``task`` until it ends: a command whose caller no longer waits for it."""
+    state = _loop_state(task.get_loop())
+    state.cleanups.add(task)
+    task.add_done_callback(state.cleanups.discard)
 
 
-def in_background(undo: Awaitable[Any]) -> None:
-    """Run the clean-up ``undo`` in a task of its own, referenced until it ends."""
-    background = asyncio.ensure_future(undo)
-    _background.add(background)
-    background.add_done_callback(_background.discard)
+def in_background(undo: Callable[[], Awaitable[object]]) -> None:
+    """Run the clean-up ``undo()`` in a task of its own, referenced until it ends.
+
+    A loop that shuts down cancels every task it has, started or not (``asyncio.run`` when its
+    main coroutine ends, at once after a Ctrl-C). Timeline of a clean-up cancelled there: (1)
+    Ctrl-C lands while ``async with lock:`` waits for its acquire's reply; (2) the acquire is
+    cancelled and gives its token back in the background; (3) ``asyncio.run`` cancels every
+    task left, that give-back among them, before it sends its release; (4) Redis runs the
+    acquire: the key stays held by nobody for its TTL. So a clean-up that is cancelled runs
+    once more, at once, without waiting between tries (:func:`as_planned`), and the loop's
+    shutdown (``shutdown_asyncgens``, which ``asyncio.run`` calls) waits for it; a second
+    cancellation ends it. A loop closed without that shutdown (``loop.close()`` alone) drops
+    it, and its keys expire by their TTL.
+    """
+    _start(undo, _loop_state(asyncio.get_running_loop()), last=False)
+
+
+def _start(undo: Callable[[], Awaitable[object]], state: _LoopState, *, last: bool) -> None:
+    task = asyncio.ensure_future(undo())
+    state.cleanups.add(task)
+    task.add_done_callback(state.cleanups.discard)
+    if last:
+        state.last.add(task)
+        task.add_done_callback(state.last.discard)
+    else:
+        task.add_done_callback(functools.partial(_again, undo, state))
+
+
+def _again(undo: Callable[[], Awaitable[object]], state: _LoopState, task: Any) -> None:
+    """Done-callback of a clean-up's first run: if it was cancelled, run it once more."""
+    if task.cancelled():
+        stopping = _stopping.set(True)  # copied into the new task's context
+        try:
+            _start(undo, state, last=True)
+        finally:
+            _stopping.reset(stopping)
+
+
+#: Set in a clean-up run again as its loop shuts down (:func:`in_background`).
+_stopping: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "celery_redlock_stopping", default=False
+)
 
 
 def give_back(key: str, release: Callable[[], Awaitable[object]]) -> None:
     """Send ``release()`` (the owner-checked release of a token whose reply was lost, for lock
     ``key``) in the background, as :class:`~celery_redlock._redis.core.GiveBack` plans: the
     asyncio twin of :func:`celery_redlock._redis.givebacks.give_back`. It runs in the running
-    loop, and ends with it: a give-back still pending when the loop closes is not sent, and the
-    key expires by its TTL."""
-    in_background(as_planned(GiveBack(key, time.monotonic()), release))
+    loop; when the loop shuts down, it is tried once more at once (:func:`in_background`)."""
+    in_background(functools.partial(as_planned, GiveBack(key, time.monotonic()), release))
 
 
 async def as_planned(
     plan: GiveBack, attempt: Callable[[], Awaitable[object]], delay: float | None = None
 ) -> None:
     """Run ``attempt()`` after ``delay`` seconds (default: the plan's first delay), then as
-    often as ``plan`` judges its outcomes call for."""
+    often as ``plan`` judges its outcomes call for. Run again as its loop shuts down
+    (:func:`in_background`), it tries at once and ends at the first try without an answer."""
     wait: float | None = plan.delay if delay is None else delay
     while wait is not None:
-        await asyncio.sleep(wait)
+        stopping = _stopping.get()
+        if not stopping:
+            await asyncio.sleep(wait)
         error: Exception | None = None
         try:
             await attempt()
         except Exception as exc:  # judged by the plan: retried, or the end
             error = exc
         wait = plan.after(error, time.monotonic())
+        if stopping and error is not None and wait is not None:
+            logger.warning(
+                "lock %s: the event loop shut down before Redis answered the give-back of %s; "
+                "if it ran, the key stays until its TTL",
+                plan.key,
+                plan.what,
+            )
+            return
 
 
-_per_loop: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, tuple[dict[tuple[str, float | None], Any], Any]
-] = weakref.WeakKeyDictionary()
+class _LoopState:
+    """What this module keeps for one running loop: its clients built from URLs, and the
+    clean-ups under way, which its shutdown waits for before it closes the clients."""
+
+    __slots__ = ("cleanups", "clients", "keeper", "last")
+
+    def __init__(self) -> None:
+        self.clients: dict[tuple[str, float | None], Any] = {}
+        self.cleanups: set[asyncio.Future[Any]] = set()
+        #: The clean-ups run again (:func:`_again`): never cancelled by the shutdown.
+        self.last: set[asyncio.Future[Any]] = set()
+        self.keeper: Any = None
 
 
-async def _close_at_shutdown(
-    loop: asyncio.AbstractEventLoop, clients: dict[tuple[str, float | None], Any]
+_per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _loop_state(loop: asyncio.AbstractEventLoop) -> _LoopState:
+    state = _per_loop.get(loop)
+    if state is None:
+        state = _per_loop[loop] = _LoopState()
+        state.keeper = _at_shutdown(loop, state)
+        # Start the generator: the loop's first-iteration hook now tracks it, and
+        # loop.shutdown_asyncgens() will run its finally clause.
+        with contextlib.suppress(StopIteration):
+            state.keeper.asend(None).send(None)
+    return state
+
+
+async def _at_shutdown(
+    loop: asyncio.AbstractEventLoop, state: _LoopState
 ) -> AsyncGenerator[None, None]:
-    """Parked at its ``yield`` until the loop finalizes it; then closes the loop's clients."""
+    """Parked at its ``yield`` until the loop finalizes it; then ends the loop's clean-ups
+    (each first run still under way is cancelled, so it runs once more at once, and that run
+    is waited for) and closes the loop's clients."""
     try:
         yield
     finally:
+        while state.cleanups:
+            pending = list(state.cleanups)
+            for task in pending:
+                if task not in state.last:
+                    task.cancel()
+            await asyncio.wait(pending)
         _per_loop.pop(loop, None)
-        for client in clients.values():
+        for client in state.clients.values():
             with contextlib.suppress(Exception):
                 await client.aclose()
                 await client.connection_pool.disconnect()
@@ -140,17 +228,7 @@ def client_for(url: str, timeout: float | None = None) -> Any:
     """The running loop's shared ``redis.asyncio`` client for ``url`` (socket timeouts as in
     :func:`celery_redlock._redis.clients.client_for`: 5 s read, 2 s connect by default)."""
     check_url(url)
-    loop = asyncio.get_running_loop()
-    entry = _per_loop.get(loop)
-    if entry is None:
-        clients: dict[tuple[str, float | None], Any] = {}
-        keeper = _close_at_shutdown(loop, clients)
-        # Start the generator: the loop's first-iteration hook now tracks it, and
-        # loop.shutdown_asyncgens() will run its finally clause.
-        with contextlib.suppress(StopIteration):
-            keeper.asend(None).send(None)
-        entry = _per_loop[loop] = (clients, keeper)
-    clients = entry[0]
+    clients = _loop_state(asyncio.get_running_loop()).clients
     client = clients.get((url, timeout))
     if client is None:
         options: dict[str, Any] = {}
@@ -179,17 +257,18 @@ def _pool_for(url: str, options: dict[str, Any]) -> Any:
 
 
 def check_url(url: str) -> None:
-    """ValueError for a URL scheme :func:`client_for` does not build clients for, or a URL
-    no client could be built from (:func:`~celery_redlock._redis.clients.validate_url`)."""
-    if not url.startswith(SCHEMES):
-        raise ValueError(
-            f"an asyncio Lock builds clients for {', '.join(SCHEMES)} URLs only, got "
-            f"{redact(url)}: pass a redis.asyncio client (Sentinel, Cluster) instead"
-        )
+    """ValueError for a URL no client could be built from
+    (:func:`~celery_redlock._redis.clients.validate_url`), as the thread lock says it, or of a
+    scheme :func:`client_for` does not build clients for (Sentinel, Cluster)."""
     try:
         validate_url(url)
     except ValueError as exc:
-        raise ValueError(f"{redact_url(url)} is not a valid Redis URL: {exc}") from None
+        raise ValueError(f"{redact_url(url)!r} is not a valid Redis URL: {exc}") from None
+    if not url.startswith(SCHEMES):
+        raise ValueError(
+            f"an asyncio Lock builds clients for {', '.join(SCHEMES)} URLs only, got "
+            f"{redact_url(url)!r}: pass a redis.asyncio Sentinel or Cluster client instead"
+        )
 
 
 async def run_script(client: Any, source: str, call: Call) -> Any:

@@ -105,7 +105,7 @@ def client_for(url: str, timeout: float | None = None) -> Any:
             try:
                 validate_url(url)
             except ValueError as exc:
-                raise ValueError(f"{redact_url(url)} is not a valid Redis URL: {exc}") from None
+                raise ValueError(f"{redact_url(url)!r} is not a valid Redis URL: {exc}") from None
             try:
                 client = _connect(url, options)
             except UNAVAILABLE_ERRORS as exc:  # a Cluster client connects when built

@@ -215,7 +215,7 @@ def unavailable(
     A client pool that ran out of connections is named as such: the server may be fine.
     """
     text = describe(exc)
-    if "Too many connections" in text or "MaxConnectionsError" in type(exc).__name__:
+    if _pool_ran_out(exc):
         what = (
             f"the client's connection pool for Redis at {names[0]} is exhausted for lock {key} "
             f"({text}): raise its max_connections, or use a BlockingConnectionPool"
@@ -655,9 +655,20 @@ def cause(error: BaseException) -> BaseException:
 def lost_reply(error: BaseException) -> bool:
     """Whether a command that raised ``error`` may still run on Redis: no answer came, after
     the connection was made (a refusal was an answer, and a failed connect sent nothing: a
-    node that is down gets no give-backs)."""
+    node that is down gets no give-backs; nor does a client whose pool had no connection to
+    give)."""
     error = cause(error)
-    return classify(error) is Outcome.UNAVAILABLE and "connecting" not in str(error)
+    return (
+        classify(error) is Outcome.UNAVAILABLE
+        and "connecting" not in str(error)
+        and not _pool_ran_out(error)
+        and "No connection available" not in str(error)
+    )
+
+
+def _pool_ran_out(exc: BaseException) -> bool:
+    """Whether ``exc`` says a client's connection pool had no connection left to give."""
+    return "Too many connections" in describe(exc) or "MaxConnectionsError" in type(exc).__name__
 
 
 class LockCore:

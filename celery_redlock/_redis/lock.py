@@ -46,6 +46,11 @@ Hazards, as timelines:
    connection could run before the attempt, so the nodes (:mod:`~celery_redlock._redis.nodes`)
    give the attempt's token back in the background (:mod:`~celery_redlock._redis.givebacks`)
    until two releases in a row were answered (:class:`~celery_redlock._redis.core.GiveBack`).
+7. An interrupted release. (a) A's ``with lock:`` body ends and ``release`` forgets the token
+   (renewal stops); (b) Ctrl-C lands before the release is sent, or while its reply is read;
+   (c) the key would stay held by nobody until its TTL. So a release that ends in anything but
+   a Redis error is sent once more, at once (owner-checked: a second release of a key already
+   released, or kept for a cooldown, changes nothing), before the interruption goes on.
 """
 
 from __future__ import annotations
@@ -186,12 +191,19 @@ class Lock(LockCore):
         WARNING, see :meth:`~celery_redlock._redis.core.LockCore._expired_on_the_way`).
         """
         token = self._release_token(keep)  # the renewal stopped
-        if self.auto_renew:
-            renewing = self.__dict__.get("_renewing")
-            if renewing is not None:  # a renewal in flight ends first (renew_step says why)
-                with renewing:
-                    pass
-        self._released(self.do_release(token, keep))
+        try:
+            if self.auto_renew:
+                renewing = self.__dict__.get("_renewing")
+                if renewing is not None:  # a renewal in flight ends first (renew_step says why)
+                    with renewing:
+                        pass
+            done = self.do_release(token, keep)
+        except BaseException as exc:
+            if classify(exc) is None:  # interrupted (hazard 7): send it once more, errors aside
+                with contextlib.suppress(Exception):
+                    self.do_release(token, keep)
+            raise
+        self._released(done)
 
     def extend(self, ttl: float | None = None) -> None:
         """Reset the remaining TTL to ``ttl`` seconds (default: the lock's ttl), owner-checked.

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
@@ -55,8 +56,8 @@ async def until(condition: Callable[[], Any], timeout: float = 10.0) -> None:
 def background() -> list[asyncio.Future[Any]]:
     """The running loop's background clean-ups (give-backs, leaves) not ended yet; those of
     another test's loop, left by its failure, are not this test's."""
-    loop = asyncio.get_running_loop()
-    return [task for task in aionodes._background if task.get_loop() is loop]
+    state = aionodes._per_loop.get(asyncio.get_running_loop())
+    return [] if state is None else [task for task in state.cleanups if not task.done()]
 
 
 def subscribers(r: redis_py.Redis, channel: str = CHANNEL) -> int:
@@ -291,6 +292,59 @@ def test_cancel_while_the_acquire_reply_is_in_flight_releases(
         await until(lambda: lock_keys(r) == [])  # given back in the background
 
     run(main())
+
+
+def test_a_give_back_cancelled_by_the_loop_s_shutdown_still_goes_out(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """Ctrl-C under ``asyncio.run``: (1) the main task is cancelled while its acquire's reply
+    is on its way (the script ran: the key is taken); (2) the main task ends, its give-back
+    started in the background; (3) ``asyncio.run`` cancels every task left, the give-back
+    among them, before it sent its release. The key stayed held by nobody for its 60 s TTL."""
+    lock = ReplyInFlight(redis_url, NAME, ttl=60)
+
+    async def main() -> None:
+        me = asyncio.current_task()
+        assert me is not None
+
+        async def cancel_main() -> None:
+            await lock.sent.wait()
+            assert r.exists(KEY)  # step 1
+            me.cancel()
+
+        canceller = asyncio.ensure_future(cancel_main())
+        try:
+            await lock.acquire()
+        finally:
+            await canceller
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(main())
+    assert lock_keys(r) == [] and not lock.held
+
+
+def test_waiters_still_waiting_as_asyncio_run_ends_leave_the_queue(
+    redis_url: str, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``asyncio.run`` cancels the waiters its main task left; each leaves the queue in the
+    background, but the shutdown had already listed the tasks it waits for: each leave was
+    destroyed pending (an ERROR each) and its entry stayed in the queue."""
+    holder = celery_redlock.Lock(redis_url, NAME, ttl=30)
+    assert holder.acquire(blocking=False)
+    waiters: list[asyncio.Future[bool]] = []
+
+    async def main() -> None:
+        for _ in range(3):
+            waiters.append(asyncio.ensure_future(Lock(redis_url, NAME, ttl=30).acquire()))
+        await until(lambda: queued(r) == 3)
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        asyncio.run(main())
+        gc.collect()
+    assert all(waiter.cancelled() for waiter in waiters)
+    assert queued(r) == 0
+    assert [rec.getMessage() for rec in caplog.records if rec.name == "asyncio"] == []
+    holder.release()
 
 
 def when_done(obj: Any, name: str, times: int = 1) -> asyncio.Event:
@@ -579,6 +633,32 @@ def test_a_lock_whose_renewal_loop_was_closed_is_released_from_another_loop(
         loop.close()
     asyncio.run(lock.release())
     assert not r.exists(KEY) and not lock.held
+
+
+def test_a_lock_renewed_by_a_loop_in_another_thread_is_released_from_this_one(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """Acquired with renewal on a loop that runs on in its own thread (in debug mode), released
+    in another: the renewal's cancellation was a ``call_soon`` from the wrong thread, which
+    raised ``RuntimeError``; the release was never sent and the renewal kept the key."""
+    lock = Lock(redis_url, NAME, ttl=5, auto_renew=True)
+    loop = asyncio.new_event_loop()
+    loop.set_debug(True)
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+    try:
+        assert asyncio.run_coroutine_threadsafe(lock.acquire(blocking=False), loop).result(10)
+        renewer = lock._renewer
+        assert renewer is not None
+        asyncio.run(lock.release())
+        assert not r.exists(KEY) and not lock.held
+        asyncio.run_coroutine_threadsafe(asyncio.wait((renewer,)), loop).result(10)
+        assert renewer.cancelled()
+    finally:  # the loop's clients are closed as asyncio.run would close them
+        asyncio.run_coroutine_threadsafe(loop.shutdown_asyncgens(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
 
 
 def test_renewal_detects_a_key_deleted_by_someone_else(

@@ -2193,6 +2193,39 @@ def test_an_interrupted_thread_acquire_gives_its_token_back(
     other.release()
 
 
+class InterruptedRelease(celery_redlock.Lock):
+    """A thread lock whose first release is interrupted (``interrupt``) before it is sent."""
+
+    interrupt: type[BaseException] = KeyboardInterrupt
+    calls = 0
+
+    def do_release(self, token: str, keep: float = 0) -> bool:
+        self.calls += 1
+        if self.calls == 1:
+            raise self.interrupt
+        return super().do_release(token, keep)
+
+
+@pytest.mark.parametrize("interrupt", [*INTERRUPTS, RuntimeError])
+@pytest.mark.parametrize("keep", [0, 30])
+def test_an_interrupted_thread_release_is_sent_again(
+    redis_url: str, r: redis_py.Redis, interrupt: type[BaseException], keep: float
+) -> None:
+    """Ctrl-C (or a soft time limit, an exception) lands in ``with lock:``'s release, after it
+    forgot its token and stopped the renewal: the key stayed held by nobody until its TTL."""
+    lock = InterruptedRelease(redis_url, "interrupted-release", ttl=60, auto_renew=True)
+    lock.interrupt = interrupt
+    assert lock.acquire(blocking=False)
+    token = lock.token
+    with pytest.raises(interrupt):
+        lock.release(keep=keep)
+    assert not lock.held and lock.calls == 2
+    stored = r.get(lock.keys.lock)
+    assert stored is None if keep == 0 else stored not in (None, token.encode())
+    if keep:  # kept as a cooldown, as an uninterrupted release keeps it
+        assert 29_000 < r.pttl(lock.keys.lock) <= 30_000
+
+
 @pytest.mark.parametrize("interrupt", INTERRUPTS)
 def test_an_interrupted_queued_try_gives_its_token_back(
     redis_url: str,

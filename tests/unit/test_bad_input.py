@@ -173,6 +173,24 @@ def test_an_unusable_url_given_to_a_lock_is_a_value_error_without_its_password(
         assert PASSWORD not in str(info.value)
 
 
+@pytest.mark.parametrize("url", ["", "http://x", "  "])
+def test_a_url_of_no_redis_scheme_is_quoted_and_named_alike_by_both_locks(url: str) -> None:
+    """An unset environment variable (``""``) read "got : pass a redis.asyncio client
+    (Sentinel, Cluster) instead" from the asyncio lock, and " is not a valid Redis URL" from
+    the thread lock; a typo in the scheme pointed the asyncio user to Sentinel and Cluster."""
+
+    async def acquire() -> None:
+        await celery_redlock.asyncio.Lock(url, "job").acquire(blocking=False)
+
+    said = []
+    for attempt in (lambda: celery_redlock.Lock(url, "job"), lambda: asyncio.run(acquire())):
+        with pytest.raises(ValueError) as info:
+            attempt()
+        said.append(str(info.value))
+    assert said[0] == said[1]
+    assert said[0].startswith(f"{url!r} is not a valid Redis URL: the scheme is not one of")
+
+
 @pytest.mark.parametrize(
     "url",
     [

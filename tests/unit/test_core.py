@@ -127,6 +127,8 @@ def test_a_give_back_that_hits_a_bug_stops_with_an_error(caplog: pytest.LogCaptu
         (LockUnavailable("no quorum for lock k: acquire failed"), True),
         (E.ConnectionError("Error 111 connecting to h:1. Connection refused."), False),
         (E.TimeoutError("Timeout connecting to server"), False),
+        (E.ConnectionError("Too many connections"), False),  # the pool had none to give
+        (E.ConnectionError("No connection available."), False),
         (E.NoPermissionError("this user has no permissions to run the 'set' command"), False),
         (KeyError("a bug"), False),
     ],
@@ -134,7 +136,8 @@ def test_a_give_back_that_hits_a_bug_stops_with_an_error(caplog: pytest.LogCaptu
 def test_a_reply_is_lost_only_when_a_sent_command_got_no_answer(
     error: BaseException, lost: bool
 ) -> None:
-    """A node that is down (its connect fails) sent nothing, so it gets no give-back."""
+    """A node that is down (its connect fails) sent nothing, so it gets no give-back; nor
+    did a call that found its client's pool out of connections."""
     wrapped = LockUnavailable("wrapped")
     wrapped.__cause__ = error
     assert lost_reply(error) is lost
