@@ -36,6 +36,7 @@ from celery.signals import worker_process_shutdown
 from ._celery.options import Settings, settings_for
 from ._redis.clients import redact
 from ._redis.core import Outcome, classify
+from ._redis.forks import Guard
 from ._redis.inventory import Inventory, add_counts
 from ._redis.keys import stats_key
 from ._redis.owner import current_pid
@@ -163,7 +164,7 @@ def _for_now(exc: BaseException) -> bool:
 
 
 _counters: _Counters | None = None
-_guard = threading.Lock()
+_guard = Guard()
 
 
 def _current() -> _Counters:

@@ -39,7 +39,6 @@ import functools
 import inspect
 import json
 import logging
-import threading
 import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -55,6 +54,7 @@ from celery.app.autoretry import add_autoretry_behaviour
 from celery.local import Proxy
 
 from .._redis import keys as _keys
+from .._redis.forks import Guard
 from ..exceptions import LockConfigError, LockContended, LockUnavailable
 from .options import OPTIONS, Settings, TaskLockOptions, parameters_of, settings_for
 
@@ -639,7 +639,7 @@ def lock_name_for(
 
 #: The apps :func:`import_task_modules` imported the task modules of.
 _modules_imported: weakref.WeakSet[Any] = weakref.WeakSet()
-_importing = threading.Lock()
+_importing = Guard()
 
 
 def import_task_modules(app: Any) -> None:

@@ -31,7 +31,6 @@ import logging
 import math
 import re
 import ssl
-import threading
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -45,6 +44,7 @@ from redis.sentinel import Sentinel
 
 from ..exceptions import LockUnavailable
 from .core import Outcome, classify
+from .forks import Guard
 
 logger = logging.getLogger("celery_redlock.lock")
 
@@ -81,7 +81,7 @@ def refused(exc: BaseException) -> bool:
 
 
 _clients: dict[tuple[str, float | None], Any] = {}
-_guard = threading.Lock()
+_guard = Guard()
 
 
 def client_for(url: str, timeout: float | None = None) -> Any:

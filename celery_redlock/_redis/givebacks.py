@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 
 from .core import GiveBack
+from .forks import Guard
 from .owner import current_pid
 
 __all__ = ["give_back"]
@@ -83,7 +84,7 @@ class _Sender:
 
 
 _sender: _Sender | None = None
-_sender_lock = threading.Lock()
+_sender_lock = Guard()
 
 
 def give_back(key: str, release: Callable[[], object]) -> None:

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -77,6 +76,7 @@ from .core import (
     script_refused,
     unavailable,
 )
+from .forks import Guard
 from .keys import LockKeys
 from .scripts import AcquireResult, WaitReply
 from .subscriptions import subscriber_of
@@ -568,7 +568,7 @@ Target = Any  # a URL, a client, or a sequence of them
 QUORUM_NODE_TIMEOUT = 0.5
 
 _single: dict[tuple[str, float | None], SingleNode] = {}
-_single_guard = threading.Lock()
+_single_guard = Guard()
 _of_client: weakref.WeakKeyDictionary[Any, SingleNode] = weakref.WeakKeyDictionary()
 
 

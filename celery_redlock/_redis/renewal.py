@@ -39,6 +39,7 @@ import time
 import weakref
 from typing import Protocol
 
+from .forks import Guard
 from .owner import current_pid
 
 logger = logging.getLogger("celery_redlock.renewal")
@@ -187,7 +188,7 @@ class _Watchdog:
 COMPACT_AFTER = 64
 
 _watchdog: _Watchdog | None = None
-_guard = threading.Lock()
+_guard = Guard()
 
 
 def _current() -> _Watchdog:

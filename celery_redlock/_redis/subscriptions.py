@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-import threading
 import time
 import weakref
 from collections import deque
@@ -37,6 +36,7 @@ from typing import Any
 import redis as redis_py
 
 from .core import classify
+from .forks import Guard
 from .owner import current_pid
 
 
@@ -52,7 +52,7 @@ def _text(value: Any) -> str:
 # -- threads -------------------------------------------------------------------------------------
 
 _subscribers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
-_subscribers_guard = threading.Lock()
+_subscribers_guard = Guard()
 
 
 def subscriber_of(client: Any) -> Any:
