@@ -1072,6 +1072,57 @@ def test_an_eager_call_under_retry_fails_at_once_with_lock_contended(
     assert lock_keys(r) == []
 
 
+def test_an_eager_body_delaying_its_own_key_skips_that_call(app: Celery) -> None:
+    """What docs/testing.md says of eager mode: the inner ``delay()`` runs inline, inside the
+    execution that holds the key, and is skipped (a worker runs it after the body ends)."""
+    pages: list[int] = []
+
+    @app.task(base=LockedTask, lock_by=["account"])
+    def page(account: int, n: int) -> None:
+        pages.append(n)
+        if n > 0:
+            page.delay(account, n - 1)
+
+    app.conf.task_always_eager = True
+    page.delay(1, 3)
+    assert pages == [3]
+
+
+@pytest.mark.parametrize("policy", ["skip", "fail"])
+def test_a_chain_goes_on_with_none_after_a_skipped_step_and_stops_after_a_failed_one(
+    app: Celery, policy: str
+) -> None:
+    """What docs/guide.md's contention table says of chains, on a real worker: Celery gives
+    a skipped step's ``None`` to the next step and runs its ``link``; under ``fail`` the chain
+    stops and its ``link_error`` runs."""
+    got: list[Any] = []
+    errored = threading.Event()
+
+    @app.task(base=LockedTask, lock_by=["n"], lock_on_contention=policy)
+    def locked(n: int) -> int:
+        return n
+
+    @app.task
+    def after(value: Any) -> None:
+        got.append(value)
+
+    @app.task
+    def errback(*_: Any) -> None:
+        got.append("errback")
+        errored.set()
+
+    with running_worker(app), hold_lock(locked, 7):
+        result = chain(locked.si(7), after.s()).apply_async(link_error=errback.si())
+        if policy == "skip":
+            assert result.get(timeout=10) is None
+            assert got == [None]
+        else:
+            with pytest.raises(LockContended):
+                result.get(timeout=10)
+            assert result.parent.state == "FAILURE"
+            assert errored.wait(10) and got == ["errback"]  # after() never ran
+
+
 def test_celery_marks_a_replacement_with_a_nesting_above_the_running_requests(
     app: Celery,
 ) -> None:
