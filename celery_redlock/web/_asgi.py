@@ -7,18 +7,19 @@ the token form (standalone). No GET changes anything.
 Every request passes :func:`_who`: with ``authenticate`` (a mount: the host app decides, from
 its own session or user, and returns a name or ``None``), else the environment's credentials
 (:class:`~celery_redlock.web._security.Credentials`); with neither, the page is open and
-read-only, and answers requests to a loopback host only (``localhost``, ``127.0.0.1``,
-``[::1]``), as the command line serves it on loopback only, unless ``allowed_hosts`` names
-others. Timeline it closes: (1) ``create_app(app)`` is mounted in a public FastAPI site for a
-quick look; (2) the site has a login, which a mounted app does not inherit; (3) anyone on the
-internet reads the lock list (task ids, hosts, pids). Every POST then needs our CSRF
-token and no foreign ``Origin``, also when mounted: the ASGI frameworks (FastAPI, Starlette)
-have no CSRF protection of their own to inherit.
+read-only, and answers requests from a loopback address to a loopback host only
+(``localhost``, ``127.0.0.1``, ``[::1]``), as the command line serves it on loopback only,
+unless ``allowed_hosts`` names others. Timeline it closes: (1) ``create_app(app)`` is
+mounted in a public FastAPI site for a quick look; (2) the site has a login, which a mounted
+app does not inherit; (3) anyone on the internet reads the lock list (task ids, hosts,
+pids). Every POST then needs our CSRF token and no foreign ``Origin``, also when mounted: the
+ASGI frameworks (FastAPI, Starlette) have no CSRF protection of their own to inherit.
 """
 
 from __future__ import annotations
 
 import inspect
+import ipaddress
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
@@ -38,6 +39,18 @@ CSRF_FIELD = "csrf_token"
 
 #: What ``authenticate`` may be: a function or a coroutine function of the request.
 Authenticate = Callable[[Request], "str | Awaitable[str | None] | None"]
+
+
+def _from_network(request: Request) -> bool:
+    """Whether ``request`` came from an IP address that is not loopback (a client that is no
+    IP address, such as a test client's or a Unix socket's, is this machine)."""
+    peer = request.client.host if request.client is not None else ""
+    try:
+        address = ipaddress.ip_address(peer)
+    except ValueError:
+        return False
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return not (address.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 async def _name_of(authenticate: Authenticate, request: Request) -> str | None:
@@ -126,14 +139,19 @@ def create_app(
     guard = Guard(creds)
 
     def foreign(request: Request) -> Response | None:
-        """A 400 for a ``Host`` header outside ``allowed_hosts``."""
-        if hosts is None or host_of(request.headers.get("host", "")) in hosts:
+        """A 400 for a ``Host`` header outside ``allowed_hosts``; without a login, a 403 for
+        a request from another machine too. The ``Host`` check alone stops a browser (DNS
+        rebinding), not a client that sends ``Host: localhost`` from the network: (1) a site
+        on a public address mounts ``create_app(app)`` with no login; (2) ``curl -H 'Host:
+        localhost' http://site/locks/`` read every row."""
+        remote = local_only and _from_network(request)
+        if not remote and (hosts is None or host_of(request.headers.get("host", "")) in hosts):
             return None
         if local_only:
             return PlainTextResponse(
                 "refused: this dashboard has no login (pass authenticate= to create_app, or set "
-                "REDLOCK_WEB_TOKEN), so it answers requests to localhost only (allowed_hosts= "
-                "names others)",
+                "REDLOCK_WEB_TOKEN), so it answers requests from this machine to localhost only "
+                "(allowed_hosts= names other hosts, from any machine)",
                 status_code=403,
             )
         return PlainTextResponse("refused: unknown Host header", status_code=400)

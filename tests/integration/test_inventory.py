@@ -294,6 +294,34 @@ def test_a_quorum_node_that_hangs_costs_one_timeout_not_one_per_call() -> None:
             os.kill(b.process.pid, signal.SIGCONT)
 
 
+def test_nodes_left_out_with_no_majority_left_are_asked_again_at_once() -> None:
+    """Two nodes of three freeze, and the listing fails naming them; once they resume, the
+    next listing works. Left out for 30 s after they did not answer, they were not asked
+    again: the dashboard said "fewer than 2 of the 3 lock Redis nodes answer" for 30 s while
+    ``celery redlock ls`` (a new inventory) listed the locks."""
+    with RedisServer() as a, RedisServer() as b, RedisServer() as c:
+        urls = [f"{s.url}?socket_timeout=0.5&socket_connect_timeout=0.5" for s in (a, b, c)]
+        lock = Lock(urls, "resumed", ttl=60)
+        assert lock.acquire(blocking=False)
+        inventory = Inventory(urls, "redlock")
+        assert [lk.key for lk in inventory.all()] == [lock.key]
+        frozen = [b.process, c.process]
+        for process in frozen:
+            assert process is not None
+            os.kill(process.pid, signal.SIGSTOP)
+        try:
+            for read in (inventory.all, inventory.view):
+                with pytest.raises(LockUnavailable, match="fewer than 2 of the 3"):
+                    read()
+        finally:
+            for process in frozen:
+                assert process is not None
+                os.kill(process.pid, signal.SIGCONT)
+        assert [lk.key for lk in inventory.all()] == [lock.key]
+        assert [lk.key for lk in inventory.view().locks] == [lock.key]
+        assert inventory.view().unanswered == {}
+
+
 def test_a_quorum_release_on_a_majority_is_released_though_one_node_saw_a_renewal() -> None:
     """Deleted on two nodes of three, kept on the third, where the holder's renewal landed
     between the read and the delete: no majority holds the lock, so it is released (the

@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import anyio.from_thread
 import httpx
 import pytest
 import redis as redis_py
@@ -190,11 +191,49 @@ def test_without_a_login_a_mount_answers_localhost_only(celery_app: Any, held: s
         public = httpx.get(f"{base}/locks/", headers={"Host": "public.example.com"})
         assert public.status_code == 403 and held not in public.text
         assert "pass authenticate= to create_app, or set REDLOCK_WEB_TOKEN" in public.text
-        assert "allowed_hosts= names others" in public.text
+        assert "allowed_hosts= names other hosts" in public.text
         local = httpx.get(f"{base}/locks/")  # Host: 127.0.0.1:<port>
         assert local.status_code == 200 and held in local.text
         named = httpx.get(f"{base}/internal/", headers={"Host": "ops.internal"})
         assert named.status_code == 200 and held in named.text
+
+
+def test_without_a_login_a_mount_refuses_a_network_client_naming_localhost(
+    celery_app: Any, held: str
+) -> None:
+    """The ``Host`` check stops a browser, not a client that sends ``Host: localhost`` from
+    the network: it read every row of a mount without a login on a public address. The peer
+    must be this machine too (here the ASGI scope's ``client``, as uvicorn fills it in)."""
+    from fastapi import FastAPI
+
+    from celery_redlock.web import create_app
+    from celery_redlock.web._security import Credentials
+
+    site = FastAPI()
+    site.mount("/locks", create_app(celery_app, credentials=Credentials()))
+    site.mount(
+        "/internal",
+        create_app(celery_app, credentials=Credentials(), allowed_hosts=["ops.internal"]),
+    )
+
+    def get(peer: str, path: str, host: str) -> httpx.Response:
+        transport = httpx.ASGITransport(app=site, client=(peer, 41000))
+        with anyio.from_thread.start_blocking_portal() as portal:
+
+            async def fetch() -> httpx.Response:
+                async with httpx.AsyncClient(transport=transport, base_url="http://x") as c:
+                    return await c.get(path, headers={"Host": host})
+
+            return portal.call(fetch)
+
+    remote = get("192.0.2.7", "/locks/", "localhost")
+    assert remote.status_code == 403 and held not in remote.text
+    assert "answers requests from this machine to localhost only" in remote.text
+    for peer in ("127.0.0.1", "::1", "::ffff:127.0.0.1"):
+        local = get(peer, "/locks/", "localhost")
+        assert local.status_code == 200 and held in local.text
+    named = get("192.0.2.7", "/internal/", "ops.internal")  # allowed_hosts: any machine
+    assert named.status_code == 200 and held in named.text
 
 
 def test_an_empty_name_is_a_refusal_and_cookies_are_secure_over_https(
