@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .._redis import keys as _keys
-from .._redis.clients import SCHEMES, node_identity, redact, redact_url, with_tls
+from .._redis.clients import SCHEMES, check_member, node_identity, redact, redact_url, with_tls
 from .._redis.nodes import majority
 from ..exceptions import LockConfigError
 
@@ -576,6 +576,11 @@ def _url(owner: str, setting: str, url: Any) -> str | tuple[str, ...]:
         )
     seen: dict[tuple[Any, ...], str] = {}
     for item in urls:
+        if len(urls) > 1:
+            try:
+                check_member(item)
+            except ValueError as exc:
+                raise LockConfigError(f"{owner}: setting {setting} is invalid: {exc}") from None
         try:
             identity = node_identity(item)
         except ValueError as exc:

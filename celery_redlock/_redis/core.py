@@ -98,14 +98,29 @@ _UNAVAILABLE_CLASSES = frozenset(
 )
 
 #: Class names of the refusals whose reply prefix the client strips from the message.
-_REFUSED_CLASSES = frozenset({"OutOfMemoryError", "ReadOnlyError", "NoPermissionError"})
+_REFUSED_CLASSES = frozenset(
+    {"OutOfMemoryError", "ReadOnlyError", "NoPermissionError", "MovedError", "AskError"}
+)
 
 #: Error replies by which a node refuses lock operations for now, by prefix: a script runs too
 #: long (``BUSY``), the disk is failing (``MISCONF``), the node is a replica after a failover
 #: (``READONLY``) or has lost its replicas (``MASTERDOWN``, ``NOREPLICAS``), memory is full
-#: under ``noeviction`` (``OOM``), or the ACL user lacks a permission (``NOPERM``, and inside a
-#: script: :func:`denied_by_acl`).
-REFUSED_REPLIES = ("BUSY", "MISCONF", "READONLY", "MASTERDOWN", "NOREPLICAS", "OOM", "NOPERM")
+#: under ``noeviction`` (``OOM``), the ACL user lacks a permission (``NOPERM``, and inside a
+#: script: :func:`denied_by_acl`), or a Cluster node does not serve the key's slot (``MOVED``,
+#: ``ASK``: a plain URL names one node of a Cluster, or a Cluster client gave up redirecting).
+REFUSED_REPLIES = (
+    "BUSY",
+    "MISCONF",
+    "READONLY",
+    "MASTERDOWN",
+    "NOREPLICAS",
+    "OOM",
+    "NOPERM",
+    "MOVED",
+    "ASK",
+)
+
+_MOVED = "a Redis Cluster node serves its own slots only: for a Cluster, use a redis+cluster:// URL"
 
 _NO_PASSWORD = "the server wants a password (or an ACL user) that the URL does not give"
 
@@ -229,8 +244,12 @@ def unavailable(
     elif classify(exc) is Outcome.REFUSED or {"AuthenticationError", "AuthorizationError"} & {
         cls.__name__ for cls in type(exc).__mro__
     }:
+        moved = {"MovedError", "AskError"} & {cls.__name__ for cls in type(exc).__mro__}
+        if moved:  # the client kept the reply's address, not its MOVED or ASK
+            text = f"{'MOVED' if 'MovedError' in moved else 'ASK'} {text}"
         what = f"Redis at {names[0]} refused lock {key}: {text}"
         what += "".join(f" ({hint})" for refusal, hint in _REFUSED_TEXTS.items() if refusal in text)
+        what += f" ({_MOVED})" if text.startswith(("MOVED ", "ASK ")) else ""
     else:
         what = f"Redis at {names[0]} did not answer for lock {key}: {text}"
         hint = tls_mismatch(tls, exc) if tls is not None else ""

@@ -55,6 +55,7 @@ from . import scripts as _scripts
 from .clients import (
     check_client,
     check_distinct,
+    check_member,
     check_timeouts,
     client_for,
     is_cluster,
@@ -601,6 +602,9 @@ def nodes_for(redis: Target, timeout: float | None = None) -> Nodes:
         return _node_of(check_client(redis, asyncio=False))
     if len(redis) == 1:
         return nodes_for(redis[0], timeout)
+    for item in redis:
+        if isinstance(item, str):
+            check_member(item)
     check_distinct(redis)
     # One slow node must not stall the quorum for the default 5 s: a node that does not answer
     # within QUORUM_NODE_TIMEOUT counts as failed (its connect is bounded the same way).

@@ -87,6 +87,25 @@ def test_every_script_runs_in_one_slot_on_the_nodes_owning_it(
     assert rc.exists(lock.key) == 0
 
 
+def test_a_plain_url_naming_one_cluster_node_is_unavailable_naming_the_cluster_scheme(
+    cluster: ClusterNodes, rc: redis_py.RedisCluster
+) -> None:
+    """``redlock_url="redis://node-1"`` of a Cluster: a key of another node's slot failed with
+    a raw ``MovedError: 14035 127.0.0.1:7002`` (Celery: "raised unexpected"), outside the
+    ``redlock_on_unavailable`` policy. It is a refusal, which says what to use."""
+    first = cluster.nodes[0]
+    name = next(
+        f"moved-{i}"
+        for i in range(100)
+        if owner_port(rc, keys_for("redlock", f"moved-{i}").lock) != first.port
+    )
+    with pytest.raises(LockUnavailable) as info:
+        Lock(f"redis://127.0.0.1:{first.port}/0", name, ttl=10).acquire(blocking=False)
+    said = str(info.value)
+    assert f"refused lock {keys_for('redlock', name).lock}: MOVED " in said
+    assert "for a Cluster, use a redis+cluster:// URL" in said
+
+
 def test_fencing_tokens_increase(cluster: ClusterNodes, rc: redis_py.RedisCluster) -> None:
     tokens: list[int] = []
     for _ in range(5):

@@ -258,6 +258,23 @@ def test_a_quorum_naming_one_node_twice_is_refused(app: Celery, urls: list[str])
         settings_for(app)
 
 
+@pytest.mark.parametrize("scheme", ["redis+cluster", "rediss+cluster"])
+def test_a_cluster_listed_as_a_quorum_node_is_refused_by_the_settings_and_the_lock(
+    app: Celery, scheme: str
+) -> None:
+    """Accepted, it made every lock operation fail with an ``AttributeError`` of the Cluster
+    client (it has no pool of one node), at the first call and in every task."""
+    urls = ["redis://h1:7001/0", "redis://h2:7001/0", f"{scheme}://u:{PASSWORD}@h3:7001/"]
+    app.conf.redlock_url = urls
+    with pytest.raises(LockConfigError, match="setting redlock_url is invalid") as info:
+        settings_for(app)
+    with pytest.raises(ValueError, match="is a Redis Cluster") as built:
+        celery_redlock.Lock(urls, "job")
+    for said in (str(info.value), str(built.value)):
+        assert "a Redlock quorum's nodes are single servers" in said
+        assert f"{scheme}://***@h3:7001/" in said and PASSWORD not in said
+
+
 # -- rows 8 and 9: arguments without a canonical encoding, a lock_by that raises ------------------
 
 

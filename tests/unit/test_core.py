@@ -35,6 +35,9 @@ CASES = [
     (E.ResponseError("MISCONF Errors writing to the AOF file"), Outcome.REFUSED),
     (E.ReadOnlyError("You can't write against a read only replica."), Outcome.REFUSED),
     (E.ResponseError("READONLY You can't write against a read only replica."), Outcome.REFUSED),
+    (E.MovedError("14035 127.0.0.1:7002"), Outcome.REFUSED),  # a plain URL on a Cluster node
+    (E.AskError("14035 127.0.0.1:7002"), Outcome.REFUSED),
+    (E.ResponseError("MOVED 14035 127.0.0.1:7002"), Outcome.REFUSED),
     (E.ResponseError("MASTERDOWN Link with MASTER is down"), Outcome.REFUSED),
     (E.OutOfMemoryError("command not allowed when used memory > 'maxmemory'"), Outcome.REFUSED),
     (E.NoPermissionError("this user has no permissions to run the 'set' command"), Outcome.REFUSED),
