@@ -71,6 +71,8 @@ def run_startup_checks(app: Any, pool_enforces_limits: bool, *, pool: str | None
     if not features:
         return
     settings = settings_for(app)
+    if settings.on_contention == "wait":  # the tasks without a policy of their own wait too
+        features["wait"] = list(features["lock"])
     urls = [settings.url] if isinstance(settings.url, str) else list(settings.url)
     if app.conf.get("redlock_url") is None:  # told before logging was set up: tell the log
         logger.info(
@@ -119,6 +121,8 @@ _GREEN_POOLS = ("gevent", "eventlet")
 def _uses(options: TaskLockOptions) -> list[str]:
     """The features (:data:`celery_redlock._redis.probe.FEATURES`) a task's options use."""
     used = ["lock"]
+    if options.on_contention == "wait":
+        used.append("wait")
     if options.enqueue == "keep":
         used.append("enqueue")
     if supersedes(options):
@@ -254,6 +258,13 @@ _CONSEQUENCES = {
     "rate": "lock_rate needs",
     "timeline": "redlock_timeline needs",
 }
+#: What a refusal of the release notifications costs (they are in the "lock" feature).
+_NOTIFY = {
+    "PUBLISH": "a release does not wake the blocking waiters (each tries again when the TTL it "
+    "read ends; a WARNING at each release)",
+    "SUBSCRIBE": "a blocking wait (lock_on_contention='wait', Lock.acquire()) fails with "
+    "LockUnavailable",
+}
 _UNTIL = {
     "lock": "until then lock operations fail and locked tasks follow redlock_on_unavailable={!r}",
     "counters": "until then `celery redlock stats` and Prometheus see no new counts (the tasks "
@@ -302,6 +313,18 @@ def _report_dry_run(
         commands = probe.FEATURES[feature].checked
         refused = [c for c in commands if c in refusals and c not in lock]
         reported.update(refused)
+        notify = [c for c in refused if feature == "lock" and c in _NOTIFY]
+        refused = [c for c in refused if c not in notify]
+        if notify:  # the locks work without them: waiting does not
+            logger.error(
+                "celery_redlock: the lock Redis at %s refuses the release notifications: %s "
+                "(%s); grant them to the ACL user (%s); until then %s",
+                shown,
+                ", ".join(notify),
+                "; ".join(f"{name}: {refusals[name]}" for name in notify),
+                _grant(notify, refusals, prefix),
+                ", and ".join(_NOTIFY[name] for name in notify),
+            )
         if not refused:
             continue
         every = feature in ("lock", "counters")
@@ -319,14 +342,19 @@ def _report_dry_run(
         )
     queue = [c for c in probe.FEATURES["queue"].commands if c in refusals and c not in reported]
     reported.update(queue)
-    if queue:
-        logger.warning(
+    if queue:  # a WARNING when a registered task waits; else only a call told to wait would
+        waiting = features.get("wait")
+        (logger.warning if waiting else logger.info)(
             "celery_redlock: the lock Redis at %s refuses the commands of the queue of blocking "
-            "waiters: %s; %s (grant %s to the ACL user)",
+            "waiters: %s; %s (grant %s to the ACL user)%s",
             shown,
             "; ".join(f"{name}: {refusals[name]}" for name in queue),
             _queue_consequence(set(queue)),
             _grant(queue, refusals, prefix),
+            f"; tasks that wait: {', '.join(sorted(waiting))}"
+            if waiting
+            else "; no registered task waits (lock_on_contention='wait'), but a call given "
+            "that policy, or a Lock's blocking acquire, would",
         )
     tools = [*probe.FEATURES["cli"].commands, *probe.FEATURES["dashboard"].commands]
     cli = [c for c in dict.fromkeys(tools) if c in refusals and c not in reported]

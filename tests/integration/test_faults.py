@@ -231,8 +231,8 @@ def user_url(server: RedisServer, user: str) -> str:
     return f"redis://{user}:{PASSWORD}@127.0.0.1:{server.port}/0"
 
 
-def startup_errors(app: Any, caplog: pytest.LogCaptureFixture) -> list[str]:
-    @app.task(base=LockedTask, name=f"{app.main}.checked", shared=False)
+def startup_errors(app: Any, caplog: pytest.LogCaptureFixture, **options: Any) -> list[str]:
+    @app.task(base=LockedTask, name=f"{app.main}.checked", shared=False, **options)
     def checked() -> None:
         """A locked task, so that the checks run."""
 
@@ -242,18 +242,31 @@ def startup_errors(app: Any, caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
 
 
-@pytest.mark.parametrize(("user", "named"), [("noevalsha", "EVALSHA"), ("nopublish", "PUBLISH")])
+@pytest.mark.parametrize(
+    ("user", "named", "says"),
+    [
+        ("noevalsha", "EVALSHA", "refuses commands this package needs"),
+        # The locks work without PUBLISH (the probe: acquire, extend and release did): it said
+        # "until then lock operations fail".
+        ("nopublish", "PUBLISH", "refuses the release notifications"),
+    ],
+)
 def test_the_startup_check_names_a_command_the_acl_user_lacks(
     acl_server: RedisServer,
     redis_server: RedisServer,
     caplog: pytest.LogCaptureFixture,
     user: str,
     named: str,
+    says: str,
 ) -> None:
     app = make_app(redis_server, "acl", redlock_url=user_url(acl_server, user))
     (error,) = startup_errors(app, caplog)
-    assert "refuses commands this package needs" in error and named in error
-    assert PASSWORD not in error and "redlock_on_unavailable" in error
+    assert says in error and named in error and PASSWORD not in error
+    if user == "nopublish":
+        assert "until then a release does not wake the blocking waiters" in error
+        assert "lock operations fail" not in error
+    else:
+        assert "until then lock operations fail" in error and "redlock_on_unavailable" in error
     assert lock_keys(acl_server.client()) == []  # the dry run holds nothing
 
     app = make_app(redis_server, "acl-ok", redlock_url=user_url(acl_server, "admin2"))
@@ -277,13 +290,32 @@ def test_an_acl_user_without_the_waiter_queue_is_warned_about_not_refused(
     consequence: str,
 ) -> None:
     """Each missing command of the queue is told what it does: without ``+zrange`` alone the
-    lock is still handed over (the WARNING said every waiter is woken instead)."""
+    lock is still handed over (the WARNING said every waiter is woken instead). A WARNING when
+    a registered task waits; else INFO: the guide's ACL line, which leaves the queue out, is
+    all that tasks with the default options need."""
     app = make_app(redis_server, f"acl-{user}", redlock_url=user_url(acl_server, user))
-    assert startup_errors(app, caplog) == []
+    assert startup_errors(app, caplog, lock_on_contention="wait") == []
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "queue of blocking waiters" in warning and named in warning
     assert consequence in warning, warning
+    assert f"tasks that wait: {app.main}.checked" in warning
     assert PASSWORD not in warning
+
+    skipping = make_app(redis_server, f"acl-{user}-skip", redlock_url=user_url(acl_server, user))
+    assert startup_errors(skipping, caplog) == []
+    assert [r for r in caplog.records if r.levelno == logging.WARNING] == []
+    (info,) = [r.getMessage() for r in caplog.records if "queue of blocking" in r.getMessage()]
+    assert "no registered task waits" in info and consequence in info
+
+    by_default = make_app(
+        redis_server,
+        f"acl-{user}-default",
+        redlock_url=user_url(acl_server, user),
+        redlock_on_contention="wait",  # the tasks without a policy of their own wait
+    )
+    assert startup_errors(by_default, caplog) == []
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"tasks that wait: {by_default.main}.checked" in warning
 
 
 def test_a_release_without_publish_says_exactly_what_happened(
