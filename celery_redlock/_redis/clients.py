@@ -29,6 +29,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import os
 import re
 import ssl
 import weakref
@@ -350,6 +351,14 @@ _HOSTNAME_SET = re.compile(r"[?&](ssl_cert_reqs=(cert_)?none|ssl_check_hostname=
 _CERT_REQS = tuple(dict.fromkeys(_CERT_REQS_VALUES.values()))
 
 
+def _check_files(query: str) -> None:
+    """Raise :class:`ValueError` if a TLS file the query names does not exist: the connection
+    would fail with "No such file or directory", taken for an outage and retried forever."""
+    for name, value in parse_qsl(query):
+        if name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile") and not os.path.exists(value):
+            raise ValueError(f"its {name} file {value!r} does not exist")
+
+
 def validate_url(url: str) -> None:
     """Raise :class:`ValueError` if no client could be built from ``url``; never connects.
 
@@ -372,13 +381,17 @@ def validate_url(url: str) -> None:
     if re.search(r",\s*[a-z+]+://", url):
         raise ValueError("it holds several URLs: give a quorum as a list of URLs, not one string")
     parts = urlsplit(url)
-    if parts.scheme != "unix" and ("@" in parts.path or "@" in parts.fragment):
+    # "redis://u:p?w@h" puts "w@h" in the query: an '@' before its first '=' was no option's.
+    in_query = "@" not in parts.netloc and "@" in parts.query.split("=", 1)[0]
+    if parts.scheme != "unix" and ("@" in parts.path or "@" in parts.fragment or in_query):
         raise ValueError(
-            "its user name or password holds '/' or '#': percent-encode them (%2F, %23)"
+            "its user name or password holds '/', '?' or '#': percent-encode them (%2F, %3F, "
+            "%23)"
         )
     scheme = parts.scheme
     if scheme.endswith(("+sentinel", "+cluster")):
         _validate_multi_host(url, scheme)
+        _check_files(parts.query)
         return
     try:
         port = parts.port
@@ -405,6 +418,7 @@ def validate_url(url: str) -> None:
         value = given.get(option)
         if value is not None and not 0 < value < math.inf:
             raise ValueError(f"its {option} is {value}; expected seconds > 0")
+    _check_files(parts.query)
 
 
 def _validate_multi_host(url: str, scheme: str) -> None:
