@@ -385,8 +385,7 @@ def validate_url(url: str) -> None:
     in_query = "@" not in parts.netloc and "@" in parts.query.split("=", 1)[0]
     if parts.scheme != "unix" and ("@" in parts.path or "@" in parts.fragment or in_query):
         raise ValueError(
-            "its user name or password holds '/', '?' or '#': percent-encode them (%2F, %3F, "
-            "%23)"
+            "its user name or password holds '/', '?' or '#': percent-encode them (%2F, %3F, %23)"
         )
     scheme = parts.scheme
     if scheme.endswith(("+sentinel", "+cluster")):

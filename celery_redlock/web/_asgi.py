@@ -31,7 +31,15 @@ from starlette.routing import Route
 
 from .._celery.identity import import_task_modules
 from ._core import Dashboard
-from ._security import CSRF_COOKIE, LOOPBACK_NAMES, SESSION_COOKIE, Credentials, Guard, origin_ok
+from ._security import (
+    CSRF_COOKIE,
+    LOOPBACK_NAMES,
+    PAGE_HEADERS,
+    SESSION_COOKIE,
+    Credentials,
+    Guard,
+    origin_ok,
+)
 
 __all__ = ["create_app"]
 
@@ -171,15 +179,7 @@ def create_app(
         return request.cookies.get(CSRF_COOKIE) or guard.new_csrf_cookie()
 
     def page(request: Request, status: int, body: str, cookie: str) -> Response:
-        response = HTMLResponse(body, status_code=status)
-        response.headers["Content-Security-Policy"] = (
-            "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; "
-            "frame-ancestors 'none'"
-        )
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Referrer-Policy"] = "same-origin"
-        # The lock list and a CSRF token: never kept by a shared cache or the browser's own.
-        response.headers["Cache-Control"] = "no-store"
+        response = HTMLResponse(body, status_code=status, headers=PAGE_HEADERS)
         response.set_cookie(
             CSRF_COOKIE,
             cookie,

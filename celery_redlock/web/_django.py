@@ -28,11 +28,17 @@ from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.middleware.csrf import get_token
 from django.urls import URLPattern, path
-from django.views.decorators.http import require_GET, require_POST
+from django.views.decorators.http import require_POST, require_safe
 
 from ._core import Dashboard
+from ._security import PAGE_HEADERS
 
 __all__ = ["django_urls"]
+
+
+def _page(body: str, status: int) -> HttpResponse:
+    """A page with the ASGI app's headers (no script, no frame, no cache)."""
+    return HttpResponse(body, status=status, headers=PAGE_HEADERS)
 
 
 def _superuser(request: HttpRequest) -> bool:
@@ -57,22 +63,22 @@ def django_urls(
     def form(request: HttpRequest) -> dict[str, str]:
         return {"csrfmiddlewaretoken": get_token(request)}
 
-    @require_GET
+    @require_safe
     def locks(request: HttpRequest) -> HttpResponse:
         status, body = board.locks_page(request.GET.dict(), form(request), base(request, ""))
-        return HttpResponse(body, status=status)
+        return _page(body, status)
 
-    @require_GET
+    @require_safe
     def stats(request: HttpRequest) -> HttpResponse:
         status, body = board.stats_page(form(request), base(request, "stats"))
-        return HttpResponse(body, status=status)
+        return _page(body, status)
 
-    @require_GET
+    @require_safe
     def timeline(request: HttpRequest) -> HttpResponse:
         status, body = board.timeline_page(
             request.GET.dict(), form(request), base(request, "timeline")
         )
-        return HttpResponse(body, status=status)
+        return _page(body, status)
 
     @require_POST
     def action(request: HttpRequest, name: str) -> HttpResponse:
@@ -87,7 +93,7 @@ def django_urls(
             form=form(request),
             base=base(request, f"action/{name}"),
         )
-        return HttpResponse(body, status=result.status)
+        return _page(body, result.status)
 
     wrap = admin_site.admin_view
     return [

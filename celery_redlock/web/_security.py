@@ -53,6 +53,17 @@ TOKEN_ENV, USER_ENV, PASSWORD_ENV, SECRET_ENV = (
 CSRF_COOKIE = "redlock_csrf"
 SESSION_COOKIE = "redlock_session"
 
+#: Headers of every page: no script, no frame, no cache (the lock list and a CSRF token).
+PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; img-src 'self'; form-action 'self'; "
+        "frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+
 #: The names a browser on this machine reaches a loopback address by: the ``Host`` headers a
 #: dashboard without a login answers.
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")

@@ -18,6 +18,7 @@ import redis as redis_py
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.owner import new_token
 from celery_redlock.testing import RedisServer
+from celery_redlock.web._security import PAGE_HEADERS
 from support.apps import layout_app
 from support.web import admin_actions, served
 
@@ -335,6 +336,11 @@ def test_mounted_in_the_django_admin(
     bob.force_login(staff)
     page = bob.get("/admin/locks/")
     assert page.status_code == 200 and held in page.content.decode()
+    # As the ASGI app's pages: HEAD answered (it was 405), the same CSP and cache headers.
+    head = bob.head("/admin/locks/")
+    assert head.status_code == 200 and head.content == b""
+    for name, value in PAGE_HEADERS.items():  # the admin adds to Cache-Control (never_cache)
+        assert page[name] == value or value in page[name].split(", ")
     form = fields(page.content.decode())
     assert bob.post("/admin/locks/action/release", form).status_code == 403  # not a superuser
 
