@@ -526,6 +526,12 @@ class QuorumRules:
 MAX_TTL = 10 * 365 * 24 * 3600.0
 
 
+#: The shortest ttl a lock takes, in seconds: Redis counts expiries in whole milliseconds
+#: (``ttl=1e-9`` was taken: the acquire returned True for a lock that was already lost), as the
+#: task option ``lock_ttl`` counts them.
+MIN_TTL = 0.001
+
+
 #: The most slots a semaphore has (as the task option ``lock_limit``): each acquisition may try
 #: them all in one script.
 MAX_LIMIT = 1000
@@ -542,8 +548,11 @@ def seconds(value: Any, *, zero: bool = False) -> bool:
 def check_arguments(ttl: Any, max_hold: Any, timeout: Any, limit: Any, blocking: Any) -> None:
     """Raise :class:`ValueError` for lock arguments of the wrong kind or out of range (``ttl``
     checked inline: a lock is built per task execution)."""
-    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= MAX_TTL:
-        raise ValueError(f"Lock ttl must be seconds > 0 and <= {MAX_TTL:.0f}, got {ttl!r}")
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not MIN_TTL <= ttl <= MAX_TTL:
+        raise ValueError(
+            f"Lock ttl must be seconds >= {MIN_TTL} (whole milliseconds) and <= {MAX_TTL:.0f}, "
+            f"got {ttl!r}"
+        )
     if max_hold is not None and not seconds(max_hold):
         raise ValueError(
             f"Lock max_hold must be seconds > 0 and <= {MAX_TTL:.0f}, or None, got {max_hold!r}"
@@ -995,8 +1004,11 @@ class LockCore:
         if token is None:
             raise LockNotOwned(f"cannot extend {self.key}: not held", key=self.key)
         ttl = self.ttl if ttl is None else ttl
-        if not seconds(ttl):
-            raise ValueError(f"extend ttl must be seconds > 0 and <= {MAX_TTL:.0f}, got {ttl!r}")
+        if not seconds(ttl) or ttl < MIN_TTL:
+            raise ValueError(
+                f"extend ttl must be seconds >= {MIN_TTL} (whole milliseconds) and <= "
+                f"{MAX_TTL:.0f}, got {ttl!r}"
+            )
         if self._pid != _owner.process_id:
             raise self._not_ours("extend")
         if self.max_hold is not None:

@@ -425,8 +425,8 @@ def test_extend_is_capped_at_max_hold_and_checks_its_ttl(
     assert d2(lock.acquire(blocking=False))
     d2(lock.extend(100))
     assert 2_000 < r.pttl(lock.key) <= 3_000
-    for ttl in (10**12, float("inf"), float("nan"), "3", True, 0, -1):
-        with pytest.raises(ValueError, match=r"extend ttl must be seconds > 0"):
+    for ttl in (10**12, float("inf"), float("nan"), "3", True, 0, -1, 1e-9):
+        with pytest.raises(ValueError, match=r"extend ttl must be seconds >= 0.001"):
             d2(lock.extend(ttl))
     d2(lock.release())
 
@@ -542,6 +542,9 @@ def test_a_forked_child_leaves_its_parents_lock_alone(redis_url: str, r: redis_p
         ({"name": "a\nb"}, "lock name 'a\\nb' must not contain control or other"),
         ({"name": "a\x00b"}, "must not contain control or other non-printable"),
         ({"name": "a{b"}, "must not contain '{' or '}'"),
+        # Taken, 1e-9 made an acquire return True for a lock already lost.
+        ({"ttl": 1e-9}, "Lock ttl must be seconds >= 0.001 (whole milliseconds)"),
+        ({"ttl": 0.0009}, "Lock ttl must be seconds >= 0.001 (whole milliseconds)"),
     ],
 )
 def test_the_constructor_refuses_arguments_of_the_wrong_kind(
