@@ -230,9 +230,9 @@ def _check_node(
             "; grant +info to have them" if refused_by_acl(exc) else "",
         )
         infos = []
-    for info in infos:
-        _check_info(shown, info)
-    server = str(infos[0].get("run_id") or "") if len(infos) == 1 else ""
+    for node, info in infos:  # a Cluster's primaries, each named
+        _check_info(shown if node is None else f"{shown} (primary {node})", info)
+    server = str(infos[0][1].get("run_id") or "") if len(infos) == 1 else ""
     try:
         refusals = probe.dry_run(client, prefix, CHECK_TIMEOUT)
     except probe.ERRORS as exc:

@@ -220,11 +220,15 @@ def login_refusal(exc: BaseException) -> str | None:
     return None
 
 
-def infos(client: Any) -> list[dict[str, Any]]:
-    """``INFO`` of the server, or of every primary of a cluster."""
+def infos(client: Any) -> list[tuple[str | None, dict[str, Any]]]:
+    """``INFO`` of the server (named ``None``), or of every primary of a cluster, each named
+    ``host:port``."""
     if isinstance(client, RedisCluster):
-        return [client.info(target_nodes=node) for node in client.get_primaries()]
-    return [client.info()]
+        return [
+            (f"{node.host}:{node.port}", client.info(target_nodes=node))
+            for node in client.get_primaries()
+        ]
+    return [(None, client.info())]
 
 
 def _probes(client: Any, prefix: str, timeout: float) -> dict[str, Callable[[], Any]]:

@@ -7,6 +7,7 @@ a CROSSSLOT error would fail these tests.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import threading
@@ -20,6 +21,7 @@ from celery import Celery
 from click.testing import CliRunner
 
 from celery_redlock import Lock, LockedTask, LockUnavailable, current_lock, lock_key
+from celery_redlock._celery.checks import run_startup_checks
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.lock import release_attempt
 from celery_redlock.cli import redlock
@@ -131,6 +133,27 @@ def test_blocking_acquire_is_woken_by_the_release(
         assert time.monotonic() - start < 2.0  # the notification, not the 30 s TTL
         releaser.join()
         waiter.release()
+
+
+def test_the_startup_check_names_each_primary_it_read(
+    cluster: ClusterNodes, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It logged "locks on Redis 7.0.15 at redis+cluster://..." once per primary, word for
+    word: three identical lines naming no node."""
+    app = make_app(redis_server, "cluster-check", redlock_url=cluster.url)
+
+    @app.task(base=LockedTask, shared=False)
+    def checked() -> None:
+        """A locked task, so that the checks run."""
+
+    with caplog.at_level(logging.INFO, logger="celery_redlock.worker"):
+        run_startup_checks(app, True)
+    lines = [
+        r.getMessage() for r in caplog.records if "celery_redlock: locks on Redis" in r.getMessage()
+    ]
+    assert len(lines) == len(set(lines)) == len(cluster.nodes)
+    for node in cluster.nodes:
+        assert sum(f"(primary 127.0.0.1:{node.port})" in line for line in lines) == 1
 
 
 def test_locked_task_with_the_cluster_as_redlock_url(
