@@ -471,7 +471,12 @@ class Quorum(QuorumRules):
             return AcquireResult(
                 True, fencing_token=vote.fencing, complete=vote.won == len(replies)
             )
-        await self.release(keys, token, quiet=True, wake=not vote.taken)
+        granted, lost = self.to_give_back(replies)
+        call = _scripts.release_call(keys, token, 0, wake=not vote.taken)
+        for i in lost:
+            give_back(keys.lock, functools.partial(self._release_on, i, call))
+        if granted:
+            await self.release(keys, token, quiet=True, wake=not vote.taken, only=granted)
         self.check_answered(keys.lock, replies, "acquire failed")
         return vote.refusal
 
@@ -487,12 +492,14 @@ class Quorum(QuorumRules):
         keep_ms: int = 0,
         quiet: bool = False,
         wake: bool = True,
+        only: Sequence[int] | None = None,
     ) -> bool:
-        """Release on every node (see the sync ``Quorum.release``, and its ``wake``): ``quiet``
+        """Release on every node, or those in ``only`` (see the sync ``Quorum.release``, and
+        its ``wake``): ``quiet``
         is the give-back of a failed acquisition, and a node whose reply was lost (frozen past
         ``node_timeout``) is given the release again in the background (:func:`give_back`)."""
         call = _scripts.release_call(keys, token, keep_ms, wake=wake)
-        replies = await self._call_all(_scripts.RELEASE, call)
+        replies = await self._call_all(_scripts.RELEASE, call, only)
         for i, (_, error) in enumerate(replies):
             if error is not None and lost_reply(error):
                 give_back(keys.lock, functools.partial(self._release_on, i, call))

@@ -418,6 +418,21 @@ class QuorumRules:
     def failed(self, replies: Replies) -> list[str]:
         return [self.names[i] for i, (_, err) in enumerate(replies) if err is not None]
 
+    def to_give_back(self, replies: Replies) -> tuple[list[int], list[int]]:
+        """Where a failed acquisition may hold its token: the nodes that granted it (released
+        at once) and those whose reply was lost (given back in the background, as a release's
+        lost replies are). The nodes that answered otherwise hold none of it. Timeline with a
+        release to every node: (1) node A hangs; (2) an acquisition finds B and C held by
+        another, and A gives no answer within the node timeout; (3) its give-back waited for A
+        once more: each failed acquire took two node timeouts (1 s) instead of one."""
+        granted, lost = [], []
+        for i, (reply, error) in enumerate(replies):
+            if error is None and decode_acquire(reply).acquired:
+                granted.append(i)
+            elif error is not None and lost_reply(error):
+                lost.append(i)
+        return granted, lost
+
     def no_quorum(
         self,
         key: str,

@@ -408,7 +408,12 @@ class Quorum(QuorumRules):
             return AcquireResult(
                 True, fencing_token=vote.fencing, complete=vote.won == len(replies)
             )
-        self.release(keys, token, quiet=True, wake=not vote.taken)
+        granted, lost = self.to_give_back(replies)
+        call = _scripts.release_call(keys, token, 0, wake=not vote.taken)
+        for i in lost:
+            _givebacks.give_back(keys.lock, functools.partial(self._release_on, i, call))
+        if granted:
+            self.release(keys, token, quiet=True, wake=not vote.taken, only=granted)
         self.check_answered(keys.lock, replies, "acquire failed")
         return vote.refusal
 
@@ -429,9 +434,10 @@ class Quorum(QuorumRules):
         keep_ms: int = 0,
         quiet: bool = False,
         wake: bool = True,
+        only: Sequence[int] | None = None,
     ) -> bool:
-        """Release on every node; ``quiet``: the give-back of a failed acquisition, whose
-        outcome is not asked for (no error when too few nodes answer).
+        """Release on every node (or those in ``only``); ``quiet``: the give-back of a failed
+        acquisition, whose outcome is not asked for (no error when too few nodes answer).
 
         Each node wakes its waiters as it frees the lock (one round trip); the nodes that held
         nothing of it are then sent a ``PUBLISH`` too (:meth:`_wake`, a second round trip
@@ -456,7 +462,7 @@ class Quorum(QuorumRules):
         released lock for a whole TTL, and one more node down then stops every acquisition.
         """
         call = _scripts.release_call(keys, token, keep_ms, wake=wake)
-        replies = self._call_all(_scripts.RELEASE, call)
+        replies = self._call_all(_scripts.RELEASE, call, only)
         for i, (_, error) in enumerate(replies):
             if error is not None and lost_reply(error):
                 _givebacks.give_back(keys.lock, functools.partial(self._release_on, i, call))
