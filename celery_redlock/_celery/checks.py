@@ -47,9 +47,9 @@ from typing import Any
 
 from .._redis import probe, servers
 from .._redis.clients import redact
-from .._redis.core import refused_by_acl, tls_mismatch
+from .._redis.core import MOVED_HINT, redirect_text, refused_by_acl, tls_mismatch
 from .identity import spec_of
-from .options import TaskLockOptions, quorum_size, settings_for, supersedes
+from .options import TaskLockOptions, contention_policy, quorum_size, settings_for, supersedes
 from .timeline import size_for
 
 logger = logging.getLogger("celery_redlock.worker")
@@ -71,8 +71,14 @@ def run_startup_checks(app: Any, pool_enforces_limits: bool, *, pool: str | None
     if not features:
         return
     settings = settings_for(app)
-    if settings.on_contention == "wait":  # the tasks without a policy of their own wait too
-        features["wait"] = list(features["lock"])
+    waiting = sorted(
+        task.name
+        for task in app.tasks.values()
+        if (spec := spec_of(task)) is not None
+        and contention_policy(spec.options, settings) == "wait"
+    )
+    if waiting:  # the commands of the waiters' queue are then a WARNING's
+        features["wait"] = waiting
     urls = [settings.url] if isinstance(settings.url, str) else list(settings.url)
     if app.conf.get("redlock_url") is None:  # told before logging was set up: tell the log
         logger.info(
@@ -121,8 +127,6 @@ _GREEN_POOLS = ("gevent", "eventlet")
 def _uses(options: TaskLockOptions) -> list[str]:
     """The features (:data:`celery_redlock._redis.probe.FEATURES`) a task's options use."""
     used = ["lock"]
-    if options.on_contention == "wait":
-        used.append("wait")
     if options.enqueue == "keep":
         used.append("enqueue")
     if supersedes(options):
@@ -232,15 +236,28 @@ def _check_node(
         infos = []
     for node, info in infos:  # a Cluster's primaries, each named
         _check_info(shown if node is None else f"{shown} (primary {node})", info)
+    if not url.partition("://")[0].endswith("+cluster") and any(
+        str(info.get("cluster_enabled")) == "1" for _, info in infos
+    ):
+        logger.error(
+            "celery_redlock: the lock Redis at %s is a node of a Redis Cluster: a lock whose "
+            "key lives on another node is refused (MOVED), and locked tasks follow "
+            "redlock_on_unavailable=%r; %s",
+            shown,
+            on_unavailable,
+            MOVED_HINT,
+        )
     server = str(infos[0][1].get("run_id") or "") if len(infos) == 1 else ""
     try:
         refusals = probe.dry_run(client, prefix, CHECK_TIMEOUT)
     except probe.ERRORS as exc:
+        moved = redirect_text(exc)
         logger.warning(
-            "celery_redlock: the dry run of lock commands on %s did not complete (%s: %s)",
+            "celery_redlock: the dry run of lock commands on %s did not complete (%s: %s)%s",
             shown,
             type(exc).__name__,
-            redact(exc),
+            redact(moved or exc),
+            f"; {MOVED_HINT}" if moved else "",
         )
         return server
     if not in_quorum:

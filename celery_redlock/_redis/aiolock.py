@@ -56,7 +56,16 @@ import weakref
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
-from .aionodes import Nodes, SingleNode, as_planned, give_back, in_background, keep, nodes_for
+from .aionodes import (
+    Nodes,
+    SingleNode,
+    as_planned,
+    give_back,
+    in_background,
+    keep,
+    nodes_for,
+    stopping,
+)
 from .core import (
     SUBSCRIBED,
     Closing,
@@ -82,13 +91,17 @@ T = TypeVar("T")
 
 async def finish(aw: Awaitable[T]) -> T:
     """Await ``aw`` to its end even if the caller is cancelled meanwhile; then re-raise the
-    cancellation. (A cancellation of ``aw`` itself, by a loop shutting down, propagates.)"""
+    cancellation. (A cancellation of ``aw`` itself, by a loop shutting down, propagates; so
+    does one of a clean-up run again by the shutdown, which then gives up on Redis:
+    :func:`~celery_redlock._redis.aionodes.in_background`.)"""
     task = asyncio.ensure_future(aw)
     cancelled = False
     while not task.done():
         try:
             await asyncio.wait((task,))
         except asyncio.CancelledError:
+            if stopping():
+                task.cancel()
             cancelled = True
     if cancelled:
         raise asyncio.CancelledError

@@ -47,6 +47,7 @@ from . import scripts as _scripts
 from .clients import (
     check_client,
     check_distinct,
+    check_member,
     check_timeouts,
     is_cluster,
     node_name,
@@ -102,9 +103,9 @@ def in_background(undo: Callable[[], Awaitable[object]]) -> None:
     task left, that give-back among them, before it sends its release; (4) Redis runs the
     acquire: the key stays held by nobody for its TTL. So a clean-up that is cancelled runs
     once more, at once, without waiting between tries (:func:`as_planned`), and the loop's
-    shutdown (``shutdown_asyncgens``, which ``asyncio.run`` calls) waits for it; a second
-    cancellation ends it. A loop closed without that shutdown (``loop.close()`` alone) drops
-    it, and its keys expire by their TTL.
+    shutdown (``shutdown_asyncgens``, which ``asyncio.run`` calls) waits for it, at most
+    :data:`SHUTDOWN_WAIT` seconds for all; a second cancellation ends it. A loop closed without
+    that shutdown (``loop.close()`` alone) drops it, and its keys expire by their TTL.
     """
     _start(undo, _loop_state(asyncio.get_running_loop()), last=False)
 
@@ -123,17 +124,23 @@ def _start(undo: Callable[[], Awaitable[object]], state: _LoopState, *, last: bo
 def _again(undo: Callable[[], Awaitable[object]], state: _LoopState, task: Any) -> None:
     """Done-callback of a clean-up's first run: if it was cancelled, run it once more."""
     if task.cancelled():
-        stopping = _stopping.set(True)  # copied into the new task's context
+        token = _stopping.set(True)  # copied into the new task's context
         try:
             _start(undo, state, last=True)
         finally:
-            _stopping.reset(stopping)
+            _stopping.reset(token)
 
 
 #: Set in a clean-up run again as its loop shuts down (:func:`in_background`).
 _stopping: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "celery_redlock_stopping", default=False
 )
+
+
+def stopping() -> bool:
+    """Whether this is a clean-up run again as its loop shuts down (:func:`in_background`):
+    a cancellation there is the shutdown's last word, past :data:`SHUTDOWN_WAIT`."""
+    return _stopping.get()
 
 
 def give_back(key: str, release: Callable[[], Awaitable[object]]) -> None:
@@ -152,8 +159,8 @@ async def as_planned(
     (:func:`in_background`), it tries at once and ends at the first try without an answer."""
     wait: float | None = plan.delay if delay is None else delay
     while wait is not None:
-        stopping = _stopping.get()
-        if not stopping:
+        last_run = _stopping.get()
+        if not last_run:
             await asyncio.sleep(wait)
         error: Exception | None = None
         try:
@@ -161,7 +168,7 @@ async def as_planned(
         except Exception as exc:  # judged by the plan: retried, or the end
             error = exc
         wait = plan.after(error, time.monotonic())
-        if stopping and error is not None and wait is not None:
+        if last_run and wait is not None and wait > 0:  # unanswered (an answer tries again at 0)
             logger.warning(
                 "lock %s: the event loop shut down before Redis answered the give-back of %s; "
                 "if it ran, the key stays until its TTL",
@@ -169,6 +176,12 @@ async def as_planned(
                 plan.what,
             )
             return
+
+
+#: Seconds a loop's shutdown waits for the clean-ups it cancelled to run again
+#: (:func:`in_background`): a client without a socket timeout (``redis.asyncio.Redis()``'s
+#: default) would wait for a frozen server forever, and ``asyncio.run`` with it.
+SHUTDOWN_WAIT = 5.0
 
 
 class _LoopState:
@@ -211,12 +224,24 @@ async def _at_shutdown(
     try:
         yield
     finally:
-        while state.cleanups:
+        deadline = loop.time() + SHUTDOWN_WAIT
+        while state.cleanups and loop.time() < deadline:
             pending = list(state.cleanups)
             for task in pending:
                 if task not in state.last:
                     task.cancel()
-            await asyncio.wait(pending)
+            await asyncio.wait(pending, timeout=deadline - loop.time())
+        if state.cleanups:  # Redis does not answer (a client of yours may have no timeout)
+            logger.warning(
+                "the event loop shut down with %d lock give-back(s) unanswered after %g s; "
+                "their keys expire by their TTL",
+                len(state.cleanups),
+                SHUTDOWN_WAIT,
+            )
+            ended = list(state.cleanups)
+            for task in ended:
+                task.cancel()
+            await asyncio.wait(ended, timeout=1.0)  # each drops its connection as it ends
         _per_loop.pop(loop, None)
         for client in state.clients.values():
             with contextlib.suppress(Exception):
@@ -586,6 +611,8 @@ def nodes_for(redis: Any) -> Nodes:
         return SingleNode(Node(redis))
     if len(redis) == 1:
         return nodes_for(redis[0])
+    for item in redis:
+        check_member(item)
     check_distinct(redis)
     # Socket timeouts of URL clients are bounded like the sync quorum's (QUORUM_NODE_TIMEOUT).
     nodes = [Node(item, QUORUM_NODE_TIMEOUT) for item in redis]

@@ -178,16 +178,23 @@ def node_identity(url: str) -> tuple[Any, ...]:
     return ("tcp", _LOCALHOST.get(host, host), int(kwargs.get("port") or 6379))
 
 
-def check_member(url: str) -> None:
-    """Raise :class:`ValueError` if ``url`` cannot be one node of a quorum: a Redis Cluster is
-    many nodes, each holding part of the keys (listed as one, every lock operation failed with
-    an ``AttributeError`` of its client)."""
-    if url.partition("://")[0].endswith("+cluster"):
-        raise ValueError(
-            f"a Redlock quorum's nodes are single servers, and {redact_url(url)!r} is a Redis "
-            "Cluster: list independent servers (redis://, rediss://, unix://, a Sentinel's "
-            "primary), or give the Cluster's URL alone"
-        )
+def check_member(item: Any) -> None:
+    """Raise :class:`ValueError` if ``item`` (a URL or a client) cannot be one node of a
+    quorum: a Redis Cluster is many nodes, each holding part of the keys (listed as one, every
+    lock operation failed with an ``AttributeError`` of its client)."""
+    if isinstance(item, str):
+        if not item.partition("://")[0].endswith("+cluster"):
+            return
+        shown = repr(redact_url(item))
+    elif is_cluster(item):
+        shown = f"a {type(item).__name__} client"
+    else:
+        return
+    raise ValueError(
+        f"a Redlock quorum's nodes are single servers, and {shown} is a Redis Cluster: list "
+        "independent servers (redis://, rediss://, unix://, a Sentinel's primary), or give the "
+        "Cluster alone"
+    )
 
 
 def check_distinct(items: Sequence[Any]) -> None:

@@ -120,7 +120,20 @@ REFUSED_REPLIES = (
     "ASK",
 )
 
-_MOVED = "a Redis Cluster node serves its own slots only: for a Cluster, use a redis+cluster:// URL"
+MOVED_HINT = (
+    "a Redis Cluster node serves its own slots only: for a Cluster, use a redis+cluster:// URL"
+)
+
+
+def redirect_text(exc: BaseException) -> str:
+    """``MOVED <slot> <node>`` or ``ASK ...`` for a Cluster's redirection (redis-py keeps the
+    reply's address but not its first word), else ``""``."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    text = str(exc)
+    if "MovedError" in names or "AskError" in names:
+        return f"{'MOVED' if 'MovedError' in names else 'ASK'} {text}"
+    return text if text.startswith(("MOVED ", "ASK ")) else ""
+
 
 _NO_PASSWORD = "the server wants a password (or an ACL user) that the URL does not give"
 
@@ -244,12 +257,10 @@ def unavailable(
     elif classify(exc) is Outcome.REFUSED or {"AuthenticationError", "AuthorizationError"} & {
         cls.__name__ for cls in type(exc).__mro__
     }:
-        moved = {"MovedError", "AskError"} & {cls.__name__ for cls in type(exc).__mro__}
-        if moved:  # the client kept the reply's address, not its MOVED or ASK
-            text = f"{'MOVED' if 'MovedError' in moved else 'ASK'} {text}"
+        text = redirect_text(exc) or text
         what = f"Redis at {names[0]} refused lock {key}: {text}"
         what += "".join(f" ({hint})" for refusal, hint in _REFUSED_TEXTS.items() if refusal in text)
-        what += f" ({_MOVED})" if text.startswith(("MOVED ", "ASK ")) else ""
+        what += f" ({MOVED_HINT})" if redirect_text(exc) else ""
     else:
         what = f"Redis at {names[0]} did not answer for lock {key}: {text}"
         hint = tls_mismatch(tls, exc) if tls is not None else ""

@@ -609,8 +609,7 @@ def nodes_for(redis: Target, timeout: float | None = None) -> Nodes:
     if len(redis) == 1:
         return nodes_for(redis[0], timeout)
     for item in redis:
-        if isinstance(item, str):
-            check_member(item)
+        check_member(item)
     check_distinct(redis)
     # One slow node must not stall the quorum for the default 5 s: a node that does not answer
     # within QUORUM_NODE_TIMEOUT counts as failed (its connect is bounded the same way).

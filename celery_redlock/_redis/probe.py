@@ -28,6 +28,7 @@ from redis.cluster import RedisCluster
 
 from . import scripts as _scripts
 from .clients import UNAVAILABLE_ERRORS, client_for, refused
+from .core import redirect_text
 from .keys import CHECK_NAME, glob_escape, keys_for, lock_pattern, stats_key, timeline_key
 from .scripts.base import Script
 from .subscriptions import pubsub_of
@@ -304,7 +305,7 @@ def dry_run(client: Any, prefix: str, timeout: float = 1.0) -> dict[str, str]:
             except redis_py.exceptions.OutOfMemoryError as exc:
                 refusals.setdefault("OOM", _reply(exc))
             except redis_py.exceptions.ResponseError as exc:
-                if not refused(exc):
+                if not refused(exc) or redirect_text(exc):  # a Cluster's node: no ACL's doing
                     raise
                 if name == "EVALSHA" and "evalsha" not in str(exc).lower():
                     continue  # refused inside the script: that command's own probe names it

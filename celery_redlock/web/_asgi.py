@@ -50,13 +50,14 @@ Authenticate = Callable[[Request], "str | Awaitable[str | None] | None"]
 
 
 def _from_network(request: Request) -> bool:
-    """Whether ``request`` came from an IP address that is not loopback (a client that is no
-    IP address, such as a test client's or a Unix socket's, is this machine)."""
+    """Whether ``request`` may come from another machine: its peer is no loopback IP address.
+    A peer that is none (a Unix socket: nginx in front passes ``Host: localhost`` by default)
+    or no address (a test client's name) may be anyone."""
     peer = request.client.host if request.client is not None else ""
     try:
         address = ipaddress.ip_address(peer)
     except ValueError:
-        return False
+        return True
     mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1
     return not (address.is_loopback or (mapped is not None and mapped.is_loopback))
 

@@ -11,6 +11,7 @@ import contextlib
 import gc
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -321,6 +322,83 @@ def test_a_give_back_cancelled_by_the_loop_s_shutdown_still_goes_out(
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(main())
     assert lock_keys(r) == [] and not lock.held
+
+
+def test_the_shutdown_waits_a_bounded_time_for_give_backs_redis_does_not_answer(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client of the user's without a socket timeout (``redis.asyncio.Redis()``'s default)
+    and a frozen server: the give-back run again at the shutdown waited for the server, and
+    ``asyncio.run`` did not return until it resumed."""
+    monkeypatch.setattr(aionodes, "SHUTDOWN_WAIT", 0.5)
+    with RedisServer() as server:
+        assert server.process is not None
+        pid = server.process.pid
+        resumed = threading.Event()
+
+        def resume() -> None:
+            resumed.set()
+            os.kill(pid, signal.SIGCONT)
+
+        async def main() -> None:
+            client = aioredis.Redis.from_url(server.url)  # no socket timeout
+            lock = Lock(client, "frozen-at-exit", ttl=30)
+            sent = when_started(lock, "do_acquire")
+            os.kill(pid, signal.SIGSTOP)
+            task = asyncio.ensure_future(lock.acquire(blocking=False))
+            await sent.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        timer = threading.Timer(30, resume)
+        timer.start()
+        try:
+            with caplog.at_level(logging.WARNING, logger="celery_redlock.lock"):
+                asyncio.run(main())
+            assert not resumed.is_set()  # returned while the server was still frozen
+            assert "the event loop shut down with 1 lock give-back(s) unanswered" in caplog.text
+        finally:
+            timer.cancel()
+            if not resumed.is_set():
+                resume()
+
+
+def test_a_give_back_refused_at_the_shutdown_is_an_answer_not_a_silence(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Run again at the shutdown, a give-back that Redis refused (here an ACL user without
+    ``DEL``) was reported as "the event loop shut down before Redis answered", and its second
+    release was not sent: a refusal is an answer, as everywhere else."""
+    with RedisServer() as server:
+        admin = server.client()
+        rules = "-@all +evalsha +script|load +get +set +pexpire +pttl +time +publish +ping"
+        admin.execute_command("ACL", "SETUSER", "nodel", "on", ">pw", "~*", "&*", *rules.split())
+        url = f"redis://nodel:pw@127.0.0.1:{server.port}/0"
+        lock = ReplyInFlight(url, "refused-at-exit", ttl=60)
+
+        async def main() -> None:
+            me = asyncio.current_task()
+            assert me is not None
+
+            async def cancel_main() -> None:
+                await lock.sent.wait()
+                me.cancel()
+
+            canceller = asyncio.ensure_future(cancel_main())
+            try:
+                await lock.acquire()
+            finally:
+                await canceller
+
+        with (
+            caplog.at_level(logging.WARNING, logger="celery_redlock.lock"),
+            pytest.raises(asyncio.CancelledError),
+        ):
+            asyncio.run(main())
+        assert "before Redis answered" not in caplog.text
+        assert admin.exists(keys_for("redlock", "refused-at-exit").lock)  # DEL was refused
+        admin.close()
 
 
 def test_waiters_still_waiting_as_asyncio_run_ends_leave_the_queue(

@@ -108,6 +108,23 @@ def test_a_plain_url_naming_one_cluster_node_is_unavailable_naming_the_cluster_s
     assert "for a Cluster, use a redis+cluster:// URL" in said
 
 
+def test_a_cluster_client_listed_as_a_quorum_node_is_refused(
+    cluster: ClusterNodes, rc: redis_py.RedisCluster, redis_server: RedisServer
+) -> None:
+    """Refused as a ``redis+cluster://`` URL in the list is: every lock operation failed with
+    an ``AttributeError`` of the Cluster client."""
+    import redis.asyncio as aioredis
+
+    import celery_redlock.asyncio
+
+    ports = (redis_server.port, cluster.nodes[0].port)
+    with pytest.raises(ValueError, match="a RedisCluster client is a Redis Cluster"):
+        Lock([*(client(port) for port in ports), rc], "job")
+    aio = aioredis.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+    with pytest.raises(ValueError, match="a RedisCluster client is a Redis Cluster"):
+        celery_redlock.asyncio.Lock([*(aioredis.Redis(port=port) for port in ports), aio], "job")
+
+
 def test_fencing_tokens_increase(cluster: ClusterNodes, rc: redis_py.RedisCluster) -> None:
     tokens: list[int] = []
     for _ in range(5):
@@ -154,6 +171,27 @@ def test_the_startup_check_names_each_primary_it_read(
     assert len(lines) == len(set(lines)) == len(cluster.nodes)
     for node in cluster.nodes:
         assert sum(f"(primary 127.0.0.1:{node.port})" in line for line in lines) == 1
+
+
+def test_the_startup_check_of_a_plain_url_naming_a_cluster_node_says_so(
+    cluster: ClusterNodes, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Once MOVED was a refusal, the dry run took each redirected command for the ACL's
+    doing: "refuses commands this package needs: SET, GET, ...; grant them to the ACL user"."""
+    url = f"redis://127.0.0.1:{cluster.nodes[0].port}/0"
+    app = make_app(redis_server, "cluster-plain", redlock_url=url)
+
+    @app.task(base=LockedTask, shared=False)
+    def checked() -> None:
+        """A locked task, so that the checks run."""
+
+    with caplog.at_level(logging.INFO, logger="celery_redlock.worker"):
+        run_startup_checks(app, True)
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, errors
+    assert f"the lock Redis at {url} is a node of a Redis Cluster" in errors[0]
+    assert "use a redis+cluster:// URL" in errors[0]
+    assert "grant" not in caplog.text
 
 
 def test_locked_task_with_the_cluster_as_redlock_url(

@@ -317,6 +317,26 @@ def test_an_acl_user_without_the_waiter_queue_is_warned_about_not_refused(
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert f"tasks that wait: {by_default.main}.checked" in warning
 
+    # A task's own policy wins over the setting's, and an unset one under lock_rate is retry.
+    mixed = make_app(
+        redis_server,
+        f"acl-{user}-mixed",
+        redlock_url=user_url(acl_server, user),
+        redlock_on_contention="wait",
+    )
+
+    @mixed.task(base=LockedTask, name="mixed.skips", shared=False, lock_on_contention="skip")
+    def skips() -> None:
+        """Skips, whatever the setting says."""
+
+    @mixed.task(base=LockedTask, name="mixed.rated", shared=False, lock_rate="10/m")
+    def rated() -> None:
+        """Retried under its rate."""
+
+    assert startup_errors(mixed, caplog) == []
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.endswith(f"tasks that wait: {mixed.main}.checked")
+
 
 def test_a_release_without_publish_says_exactly_what_happened(
     acl_server: RedisServer, caplog: pytest.LogCaptureFixture
