@@ -46,7 +46,7 @@ import logging
 from typing import Any
 
 from .._redis import probe, servers
-from .._redis.clients import redact
+from .._redis.clients import missing_files, redact
 from .._redis.core import MOVED_HINT, redirect_text, refused_by_acl, tls_mismatch
 from .identity import spec_of
 from .options import TaskLockOptions, contention_policy, quorum_size, settings_for, supersedes
@@ -203,6 +203,9 @@ def _check_node(
             )
             return None
         hint = tls_mismatch(url.startswith("rediss"), exc)
+        missing = missing_files(url)  # redis-py's "No such file or directory" names none
+        if missing:
+            hint = f"the URL names a file that does not exist: {', '.join(missing)}"
         why = f"{type(exc).__name__}: {redact(exc)}" + (f"; {hint}" if hint else "")
         if in_quorum:
             logger.warning(

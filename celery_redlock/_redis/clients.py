@@ -358,12 +358,19 @@ _HOSTNAME_SET = re.compile(r"[?&](ssl_cert_reqs=(cert_)?none|ssl_check_hostname=
 _CERT_REQS = tuple(dict.fromkeys(_CERT_REQS_VALUES.values()))
 
 
-def _check_files(query: str) -> None:
-    """Raise :class:`ValueError` if a TLS file the query names does not exist: the connection
-    would fail with "No such file or directory", taken for an outage and retried forever."""
-    for name, value in parse_qsl(query):
-        if name in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile") and not os.path.exists(value):
-            raise ValueError(f"its {name} file {value!r} does not exist")
+#: The query options of a URL that name files.
+_TLS_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path")
+
+
+def missing_files(url: str) -> list[str]:
+    """The TLS files ``url`` names that do not exist here, as ``name=path``: its connections
+    fail with "No such file or directory", which names no file. Not refused with the URL: a
+    process that only publishes (a web process) may lack the files its workers have."""
+    return [
+        f"{name}={path}"
+        for name, path in parse_qsl(urlsplit(url).query)
+        if name in _TLS_FILES and not os.path.exists(path)
+    ]
 
 
 def validate_url(url: str) -> None:
@@ -397,7 +404,6 @@ def validate_url(url: str) -> None:
     scheme = parts.scheme
     if scheme.endswith(("+sentinel", "+cluster")):
         _validate_multi_host(url, scheme)
-        _check_files(parts.query)
         return
     try:
         port = parts.port
@@ -424,7 +430,6 @@ def validate_url(url: str) -> None:
         value = given.get(option)
         if value is not None and not 0 < value < math.inf:
             raise ValueError(f"its {option} is {value}; expected seconds > 0")
-    _check_files(parts.query)
 
 
 def _validate_multi_host(url: str, scheme: str) -> None:

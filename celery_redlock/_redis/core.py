@@ -839,7 +839,9 @@ class LockCore:
         """True once the lock was found expired or owned by someone else while held, and from
         the end of the last confirmed lease on (by :attr:`clock`), even while Redis does not
         answer, or nobody renews (a fixed TTL, a renewal whose event loop ended): from then on
-        another owner may exist."""
+        another owner may exist. The second kind can end: a renewal sent within the lease and
+        confirmed after its end (the process did not run in time) shows that Redis held the
+        key throughout, and the lock is held again (a WARNING says so)."""
         if self._lost:
             return True
         return self._token is not None and self.clock() >= self._expires_at
@@ -1114,7 +1116,7 @@ class LockCore:
             self.last_holder = None
             self._holder_ttl = None
         if self.auto_renew:
-            self._start_renewal(self._renewal_delay(complete))
+            self._start_renewal(self._renewal_delay(complete, start))
 
     def _fenced(self, token: str, value: int | None) -> None:
         """Take in the fencing token read for ``token`` (``None``: not held any more: lost).
@@ -1381,19 +1383,34 @@ class LockCore:
         if not extended.held:
             self._mark_lost("renewal found it expired or owned by someone else", token)
             return None
+        late = self.clock() - self._expires_at
+        if late > 0:  # Redis held the key throughout: the extend ran before it expired
+            logger.warning(
+                "lock %s: a renewal was confirmed %.1fs after the lease it extended had ended "
+                "(this process did not run in time: a starved CPU, a pause); `lost` said True "
+                "meanwhile, though Redis held the key; raise redlock_lease (or the lock's ttl)",
+                self.key,
+                late,
+            )
         self._expires_at = start + ttl
-        return self._renewal_delay(extended.complete)
+        return self._renewal_delay(extended.complete, start)
 
-    def _renewal_delay(self, complete: bool) -> float:
+    def _renewal_delay(self, complete: bool, start: float) -> float:
         """Seconds until the next renewal: ``ttl / 3``; lease/30 (at least
         :data:`DEGRADED_RENEWAL`) after an acquisition or renewal that a quorum node lacked
         (down, late, or rejoined empty). So a node that comes back gets the lock again before
         another node can fail, and a renewal that waits for a silent node's timeout still
         fits in the lease: the first renewal at ``ttl / 3`` of a 1.5 s lock acquired in the
-        0.5 s a frozen node took would have had 0.5 s left for another 0.5 s round."""
+        0.5 s a frozen node took would have had 0.5 s left for another 0.5 s round.
+
+        Counted from ``start``, when the confirmed call was sent (its lease counts from then),
+        not from its reply. Timeline otherwise, on a starved CPU: (1) an acquire is sent; (2)
+        its reply is handled 2.7 s later; (3) the first renewal was due ``ttl / 3`` after that,
+        past the 3 s lease: the lock read as lost 0.3 s into the body."""
         delay = (
             self.ttl / 3 if complete else min(self.ttl / 3, max(DEGRADED_RENEWAL, self.ttl / 30))
         )
+        delay = max(0.0, delay - (self.clock() - start))
         keep = self._past_cap()
         if keep is None or self.max_hold is None:
             return delay

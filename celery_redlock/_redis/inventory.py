@@ -61,7 +61,6 @@ import datetime
 import enum
 import hashlib
 import json
-import os
 import re
 import time
 import urllib.parse
@@ -75,7 +74,7 @@ from redis.cluster import RedisCluster
 from ..exceptions import LockUnavailable
 from . import owner as _owner
 from . import scripts as _scripts
-from .clients import UNAVAILABLE_ERRORS, client_for, redact, refused
+from .clients import UNAVAILABLE_ERRORS, client_for, missing_files, redact, refused
 from .commands import run_script
 from .core import Outcome, classify, denied_by_acl, lost_reply, tls_mismatch, warn_not_notified
 from .keys import (
@@ -141,9 +140,6 @@ _CLIENT_REPR = re.compile(
     r"<redis\.client\.Redis\(<.*?\bhost=([^,]+),port=(\d+),.*?\)>\)>\)>"
     r"|Redis<ConnectionPool<Connection<host=([^,>]+),port=(\d+)[^>]*>>>"
 )
-
-#: The URL options that name a file the TLS connection reads.
-_TLS_FILES = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_ca_path")
 
 
 def _lock_name(name: str) -> str:
@@ -1041,16 +1037,9 @@ def _reason(url: str, exc: BaseException) -> str:
     cause: BaseException | None = exc
     while cause is not None and not isinstance(cause, FileNotFoundError):
         cause = cause.__cause__ or cause.__context__
-    if cause is not None:
-        options = urllib.parse.parse_qs(urllib.parse.urlsplit(url).query)
-        missing = [
-            f"{name}={path}"
-            for name in _TLS_FILES
-            for path in options.get(name, [])
-            if not os.path.exists(path)
-        ]
-        if missing:
-            text += f" The URL names a file that does not exist: {', '.join(missing)}."
+    missing = missing_files(url) if cause is not None else []
+    if missing:
+        text += f" The URL names a file that does not exist: {', '.join(missing)}."
     hint = tls_mismatch(url.startswith("rediss"), exc)
     return f"{text}; {hint}" if hint else text
 

@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -240,6 +241,19 @@ def startup_errors(app: Any, caplog: pytest.LogCaptureFixture, **options: Any) -
     with caplog.at_level(logging.INFO, logger="celery_redlock.worker"):
         run_startup_checks(app, True)
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_the_startup_check_names_a_tls_file_that_does_not_exist(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """redis-py says "Error 2 connecting to ... No such file or directory." and no more: the
+    worker's ERROR named no file, and the calls retried it as an outage."""
+    missing = tmp_path / "ca.pem"
+    url = f"rediss://127.0.0.1:{redis_server.port}/0?ssl_ca_certs={missing}"
+    app = make_app(redis_server, "tls-missing", redlock_url=url)
+    (error,) = startup_errors(app, caplog)
+    assert "cannot reach the lock Redis" in error
+    assert f"the URL names a file that does not exist: ssl_ca_certs={missing}" in error
 
 
 @pytest.mark.parametrize(

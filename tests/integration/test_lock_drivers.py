@@ -1143,6 +1143,34 @@ def test_a_holder_that_blocks_at_once_for_most_of_its_lease_keeps_it_renewed(
     d2(lock.release())
 
 
+def test_a_renewal_confirmed_after_its_lease_ended_says_so_and_renews_sooner(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A starved process (the probe: 4 CPU hogs above a worker at nice 19) handles a
+    renewal's reply after the lease it extended had ended: ``lost`` read True meanwhile, then
+    False again, without a word; and the next renewal was due ``ttl / 3`` after the late reply
+    instead of after the call, eating the new lease's margin. Here the clock jumps while the
+    extend is on its way."""
+    now = [100.0]
+
+    class Starved(celery_redlock.Lock):
+        def do_extend(self, token: str, ttl: float) -> Extended:
+            extended = super().do_extend(token, ttl)
+            now[0] += 2.5  # the reply is handled 2.5 s after the call was sent
+            return extended
+
+    lock = Starved(redis_url, "starved", ttl=3, clock=lambda: now[0])
+    assert lock.acquire(blocking=False)  # the lease ends at 103
+    now[0] += 1.0  # the renewal is due (ttl / 3), sent at 101
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.lock"):
+        delay = lock.renew_step()
+    assert "a renewal was confirmed 0.5s after the lease it extended had ended" in caplog.text
+    assert "raise redlock_lease" in caplog.text
+    assert delay == 0.0  # due 1 s after 101: already passed at 103.5
+    assert lock.held and not lock.lost  # the new lease (101 + 3) runs to 104
+    lock.release()
+
+
 def test_a_frozen_server_delays_only_the_renewals_of_its_own_locks(d2: Driver) -> None:
     """Helper probe, round 3 (a Redis Cluster primary that hangs). Timeline when the thread
     lock's watchdog ran one renewal at a time: (1) server A freezes (SIGSTOP); (2) the renewal

@@ -135,10 +135,8 @@ UNUSABLE = [
     (f"redis://:{PASSWORD}@h:0/0", "its port is 0"),
     (f"redis://:{PASSWORD}@h ", "ends with a space"),
     # Helper probe, round 3 (topologies): a raw '?' in a password read as "its port is not a
-    # number"; a missing CA file as an outage, retried forever.
+    # number".
     (f"redis://u:{PASSWORD}?x@h:1/0", "holds '/', '?' or '#': percent-encode them"),
-    (f"rediss://:{PASSWORD}@h:1/0?ssl_ca_certs=/no/ca.pem", "ssl_ca_certs file '/no/ca.pem'"),
-    (f"rediss+sentinel://:{PASSWORD}@h:1/m?ssl_certfile=/no/c.pem", "ssl_certfile file"),
 ]
 
 
