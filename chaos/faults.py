@@ -241,11 +241,20 @@ class Run:
 
 
 def _pause_holder(run: Run) -> None:
-    pid = run.holder_pid()
-    if pid is not None:
-        os.kill(pid, signal.SIGSTOP)
-        run.paused.append(pid)
-        run.note("SIGSTOP holder", pid=pid)
+    """SIGSTOP a holder whose body runs, waiting for one up to :data:`HOLDER_WAIT` seconds; a
+    phase that found none fails (it tested nothing: it passed before, pausing nobody)."""
+    deadline = time.monotonic() + HOLDER_WAIT
+    while (pid := run.holder_pid()) is None:
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"no body ran for {HOLDER_WAIT:g} s: no holder to pause")
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGSTOP)
+    run.paused.append(pid)
+    run.note("SIGSTOP holder", pid=pid)
+
+
+#: Seconds ``pause-holder`` waits for a body to run (calls are sent every 0.1 s).
+HOLDER_WAIT = 5.0
 
 
 def _pause_node(run: Run) -> None:
@@ -378,6 +387,8 @@ FAILOVER = "a failover to an asynchronously replicated replica (two primaries fo
 #: The limits that lose the fencing tokens' state (docs/guide.md, "Fencing tokens"): in their
 #: windows a later acquisition may get a smaller token.
 TOKENS_GO_BACK = frozenset({EMPTY, EARLY, FAILOVER})
+#: The limits whose stale holder held the lock before the fault (:attr:`Window.stale_before`).
+STALE_BEFORE = frozenset({PAUSED, CLOCK_AHEAD, EMPTY})
 
 FAULTS = [
     Fault("netem-one-node", False, _netem, qdisc="netem"),
@@ -595,11 +606,12 @@ def run_fault(
         fault_at, heal_at = start + seconds * 0.25, start + seconds * 0.25 + fault.leases * LEASE
         end = max(start + seconds, heal_at + 3 * LEASE)
         injected = healed = False
+        injected_at = fault_at
         while time.time() < end or (run.settling.is_set() and time.time() < end + 25):
             now = time.time()
             if not injected and now >= fault_at:
                 fault.inject(run)
-                injected = True
+                injected, injected_at = True, time.time()
             if injected and not healed and now >= heal_at:
                 heal(run)
                 healed = True
@@ -618,7 +630,12 @@ def run_fault(
         # A fault ends when its heal did (a demotion may take a while), plus a lease.
         healed_at = max([heal_at, *(n["at"] for n in run.notes)])
         window = Window(
-            fault.name, fault_at, healed_at + LEASE, fault.limit, fault.limit in TOKENS_GO_BACK
+            fault.name,
+            fault_at,
+            healed_at + LEASE,
+            fault.limit,
+            fault.limit in TOKENS_GO_BACK,
+            injected_at if fault.limit in STALE_BEFORE else None,
         )
         finals = collect(submitted, deadline=time.monotonic() + 30)
         for call, state in finals.items():

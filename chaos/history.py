@@ -39,7 +39,10 @@ instant overlap even if one body took no time.
    (:class:`Window` with ``limit``) is *explained* and counted under that limit; it may last
    beyond the window (the stale holder runs on until its body ends), and the harness already
    ends each window a lease after the heal. An overlap that began before the window cannot
-   have been caused by the fault, and any other is a violation;
+   have been caused by the fault, nor, for a limit whose stale holder held the lock before
+   the fault (:attr:`Window.stale_before`), one between two holders both admitted after the
+   fault was injected (a lock that deletes another's key would pass as the fault's doing);
+   any other is a violation;
 2. **stale writes**: the store accepted a write whose token was lower than a token it had
    accepted before for that key (a violation). A rejected write is counted if a larger token
    was accepted before it; a rejection of a write whose token is at least every token
@@ -200,6 +203,12 @@ class Window:
     #: The limit loses the tokens' state, so a later acquisition may get a smaller token
     #: (docs/guide.md, "Fencing tokens").
     tokens_go_back: bool = False
+    #: For a limit whose stale holder held the lock before the fault (a paused holder, a
+    #: clock step, a server restarted empty): when the fault's injection ended. An overlap
+    #: is explained only if one of its holders was admitted before then; two holders both
+    #: admitted after it have no such excuse. ``None``: any two (a failover's two primaries,
+    #: quorum nodes rejoining one after the other).
+    stale_before: float | None = None
 
 
 @dataclass
@@ -334,10 +343,13 @@ def _overlap(a: Holding, b: Holding) -> bool:
 
 
 def _explained(a: Holding, b: Holding, windows: Sequence[Window]) -> Window | None:
-    """The fault window of a limit in which the overlap of ``a`` and ``b`` began, if any."""
-    begin = max(a.admitted, b.admitted)
+    """The fault window of a limit in which the overlap of ``a`` and ``b`` began, if any, and
+    which can have caused it (:attr:`Window.stale_before`)."""
+    begin, first = max(a.admitted, b.admitted), min(a.admitted, b.admitted)
     for w in windows:
-        if w.limit is not None and w.start <= begin <= w.end:
+        if w.limit is None or not w.start <= begin <= w.end:
+            continue
+        if w.stale_before is None or first < w.stale_before:
             return w
     return None
 

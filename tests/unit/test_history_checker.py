@@ -391,3 +391,18 @@ def test_a_record_the_checker_would_misjudge_is_refused_naming_the_field(
     with pytest.raises(ValueError, match=says):
         Event.from_dict(record)
     assert Event.from_dict({"at": 1, "call": "a", "kind": "write", "token": 3}).run == ""
+
+
+def test_a_limit_whose_stale_holder_predates_the_fault_explains_only_overlaps_with_it() -> None:
+    """Helper probe, round 3 (mutation testing): a lock that deleted another holder's key
+    made two holders admitted after a clock step overlap, and the step's window explained it,
+    as any two holders of any length. A paused holder, a clock step or a server restarted
+    empty makes only a holder admitted before the fault stale."""
+    window = [Window("clock-forward", 1.0, 9.0, limit="clock stepped forward", stale_before=1.2)]
+    after = [*call("a", "k", 5, 2.0, 4.0), *call("b", "k", 6, 3.0, 5.0)]
+    assert check(after, [], window).overlaps_unexplained == [("k", "a", "b")]
+    stale = [*call("a", "k", 5, 0.5, 4.0), *call("b", "k", 6, 3.0, 5.0)]
+    verdict = check(stale, [], window)
+    assert verdict.ok and verdict.overlaps_explained == {"clock stepped forward": 1}
+    failover = [Window("sentinel", 1.0, 9.0, limit="two primaries for a while")]
+    assert check(after, [], failover).overlaps_explained == {"two primaries for a while": 1}
