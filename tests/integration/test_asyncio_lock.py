@@ -303,6 +303,13 @@ def test_a_give_back_cancelled_by_the_loop_s_shutdown_still_goes_out(
     started in the background; (3) ``asyncio.run`` cancels every task left, the give-back
     among them, before it sent its release. The key stayed held by nobody for its 60 s TTL."""
     lock = ReplyInFlight(redis_url, NAME, ttl=60)
+    cancelled_in_flight(lock, sent=lambda: r.exists(KEY))  # step 1
+    assert lock_keys(r) == [] and not lock.held
+
+
+def cancelled_in_flight(lock: ReplyInFlight, sent: Callable[[], Any] = lambda: True) -> None:
+    """``asyncio.run`` of ``lock.acquire()`` whose main task is cancelled once the script ran
+    on Redis (``sent()`` must then be true), its reply on its way: Ctrl-C under it."""
 
     async def main() -> None:
         me = asyncio.current_task()
@@ -310,7 +317,7 @@ def test_a_give_back_cancelled_by_the_loop_s_shutdown_still_goes_out(
 
         async def cancel_main() -> None:
             await lock.sent.wait()
-            assert r.exists(KEY)  # step 1
+            assert sent()
             me.cancel()
 
         canceller = asyncio.ensure_future(cancel_main())
@@ -321,7 +328,6 @@ def test_a_give_back_cancelled_by_the_loop_s_shutdown_still_goes_out(
 
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(main())
-    assert lock_keys(r) == [] and not lock.held
 
 
 def test_the_shutdown_waits_a_bounded_time_for_give_backs_redis_does_not_answer(
@@ -376,26 +382,8 @@ def test_a_give_back_refused_at_the_shutdown_is_an_answer_not_a_silence(
         admin.execute_command("ACL", "SETUSER", "nodel", "on", ">pw", "~*", "&*", *rules.split())
         url = f"redis://nodel:pw@127.0.0.1:{server.port}/0"
         lock = ReplyInFlight(url, "refused-at-exit", ttl=60)
-
-        async def main() -> None:
-            me = asyncio.current_task()
-            assert me is not None
-
-            async def cancel_main() -> None:
-                await lock.sent.wait()
-                me.cancel()
-
-            canceller = asyncio.ensure_future(cancel_main())
-            try:
-                await lock.acquire()
-            finally:
-                await canceller
-
-        with (
-            caplog.at_level(logging.WARNING, logger="celery_redlock.lock"),
-            pytest.raises(asyncio.CancelledError),
-        ):
-            asyncio.run(main())
+        with caplog.at_level(logging.WARNING, logger="celery_redlock.lock"):
+            cancelled_in_flight(lock)
         assert "before Redis answered" not in caplog.text
         assert admin.exists(keys_for("redlock", "refused-at-exit").lock)  # DEL was refused
         admin.close()
