@@ -612,6 +612,10 @@ def run_fault(
             if not injected and now >= fault_at:
                 fault.inject(run)
                 injected, injected_at = True, time.time()
+                # A fault lasts its leases from its injection (pause-holder may wait for a
+                # body to pause): healed on the planned time, it could last no time at all.
+                heal_at = max(heal_at, injected_at + fault.leases * LEASE)
+                end = max(end, heal_at + 3 * LEASE)
             if injected and not healed and now >= heal_at:
                 heal(run)
                 healed = True

@@ -345,7 +345,10 @@ def _overlap(a: Holding, b: Holding) -> bool:
 def _explained(a: Holding, b: Holding, windows: Sequence[Window]) -> Window | None:
     """The fault window of a limit in which the overlap of ``a`` and ``b`` began, if any, and
     which can have caused it (:attr:`Window.stale_before`)."""
-    begin, first = max(a.admitted, b.admitted), min(a.admitted, b.admitted)
+    begin = max(a.admitted, b.admitted)
+    # The earlier holder's acquire may have run before the fault and its admission been
+    # recorded after it (a busy worker): its task's start (``since``) says when it could be.
+    first = min(h.admitted if h.since is None else min(h.since, h.admitted) for h in (a, b))
     for w in windows:
         if w.limit is None or not w.start <= begin <= w.end:
             continue

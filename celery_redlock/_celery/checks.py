@@ -242,10 +242,10 @@ def _check_node(
     if not url.partition("://")[0].endswith("+cluster") and any(
         str(info.get("cluster_enabled")) == "1" for _, info in infos
     ):
-        logger.error(
-            "celery_redlock: the lock Redis at %s is a node of a Redis Cluster: a lock whose "
-            "key lives on another node is refused (MOVED), and locked tasks follow "
-            "redlock_on_unavailable=%r; %s",
+        logger.warning(  # not an ERROR: a Cluster of one primary serves every slot
+            "celery_redlock: the lock Redis at %s is a node of a Redis Cluster: unless it "
+            "serves every slot, a lock whose key lives on another node is refused (MOVED), "
+            "and locked tasks follow redlock_on_unavailable=%r; %s",
             shown,
             on_unavailable,
             MOVED_HINT,

@@ -579,9 +579,10 @@ def check_arguments(ttl: Any, max_hold: Any, timeout: Any, limit: Any, blocking:
             f"Lock ttl must be seconds >= {MIN_TTL} (whole milliseconds) and <= {MAX_TTL:.0f}, "
             f"got {ttl!r}"
         )
-    if max_hold is not None and not seconds(max_hold):
+    if max_hold is not None and (not seconds(max_hold) or max_hold < MIN_TTL):
         raise ValueError(
-            f"Lock max_hold must be seconds > 0 and <= {MAX_TTL:.0f}, or None, got {max_hold!r}"
+            f"Lock max_hold must be seconds >= {MIN_TTL} (whole milliseconds) and <= "
+            f"{MAX_TTL:.0f}, or None, got {max_hold!r}"
         )
     if timeout is not None and not seconds(timeout, zero=True):
         raise ValueError(
@@ -706,6 +707,11 @@ def cause(error: BaseException) -> BaseException:
     return error
 
 
+class NotAsked(TimeoutError):
+    """The reply of a quorum node a round did not send to (it failed lately, and the round's
+    time was up): nothing was sent, so nothing is to give back."""
+
+
 def lost_reply(error: BaseException) -> bool:
     """Whether a command that raised ``error`` may still run on Redis: no answer came, after
     the connection was made (a refusal was an answer, and a failed connect sent nothing: a
@@ -713,7 +719,8 @@ def lost_reply(error: BaseException) -> bool:
     give)."""
     error = cause(error)
     return (
-        classify(error) is Outcome.UNAVAILABLE
+        not isinstance(error, NotAsked)
+        and classify(error) is Outcome.UNAVAILABLE
         and "connecting" not in str(error)
         and not _pool_ran_out(error)
         and "No connection available" not in str(error)

@@ -65,6 +65,7 @@ from .clients import (
 from .commands import connection_of, execute, run_script
 from .core import (
     Extended,
+    NotAsked,
     Outcome,
     QueueRules,
     QuorumRules,
@@ -338,7 +339,7 @@ class Quorum(QuorumRules):
         again = False  # a node that failed lately failed this round too
         for i in sorted(indexes, key=lately.__contains__):
             if i in lately and time.monotonic() >= deadline and (len(sent) >= self.quorum or again):
-                out[i] = (None, TimeoutError("not asked: it failed lately, and no time is left"))
+                out[i] = (None, NotAsked("not asked: it failed lately, and no time is left"))
                 continue
             pool = self.clients[i].connection_pool
             try:

@@ -552,12 +552,16 @@ def test_a_queued_try_reaching_a_free_key_after_its_cancel_gives_it_back(
         late = SentLate(queue.wait_attempt, lambda: r.get(KEY))
         queue.wait_attempt = late  # type: ignore[method-assign,assignment]
         left = when_done(queue, "leave", times=2)
+        given_back = when_done(waiter, "do_release", times=2)
         task = asyncio.create_task(waiter.acquire(timeout=30))
         await late.entered.wait()
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await left.wait()  # step 2
+        # Step 2, both plans: a give-back of the try's token still on its way when the try
+        # ran would delete the key it took before the probe (a failure under load).
+        await left.wait()
+        await given_back.wait()
         holder.release()  # step 3
         late.gate.set()
         await late.ran.wait()

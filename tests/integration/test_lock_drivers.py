@@ -545,6 +545,7 @@ def test_a_forked_child_leaves_its_parents_lock_alone(redis_url: str, r: redis_p
         # Taken, 1e-9 made an acquire return True for a lock already lost.
         ({"ttl": 1e-9}, "Lock ttl must be seconds >= 0.001 (whole milliseconds)"),
         ({"ttl": 0.0009}, "Lock ttl must be seconds >= 0.001 (whole milliseconds)"),
+        ({"max_hold": 1e-6}, "Lock max_hold must be seconds >= 0.001 (whole milliseconds)"),
     ],
 )
 def test_the_constructor_refuses_arguments_of_the_wrong_kind(

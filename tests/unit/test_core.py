@@ -13,6 +13,7 @@ from celery_redlock._redis import givebacks
 from celery_redlock._redis.core import (
     GIVE_BACK_FOR,
     GiveBack,
+    NotAsked,
     Outcome,
     classify,
     describe,
@@ -132,6 +133,7 @@ def test_a_give_back_that_hits_a_bug_stops_with_an_error(caplog: pytest.LogCaptu
         (E.TimeoutError("Timeout connecting to server"), False),
         (E.ConnectionError("Too many connections"), False),  # the pool had none to give
         (E.ConnectionError("No connection available."), False),
+        (NotAsked("not asked: it failed lately, and no time is left"), False),  # none sent
         (E.NoPermissionError("this user has no permissions to run the 'set' command"), False),
         (KeyError("a bug"), False),
     ],

@@ -406,3 +406,14 @@ def test_a_limit_whose_stale_holder_predates_the_fault_explains_only_overlaps_wi
     assert verdict.ok and verdict.overlaps_explained == {"clock stepped forward": 1}
     failover = [Window("sentinel", 1.0, 9.0, limit="two primaries for a while")]
     assert check(after, [], failover).overlaps_explained == {"two primaries for a while": 1}
+
+
+def test_a_holder_whose_task_began_before_the_fault_may_be_the_stale_one() -> None:
+    """An admission is recorded after the acquire (and a lazy fencing read): a busy worker
+    records it after the fault was injected although its acquire ran before. Its task's start
+    (``since``) says it may predate the fault (review of the rule above)."""
+    window = [Window("clock-forward", 1.0, 9.0, limit="clock stepped forward", stale_before=1.2)]
+    late = call("a", "k", 5, 2.0, 4.0)
+    late[1] = Event(2.0, "a", "admitted", "k", token=5, since=1.1)
+    verdict = check([*late, *call("b", "k", 6, 3.0, 5.0)], [], window)
+    assert verdict.ok and verdict.overlaps_explained == {"clock stepped forward": 1}
