@@ -257,10 +257,11 @@ def unavailable(
     elif classify(exc) is Outcome.REFUSED or {"AuthenticationError", "AuthorizationError"} & {
         cls.__name__ for cls in type(exc).__mro__
     }:
-        text = redirect_text(exc) or text
+        moved = redirect_text(exc)
+        text = moved or text
         what = f"Redis at {names[0]} refused lock {key}: {text}"
         what += "".join(f" ({hint})" for refusal, hint in _REFUSED_TEXTS.items() if refusal in text)
-        what += f" ({MOVED_HINT})" if redirect_text(exc) else ""
+        what += f" ({MOVED_HINT})" if moved else ""
     else:
         what = f"Redis at {names[0]} did not answer for lock {key}: {text}"
         hint = tls_mismatch(tls, exc) if tls is not None else ""
