@@ -240,17 +240,23 @@ class Dashboard:
 
     def render(self, template: str, **context: Any) -> str:
         """``template`` with ``context`` (``form``: hidden CSRF fields; ``base``: the mount
-        path; ``tab``)."""
+        path; ``tab``; ``actions``: whether to offer the action buttons, by default whether
+        the dashboard allows actions)."""
         context.setdefault("tab", "")
-        return _env.get_template(template).render(
-            actions=self.actions, logout=self.logout, **context
-        )
+        context.setdefault("actions", self.actions)
+        return _env.get_template(template).render(logout=self.logout, **context)
 
     def locks_page(
-        self, query: Mapping[str, str], form: dict[str, str], base: str = ""
+        self,
+        query: Mapping[str, str],
+        form: dict[str, str],
+        base: str = "",
+        *,
+        may_act: bool = True,
     ) -> tuple[int, str]:
         """The locks page for ``query`` (``task``, ``prefix``, ``cursor``); ``form`` holds the
-        hidden fields every action form carries (the CSRF token)."""
+        hidden fields every action form carries (the CSRF token). ``may_act`` false (a mount's
+        user who may not act) shows the page read-only: no button that would be refused."""
         error = None
         status = 200
         task = prefix = ""
@@ -288,6 +294,7 @@ class Dashboard:
         body = self.render(
             "locks.html",
             tab="locks",
+            actions=self.actions and may_act,
             rows=rows,
             alive={r.key: alive.get(r.key, "-") for r in rows},
             age={r.key: _age(now_ms, r.acquired_ms) for r in rows},
@@ -333,7 +340,9 @@ class Dashboard:
             and _filterable(lock_name_of(self.app, name) + ":")
         )
 
-    def stats_page(self, form: dict[str, str], base: str = "") -> tuple[int, str]:
+    def stats_page(
+        self, form: dict[str, str], base: str = "", *, may_act: bool = True
+    ) -> tuple[int, str]:
         try:
             counts = read_stats(self.app)
         except LockConfigError as exc:  # the app's settings
@@ -347,11 +356,22 @@ class Dashboard:
         events = [*EVENTS, *sorted({e for c in counts.values() for e in c} - set(EVENTS))]
         table = {t: [c.get(e, 0) for e in events] for t, c in sorted(counts.items())}
         return 200, self.render(
-            "stats.html", tab="stats", events=events, table=table, form=form, base=base
+            "stats.html",
+            tab="stats",
+            actions=self.actions and may_act,
+            events=events,
+            table=table,
+            form=form,
+            base=base,
         )
 
     def timeline_page(
-        self, query: Mapping[str, str], form: dict[str, str], base: str = ""
+        self,
+        query: Mapping[str, str],
+        form: dict[str, str],
+        base: str = "",
+        *,
+        may_act: bool = True,
     ) -> tuple[int, str]:
         error = None
         status = 200
@@ -378,6 +398,7 @@ class Dashboard:
         body = self.render(
             "timeline.html",
             tab="timeline",
+            actions=self.actions and may_act,
             svg=svg,
             task=task,
             key=key,

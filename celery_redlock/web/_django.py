@@ -15,8 +15,9 @@
 
 Each view is wrapped in ``admin.site.admin_view``: an anonymous or non-staff user is sent to
 the admin's login page, and POSTs pass Django's CSRF middleware (its token, its ``Origin``
-check). An action also needs ``request.user.is_superuser`` (or the ``can_act`` you pass);
-the actor logged and sent with the signal is the Django user name.
+check). An action also needs ``request.user.is_superuser`` (or the ``can_act`` you pass):
+a user who may not act sees the pages read-only, without the buttons; the actor logged and
+sent with the signal is the Django user name.
 """
 
 from __future__ import annotations
@@ -65,18 +66,25 @@ def django_urls(
 
     @require_safe
     def locks(request: HttpRequest) -> HttpResponse:
-        status, body = board.locks_page(request.GET.dict(), form(request), base(request, ""))
+        status, body = board.locks_page(
+            request.GET.dict(), form(request), base(request, ""), may_act=can_act(request)
+        )
         return _page(body, status)
 
     @require_safe
     def stats(request: HttpRequest) -> HttpResponse:
-        status, body = board.stats_page(form(request), base(request, "stats"))
+        status, body = board.stats_page(
+            form(request), base(request, "stats"), may_act=can_act(request)
+        )
         return _page(body, status)
 
     @require_safe
     def timeline(request: HttpRequest) -> HttpResponse:
         status, body = board.timeline_page(
-            request.GET.dict(), form(request), base(request, "timeline")
+            request.GET.dict(),
+            form(request),
+            base(request, "timeline"),
+            may_act=can_act(request),
         )
         return _page(body, status)
 

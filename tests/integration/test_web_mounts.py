@@ -342,12 +342,23 @@ def test_mounted_in_the_django_admin(
     assert head.status_code == 200 and head.content == b""
     for name, value in PAGE_HEADERS.items():  # the admin adds to Cache-Control (never_cache)
         assert page[name] == value or value in page[name].split(", ")
-    form = fields(page.content.decode())
-    assert bob.post("/admin/locks/action/release", form).status_code == 403  # not a superuser
+    # A staff user who may not act sees the page read-only: the Release buttons it showed
+    # could only be answered 403.
+    shown = page.content.decode()
+    assert "Release" not in shown and "read-only" in shown, shown
+    for tab in ("stats", "timeline"):
+        assert "read-only" in bob.get(f"/admin/locks/{tab}").content.decode()
+    token = re.search(r'content="csrfmiddlewaretoken" data-value="([^"]+)"', shown)
+    assert token is not None, shown
+    form = {"csrfmiddlewaretoken": token.group(1), "key": held}
+    refused = bob.post("/admin/locks/action/release", form)
+    assert refused.status_code == 403 and b"may not act" in refused.content  # not a superuser
 
     carol = Client(enforce_csrf_checks=True)
     carol.force_login(root)
-    form = fields(carol.get("/admin/locks/").content.decode())
+    shown = carol.get("/admin/locks/").content.decode()
+    assert "Release" in shown and "actions enabled" in shown
+    form = fields(shown)
     no_token = {k: v for k, v in form.items() if k != "csrfmiddlewaretoken"}
     assert carol.post("/admin/locks/action/release", no_token).status_code == 403  # Django CSRF
     assert r.exists(held)
