@@ -49,10 +49,18 @@ def layout_app(name: str, base: str, **conf: Any) -> Celery:
     """A Celery app on one test redis-server at ``base`` (``redis://host:port``).
 
     ``conf`` updates the app's configuration (``redlock_url`` included);
-    ``set_as_current=False`` keeps the app from becoming Celery's current app.
+    ``set_as_current=False`` keeps the app from becoming Celery's current app, and
+    ``task_cls`` is the app's base task class.
     """
     set_as_current = conf.pop("set_as_current", True)
-    app = Celery(name, broker=f"{base}/1", backend=f"{base}/2", set_as_current=set_as_current)
+    task_cls = conf.pop("task_cls", None)
+    app = Celery(
+        name,
+        broker=f"{base}/1",
+        backend=f"{base}/2",
+        set_as_current=set_as_current,
+        task_cls=task_cls,
+    )
     app.conf.update(
         {
             "redlock_url": f"{base}/0",

@@ -28,6 +28,9 @@ server version                             INFO     for bug reports; below 5.0 i
 ``maxmemory-policy`` other than            WARNING  lock keys carry a TTL, so both
 ``noeviction``                                      ``allkeys-*`` and ``volatile-*`` may evict a
                                                     held lock, and a second execution enters
+a task's fixed ``lock_ttl`` is shorter     WARNING  a run longer than the TTL goes on after
+than its hard time limit (the task's or             its key expires, beside the next call
+the worker's ``--time-limit``)
 a pool that enforces no time limits        INFO     only the lease bounds a lock (TTL rule)
 a gevent or eventlet pool                  WARNING  renewal runs only while a task yields: a
                                                     CPU-bound run longer than the lease loses
@@ -61,15 +64,23 @@ CHECK_TIMEOUT = 1.0
 MIN_VERSION = (5, 0)
 
 
-def run_startup_checks(app: Any, pool_enforces_limits: bool, *, pool: str | None = None) -> None:
+def run_startup_checks(
+    app: Any,
+    pool_enforces_limits: bool,
+    *,
+    pool: str | None = None,
+    time_limit: float | None = None,
+) -> None:
     """Check the lock Redis of ``app`` and log what a user should know (see the module doc).
 
     Does nothing for an app without locked tasks. ``pool`` names the pool in the message about
-    time limits (``threads``, ``solo``, ...). Never raises for a Redis or settings problem.
+    time limits (``threads``, ``solo``, ...); ``time_limit`` is the worker's ``--time-limit``.
+    Never raises for a Redis or settings problem.
     """
     features = features_of(app)
     if not features:
         return
+    _check_fixed_ttls(app, time_limit)
     settings = settings_for(app)
     waiting = sorted(
         task.name
@@ -117,6 +128,30 @@ def run_startup_checks(app: Any, pool_enforces_limits: bool, *, pool: str | None
             "sets one); a task's time_limit does not bound it",
             pool or "worker's",
             settings.lease,
+        )
+
+
+def _check_fixed_ttls(app: Any, worker_limit: float | None) -> None:
+    """A WARNING per task whose fixed ``lock_ttl`` is shorter than its hard time limit (its
+    own ``time_limit``, else the worker's). Timeline without it: (1) a task with
+    ``lock_ttl=2`` and ``time_limit=60`` takes its key for 2 s, never renewed; (2) its run
+    takes 6 s; (3) at 2 s the key expires and a second call of the key starts beside it; (4)
+    only when the first run ends does an ERROR say so. A per-call ``lock_ttl`` is not seen
+    here."""
+    for task in sorted(app.tasks.values(), key=lambda t: str(t.name)):
+        spec = spec_of(task)
+        limit = task.time_limit or worker_limit
+        if spec is None or spec.options.ttl is None or not limit or limit <= spec.options.ttl:
+            continue
+        logger.warning(
+            "celery_redlock: task %s has lock_ttl=%gs, shorter than its time limit of %gs: a "
+            "run longer than %gs goes on after its key expires, and another call of the same "
+            "key may start beside it; raise lock_ttl to the time limit or more, or leave it "
+            "None (the lock is then renewed while the task runs)",
+            task.name,
+            spec.options.ttl,
+            float(limit),
+            spec.options.ttl,
         )
 
 

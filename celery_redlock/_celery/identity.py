@@ -431,8 +431,18 @@ def check_ignored_options(task: Any) -> None:
     task.__dict__["_redlock_read_options"] = True
 
 
+#: The module of Celery's own tasks (``celery.chord_unlock``, ``celery.map``, ...).
+_CELERY_BUILTINS = "celery.app.builtins"
+
+
 def spec_of(task: Any) -> Spec | None:
     """The lock spec of ``task``, or ``None`` if the task is not locked. Cached per task.
+
+    Celery's own tasks are never locked, also when ``Celery(task_cls=LockedTask)`` makes
+    them ``LockedTask`` instances: timeline without this, (1) a chord's callback polls
+    through ``celery.chord_unlock``, a canvas runs ``celery.map`` or ``celery.chain``; (2)
+    each took a lock on its arguments, so two identical ``add.map([...])`` calls at once ran
+    one body and the other returned ``None``, and every poll cost a lock round trip.
 
     ``task`` may be the lazy proxy ``@app.task`` returns before the app is finalized. The
     first call also makes :class:`~celery_redlock.LockContended` and
@@ -451,7 +461,7 @@ def spec_of(task: Any) -> Spec | None:
     _check_nothing_between(task.name, fun)
     options = getattr(fun, OPTIONS_ATTR, None) or getattr(type(task), OPTIONS_ATTR, None)
     spec = None
-    if options is not None:
+    if options is not None and getattr(fun, "__module__", None) != _CELERY_BUILTINS:
         check_task_name(task.name, options)
         params = parameters_of(fun, bound)
         if bound:

@@ -236,7 +236,12 @@ def on_worker_init(sender: Any = None, **_: Any) -> None:
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     """In the worker's main process, once the consumer is ready (before ``ready.`` is logged)."""
     try:
-        checks.run_startup_checks(sender.app, state.enforces_limits, pool=checks.pool_name(sender))
+        checks.run_startup_checks(
+            sender.app,
+            state.enforces_limits,
+            pool=checks.pool_name(sender),
+            time_limit=state.time_limit,
+        )
     except Exception:
         logger.exception("celery_redlock: the startup checks failed")
 

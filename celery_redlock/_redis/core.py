@@ -205,6 +205,15 @@ def classify(exc: BaseException) -> Outcome | None:
     return Outcome.REPLY
 
 
+def password_missing(exc: BaseException) -> str | None:
+    """What to fix when the server refused ``exc``'s command because the client did not log
+    in (the URL gives no password), as opposed to refusing the credentials it gave; else
+    ``None``. redis-py raises ``AuthenticationError`` for both."""
+    text = str(exc)
+    missing = any(hint == _NO_PASSWORD and reply in text for reply, hint in _REFUSED_TEXTS.items())
+    return _NO_PASSWORD if missing else None
+
+
 def describe(exc: BaseException) -> str:
     """``exc`` as text for a message; never empty (``asyncio.TimeoutError()`` has no text)."""
     return str(exc) or {"TimeoutError": "no reply in time"}.get(type(exc).__name__, repr(exc))

@@ -28,7 +28,7 @@ from redis.cluster import RedisCluster
 
 from . import scripts as _scripts
 from .clients import UNAVAILABLE_ERRORS, client_for, refused
-from .core import redirect_text
+from .core import password_missing, redirect_text
 from .keys import CHECK_NAME, glob_escape, keys_for, lock_pattern, stats_key, timeline_key
 from .scripts.base import Script
 from .subscriptions import pubsub_of
@@ -212,6 +212,9 @@ def login_refusal(exc: BaseException) -> str | None:
     :func:`connect` raised), or ``None`` when it did not answer. A server that refuses the
     login or the database answers: it is reachable, and retrying will not help."""
     text = str(exc)
+    missing = password_missing(exc)
+    if missing is not None:
+        return missing
     if any(cls.__name__ == "AuthenticationError" for cls in type(exc).__mro__):
         return "the user name or password is wrong (or the user is disabled)"
     if "DB index is out of range" in text:

@@ -80,17 +80,22 @@ def test_an_unreachable_lock_redis_is_one_error_and_the_worker_still_runs(
         ("u:wrong-hunter2@{host}/0", "the user name or password is wrong"),
         ("{host}/99", "the database number is above the server's 'databases' setting"),
         ("u:hunter2@{host}/3", "the ACL user lacks +select"),
+        # redis-py raises AuthenticationError here too; it was called a wrong password.
+        ("{host}/0", "the server wants a password (or an ACL user) that the URL does not give"),
     ],
-    ids=["password", "database", "select"],
+    ids=["password", "database", "select", "no-password"],
 )
 def test_a_lock_redis_that_refuses_the_login_is_an_error_naming_the_fix(
     caplog: pytest.LogCaptureFixture, path: str, fix: str
 ) -> None:
     """The server answered: "cannot reach" would send the user to the network."""
     with RedisServer() as server:
-        server.client().execute_command(
+        admin = server.client()
+        admin.execute_command(
             "ACL", "SETUSER", "u", "on", ">hunter2", "~*", "&*", "+@all", "-select"
         )
+        if "does not give" in fix:  # the default user wants a password the URL does not give
+            admin.execute_command("ACL", "SETUSER", "default", "resetpass", ">hunter2")
         url = "redis://" + path.format(host=f"127.0.0.1:{server.port}")
         app = make_app(server, name="refused", redlock_url=url)
 

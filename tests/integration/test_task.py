@@ -35,6 +35,7 @@ from celery_redlock._celery import events as events_module
 from celery_redlock._celery import timeline as timeline_module
 from celery_redlock._celery import tracing as tracing_module
 from celery_redlock._celery.calls import replaces
+from celery_redlock._celery.checks import run_startup_checks
 from celery_redlock._celery.engine import TaskLock
 from celery_redlock._redis.owner import new_token
 from celery_redlock._redis.scripts import AcquireResult
@@ -75,6 +76,27 @@ def test_skip_returns_none_and_logs_holder(
         h.gate.set()
         assert first.get(timeout=10) == secret
     assert lock_keys(r) == []
+
+
+def test_with_task_cls_every_task_is_locked_but_celerys_own(
+    redis_server: RedisServer, redis_url: str
+) -> None:
+    """``Celery(task_cls=LockedTask)`` made Celery's own tasks LockedTasks too: each took a
+    lock on its arguments (every ``celery.chord_unlock`` poll, ``celery.backend_cleanup``),
+    and two identical calls at once ran one body."""
+    app = make_app(redis_server, name="cls", task_cls=LockedTask)
+
+    @app.task(shared=False)
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    with record_lock_events() as events, running_worker(app):
+        assert app.tasks["celery.accumulate"].delay(1, 2).get(timeout=10) == [1, 2]
+        single = add.delay(3, 3)
+        assert single.get(timeout=10) == 6
+    acquired = [e for e in events.events if e.kind == "acquired"]
+    assert [e.task_id for e in acquired] == [single.id], [e.task for e in acquired]
+    app.close()
 
 
 @pytest.mark.parametrize("limit", [1, 2])
@@ -927,6 +949,36 @@ def test_a_lock_ttl_overrun_says_the_run_took_longer_than_lock_ttl(
         assert work.delay("k").get(timeout=10) == "k"
     (lost,) = [r.getMessage() for r in caplog.records if "lost" in r.getMessage()]
     assert "the run took longer than lock_ttl=0.2s" in lost
+
+
+def test_a_fixed_ttl_shorter_than_the_time_limit_is_a_warning_at_worker_start(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run that outlived its key was told only after it ended (the ERROR above), though
+    both figures were known when the worker started."""
+
+    @app.task(base=LockedTask, lock_ttl=2, time_limit=60)
+    def short() -> None: ...
+
+    @app.task(base=LockedTask, lock_ttl=90)
+    def by_the_worker() -> None: ...
+
+    @app.task(base=LockedTask, lock_ttl=60, time_limit=60)
+    def long_enough() -> None: ...
+
+    def warned(time_limit: float | None) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="celery_redlock.worker"):
+            run_startup_checks(app, pool_enforces_limits=True, time_limit=time_limit)
+        return [r.getMessage() for r in caplog.records if "lock_ttl" in r.getMessage()]
+
+    (warning,) = warned(None)
+    assert warning.startswith(
+        f"celery_redlock: task {short.name} has lock_ttl=2s, shorter than its time limit of 60s"
+    )
+    assert "leave it None" in warning
+    # The worker's --time-limit, for the tasks without their own.
+    assert sorted(w.split()[2] for w in warned(120)) == sorted([short.name, by_the_worker.name])
 
 
 def test_the_last_failure_of_an_outage_gives_up_by_name_without_a_traceback(
