@@ -63,6 +63,7 @@ from .aionodes import (
     give_back,
     in_background,
     keep,
+    loop_hubs,
     nodes_for,
     stopping,
 )
@@ -330,7 +331,8 @@ class Lock(LockCore):
                     run.reply = self._holder_ttl
                 elif op is Op.SUBSCRIBE:
                     channel, subscription = arg, None
-                    hub = hub_for(await settle(self.nodes.pubsub_client(self.keys.lock)))
+                    client = await settle(self.nodes.pubsub_client(self.keys.lock))
+                    hub = hub_for(client, loop_hubs())
                 elif op is Op.RECEIVE and subscription is None:
                     subscription = await settle(hub.subscribe(channel), _unsubscribe_late)
                     run.reply = SUBSCRIBED

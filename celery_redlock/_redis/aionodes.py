@@ -74,6 +74,7 @@ from .core import (
 from .keys import LockKeys
 from .nodes import QUORUM_NODE_TIMEOUT, Call
 from .scripts import AcquireResult, WaitReply
+from .subscriptions import Hub
 
 T = TypeVar("T")
 
@@ -188,10 +189,12 @@ class _LoopState:
     """What this module keeps for one running loop: its clients built from URLs, and the
     clean-ups under way, which its shutdown waits for before it closes the clients."""
 
-    __slots__ = ("cleanups", "clients", "keeper", "last")
+    __slots__ = ("cleanups", "clients", "hubs", "keeper", "last")
 
     def __init__(self) -> None:
         self.clients: dict[tuple[str, float | None], Any] = {}
+        #: The waiters' subscriptions, per client (:func:`loop_hubs`).
+        self.hubs: weakref.WeakKeyDictionary[Any, Hub] = weakref.WeakKeyDictionary()
         self.cleanups: set[asyncio.Future[Any]] = set()
         #: The clean-ups run again (:func:`_again`): never cancelled by the shutdown.
         self.last: set[asyncio.Future[Any]] = set()
@@ -247,6 +250,13 @@ async def _at_shutdown(
             with contextlib.suppress(Exception):
                 await client.aclose()
                 await client.connection_pool.disconnect()
+
+
+def loop_hubs() -> weakref.WeakKeyDictionary[Any, Hub]:
+    """The running loop's subscription hubs by client
+    (:func:`~celery_redlock._redis.subscriptions.hub_for`): dropped with the loop's state when
+    it shuts down, and each with its client."""
+    return _loop_state(asyncio.get_running_loop()).hubs
 
 
 def client_for(url: str, timeout: float | None = None) -> Any:

@@ -31,6 +31,7 @@ import sys
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import redis as redis_py
@@ -395,8 +396,16 @@ class Hub:
     """
 
     def __init__(self, client: Any) -> None:
-        self.client = client
+        try:  # weakly: a hub kept in a WeakKeyDictionary by its client would keep it alive
+            self._client: Callable[[], Any] = weakref.ref(client)
+        except TypeError:
+            self._client = lambda: client
         self.current: _Connection | None = None
+
+    @property
+    def client(self) -> Any:
+        """The client (alive while a lock on it subscribes: the lock holds it)."""
+        return self._client()
 
     async def subscribe(self, channel: str) -> tuple[_Connection, Inbox]:
         connection = self.current
@@ -416,18 +425,25 @@ class Hub:
         return connection, inbox
 
 
-_hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[int, tuple[Any, Hub]]] = (
-    weakref.WeakKeyDictionary()
-)
+def hub_for(client: Any, hubs: MutableMapping[Any, Hub]) -> Hub:
+    """The :class:`Hub` for ``client`` in ``hubs``: the running loop's, a
+    ``WeakKeyDictionary`` that goes when the loop shuts down
+    (:func:`celery_redlock._redis.aionodes.loop_hubs`); a new hub for a client that cannot be
+    a weak key.
 
-
-def hub_for(client: Any) -> Hub:
-    """The running loop's :class:`Hub` for ``client``."""
-    hubs = _hubs.setdefault(asyncio.get_running_loop(), {})
-    entry = hubs.get(id(client))
-    if entry is None or entry[0] is not client:
-        entry = hubs[id(client)] = (client, Hub(client))
-    return entry[1]
+    Timeline of the leak this layout closes: (1) ``asyncio.run()`` per request, or a client
+    built per request; (2) a lock on it waits, and the hub is kept by loop and client; (3)
+    the hub's connection and reader task refer to the loop and the hub to the client, so a
+    table keyed weakly by either kept both for good (300 runs: 300 closed loops, about 25 kB
+    each).
+    """
+    try:
+        hub = hubs.get(client)
+        if hub is None:
+            hub = hubs[client] = Hub(client)
+    except TypeError:
+        return Hub(client)
+    return hub
 
 
 #: Seconds to wait for the server to confirm a SUBSCRIBE before subscribing again.

@@ -176,9 +176,11 @@ def test_two_beats_sending_the_same_tick_run_it_once(
     assert {beat for beat, _, _ in msgs.values()} == {"b1", "b2"}
     runs_per_tick = Counter(msgs[e["id"]][2] for e in of(evs, "tick_job", "enter"))
     assert max(runs_per_tick.values()) == 1, runs_per_tick  # never two runs of one tick
-    for skipped in of(evs, "tick_job", "contended"):  # the other send: skipped, by its tick's run
+    # The other send: skipped, by its tick's run, or by the tick before's when that run came
+    # so late that its cooldown still held the key (seen under a load of 12 on 2 cores).
+    for skipped in of(evs, "tick_job", "contended"):
         assert skipped["policy"] == "skip"
-        assert msgs[skipped["holder"]][2] == msgs[skipped["id"]][2]
+        assert msgs[skipped["id"]][2] - msgs[skipped["holder"]][2] in (0, 1)
     assert records.zscore("max_active", "tick_job") == 1
     wait_until(lambda: lock_keys(r) == [], 5, "the last cooldown to end")
 

@@ -98,11 +98,12 @@ def test_release_dead_releases_only_the_locks_of_workers_that_are_gone(
     server: RedisServer, w1: WorkerProcess, client: Celery, records: redis_py.Redis
 ) -> None:
     locks = redis_py.Redis(port=server.port)
-    # The dead worker renews with a 60 s lease (the CLI told the same): once 40 s have passed
+    # The dead worker renews with a 120 s lease (the CLI told the same): once 80 s have passed
     # since its last renewal (two thirds of the lease), nothing proves a live holder any more.
-    # Its lock is aged to that point below (a TTL of 20 s: what 40 s without a renewal leave),
-    # which leaves the commands 20 s before it expires. w1's holder answers the ping.
-    env = {"REDLOCK_TEST_LEASE": "60"}
+    # Its lock is aged to that point below (a TTL of 40 s: what 80 s without a renewal leave),
+    # which leaves the commands 40 s before it expires (20 s ran out under a load of 12 on 2
+    # cores). w1's holder answers the ping.
+    env = {"REDLOCK_TEST_LEASE": "120"}
     with WorkerProcess(server.port, "gone", app=APP, args=["-Q", "gone"], env=env) as gone:
         lost = client.send_task(HOLD, args=("dead",), queue="gone")
         started(records, "dead")
@@ -110,11 +111,11 @@ def test_release_dead_releases_only_the_locks_of_workers_that_are_gone(
     alive = client.send_task(HOLD, args=("alive",))
     started(records, "alive")
     settings = settings_for(client)
-    outside = Lock(settings.url, "outside-any-worker", ttl=30)  # host without "@": unknown
+    outside = Lock(settings.url, "outside-any-worker", ttl=120)  # host without "@": unknown
     assert outside.acquire()
     by_id = {i["task_id"]: i for i in json.loads(cli(server.port, "ls", "--json").stdout)}
     dead_key, alive_key = by_id[lost.id]["key"], by_id[alive.id]["key"]
-    assert locks.pexpire(dead_key, 20_000)
+    assert locks.pexpire(dead_key, 40_000)
 
     dry = cli(server.port, "release", "--dead", "--dry-run", env=env)
     assert dry.returncode == 0, dry.stderr
