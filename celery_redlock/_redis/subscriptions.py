@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import sys
 import time
 import weakref
@@ -154,13 +155,48 @@ def pubsub_of(client: Any) -> Any:
     on RESP2 too, redis-py 5.0 and valkey-py would fail the subscription: their RESP2 parser
     takes no handler.
     """
+    if _resp3(client):
+        return client.pubsub(push_handler_func=as_received)
+    return client.pubsub()
+
+
+def aio_pubsub_of(client: Any) -> Any:
+    """A new ``PubSub`` of an asyncio ``client``; on a RESP3 connection, with a handler of push
+    messages as :func:`pubsub_of`'s, a coroutine function where the library awaits it
+    (redis-py's later releases), else a plain one (redis-py 5.0, valkey-py). redis-py 5.0's and
+    valkey-py 6.0's own handler writes ``Push response: [...]`` to stderr for every message,
+    the whole token of a waiter handed the lock among them; the later ones log it at DEBUG. A
+    library whose parser is not known gets none."""
+    handler = _push_handler(client) if _resp3(client) else None
+    if handler is None:
+        return client.pubsub()
+    return client.pubsub(push_handler_func=handler)
+
+
+def _resp3(client: Any) -> bool:
     try:
         protocol = client.get_connection_kwargs().get("protocol")
     except AttributeError:  # a client of another shape: its own defaults
-        protocol = None
-    if str(protocol) == "3":
-        return client.pubsub(push_handler_func=as_received)
-    return client.pubsub()
+        return False
+    return str(protocol) == "3"
+
+
+def _push_handler(client: Any) -> Callable[[Any], Any] | None:
+    """The push handler for an asyncio ``PubSub`` of ``client``: of the kind its library's
+    asyncio RESP3 parser calls (its own default is a coroutine function, or not)."""
+    library = type(client).__module__.partition(".")[0]
+    parser = getattr(sys.modules.get(f"{library}._parsers.resp3"), "_AsyncRESP3Parser", None)
+    default = getattr(parser, "handle_pubsub_push_response", None) or getattr(
+        parser, "handle_push_response", None
+    )
+    if default is None:
+        return None
+    return _received if inspect.iscoroutinefunction(default) else as_received
+
+
+async def _received(message: Any) -> Any:
+    """A RESP3 push message, as it came (:func:`aio_pubsub_of`, for a parser that awaits)."""
+    return message
 
 
 def as_received(message: Any) -> Any:
@@ -243,7 +279,7 @@ class _Connection:
 
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
-        self.pubsub = hub.client.pubsub()
+        self.pubsub = aio_pubsub_of(hub.client)
         self.inboxes: dict[str, set[Inbox]] = {}
         self.confirmed: set[str] = set()
         self.pending: dict[str, list[asyncio.Future[None]]] = {}

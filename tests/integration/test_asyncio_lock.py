@@ -211,6 +211,38 @@ def test_blocking_acquire_is_woken_by_a_sync_release(redis_url: str, r: redis_py
     run(main())
 
 
+@pytest.mark.parametrize("client", ["redis", "valkey"])
+def test_a_resp3_wait_writes_no_push_response_lines(
+    redis_url: str, r: redis_py.Redis, caplog: pytest.LogCaptureFixture, client: str
+) -> None:
+    """The asyncio twin of the sync test (tests/integration/test_waiters.py): its subscription
+    had no push handler of its own, so redis-py 5.0 and valkey-py 6.0 wrote ``Push response:
+    [...]`` to stderr at INFO for each message, the whole token of the waiter handed the lock
+    among them (helper probe on the lowest versions); redis-py's later releases log at DEBUG.
+    Run on both by ``nox -s lowest`` and the dev venv."""
+    url = f"{redis_url}?protocol=3"
+
+    async def main() -> None:
+        if client == "valkey":
+            valkey = pytest.importorskip("valkey.asyncio")
+            target: Any = valkey.Valkey.from_url(url)
+        else:
+            target = url
+        holder, waiter = Lock(target, NAME, ttl=30), Lock(target, NAME, ttl=20)
+        assert await holder.acquire(blocking=False)
+        task = asyncio.create_task(waiter.acquire(timeout=None))
+        await until(lambda: queued(r) == 1)
+        await holder.release()
+        assert await asyncio.wait_for(task, 30)  # handed over: a message on its channel
+        await waiter.release()
+        if client == "valkey":
+            await target.aclose()
+
+    with caplog.at_level(logging.DEBUG, logger="push_response"):
+        run(main())
+    assert [r.getMessage() for r in caplog.records if r.name == "push_response"] == []
+
+
 def test_several_waiters_one_winner_per_release(redis_url: str, r: redis_py.Redis) -> None:
     async def main() -> None:
         holder = Lock(redis_url, NAME, ttl=60)
