@@ -136,12 +136,18 @@ def _check_fixed_ttls(app: Any, worker_limit: float | None) -> None:
     own ``time_limit``, else the worker's). Timeline without it: (1) a task with
     ``lock_ttl=2`` and ``time_limit=60`` takes its key for 2 s, never renewed; (2) its run
     takes 6 s; (3) at 2 s the key expires and a second call of the key starts beside it; (4)
-    only when the first run ends does an ERROR say so. A per-call ``lock_ttl`` is not seen
-    here."""
+    only when the first run ends does an ERROR say so. A per-call ``lock_ttl`` or
+    ``time_limit`` is not seen here."""
     for task in sorted(app.tasks.values(), key=lambda t: str(t.name)):
         spec = spec_of(task)
         limit = task.time_limit or worker_limit
-        if spec is None or spec.options.ttl is None or not limit or limit <= spec.options.ttl:
+        if (
+            spec is None
+            or spec.options.ttl is None
+            or spec.options.limit is None  # lock_rate alone takes no lock
+            or not limit
+            or limit <= spec.options.ttl
+        ):
             continue
         logger.warning(
             "celery_redlock: task %s has lock_ttl=%gs, shorter than its time limit of %gs: a "

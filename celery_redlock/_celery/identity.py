@@ -431,10 +431,6 @@ def check_ignored_options(task: Any) -> None:
     task.__dict__["_redlock_read_options"] = True
 
 
-#: The module of Celery's own tasks (``celery.chord_unlock``, ``celery.map``, ...).
-_CELERY_BUILTINS = "celery.app.builtins"
-
-
 def spec_of(task: Any) -> Spec | None:
     """The lock spec of ``task``, or ``None`` if the task is not locked. Cached per task.
 
@@ -461,7 +457,7 @@ def spec_of(task: Any) -> Spec | None:
     _check_nothing_between(task.name, fun)
     options = getattr(fun, OPTIONS_ATTR, None) or getattr(type(task), OPTIONS_ATTR, None)
     spec = None
-    if options is not None and getattr(fun, "__module__", None) != _CELERY_BUILTINS:
+    if options is not None and not _celery_s_own(fun):
         check_task_name(task.name, options)
         params = parameters_of(fun, bound)
         if bound:
@@ -475,6 +471,14 @@ def spec_of(task: Any) -> Spec | None:
             _outcomes_not_autoretried(task)
     task.__dict__["_redlock_spec"] = spec
     return spec
+
+
+def _celery_s_own(fun: Any) -> bool:
+    """Whether ``fun`` is the function of one of Celery's own tasks: ``celery.app.builtins``
+    (``celery.chord_unlock``, ``celery.map``...) or ``celery.contrib.testing.tasks``
+    (``celery.ping``, which ``start_worker`` sends to see the worker answer). No package of
+    yours can be named ``celery``."""
+    return str(getattr(fun, "__module__", None) or "").partition(".")[0] == "celery"
 
 
 def _check_nothing_between(name: str, fun: Any) -> None:

@@ -81,7 +81,6 @@ from .core import (
 )
 from .nodes import Target
 from .scripts import AcquireResult, WaitReply
-from .subscriptions import hub_for
 
 __all__ = ["Lock"]
 
@@ -332,7 +331,7 @@ class Lock(LockCore):
                 elif op is Op.SUBSCRIBE:
                     channel, subscription = arg, None
                     client = await settle(self.nodes.pubsub_client(self.keys.lock))
-                    hub = hub_for(client, loop_hubs())
+                    hub = loop_hubs().of(client)
                 elif op is Op.RECEIVE and subscription is None:
                     subscription = await settle(hub.subscribe(channel), _unsubscribe_late)
                     run.reply = SUBSCRIBED

@@ -74,7 +74,7 @@ from .core import (
 from .keys import LockKeys
 from .nodes import QUORUM_NODE_TIMEOUT, Call
 from .scripts import AcquireResult, WaitReply
-from .subscriptions import Hub
+from .subscriptions import Hubs
 
 T = TypeVar("T")
 
@@ -194,7 +194,7 @@ class _LoopState:
     def __init__(self) -> None:
         self.clients: dict[tuple[str, float | None], Any] = {}
         #: The waiters' subscriptions, per client (:func:`loop_hubs`).
-        self.hubs: weakref.WeakKeyDictionary[Any, Hub] = weakref.WeakKeyDictionary()
+        self.hubs = Hubs()
         self.cleanups: set[asyncio.Future[Any]] = set()
         #: The clean-ups run again (:func:`_again`): never cancelled by the shutdown.
         self.last: set[asyncio.Future[Any]] = set()
@@ -252,10 +252,9 @@ async def _at_shutdown(
                 await client.connection_pool.disconnect()
 
 
-def loop_hubs() -> weakref.WeakKeyDictionary[Any, Hub]:
-    """The running loop's subscription hubs by client
-    (:func:`~celery_redlock._redis.subscriptions.hub_for`): dropped with the loop's state when
-    it shuts down, and each with its client."""
+def loop_hubs() -> Hubs:
+    """The running loop's subscription hubs by client: dropped with the loop's state when it
+    shuts down, and each with its client."""
     return _loop_state(asyncio.get_running_loop()).hubs
 
 

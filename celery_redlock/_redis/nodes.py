@@ -596,9 +596,11 @@ def _node_of(client: Any) -> SingleNode:
     except TypeError:
         return SingleNode(client)
     node = attrs.get(NODE_ATTR)
-    if node is None:
+    if node is None or node.client is not client:  # a copy of a client carries its node
         with _single_guard:
-            node = attrs.setdefault(NODE_ATTR, SingleNode(client))
+            node = attrs.get(NODE_ATTR)
+            if node is None or node.client is not client:
+                node = attrs[NODE_ATTR] = SingleNode(client)
     return node  # type: ignore[no-any-return]
 
 

@@ -32,7 +32,7 @@ import sys
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable
 from typing import Any
 
 import redis as redis_py
@@ -183,15 +183,18 @@ def _resp3(client: Any) -> bool:
 
 def _push_handler(client: Any) -> Callable[[Any], Any] | None:
     """The push handler for an asyncio ``PubSub`` of ``client``: of the kind its library's
-    asyncio RESP3 parser calls (its own default is a coroutine function, or not)."""
-    library = type(client).__module__.partition(".")[0]
-    parser = getattr(sys.modules.get(f"{library}._parsers.resp3"), "_AsyncRESP3Parser", None)
-    default = getattr(parser, "handle_pubsub_push_response", None) or getattr(
-        parser, "handle_push_response", None
-    )
-    if default is None:
-        return None
-    return _received if inspect.iscoroutinefunction(default) else as_received
+    asyncio RESP3 parser calls (its own default is a coroutine function, or not). The library
+    is that of the first class of ``client``'s that belongs to one (a subclass of yours is
+    defined in your package)."""
+    for cls in type(client).__mro__:
+        library = cls.__module__.partition(".")[0]
+        parser = getattr(sys.modules.get(f"{library}._parsers.resp3"), "_AsyncRESP3Parser", None)
+        default = getattr(parser, "handle_pubsub_push_response", None) or getattr(
+            parser, "handle_push_response", None
+        )
+        if default is not None:
+            return _received if inspect.iscoroutinefunction(default) else as_received
+    return None
 
 
 async def _received(message: Any) -> Any:
@@ -461,25 +464,35 @@ class Hub:
         return connection, inbox
 
 
-def hub_for(client: Any, hubs: MutableMapping[Any, Hub]) -> Hub:
-    """The :class:`Hub` for ``client`` in ``hubs``: the running loop's, a
-    ``WeakKeyDictionary`` that goes when the loop shuts down
-    (:func:`celery_redlock._redis.aionodes.loop_hubs`); a new hub for a client that cannot be
-    a weak key.
+class Hubs:
+    """The :class:`Hub` of each client for one event loop, kept in that loop's state, which goes
+    when the loop shuts down (:func:`celery_redlock._redis.aionodes.loop_hubs`); each hub holds
+    its client weakly, so it goes with the client too.
 
     Timeline of the leak this layout closes: (1) ``asyncio.run()`` per request, or a client
     built per request; (2) a lock on it waits, and the hub is kept by loop and client; (3)
-    the hub's connection and reader task refer to the loop and the hub to the client, so a
-    table keyed weakly by either kept both for good (300 runs: 300 closed loops, about 25 kB
-    each).
+    the hub's connection and reader task refer to the loop, and the hub referred to the
+    client, so a table keyed weakly by either kept both for good (300 runs: 300 closed loops,
+    about 25 kB each).
     """
-    try:
-        hub = hubs.get(client)
-        if hub is None:
-            hub = hubs[client] = Hub(client)
-    except TypeError:
-        return Hub(client)
-    return hub
+
+    def __init__(self) -> None:
+        self._weak: weakref.WeakKeyDictionary[Any, Hub] = weakref.WeakKeyDictionary()
+        #: Clients that cannot be weak keys (a class of yours with ``__eq__`` and no
+        #: ``__hash__``), by id: one hub each all the same, checked by identity.
+        self._by_id: dict[int, Hub] = {}
+
+    def of(self, client: Any) -> Hub:
+        """The hub of ``client``, made on first use."""
+        try:
+            hub = self._weak.get(client)
+            if hub is None:
+                hub = self._weak[client] = Hub(client)
+        except TypeError:
+            hub = self._by_id.get(id(client))
+            if hub is None or hub.client is not client:
+                hub = self._by_id[id(client)] = Hub(client)
+        return hub
 
 
 #: Seconds to wait for the server to confirm a SUBSCRIBE before subscribing again.

@@ -343,22 +343,33 @@ class Dashboard:
     def stats_page(
         self, form: dict[str, str], base: str = "", *, may_act: bool = True
     ) -> tuple[int, str]:
+        actions = self.actions and may_act
         try:
             counts = read_stats(self.app)
         except LockConfigError as exc:  # the app's settings
             return 400, self.render(
-                "result.html", status=400, message=str(exc), form=form, base=base
+                "result.html",
+                status=400,
+                message=str(exc),
+                form=form,
+                base=base,
+                actions=actions,
             )
         except _UNREACHABLE as exc:
             return 503, self.render(
-                "result.html", status=503, message=_cause(exc), form=form, base=base
+                "result.html",
+                status=503,
+                message=_cause(exc),
+                form=form,
+                base=base,
+                actions=actions,
             )
         events = [*EVENTS, *sorted({e for c in counts.values() for e in c} - set(EVENTS))]
         table = {t: [c.get(e, 0) for e in events] for t, c in sorted(counts.items())}
         return 200, self.render(
             "stats.html",
             tab="stats",
-            actions=self.actions and may_act,
+            actions=actions,
             events=events,
             table=table,
             form=form,

@@ -67,14 +67,17 @@ def django_urls(
     @require_safe
     def locks(request: HttpRequest) -> HttpResponse:
         status, body = board.locks_page(
-            request.GET.dict(), form(request), base(request, ""), may_act=can_act(request)
+            request.GET.dict(),
+            form(request),
+            base(request, ""),
+            may_act=actions and can_act(request),
         )
         return _page(body, status)
 
     @require_safe
     def stats(request: HttpRequest) -> HttpResponse:
         status, body = board.stats_page(
-            form(request), base(request, "stats"), may_act=can_act(request)
+            form(request), base(request, "stats"), may_act=actions and can_act(request)
         )
         return _page(body, status)
 
@@ -84,7 +87,7 @@ def django_urls(
             request.GET.dict(),
             form(request),
             base(request, "timeline"),
-            may_act=can_act(request),
+            may_act=actions and can_act(request),
         )
         return _page(body, status)
 

@@ -211,7 +211,11 @@ def test_blocking_acquire_is_woken_by_a_sync_release(redis_url: str, r: redis_py
     run(main())
 
 
-@pytest.mark.parametrize("client", ["redis", "valkey"])
+class MyRedis(aioredis.Redis):
+    """A client subclass of yours: defined outside redis-py."""
+
+
+@pytest.mark.parametrize("client", ["redis", "valkey", "subclass"])
 def test_a_resp3_wait_writes_no_push_response_lines(
     redis_url: str, r: redis_py.Redis, caplog: pytest.LogCaptureFixture, client: str
 ) -> None:
@@ -226,6 +230,8 @@ def test_a_resp3_wait_writes_no_push_response_lines(
         if client == "valkey":
             valkey = pytest.importorskip("valkey.asyncio")
             target: Any = valkey.Valkey.from_url(url)
+        elif client == "subclass":
+            target = MyRedis.from_url(url)
         else:
             target = url
         holder, waiter = Lock(target, NAME, ttl=30), Lock(target, NAME, ttl=20)
@@ -235,7 +241,7 @@ def test_a_resp3_wait_writes_no_push_response_lines(
         await holder.release()
         assert await asyncio.wait_for(task, 30)  # handed over: a message on its channel
         await waiter.release()
-        if client == "valkey":
+        if client != "redis":
             await target.aclose()
 
     with caplog.at_level(logging.DEBUG, logger="push_response"):

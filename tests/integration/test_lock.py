@@ -20,6 +20,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from celery_redlock import Lock, LockContended, LockLost, LockUnavailable
+from celery_redlock._redis.keys import high_water_of
 from celery_redlock._redis.lock import release_attempt
 from celery_redlock._redis.scripts import RELEASE, sha1
 from celery_redlock.testing import RedisServer
@@ -111,6 +112,26 @@ def test_fencing_token_is_above_a_counter_ahead_of_the_clock(r: redis_py.Redis) 
     assert lock.acquire(blocking=False)
     assert lock.fencing_token == ahead + 1
     lock.release()
+
+
+@pytest.mark.parametrize("mark", [2**53 - 3, 2**63 - 3, 2**64], ids=["2^53", "2^63", "2^64"])
+@pytest.mark.parametrize("limit", [1, 2], ids=["lock", "semaphore"])
+def test_fencing_tokens_stay_at_2_to_the_53_past_it(
+    r: redis_py.Redis, mark: int, limit: int
+) -> None:
+    """Lua numbers are exact to 2^53, and tokens stay there past it, equal (docs/guide.md). A
+    mark past 2^63 (a clock far ahead, a mark set by hand) made the next token negative, and
+    the ones after it went back to the clock's: below the stores' fences (helper probe)."""
+    lock = Lock(r, "far-ahead", ttl=5, limit=limit)
+    r.set(high_water_of(lock.keys.lock), mark)
+    tokens = []
+    for _ in range(4):  # by the acquire script, then (a plain lock) SET NX and FENCE
+        assert lock.acquire(blocking=False)
+        tokens.append(lock.fencing_token)
+        lock.release()
+    top = 2**53
+    assert tokens == sorted(tokens) and tokens[-1] == top, tokens
+    assert tokens[0] > mark if mark < top else tokens == [top] * 4, tokens
 
 
 # -- extend -------------------------------------------------------------------------------------

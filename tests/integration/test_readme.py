@@ -426,6 +426,25 @@ def test_the_fenced_store_recipe_gives_each_process_its_own_connection(
     assert child != parent and after == parent
 
 
+def test_the_fenced_store_recipe_opens_a_new_connection_once_the_server_ended_one(
+    redis_server: RedisServer, pg_schema: str
+) -> None:
+    """Helper probe: once PostgreSQL ended a process's connection (a restart, a failover, an
+    idle timeout), every later write of that process failed with "the connection is closed"
+    (10 of 10 calls on a prefork worker) until the process was recycled."""
+    psycopg = pytest.importorskip("psycopg")
+    recipe: dict[str, Any] = {}
+    exec(recipe_setup(redis_server, pg_schema, with_table=False), recipe)
+    first = recipe["pg"]()
+    with psycopg.connect(PG_DSN, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", (first.info.backend_pid,))
+    with pytest.raises(psycopg.OperationalError):  # the write under way fails
+        recipe["pg"]().execute("SELECT 1")
+    again = recipe["pg"]()
+    assert again is not first and again.execute("SELECT 1").fetchone() == (1,)
+    again.close()
+
+
 #: Runs the recipe's set-up (stdin) in 3 forked processes at once, on a fresh table, 8 times;
 #: prints what each process got.
 AT_ONCE = """

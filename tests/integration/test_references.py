@@ -10,6 +10,7 @@ learned held weak keys whose values referred back to the key.
 from __future__ import annotations
 
 import asyncio
+import copy
 import gc
 import weakref
 from typing import Any
@@ -84,3 +85,53 @@ def test_an_event_loop_goes_with_its_asyncio_run(redis_server: RedisServer) -> N
             held.release()
     gc.collect()
     assert [ref() for ref in loops] == [None, None, None]
+
+
+def test_a_copy_of_a_client_locks_where_the_copy_points(redis_server: RedisServer) -> None:
+    """What a lock learned of a client is kept on the client; a copy carried the original's,
+    and locked on the original's server."""
+    original = redis_py.Redis(port=redis_server.port)
+    with Lock(original, "refs-copy", ttl=30):
+        pass
+    with RedisServer() as other:
+        moved = copy.copy(original)
+        moved.connection_pool = redis_py.ConnectionPool(port=other.port)
+        with Lock(moved, "refs-copy", ttl=30) as lock:
+            assert other.client().exists(lock.keys.lock)
+            assert not original.exists(lock.keys.lock)
+        moved.close()
+    original.close()
+
+
+class Unhashable(aioredis.Redis):
+    """A client class of yours that compares by value (and so has no hash)."""
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+
+def test_an_unhashable_asyncio_client_keeps_one_subscription_connection() -> None:
+    """Each wait on such a client got a hub, and a subscription connection, of its own. (A
+    server of its own: other tests' idle subscriptions would be counted.)"""
+    with RedisServer() as server:
+        # One; two while a connection idle for longer than IDLE_REUSE (a loaded machine) is
+        # closing beside its successor. It was one per wait: five.
+        assert asyncio.run(waits_on_an_unhashable_client(server)) <= 2
+
+
+async def waits_on_an_unhashable_client(server: RedisServer) -> int:
+    """Subscribed connections on ``server`` after five waits on one unhashable client."""
+    admin = server.client()
+
+    def subscribed() -> int:
+        return sum(1 for c in admin.client_list() if int(c["sub"]) > 0)
+
+    client = Unhashable(port=server.port)
+    held = AsyncLock(client, "refs-unhashable", ttl=30)
+    assert await held.acquire()
+    for _ in range(5):
+        assert not await AsyncLock(client, "refs-unhashable", ttl=30).acquire(timeout=0.05)
+    await held.release()
+    count = subscribed()
+    await client.aclose()
+    return count

@@ -82,8 +82,11 @@ def test_with_task_cls_every_task_is_locked_but_celerys_own(
     redis_server: RedisServer, redis_url: str
 ) -> None:
     """``Celery(task_cls=LockedTask)`` made Celery's own tasks LockedTasks too: each took a
-    lock on its arguments (every ``celery.chord_unlock`` poll, ``celery.backend_cleanup``),
-    and two identical calls at once ran one body."""
+    lock on its arguments (every ``celery.chord_unlock`` poll, ``celery.backend_cleanup``,
+    the ``celery.ping`` of ``start_worker``'s ping check), and two identical calls at once
+    ran one body."""
+    import celery.contrib.testing.tasks  # noqa: F401  (registers celery.ping)
+
     app = make_app(redis_server, name="cls", task_cls=LockedTask)
 
     @app.task(shared=False)
@@ -92,6 +95,7 @@ def test_with_task_cls_every_task_is_locked_but_celerys_own(
 
     with record_lock_events() as events, running_worker(app):
         assert app.tasks["celery.accumulate"].delay(1, 2).get(timeout=10) == [1, 2]
+        assert app.tasks["celery.ping"].delay().get(timeout=10) == "pong"
         single = add.delay(3, 3)
         assert single.get(timeout=10) == 6
     acquired = [e for e in events.events if e.kind == "acquired"]
@@ -965,6 +969,9 @@ def test_a_fixed_ttl_shorter_than_the_time_limit_is_a_warning_at_worker_start(
 
     @app.task(base=LockedTask, lock_ttl=60, time_limit=60)
     def long_enough() -> None: ...
+
+    @app.task(base=LockedTask, lock_ttl=2, time_limit=60, lock_limit=None, lock_rate="5/s")
+    def rate_only() -> None: ...  # no lock: its lock_ttl is never used
 
     def warned(time_limit: float | None) -> list[str]:
         caplog.clear()

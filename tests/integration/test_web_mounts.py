@@ -17,7 +17,8 @@ import redis as redis_py
 
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.owner import new_token
-from celery_redlock.testing import RedisServer
+from celery_redlock.testing import RedisServer, free_port
+from celery_redlock.web._core import Dashboard
 from celery_redlock.web._security import PAGE_HEADERS
 from support.apps import layout_app
 from support.web import admin_actions, served
@@ -366,3 +367,16 @@ def test_mounted_in_the_django_admin(
     assert done.status_code == 200 and not r.exists(held), done.content
     assert actions[-1]["actor"] == "carol" and actions[-1]["action"] == "release"
     User.objects.all().delete()
+
+
+def test_a_user_who_may_not_act_sees_every_page_read_only(redis_server: RedisServer) -> None:
+    """The stats page's error pages (the lock Redis down) said "actions enabled" to a user
+    of a mount who may not act."""
+    app = layout_app("down", redis_server.url.rsplit("/", 1)[0], set_as_current=False)
+    app.conf.redlock_url = f"redis://127.0.0.1:{free_port()}/0"
+    board = Dashboard(app, actions=True, ping_timeout=0.2)
+    status, body = board.stats_page({"csrf_token": "x"}, may_act=False)
+    assert status == 503 and "read-only" in body and "actions enabled" not in body
+    status, body = board.stats_page({"csrf_token": "x"})
+    assert status == 503 and "actions enabled" in body
+    app.close()

@@ -59,6 +59,7 @@ for i = 3, #KEYS do
     local token = tonumber(now[1]) * 1000000
     if ARGV[4] == '1' or not mark then token = token + tonumber(now[2]) end
     if last + 1 > token then token = last + 1 end
+    if token > 2^53 then token = 2^53 end  -- see FENCE
     local text = string.format('%d', token)
     if ARGV[5] == '1' then redis.call('SET', KEYS[1], text, 'PX', ARGV[3]) end
     redis.call('SET', KEYS[2], text)
@@ -333,6 +334,10 @@ local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
 local last = math.max(tonumber(redis.call('GET', KEYS[2]) or '0'),
                       tonumber(redis.call('GET', KEYS[3]) or '0'))
 if last + 1 > token then token = last + 1 end
+-- Lua numbers are exact to 2^53; past it (a server clock beyond the year 2255, a mark set by
+-- hand) tokens stay at 2^53, equal. Past 2^63 string.format('%d') wrapped negative, and the
+-- tokens after it went back to the clock's.
+if token > 2^53 then token = 2^53 end
 redis.call('SET', KEYS[3], string.format('%d', token))
 return token
 """
