@@ -582,6 +582,12 @@ def check_client(client: Any, *, asyncio: bool) -> Any:
     unawaited coroutines; a blocking one for the asyncio lock, which would block the loop,
     take the lock, then fail)."""
     kind = "celery_redlock.asyncio.Lock" if asyncio else "celery_redlock.Lock"
+    if isinstance(client, type):  # its execute_command is callable: it passed as a proxy
+        raise TypeError(
+            f"{kind} needs a Redis URL or a client, got the class "
+            f"{client.__module__}.{client.__qualname__}: pass an instance, "
+            f"{client.__qualname__}(...)"
+        )
     if isinstance(client, (bytes, bytearray)):
         raise TypeError(
             f"{kind} needs a Redis URL as a str, got {type(client).__name__}: decode it"

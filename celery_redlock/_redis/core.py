@@ -36,7 +36,6 @@ import enum
 import logging
 import os
 import re
-import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import Any, Generic, NamedTuple, TypeVar
@@ -44,6 +43,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 from ..exceptions import LockContended, LockLost, LockNotOwned, LockUnavailable
 from . import keys as _keys
 from . import owner as _owner
+from .forks import Guard
 from .scripts import (
     EXTENDED_SHORTER,
     RELEASED_NOT_NOTIFIED,
@@ -827,7 +827,7 @@ class LockCore:
         self.auto_renew = auto_renew
         self.max_hold = max_hold
         self.clock = clock
-        self._state = threading.Lock()
+        self._state = Guard()  # free in a forked child that inherits the object
 
     @property
     def key(self) -> str:
@@ -1058,8 +1058,8 @@ class LockCore:
             raise self._not_ours("extend")
         if self.max_hold is not None:
             ttl = min(ttl, self._acquired_at + self.max_hold - self.clock())
-            if ttl <= 0.001:
-                raise LockNotOwned(
+            if ttl <= 0.001:  # its key expired there (every TTL is capped so): lost
+                raise LockLost(
                     f"cannot extend {self.key}: it reached max_hold={self.max_hold:g}s",
                     key=self.key,
                 )
@@ -1067,8 +1067,19 @@ class LockCore:
 
     def _extended(self, token: str, extended: Extended, start: float, ttl: float) -> None:
         """An extend's reply for the holding of ``token``: :class:`LockLost` if it was gone;
-        a holding taken since by this object is left alone (see :meth:`_mark_lost`)."""
+        a holding taken since by this object is left alone (see :meth:`_mark_lost`), and one
+        this object released meanwhile is :class:`LockNotOwned`, as after the release.
+        Timeline otherwise: (1) thread A's extend reads the token; (2) thread B releases, and
+        the key is deleted; (3) A's extend finds it gone, and raised :class:`LockLost`,
+        though nothing expired or changed owner."""
         if not extended.held:
+            with self._state:
+                released = self._token != token
+            if released:
+                raise LockNotOwned(
+                    f"cannot extend {self.key}: it was released while the extend was on its way",
+                    key=self.key,
+                )
             self._mark_lost("extend found it expired or owned by someone else", token)
             raise LockLost(f"lock {self.key} was lost before extend", key=self.key)
         with self._state:

@@ -23,12 +23,18 @@ __all__ = ["Guard"]
 
 
 class Guard:
-    """A lock (``with guard:``) that is free in a forked child, whoever held it at the fork."""
+    """A lock (``with guard:``) that is free in a forked child, whoever held it at the fork;
+    ``reentrant``: an ``RLock``. Also per object (a lock's own state, its renewal), for a child
+    that inherits the object: one forked while a renewal of it was in flight waited on it
+    forever in its own ``release()``."""
 
-    __slots__ = ("__weakref__", "_lock")
+    __slots__ = ("__weakref__", "_lock", "_reentrant")
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
+    def __init__(self, reentrant: bool = False) -> None:
+        self._reentrant = reentrant
+        self._lock: threading.Lock | threading.RLock = (
+            threading.RLock() if reentrant else threading.Lock()
+        )
         _guards.add(self)
 
     def __enter__(self) -> bool:
@@ -43,16 +49,13 @@ class Guard:
     def release(self) -> None:
         self._lock.release()
 
-    def locked(self) -> bool:
-        return self._lock.locked()
-
 
 _guards: weakref.WeakSet[Guard] = weakref.WeakSet()
 
 
 def _forked() -> None:
     for guard in list(_guards):
-        guard._lock = threading.Lock()
+        guard._lock = threading.RLock() if guard._reentrant else threading.Lock()
 
 
 os.register_at_fork(after_in_child=_forked)

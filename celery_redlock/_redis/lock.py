@@ -67,6 +67,7 @@ from . import owner as _owner
 from . import renewal as _renewal
 from . import subscriptions as _subscriptions
 from .core import SUBSCRIBED, Clock, Closing, Extended, LockCore, Op, Run, classify, ms
+from .forks import Guard
 from .givebacks import give_back
 from .nodes import Nodes, SingleNode, Target, nodes_for
 from .scripts import AcquireResult
@@ -104,7 +105,7 @@ class Lock(LockCore):
     #: The holder's TTL is still to be asked (a reply without it; see :attr:`last_holder_ttl`).
     _holder_ttl_pending = False
     #: Held by a renewal while it runs (:meth:`renew_step`, which makes it).
-    _renewing: threading.RLock
+    _renewing: Guard
 
     def _connect(self, redis: Target) -> Nodes:
         return nodes_for(redis)
@@ -320,8 +321,8 @@ class Lock(LockCore):
         The wait is bounded by the renewal's own (the lease's end).
         """
         renewing = self.__dict__.get("_renewing")
-        if renewing is None:  # per renewed lock (most are never renewed); an RLock: a
-            renewing = self._renewing = threading.RLock()  # lost-lock receiver may release
+        if renewing is None:  # per renewed lock (most are never renewed); reentrant: a
+            renewing = self._renewing = Guard(reentrant=True)  # lost-lock receiver may release
         with renewing:
             plan = self._renewal()
             if plan is None:

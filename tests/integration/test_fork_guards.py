@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis as redis_py
 
 import celery_redlock
 from celery_redlock._redis.forks import Guard
+from celery_redlock.testing import wait_until
 
 #: Every module-level guard of the package (module, attribute).
 GUARDS = [
@@ -112,3 +115,51 @@ def test_every_module_level_lock_of_the_package_is_a_guard() -> None:
     }
     assert found == {"_redis/owner.py:_block_guard"}  # made anew by owner._forked
     assert all(isinstance(guard(module, name), Guard) for module, name in GUARDS)
+
+
+def test_a_child_forked_while_a_renewal_was_in_flight_holds_renews_and_releases(
+    redis_url: str,
+) -> None:
+    """Helper probe: a lock's own renewal guard (and state guard) were plain locks, copied
+    held into a child forked while the parent's renewal of that lock was in flight. The
+    child, taking the lock as a holder of its own (docs/guide.md), never renewed it (its
+    key expired under it, without a word) and waited forever in its ``release()``."""
+    client = redis_py.Redis.from_url(redis_url)
+    parent = os.getpid()
+    in_flight, go_on = threading.Event(), threading.Event()
+
+    class SlowRenewal(celery_redlock.Lock):
+        def do_extend(self, token: str, ttl: float) -> Any:
+            if os.getpid() == parent and not go_on.is_set():
+                in_flight.set()
+                go_on.wait(10)
+            return super().do_extend(token, ttl)
+
+    lock = SlowRenewal(redis_url, "forked-renewal", ttl=1.0, auto_renew=True)
+    assert lock.acquire(blocking=False)
+    assert in_flight.wait(10)  # the parent's renewal holds the lock's guards
+
+    def release_when_the_child_waits() -> None:
+        wait_until(lambda: client.exists("child-waits"), 10, "the child to wait")
+        go_on.set()
+        lock.release()
+
+    def child() -> bool:
+        client.set("child-waits", 1)
+        if not lock.acquire(timeout=8):
+            return False
+        taken = time.monotonic()
+        while time.monotonic() - taken < 1.5:  # past its TTL: held only if renewed
+            time.sleep(0.05)
+        renewed = lock.held and bool(client.exists(lock.key))
+        lock.release()
+        return renewed
+
+    releaser = threading.Thread(target=release_when_the_child_waits)
+    releaser.start()
+    try:
+        assert in_child(child) == 0
+    finally:
+        go_on.set()
+        releaser.join(10)
+    client.delete("child-waits")
