@@ -697,11 +697,12 @@ def _duplicate(request: Any, lock: Lock) -> str | None:
     a visibility timeout), a requeue of one, or a call that finds its own task id holding the
     key (a copy of it still running, or an earlier try whose reply was lost, until its
     give-back lands)."""
+    own = _holder(lock) == request.id
     if (request.delivery_info or {}).get("redelivered"):
         return "redelivered while"
     if calls.redelivered(calls.header_of(request)):
-        return "requeued as a duplicate while"
-    if _holder(lock) == request.id:
+        return "requeued as a duplicate while" if own else "requeued again (redelivered) while"
+    if own:
         return (
             "found its own task id holding the lock (a copy of this call still running, or "
             "an earlier try whose reply was lost):"
@@ -719,9 +720,17 @@ def _on_contended(
     why = _duplicate(request, lock)
     if why is not None:
         # A duplicate of a live run, or maybe the only copy left: never skip it (a skip would
-        # store SUCCESS/None and hide the holder's result); come back when the holder's TTL
-        # ends (calls.py says why its requeues stay marked).
-        countdown = max(lock.last_holder_ttl or 0.0, 1.0)
+        # store SUCCESS/None and hide the holder's result; calls.py says why its requeues
+        # stay marked). Held by a copy of itself, it comes back when the holder's TTL ends;
+        # held by another call, after lock_retry_countdown. Timeline with the holder's TTL
+        # for any holder: (1) a warm shutdown puts its prefetched calls back, marked
+        # redelivered; (2) a call of a busy key finds it held by another, renewed call; (3)
+        # it came back after that TTL, a whole lease (30 s), and again: five calls of one
+        # key, each behind a 4 s run, settled over 127 s instead of 11.
+        if _holder(lock) == request.id:
+            countdown = max(lock.last_holder_ttl or 0.0, 1.0)
+        else:
+            countdown = _jittered(spec.options.retry_countdown)
         _requeue(task, request, spec, lock, countdown, "redelivered", why)
     if policy == "skip":
         setattr(request, REQUEST_ATTR, Execution(None, skipped=True))

@@ -133,6 +133,39 @@ def test_a_duplicate_delivery_of_a_running_task_is_requeued_not_run_beside_it(
     assert "skipped" not in caplog.text and "redelivered while" not in caplog.text
 
 
+def test_a_redelivered_call_held_off_by_another_call_comes_back_at_its_retry_countdown(
+    h: Holder, app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Helper probe: a warm shutdown puts its prefetched calls back marked redelivered; one
+    that found its key held by another, renewed call came back after the holder's TTL, a
+    whole lease, again and again (five calls behind a 4 s run settled over 127 s, not 11).
+    Held by a copy of itself it still waits out the holder's TTL (the test above). Here a
+    requeue of a redelivered call (its header says so) stands for it."""
+    ran: list[str] = []
+
+    @app.task(base=LockedTask, bind=True, lock_by=(), lock_retry_countdown=0.2)
+    def work(self: Task) -> None:
+        ran.append(self.request.id)
+        if self.request.id == "holder":
+            h.hold()
+
+    with running_worker(app), caplog.at_level(logging.INFO, logger="celery_redlock"):
+        holder = work.apply_async(task_id="holder")
+        assert h.entered.wait(10)
+        again = work.apply_async(task_id="again", headers={"redlock": {"redelivered": True}})
+        line = re.compile(
+            r"\[again\] requeued again \(redelivered\) while .* retrying in ([\d.]+)s"
+        )
+        wait_until(lambda: line.search(caplog.text), 10, "the requeue")
+        countdowns = [float(c) for c in line.findall(caplog.text)]
+        assert all(c < 1.0 for c in countdowns), countdowns  # not the 30 s lease
+        assert "skipped" not in caplog.text  # never skipped
+        h.gate.set()
+        holder.get(timeout=10)
+        again.get(timeout=10)
+    assert ran == ["holder", "again"]
+
+
 def test_fail_raises_lock_contended_with_context(h: Holder, app: Celery, r: redis_py.Redis) -> None:
 
     @app.task(base=LockedTask, lock_on_contention="fail", lock_by=())
