@@ -343,38 +343,16 @@ class Dashboard:
     def stats_page(
         self, form: dict[str, str], base: str = "", *, may_act: bool = True
     ) -> tuple[int, str]:
-        actions = self.actions and may_act
+        context = {"form": form, "base": base, "actions": self.actions and may_act}
         try:
             counts = read_stats(self.app)
-        except LockConfigError as exc:  # the app's settings
-            return 400, self.render(
-                "result.html",
-                status=400,
-                message=str(exc),
-                form=form,
-                base=base,
-                actions=actions,
-            )
-        except _UNREACHABLE as exc:
-            return 503, self.render(
-                "result.html",
-                status=503,
-                message=_cause(exc),
-                form=form,
-                base=base,
-                actions=actions,
-            )
+        except (LockConfigError, *_UNREACHABLE) as exc:  # the app's settings; no answer
+            config = isinstance(exc, LockConfigError)
+            status, message = (400, str(exc)) if config else (503, _cause(exc))
+            return status, self.render("result.html", status=status, message=message, **context)
         events = [*EVENTS, *sorted({e for c in counts.values() for e in c} - set(EVENTS))]
         table = {t: [c.get(e, 0) for e in events] for t, c in sorted(counts.items())}
-        return 200, self.render(
-            "stats.html",
-            tab="stats",
-            actions=actions,
-            events=events,
-            table=table,
-            form=form,
-            base=base,
-        )
+        return 200, self.render("stats.html", tab="stats", events=events, table=table, **context)
 
     def timeline_page(
         self,
