@@ -64,31 +64,27 @@ def django_urls(
     def form(request: HttpRequest) -> dict[str, str]:
         return {"csrfmiddlewaretoken": get_token(request)}
 
+    def page(request: HttpRequest, suffix: str) -> dict[str, Any]:
+        """What every page takes: the CSRF field, the mount path, whether this user may act."""
+        return {
+            "form": form(request),
+            "base": base(request, suffix),
+            "may_act": actions and can_act(request),
+        }
+
     @require_safe
     def locks(request: HttpRequest) -> HttpResponse:
-        status, body = board.locks_page(
-            request.GET.dict(),
-            form(request),
-            base(request, ""),
-            may_act=actions and can_act(request),
-        )
+        status, body = board.locks_page(request.GET.dict(), **page(request, ""))
         return _page(body, status)
 
     @require_safe
     def stats(request: HttpRequest) -> HttpResponse:
-        status, body = board.stats_page(
-            form(request), base(request, "stats"), may_act=actions and can_act(request)
-        )
+        status, body = board.stats_page(**page(request, "stats"))
         return _page(body, status)
 
     @require_safe
     def timeline(request: HttpRequest) -> HttpResponse:
-        status, body = board.timeline_page(
-            request.GET.dict(),
-            form(request),
-            base(request, "timeline"),
-            may_act=actions and can_act(request),
-        )
+        status, body = board.timeline_page(request.GET.dict(), **page(request, "timeline"))
         return _page(body, status)
 
     @require_POST
