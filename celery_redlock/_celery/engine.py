@@ -729,8 +729,8 @@ def _on_contended(
         # key, each behind a 4 s run, settled over 127 s instead of 11.
         if _holder(lock) == request.id:
             countdown = max(lock.last_holder_ttl or 0.0, 1.0)
-        else:
-            countdown = _jittered(spec.options.retry_countdown)
+        else:  # at least 1 s: lock_retry_countdown=0 looped through the broker
+            countdown = max(_jittered(spec.options.retry_countdown), 1.0)
         _requeue(task, request, spec, lock, countdown, "redelivered", why)
     if policy == "skip":
         setattr(request, REQUEST_ATTR, Execution(None, skipped=True))

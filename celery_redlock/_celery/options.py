@@ -287,8 +287,10 @@ OPTIONS: dict[str, Option] = {
             "retry_countdown",
             5.0,
             "seconds",
-            "Delay (plus up to 20 % jitter) before a retry under 'retry'; 0 requeues at once, so "
-            "a contended call goes round the broker as fast as it can while the key is held.",
+            "Delay (plus up to 20 % jitter) before a retry under 'retry', and before a "
+            "redelivered call held off by another call comes back (at least 1 s there); 0 "
+            "requeues at once, so a contended call goes round the broker as fast as it can "
+            "while the key is held.",
             seconds(zero=True),
         ),
         Option(

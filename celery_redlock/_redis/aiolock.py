@@ -259,8 +259,10 @@ class Lock(LockCore):
     async def extend(self, ttl: float | None = None) -> None:
         """Reset the remaining TTL to ``ttl`` seconds (default: the lock's ttl), owner-checked.
 
-        Raises :class:`LockNotOwned` if not acquired, :class:`LockLost` if Redis says another
-        owner (or nobody) holds the key now, or the lock was found so before (:attr:`lost`).
+        Raises :class:`LockNotOwned` if not acquired (or released by another thread or task
+        while the extend was on its way), :class:`LockLost` if Redis says another owner (or
+        nobody) holds the key now, the lock was found so before (:attr:`lost`), or it reached
+        ``max_hold``.
         """
         token, ttl = self._extend_args(ttl)
         start = self.clock()

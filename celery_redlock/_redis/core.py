@@ -1057,7 +1057,9 @@ class LockCore:
         if self._pid != _owner.process_id:
             raise self._not_ours("extend")
         if self.max_hold is not None:
-            ttl = min(ttl, self._acquired_at + self.max_hold - self.clock())
+            to_cap = self._acquired_at + self.max_hold - self.clock()
+            beyond = self._beyond_cap(to_cap)  # a task's lock still running at its cap
+            ttl = min(ttl, to_cap if beyond is None else beyond)
             if ttl <= 0.001:  # its key expired there (every TTL is capped so): lost
                 raise LockLost(
                     f"cannot extend {self.key}: it reached max_hold={self.max_hold:g}s",
@@ -1342,6 +1344,13 @@ class LockCore:
         limit's, which the worker's main process enforces by killing the holder."""
         return None
 
+    def _beyond_cap(self, to_cap: float) -> float | None:
+        """The TTL with which a holder ``to_cap`` seconds before its ``max_hold`` cap (or past
+        it) renews, and extends, past the cap (:meth:`_past_cap`); ``None``: not yet, or never
+        (it stops at the cap)."""
+        keep = self._past_cap()
+        return keep if keep is not None and to_cap <= keep / 2 else None
+
     def _renewal(self) -> tuple[str, float, float, float] | None:
         """What one renewal sends: ``(token, ttl, start, wait)``, the reply awaited for at most
         ``wait`` seconds (a reply after the lease's end is no use); ``None``: stop (released,
@@ -1353,8 +1362,8 @@ class LockCore:
         ttl = self.ttl
         if self.max_hold is not None:
             to_cap = self._acquired_at + self.max_hold - now
-            keep = self._past_cap()
-            if keep is not None and to_cap <= keep / 2:
+            keep = self._beyond_cap(to_cap)
+            if keep is not None:
                 ttl = keep  # still running at the cap: renewed past it (_past_cap)
                 if not self._overran:
                     self._overran = True

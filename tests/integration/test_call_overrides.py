@@ -347,6 +347,29 @@ def test_a_requeued_duplicate_is_never_skipped_when_another_call_took_the_key(
 
 
 @pytest.mark.parametrize("api", APIS)
+def test_a_redelivered_call_whose_requeue_would_end_past_lock_retry_for_fails_not_skips(
+    app: Celery, redis_url: str, api: str
+) -> None:
+    """A requeue of a redelivered call (its header says so) held off by another call, whose
+    next try would end past ``lock_retry_for``, fails: it is never skipped (SUCCESS, ``None``)
+    under the default ``skip``."""
+
+    def work(self: Task) -> str:
+        return "ran"
+
+    task = locked(app, api, work, by=(), retry_countdown=5, retry_for=0.5)
+    other = hold(redis_url, task)  # another call holds the key for 60 s
+    try:
+        with running_worker(app):
+            result = task.apply_async(headers={"redlock": {"redelivered": True}})
+            wait_until(result.ready, 10, "the redelivered call to end")
+        assert result.state == "FAILURE", result.result
+        assert "not requeued" in str(result.result)
+    finally:
+        other.release()
+
+
+@pytest.mark.parametrize("api", APIS)
 def test_a_requeued_copy_of_a_call_that_succeeded_is_not_run_again_under_deduplication(
     app: Celery, api: str, caplog: pytest.LogCaptureFixture
 ) -> None:

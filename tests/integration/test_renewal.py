@@ -14,7 +14,7 @@ import weakref
 import pytest
 import redis as redis_py
 
-from celery_redlock import Lock
+from celery_redlock import Lock, LockLost
 from celery_redlock._celery.engine import TaskLock
 from celery_redlock._redis import renewal
 from celery_redlock.testing import wait_until
@@ -121,6 +121,10 @@ def test_a_task_lock_still_held_at_its_hard_limit_cap_is_renewed_past_it(
     wait_until(lambda: time.monotonic() - start > 2.5, 5.0, "well past the cap")
     assert r.exists(task_lock.key) and task_lock.held
     assert 0 < r.pttl(task_lock.key) <= 600  # renewed a margin at a time
+    task_lock.extend()  # as renewal does, a margin at a time (it raised LockLost: review)
+    assert 0 < r.pttl(task_lock.key) <= 600 and task_lock.held
+    with pytest.raises(LockLost):  # the plain lock ended at its cap
+        plain.extend()
     overran = [rec for rec in caplog.records if "should have been stopped" in rec.getMessage()]
     assert len(overran) == 1 and overran[0].levelname == "ERROR"
     task_lock.release()
