@@ -457,7 +457,7 @@ def spec_of(task: Any) -> Spec | None:
     _check_nothing_between(task.name, fun)
     options = getattr(fun, OPTIONS_ATTR, None) or getattr(type(task), OPTIONS_ATTR, None)
     spec = None
-    if options is not None and not _celery_s_own(fun):
+    if options is not None and not _of_celery(fun):
         check_task_name(task.name, options)
         params = parameters_of(fun, bound)
         if bound:
@@ -473,7 +473,7 @@ def spec_of(task: Any) -> Spec | None:
     return spec
 
 
-def _celery_s_own(fun: Any) -> bool:
+def _of_celery(fun: Any) -> bool:
     """Whether ``fun`` is the function of one of Celery's own tasks: ``celery.app.builtins``
     (``celery.chord_unlock``, ``celery.map``...) or ``celery.contrib.testing.tasks``
     (``celery.ping``, which ``start_worker`` sends to see the worker answer). No package of
