@@ -308,6 +308,9 @@ class QueueRules:
     #: A failed attempt's reply may lack the holder's TTL (the thread lock's ``SET ... GET``):
     #: ``PTTL`` is asked on first read.
     ttl_in_reply = False
+    #: A release frees the lock in one script: a woken waiter that finds the holder still
+    #: there was woken by an extend that shortened its TTL, and sleeps on that TTL.
+    releases_node_by_node = False
 
     def queues(self, keys: _keys.LockKeys) -> bool:
         """Whether blocking waiters of this lock queue (:data:`~._scripts.WAIT`), so that a
@@ -435,6 +438,9 @@ class QuorumRules:
     #: waiter's try wins the third and gives it back; (3) its ``PTTL`` read gives 30 s, and it
     #: slept that long (to its deadline), though X and Y gave back a moment later.
     ttl_in_reply = True
+    #: A release reaches the nodes one by one: a waiter woken by the first may find the
+    #: holder still on a majority, and tries again soon (:func:`_again_soon`).
+    releases_node_by_node = True
 
     def failed(self, replies: Replies) -> list[str]:
         return [self.names[i] for i, (_, err) in enumerate(replies) if err is not None]
@@ -647,6 +653,34 @@ MIN_RETRY = 0.05
 #: Shortest delay until the next renewal after an acquisition or renewal that a quorum node
 #: lacked (the delay is lease/30, at least this).
 DEGRADED_RENEWAL = 0.1
+
+#: A waiter's first delay before it tries again when a wake found the releasing holder still
+#: there (:func:`_again_soon`); it doubles while it finds that holder.
+AGAIN_SOON = 0.01
+
+
+def _again_soon(
+    before: _owner.Owner | None, after: _owner.Owner | None, woken: bool, backoff: float | None
+) -> float | None:
+    """The delay before a quorum waiter's next try, when it should not sleep on the holder's TTL.
+
+    A try of a waiter that a message woke, or that was trying again soon, found the same
+    holder as its last try (``before`` and ``after``): the release that woke it has not yet
+    reached every node. Timeline it closes, seen under load on a quorum: (1) the holder's
+    release frees node 0, where the waiters listen, and publishes there; (2) its thread is
+    descheduled before the release reaches nodes 1 and 2; (3) the woken waiter tries, finds the
+    holder on a majority, and slept on its TTL while the lock was free a moment later. It
+    now tries again after :data:`AGAIN_SOON`, the delay doubling while it finds that holder,
+    up to the holder's TTL. A holder that shortened its TTL by an extend (which wakes the
+    waiters too) costs each waiter a try per doubling. ``None``: sleep on the TTL. A single
+    node frees the lock in one script: its waiters never ask.
+    """
+    if not (woken or backoff is not None) or before is None or after is None:
+        return None
+    if before.token != after.token:
+        return None
+    return AGAIN_SOON if backoff is None else backoff * 2
+
 
 #: How long the give-back of an acquisition whose reply was lost keeps trying (seconds), and
 #: its first and longest delay between tries.
@@ -1215,9 +1249,12 @@ class LockCore:
             closing: Closing | None = Closing.REUSE if wait is not None else Closing.CLOSE
             try:
                 subscribed = False
+                woken = False  # a message came since the last try
+                backoff: float | None = None  # trying again soon (see `_again_soon`)
                 while True:
                     sleep = 1.0  # until the subscription is confirmed, or a key without expiry
                     if subscribed:
+                        before = self.last_holder
                         if wait is None:
                             won = yield Op.ATTEMPT, None
                         else:
@@ -1229,12 +1266,17 @@ class LockCore:
                         holder_ttl = yield Op.HOLDER_TTL, None
                         if holder_ttl is not None:
                             sleep = holder_ttl
+                        if self.nodes.releases_node_by_node:
+                            backoff = _again_soon(before, self.last_holder, woken, backoff)
+                        if backoff is not None:
+                            sleep = min(sleep, backoff)
                     if deadline is not None:
                         left = deadline - self.clock()
                         if left <= 0:
                             return wait is not None and (yield from self._leave(wait))
                         sleep = min(sleep, left)
                     data = yield Op.RECEIVE, max(sleep, 0.001)
+                    woken = data is not None and data is not SUBSCRIBED
                     if data is SUBSCRIBED:
                         subscribed = True
                     elif wait is not None and (yield from self._handed(wait, data)):

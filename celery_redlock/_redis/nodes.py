@@ -97,6 +97,8 @@ class Nodes(Protocol):
     gives_back_per_node: bool
     #: Whether a failed attempt's reply says all that is known of the holder's TTL.
     ttl_in_reply: bool
+    #: Whether a release frees the nodes one by one (a quorum), not in one script.
+    releases_node_by_node: bool
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -449,12 +451,12 @@ class Quorum(QuorumRules):
         the others again: hundreds of attempts a second until the holder released, on every
         node, and the holder's renewal could not take A back.
 
-        Hazard left, for one round trip's latency: a waiter woken by the node it listens on
-        tries at once; if the release reaches the other nodes later than that attempt (a
-        network where the holder's path to them is slower by more than a round trip), the
-        attempt finds the lock still held there, and the waiter sleeps to the released
-        holder's TTL. The command line's, the dashboard's and the worker's main process's
-        releases (not a task's) free every node before they wake anyone.
+        A waiter woken by the node it listens on tries at once; if the release reaches the
+        other nodes later than that attempt (a slower path to them, or this thread descheduled
+        between two nodes), the attempt finds the lock still held there, and the waiter tries
+        again soon (:func:`~.core._again_soon`), not at the released holder's TTL. The command
+        line's, the dashboard's and the worker's main process's releases (not a task's) free
+        every node before they wake anyone.
 
         A node whose reply was lost is given the release again in the background
         (:mod:`~celery_redlock._redis.givebacks`). Timeline it closes: (a) node C is frozen

@@ -40,6 +40,7 @@ from celery_redlock._redis.inventory import Inventory
 from celery_redlock._redis.lock import release_attempt
 from celery_redlock._redis.nodes import SingleNode
 from celery_redlock._redis.owner import new_token, parse
+from celery_redlock._redis.scripts.lock import RELEASE, release_call
 from celery_redlock.testing import RedisServer
 from support.apps import NotRedis, lock_keys
 from support.clock import FakeClock
@@ -1883,6 +1884,57 @@ def test_a_quorum_release_wakes_the_waiters_on_the_node_the_holder_lacks(
     got = acquire_meanwhile(d2, waiter, 10, listening, holder.release)
     assert got and time.monotonic() - start < 5  # woken, not at its deadline (10 s)
     d2(waiter.release())
+
+
+def test_a_quorum_waiter_woken_before_the_release_reached_a_majority_tries_again_soon(
+    d2: Driver, three: list[RedisServer]
+) -> None:
+    """CI, round 3 (once, under TLS and a full suite's load): the release frees node 0, where
+    the waiters listen, and publishes there; the releasing thread is then descheduled before
+    its release reaches nodes 1 and 2. The woken waiter tries, finds the holder still on a
+    majority, and slept on its TTL (here 30 s, to its deadline of 20 s) while the lock was
+    free a moment later. Here the release reaches nodes 1 and 2 only after that try: a waiter
+    woken by a release that still finds the releasing holder now tries again soon."""
+    urls = [s.url for s in three]
+    holder = d2.lock(urls, "q-late-release", ttl=30)
+    assert d2(holder.acquire(blocking=False))
+    waiter = d2.lock(urls, "q-late-release", ttl=30)
+    admins = [s.client() for s in three]
+    keys, argv = release_call(holder.keys, holder.token)
+    released: list[float] = []
+
+    def listening() -> bool:  # subscribed, and tried once more since (now asleep)
+        subscribers = admins[0].pubsub_numsub(holder.keys.channel)
+        return waiter.attempts >= 2 and subscribers[0][1] >= 1
+
+    def release_on(admin: redis_py.Redis) -> None:
+        assert admin.eval(RELEASE, len(keys), *keys, *argv) == 1
+
+    def release_late() -> Any:
+        release_on(admins[0])  # wakes the waiter, whose try then fails on nodes 1 and 2
+        if d2.is_async:
+
+            async def rest() -> None:
+                while waiter.attempts < 3:
+                    await asyncio.sleep(0.01)
+                for admin in admins[1:]:
+                    release_on(admin)
+                released.append(time.monotonic())
+
+            return rest()
+        wait_until(lambda: waiter.attempts >= 3)
+        for admin in admins[1:]:
+            release_on(admin)
+        released.append(time.monotonic())
+        return None
+
+    try:
+        assert acquire_meanwhile(d2, waiter, 20, listening, release_late)
+        assert time.monotonic() - released[0] < 10  # not at its deadline, 20 s from its start
+        d2(waiter.release())
+    finally:
+        for admin in admins:
+            admin.close()
 
 
 def test_a_quorum_waiter_sleeps_on_the_majority_holders_ttl_not_a_leftovers(

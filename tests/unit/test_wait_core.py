@@ -10,7 +10,7 @@ import pytest
 import redis as redis_py
 
 from celery_redlock._redis.core import SUBSCRIBED, Closing, Extended, LockCore, Op, Run, Steps
-from celery_redlock._redis.owner import SEPARATOR
+from celery_redlock._redis.owner import SEPARATOR, new_token, parse
 from celery_redlock._redis.scripts import WaitReply
 from celery_redlock.exceptions import LockUnavailable
 from support.clock import FakeClock
@@ -19,8 +19,9 @@ from support.clock import FakeClock
 class Node:
     names = ("fake:1",)
 
-    def __init__(self, queues: bool) -> None:
+    def __init__(self, queues: bool, releases_node_by_node: bool = False) -> None:
         self.queued = queues
+        self.releases_node_by_node = releases_node_by_node
 
     def queues(self, keys: Any) -> bool:
         return self.queued
@@ -190,6 +191,56 @@ def test_without_a_queue_each_notification_brings_a_plain_attempt() -> None:
     assert driver.next(b"1") == (Op.ATTEMPT, None)
     assert driver.next(True) == (Op.CLOSE, Closing.CLOSE)
     assert driver.next() == (None, True)
+
+
+def test_a_quorum_waiter_that_a_wake_finds_the_same_holder_tries_again_soon() -> None:
+    """A quorum's release reaches the nodes one by one: a waiter woken by the first that finds
+    the releasing holder still there tries again after 10 ms, the delay doubling while it finds
+    that holder, up to the holder's TTL; a new holder, or no wake, and it sleeps on the TTL."""
+    core = Core(Node(queues=False, releases_node_by_node=True), "job", ttl=10, clock=FakeClock())
+    first, second = parse(new_token("a")), parse(new_token("b"))
+    driver = Driver(core._wait(timeout=None))
+    assert driver.next() == (Op.ATTEMPT, None)
+    core.last_holder = first
+    assert driver.next(False)[0] is Op.SUBSCRIBE
+    assert driver.next() == (Op.RECEIVE, 1.0)
+    assert driver.next(SUBSCRIBED) == (Op.ATTEMPT, None)
+    assert driver.next(False) == (Op.HOLDER_TTL, None)
+    assert driver.next(30.0) == (Op.RECEIVE, 30.0)  # the same holder, no wake: its TTL
+    assert driver.next(b"1") == (Op.ATTEMPT, None)  # woken
+    assert driver.next(False) == (Op.HOLDER_TTL, None)
+    assert driver.next(29.0) == (Op.RECEIVE, 0.01)  # the releasing holder is still there
+    for delay in (0.02, 0.04, 0.08):  # no message: it goes on trying while it is there
+        assert driver.next(None) == (Op.ATTEMPT, None)
+        assert driver.next(False) == (Op.HOLDER_TTL, None)
+        assert driver.next(29.0) == (Op.RECEIVE, delay)
+    assert driver.next(None) == (Op.ATTEMPT, None)
+    assert driver.next(False) == (Op.HOLDER_TTL, None)
+    assert driver.next(0.1) == (Op.RECEIVE, 0.1)  # never past the holder's TTL
+    assert driver.next(None) == (Op.ATTEMPT, None)
+    core.last_holder = second  # another waiter won: its TTL
+    assert driver.next(False) == (Op.HOLDER_TTL, None)
+    assert driver.next(30.0) == (Op.RECEIVE, 30.0)
+    assert driver.next(b"1") == (Op.ATTEMPT, None)
+    assert driver.next(True) == (Op.CLOSE, Closing.CLOSE)
+    assert driver.next() == (None, True)
+
+
+def test_a_single_node_waiter_woken_by_a_shortening_extend_sleeps_on_the_new_ttl() -> None:
+    """A single node frees the lock in one script: a wake that finds the same holder came from
+    an extend that shortened its TTL, and the waiter sleeps on that TTL, with no extra tries."""
+    core = Core(Node(queues=False), "job", ttl=10, clock=FakeClock())
+    core.last_holder = parse(new_token("a"))
+    driver = Driver(core._wait(timeout=None))
+    assert driver.next() == (Op.ATTEMPT, None)
+    assert driver.next(False)[0] is Op.SUBSCRIBE
+    assert driver.next() == (Op.RECEIVE, 1.0)
+    assert driver.next(SUBSCRIBED) == (Op.ATTEMPT, None)
+    assert driver.next(False) == (Op.HOLDER_TTL, None)
+    assert driver.next(30.0) == (Op.RECEIVE, 30.0)
+    assert driver.next(b"1") == (Op.ATTEMPT, None)
+    assert driver.next(False) == (Op.HOLDER_TTL, None)
+    assert driver.next(0.3) == (Op.RECEIVE, 0.3)
 
 
 def test_a_wait_its_driver_drops_asks_for_nothing_more() -> None:
