@@ -137,12 +137,42 @@ def _key_attributes(key: str) -> dict[str, str]:
     }
 
 
-#: Our tracer: a proxy until a tracer provider is set, then the provider's (looked up once).
-_tracer = None if _trace is None else _trace.get_tracer("celery_redlock")
+def _unloadable(exc: Exception) -> None:
+    """Log, once, that the provider the environment names cannot be loaded; tracing is off.
+
+    ``OTEL_PYTHON_TRACER_PROVIDER`` names an entry point that ``get_tracer_provider()`` loads;
+    a name no installed package provides (the SDK's ``sdk_tracer_provider`` without the SDK, a
+    typo) raises ``StopIteration`` from that call, on each call. Without this, that raised from
+    this module's import (the worker did not start: "Unable to load celery application"), or,
+    named after the import, from every locked call's acquire, while plain tasks ran."""
+    logger.warning(
+        "celery-redlock records no spans: OTEL_PYTHON_TRACER_PROVIDER=%r names a tracer "
+        "provider that cannot be loaded (%s: %s); install the package that provides it, or "
+        "unset the variable",
+        os.environ.get("OTEL_PYTHON_TRACER_PROVIDER"),
+        type(exc).__name__,
+        exc,
+    )
+
+
+def _get_tracer() -> Any:
+    """Our tracer: a proxy until a tracer provider is set, then the provider's (looked up
+    once); ``None`` without ``opentelemetry-api`` or when the environment's provider cannot
+    be loaded (:func:`_unloadable`)."""
+    if _trace is None:
+        return None
+    try:
+        return _trace.get_tracer("celery_redlock")
+    except Exception as exc:
+        _unloadable(exc)
+        return None
+
+
+_tracer = _get_tracer()
 
 #: Whether spans can be recorded: ``None`` while no tracer provider is set (asked again on the
 #: next operation), then decided for good: a global provider is set at most once per process.
-_recording: bool | None = None if _trace is not None else False
+_recording: bool | None = None if _tracer is not None else False
 
 
 def _active() -> bool:
@@ -170,7 +200,12 @@ def _active() -> bool:
         return _recording
     if _GLOBAL_READABLE and _trace._TRACER_PROVIDER is None:
         return False  # none set yet
-    provider = _trace.get_tracer_provider()
+    try:
+        provider = _trace.get_tracer_provider()
+    except Exception as exc:  # named after this module's import, and not loadable
+        _unloadable(exc)
+        _recording = False
+        return False
     if isinstance(provider, _trace.ProxyTracerProvider):
         return False  # none set yet
     _recording = not isinstance(provider, _trace.NoOpTracerProvider)

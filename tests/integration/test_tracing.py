@@ -577,3 +577,38 @@ def test_without_opentelemetry_nothing_is_wrapped_and_locking_works(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("when", ["before import", "after import"])
+def test_a_provider_the_environment_names_and_cannot_load_leaves_locking_alone(
+    redis_server: RedisServer, when: str
+) -> None:
+    """Helper probe, round 3: ``OTEL_PYTHON_TRACER_PROVIDER`` naming a provider no installed
+    package gives (``sdk_tracer_provider`` without the SDK) made ``get_tracer_provider()``
+    raise ``StopIteration``: from the package's import (the worker did not start), or, named
+    after it, from every locked call, while plain tasks ran. Tracing is off, with a WARNING."""
+    done = run_fresh(
+        f"""
+        import logging, os
+        if {when == "before import"}:
+            os.environ["OTEL_PYTHON_TRACER_PROVIDER"] = "no_such_provider"
+        logging.basicConfig(level=logging.WARNING)
+        from celery import Celery, signals
+        from celery_redlock import LockedTask
+        app = Celery("t", broker="memory://", set_as_current=False)
+        app.conf.redlock_url = "redis://127.0.0.1:{redis_server.port}/0"
+        @app.task(base=LockedTask)
+        def locked():
+            return "ran"
+        os.environ["OTEL_PYTHON_TRACER_PROVIDER"] = "no_such_provider"
+        signals.worker_process_init.send(sender=None)  # reads the environment again
+        assert locked.apply().get() == "ran"
+        assert locked.apply().get() == "ran"
+        print("ok")
+        """
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+    warnings = [line for line in done.stderr.splitlines() if "records no spans" in line]
+    assert len(warnings) == 1, done.stderr
+    assert "OTEL_PYTHON_TRACER_PROVIDER='no_such_provider'" in warnings[0]
