@@ -21,9 +21,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._celery.identity import lock_name_for, locked_spec
-from .._celery.options import reset_settings, settings_for
+from celery.signals import task_prerun
+
+from .._celery.identity import lock_name_for, locked_spec, spec_of
+from .._celery.options import Settings, reset_settings, settings_for
 from .._redis.lock import Lock
+from ..exceptions import LockConfigError
 from ..signals import lock_acquired, lock_contended, lock_lost, lock_released
 
 __all__ = [
@@ -87,12 +90,21 @@ class LockEvents:
     def __init__(self) -> None:
         self.events: list[LockEvent] = []
         self._guard = threading.Lock()
+        #: The tasks that started in this process while recording, by task id (``task_prerun``):
+        #: for a failure message on a call that sent no lock event.
+        self._ran: dict[str, Any] = {}
+        #: The keys a :func:`hold_lock` held while recording, for a failure message.
+        self._held: set[str] = set()
 
     def _receive(self, kind: str, sender: Any, task_id: str, key: str, **fields: Any) -> None:
         fields.pop("signal", None)
         event = LockEvent(kind, getattr(sender, "name", str(sender)), task_id, key, fields)
         with self._guard:  # in-process workers send from their pool threads
             self.events.append(event)
+
+    def _started(self, task_id: str, task: Any) -> None:
+        with self._guard:
+            self._ran[task_id] = task
 
     def of(self, result_or_id: Any, kind: str | None = None) -> list[LockEvent]:
         """The events of one call (an ``AsyncResult``/``EagerResult`` or a task id)."""
@@ -120,6 +132,8 @@ class LockEvents:
 
 
 _recording: list[LockEvents] = []
+#: The keys of each :func:`hold_lock` block open now (a recording started inside one sees them).
+_holding: list[list[str]] = []
 
 
 @contextlib.contextmanager
@@ -134,11 +148,18 @@ def record_lock_events() -> Iterator[LockEvents]:
 
         signal.connect(receiver, weak=False)
         receivers.append((signal, receiver))
+
+    def started(sender: Any = None, task_id: str = "", **kwargs: Any) -> None:
+        events._started(task_id, sender)
+
+    task_prerun.connect(started, weak=False)
+    events._held.update(key for keys in _holding for key in keys)
     _recording.append(events)
     try:
         yield events
     finally:
         _recording.remove(events)
+        task_prerun.disconnect(started)
         for signal, receiver in receivers:
             signal.disconnect(receiver)
 
@@ -155,23 +176,51 @@ def _events(events: LockEvents | None, what: str) -> LockEvents:
 
 
 def _describe(events: LockEvents, task_id: str) -> str:
+    """What the recording saw of the call, and the likely reason, for a failed assertion."""
     seen = events.of(task_id)
-    if seen:
-        keys = sorted({e.key for e in seen})
+    if not seen:
+        return _unseen(events, task_id)
+    keys = {e.key for e in seen}
+    described = f"; its key: {', '.join(sorted(keys))}; its lock events: " + ", ".join(
+        f"{e.kind}({', '.join(f'{k}={v!r}' for k, v in e.fields.items())})" for e in seen
+    )
+    if any(e.kind == "contended" for e in seen):
+        return described
+    with events._guard:
+        held = set(events._held)
+    if not held:
+        why = "no hold_lock() held a key while recording"
+    elif held & keys:
+        why = "the hold_lock() of its key was not open when it ran"
+    else:
+        why = f"hold_lock() held {', '.join(sorted(held))}, not its key: check the arguments"
+    return f"{described} (its key was free: {why})"
+
+
+def _unseen(events: LockEvents, task_id: str) -> str:
+    """Why a call sent no lock event: its task takes no lock, or it ran elsewhere."""
+    with events._guard:
+        task = events._ran.get(task_id)
+    if task is None:
         return (
-            f"; its key: {', '.join(keys)}; its lock events: "
-            + ", ".join(
-                f"{e.kind}({', '.join(f'{k}={v!r}' for k, v in e.fields.items())})" for e in seen
-            )
-            + (
-                ""
-                if any(e.kind == "contended" for e in seen)
-                else " (its key was free: a hold_lock() on other arguments holds another key)"
-            )
+            "; no lock event was recorded for it (signals are received in the process that "
+            "ran the task: use eager mode or an in-process worker, and make sure the call "
+            "finished)"
         )
+    try:
+        spec = spec_of(task)
+    except Exception:  # a task whose lock options are wrong: its own call reported that
+        spec = None
+    if spec is None:
+        return (
+            f"; it ran here, but {task.name} takes no lock: it is not a locked task (use "
+            "base=LockedTask or @single_instance)"
+        )
+    if spec.options.limit is None:
+        return f"; it ran here, but {task.name} takes no lock (lock_limit=None)"
     return (
-        "; no lock event was recorded for it (signals are received in the process that ran "
-        "the task: use eager mode or an in-process worker, and make sure the call finished)"
+        "; it ran here without a lock event: called with lock_bypass=True, or it failed "
+        "before taking its lock (see its result)"
     )
 
 
@@ -215,9 +264,10 @@ def hold_lock(task: Any, /, *args: Any, **kwargs: Any) -> Iterator[list[Lock]]:
     spec = locked_spec(task, "hold_lock")
     if spec.options.limit is None:
         raise ValueError(f"{task.name} takes no lock (lock_limit=None): there is none to hold")
-    settings = settings_for(task.app)
+    settings = _settings_of(task)
     name = lock_name_for(task, spec, args, kwargs)
     held: list[Lock] = []
+    keys: list[str] = []
     try:
         for _ in range(spec.options.limit):
             lock = Lock(
@@ -232,11 +282,35 @@ def hold_lock(task: Any, /, *args: Any, **kwargs: Any) -> Iterator[list[Lock]]:
             if not lock.acquire(blocking=False):
                 raise RuntimeError(f"cannot hold {lock.key}: it is already held")
             held.append(lock)
+        keys.extend(lock.key for lock in held)
+        _holding.append(keys)
+        for events in list(_recording):
+            with events._guard:
+                events._held.update(keys)
         yield held
     finally:
+        if keys:
+            _holding.remove(keys)
         for lock in held:
             with contextlib.suppress(Exception):
                 lock.release()
+
+
+def _settings_of(task: Any) -> Settings:
+    """The settings of ``task``'s app; a missing ``redlock_url`` of Celery's fallback app
+    (``'default'``) says why a test can end up there: Celery's ``celery_app`` fixture does not
+    make its app current, so a ``@shared_task`` resolves to the fallback app."""
+    try:
+        return settings_for(task.app)
+    except LockConfigError as exc:
+        if getattr(task.app, "main", None) != "default":
+            raise
+        raise LockConfigError(
+            f"{exc}. hold_lock(): {task.name} resolves to Celery's fallback app 'default', "
+            "not to the test's app: a @shared_task binds to the current app, which Celery's "
+            "celery_app fixture does not set; request celery_worker too (it does), or define "
+            "the task on an explicit app (@app.task)"
+        ) from None
 
 
 def use_redlock_url(app: Any, url: str) -> Any:

@@ -12,7 +12,8 @@ Fixtures:
   SIGHUP (a closed terminal, a dropped ssh session): while it runs, such a signal that nothing
   else handles is raised in pytest as ``KeyboardInterrupt``, so the session's teardown still
   stops the server (which runs in a session of its own, out of reach of the signals sent to
-  pytest's process group);
+  pytest's process group). In a pytest-xdist worker it is also stopped, and its folder
+  removed, as soon as the worker's parent (the controller) is gone (:func:`_orphan_stops`);
 * ``redlock_url``: its URL, the database emptied before each test;
 * ``configure_redlock``: ``configure_redlock(app)`` points an app's locks at ``redlock_url``
   (also when its settings were already resolved) and returns the app;
@@ -34,6 +35,8 @@ a session-scoped one). pytest-celery 1.x loads the classic fixtures but shadows
 from __future__ import annotations
 
 import contextlib
+import os
+import select
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -49,11 +52,12 @@ __all__ = ["configure_redlock", "lock_events", "redlock_server", "redlock_url"]
 
 
 @pytest.fixture(scope="session")
-def redlock_server() -> Iterator[RedisServer]:
+def redlock_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
     """A throwaway ``redis-server`` for the whole session. Counts still to be written to it
     are dropped before it stops: the background flush logged a WARNING ("could not flush lock
     counters ... Connection refused") after every session of an xdist worker."""
-    with _signals_interrupt(), RedisServer() as server:
+    worker = hasattr(request.config, "workerinput")  # a pytest-xdist worker
+    with _signals_interrupt(), RedisServer() as server, _orphan_stops(server, worker):
         try:
             yield server
         finally:
@@ -82,6 +86,66 @@ def _signals_interrupt() -> Iterator[None]:
     finally:
         for signum in taken:
             signal.signal(signum, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def _orphan_stops(server: RedisServer, enabled: bool) -> Iterator[None]:
+    """While inside, stop ``server`` and remove its folder as soon as this process's parent
+    is gone (``enabled``: in a pytest-xdist worker, whose parent is the controller). Timeline
+    without it, for a SIGTERM sent to the main pytest process alone (``kill``, ``timeout``,
+    ``docker stop``):
+
+    1. the controller, which runs no test and so installed no handler, dies at once;
+    2. its workers get no signal; execnet sees their input end, sends each a SIGINT 5 s later
+       (ignored in a process started in the background by a shell) and calls ``os._exit``
+       10 s after that;
+    3. no teardown runs: every worker's server lives on, and its folder stays.
+
+    A watcher thread waits for the parent's exit (on a pidfd where the system has them, else
+    it looks at ``os.getppid()`` 5 times a second) or for the end of the block; the worker's
+    own test carries on against a stopped server until execnet ends the worker."""
+    parent = os.getppid()
+    if not enabled or parent == 1:
+        yield
+        return
+    wake_read, wake_write = os.pipe()
+    watcher = threading.Thread(
+        target=_watch_parent,
+        args=(parent, wake_read, lambda: server.__exit__(None, None, None)),
+        name="redlock-orphan-watcher",
+        daemon=True,
+    )
+    watcher.start()
+    try:
+        yield
+    finally:
+        os.write(wake_write, b"x")
+        watcher.join()  # before the server's own teardown: never two stop()s at once
+        os.close(wake_read)
+        os.close(wake_write)
+
+
+def _watch_parent(parent: int, wake: int, orphaned: Callable[[], None]) -> None:
+    """Call ``orphaned`` once process ``parent`` is no longer this process's parent; return
+    without calling it when ``wake`` becomes readable."""
+    pidfd = None
+    with contextlib.suppress(AttributeError, OSError):  # no pidfd_open: not Linux 5.3+
+        pidfd = os.pidfd_open(parent)
+    try:
+        watched = [wake] if pidfd is None else [wake, pidfd]
+        while True:
+            if os.getppid() != parent:  # also when it died before pidfd_open (a reused pid)
+                orphaned()
+                return
+            ready, _, _ = select.select(watched, [], [], 0.2 if pidfd is None else None)
+            if wake in ready:
+                return
+            if pidfd is not None and pidfd in ready:  # the parent exited
+                orphaned()
+                return
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 @pytest.fixture

@@ -6,6 +6,8 @@ of docs/testing.md, verbatim.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import signal
@@ -118,7 +120,8 @@ def test_assert_skipped_fails_for_a_call_that_ran(configure_redlock):
         result = report.delay()
         key = r"redlock:\\{test_more.report:\\w+\\}"
         expected = rf"was not skipped; its key: {key}; its lock events: acquired"
-        with pytest.raises(AssertionError, match=expected + r".* \\(its key was free: a hold_lock"):
+        expected += r".* \\(its key was free: no hold_lock\\(\\) held a key while recording\\)"
+        with pytest.raises(AssertionError, match=expected):
             assert_skipped(result)
 
 
@@ -234,6 +237,70 @@ def test_a_sigterm_or_sighup_to_pytest_still_stops_the_server(
         os.kill(server, 0)
 
 
+IN_WORKERS = """
+import json, os, pathlib, time
+
+import pytest
+
+
+@pytest.mark.parametrize("i", range(4))
+def test_waits(i, redlock_server):
+    worker = os.environ["PYTEST_XDIST_WORKER"]
+    pathlib.Path(f"{worker}.json").write_text(json.dumps(redlock_server.process.pid))
+    time.sleep(60)  # until the controller is gone
+"""
+
+
+def test_a_sigterm_to_the_xdist_controller_alone_still_stops_the_workers_servers(
+    pytester: pytest.Pytester,
+) -> None:
+    """Plugin probe: ``kill``, ``timeout`` and ``docker stop`` signal pytest's main process
+    only. Under xdist it died at once, and its workers ended 15 s later through execnet's
+    ``os._exit``, without teardown: every worker's server ran on, its folder stayed. The run
+    ignores SIGINT, as a shell's background job does (execnet's SIGINT to an orphaned worker
+    would otherwise end it with a teardown, 5 s later)."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_in_workers=IN_WORKERS)
+    temp = pytester.path / "temp"
+    temp.mkdir()
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:celery"]
+    run = subprocess.Popen(
+        [*command, "-p", "no:randomly", "-n", "2"],
+        cwd=pytester.path,
+        env={**os.environ, "TMPDIR": str(temp)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its workers too, for the kill at the end
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    files = [pytester.path / "gw0.json", pytester.path / "gw1.json"]
+    servers: list[int] = []
+    try:
+        wait_until(lambda: all(f.exists() for f in files), 30, "a test in each worker")
+        servers += [json.loads(wait_until(f.read_text, 5, f"{f.name}")) for f in files]
+        assert len(list(temp.glob("redlock-redis-*"))) == 2
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=10)  # the controller dies at once
+
+        def gone(pid: int) -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:  # stopped and reaped by its worker
+                return True
+            return False
+
+        wait_until(lambda: all(gone(pid) for pid in servers), 10, "the servers to stop")
+        wait_until(lambda: not list(temp.glob("redlock-redis-*")), 10, "the folders to go")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(run.pid, signal.SIGKILL)  # the workers, still in their tests
+        run.wait()
+        for pid in servers:  # left running when this test fails: each leads its session
+            with contextlib.suppress(ProcessLookupError):
+                if os.getsid(pid) == pid:
+                    os.kill(pid, signal.SIGKILL)
+
+
 def test_the_plugin_is_opt_in() -> None:
     plugins = metadata.entry_points(group="pytest11")
     assert not [ep for ep in plugins if ep.value.startswith("celery_redlock")]
@@ -294,3 +361,110 @@ def test_hold_lock_and_lock_key_pass_every_keyword_to_the_task(
     assert r.get(expected) is None
     with record_lock_events(), pytest.raises(TypeError, match="expected the AsyncResult of"):
         assert_skipped(None)
+
+
+def test_a_call_that_took_its_free_key_is_described_by_the_hold_locks_it_met(app: Celery) -> None:
+    """Plugin probe: ``assert_skipped`` on a call that took its lock blamed "a hold_lock() on
+    other arguments" also when no hold_lock() was open at all."""
+
+    @app.task(base=LockedTask, lock_by=["x"])
+    def work(x: int) -> int:
+        return x
+
+    def failure(result: Any) -> str:
+        with pytest.raises(AssertionError) as info:
+            assert_skipped(result)
+        return str(info.value)
+
+    free = "(its key was free: "
+    with record_lock_events():
+        alone = work.apply((1,))
+        assert failure(alone).endswith(free + "no hold_lock() held a key while recording)")
+        with hold_lock(work, 2):
+            other = work.apply((3,))
+        assert failure(other).endswith(
+            f"{free}hold_lock() held {lock_key(work, 2)}, not its key: check the arguments)"
+        )
+    with hold_lock(work, 4), record_lock_events():  # a block open before the recording
+        assert f"hold_lock() held {lock_key(work, 4)}, not its key" in failure(work.apply((5,)))
+    with record_lock_events():
+        with hold_lock(work, 6):
+            pass
+        late = work.apply((6,))
+        assert failure(late).endswith(free + "the hold_lock() of its key was not open when it ran)")
+
+
+def test_a_call_that_takes_no_lock_is_described_as_such(app: Celery) -> None:
+    """Plugin probe: ``assert_acquired`` on an eager call of a plain task said "use eager mode
+    or an in-process worker", though it ran eagerly; the task takes no lock."""
+
+    @app.task
+    def plain() -> str:
+        return "ran"
+
+    @app.task(base=LockedTask, lock_by=(), lock_limit=None, lock_rate="100/s")
+    def rated() -> str:
+        return "ran"
+
+    @app.task(base=LockedTask, lock_by=())
+    def locked() -> str:
+        return "ran"
+
+    def failure(result: Any) -> str:
+        with pytest.raises(AssertionError) as info:
+            assert_acquired(result)
+        return str(info.value)
+
+    with record_lock_events():
+        assert failure(plain.apply()).endswith(
+            f"took no lock; it ran here, but {plain.name} takes no lock: it is not a locked "
+            "task (use base=LockedTask or @single_instance)"
+        )
+        assert failure(rated.apply()).endswith(
+            f"it ran here, but {rated.name} takes no lock (lock_limit=None)"
+        )
+        assert "called with lock_bypass=True" in failure(locked.apply(lock_bypass=True))
+        before = plain.apply()
+    with record_lock_events():  # a call before the recording, or in another process
+        assert "no lock event was recorded for it (signals are received" in failure(before)
+
+
+SHARED_TASK = """
+import pytest
+from celery import shared_task
+
+from celery_redlock import LockConfigError, LockedTask
+from celery_redlock.testing import hold_lock
+
+pytest_plugins = ["celery.contrib.pytest", "celery_redlock.testing.pytest_plugin"]
+
+
+@shared_task(base=LockedTask, lock_by=["shop_id"])
+def sync_orders(shop_id):
+    return shop_id
+
+
+@pytest.fixture
+def celery_config(redlock_url):
+    return {"broker_url": redlock_url, "result_backend": redlock_url, "redlock_url": redlock_url}
+
+
+def test_celery_app_alone(celery_app):
+    with pytest.raises(LockConfigError) as info, hold_lock(sync_orders, 1):
+        pass
+    assert "app 'default': setting redlock_url is missing" in str(info.value)
+    assert "request celery_worker too (it does), or define the task on an explicit app" in str(
+        info.value
+    )
+"""
+
+
+def test_hold_lock_of_a_shared_task_on_celery_app_alone_says_why_it_has_no_redlock_url(
+    pytester: pytest.Pytester,
+) -> None:
+    """Plugin probe: Celery's ``celery_app`` fixture does not make its app current, so a
+    ``@shared_task`` resolved to Celery's fallback app, and ``hold_lock()`` said only that
+    app 'default' had no ``redlock_url``."""
+    pytester.makepyfile(test_shared=SHARED_TASK)
+    result = pytester.runpytest_subprocess("-q", "-p", "no:celery", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
