@@ -30,15 +30,18 @@ WITHOUT_PYTEST_CELERY = block_with('pytest_plugins = ["celery.contrib.pytest",')
 FIXTURES = block_with("def celery_config(redlock_url)")
 TEST = block_with("def test_a_duplicate_is_skipped(celery_app, celery_worker, lock_events)")
 
-INI = """[pytest]
-addopts = -p no:cacheprovider {flags}
-filterwarnings =
-    error
-    ignore:Call to deprecated setex:DeprecationWarning
-    ignore:Exception ignored in. <function AsyncResult:pytest.PytestUnraisableExceptionWarning
-    ignore:unclosed <socket.socket:ResourceWarning
-    ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning
-"""
+#: The ``filterwarnings`` of docs/testing.md's "Warnings as errors" block, as the recipe runs.
+(WARNINGS,) = re.findall(r"^```toml\n(.*?)^```", TESTING, flags=re.S | re.M)
+IGNORES = re.findall(r'^    "(ignore:.*)",$', WARNINGS, flags=re.M)
+
+INI = "[pytest]\naddopts = -p no:cacheprovider {flags}\nfilterwarnings =\n    error\n" + "".join(
+    f"    {ignore}\n" for ignore in IGNORES
+)
+
+
+def test_the_docs_list_the_warnings_the_recipe_ignores() -> None:
+    assert len(IGNORES) == 4  # the block is read: the recipe runs with what users copy
+    assert '"error",' in WARNINGS
 
 
 @pytest.mark.parametrize(
