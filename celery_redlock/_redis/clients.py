@@ -373,6 +373,11 @@ def missing_files(url: str) -> list[str]:
     ]
 
 
+def gives_client_cert(url: str) -> bool:
+    """Whether ``url`` gives a TLS client certificate (``ssl_certfile``)."""
+    return any(name == "ssl_certfile" for name, _ in parse_qsl(urlsplit(url).query))
+
+
 def validate_url(url: str) -> None:
     """Raise :class:`ValueError` if no client could be built from ``url``; never connects.
 

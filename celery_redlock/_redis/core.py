@@ -61,8 +61,10 @@ __all__ = [
     "Outcome",
     "Vote",
     "classify",
+    "connect_hint",
     "count_votes",
     "majority",
+    "refusal_hints",
     "tls_mismatch",
     "unavailable",
 ]
@@ -99,7 +101,14 @@ _UNAVAILABLE_CLASSES = frozenset(
 
 #: Class names of the refusals whose reply prefix the client strips from the message.
 _REFUSED_CLASSES = frozenset(
-    {"OutOfMemoryError", "ReadOnlyError", "NoPermissionError", "MovedError", "AskError"}
+    {
+        "OutOfMemoryError",
+        "ReadOnlyError",
+        "NoPermissionError",
+        "MovedError",
+        "AskError",
+        "ClusterCrossSlotError",
+    }
 )
 
 #: Error replies by which a node refuses lock operations for now, by prefix: a script runs too
@@ -125,14 +134,25 @@ MOVED_HINT = (
 )
 
 
+#: How redis-py annotates the error of a pipeline's command: ``Command # 1 (MGET k) of
+#: pipeline caused error: <the reply>``.
+_PIPELINE_ERROR = re.compile(r"^(Command # \d+ \(.*\) of pipeline caused error: )(.*)$", re.S)
+
+
 def redirect_text(exc: BaseException) -> str:
     """``MOVED <slot> <node>`` or ``ASK ...`` for a Cluster's redirection (redis-py keeps the
-    reply's address but not its first word), else ``""``."""
+    reply's address but not its first word), else ``""``. Of a pipeline's command, the word
+    goes after redis-py's ``Command # 1 (MGET ...) of pipeline caused error:`` (it read
+    "caused error: 15169 127.0.0.1:7002", which names neither MOVED nor the fix)."""
     names = {cls.__name__ for cls in type(exc).__mro__}
     text = str(exc)
+    head, reply = "", text
+    piped = _PIPELINE_ERROR.match(text)
+    if piped:
+        head, reply = piped.groups()
     if "MovedError" in names or "AskError" in names:
-        return f"{'MOVED' if 'MovedError' in names else 'ASK'} {text}"
-    return text if text.startswith(("MOVED ", "ASK ")) else ""
+        return f"{head}{'MOVED' if 'MovedError' in names else 'ASK'} {reply}"
+    return text if reply.startswith(("MOVED ", "ASK ")) else ""
 
 
 _NO_PASSWORD = "the server wants a password (or an ACL user) that the URL does not give"
@@ -149,7 +169,26 @@ _REFUSED_TEXTS = {
     "unauthenticated multibulk length": _NO_PASSWORD,
     "Authentication required": _NO_PASSWORD,
     "HELLO must be called with the client already authenticated": _NO_PASSWORD,
+    # A Sentinel answers its own commands only (PING, INFO, SENTINEL...); every server this
+    # package supports knows each command it sends.
+    "unknown command": (
+        "the server does not know that command: if that port is a Redis Sentinel's (26379 by "
+        "default), name the Sentinels in a redis+sentinel://host:port/<service> URL; else the "
+        "server renamed the command (rename-command) or is not Redis"
+    ),
 }
+
+#: A node of a Redis Cluster refuses keys of several slots in one command (the command line
+#: reads a page of locks with one ``MGET``): the same plain URL as ``MOVED``'s.
+_CROSSSLOT = "CROSSSLOT"
+
+#: What a Sentinel URL naming a port that is no Sentinel's fails with (redis-py's "No master
+#: found for 'service' : host:port - ResponseError: unknown command 'SENTINEL' ...").
+NOT_A_SENTINEL = (
+    "that port is not a Redis Sentinel's (it does not know the SENTINEL command): a "
+    "redis+sentinel:// URL names the Sentinels (port 26379 by default); the Redis server's "
+    "own port takes a redis:// URL"
+)
 
 #: Reply prefixes that mean "no answer" even when a client reports them as a plain error reply.
 _UNAVAILABLE_REPLIES = ("LOADING", "CLUSTERDOWN", "TRYAGAIN")
@@ -198,7 +237,7 @@ def classify(exc: BaseException) -> Outcome | None:
         return Outcome.NOSCRIPT
     if prefix in _UNAVAILABLE_REPLIES:
         return Outcome.UNAVAILABLE
-    if prefix in REFUSED_REPLIES or denied_by_acl(text):
+    if prefix in REFUSED_REPLIES or prefix == _CROSSSLOT or denied_by_acl(text):
         return Outcome.REFUSED
     if any(refusal in text for refusal in _REFUSED_TEXTS):
         return Outcome.REFUSED
@@ -219,7 +258,35 @@ def describe(exc: BaseException) -> str:
     return str(exc) or {"TimeoutError": "no reply in time"}.get(type(exc).__name__, repr(exc))
 
 
-def tls_mismatch(tls: bool, exc: BaseException) -> str:
+def refusal_hints(exc: BaseException) -> tuple[str, list[str]]:
+    """The text to show of a refusal ``exc`` (with ``MOVED`` or ``ASK`` put back by
+    :func:`redirect_text`), and what to do about it when the URL is the cause (empty for
+    others, such as an ACL's): a wrong database number, a missing password, a command the
+    server does not know (a Sentinel's port), a Cluster node reached by a plain URL
+    (``MOVED``, ``ASK``, ``CROSSSLOT``)."""
+    moved = redirect_text(exc)
+    text = moved or describe(exc)
+    hints = [hint for refusal, hint in _REFUSED_TEXTS.items() if refusal in text]
+    crossslot = _CROSSSLOT in text or any(
+        cls.__name__ == "ClusterCrossSlotError" for cls in type(exc).__mro__
+    )
+    if moved or crossslot:
+        hints.append(MOVED_HINT)
+    return text, list(dict.fromkeys(hints))
+
+
+def connect_hint(tls: bool | None, exc: BaseException, client_cert: bool | None = None) -> str:
+    """What to check when a connection failed with ``exc`` because the URL may name the
+    wrong kind of port, or ``""``: a Sentinel URL naming a Redis server's port
+    (:data:`NOT_A_SENTINEL`), or TLS that does not match (:func:`tls_mismatch`). ``tls``:
+    whether the client uses TLS (``None``: unknown, as for a Cluster); ``client_cert``:
+    whether the URL gives a client certificate (``None``: unknown)."""
+    if "unknown command 'sentinel'" in str(exc).lower():
+        return NOT_A_SENTINEL
+    return "" if tls is None else tls_mismatch(tls, exc, client_cert)
+
+
+def tls_mismatch(tls: bool, exc: BaseException, client_cert: bool | None = None) -> str:
     """What to check when ``exc`` is how a connection fails whose TLS may not match the
     server's port, or ``""``. Neither failure names TLS, and both also have other causes:
 
@@ -231,8 +298,17 @@ def tls_mismatch(tls: bool, exc: BaseException) -> str:
       "Connection closed by server", which gets no hint). Another service resets it too
       (RabbitMQ's port, when a broker URL was copied into the lock URL), so the hint names
       both.
+    * ``rediss://`` without a client certificate (``client_cert`` not true) to a server that
+      wants one (``tls-auth-clients yes``): the handshake completes, then the server closes
+      the connection; the client's first write fails ("EOF occurred in violation of
+      protocol"), or its first read gets the server's alert ("certificate required").
     """
     text = str(exc)
+    if tls and not client_cert and _NO_CLIENT_CERT.search(text):
+        return (
+            "the server may want a client certificate (tls-auth-clients yes): give "
+            "ssl_certfile and ssl_keyfile in the URL"
+        )
     if tls and "Timeout connecting" in text:
         return "if that port does not take TLS, a rediss URL waits like this: use the redis scheme"
     if not tls and "Connection reset by peer" in text:
@@ -241,6 +317,10 @@ def tls_mismatch(tls: bool, exc: BaseException) -> str:
             "a service that is not Redis (RabbitMQ, say) resets them too: check the port"
         )
     return ""
+
+
+#: How a TLS server that wants a client certificate ends a connection that gave none.
+_NO_CLIENT_CERT = re.compile(r"EOF occurred in violation of protocol|certificate required", re.I)
 
 
 def unavailable(
@@ -266,14 +346,12 @@ def unavailable(
     elif classify(exc) is Outcome.REFUSED or {"AuthenticationError", "AuthorizationError"} & {
         cls.__name__ for cls in type(exc).__mro__
     }:
-        moved = redirect_text(exc)
-        text = moved or text
+        text, hints = refusal_hints(exc)
         what = f"Redis at {names[0]} refused lock {key}: {text}"
-        what += "".join(f" ({hint})" for refusal, hint in _REFUSED_TEXTS.items() if refusal in text)
-        what += f" ({MOVED_HINT})" if moved else ""
+        what += "".join(f" ({hint})" for hint in hints)
     else:
         what = f"Redis at {names[0]} did not answer for lock {key}: {text}"
-        hint = tls_mismatch(tls, exc) if tls is not None else ""
+        hint = connect_hint(tls, exc)
         what += f" ({hint})" if hint else ""
     return LockUnavailable(what, key=key, nodes=names)
 

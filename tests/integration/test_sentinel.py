@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from celery_redlock import Lock, LockUnavailable
+from celery_redlock._redis.inventory import Inventory
 from celery_redlock.testing import RedisServer, free_port, wait_until
 from support.servers import SERVICE, SentinelGroup, client
 
@@ -103,3 +104,31 @@ def test_a_sentinel_named_by_its_ipv6_address_is_reached() -> None:
         assert get(group.primary, lock.key) == lock.token.encode()
         lock.release()
         assert get(group.primary, lock.key) is None
+
+
+def test_a_url_of_the_wrong_kind_for_a_sentinel_names_the_url_to_use(group: SentinelGroup) -> None:
+    """Probe: ``redis://<a Sentinel's port>`` gave "unknown command 'SCAN'" (the lock: a raw
+    ``ResponseError`` for EVALSHA), and ``redis+sentinel://<the Redis server's port>`` gave
+    "No master found ... unknown command 'SENTINEL'", neither saying which URL to use."""
+    plain = f"redis://127.0.0.1:{group.port}/0"
+    with pytest.raises(LockUnavailable) as info:
+        Inventory(plain, "redlock").all()
+    assert f"the lock Redis at {plain} is a Redis Sentinel" in str(info.value), info.value
+    assert "redis+sentinel://host:port/<service> URL" in str(info.value), info.value
+    with pytest.raises(LockUnavailable) as info:  # the lock classifies the command's refusal
+        Lock(plain, "job", ttl=10).acquire(blocking=False)
+    assert "unknown command 'EVALSHA'" in str(info.value), info.value
+    assert "if that port is a Redis Sentinel's (26379 by default), name the Sentinels in a " in (
+        str(info.value)
+    )
+
+    data_port = f"redis+sentinel://127.0.0.1:{group.primary_port()}/{SERVICE}/0"
+    for failing in (
+        lambda: Inventory(data_port, "redlock").all(),
+        lambda: Lock(data_port, "job", ttl=10).acquire(blocking=False),
+    ):
+        with pytest.raises(LockUnavailable) as info:
+            failing()
+        assert "that port is not a Redis Sentinel's (it does not know the SENTINEL command)" in (
+            str(info.value)
+        ), info.value

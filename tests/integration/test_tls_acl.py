@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import ssl
 import threading
 import time
@@ -192,6 +193,38 @@ def test_a_url_whose_tls_does_not_match_the_port_says_what_to_check(
         app.close()
     with pytest.raises(ValueError, match=r"TLS options need a rediss:// URL"):
         Lock(tls.url("redlock", "secret").replace("rediss://", "redis://"), "job", ttl=10)
+
+
+def test_a_url_without_the_client_certificate_a_server_wants_says_to_give_it(
+    tls: TlsServer, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Probe: ``tls-auth-clients yes`` and a URL without ``ssl_certfile`` gave "Error 8 while
+    writing to socket. EOF occurred in violation of protocol" (or, read first, "tlsv13 alert
+    certificate required"): no word of the certificate to give. The lock, the asyncio lock,
+    the inventory and the startup check now say it."""
+    url = tls.url("redlock", "secret", client_cert=False)
+    fix = (
+        "the server may want a client certificate (tls-auth-clients yes): give ssl_certfile "
+        "and ssl_keyfile in the URL"
+    )
+    with pytest.raises(LockUnavailable, match=re.escape(fix)):
+        Lock(url, "job", ttl=10).acquire(blocking=False)
+
+    async def take() -> None:
+        await AsyncLock(url, "job", ttl=10).acquire(blocking=False)
+
+    with pytest.raises(LockUnavailable, match=re.escape(fix)):
+        asyncio.run(take())
+    with pytest.raises(LockUnavailable, match=re.escape(fix)):
+        Inventory(url, "redlock").read("redlock:{job}")
+    app = make_app(redis_server, "tls-no-cert", redlock_url=url)
+
+    @app.task(base=LockedTask, shared=False)
+    def work() -> None: ...
+
+    (error,) = _checked(app, caplog)[logging.ERROR]
+    assert "cannot reach the lock Redis" in error and fix in error, error
+    app.close()
 
 
 def test_tls_checks_that_the_certificate_names_the_host(tls: TlsServer) -> None:
