@@ -49,8 +49,8 @@ import logging
 from typing import Any
 
 from .._redis import probe, servers
-from .._redis.clients import missing_files, redact
-from .._redis.core import MOVED_HINT, redirect_text, refused_by_acl, tls_mismatch
+from .._redis.clients import gives_client_cert, missing_files, redact
+from .._redis.core import connect_hint, refusal_hints, refused_by_acl
 from .identity import spec_of
 from .options import TaskLockOptions, contention_policy, quorum_size, settings_for, supersedes
 from .timeline import size_for
@@ -243,7 +243,7 @@ def _check_node(
                 on_unavailable,
             )
             return None
-        hint = tls_mismatch(url.startswith("rediss"), exc)
+        hint = connect_hint(url.startswith("rediss"), exc, gives_client_cert(url))
         missing = missing_files(url)  # redis-py's "No such file or directory" names none
         if missing:
             hint = f"the URL names a file that does not exist: {', '.join(missing)}"
@@ -280,28 +280,32 @@ def _check_node(
         infos = []
     for node, info in infos:  # a Cluster's primaries, each named
         _check_info(shown if node is None else f"{shown} (primary {node})", info)
-    if not url.partition("://")[0].endswith("+cluster") and any(
-        str(info.get("cluster_enabled")) == "1" for _, info in infos
-    ):
-        logger.warning(  # not an ERROR: a Cluster of one primary serves every slot
-            "celery_redlock: the lock Redis at %s is a node of a Redis Cluster: unless it "
-            "serves every slot, a lock whose key lives on another node is refused (MOVED), "
-            "and locked tasks follow redlock_on_unavailable=%r; %s",
-            shown,
-            on_unavailable,
-            MOVED_HINT,
-        )
+    misfit = probe.misfit(client, infos[0][1]) if len(infos) == 1 and infos[0][0] is None else None
     server = str(infos[0][1].get("run_id") or "") if len(infos) == 1 else ""
+    if misfit is not None:  # the dry run would only repeat it, command by command
+        # A WARNING for a Cluster's node: the locks in its own slots work.
+        (logger.error if misfit.sentinel else logger.warning)(
+            "celery_redlock: the lock Redis at %s is %s: %s, and locked tasks follow "
+            "redlock_on_unavailable=%r; %s",
+            shown,
+            misfit.what,
+            "it refuses every lock command"
+            if misfit.sentinel
+            else "a lock whose key lives on another node is refused (MOVED)",
+            on_unavailable,
+            misfit.fix,
+        )
+        return server
     try:
         refusals = probe.dry_run(client, prefix, CHECK_TIMEOUT)
     except probe.ERRORS as exc:
-        moved = redirect_text(exc)
+        text, hints = refusal_hints(exc)
         logger.warning(
             "celery_redlock: the dry run of lock commands on %s did not complete (%s: %s)%s",
             shown,
             type(exc).__name__,
-            redact(moved or exc),
-            f"; {MOVED_HINT}" if moved else "",
+            redact(text),
+            "".join(f"; {hint}" for hint in hints),
         )
         return server
     if not in_quorum:

@@ -74,9 +74,24 @@ from redis.cluster import RedisCluster
 from ..exceptions import LockUnavailable
 from . import owner as _owner
 from . import scripts as _scripts
-from .clients import UNAVAILABLE_ERRORS, client_for, missing_files, redact, refused
+from .clients import (
+    UNAVAILABLE_ERRORS,
+    client_for,
+    gives_client_cert,
+    missing_files,
+    redact,
+    refused,
+)
 from .commands import run_script
-from .core import Outcome, classify, denied_by_acl, lost_reply, tls_mismatch, warn_not_notified
+from .core import (
+    Outcome,
+    classify,
+    connect_hint,
+    denied_by_acl,
+    lost_reply,
+    refusal_hints,
+    warn_not_notified,
+)
 from .keys import (
     CHECK_NAME,
     LockKeys,
@@ -90,7 +105,7 @@ from .keys import (
     validate_name,
 )
 from .nodes import majority
-from .probe import acl_rule
+from .probe import acl_rule, misfit
 
 __all__ = [
     "BUDGET",
@@ -140,6 +155,14 @@ _CLIENT_REPR = re.compile(
     r"<redis\.client\.Redis\(<.*?\bhost=([^,]+),port=(\d+),.*?\)>\)>\)>"
     r"|Redis<ConnectionPool<Connection<host=([^,>]+),port=(\d+)[^>]*>>>"
 )
+
+
+#: What a plain URL sees of the locks on a server :func:`~.probe.misfit` names (a Cluster's
+#: node, a Sentinel), by whether it is a Sentinel.
+_UNSEEN = {
+    False: "only the locks in that node's own slots are seen, and a listing leaves out the others",
+    True: "no lock can be seen",
+}
 
 
 def _lock_name(name: str) -> str:
@@ -385,6 +408,8 @@ class Inventory:
         self.quorum = majority(len(self.urls)) if len(self.urls) > 1 else 1
         #: Quorum nodes that did not answer: ``{index: (when, error)}`` (:data:`DOWN_FOR`).
         self._down: dict[int, tuple[float, LockUnavailable]] = {}
+        #: Whether the server was found fit for a listing (:meth:`_check_fit`).
+        self._fits = False
 
     def on_unanswered(self, node: str, error: LockUnavailable) -> None:
         """Called for each quorum node that did not answer a read or a release while a majority
@@ -665,9 +690,40 @@ class Inventory:
 
     def _client(self, i: int) -> Any:
         try:
-            return client_for(self.urls[i])
+            client = client_for(self.urls[i])
         except Exception as exc:
             raise self._failure(self.urls[i], exc) from exc
+        if not self._fits:
+            self._check_fit(client)
+        return client
+
+    def _check_fit(self, client: Any) -> None:
+        """Raise when the one plain URL reaches a server through which not every lock can be
+        seen (:func:`~.probe.misfit`: a Sentinel, or a node of a Redis Cluster that does not
+        serve every slot), naming the URL to use; once per inventory, by one ``INFO``. An
+        ``INFO`` that is refused (an ACL without ``+info``) checks nothing: a listing of a
+        Cluster node then shows its own slots' locks only, and a read of a key in another
+        slot is refused with ``MOVED`` and the same hint (:func:`~.core.refusal_hints`)."""
+        url = self.urls[0]
+        if len(self.urls) > 1 or isinstance(client, RedisCluster):
+            self._fits = True
+            return
+        try:
+            info = client.info()
+        except Exception as exc:
+            error = self._failure(url, exc)
+            if type(error) is LockUnavailable and error.nodes:  # no answer: say so
+                raise error from exc
+            self._fits = True  # refused: not known
+            return
+        found = misfit(client, info)
+        self._fits = True
+        if found is not None:
+            raise LockUnavailable(
+                f"the lock Redis at {redact(url)} is {found.what}: through a "
+                f"{url.partition('://')[0]}:// URL {_UNSEEN[found.sentinel]}; {found.fix}",
+                nodes=(redact(url),),
+            )
 
     def _step(
         self, cursor: str, pattern: str, count: int, missed: dict[str, str] | None = None
@@ -849,7 +905,11 @@ class Inventory:
                     f"permission denied by the lock Redis at {shown}: {redact(exc)} ({grant})",
                     nodes=(shown,),
                 )
-            return LockUnavailable(f"the lock Redis at {shown} refused: {redact(exc)}")
+            text, hints = refusal_hints(exc)
+            return LockUnavailable(
+                f"the lock Redis at {shown} refused: {redact(text)}"
+                + "".join(f" ({hint})" for hint in hints)
+            )
         if isinstance(exc, redis_py.exceptions.AuthenticationError):  # it answered: no outage
             parts = urllib.parse.urlsplit(url)
             if parts.password is None and "password" not in urllib.parse.parse_qs(parts.query):
@@ -1032,7 +1092,7 @@ def _reason(url: str, exc: BaseException) -> str:
     """Why the node at ``url`` did not answer: redis-py's message, credentials hidden, with
     each client repr in it shortened to ``host:port``, naming the TLS file the URL gives that
     does not exist (redis-py says "No such file or directory." without the name), and what to
-    check when TLS may not match the port (:func:`~.core.tls_mismatch`)."""
+    check when the port may not be of the URL's kind (:func:`~.core.connect_hint`)."""
     text = _CLIENT_REPR.sub(lambda m: f"{m[1] or m[3]}:{m[2] or m[4]}", redact(exc))
     cause: BaseException | None = exc
     while cause is not None and not isinstance(cause, FileNotFoundError):
@@ -1040,7 +1100,7 @@ def _reason(url: str, exc: BaseException) -> str:
     missing = missing_files(url) if cause is not None else []
     if missing:
         text += f" The URL names a file that does not exist: {', '.join(missing)}."
-    hint = tls_mismatch(url.startswith("rediss"), exc)
+    hint = connect_hint(url.startswith("rediss"), exc, gives_client_cert(url))
     return f"{text}; {hint}" if hint else text
 
 

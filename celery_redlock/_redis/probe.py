@@ -19,16 +19,16 @@ import contextlib
 import os
 import re
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis as redis_py
 from redis.cluster import RedisCluster
 
 from . import scripts as _scripts
 from .clients import UNAVAILABLE_ERRORS, client_for, refused
-from .core import password_missing, redirect_text
+from .core import MOVED_HINT, password_missing, refusal_hints
 from .keys import CHECK_NAME, glob_escape, keys_for, lock_pattern, stats_key, timeline_key
 from .scripts.base import Script
 from .subscriptions import pubsub_of
@@ -224,6 +224,85 @@ def login_refusal(exc: BaseException) -> str | None:
     return None
 
 
+#: The hash slots of a Redis Cluster.
+CLUSTER_SLOTS = 16384
+
+#: What to use instead of a plain URL naming a Sentinel (:class:`Misfit`).
+SENTINEL_FIX = (
+    "a Sentinel answers its own commands only (PING, INFO, SENTINEL...): name the Sentinels "
+    "in a redis+sentinel://host:port/<service> URL"
+)
+
+
+class Misfit(NamedTuple):
+    """A server that a plain URL reaches, through which not every lock can be reached."""
+
+    #: What it is: "a Redis Sentinel", "a node of a Redis Cluster that serves 5461 of ...".
+    what: str
+    #: The URL to use instead, and why.
+    fix: str
+    #: Whether it is a Sentinel (no lock can be reached), not a Cluster's node (some can).
+    sentinel: bool
+
+
+def misfit(client: Any, info: Mapping[str, Any]) -> Misfit | None:
+    """What the server that a plain URL's ``client`` reaches is, and the URL to use instead,
+    when that URL cannot reach every lock; ``None`` when it can. ``info`` is its ``INFO``.
+    The one check of the worker's startup check and of the inventory (``celery redlock``).
+
+    * A Redis Sentinel (``redis_mode:sentinel``): it knows none of the lock's commands.
+    * A node of a Redis Cluster (``cluster_enabled:1``) that does not serve every slot itself
+      (its ``CLUSTER NODES`` line; refused, not known): a key of another node's slot is
+      refused with ``MOVED``, and a ``SCAN`` lists the node's own keys only. Timeline without
+      the check: (1) ``redlock_url`` names one node of three; (2) ``celery redlock ls``
+      lists the locks on that node, and exits 0; (3) ``release --dead`` keeps the dead
+      workers' locks on the two others, and says it released them all.
+    """
+    if _text(info.get("redis_mode", "")) == "sentinel":
+        return Misfit("a Redis Sentinel", SENTINEL_FIX, sentinel=True)
+    if _text(info.get("cluster_enabled", "")) != "1":
+        return None
+    served = _slots_served(client)
+    if served == CLUSTER_SLOTS:  # a Cluster of one primary: every key is on this node
+        return None
+    what = "an unknown part" if served is None else f"{served}"
+    return Misfit(
+        f"a node of a Redis Cluster that serves {what} of its {CLUSTER_SLOTS} slots",
+        MOVED_HINT,
+        sentinel=False,
+    )
+
+
+def _slots_served(client: Any) -> int | None:
+    """How many slots the Cluster node ``client`` reaches serves as a primary; ``None`` when
+    ``CLUSTER NODES`` is refused (an ACL without ``+cluster``) or not understood."""
+    try:
+        nodes = client.execute_command("CLUSTER NODES")
+    except ERRORS:
+        return None
+    if isinstance(nodes, (bytes, str)):  # unparsed: one line per node
+        lines = [line.split() for line in _text(nodes).splitlines()]
+        nodes = {
+            words[1]: {"flags": words[2], "slots": [w.split("-") for w in words[8:]]}
+            for words in lines
+            if len(words) >= 8
+        }
+    if not isinstance(nodes, dict):
+        return None
+    for node in nodes.values():
+        flags = _text(node.get("flags", "")).split(",")
+        if "myself" in flags:
+            if "master" not in flags:
+                return 0  # a replica serves no slot: its keys' commands are MOVED
+            ranges = [r for r in node.get("slots", []) if not _text(r[0]).startswith("[")]
+            return sum(int(r[-1]) - int(r[0]) + 1 for r in ranges)
+    return None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def infos(client: Any) -> list[tuple[str | None, dict[str, Any]]]:
     """``INFO`` of the server (named ``None``), or of every primary of a cluster, each named
     ``host:port``."""
@@ -308,7 +387,8 @@ def dry_run(client: Any, prefix: str, timeout: float = 1.0) -> dict[str, str]:
             except redis_py.exceptions.OutOfMemoryError as exc:
                 refusals.setdefault("OOM", _reply(exc))
             except redis_py.exceptions.ResponseError as exc:
-                if not refused(exc) or redirect_text(exc):  # a Cluster's node: no ACL's doing
+                # A Cluster's node (MOVED), a Sentinel (unknown command): no ACL's doing
+                if not refused(exc) or refusal_hints(exc)[1]:
                     raise
                 if name == "EVALSHA" and "evalsha" not in str(exc).lower():
                     continue  # refused inside the script: that command's own probe names it

@@ -47,7 +47,7 @@ def ls(ctx: click.Context, as_json: bool) -> None:
             return
         locks = store.all()
     if not locks:
-        click.echo("no locks held")
+        click.echo(f"no locks held{store.answering()}{store.unanswered()}")
         return
     rows = [["KEY", "LOCK", "TASK ID", "WORKER", "PID", "ACQUIRED", "TTL", "FENCE"]]
     for lock in locks:
@@ -117,7 +117,8 @@ def _hint(key: str) -> str:
     """Why a KEY found no lock, when its form says: a key beside a lock's (the dashboard,
     ``celery redlock web``, shows the markers and rate windows), or slot 1 of a semaphore
     given as ``:1`` (the probe's operators read "not held" of a marker that still
-    de-duplicated every ``delay()``, and of a slot that was held)."""
+    de-duplicated every ``delay()``, and of a slot that was held). Said by ``inspect`` and
+    ``release`` alike."""
     last = key.rsplit(":", 1)[-1]
     if key.endswith("}:1"):
         return f"; slot 1 of a semaphore is its name's key, without ':1': {key[:-2]}"
@@ -176,11 +177,12 @@ def inspect_(
     if not locks:
         if not as_json:
             missing = (
-                f"{key} is not held (no lock has that key, lock name or task name){_hint(key)}"
+                f"{key} is not held{store.answering()} (no lock has that key, lock name or task "
+                f"name){_hint(key)}"
                 if key
-                else f"task {task_id} holds no lock"
+                else f"task {task_id} holds no lock{store.answering()}"
             )
-            click.echo(safe(missing), err=True)
+            click.echo(safe(missing + store.unanswered()), err=True)
         ctx.exit(1)
 
 
@@ -210,7 +212,8 @@ def release(
         lock = store.read(key)
         held = [] if lock is not None else _matching(ctx, store, key)[0]
     if lock is None:
-        message = f"{key} is not held: nothing released"
+        message = f"{key} is not held{store.answering()}: nothing released{_hint(key)}"
+        message += store.unanswered()
         if held:  # a task or lock name: one lock per argument digest, released by its key
             message = (
                 f"{key} names {len(held)} held lock(s) of a task or lock name; release takes "

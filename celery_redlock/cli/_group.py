@@ -50,6 +50,31 @@ class LockStore(Inventory):
             )
             click.echo(f"WARNING: {error}; {going_on}", err=True)
 
+    def answering(self) -> str:
+        """Where a listing that found nothing looked, when a node did not answer it (a
+        Cluster primary, a quorum's minority): `` on the Cluster primaries that answer``;
+        else ``""``. "is not held", said of a lock that lived in a dead primary's slots,
+        read as certain."""
+        if not self.warned:
+            return ""
+        return (
+            " on the nodes that answer"
+            if len(self.urls) > 1
+            else " on the Cluster primaries that answer"
+        )
+
+    def unanswered(self) -> str:
+        """``; <node> did not answer: ...`` for the nodes that did not (:meth:`answering`)."""
+        if not self.warned:
+            return ""
+        nodes = ", ".join(sorted(self.warned))
+        lost = (
+            "a lock held on a majority with it may not be seen"
+            if len(self.urls) > 1
+            else "the locks in its slots are not seen"
+        )
+        return f"; {nodes} did not answer: {lost}"
+
 
 @click.group(name="redlock")
 @click.pass_context

@@ -254,3 +254,18 @@ def test_inspect_of_a_marker_or_of_slot_one_as_colon_one_says_what_it_is(
     assert f"slot 1 of a semaphore is its name's key, without ':1': {held.key}" in slot.output
     plain = inspect_of(app, "proj.nothing")
     assert plain.output.endswith("(no lock has that key, lock name or task name)\n")
+
+
+def test_release_of_a_marker_says_what_it_is_as_inspect_does(
+    app: Celery, r: redis_py.Redis
+) -> None:
+    """Probe: ``release`` of the newest-call marker's key said only "is not held: nothing
+    released", where ``inspect`` of it said what it is and where to see it."""
+    key = "redlock:{proj.newest:abc}:newest"
+    r.hset(key, mapping={"id": "task-1"})
+    said = "it is the newest-call marker of lock_enqueue='replace' or lock_debounce, not a lock"
+    for command in ("inspect", "release"):
+        done = CliRunner().invoke(redlock, [command, key], obj=SimpleNamespace(app=app))
+        assert done.exit_code == 1, done.output
+        assert f"{said}: `celery redlock web` shows those" in done.output, (command, done.output)
+    assert r.exists(key)

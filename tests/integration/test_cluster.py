@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import redis as redis_py
@@ -22,6 +23,7 @@ from click.testing import CliRunner
 
 from celery_redlock import Lock, LockedTask, LockUnavailable, current_lock, lock_key
 from celery_redlock._celery.checks import run_startup_checks
+from celery_redlock._redis.inventory import Inventory
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.lock import release_attempt
 from celery_redlock.cli import redlock
@@ -191,8 +193,81 @@ def test_the_startup_check_of_a_plain_url_naming_a_cluster_node_says_so(
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
     said = [r.getMessage() for r in caplog.records if "node of a Redis Cluster" in r.getMessage()]
     assert len(said) == 1 and f"the lock Redis at {url} is a node of a Redis Cluster" in said[0]
-    assert "unless it serves every slot" in said[0] and "use a redis+cluster:// URL" in said[0]
+    assert "that serves 5461 of its 16384 slots" in said[0], said
+    assert "use a redis+cluster:// URL" in said[0]
     assert "grant" not in caplog.text
+
+
+def _cli(app: Celery, *args: str) -> Any:
+    return CliRunner().invoke(redlock, list(args), obj=SimpleNamespace(app=app))
+
+
+def test_the_command_line_refuses_a_plain_url_naming_one_cluster_node(
+    cluster: ClusterNodes, rc: redis_py.RedisCluster
+) -> None:
+    """Probe: with locks on every primary, ``ls``, ``stats`` and ``release --dead`` through
+    ``redis://<one node>`` listed (and judged) that node's locks only, and exited 0; ``inspect``
+    of a key on another node said "caused error: 15169 127.0.0.1:7002". Each now fails,
+    naming the Cluster and the URL to use, as the worker's startup check does (one check)."""
+    locks = [Lock(cluster.url, f"spread-{i}", ttl=60) for i in range(12)]
+    assert len({owner_port(rc, lock.key) for lock in locks}) == len(cluster.nodes)
+    for lock in locks:
+        assert lock.acquire(blocking=False)
+    first = cluster.nodes[0]
+    elsewhere = next(lock.key for lock in locks if owner_port(rc, lock.key) != first.port)
+    app = Celery("plain-node", set_as_current=False)
+    app.conf.redlock_url = f"redis://127.0.0.1:{first.port}/0"
+    try:
+        for args in (
+            ["ls"],
+            ["ls", "--json"],
+            ["stats"],
+            ["release", "--dead"],
+            ["inspect", elsewhere],
+        ):
+            done = _cli(app, *args)
+            assert done.exit_code == 1, (args, done.output)
+            assert (
+                f"the lock Redis at redis://127.0.0.1:{first.port}/0 is a node of a Redis "
+                "Cluster that serves 5461 of its 16384 slots" in done.output
+            ), (args, done.output)
+            assert "for a Cluster, use a redis+cluster:// URL" in done.output, (args, done.output)
+        whole = Celery("whole-cluster", set_as_current=False)
+        whole.conf.redlock_url = cluster.url  # the Cluster's own URL lists them all
+        listed = json.loads(_cli(whole, "ls", "--json").output)
+        assert sorted(row["key"] for row in listed) == sorted(lock.key for lock in locks)
+        whole.close()
+    finally:
+        app.close()
+        for lock in locks:
+            lock.release()
+
+
+def test_a_pipelined_read_moved_away_says_moved_and_what_to_use(
+    cluster: ClusterNodes, rc: redis_py.RedisCluster
+) -> None:
+    """An ACL user without ``+info`` skips the check by ``INFO``: a read of a key on another
+    node is refused with MOVED. redis-py's pipeline wraps the reply as "Command # 1 (MGET ...)
+    of pipeline caused error: 15169 127.0.0.1:7002", which named neither MOVED nor the fix."""
+    for node in cluster.nodes:
+        node.client().execute_command(
+            "ACL", "SETUSER", "noinfo", "on", ">pw", "~*", "&*", "+@all", "-info"
+        )
+    first = cluster.nodes[0]
+    name = next(
+        f"moved-{i}"
+        for i in range(100)
+        if owner_port(rc, keys_for("redlock", f"moved-{i}").lock) != first.port
+    )
+    with pytest.raises(LockUnavailable) as info:
+        Inventory(f"redis://noinfo:pw@127.0.0.1:{first.port}/0", "redlock").read(name)
+    said = str(info.value)
+    assert "of pipeline caused error: MOVED " in said, said
+    assert said.endswith(
+        "(a Redis Cluster node serves its own slots only: for a Cluster, use a "
+        "redis+cluster:// URL)"
+    ), said
+    assert "pw@" not in said
 
 
 def test_locked_task_with_the_cluster_as_redlock_url(
@@ -299,9 +374,23 @@ def test_locks_on_live_primaries_keep_their_lease_while_another_primary_is_dead(
             by_port: dict[int, list[str]] = {}
             for name in (f"live-{i}" for i in range(60)):
                 by_port.setdefault(owner_port(rc, keys_for("redlock", name).lock), []).append(name)
+            dead, *live = nodes.nodes
+            # A task's lock (its name and an argument digest) in the dead primary's slots,
+            # while its bare name's key is in a live one's: ``inspect`` reads that, then lists.
+            task = next(
+                f"gone.task{i}"
+                for i in range(100)
+                if owner_port(rc, keys_for("redlock", f"gone.task{i}").lock) != dead.port
+            )
+            digest = next(
+                f"{i:032x}"
+                for i in range(1000)
+                if owner_port(rc, keys_for("redlock", f"{task}:{i:032x}").lock) == dead.port
+            )
         finally:
             rc.close()
-        dead, *live = nodes.nodes
+        gone = Lock(nodes.url, f"{task}:{digest}", ttl=60)
+        assert gone.acquire(blocking=False)
         doomed = [_Counted(nodes.url, n, ttl=3, auto_renew=True) for n in by_port[dead.port][:3]]
         kept = [
             _Counted(nodes.url, n, ttl=3, auto_renew=True)
@@ -332,6 +421,22 @@ def test_locks_on_live_primaries_keep_their_lease_while_another_primary_is_dead(
         status, body = Dashboard(app).locks_page({}, {"csrf_token": "x"})  # and the dashboard
         assert status == 200 and all(lock.key in body for lock in kept)
         assert f"Cluster primary 127.0.0.1:{dead.port} did not answer" in body
+        # Probe: "gone.task is not held (no lock has that key, lock name or task name)", as
+        # certain, of a lock that lived in the dead primary's slots.
+        for args, said in (
+            ([task], f"{task} is not held on the Cluster primaries that answer (no lock has"),
+            (["--task-id", "t-x"], "task t-x holds no lock on the Cluster primaries that answer"),
+        ):
+            done = CliRunner().invoke(redlock, ["inspect", *args], obj=SimpleNamespace(app=app))
+            assert done.exit_code == 1, done.output
+            assert said in done.output, done.output
+            assert done.output.endswith(
+                f"; 127.0.0.1:{dead.port} did not answer: the locks in its slots are not seen\n"
+            ), done.output
+        # The counters live on every primary: `stats` needs them all (docs/operations.md).
+        done = CliRunner().invoke(redlock, ["stats"], obj=SimpleNamespace(app=app))
+        assert done.exit_code == 1 and "cannot reach the lock Redis" in done.output, done.output
+        assert f"127.0.0.1:{dead.port}. Connection refused" in done.output, done.output
         app.close()
         for lock in kept:
             assert lock.locked()
