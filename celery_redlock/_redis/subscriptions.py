@@ -283,7 +283,12 @@ class _Connection:
     def __init__(self, hub: Hub) -> None:
         self.hub = hub
         self.pubsub = aio_pubsub_of(hub.client)
-        self.inboxes: dict[str, set[Inbox]] = {}
+        #: The inboxes of each channel, in the order their waiters began waiting: a release
+        #: on a shared channel wakes them all, and the first woken tries first and wins.
+        #: Timeline with a ``set`` (by memory address): on a 3-node quorum with 16 waiters,
+        #: some won 111 of 415 handoffs, others 2, and some timed out after 20 s while the
+        #: lock changed hands every 50 ms.
+        self.inboxes: dict[str, dict[Inbox, None]] = {}
         self.confirmed: set[str] = set()
         self.pending: dict[str, list[asyncio.Future[None]]] = {}
         self.channels = 0  # subscribed so far, dead ones included
@@ -297,7 +302,7 @@ class _Connection:
 
     async def add(self, inbox: Inbox) -> None:
         channel = inbox.channel
-        self.inboxes.setdefault(channel, set()).add(inbox)
+        self.inboxes.setdefault(channel, {})[inbox] = None
         self.idle_since = None
         if channel in self.confirmed:
             return
@@ -345,7 +350,7 @@ class _Connection:
     def remove(self, inbox: Inbox) -> None:
         inboxes = self.inboxes.get(inbox.channel)
         if inboxes is not None:
-            inboxes.discard(inbox)
+            inboxes.pop(inbox, None)
             if not inboxes:
                 del self.inboxes[inbox.channel]
         if not self.inboxes and (self.broken or self is not self.hub.current):
