@@ -11,7 +11,7 @@ from .._redis.inventory import HeldLock, Released
 from ..metrics import EVENTS
 from ._format import dump, fence, json_row, safe, shown_overrides, table, ttl, who
 from ._group import TIMEOUT, LockStore, answers, command_line, redlock, store_of, text_argument
-from ._liveness import COOLDOWN, DEAD, UNKNOWN, Verdict, unpinged, verdicts
+from ._liveness import COOLDOWN, DEAD, UNKNOWN, Verdict, judged_unpinged, verdicts
 
 #: What KEY may be (the messages of an empty or undecodable one say so).
 KEY_FORMS = "a lock key (redlock:{...}), a lock name or a task name"
@@ -152,7 +152,7 @@ def inspect_(
         judged = verdicts(ctx.obj.app, locks, timeout, store.lease)
     except click.ClickException as exc:  # the ping needs the broker; the locks do not
         click.echo(f"WARNING: {exc.message}: liveness is judged by renewal alone", err=True)
-        judged = {lk.key: unpinged(lk, store.lease, "the broker does not answer") for lk in locks}
+        judged = judged_unpinged(ctx.obj.app, locks, store.lease, "the broker does not answer")
     if as_json:  # KEY: its lock, or null; a lock or task name, --task-id: a list
         items = [lk.as_dict(judged[lk.key].state) for lk in locks]
         if direct:  # KEY: its lock, or null (a free slot's key)
@@ -197,9 +197,10 @@ def release(
     ctx: click.Context, key: str | None, force: bool, dead: bool, dry_run: bool, timeout: float
 ) -> None:
     """Release KEY (refused while its holder is alive, unless --force), or with --dead the
-    locks whose holder is dead: its worker does not answer a control ping, and its lease
-    was not renewed within two thirds of redlock_lease. Owner-checked: a lock that changed
-    owner, or was renewed, since it was read is never deleted."""
+    locks whose holder is dead: its worker does not answer a control ping, and its lock
+    has a fixed lock_ttl (never renewed) or was not renewed within two thirds of
+    redlock_lease. Owner-checked: a lock that changed owner, or was renewed, since it was
+    read is never deleted."""
     key = text_argument(key, "KEY", "a lock key (redlock:{...}) or a lock's name")
     if dead == (key is not None) or (dead and force) or (dry_run and not dead):
         raise click.UsageError("use either KEY [--force] or --dead [--dry-run]")
@@ -230,7 +231,8 @@ def release(
             raise click.ClickException(f"{exc.message}; nothing was released") from exc
         # --force releases whatever the liveness: a broker that does not answer stops no one
         click.echo(f"WARNING: {exc.message}", err=True)
-        verdict = unpinged(lock, store.lease, "the broker does not answer")
+        why = "the broker does not answer"
+        verdict = judged_unpinged(ctx.obj.app, [lock], store.lease, why)[lock.key]
     shown = safe(lock.key)
     if verdict.state != DEAD and not force:
         click.echo(
@@ -305,7 +307,7 @@ def _why_kept(verdict: Verdict) -> str:
     if verdict.state == COOLDOWN:  # who() says so: "(ended; kept by its lock_cooldown)"
         return "it frees itself when the cooldown ends"
     if verdict.renewed:
-        return f"lease renewed: {safe(verdict.reason)}"
+        return f"renewed lease: {safe(verdict.reason)}"
     return "worker alive"
 
 

@@ -1,15 +1,16 @@
 """Whether the holder of a lock is alive: a control ping, and the lock's own renewal.
 
 A holder is *alive* when its worker (the node name ``name@host`` stored in the lock's token)
-answers a control ping within ``--timeout`` seconds, **or** when its lease was set (acquired
-or renewed) within the last two thirds of the lease (:data:`RENEWED_WITHIN`): a renewing
-holder resets its TTL to ``redlock_lease`` every ``lease / 3``, so a TTL above a third of the
-lease proves a holder that was alive that recently, whatever the ping says. Two thirds, not
-one: a renewal comes *about* every third, and one that runs late (a body holding the GIL in a
-C call, a GC pause, a slow Redis) must not make a live holder look dead. Timeline with one
-third: (1) w1 is in warm shutdown, its task computing in a C call that holds the GIL; (2) the
-renewal, due at 10 s of a 30 s lease, runs at 11 s; (3) at 10.5 s ``release --dead`` pings
-w1, hears nothing, reads an age of 10.5 s and deletes the lock of a running task.
+answers a control ping within ``--timeout`` seconds, **or** when its task renews its lock and
+the lease was set (acquired or renewed) within the last two thirds of the lease
+(:data:`RENEWED_WITHIN`): a renewing holder resets its TTL to ``redlock_lease`` every
+``lease / 3``, so a TTL above a third of the lease proves a holder that was alive that recently,
+whatever the ping says. Two thirds, not one: a renewal comes *about* every third, and one that
+runs late (a body holding the GIL in a C call, a GC pause, a slow Redis) must not make a live
+holder look dead. Timeline with one third: (1) w1 is in warm shutdown, its task computing in a
+C call that holds the GIL; (2) the renewal, due at 10 s of a 30 s lease, runs at 11 s; (3) at
+10.5 s ``release --dead`` pings w1, hears nothing, reads an age of 10.5 s and deletes the lock
+of a running task.
 
 A holder is *dead* when neither holds, and *unknown* when the lock was not taken in a worker
 (a plain :class:`~celery_redlock.Lock`, an eager call): then nothing can be pinged, and only
@@ -28,13 +29,37 @@ Why the renewal counts, as a timeline (a rolling deploy):
 4. had the renewal been due just then, the release script sees the TTL grow since it was read
    and deletes nothing (:attr:`~celery_redlock._redis.inventory.Released.RENEWED`).
 
+Whether a lock is renewed at all (:func:`renewals`): a TTL below the lease reads the same for a
+lease set 5 s ago and for a fixed ``lock_ttl`` counting down, and nothing in the token tells
+them apart (``acquired_ms`` dates the acquisition, not the TTL's last setting; ``max_hold`` is
+recorded only when a hard time limit caps a renewed lease). The app does: the lock name maps
+to its tasks (``lock_name``, else the task's name), and their ``lock_ttl``, or the holder's
+per-call override recorded beside the lock, says whether it is renewed. Timeline the age alone
+got wrong (``lock_ttl=25``, ``redlock_lease=15``):
+
+1. the task takes its key for 25 s, never renewed, and its worker is SIGKILLed at 2 s;
+2. at 12 s the TTL is 13 s, below the lease: read as a lease "renewed 2 s ago", within two
+   thirds of it, so the silent worker was called *alive* and its lock kept;
+3. at 20 s the TTL (5 s) reads as a lease not renewed for 10 s, and the lock is *dead* again.
+
+So a lock known to be fixed (:data:`FIXED`) is judged by the ping alone: *dead* when its worker
+does not answer, whatever its TTL. Known only when its TTL also counts down from the token's
+acquisition time (TTL + time since ``acquired_ms`` = ``lock_ttl``, within
+:data:`CLOCK_SLACK`): a TTL that moved since (a worker running other code that renews it, a
+lock handed to a queued waiter) or clocks that disagree make it :data:`UNSURE`. An unsure lock
+set within two thirds of the lease is *unknown*, never *alive* by a renewal that may not have
+happened, nor *dead*; one of a renewing task (:data:`RENEWED`) is *alive*, as above. Past two
+thirds of the lease without a renewal, a lock is *dead* whatever kind it is: a renewing holder
+would have renewed, and a fixed one never proves its holder alive.
+
 Hazard, as a timeline: a live worker whose lease is not renewed and that cannot answer a ping
 in time looks dead.
 
 1. a task with a fixed ``lock_ttl`` (no renewal) runs in a worker in warm shutdown, or in a
    ``solo`` worker whose event loop the task blocks (equally: remote control disabled, a
    broker partition, a ``--timeout`` that is too short);
-2. ``release --dead`` pings it, gets no answer, sees no recent renewal, and deletes its lock;
+2. ``release --dead`` pings it, gets no answer, sees no renewal (there is none), and deletes
+   its lock;
 3. a second execution of the same key starts beside the first one.
 
 So ``--dead`` is for workers that were killed or lost (SIGKILL, OOM, a host that is gone).
@@ -46,12 +71,14 @@ not answer.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import click
 
+from .._celery.identity import import_task_modules, spec_of
 from .._redis.clients import redact
 from .._redis.inventory import HeldLock, capped, lease_age
 
@@ -61,6 +88,15 @@ ALIVE, DEAD, UNKNOWN, COOLDOWN = "alive", "dead", "unknown", "cooldown"
 
 #: The part of ``redlock_lease`` within which a renewal proves a live holder (see above).
 RENEWED_WITHIN = 2 / 3
+
+#: How a lock's TTL is kept (:class:`Renewal`): a lease renewed while its task runs; a fixed
+#: ``lock_ttl``, never renewed; not known (see the module's docstring).
+RENEWED, FIXED, UNSURE = "renewed", "fixed", "unsure"
+
+#: Seconds by which a fixed lock's TTL plus the time since its token's ``acquired_ms`` may
+#: differ from its ``lock_ttl``: the clocks of the worker that wrote that time and of this
+#: machine, the time from the read of the TTL to the judgment, the acquisition's round trip.
+CLOCK_SLACK = 2.0
 
 #: The shortest and longest waits for the workers' pings, in seconds.
 PING_WAITS = (0.1, 3600.0)
@@ -90,6 +126,22 @@ class Verdict:
     reason: str
     #: Alive by its lease's recent renewal (its worker did not answer the ping).
     renewed: bool = False
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """Whether a lock is renewed, as its tasks' options (or its holder's per-call override)
+    and its TTL tell (:func:`renewals`)."""
+
+    #: :data:`RENEWED`, :data:`FIXED` or :data:`UNSURE`.
+    kind: str
+    #: A phrase: the fixed ``lock_ttl`` and where it comes from (:data:`FIXED`), or why it is
+    #: not known (:data:`UNSURE`); empty for :data:`RENEWED`.
+    why: str = ""
+
+
+#: What is known of a lock's renewal without the app's tasks.
+NOT_KNOWN = Renewal(UNSURE, "no task of the app is known to take it")
 
 
 #: The verdict on a slot kept by ``lock_cooldown``: no holder runs, none is pinged.
@@ -175,10 +227,85 @@ def liveness(app: Any, hosts: Iterable[str], timeout: float) -> dict[str, str]:
 def verdicts(
     app: Any, locks: Iterable[HeldLock], timeout: float, lease: float
 ) -> dict[str, Verdict]:
-    """The :class:`Verdict` on each lock's holder, by key: the ping, then the renewal."""
+    """The :class:`Verdict` on each lock's holder, by key: the ping, then the renewal (the
+    app's task modules imported first, so that every lock name finds its tasks)."""
     locks = list(locks)
+    import_task_modules(app)
+    renewed = renewals(app, locks)  # before the ping, which takes up to `timeout`
     pinged = liveness(app, hosts_to_ping(locks), timeout)
-    return {lock.key: verdict(lock, pinged, timeout, lease) for lock in locks}
+    return {lock.key: verdict(lock, pinged, timeout, lease, renewed[lock.key]) for lock in locks}
+
+
+def renewals(app: Any, locks: Iterable[HeldLock], now: float | None = None) -> dict[str, Renewal]:
+    """The :class:`Renewal` of each lock, by key, from ``app``'s tasks (the ones imported so
+    far) and the per-call overrides recorded beside the lock, checked against its TTL at
+    ``now`` (epoch seconds; call it as soon as the locks are read)."""
+    now = time.time() if now is None else now
+    try:
+        ttls = _lock_ttls(app)
+    except Exception as exc:  # the app cannot be finalized: a task's options are refused
+        unread = Renewal(UNSURE, f"the app's tasks cannot be read ({type(exc).__name__})")
+        return {lock.key: unread for lock in locks}
+    return {lock.key: _renewal(lock, ttls, now) for lock in locks}
+
+
+def _lock_ttls(app: Any) -> dict[str, set[float | None]]:
+    """The ``lock_ttl`` of ``app``'s locked tasks (``None``: a renewed lease), by lock name. A
+    task whose lock options cannot be read adds :data:`_UNREAD` under its own name: its locks
+    are unsure."""
+    ttls: dict[str, set[float | None]] = {}
+    for name, task in list(app.tasks.items()):
+        try:
+            spec = spec_of(task)
+        except Exception:  # a LockConfigError: its worker would not run it either
+            ttls.setdefault(name, set()).add(_UNREAD)
+            continue
+        if spec is not None:
+            ttls.setdefault(spec.options.name or name, set()).add(spec.options.ttl)
+    return ttls
+
+
+#: What :func:`_lock_ttls` says of a task whose lock options cannot be read (no ``lock_ttl``
+#: is negative).
+_UNREAD = -1.0
+
+
+def _renewal(lock: HeldLock, ttls: Mapping[str, set[float | None]], now: float) -> Renewal:
+    overrides = lock.overrides or {}
+    if "ttl" in overrides:  # the holder's call set its lock_ttl (None: a renewed lease)
+        ttl = overrides["ttl"]
+        if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float))):
+            return Renewal(UNSURE, f"its call's recorded lock_ttl {ttl!r} is no number of seconds")
+        known: set[float | None] = {ttl}
+        source = "its call's per-call lock_ttl"
+    elif lock.name != lock.lock_name:  # a task's lock: <lock_name>:<digest>
+        known = ttls.get(lock.lock_name, set())
+        source = f"the lock_ttl of its tasks (lock name {lock.lock_name})"
+    else:
+        return NOT_KNOWN
+    if not known:
+        return Renewal(UNSURE, f"no task of the app takes the lock name {lock.lock_name}")
+    if _UNREAD in known:
+        return Renewal(UNSURE, f"the lock options of a task of {lock.lock_name} cannot be read")
+    if known == {None}:
+        return Renewal(RENEWED)
+    if None in known:
+        return Renewal(
+            UNSURE, f"the tasks of lock name {lock.lock_name} renew it or not (their lock_ttl)"
+        )
+    fixed = sorted(t for t in known if t is not None)
+    shown = " or ".join(f"{t:g}s" for t in fixed)
+    holder = lock.holder
+    if holder is not None and lock.ttl is not None:
+        since = now - holder.acquired_ms / 1000
+        if any(abs(lock.ttl + since - t) <= CLOCK_SLACK for t in fixed):
+            return Renewal(FIXED, f"{source} is a fixed {shown}, never renewed")
+    return Renewal(
+        UNSURE,
+        f"{source} is a fixed {shown}, yet its TTL does not count down from its "
+        f"acquisition (it was extended since, or this machine's clock and its worker's "
+        f"disagree by more than {CLOCK_SLACK:g}s)",
+    )
 
 
 def hosts_to_ping(locks: Iterable[HeldLock]) -> set[str]:
@@ -186,9 +313,16 @@ def hosts_to_ping(locks: Iterable[HeldLock]) -> set[str]:
     return {lk.holder.host for lk in locks if lk.holder and not lk.holder.cooling}
 
 
-def verdict(lock: HeldLock, pinged: Mapping[str, str], timeout: float, lease: float) -> Verdict:
+def verdict(
+    lock: HeldLock,
+    pinged: Mapping[str, str],
+    timeout: float,
+    lease: float,
+    renewal: Renewal = NOT_KNOWN,
+) -> Verdict:
     """The :class:`Verdict` on ``lock``'s holder from what its worker's ping said (``pinged``:
-    :func:`liveness` of the holder hosts, perhaps heard a moment ago) and the lock's TTL."""
+    :func:`liveness` of the holder hosts, perhaps heard a moment ago), whether the lock is
+    renewed (``renewal``: :func:`renewals`) and its TTL."""
     if lock.holder is None:
         return Verdict(UNKNOWN, "its value is not a celery-redlock token")
     if lock.holder.cooling:
@@ -211,17 +345,18 @@ def verdict(lock: HeldLock, pinged: Mapping[str, str], timeout: float, lease: fl
     )
     if capped(lock, lease):
         return Verdict(UNKNOWN, f"{silent}, and {_CAPPED}")
+    unanswered = f"its worker {host} did not answer a control ping within {timeout}s"
+    if renewal.kind == FIXED:
+        return Verdict(DEAD, f"{unanswered}, and {renewal.why}, so its TTL proves no holder alive")
     age = lease_age(lock, lease)
     if age is not None and age < lease * RENEWED_WITHIN:
-        return _renewed(silent, age, lease)
-    renewal = (
-        f"its lease was last renewed {age:.1f}s ago"
+        return _recent(silent, age, lease, renewal)
+    shown = (
+        f"its TTL shows no renewal for {age:.1f}s, two thirds of redlock_lease or more"
         if age is not None
         else "its TTL is not a renewed lease's"
     )
-    return Verdict(
-        DEAD, f"its worker {host} did not answer a control ping within {timeout}s, and {renewal}"
-    )
+    return Verdict(DEAD, f"{unanswered}, and {shown}")
 
 
 #: Why a lock whose TTL is its holder's ``max_hold`` cap is not judged by its renewal.
@@ -231,24 +366,45 @@ _CAPPED = (
 )
 
 
-def unpinged(lock: HeldLock, lease: float, why: str) -> Verdict:
+def unpinged(lock: HeldLock, lease: float, why: str, renewal: Renewal = NOT_KNOWN) -> Verdict:
     """The :class:`Verdict` on ``lock``'s holder when the workers could not be pinged (``why``:
-    the broker does not answer): alive by a recent renewal, as when its worker is silent;
-    else unknown, never dead."""
+    the broker does not answer): alive by a recent renewal of a renewed lock (``renewal``:
+    :func:`renewals`), as when its worker is silent; else unknown, never dead."""
     if lock.holder is not None and lock.holder.cooling:
         return COOLING
+    unpinged = f"the workers could not be pinged ({why})"
     if capped(lock, lease):
-        return Verdict(UNKNOWN, f"the workers could not be pinged ({why}), and {_CAPPED}")
+        return Verdict(UNKNOWN, f"{unpinged}, and {_CAPPED}")
+    if renewal.kind == FIXED:
+        return Verdict(UNKNOWN, f"{unpinged}, and {renewal.why}: its TTL shows nothing")
     age = lease_age(lock, lease)
     if lock.holder is not None and age is not None and age < lease * RENEWED_WITHIN:
-        return _renewed(f"the workers could not be pinged ({why})", age, lease)
-    return Verdict(UNKNOWN, f"the workers could not be pinged ({why})")
+        return _recent(unpinged, age, lease, renewal)
+    return Verdict(UNKNOWN, unpinged)
 
 
-def _renewed(silence: str, age: float, lease: float) -> Verdict:
+def judged_unpinged(
+    app: Any, locks: Iterable[HeldLock], lease: float, why: str
+) -> dict[str, Verdict]:
+    """:func:`unpinged` of each lock, by key, with its :func:`renewals`."""
+    locks = list(locks)
+    renewed = renewals(app, locks)
+    return {lock.key: unpinged(lock, lease, why, renewed[lock.key]) for lock in locks}
+
+
+def _recent(silence: str, age: float, lease: float, renewal: Renewal) -> Verdict:
+    """The verdict on a silent holder whose TTL is that of a lease set ``age`` seconds ago,
+    within two thirds of the lease: alive if its lock is renewed, else unknown."""
+    within = f"within two thirds of redlock_lease ({lease * RENEWED_WITHIN:.1f}s)"
+    if renewal.kind == RENEWED:
+        return Verdict(
+            ALIVE,
+            f"{silence}, but its lease was set {age:.1f}s ago (acquired or renewed), "
+            f"{within}, and its task renews it, so its holder is alive",
+            renewed=True,
+        )
     return Verdict(
-        ALIVE,
-        f"{silence}, but its lease was renewed {age:.1f}s ago, within two thirds of "
-        f"redlock_lease ({lease * RENEWED_WITHIN:.1f}s), so its holder is alive",
-        renewed=True,
+        UNKNOWN,
+        f"{silence}; its TTL is that of a lease set {age:.1f}s ago, {within}, but "
+        f"{renewal.why}, so whether it was renewed, and its holder alive, is unknown",
     )

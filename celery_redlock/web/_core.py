@@ -8,11 +8,11 @@ Actions, each refused unless the dashboard was built with ``actions=True``:
 
 * ``release`` (``key``, ``fingerprint``, ``force``): owner-checked release of one slot; it
   refuses when the slot changed holder since the page was drawn, and refuses a holder that is
-  alive (its worker answers a ping, or it renewed the lock within two thirds of the lease) or whose
-  liveness is unknown, unless ``force`` is set: the verdict of ``celery redlock release``
-  (:func:`celery_redlock.cli._liveness.verdicts`). Unforced, the release also refuses a lock
-  renewed between the read and the delete (one script); forced, it deletes the value read
-  whatever its TTL, as ``release --force`` does;
+  alive (its worker answers a ping, or its task renews the lock and it was renewed within two
+  thirds of the lease) or whose liveness is unknown, unless ``force`` is set: the verdict of
+  ``celery redlock release`` (:func:`celery_redlock.cli._liveness.verdicts`). Unforced, the
+  release also refuses a lock renewed between the read and the delete (one script); forced, it
+  deletes the value read whatever its TTL, as ``release --force`` does;
 * ``release-dead`` (``prefix``): the slots, among those the filter selects, whose holder is
   dead by that verdict (each released unless renewed meanwhile);
 * ``clear-marker`` / ``reset-rate`` (``key``, ``fingerprint``): delete an enqueue or
@@ -59,8 +59,9 @@ from ..cli._liveness import (
     Verdict,
     checked_wait,
     hosts_to_ping,
+    judged_unpinged,
     liveness,
-    unpinged,
+    renewals,
     verdict,
 )
 from ..exceptions import LockConfigError, LockUnavailable
@@ -202,6 +203,7 @@ class Dashboard:
         :raises click.ClickException: the ping failed (now or within :data:`LIVENESS_TTL`).
         """
         locks = list(locks)
+        renewed = renewals(self.app, locks)  # before the ping, which takes up to its timeout
         hosts = hosts_to_ping(locks)
         asked = time.monotonic()
         since = asked if fresh else asked - LIVENESS_TTL
@@ -227,7 +229,10 @@ class Dashboard:
                         self._alive.update({h: (state, now) for h, state in heard.items()})
                     known.update(heard)
         lease = settings_for(self.app).lease
-        return {lock.key: verdict(lock, known, self.ping_timeout, lease) for lock in locks}
+        return {
+            lock.key: verdict(lock, known, self.ping_timeout, lease, renewed[lock.key])
+            for lock in locks
+        }
 
     def _heard(self, hosts: set[str], since: float) -> dict[str, str]:
         """What the pings since ``since`` (monotonic) said of ``hosts``."""
@@ -284,7 +289,8 @@ class Dashboard:
             except click.ClickException as exc:  # the broker: the locks are shown all the same
                 lease = settings_for(self.app).lease
                 why = "the broker does not answer"
-                alive = {lock.key: unpinged(lock, lease, why).state for lock in held}
+                unpinged = judged_unpinged(self.app, held, lease, why)
+                alive = {key: v.state for key, v in unpinged.items()}
                 error = f"{exc.message}: liveness is judged by renewal alone"
         except ValueError as exc:  # a LockConfigError too: the app's settings or task options
             status, error = 400, str(exc)
@@ -544,7 +550,8 @@ class Dashboard:
         except click.ClickException:  # the broker: a forced release needs no ping
             if not forced:
                 raise
-            said = unpinged(lock, settings_for(self.app).lease, "the broker does not answer")
+            lease, why = settings_for(self.app).lease, "the broker does not answer"
+            said = judged_unpinged(self.app, [lock], lease, why)[key]
         if said.state != DEAD and not forced:
             holder = lock.holder.host if lock.holder else "a value that is not a token"
             return ActionResult(

@@ -14,6 +14,7 @@ import re
 import signal
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,7 +25,7 @@ import redis as redis_py
 from celery import Celery
 from click.testing import CliRunner, Result
 
-from celery_redlock import Lock, LockedTask, LockLost, LockUnavailable, metrics
+from celery_redlock import Lock, LockedTask, LockLost, LockUnavailable, lock_key, metrics
 from celery_redlock._redis import probe
 from celery_redlock._redis.inventory import (
     Inventory,
@@ -42,7 +43,7 @@ from support import ROOT
 from support.apps import DownBroker, SilentBroker, brokerless_app, layout_app, make_app
 from support.servers import ClusterNodes
 from support.workers import running_worker
-from tests.integration.test_web_inventory import warm_release_script
+from tests.integration.test_web_inventory import renewing, task_name, warm_release_script
 
 
 def run(app: Celery, *args: str) -> Result:
@@ -344,11 +345,12 @@ def test_inspect_with_the_broker_down_judges_liveness_by_renewal_alone(redis_url
     proves a live holder whatever the ping says; one set 21 s ago (TTL 9 s) is unknown, never
     dead. One ping, on one connection: kombu's retries (three connections, 6 s) are not
     waited for."""
-    fresh = Lock(redis_url, "brokerless", ttl=30, owner="t-1", host="w1@host")
+    fresh = Lock(redis_url, task_name("brokerless", 1), ttl=30, owner="t-1", host="w1@host")
     old = Lock(redis_url, "brokerless-old", ttl=9, owner="t-2", host="w2@host")
     assert fresh.acquire(blocking=False) and old.acquire(blocking=False)
     broker = DownBroker()
     app = brokerless_app(redis_url, broker.url)
+    renewing(app, "brokerless")  # its task renews it: a TTL just set proves a live holder
     try:
         result = run(app, "inspect", "brokerless", "--timeout", "0.2")
         older = run(app, "inspect", "brokerless-old", "--timeout", "0.2")
@@ -360,7 +362,7 @@ def test_inspect_with_the_broker_down_judges_liveness_by_renewal_alone(redis_url
         broker.close()
     assert result.exit_code == 0, result.output
     assert fresh.key in result.stdout and "alive     alive (the workers could not" in result.stdout
-    assert "its lease was renewed" in result.stdout
+    assert "its lease was set " in result.stdout and "ago (acquired or renewed)" in result.stdout
     assert "WARNING: cannot ping workers through the broker" in result.stderr
     assert "alive     unknown (the workers could not be pinged" in older.stdout, older.stdout
     assert broker.connections == 2  # one per command: no retry
@@ -397,10 +399,11 @@ def test_a_broker_that_drops_connections_fails_the_ping_in_its_connect_timeout(
     """A Redis broker whose host drops packets: the ping's connect had no timeout and hung
     forever (and every dashboard view waited behind it). It is bounded by
     ``broker_connection_timeout``, and the lock is judged by its renewal."""
-    lock = Lock(redis_url, "silent", ttl=30, owner="t-s", host="w1@host")
+    lock = Lock(redis_url, task_name("silent", 1), ttl=30, owner="t-s", host="w1@host")
     assert lock.acquire(blocking=False)
     silent = SilentBroker()
     app = brokerless_app(redis_url, silent.url)
+    renewing(app, "silent")
     app.conf.broker_connection_timeout = 0.5
     try:
         shown = run(app, "inspect", "silent", "--timeout", "0.2")
@@ -515,6 +518,52 @@ def test_a_lock_capped_by_a_hard_time_limit_is_not_released_as_dead(
     assert status == 200 and '<td class="unknown">unknown</td>' in body
     shown = run(make_app(redis_server, "cap"), "inspect", capped.key, "--timeout", "0.2")
     assert "its TTL is cut to its task's hard time limit (max_hold)" in shown.stdout
+
+
+def test_a_fixed_lock_ttl_of_a_silent_worker_is_dead_when_its_ttl_falls_below_the_lease(
+    redis_server: RedisServer, r: redis_py.Redis
+) -> None:
+    """Probe: a SIGKILLed worker's lock of a task with ``lock_ttl=25`` (``redlock_lease=15``)
+    was judged alive once its TTL fell below the lease, "renewed 2.0s ago", though it is never
+    renewed: ``release --dead`` kept it until its last 5 s. The app knows the task's fixed
+    ``lock_ttl``: dead, by the ping alone. A renewing task's lock with the same TTL is a lease
+    renewed 2 s ago (its worker may be in warm shutdown): alive, and kept."""
+    app = make_app(redis_server, "fx", redlock_lease=15.0)
+
+    @app.task(base=LockedTask, name="fx.fixed", lock_by=["k"], lock_ttl=25)
+    def fixed(k: str) -> None: ...
+
+    @app.task(base=LockedTask, name="fx.leased", lock_by=["k"])
+    def leased(k: str) -> None: ...
+
+    # Both taken 12 s ago by a worker that no longer answers, 13 s left: the fixed one counting
+    # down from 25 s, the leased one renewed to 15 s 2 s ago.
+    acquired = int(time.time() * 1000) - 12_000
+    dead_key, live_key = lock_key(fixed, "a"), lock_key(leased, "a")
+    for i, key in enumerate((dead_key, live_key)):
+        r.set(key, f"{'a' * 32}|7|{acquired}|fx@gone|t-{i}", px=13_000)
+
+    shown = run(app, "inspect", "fx.fixed", "--json", "--timeout", "0.2")
+    assert shown.exit_code == 0, shown.output
+    assert [lock["alive"] for lock in json.loads(shown.stdout)] == ["dead"]
+    said = run(app, "inspect", dead_key, "--timeout", "0.2").stdout
+    assert "lock_ttl of its tasks (lock name fx.fixed) is a fixed 25s, never renewed" in said
+    assert "renewed 2" not in said and "set 2" not in said
+
+    dry = run(app, "release", "--dead", "--dry-run", "--timeout", "0.2")
+    assert dry.exit_code == 0, dry.output
+    assert f"would release {dead_key}" in dry.stdout
+    assert f"kept {live_key}" in dry.stdout and "renewed lease: " in dry.stdout
+    assert "its task renews it, so its holder is alive" in dry.stdout
+
+    board = Dashboard(app, actions=True, ping_timeout=0.2)
+    _, body = board.locks_page({}, {})
+    cell = body.split(f'<tr data-key="{dead_key}">')[1].split("</tr>")[0]
+    assert '<td class="dead">dead</td>' in cell
+    done = board.act("release-dead", {"prefix": "fx."}, "t")
+    app.close()
+    assert done.message == "released 1 lock(s) of dead workers; kept 1"
+    assert r.exists(live_key) and not r.exists(dead_key)
 
 
 def test_a_finished_tasks_cooldown_is_shown_as_one_and_kept_by_release_dead(

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator
 
 import pytest
 import redis as redis_py
+from celery import Celery
 
 from celery_redlock import Lock, LockedTask, lock_key
 from celery_redlock._celery import timeline
@@ -38,6 +39,20 @@ def fill(client: redis_py.Redis, names: list[str], ttl_ms: int = 60_000) -> None
     for i, name in enumerate(names):
         pipe.set(keys_for("redlock", name).lock, new_token(f"id-{i}", "w9@gone", 7), px=ttl_ms)
     pipe.execute()
+
+
+def renewing(app: Celery, name: str = "job") -> None:
+    """Give ``app`` a task named ``name`` that renews its lock (no ``lock_ttl``): the locks
+    named ``<name>:<32 hex digits>`` are its, and a TTL within two thirds of the lease proves
+    their holder alive (a lock no task of the app takes proves nothing)."""
+
+    @app.task(base=LockedTask, name=name, lock_by=["k"], shared=False)
+    def job(k: str) -> None: ...
+
+
+def task_name(name: str, n: int) -> str:
+    """The name of a lock of task ``name`` (one argument digest per ``n``)."""
+    return f"{name}:{n:032x}"
 
 
 def inventory_of(app: object) -> Inventory:
@@ -241,11 +256,13 @@ def test_a_holder_that_renewed_within_two_thirds_of_the_lease_is_alive(
     # A worker in warm shutdown stops answering pings while its task still renews: its lock,
     # renewed to the full lease (30 s) a moment ago, has more than 20 s left; one renewed
     # 21 s ago (two thirds of the lease and more) is no proof any more.
-    fill(r, ["job:renewed"], ttl_ms=29_000)
-    fill(r, ["job:stale"], ttl_ms=9_000)
+    fill(r, [task_name("job", 1)], ttl_ms=29_000)
+    fill(r, [task_name("job", 2)], ttl_ms=9_000)
     app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
+    renewing(app)
     board = Dashboard(app, actions=True, ping_timeout=0.2)
-    renewed, stale = keys_for("redlock", "job:renewed").lock, keys_for("redlock", "job:stale").lock
+    renewed = keys_for("redlock", task_name("job", 1)).lock
+    stale = keys_for("redlock", task_name("job", 2)).lock
     _, body = board.locks_page({}, {})
     cells = {k: body.split(f'<tr data-key="{k}">')[1].split("</tr>")[0] for k in (renewed, stale)}
     assert '<td class="alive">alive</td>' in cells[renewed]
@@ -560,11 +577,12 @@ def test_a_broker_that_does_not_answer_leaves_the_locks_shown(r: redis_py.Redis)
     shared as an answer is: three views make one ping, on one connection (no kombu retries:
     each view waited 6 s behind the one before it)."""
     fill(r, ["job:1"], ttl_ms=9_000)  # set 21 s ago, as a 30 s lease
-    fill(r, ["job:2"], ttl_ms=30_000)
+    fill(r, [task_name("job", 2)], ttl_ms=30_000)  # a renewing task's, just set
     url = r.connection_pool.connection_kwargs
     lock_url = f"redis://127.0.0.1:{url['port']}/{url.get('db', 0)}"
     broker = DownBroker()
     app = brokerless_app(lock_url, broker.url)
+    renewing(app)
     board = Dashboard(app, ping_timeout=0.2)
     try:
         views = [board.locks_page({}, {"csrf_token": "x"}) for _ in range(3)]

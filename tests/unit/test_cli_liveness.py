@@ -8,9 +8,23 @@ import time
 import pytest
 from celery import Celery
 
+from celery_redlock import LockedTask
 from celery_redlock._redis import owner as _owner
 from celery_redlock._redis.inventory import HeldLock
-from celery_redlock.cli._liveness import ALIVE, DEAD, UNKNOWN, checked_wait, verdict
+from celery_redlock.cli._liveness import (
+    ALIVE,
+    DEAD,
+    FIXED,
+    NOT_KNOWN,
+    RENEWED,
+    UNKNOWN,
+    UNSURE,
+    Renewal,
+    checked_wait,
+    renewals,
+    unpinged,
+    verdict,
+)
 from celery_redlock.web._core import Dashboard
 
 LEASE = 30.0
@@ -21,16 +35,20 @@ def held(ttl: float | None, host: str = "w1@web-1") -> HeldLock:
     return HeldLock("redlock:{job}", "job", 1, value, _owner.parse(value), ttl, None)
 
 
+RENEWS = Renewal(RENEWED)
+FIXED_25 = Renewal(FIXED, "the lock_ttl of its tasks (lock name job) is a fixed 25s, never renewed")
+
+
 @pytest.mark.parametrize(
     ("ttl", "ping", "state", "renewed", "says"),
     [
         (29.0, ALIVE, ALIVE, False, "answers a control ping"),
-        (29.0, DEAD, ALIVE, True, "renewed 1.0s ago, within two thirds of redlock_lease"),
+        (29.0, DEAD, ALIVE, True, "set 1.0s ago (acquired or renewed), within two thirds of"),
         (20.5, DEAD, ALIVE, True, "warm shutdown"),
         # A renewal due at 10 s that runs late (a body holding the GIL): still alive.
-        (19.5, DEAD, ALIVE, True, "renewed 10.5s ago"),
-        (10.5, DEAD, ALIVE, True, "renewed 19.5s ago"),  # 19.5 s < 20 s
-        (9.5, DEAD, DEAD, False, "last renewed 20.5s ago"),
+        (19.5, DEAD, ALIVE, True, "set 10.5s ago"),
+        (10.5, DEAD, ALIVE, True, "set 19.5s ago"),  # 19.5 s < 20 s
+        (9.5, DEAD, DEAD, False, "its TTL shows no renewal for 20.5s"),
         (3000.0, DEAD, DEAD, False, "its TTL is not a renewed lease's"),  # a fixed lock_ttl
         (None, DEAD, DEAD, False, "its TTL is not a renewed lease's"),  # no expiry
         (29.0, UNKNOWN, UNKNOWN, False, "a similar one"),
@@ -39,9 +57,37 @@ def held(ttl: float | None, host: str = "w1@web-1") -> HeldLock:
 def test_a_holder_is_alive_by_its_ping_or_its_renewal(
     ttl: float | None, ping: str, state: str, renewed: bool, says: str
 ) -> None:
-    said = verdict(held(ttl), {"w1@web-1": ping}, 1.0, LEASE)
+    said = verdict(held(ttl), {"w1@web-1": ping}, 1.0, LEASE, RENEWS)
     assert (said.state, said.renewed) == (state, renewed)
     assert says in said.reason
+
+
+@pytest.mark.parametrize("ttl", [29.0, 24.0, 12.0, 9.5, 1.0])
+def test_a_fixed_lock_ttl_of_a_silent_worker_is_dead_whatever_its_ttl(ttl: float) -> None:
+    """Probe: a SIGKILLed worker's ``lock_ttl=25`` lock (lease 15) was "alive (lease renewed
+    ... 4.7s ago)" once its TTL fell below the lease; it never was renewed."""
+    said = verdict(held(ttl), {"w1@web-1": DEAD}, 1.0, LEASE, FIXED_25)
+    assert (said.state, said.renewed) == (DEAD, False)
+    assert "fixed 25s, never renewed, so its TTL proves no holder alive" in said.reason
+    assert "renewed " not in said.reason.replace("never renewed", "")
+    # The ping still counts: a fixed lock of a worker that answers is alive.
+    assert verdict(held(ttl), {"w1@web-1": ALIVE}, 1.0, LEASE, FIXED_25).state == ALIVE
+    # Without a ping, a fixed TTL shows nothing either way.
+    assert unpinged(held(ttl), LEASE, "the broker does not answer", FIXED_25).state == UNKNOWN
+
+
+@pytest.mark.parametrize(("ttl", "state"), [(29.0, UNKNOWN), (10.5, UNKNOWN), (9.5, DEAD)])
+def test_a_lock_not_known_to_be_renewed_is_unknown_while_its_ttl_looks_recent(
+    ttl: float, state: str
+) -> None:
+    """Without the app's word, a TTL within two thirds of the lease is no proof of a renewal:
+    unknown (kept), never "renewed"; past two thirds a renewing holder would have renewed, and
+    a fixed one proves nothing: dead."""
+    said = verdict(held(ttl), {"w1@web-1": DEAD}, 1.0, LEASE)
+    assert (said.state, said.renewed) == (state, False)
+    if state == UNKNOWN:
+        assert "whether it was renewed, and its holder alive, is unknown" in said.reason
+        assert "no task of the app is known to take it" in said.reason
 
 
 def test_a_lock_taken_outside_a_worker_is_unknown() -> None:
@@ -69,7 +115,7 @@ def test_a_ttl_cut_to_a_hard_time_limit_shows_no_renewal(
     acquired = int(time.time() * 1000) - ago * 1000
     value = f"{'a' * 32}|7|{acquired}+{max_hold_s * 1000}|w1@web-1|t-1"
     lock = HeldLock("redlock:{job}", "job", 1, value, _owner.parse(value), ttl, None)
-    said = verdict(lock, {"w1@web-1": DEAD}, 1.0, LEASE)
+    said = verdict(lock, {"w1@web-1": DEAD}, 1.0, LEASE, RENEWS)
     assert said.state == state, said.reason
     if state == UNKNOWN:
         assert "cut to its task's hard time limit (max_hold)" in said.reason
@@ -100,3 +146,101 @@ def test_a_ping_wait_outside_a_tenth_of_a_second_to_an_hour_is_refused_everywher
     with pytest.raises(ValueError, match=r"^ping_timeout: "):
         Dashboard(Celery("waits", set_as_current=False), ping_timeout=wait)  # type: ignore[arg-type]
     assert checked_wait(0.1) == 0.1 and checked_wait(3600) == 3600.0
+
+
+def renewal_app() -> Celery:
+    app = Celery("renewals", set_as_current=False)
+
+    @app.task(base=LockedTask, lock_by=["k"], lock_ttl=25, shared=False, name="renewals.fixed")
+    def fixed(k: str) -> None: ...
+
+    @app.task(base=LockedTask, lock_by=["k"], shared=False, name="renewals.leased")
+    def leased(k: str) -> None: ...
+
+    @app.task(
+        base=LockedTask,
+        lock_by=["k"],
+        lock_name="grp",
+        lock_ttl=60,
+        shared=False,
+        name="renewals.grouped_fixed",
+    )
+    def grouped_fixed(k: str) -> None: ...
+
+    @app.task(
+        base=LockedTask,
+        lock_by=["k"],
+        lock_name="grp",
+        shared=False,
+        name="renewals.grouped_leased",
+    )
+    def grouped_leased(k: str) -> None: ...
+
+    return app
+
+
+def task_lock(
+    lock_name: str, ttl: float | None, acquired_ago: float, overrides: dict[str, object] | None
+) -> HeldLock:
+    acquired = int((NOW - acquired_ago) * 1000)
+    value = f"{'a' * 32}|7|{acquired}|w1@web-1|t-1"
+    name = f"{lock_name}:{'0' * 32}"
+    return HeldLock(
+        f"redlock:{{{name}}}", name, 1, value, _owner.parse(value), ttl, None, overrides
+    )
+
+
+NOW = 1_800_000_000.0
+
+
+@pytest.mark.parametrize(
+    ("lock_name", "ttl", "ago", "overrides", "kind", "says"),
+    [
+        # lock_ttl=25 acquired 12 s ago: 13 s left, counting down from its acquisition.
+        ("renewals.fixed", 13.0, 12.0, None, FIXED, "fixed 25s, never renewed"),
+        ("renewals.fixed", 13.0, 13.9, None, FIXED, "fixed 25s"),  # clocks 1.9 s apart
+        # 13 s left 1 s after its acquisition: extended since (other code that renews it).
+        ("renewals.fixed", 13.0, 1.0, None, UNSURE, "does not count down from its acquisition"),
+        ("renewals.fixed", None, 1.0, None, UNSURE, "does not count down"),
+        ("renewals.leased", 13.0, 100.0, None, RENEWED, ""),
+        ("grp", 13.0, 47.0, None, UNSURE, "renew it or not"),  # a fixed task and a renewed one
+        ("elsewhere.task", 13.0, 12.0, None, UNSURE, "no task of the app takes the lock name"),
+        # The holder's per-call lock_ttl decides, whatever its task's option says.
+        ("renewals.leased", 13.0, 27.0, {"ttl": 40.0}, FIXED, "its call's per-call lock_ttl"),
+        ("renewals.fixed", 13.0, 12.0, {"ttl": None}, RENEWED, ""),
+        ("renewals.fixed", 13.0, 12.0, {"on_contention": "wait"}, FIXED, "fixed 25s"),
+        ("renewals.fixed", 13.0, 12.0, {"ttl": "x"}, UNSURE, "is no number of seconds"),
+    ],
+)
+def test_the_app_s_tasks_say_whether_a_lock_is_renewed(
+    lock_name: str,
+    ttl: float | None,
+    ago: float,
+    overrides: dict[str, object] | None,
+    kind: str,
+    says: str,
+) -> None:
+    lock = task_lock(lock_name, ttl, ago, overrides)
+    found = renewals(renewal_app(), [lock], now=NOW)[lock.key]
+    assert found.kind == kind and says in found.why
+
+
+def test_a_lock_without_an_argument_digest_is_no_task_s() -> None:
+    value = f"{'a' * 32}|7|{int(NOW * 1000)}|w1@web-1|t-1"
+    plain = HeldLock(
+        "redlock:{renewals.fixed}", "renewals.fixed", 1, value, _owner.parse(value), 25.0, None
+    )
+    assert renewals(renewal_app(), [plain], now=NOW)[plain.key] == NOT_KNOWN
+
+
+def test_an_app_whose_tasks_cannot_be_read_leaves_every_lock_unsure() -> None:
+    """A task option the app refuses stops its finalization: no lock is known to be fixed
+    (never dead by its task's ``lock_ttl``), and the judgment does not fail."""
+    app = renewal_app()
+
+    @app.task(base=LockedTask, lock_by=["k"], shared=False, name="renewals.bad{x}")
+    def bad(k: str) -> None: ...
+
+    lock = task_lock("renewals.fixed", 13.0, 12.0, None)
+    found = renewals(app, [lock], now=NOW)[lock.key]
+    assert found.kind == UNSURE and "the app's tasks cannot be read (LockConfigError)" in found.why

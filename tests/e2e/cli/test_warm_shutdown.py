@@ -47,7 +47,7 @@ def test_a_task_running_in_a_worker_in_warm_shutdown_keeps_its_lock(
         dead = cli(server.port, "release", "--dead")
         assert dead.returncode == 0, dead.stderr
         assert f"kept {lock['key']}" in dead.stdout, dead.stdout
-        assert "lease renewed" in dead.stdout and "warm shutdown" in dead.stdout
+        assert "renewed lease: " in dead.stdout and "warm shutdown" in dead.stdout
         assert "released 0 lock(s)" in dead.stdout
         assert locks.exists(lock["key"])
 
