@@ -147,11 +147,10 @@ def _unloadable(exc: Exception) -> None:
     named after the import, from every locked call's acquire, while plain tasks ran."""
     logger.warning(
         "celery-redlock records no spans: OTEL_PYTHON_TRACER_PROVIDER=%r names a tracer "
-        "provider that cannot be loaded (%s: %s); install the package that provides it, or "
+        "provider that cannot be loaded (%s); install the package that provides it, or "
         "unset the variable",
         os.environ.get("OTEL_PYTHON_TRACER_PROVIDER"),
-        type(exc).__name__,
-        exc,
+        f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
     )
 
 

@@ -75,6 +75,11 @@ UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+def as_text(value: Any) -> str:
+    """A reply's ``value`` as text (bytes decoded as UTF-8, undecodable bytes replaced)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
 def refused(exc: BaseException) -> bool:
     """Whether ``exc`` is an error reply by which a node refuses for now (``BUSY``, ``OOM``,
     ``READONLY``, ``NOPERM``...: :func:`celery_redlock._redis.core.classify`)."""

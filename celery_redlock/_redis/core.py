@@ -18,9 +18,11 @@ the same outcome:
 * :attr:`Outcome.UNAVAILABLE`: no answer (connection, timeout, a server still ``LOADING``,
   ``CLUSTERDOWN``, an exhausted client pool); the lock state there is unknown;
 * :attr:`Outcome.REFUSED`: an error reply by which the node refuses for now (``BUSY``,
-  ``MISCONF``, ``READONLY``, ``MASTERDOWN``, ``NOREPLICAS``, ``OOM``, ``NOPERM``): unknown too;
+  ``MISCONF``, ``READONLY``, ``MASTERDOWN``, ``NOREPLICAS``, ``OOM``, ``NOPERM``), or for
+  good because the URL names the wrong server (``MOVED``, ``ASK``, ``CROSSSLOT``: a Cluster's
+  node; ``unknown command``: a Sentinel; a missing password or database): unknown too;
 * :attr:`Outcome.NOSCRIPT`: the script cache lacks a script (load it and run it again);
-* :attr:`Outcome.REPLY`: any other error reply (a bug, or a command the server lacks).
+* :attr:`Outcome.REPLY`: any other error reply (a bug: a script's own error).
 
 The first two become :class:`~celery_redlock.LockUnavailable` (:func:`unavailable`), so a task
 follows ``redlock_on_unavailable`` and renewal retries.
@@ -116,7 +118,9 @@ _REFUSED_CLASSES = frozenset(
 #: (``READONLY``) or has lost its replicas (``MASTERDOWN``, ``NOREPLICAS``), memory is full
 #: under ``noeviction`` (``OOM``), the ACL user lacks a permission (``NOPERM``, and inside a
 #: script: :func:`denied_by_acl`), or a Cluster node does not serve the key's slot (``MOVED``,
-#: ``ASK``: a plain URL names one node of a Cluster, or a Cluster client gave up redirecting).
+#: ``ASK``: a plain URL names one node of a Cluster, or a Cluster client gave up redirecting;
+#: ``CROSSSLOT`` is refused too, by :func:`classify`). Texts refused anywhere in a reply, such
+#: as a Sentinel's ``unknown command``, are in ``_REFUSED_TEXTS``.
 REFUSED_REPLIES = (
     "BUSY",
     "MISCONF",
@@ -139,6 +143,13 @@ MOVED_HINT = (
 _PIPELINE_ERROR = re.compile(r"^(Command # \d+ \(.*\) of pipeline caused error: )(.*)$", re.S)
 
 
+def _piped(text: str) -> tuple[str, str]:
+    """``text`` of an error as redis-py's annotation of a pipeline's command, and the reply
+    (``("", text)`` when it is none)."""
+    piped = _PIPELINE_ERROR.match(text)
+    return (piped[1], piped[2]) if piped else ("", text)
+
+
 def redirect_text(exc: BaseException) -> str:
     """``MOVED <slot> <node>`` or ``ASK ...`` for a Cluster's redirection (redis-py keeps the
     reply's address but not its first word), else ``""``. Of a pipeline's command, the word
@@ -146,10 +157,7 @@ def redirect_text(exc: BaseException) -> str:
     "caused error: 15169 127.0.0.1:7002", which names neither MOVED nor the fix)."""
     names = {cls.__name__ for cls in type(exc).__mro__}
     text = str(exc)
-    head, reply = "", text
-    piped = _PIPELINE_ERROR.match(text)
-    if piped:
-        head, reply = piped.groups()
+    head, reply = _piped(text)
     if "MovedError" in names or "AskError" in names:
         return f"{head}{'MOVED' if 'MovedError' in names else 'ASK'} {reply}"
     return text if reply.startswith(("MOVED ", "ASK ")) else ""
@@ -189,6 +197,9 @@ NOT_A_SENTINEL = (
     "redis+sentinel:// URL names the Sentinels (port 26379 by default); the Redis server's "
     "own port takes a redis:// URL"
 )
+
+#: How a Redis server that is no Sentinel refuses a Sentinel client's query (lower case).
+_UNKNOWN_SENTINEL = "unknown command 'sentinel'"
 
 #: Reply prefixes that mean "no answer" even when a client reports them as a plain error reply.
 _UNAVAILABLE_REPLIES = ("LOADING", "CLUSTERDOWN", "TRYAGAIN")
@@ -232,7 +243,9 @@ def classify(exc: BaseException) -> Outcome | None:
         return Outcome.REFUSED
     text = str(exc)
     inner = _SCRIPT_REPLY.search(text)
-    prefix = inner.group(1) if inner else text.split(" ", 1)[0]
+    # redis-py before 5.1 raises a MOVED in a plain client's pipeline as a ResponseError, its
+    # text after "Command # 1 (MGET ...) of pipeline caused error: ".
+    prefix = inner.group(1) if inner else _piped(text)[1].split(" ", 1)[0]
     if prefix == "NOSCRIPT":
         return Outcome.NOSCRIPT
     if prefix in _UNAVAILABLE_REPLIES:
@@ -266,6 +279,8 @@ def refusal_hints(exc: BaseException) -> tuple[str, list[str]]:
     (``MOVED``, ``ASK``, ``CROSSSLOT``)."""
     moved = redirect_text(exc)
     text = moved or describe(exc)
+    if _UNKNOWN_SENTINEL in text.lower():  # redis-py < 8.2 raises it unwrapped: the URL is a
+        return text, [NOT_A_SENTINEL]  # Sentinel URL already, and its port no Sentinel's
     hints = [hint for refusal, hint in _REFUSED_TEXTS.items() if refusal in text]
     crossslot = _CROSSSLOT in text or any(
         cls.__name__ == "ClusterCrossSlotError" for cls in type(exc).__mro__
@@ -281,7 +296,7 @@ def connect_hint(tls: bool | None, exc: BaseException, client_cert: bool | None 
     (:data:`NOT_A_SENTINEL`), or TLS that does not match (:func:`tls_mismatch`). ``tls``:
     whether the client uses TLS (``None``: unknown, as for a Cluster); ``client_cert``:
     whether the URL gives a client certificate (``None``: unknown)."""
-    if "unknown command 'sentinel'" in str(exc).lower():
+    if _UNKNOWN_SENTINEL in str(exc).lower():
         return NOT_A_SENTINEL
     return "" if tls is None else tls_mismatch(tls, exc, client_cert)
 
@@ -298,17 +313,15 @@ def tls_mismatch(tls: bool, exc: BaseException, client_cert: bool | None = None)
       "Connection closed by server", which gets no hint). Another service resets it too
       (RabbitMQ's port, when a broker URL was copied into the lock URL), so the hint names
       both.
-    * ``rediss://`` without a client certificate (``client_cert`` not true) to a server that
-      wants one (``tls-auth-clients yes``): the handshake completes, then the server closes
-      the connection; the client's first write fails ("EOF occurred in violation of
-      protocol"), or its first read gets the server's alert ("certificate required").
+    * ``rediss://`` without a client certificate the server trusts, to a server that wants
+      one (``tls-auth-clients yes``): the handshake completes, then the server closes the
+      connection; the client's first write fails ("EOF occurred in violation of protocol"),
+      or its first read gets the server's alert ("certificate required") or, on older
+      OpenSSL, a reset. ``client_cert``: whether the URL gives one (``None``: not known).
     """
     text = str(exc)
-    if tls and not client_cert and _NO_CLIENT_CERT.search(text):
-        return (
-            "the server may want a client certificate (tls-auth-clients yes): give "
-            "ssl_certfile and ssl_keyfile in the URL"
-        )
+    if tls and _NO_CLIENT_CERT.search(text):
+        return _CLIENT_CERT_HINTS[client_cert]
     if tls and "Timeout connecting" in text:
         return "if that port does not take TLS, a rediss URL waits like this: use the redis scheme"
     if not tls and "Connection reset by peer" in text:
@@ -320,7 +333,19 @@ def tls_mismatch(tls: bool, exc: BaseException, client_cert: bool | None = None)
 
 
 #: How a TLS server that wants a client certificate ends a connection that gave none.
-_NO_CLIENT_CERT = re.compile(r"EOF occurred in violation of protocol|certificate required", re.I)
+_NO_CLIENT_CERT = re.compile(
+    r"EOF occurred in violation of protocol|certificate required|Connection reset by peer", re.I
+)
+
+#: What :func:`tls_mismatch` says of it, by whether the URL gives a client certificate.
+_CLIENT_CERT_HINTS = {
+    False: "the server may want a client certificate (tls-auth-clients yes): give ssl_certfile "
+    "and ssl_keyfile in the URL",
+    None: "the server may want a client certificate it trusts (tls-auth-clients yes): give "
+    "ssl_certfile and ssl_keyfile in the URL",
+    True: "the server may not trust the client certificate the URL gives (ssl_certfile): it "
+    "must be signed by a CA of the server's tls-ca-cert-file",
+}
 
 
 def unavailable(

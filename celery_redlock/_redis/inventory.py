@@ -76,6 +76,7 @@ from . import owner as _owner
 from . import scripts as _scripts
 from .clients import (
     UNAVAILABLE_ERRORS,
+    as_text,
     client_for,
     gives_client_cert,
     missing_files,
@@ -408,8 +409,11 @@ class Inventory:
         self.quorum = majority(len(self.urls)) if len(self.urls) > 1 else 1
         #: Quorum nodes that did not answer: ``{index: (when, error)}`` (:data:`DOWN_FOR`).
         self._down: dict[int, tuple[float, LockUnavailable]] = {}
-        #: Whether the server was found fit for a listing (:meth:`_check_fit`).
-        self._fits = False
+        #: Whether the server was found fit for a listing (:meth:`_check_fit`): ``None``
+        #: until checked, else ``True`` or why not, raised on every call (the dashboard keeps
+        #: one inventory for its life: it listed that node's own locks from its second page
+        #: view on).
+        self._fits: bool | str | None = None
 
     def on_unanswered(self, node: str, error: LockUnavailable) -> None:
         """Called for each quorum node that did not answer a read or a release while a majority
@@ -463,7 +467,7 @@ class Inventory:
         while True:
             i, raw, cursor = self._step(cursor, pattern, count, missed)
             looked_at += count
-            found.setdefault(i, []).extend(_text(k) for k in raw)
+            found.setdefault(i, []).extend(as_text(k) for k in raw)
             matched += len(raw)
             if len(raw) < count // 2:
                 count = min(count * 4, MAX_STEP)
@@ -622,7 +626,7 @@ class Inventory:
     def queued(self, name: str) -> str | None:
         """The task id of ``name``'s queued call (``lock_enqueue``), or ``None``."""
         marker = self._first(lambda c: c.get(keys_for(self.prefix, name).queued))
-        return None if marker is None else _text(marker)
+        return None if marker is None else as_text(marker)
 
     def clear_marker(self, key: str, fingerprint: str) -> bool:
         """Delete the marker at ``key`` (a rate window with its promised next slot) if its
@@ -681,10 +685,12 @@ class Inventory:
         for key, values in zip(page, replies, strict=True):
             if values is FOREIGN:
                 continue
-            task = _text(key)[len(head) :]
+            task = as_text(key)[len(head) :]
             if task.startswith(CHECK_NAME):
                 continue
-            out[task] = {_text(k): int(v) for k, v in values.items() if re.fullmatch(rb"-?\d+", v)}
+            out[task] = {
+                as_text(k): int(v) for k, v in values.items() if re.fullmatch(rb"-?\d+", v)
+            }
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -693,14 +699,17 @@ class Inventory:
             client = client_for(self.urls[i])
         except Exception as exc:
             raise self._failure(self.urls[i], exc) from exc
-        if not self._fits:
+        if self._fits is None:
             self._check_fit(client)
+        if isinstance(self._fits, str):
+            raise LockUnavailable(self._fits, nodes=(redact(self.urls[i]),))
         return client
 
     def _check_fit(self, client: Any) -> None:
-        """Raise when the one plain URL reaches a server through which not every lock can be
-        seen (:func:`~.probe.misfit`: a Sentinel, or a node of a Redis Cluster that does not
-        serve every slot), naming the URL to use; once per inventory, by one ``INFO``. An
+        """Find whether the one plain URL reaches a server through which not every lock can
+        be seen (:func:`~.probe.misfit`: a Sentinel, or a node of a Redis Cluster that does not
+        serve every slot), and then why, naming the URL to use; once per inventory, by one
+        ``INFO``. An
         ``INFO`` that is refused (an ACL without ``+info``) checks nothing: a listing of a
         Cluster node then shows its own slots' locks only, and a read of a key in another
         slot is refused with ``MOVED`` and the same hint (:func:`~.core.refusal_hints`)."""
@@ -717,13 +726,12 @@ class Inventory:
             self._fits = True  # refused: not known
             return
         found = misfit(client, info)
-        self._fits = True
-        if found is not None:
-            raise LockUnavailable(
-                f"the lock Redis at {redact(url)} is {found.what}: through a "
-                f"{url.partition('://')[0]}:// URL {_UNSEEN[found.sentinel]}; {found.fix}",
-                nodes=(redact(url),),
-            )
+        self._fits = (
+            True
+            if found is None
+            else f"the lock Redis at {redact(url)} is {found.what}: through a "
+            f"{url.partition('://')[0]}:// URL {_UNSEEN[found.sentinel]}; {found.fix}"
+        )
 
     def _step(
         self, cursor: str, pattern: str, count: int, missed: dict[str, str] | None = None
@@ -789,7 +797,7 @@ class Inventory:
         each: a ``SCAN`` may return a key twice)."""
         parsed: dict[str, tuple[str, str, int]] = {}
         for item in keys:
-            key = _text(item)
+            key = as_text(item)
             slot = self.parse(key) if is_slot(key) else None
             if slot is not None:
                 parsed[key] = slot
@@ -840,7 +848,7 @@ class Inventory:
                     name=name,
                     kind=kind,
                     ttl=None if int(pttl) < 0 else int(pttl) / 1000.0,
-                    task_id=None if kind == "rate" or info is None else _text(info),
+                    task_id=None if kind == "rate" or info is None else as_text(info),
                     starts=int(info or 0) if kind == "rate" else None,
                     fingerprint=hashlib.sha1(bytes(dumped)).hexdigest()[:16],
                 )
@@ -1045,18 +1053,18 @@ class Inventory:
             raw, raw_pttl, fence, record = replies[0]
             if raw is None:
                 return None
-            value, pttl = _text(raw), int(raw_pttl)
+            value, pttl = as_text(raw), int(raw_pttl)
             largest = pttl
             fencing = None if fence is None else int(fence)
             overrides = None if record is None else _overrides(value, [record])
         else:
             replies = [r for r in replies if r[0] is not None]
-            values = [_text(r[0]) for r in replies]
+            values = [as_text(r[0]) for r in replies]
             majority_value = max(set(values), key=values.count) if values else None
             if majority_value is None or values.count(majority_value) < self.quorum:
                 return None
             value = majority_value
-            pttls = sorted((int(r[1]) for r in replies if _text(r[0]) == value), reverse=True)
+            pttls = sorted((int(r[1]) for r in replies if as_text(r[0]) == value), reverse=True)
             pttl, largest = pttls[self.quorum - 1], pttls[0]
             fences = [int(r[2]) for r in replies if r[2] is not None]
             fencing = max(fences) if fences else None
@@ -1116,7 +1124,3 @@ def _overrides(token: str, records: Sequence[Any]) -> dict[str, Any] | None:
             overrides = data.get("overrides")
             return dict(overrides) if isinstance(overrides, dict) else None
     return None
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value

@@ -27,7 +27,7 @@ import redis as redis_py
 from redis.cluster import RedisCluster
 
 from . import scripts as _scripts
-from .clients import UNAVAILABLE_ERRORS, client_for, refused
+from .clients import UNAVAILABLE_ERRORS, as_text, client_for, refused
 from .core import MOVED_HINT, password_missing, refusal_hints
 from .keys import CHECK_NAME, glob_escape, keys_for, lock_pattern, stats_key, timeline_key
 from .scripts.base import Script
@@ -258,9 +258,9 @@ def misfit(client: Any, info: Mapping[str, Any]) -> Misfit | None:
       lists the locks on that node, and exits 0; (3) ``release --dead`` keeps the dead
       workers' locks on the two others, and says it released them all.
     """
-    if _text(info.get("redis_mode", "")) == "sentinel":
+    if as_text(info.get("redis_mode", "")) == "sentinel":
         return Misfit("a Redis Sentinel", SENTINEL_FIX, sentinel=True)
-    if _text(info.get("cluster_enabled", "")) != "1":
+    if as_text(info.get("cluster_enabled", "")) != "1":
         return None
     served = _slots_served(client)
     if served == CLUSTER_SLOTS:  # a Cluster of one primary: every key is on this node
@@ -281,7 +281,7 @@ def _slots_served(client: Any) -> int | None:
     except ERRORS:
         return None
     if isinstance(nodes, (bytes, str)):  # unparsed: one line per node
-        lines = [line.split() for line in _text(nodes).splitlines()]
+        lines = [line.split() for line in as_text(nodes).splitlines()]
         nodes = {
             words[1]: {"flags": words[2], "slots": [w.split("-") for w in words[8:]]}
             for words in lines
@@ -290,17 +290,13 @@ def _slots_served(client: Any) -> int | None:
     if not isinstance(nodes, dict):
         return None
     for node in nodes.values():
-        flags = _text(node.get("flags", "")).split(",")
+        flags = as_text(node.get("flags", "")).split(",")
         if "myself" in flags:
             if "master" not in flags:
                 return 0  # a replica serves no slot: its keys' commands are MOVED
-            ranges = [r for r in node.get("slots", []) if not _text(r[0]).startswith("[")]
+            ranges = [r for r in node.get("slots", []) if not as_text(r[0]).startswith("[")]
             return sum(int(r[-1]) - int(r[0]) + 1 for r in ranges)
     return None
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def infos(client: Any) -> list[tuple[str | None, dict[str, Any]]]:

@@ -37,6 +37,7 @@ from typing import Any
 
 import redis as redis_py
 
+from .clients import as_text
 from .core import classify
 from .forks import Guard
 from .owner import current_pid
@@ -44,11 +45,7 @@ from .owner import current_pid
 
 def on(message: dict[str, Any], channel: str) -> bool:
     """Whether a pub/sub ``message`` came on ``channel`` (bytes, or str with decoded replies)."""
-    return _text(message["channel"]) == channel
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+    return as_text(message["channel"]) == channel
 
 
 # -- threads -------------------------------------------------------------------------------------
@@ -373,7 +370,7 @@ class _Connection:
             asyncio.get_running_loop().create_task(_close(self.pubsub))
 
     def _dispatch(self, message: dict[str, Any]) -> None:
-        channel = _text(message["channel"])
+        channel = as_text(message["channel"])
         if message["type"] == "subscribe":
             self.confirmed.add(channel)
             for confirmation in self.pending.pop(channel, []):

@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
@@ -153,6 +154,9 @@ class RedisServer:
         self.port = port or free_port()
         self.args = list(args)
         self.process: subprocess.Popen[bytes] | None = None
+        #: One :meth:`stop` at a time: an xdist worker's watcher may stop the server from its
+        #: thread while the session's teardown does (``pytest_plugin._orphan_stops``).
+        self._stopping = threading.Lock()
         self._dir = tempfile.mkdtemp(prefix="redlock-redis-")
         #: Removes the folder: at ``with``'s end, or when the object is collected or the
         #: interpreter exits (a server used with start() and stop() alone, or never started).
@@ -265,13 +269,14 @@ class RedisServer:
         """Kill the server (SIGKILL: nothing to persist) and wait for it. The whole process
         group goes: a ``REDLOCK_TEST_REDIS_SERVER`` wrapper script that runs redis-server
         without ``exec`` leaves it as a child, which outlived the wrapper's kill."""
-        if self.process is not None:
-            # Not reaped before (start() looks without reaping): the group's id is still this
-            # process's, never a later process's that got its pid.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
-        self.process = None
+        with self._stopping:
+            process, self.process = self.process, None
+            if process is not None:
+                # Not reaped before (start() looks without reaping): the group's id is still
+                # this process's, never a later process's that got its pid.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
 
     def restart(self) -> None:
         """Stop and start again on the same port, empty."""

@@ -119,10 +119,12 @@ def _orphan_stops(server: RedisServer, enabled: bool) -> Iterator[None]:
     try:
         yield
     finally:
-        os.write(wake_write, b"x")
-        watcher.join()  # before the server's own teardown: never two stop()s at once
-        os.close(wake_read)
-        os.close(wake_write)
+        try:
+            os.write(wake_write, b"x")
+            watcher.join()  # before the server's own teardown (which stop() also guards)
+        finally:
+            os.close(wake_read)
+            os.close(wake_write)
 
 
 def _watch_parent(parent: int, wake: int, orphaned: Callable[[], None]) -> None:

@@ -243,6 +243,17 @@ def test_the_command_line_refuses_a_plain_url_naming_one_cluster_node(
             lock.release()
 
 
+def test_one_inventory_of_a_plain_url_naming_a_cluster_node_refuses_every_time(
+    cluster: ClusterNodes,
+) -> None:
+    """Review, round 3: the dashboard keeps one inventory for its life; its first page view
+    was refused, and each later one listed the node's own locks only, as before the check."""
+    inventory = Inventory(f"redis://127.0.0.1:{cluster.nodes[0].port}/0", "redlock")
+    for _ in range(3):
+        with pytest.raises(LockUnavailable, match="is a node of a Redis Cluster that serves"):
+            inventory.all()
+
+
 def test_a_pipelined_read_moved_away_says_moved_and_what_to_use(
     cluster: ClusterNodes, rc: redis_py.RedisCluster
 ) -> None:
