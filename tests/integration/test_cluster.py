@@ -91,6 +91,15 @@ def test_every_script_runs_in_one_slot_on_the_nodes_owning_it(
     assert rc.exists(lock.key) == 0
 
 
+def elsewhere(rc: redis_py.RedisCluster, port: int) -> str:
+    """A lock name whose key lives on another node than the one on ``port``."""
+    return next(
+        f"moved-{i}"
+        for i in range(100)
+        if owner_port(rc, keys_for("redlock", f"moved-{i}").lock) != port
+    )
+
+
 def test_a_plain_url_naming_one_cluster_node_is_unavailable_naming_the_cluster_scheme(
     cluster: ClusterNodes, rc: redis_py.RedisCluster
 ) -> None:
@@ -98,11 +107,7 @@ def test_a_plain_url_naming_one_cluster_node_is_unavailable_naming_the_cluster_s
     a raw ``MovedError: 14035 127.0.0.1:7002`` (Celery: "raised unexpected"), outside the
     ``redlock_on_unavailable`` policy. It is a refusal, which says what to use."""
     first = cluster.nodes[0]
-    name = next(
-        f"moved-{i}"
-        for i in range(100)
-        if owner_port(rc, keys_for("redlock", f"moved-{i}").lock) != first.port
-    )
+    name = elsewhere(rc, first.port)
     with pytest.raises(LockUnavailable) as info:
         Lock(f"redis://127.0.0.1:{first.port}/0", name, ttl=10).acquire(blocking=False)
     said = str(info.value)
@@ -265,11 +270,7 @@ def test_a_pipelined_read_moved_away_says_moved_and_what_to_use(
             "ACL", "SETUSER", "noinfo", "on", ">pw", "~*", "&*", "+@all", "-info"
         )
     first = cluster.nodes[0]
-    name = next(
-        f"moved-{i}"
-        for i in range(100)
-        if owner_port(rc, keys_for("redlock", f"moved-{i}").lock) != first.port
-    )
+    name = elsewhere(rc, first.port)
     with pytest.raises(LockUnavailable) as info:
         Inventory(f"redis://noinfo:pw@127.0.0.1:{first.port}/0", "redlock").read(name)
     said = str(info.value)
