@@ -49,6 +49,8 @@ from .clients import (
     check_distinct,
     check_member,
     check_timeouts,
+    gives_cert,
+    gives_client_cert,
     is_cluster,
     node_name,
     redact_url,
@@ -329,9 +331,11 @@ class Node:
             check_url(target)
             self.name = _url_name(target)
             self.tls: bool | None = target.startswith("rediss")
+            self.cert: bool | None = gives_client_cert(target)
         else:
             self.name = node_name(check_client(target, asyncio=True))
             self.tls = uses_tls(target)
+            self.cert = gives_cert(target)
 
     def client(self) -> Any:
         """The client: the given one, or the running loop's client for the URL."""
@@ -362,7 +366,7 @@ class SingleNode(QueueRules):
         except Exception as exc:
             if classify(exc) not in (Outcome.UNAVAILABLE, Outcome.REFUSED):
                 raise
-            raise unavailable(exc, key, self.names, self.node.tls) from exc
+            raise unavailable(exc, key, self.names, self.node.tls, self.node.cert) from exc
 
     async def _run(self, source: str, call: Call, key: str) -> Any:
         try:

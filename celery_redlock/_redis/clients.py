@@ -556,6 +556,14 @@ def is_cluster(client: Any) -> bool:
     return any(cls.__name__ in ("RedisCluster", "ValkeyCluster") for cls in type(client).__mro__)
 
 
+def gives_cert(client: Any) -> bool | None:
+    """Whether ``client`` gives a TLS client certificate; ``None`` for a Cluster client."""
+    if is_cluster(client):
+        return None
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", {})
+    return bool(kwargs.get("ssl_certfile"))
+
+
 def uses_tls(client: Any) -> bool | None:
     """Whether ``client`` connects over TLS; ``None`` for a Cluster client (one pool per node)."""
     if is_cluster(client):

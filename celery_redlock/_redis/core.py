@@ -317,10 +317,13 @@ def tls_mismatch(tls: bool, exc: BaseException, client_cert: bool | None = None)
       one (``tls-auth-clients yes``): the handshake completes, then the server closes the
       connection; the client's first write fails ("EOF occurred in violation of protocol"),
       or its first read gets the server's alert ("certificate required") or, on older
-      OpenSSL, a reset. ``client_cert``: whether the URL gives one (``None``: not known).
+      OpenSSL, a reset (hinted only when the URL gives no certificate: a reset has other
+      causes). ``client_cert``: whether the URL gives one (``None``: not known).
     """
     text = str(exc)
-    if tls and _NO_CLIENT_CERT.search(text):
+    # A reset has other causes (a failover, an idle connection cut by a load balancer): it
+    # gets the hint only when the URL gives no certificate.
+    if tls and (_NO_CLIENT_CERT.search(text) or (client_cert is False and _RESET in text)):
         return _CLIENT_CERT_HINTS[client_cert]
     if tls and "Timeout connecting" in text:
         return "if that port does not take TLS, a rediss URL waits like this: use the redis scheme"
@@ -333,9 +336,9 @@ def tls_mismatch(tls: bool, exc: BaseException, client_cert: bool | None = None)
 
 
 #: How a TLS server that wants a client certificate ends a connection that gave none.
-_NO_CLIENT_CERT = re.compile(
-    r"EOF occurred in violation of protocol|certificate required|Connection reset by peer", re.I
-)
+_NO_CLIENT_CERT = re.compile(r"EOF occurred in violation of protocol|certificate required", re.I)
+#: How an older OpenSSL sees it: the server resets the connection.
+_RESET = "Connection reset by peer"
 
 #: What :func:`tls_mismatch` says of it, by whether the URL gives a client certificate.
 _CLIENT_CERT_HINTS = {
@@ -349,10 +352,15 @@ _CLIENT_CERT_HINTS = {
 
 
 def unavailable(
-    exc: BaseException, key: str, names: tuple[str, ...], tls: bool | None = None
+    exc: BaseException,
+    key: str,
+    names: tuple[str, ...],
+    tls: bool | None = None,
+    client_cert: bool | None = None,
 ) -> LockUnavailable:
     """The :class:`LockUnavailable` for ``exc`` (no answer, or a refusal) from node ``names``,
-    whose client uses TLS or not (``tls``; ``None`` when unknown, as for a Cluster).
+    whose client uses TLS or not (``tls``; ``None`` when unknown, as for a Cluster) and gives
+    a TLS client certificate or not (``client_cert``; ``None`` when unknown).
 
     A client pool that ran out of connections is named as such: the server may be fine.
     """
@@ -376,7 +384,7 @@ def unavailable(
         what += "".join(f" ({hint})" for hint in hints)
     else:
         what = f"Redis at {names[0]} did not answer for lock {key}: {text}"
-        hint = connect_hint(tls, exc)
+        hint = connect_hint(tls, exc, client_cert)
         what += f" ({hint})" if hint else ""
     return LockUnavailable(what, key=key, nodes=names)
 

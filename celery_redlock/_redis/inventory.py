@@ -726,6 +726,11 @@ class Inventory:
             self._fits = True  # refused: not known
             return
         found = misfit(client, info)
+        if found is not None and not found.known:
+            # CLUSTER NODES refused or not answered: it may be a Cluster of one primary, fit.
+            # Asked again by the next call (a timeout must not refuse every later one; the
+            # dashboard keeps this inventory for its life).
+            return
         self._fits = (
             True
             if found is None

@@ -58,6 +58,7 @@ from .clients import (
     check_member,
     check_timeouts,
     client_for,
+    gives_cert,
     is_cluster,
     node_name,
     uses_tls,
@@ -160,7 +161,9 @@ class SingleNode(QueueRules):
         except Exception as exc:
             if classify(exc) not in (Outcome.UNAVAILABLE, Outcome.REFUSED):
                 raise
-            raise unavailable(exc, key, self.names, uses_tls(self.client)) from exc
+            raise unavailable(
+                exc, key, self.names, uses_tls(self.client), gives_cert(self.client)
+            ) from exc
 
     def acquire(self, keys: LockKeys, token: str, ttl_ms: int, sole: str = "") -> AcquireResult:
         """A lock: one ``SET key token NX PX ttl GET``, no script and no fencing counter (the

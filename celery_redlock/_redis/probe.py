@@ -243,6 +243,9 @@ class Misfit(NamedTuple):
     fix: str
     #: Whether it is a Sentinel (no lock can be reached), not a Cluster's node (some can).
     sentinel: bool
+    #: Whether the part of the slots it serves is known (``CLUSTER NODES`` answered): a node
+    #: of a Cluster of one primary serves them all, and is fit.
+    known: bool = True
 
 
 def misfit(client: Any, info: Mapping[str, Any]) -> Misfit | None:
@@ -270,6 +273,7 @@ def misfit(client: Any, info: Mapping[str, Any]) -> Misfit | None:
         f"a node of a Redis Cluster that serves {what} of its {CLUSTER_SLOTS} slots",
         MOVED_HINT,
         sentinel=False,
+        known=served is not None,
     )
 
 

@@ -198,9 +198,8 @@ def release(
 ) -> None:
     """Release KEY (refused while its holder is alive, unless --force), or with --dead the
     locks whose holder is dead: its worker does not answer a control ping, and its lock
-    has a fixed lock_ttl (never renewed) or was not renewed within two thirds of
-    redlock_lease. Owner-checked: a lock that changed owner, or was renewed, since it was
-    read is never deleted."""
+    was not renewed within two thirds of redlock_lease. Owner-checked: a lock that changed
+    owner, or was renewed, since it was read is never deleted."""
     key = text_argument(key, "KEY", "a lock key (redlock:{...}) or a lock's name")
     if dead == (key is not None) or (dead and force) or (dry_run and not dead):
         raise click.UsageError("use either KEY [--force] or --dead [--dry-run]")

@@ -42,15 +42,20 @@ got wrong (``lock_ttl=25``, ``redlock_lease=15``):
    thirds of it, so the silent worker was called *alive* and its lock kept;
 3. at 20 s the TTL (5 s) reads as a lease not renewed for 10 s, and the lock is *dead* again.
 
-So a lock known to be fixed (:data:`FIXED`) is judged by the ping alone: *dead* when its worker
-does not answer, whatever its TTL. Known only when its TTL also counts down from the token's
+So a lock known to be fixed (:data:`FIXED`) is never *alive* by its TTL, nor said renewed. Nor
+is it *dead* while its TTL is also a lease's set within two thirds of the lease: the app's
+word cannot rule out a renewal (review, timeline: (1) old workers renew ``job``'s lock under
+a 30 s lease; (2) the new code, given to the command, sets ``lock_ttl=60``; (3) a lock
+acquired 35 s ago and renewed 5 s ago has TTL 25 s: 25 + 35 = 60, the countdown of a fixed
+lock; (4) its worker, in warm shutdown, does not answer: released while its task runs). The
+same holds for a call whose per-call ``lock_ttl=None`` record was lost. It is *unknown*, and
+kept, like an unsure lock. Known fixed only when its TTL also counts down from the token's
 acquisition time (TTL + time since ``acquired_ms`` = ``lock_ttl``, within
-:data:`CLOCK_SLACK`): a TTL that moved since (a worker running other code that renews it, a
-lock handed to a queued waiter) or clocks that disagree make it :data:`UNSURE`. An unsure lock
-set within two thirds of the lease is *unknown*, never *alive* by a renewal that may not have
-happened, nor *dead*; one of a renewing task (:data:`RENEWED`) is *alive*, as above. Past two
-thirds of the lease without a renewal, a lock is *dead* whatever kind it is: a renewing holder
-would have renewed, and a fixed one never proves its holder alive.
+:data:`CLOCK_SLACK`); a TTL that moved since or clocks that disagree make it :data:`UNSURE`.
+An unsure lock set within two thirds of the lease is *unknown*, never *alive* by a renewal
+that may not have happened, nor *dead*; one of a renewing task (:data:`RENEWED`) is *alive*,
+as above. Past two thirds of the lease without a renewal, a lock is *dead* whatever kind it
+is: a renewing holder would have renewed, and a fixed one never proves its holder alive.
 
 Hazard, as a timeline: a live worker whose lease is not renewed and that cannot answer a ping
 in time looks dead.
@@ -346,8 +351,6 @@ def verdict(
     if capped(lock, lease):
         return Verdict(UNKNOWN, f"{silent}, and {_CAPPED}")
     unanswered = f"its worker {host} did not answer a control ping within {timeout}s"
-    if renewal.kind == FIXED:
-        return Verdict(DEAD, f"{unanswered}, and {renewal.why}, so its TTL proves no holder alive")
     age = lease_age(lock, lease)
     if age is not None and age < lease * RENEWED_WITHIN:
         return _recent(silent, age, lease, renewal)

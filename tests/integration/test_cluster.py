@@ -259,6 +259,20 @@ def test_one_inventory_of_a_plain_url_naming_a_cluster_node_refuses_every_time(
             inventory.all()
 
 
+def test_a_plain_url_whose_slots_cannot_be_counted_is_not_refused(cluster: ClusterNodes) -> None:
+    """Review, round 3: when ``CLUSTER NODES`` is refused (an ACL without ``+cluster``) or
+    times out, the node may be a Cluster of one primary, which serves every slot; the
+    inventory refused every call for its life (the dashboard's until a restart). It goes on,
+    and asks again on the next call."""
+    for node in cluster.nodes:
+        node.client().execute_command(
+            "ACL", "SETUSER", "nocluster", "on", ">pw", "~*", "&*", "+@all", "-cluster"
+        )
+    inventory = Inventory(f"redis://nocluster:pw@127.0.0.1:{cluster.nodes[0].port}/0", "redlock")
+    for _ in range(2):
+        assert isinstance(inventory.all(), list)
+
+
 def test_a_pipelined_read_moved_away_says_moved_and_what_to_use(
     cluster: ClusterNodes, rc: redis_py.RedisCluster
 ) -> None:

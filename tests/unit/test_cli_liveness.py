@@ -62,14 +62,21 @@ def test_a_holder_is_alive_by_its_ping_or_its_renewal(
     assert says in said.reason
 
 
-@pytest.mark.parametrize("ttl", [29.0, 24.0, 12.0, 9.5, 1.0])
-def test_a_fixed_lock_ttl_of_a_silent_worker_is_dead_whatever_its_ttl(ttl: float) -> None:
+@pytest.mark.parametrize(
+    ("ttl", "state"), [(29.0, UNKNOWN), (24.0, UNKNOWN), (12.0, UNKNOWN), (9.5, DEAD), (1.0, DEAD)]
+)
+def test_a_fixed_lock_ttl_of_a_silent_worker_is_never_said_renewed(ttl: float, state: str) -> None:
     """Probe: a SIGKILLed worker's ``lock_ttl=25`` lock (lease 15) was "alive (lease renewed
-    ... 4.7s ago)" once its TTL fell below the lease; it never was renewed."""
+    ... 4.7s ago)" once its TTL fell below the lease; it never was renewed. Review: nor is it
+    dead by the app's word while its TTL is also that of a lease set lately: a renewing lock
+    of the workers' older code (a rolling deploy), or of a call whose per-call ``lock_ttl``
+    record was lost, reads the same and would be released while its holder runs. Unknown,
+    and kept, until two thirds of the lease; dead after, as any silent holder's."""
     said = verdict(held(ttl), {"w1@web-1": DEAD}, 1.0, LEASE, FIXED_25)
-    assert (said.state, said.renewed) == (DEAD, False)
-    assert "fixed 25s, never renewed, so its TTL proves no holder alive" in said.reason
-    assert "renewed " not in said.reason.replace("never renewed", "")
+    assert (said.state, said.renewed) == (state, False)
+    if state == UNKNOWN:
+        assert "fixed 25s, never renewed, so whether it was renewed" in said.reason
+    assert "its task renews it" not in said.reason
     # The ping still counts: a fixed lock of a worker that answers is alive.
     assert verdict(held(ttl), {"w1@web-1": ALIVE}, 1.0, LEASE, FIXED_25).state == ALIVE
     # Without a ping, a fixed TTL shows nothing either way.

@@ -16,6 +16,7 @@ from celery_redlock._redis.core import (
     NotAsked,
     Outcome,
     classify,
+    connect_hint,
     describe,
     lost_reply,
     unavailable,
@@ -159,3 +160,23 @@ def test_give_backs_past_the_cap_are_dropped_with_a_warning(
     sender.add(lambda: calls.append("second"), GiveBack("k2", now=0.0), delay=3600)
     assert "lock k2: 1 give-backs wait for Redis already" in caplog.text
     assert len(sender._heap) == 1 and calls == []
+
+
+@pytest.mark.parametrize(
+    ("text", "client_cert", "hinted"),
+    [
+        ("Error 8 while writing to socket. EOF occurred in violation of protocol", False, True),
+        ("Error 8 while writing to socket. EOF occurred in violation of protocol", None, True),
+        ("Error while reading from h:1 : (104, 'Connection reset by peer')", False, True),
+        ("Error while reading from h:1 : (104, 'Connection reset by peer')", None, False),
+        ("Error while reading from h:1 : (104, 'Connection reset by peer')", True, False),
+    ],
+)
+def test_a_tls_reset_hints_at_a_client_certificate_only_when_the_url_gives_none(
+    text: str, client_cert: bool | None, hinted: bool
+) -> None:
+    """Review, round 3: every TLS reset (a failover, a load balancer's idle cut) said to give
+    ssl_certfile, also to a URL that gives one. A reset is the missing certificate's sign (on
+    older OpenSSL) only when the URL gives none; the server's own replies say it anyway."""
+    hint = connect_hint(True, ConnectionError(text), client_cert)
+    assert ("ssl_certfile" in hint) is hinted, hint
