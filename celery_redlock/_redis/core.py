@@ -198,8 +198,9 @@ NOT_A_SENTINEL = (
     "own port takes a redis:// URL"
 )
 
-#: How a Redis server that is no Sentinel refuses a Sentinel client's query (lower case).
-_UNKNOWN_SENTINEL = "unknown command 'sentinel'"
+#: How a Redis server that is no Sentinel refuses a Sentinel client's query (Redis 7 quotes
+#: the command as 'SENTINEL', 6.2 as `SENTINEL`).
+_UNKNOWN_SENTINEL = re.compile(r"unknown command ['`]sentinel['`]", re.I)
 
 #: Reply prefixes that mean "no answer" even when a client reports them as a plain error reply.
 _UNAVAILABLE_REPLIES = ("LOADING", "CLUSTERDOWN", "TRYAGAIN")
@@ -279,7 +280,7 @@ def refusal_hints(exc: BaseException) -> tuple[str, list[str]]:
     (``MOVED``, ``ASK``, ``CROSSSLOT``)."""
     moved = redirect_text(exc)
     text = moved or describe(exc)
-    if _UNKNOWN_SENTINEL in text.lower():  # redis-py < 8.2 raises it unwrapped: the URL is a
+    if _UNKNOWN_SENTINEL.search(text):  # redis-py < 8.2 raises it unwrapped: the URL is a
         return text, [NOT_A_SENTINEL]  # Sentinel URL already, and its port no Sentinel's
     hints = [hint for refusal, hint in _REFUSED_TEXTS.items() if refusal in text]
     crossslot = _CROSSSLOT in text or any(
@@ -296,7 +297,7 @@ def connect_hint(tls: bool | None, exc: BaseException, client_cert: bool | None 
     (:data:`NOT_A_SENTINEL`), or TLS that does not match (:func:`tls_mismatch`). ``tls``:
     whether the client uses TLS (``None``: unknown, as for a Cluster); ``client_cert``:
     whether the URL gives a client certificate (``None``: unknown)."""
-    if _UNKNOWN_SENTINEL in str(exc).lower():
+    if _UNKNOWN_SENTINEL.search(str(exc)):
         return NOT_A_SENTINEL
     return "" if tls is None else tls_mismatch(tls, exc, client_cert)
 

@@ -161,7 +161,8 @@ _CLIENT_REPR = re.compile(
 #: What a plain URL sees of the locks on a server :func:`~.probe.misfit` names (a Cluster's
 #: node, a Sentinel), by whether it is a Sentinel.
 _UNSEEN = {
-    False: "only the locks in that node's own slots are seen, and a listing leaves out the others",
+    False: "a listing leaves out the locks of other nodes' slots, or is refused (CROSSSLOT: "
+    "it reads keys of several slots at once)",
     True: "no lock can be seen",
 }
 
@@ -706,13 +707,13 @@ class Inventory:
         return client
 
     def _check_fit(self, client: Any) -> None:
-        """Find whether the one plain URL reaches a server through which not every lock can
-        be seen (:func:`~.probe.misfit`: a Sentinel, or a node of a Redis Cluster that does not
-        serve every slot), and then why, naming the URL to use; once per inventory, by one
-        ``INFO``. An
-        ``INFO`` that is refused (an ACL without ``+info``) checks nothing: a listing of a
-        Cluster node then shows its own slots' locks only, and a read of a key in another
-        slot is refused with ``MOVED`` and the same hint (:func:`~.core.refusal_hints`)."""
+        """Find whether the one plain URL reaches a server through which the locks cannot be
+        listed (:func:`~.probe.misfit`: a Sentinel, or any node of a Redis Cluster), and then
+        why, naming the URL to use; once per inventory, by one ``INFO`` (asked again only
+        after an ``INFO`` that got no answer). An ``INFO`` that is refused (an ACL without
+        ``+info``) checks nothing: a listing of a Cluster node then shows its own slots' locks
+        only, and a read of a key in another slot is refused with ``MOVED`` and the same hint
+        (:func:`~.core.refusal_hints`)."""
         url = self.urls[0]
         if len(self.urls) > 1 or isinstance(client, RedisCluster):
             self._fits = True
@@ -725,12 +726,7 @@ class Inventory:
                 raise error from exc
             self._fits = True  # refused: not known
             return
-        found = misfit(client, info)
-        if found is not None and not found.known:
-            # CLUSTER NODES refused or not answered: it may be a Cluster of one primary, fit.
-            # Asked again by the next call (a timeout must not refuse every later one; the
-            # dashboard keeps this inventory for its life).
-            return
+        found = misfit(client, info, listing=True)
         self._fits = (
             True
             if found is None

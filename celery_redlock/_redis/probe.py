@@ -243,12 +243,9 @@ class Misfit(NamedTuple):
     fix: str
     #: Whether it is a Sentinel (no lock can be reached), not a Cluster's node (some can).
     sentinel: bool
-    #: Whether the part of the slots it serves is known (``CLUSTER NODES`` answered): a node
-    #: of a Cluster of one primary serves them all, and is fit.
-    known: bool = True
 
 
-def misfit(client: Any, info: Mapping[str, Any]) -> Misfit | None:
+def misfit(client: Any, info: Mapping[str, Any], listing: bool = False) -> Misfit | None:
     """What the server that a plain URL's ``client`` reaches is, and the URL to use instead,
     when that URL cannot reach every lock; ``None`` when it can. ``info`` is its ``INFO``.
     The one check of the worker's startup check and of the inventory (``celery redlock``).
@@ -259,21 +256,22 @@ def misfit(client: Any, info: Mapping[str, Any]) -> Misfit | None:
       refused with ``MOVED``, and a ``SCAN`` lists the node's own keys only. Timeline without
       the check: (1) ``redlock_url`` names one node of three; (2) ``celery redlock ls``
       lists the locks on that node, and exits 0; (3) ``release --dead`` keeps the dead
-      workers' locks on the two others, and says it released them all.
+      workers' locks on the two others, and says it released them all. With ``listing``
+      (the inventory) a node that serves every slot is refused too: a lock's commands work
+      there, but a listing reads keys of several slots at once (``MGET``: ``CROSSSLOT``).
     """
     if as_text(info.get("redis_mode", "")) == "sentinel":
         return Misfit("a Redis Sentinel", SENTINEL_FIX, sentinel=True)
     if as_text(info.get("cluster_enabled", "")) != "1":
         return None
     served = _slots_served(client)
-    if served == CLUSTER_SLOTS:  # a Cluster of one primary: every key is on this node
-        return None
+    if served == CLUSTER_SLOTS and not listing:  # a Cluster of one primary: a lock's commands
+        return None  # work; a listing's reads of keys of several slots do not (CROSSSLOT)
     what = "an unknown part" if served is None else f"{served}"
     return Misfit(
         f"a node of a Redis Cluster that serves {what} of its {CLUSTER_SLOTS} slots",
         MOVED_HINT,
         sentinel=False,
-        known=served is not None,
     )
 
 

@@ -42,20 +42,17 @@ got wrong (``lock_ttl=25``, ``redlock_lease=15``):
    thirds of it, so the silent worker was called *alive* and its lock kept;
 3. at 20 s the TTL (5 s) reads as a lease not renewed for 10 s, and the lock is *dead* again.
 
-So a lock known to be fixed (:data:`FIXED`) is never *alive* by its TTL, nor said renewed. Nor
-is it *dead* while its TTL is also a lease's set within two thirds of the lease: the app's
-word cannot rule out a renewal (review, timeline: (1) old workers renew ``job``'s lock under
-a 30 s lease; (2) the new code, given to the command, sets ``lock_ttl=60``; (3) a lock
-acquired 35 s ago and renewed 5 s ago has TTL 25 s: 25 + 35 = 60, the countdown of a fixed
-lock; (4) its worker, in warm shutdown, does not answer: released while its task runs). The
-same holds for a call whose per-call ``lock_ttl=None`` record was lost. It is *unknown*, and
-kept, like an unsure lock. Known fixed only when its TTL also counts down from the token's
-acquisition time (TTL + time since ``acquired_ms`` = ``lock_ttl``, within
-:data:`CLOCK_SLACK`); a TTL that moved since or clocks that disagree make it :data:`UNSURE`.
-An unsure lock set within two thirds of the lease is *unknown*, never *alive* by a renewal
-that may not have happened, nor *dead*; one of a renewing task (:data:`RENEWED`) is *alive*,
-as above. Past two thirds of the lease without a renewal, a lock is *dead* whatever kind it
-is: a renewing holder would have renewed, and a fixed one never proves its holder alive.
+So a lock the app says is fixed (:data:`FIXED`) is never *alive* by its TTL, nor said
+renewed. Nor is it *dead* while its TTL is also a lease's set within two thirds of the lease:
+the app's word cannot rule out a renewal (review, timeline: (1) old workers renew ``job``'s
+lock under a 30 s lease; (2) the new code, given to the command, sets ``lock_ttl=60``; (3)
+a lock renewed 5 s ago has TTL 25 s; (4) its worker, in warm shutdown, does not answer: it
+would be released while its task runs). The same holds for a call whose per-call
+``lock_ttl=None`` record was lost. It is *unknown*, and kept, like a lock whose renewal is not
+known (:data:`UNSURE`); one of a renewing task (:data:`RENEWED`) is *alive*, as above. A TTL
+above the lease is no lease's, and past two thirds of the lease without a renewal a lock is
+*dead* whatever kind it is: a renewing holder would have renewed, and a fixed one never
+proves its holder alive. So the app's word changes what is said, never what is released.
 
 Hazard, as a timeline: a live worker whose lease is not renewed and that cannot answer a ping
 in time looks dead.
@@ -70,13 +67,12 @@ in time looks dead.
 So ``--dead`` is for workers that were killed or lost (SIGKILL, OOM, a host that is gone).
 A renewed lock of a dead worker is released once it has gone two thirds of a lease without
 renewal (it expires at the whole lease anyway); a fixed-TTL lock as soon as its worker does
-not answer.
+not answer while its TTL is above the lease, else once that TTL is below a third of it.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -97,11 +93,6 @@ RENEWED_WITHIN = 2 / 3
 #: How a lock's TTL is kept (:class:`Renewal`): a lease renewed while its task runs; a fixed
 #: ``lock_ttl``, never renewed; not known (see the module's docstring).
 RENEWED, FIXED, UNSURE = "renewed", "fixed", "unsure"
-
-#: Seconds by which a fixed lock's TTL plus the time since its token's ``acquired_ms`` may
-#: differ from its ``lock_ttl``: the clocks of the worker that wrote that time and of this
-#: machine, the time from the read of the TTL to the judgment, the acquisition's round trip.
-CLOCK_SLACK = 2.0
 
 #: The shortest and longest waits for the workers' pings, in seconds.
 PING_WAITS = (0.1, 3600.0)
@@ -241,17 +232,15 @@ def verdicts(
     return {lock.key: verdict(lock, pinged, timeout, lease, renewed[lock.key]) for lock in locks}
 
 
-def renewals(app: Any, locks: Iterable[HeldLock], now: float | None = None) -> dict[str, Renewal]:
+def renewals(app: Any, locks: Iterable[HeldLock]) -> dict[str, Renewal]:
     """The :class:`Renewal` of each lock, by key, from ``app``'s tasks (the ones imported so
-    far) and the per-call overrides recorded beside the lock, checked against its TTL at
-    ``now`` (epoch seconds; call it as soon as the locks are read)."""
-    now = time.time() if now is None else now
+    far) and the per-call overrides recorded beside the lock."""
     try:
         ttls = _lock_ttls(app)
     except Exception as exc:  # the app cannot be finalized: a task's options are refused
         unread = Renewal(UNSURE, f"the app's tasks cannot be read ({type(exc).__name__})")
         return {lock.key: unread for lock in locks}
-    return {lock.key: _renewal(lock, ttls, now) for lock in locks}
+    return {lock.key: _renewal(lock, ttls) for lock in locks}
 
 
 def _lock_ttls(app: Any) -> dict[str, set[float | None]]:
@@ -275,7 +264,7 @@ def _lock_ttls(app: Any) -> dict[str, set[float | None]]:
 _UNREAD = -1.0
 
 
-def _renewal(lock: HeldLock, ttls: Mapping[str, set[float | None]], now: float) -> Renewal:
+def _renewal(lock: HeldLock, ttls: Mapping[str, set[float | None]]) -> Renewal:
     overrides = lock.overrides or {}
     if "ttl" in overrides:  # the holder's call set its lock_ttl (None: a renewed lease)
         ttl = overrides["ttl"]
@@ -298,19 +287,8 @@ def _renewal(lock: HeldLock, ttls: Mapping[str, set[float | None]], now: float) 
         return Renewal(
             UNSURE, f"the tasks of lock name {lock.lock_name} renew it or not (their lock_ttl)"
         )
-    fixed = sorted(t for t in known if t is not None)
-    shown = " or ".join(f"{t:g}s" for t in fixed)
-    holder = lock.holder
-    if holder is not None and lock.ttl is not None:
-        since = now - holder.acquired_ms / 1000
-        if any(abs(lock.ttl + since - t) <= CLOCK_SLACK for t in fixed):
-            return Renewal(FIXED, f"{source} is a fixed {shown}, never renewed")
-    return Renewal(
-        UNSURE,
-        f"{source} is a fixed {shown}, yet its TTL does not count down from its "
-        f"acquisition (it was extended since, or this machine's clock and its worker's "
-        f"disagree by more than {CLOCK_SLACK:g}s)",
-    )
+    shown = " or ".join(f"{t:g}s" for t in sorted(t for t in known if t is not None))
+    return Renewal(FIXED, f"{source} is a fixed {shown}")
 
 
 def hosts_to_ping(locks: Iterable[HeldLock]) -> set[str]:
@@ -354,11 +332,12 @@ def verdict(
     age = lease_age(lock, lease)
     if age is not None and age < lease * RENEWED_WITHIN:
         return _recent(silent, age, lease, renewal)
-    shown = (
-        f"its TTL shows no renewal for {age:.1f}s, two thirds of redlock_lease or more"
-        if age is not None
-        else "its TTL is not a renewed lease's"
-    )
+    if renewal.kind == FIXED:
+        shown = f"{renewal.why}, never renewed, and its TTL is no lease's set lately"
+    elif age is not None:
+        shown = f"its TTL shows no renewal for {age:.1f}s, two thirds of redlock_lease or more"
+    else:
+        shown = "its TTL is not a renewed lease's"
     return Verdict(DEAD, f"{unanswered}, and {shown}")
 
 
@@ -378,8 +357,6 @@ def unpinged(lock: HeldLock, lease: float, why: str, renewal: Renewal = NOT_KNOW
     unpinged = f"the workers could not be pinged ({why})"
     if capped(lock, lease):
         return Verdict(UNKNOWN, f"{unpinged}, and {_CAPPED}")
-    if renewal.kind == FIXED:
-        return Verdict(UNKNOWN, f"{unpinged}, and {renewal.why}: its TTL shows nothing")
     age = lease_age(lock, lease)
     if lock.holder is not None and age is not None and age < lease * RENEWED_WITHIN:
         return _recent(unpinged, age, lease, renewal)
@@ -405,6 +382,14 @@ def _recent(silence: str, age: float, lease: float, renewal: Renewal) -> Verdict
             f"{silence}, but its lease was set {age:.1f}s ago (acquired or renewed), "
             f"{within}, and its task renews it, so its holder is alive",
             renewed=True,
+        )
+    if renewal.kind == FIXED:  # see the module's docstring
+        return Verdict(
+            UNKNOWN,
+            f"{silence}; {renewal.why}, which this app never renews, but its TTL is also that "
+            f"of a lease set {age:.1f}s ago, {within} (the workers' older code, or a call "
+            "whose per-call lock_ttl record was lost, would renew it), so whether its holder "
+            "is alive is unknown",
         )
     return Verdict(
         UNKNOWN,

@@ -1120,19 +1120,14 @@ def test_semaphore_waiters_on_one_loop_all_get_a_slot_and_send_no_unsubscribe(
     assert "cmdstat_unsubscribe" not in r.info("commandstats")
 
 
-def test_waiters_on_a_shared_channel_are_woken_longest_waiting_first(
-    redis_url: str, r: redis_py.Redis
-) -> None:
+def test_waiters_on_a_shared_channel_are_woken_longest_waiting_first(redis_url: str) -> None:
     """Helper probe, round 3: a release on a shared channel (a semaphore, a quorum) wakes every
     waiter of the loop, and the first woken tries first and wins. They were woken in the order
     of a ``set`` of inboxes, by memory address: on a 3-node quorum with 16 waiters, some won
     111 times and others twice in 415 handoffs, and some timed out after 20 s while the lock
     changed hands every 50 ms. They are woken in the order they began waiting now. Each
-    release here waits for every try its wake caused (counted by the server): a try still on
-    its way when the slot frees takes it, whatever the order of the wake."""
-
-    def scripts_run() -> int:
-        return int(r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+    release here waits for the reply to every try its wake caused (each failed try reads the
+    holder): a try still on its way when the slot frees takes it, whatever the order."""
 
     async def main() -> list[int]:
         holders = [Lock(redis_url, "sem-fifo", ttl=60, limit=2) for _ in range(2)]
@@ -1147,10 +1142,12 @@ def test_waiters_on_a_shared_channel_are_woken_longest_waiting_first(
         releasing: Any = holders[0]
         pending = set(tasks)
         while pending:  # one slot goes round; the other stays held
-            tries = scripts_run() + 1 + len(pending)  # the release, then a try of each waiter
+            for waiter in waiters:
+                waiter.last_holder = None
             await releasing.release()
             finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            await until(lambda tries=tries: scripts_run() >= tries)
+            losers = [waiters[tasks.index(task)] for task in pending]
+            await until(lambda losers=losers: all(w.last_holder for w in losers))
             assert len(finished) == 1
             task = finished.pop()
             assert task.result() is True

@@ -259,18 +259,18 @@ def test_one_inventory_of_a_plain_url_naming_a_cluster_node_refuses_every_time(
             inventory.all()
 
 
-def test_a_plain_url_whose_slots_cannot_be_counted_is_not_refused(cluster: ClusterNodes) -> None:
-    """Review, round 3: when ``CLUSTER NODES`` is refused (an ACL without ``+cluster``) or
-    times out, the node may be a Cluster of one primary, which serves every slot; the
-    inventory refused every call for its life (the dashboard's until a restart). It goes on,
-    and asks again on the next call."""
+def test_a_plain_url_whose_slots_cannot_be_counted_is_refused_too(cluster: ClusterNodes) -> None:
+    """Review, round 3: ``CLUSTER NODES`` refused (an ACL without ``+cluster``): whatever part
+    of the slots the node serves, a listing through it leaves out other nodes' locks or is
+    refused (``CROSSSLOT``, even on a Cluster of one primary); refused, every time."""
     for node in cluster.nodes:
         node.client().execute_command(
             "ACL", "SETUSER", "nocluster", "on", ">pw", "~*", "&*", "+@all", "-cluster"
         )
     inventory = Inventory(f"redis://nocluster:pw@127.0.0.1:{cluster.nodes[0].port}/0", "redlock")
     for _ in range(2):
-        assert isinstance(inventory.all(), list)
+        with pytest.raises(LockUnavailable, match="serves an unknown part of its 16384 slots"):
+            inventory.all()
 
 
 def test_a_pipelined_read_moved_away_says_moved_and_what_to_use(

@@ -555,7 +555,10 @@ def test_a_fixed_lock_ttl_of_a_silent_worker_is_never_said_renewed(
     states = {lock["key"]: lock["alive"] for lock in json.loads(shown.stdout)}
     assert states == {recent_key: "unknown", old_key: "dead"}
     said = run(app, "inspect", recent_key, "--timeout", "0.2").stdout
-    assert "lock_ttl of its tasks (lock name fx.fixed) is a fixed 25s, never renewed" in said
+    assert (
+        "lock_ttl of its tasks (lock name fx.fixed) is a fixed 25s, which this app never renews"
+        in said
+    )
     assert "its task renews it" not in said
 
     dry = run(app, "release", "--dead", "--dry-run", "--timeout", "0.2")
