@@ -17,6 +17,7 @@ from celery_redlock._redis.core import (
     Outcome,
     classify,
     connect_hint,
+    count_votes,
     describe,
     lost_reply,
     unavailable,
@@ -180,3 +181,15 @@ def test_a_tls_reset_hints_at_a_client_certificate_only_when_the_url_gives_none(
     older OpenSSL) only when the URL gives none; the server's own replies say it anyway."""
     hint = connect_hint(True, ConnectionError(text), client_cert)
     assert ("ssl_certfile" in hint) is hinted, hint
+
+
+def test_a_failed_vote_says_whether_the_holder_held_every_node_that_answered() -> None:
+    """What a quorum waiter compares between two tries (core's ``_again_soon``): the holder on
+    every node that answered, then on fewer: its release is under way."""
+    held = [0, b"h-token", 9000]
+    everywhere = count_votes([(held, None)] * 3, 10_000, 1.0, 2)
+    assert everywhere.refusal.whole and everywhere.taken
+    freed = count_votes([([1, 7, 1], None), (held, None), (held, None)], 10_000, 1.0, 2)
+    assert not freed.refusal.whole and freed.taken
+    down = count_votes([(None, ConnectionError()), (held, None), (held, None)], 10_000, 1.0, 2)
+    assert down.refusal.whole  # of the nodes that answered

@@ -226,6 +226,37 @@ def test_a_quorum_waiter_that_a_wake_finds_the_same_holder_tries_again_soon() ->
     assert driver.next() == (None, True)
 
 
+def test_a_quorum_try_that_finds_the_holder_on_fewer_nodes_tries_again_soon() -> None:
+    """The release under way frees node 0 and publishes there before the waiter's subscription
+    took effect: no message comes. Its try once subscribed finds the holder on fewer nodes
+    than its try before, which found it on every node: it tries again soon, as when woken. A
+    holder that never held every node (it lacks one) is slept on."""
+    core = Core(Node(queues=False, releases_node_by_node=True), "job", ttl=10, clock=FakeClock())
+    core.last_holder = parse(new_token("a"))
+    driver = Driver(core._wait(timeout=None))
+    assert driver.next() == (Op.ATTEMPT, None)
+    core._whole = True  # the first try found the holder on every node
+    assert driver.next(False)[0] is Op.SUBSCRIBE
+    assert driver.next() == (Op.RECEIVE, 1.0)
+    assert driver.next(SUBSCRIBED) == (Op.ATTEMPT, None)
+    core._whole = False  # this one found node 0 free
+    assert driver.next(False) == (Op.HOLDER_TTL, None)
+    assert driver.next(29.0) == (Op.RECEIVE, 0.01)
+    assert driver.next(None) == (Op.ATTEMPT, None)
+    assert driver.next(False) == (Op.HOLDER_TTL, None)
+    assert driver.next(29.0) == (Op.RECEIVE, 0.02)
+
+    lacking = Core(Node(queues=False, releases_node_by_node=True), "job", ttl=10, clock=FakeClock())
+    lacking.last_holder = parse(new_token("a"))
+    driver = Driver(lacking._wait(timeout=None))
+    assert driver.next() == (Op.ATTEMPT, None)
+    assert driver.next(False)[0] is Op.SUBSCRIBE  # its try found the holder lacking node 0
+    assert driver.next() == (Op.RECEIVE, 1.0)
+    assert driver.next(SUBSCRIBED) == (Op.ATTEMPT, None)
+    assert driver.next(False) == (Op.HOLDER_TTL, None)
+    assert driver.next(29.0) == (Op.RECEIVE, 29.0)
+
+
 def test_a_single_node_waiter_woken_by_a_shortening_extend_sleeps_on_the_new_ttl() -> None:
     """A single node frees the lock in one script: a wake that finds the same holder came from
     an extend that shortened its TTL, and the waiter sleeps on that TTL, with no extra tries."""

@@ -371,6 +371,9 @@ class AcquireResult(NamedTuple):
     pttl_ms: int | None = None
     #: Every node granted it; False when a quorum acquired without a node (down or late).
     complete: bool = True
+    #: A quorum's failed attempt found its holder on every node that answered (core's
+    #: ``_again_soon``: a next try that does not is seeing its release under way).
+    whole: bool = False
 
 
 def _text(value: Any) -> str | None:
