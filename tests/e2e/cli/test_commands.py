@@ -13,7 +13,6 @@ import pytest
 import redis as redis_py
 from celery import Celery
 
-import celery_redlock.task  # noqa: F401  (connects the publish receiver for send_task)
 from celery_redlock import Lock
 from celery_redlock._celery.options import settings_for
 from celery_redlock._redis.inventory import Released
@@ -134,45 +133,6 @@ def test_release_dead_releases_only_the_locks_of_workers_that_are_gone(
     outside.release()
     records.rpush("go:alive", 1)
     assert alive.get(timeout=10) == "alive"
-
-
-def test_a_killed_worker_s_fixed_lock_ttl_lock_is_never_said_renewed(
-    server: RedisServer, w1: WorkerProcess, client: Celery, records: redis_py.Redis
-) -> None:
-    """Probe: the lock a SIGKILLed worker held with a fixed ``lock_ttl`` (here 60 s, given per
-    call, under a 120 s lease) read as a lease "renewed 60s ago" while its TTL was below the
-    lease: alive, and kept. It is never renewed; but its TTL is also that of a lease set
-    lately (the workers' older code, or a call whose record was lost, would renew it), so it
-    is unknown, and kept by ``release --dead``, until two thirds of the lease have passed. A
-    lock of w1 (a renewed lease, and its worker answers) is alive."""
-    locks = redis_py.Redis(port=server.port)
-    env = {"REDLOCK_TEST_LEASE": "120"}
-    with WorkerProcess(server.port, "fxgone", app=APP, args=["-Q", "fxgone"], env=env) as gone:
-        lost = client.send_task(HOLD, args=("fixed",), queue="fxgone", lock_ttl=60)
-        started(records, "fixed")
-        gone.kill()  # SIGKILL, whole group: nobody releases
-    alive = client.send_task(HOLD, args=("fixed-alive",))
-    started(records, "fixed-alive")
-    by_id = {i["task_id"]: i for i in json.loads(cli(server.port, "ls", "--json").stdout)}
-    dead_key, alive_key = by_id[lost.id]["key"], by_id[alive.id]["key"]
-    assert by_id[lost.id]["overrides"] == {"ttl": 60.0} and by_id[lost.id]["ttl"] <= 60
-
-    shown = cli(server.port, "inspect", dead_key, "--json", env=env)
-    assert shown.returncode == 0, shown.stderr
-    assert json.loads(shown.stdout)["alive"] == "unknown"
-    said = cli(server.port, "inspect", dead_key, env=env).stdout
-    assert "its call's per-call lock_ttl is a fixed 60s, which this app never renews" in said, said
-    assert "its task renews it" not in said
-
-    done = cli(server.port, "release", "--dead", env=env)
-    assert done.returncode == 0, done.stderr
-    assert f"kept {dead_key}" in done.stdout and "liveness unknown" in done.stdout
-    assert f"kept {alive_key}" in done.stdout and "worker alive" in done.stdout
-    forced = cli(server.port, "release", dead_key, "--force", env=env)
-    assert forced.returncode == 0, forced.stderr
-    assert not locks.exists(dead_key) and locks.exists(alive_key)
-    records.rpush("go:fixed-alive", 1)
-    assert alive.get(timeout=10) == "fixed-alive"
 
 
 def test_stats_counts_every_worker_process(
