@@ -13,9 +13,8 @@ A token is ``<secret>|<pid>|<acquired_ms>|<host>|<task_id>``, or with
 * ``pid`` and ``host``: the process that acquired (for a Celery task, the pool child and the
   worker's node name), so the worker's main process can release the lock of a child that died;
 * ``acquired_ms``: wall-clock milliseconds, informational only (shown by tooling, never used to
-  decide expiry: expiry is Redis' own ``PX`` TTL). ``celery redlock`` checks that a fixed
-  ``lock_ttl``'s TTL counts down from it; nothing in the token says whether a lock is renewed
-  (:mod:`celery_redlock.cli._liveness`);
+  decide expiry: expiry is Redis' own ``PX`` TTL). Nothing in the token says whether a lock
+  is renewed (:mod:`celery_redlock.cli._liveness` asks the app);
 * ``max_hold_ms``: the lock's ``max_hold`` (a task's hard time limit plus
   ``redlock_ttl_margin``), so that tooling can tell a TTL cut short by that cap from a lease
   that was not renewed. Timeline without it: (1) a task with ``time_limit=4`` runs, its TTL

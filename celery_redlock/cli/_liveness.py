@@ -227,7 +227,7 @@ def verdicts(
     app's task modules imported first, so that every lock name finds its tasks)."""
     locks = list(locks)
     import_task_modules(app)
-    renewed = renewals(app, locks)  # before the ping, which takes up to `timeout`
+    renewed = renewals(app, locks)
     pinged = liveness(app, hosts_to_ping(locks), timeout)
     return {lock.key: verdict(lock, pinged, timeout, lease, renewed[lock.key]) for lock in locks}
 

@@ -203,7 +203,7 @@ class Dashboard:
         :raises click.ClickException: the ping failed (now or within :data:`LIVENESS_TTL`).
         """
         locks = list(locks)
-        renewed = renewals(self.app, locks)  # before the ping, which takes up to its timeout
+        renewed = renewals(self.app, locks)
         hosts = hosts_to_ping(locks)
         asked = time.monotonic()
         since = asked if fresh else asked - LIVENESS_TTL
