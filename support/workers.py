@@ -293,7 +293,7 @@ _LOG_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): ", re.MULTI
 class PollTick(bootsteps.StartStopStep):
     """A timer that runs the in-process worker's event loop at least every 0.1 s.
 
-    Kombu before 5.7 (the floor, 5.3, is tested) stops the Redis transport's ``BRPOP`` while the
+    Kombu 5.3 (the floor; 5.7 has no such wait) stops the Redis transport's ``BRPOP`` while the
     prefetch window is full, and starts it again only at the event loop's next turn, which waits
     for the next timer, up to 10 s:
 
