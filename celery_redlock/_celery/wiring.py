@@ -132,12 +132,29 @@ def _check_shared_names(specs: dict[str, Spec]) -> None:
     and ``lock_rate``. Timeline of a mix: (1) a ``lock_limit=1`` task holds slot 1; (2) a
     ``lock_limit=3`` task of the same name finds slot 2 free and runs beside it. A shorter
     rate window alike trims the shared start log to its own count, and the longer one's
-    history is lost. Tasks whose identities encode other names never share a key."""
+    history is lost. Tasks whose identities encode other names never share a key.
+
+    At most one of them may keep each kind of marker (:func:`_marker_kind`), as a marker
+    holds a call of its key, whatever its task. Timeline of two ``lock_enqueue=True`` tasks
+    A and B: (1) ``A.delay(1)`` is queued and marks the key; (2) ``B.delay(1)`` finds the
+    marker and returns A's call: B never runs, and B's caller gets A's result. Under
+    ``lock_enqueue='replace'`` or ``lock_debounce``, B's call supersedes A's instead."""
     first: dict[tuple[str, Any], tuple[str, Spec]] = {}
+    marking: dict[tuple[str, Any, str], str] = {}
     for name, spec in sorted(specs.items()):  # named in order, whatever the registration's
         shared = spec.options.name or name
         identity = "lock_by callable" if callable(spec.options.by) else spec.names
         seen = first.setdefault((shared, identity), (name, spec))
+        kind = _marker_kind(spec)
+        if kind is not None:
+            other = marking.setdefault((shared, identity, kind), name)
+            if other != name:
+                raise LockConfigError(
+                    f"tasks {other} and {name} share the lock name {shared!r} and both use "
+                    f"{kind}: a call of one would be taken for a call of the other (a queued "
+                    "call of the key is its marker's, whatever its task); give them each a "
+                    f"lock_name of its own, or {kind} to one of them only"
+                )
         for option, mine, theirs in (
             ("lock_limit", spec.options.limit, seen[1].options.limit),
             ("lock_rate", spec.options.rate, seen[1].options.rate),
@@ -148,6 +165,17 @@ def _check_shared_names(specs: dict[str, Spec]) -> None:
                     f"{option} ({theirs} and {mine}): they would not limit each other; give "
                     f"them the same {option}, or each a lock_name of its own"
                 )
+
+
+def _marker_kind(spec: Spec) -> str | None:
+    """The options of the marker a task keeps for its queued calls, named as a user sets
+    them: the queued marker (``lock_enqueue`` True or ``'until_executed'``), the newest-call
+    marker (``lock_enqueue='replace'`` or ``lock_debounce``), or ``None``."""
+    if spec.options.enqueue == "replace" or spec.options.debounce is not None:
+        return "lock_enqueue='replace' or lock_debounce"
+    if spec.options.enqueue is not None:
+        return "lock_enqueue"
+    return None
 
 
 def _on_app_finalize(app: Any) -> None:

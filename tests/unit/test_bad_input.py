@@ -691,7 +691,7 @@ def test_tasks_sharing_a_lock_name_must_agree_on_limit_and_rate(
     def own() -> None: ...  # its own name: nothing shared
 
     with pytest.raises(LockConfigError) as info:
-        check_app(app)  # what a worker runs at start (and an app at its finalize)
+        check_app(app)  # what a worker runs at start
     assert str(info.value) == (
         f"tasks mix.one and mix.two share the lock name 'shared' but not {shown}: they would "
         f"not limit each other; give them the same lock_{option}, or each a lock_name of its own"
@@ -711,6 +711,69 @@ def test_tasks_sharing_a_lock_name_but_no_key_may_differ(app: Celery) -> None:
 
     check_app(app)
     assert lock_key(by_account, 7) != lock_key(by_order, 7)
+
+
+KEEP = {"lock_enqueue": True}
+UNTIL_EXECUTED = {"lock_enqueue": "until_executed"}
+REPLACE = {"lock_enqueue": "replace"}
+DEBOUNCE = {"lock_debounce": 0.5}
+QUEUED = "lock_enqueue"
+NEWEST = "lock_enqueue='replace' or lock_debounce"
+
+
+@pytest.mark.parametrize(
+    ("one", "other", "kind"),
+    [
+        (KEEP, KEEP, QUEUED),
+        (KEEP, UNTIL_EXECUTED, QUEUED),
+        (REPLACE, REPLACE, NEWEST),
+        (REPLACE, DEBOUNCE, NEWEST),
+        (DEBOUNCE, DEBOUNCE, NEWEST),
+    ],
+)
+def test_tasks_sharing_a_lock_name_may_not_both_mark_their_queued_calls(
+    app: Celery, one: dict[str, Any], other: dict[str, Any], kind: str
+) -> None:
+    """Helper probe, round 3. Two ``lock_enqueue=True`` tasks under one ``lock_name``: a call
+    of the second found the first's queued marker and returned the first's call, so its body
+    never ran and its caller got the first's result; under ``replace`` the second's call
+    superseded the first's. Such a pair is refused where options are checked."""
+
+    @app.task(base=LockedTask, name="mark.one", lock_name="shared", **one)
+    def first(k: int) -> None: ...
+
+    @app.task(base=LockedTask, name="mark.two", lock_name="shared", **other)
+    def second(k: int) -> None: ...
+
+    with pytest.raises(LockConfigError) as info:
+        check_app(app)  # what a worker runs at start
+    assert str(info.value) == (
+        f"tasks mark.one and mark.two share the lock name 'shared' and both use {kind}: a call "
+        "of one would be taken for a call of the other (a queued call of the key is its "
+        "marker's, whatever its task); give them each a lock_name of its own, or "
+        f"{kind} to one of them only"
+    )
+
+
+@pytest.mark.parametrize(
+    ("one", "other"), [(KEEP, REPLACE), (KEEP, {}), (DEBOUNCE, {}), (UNTIL_EXECUTED, DEBOUNCE)]
+)
+def test_tasks_sharing_a_lock_name_may_keep_markers_of_different_kinds(
+    app: Celery, one: dict[str, Any], other: dict[str, Any]
+) -> None:
+    """The queued marker and the newest-call marker are different keys, and a task keeping
+    neither reads neither: such pairs exclude each other and keep their markers apart."""
+
+    @app.task(base=LockedTask, name="mark.one", lock_name="shared", **one)
+    def first(k: int) -> None: ...
+
+    @app.task(base=LockedTask, name="mark.two", lock_name="shared", **other)
+    def second(k: int) -> None: ...
+
+    @app.task(base=LockedTask, name="mark.own", lock_name="shared", **one)
+    def own(other_key: int) -> None: ...  # another identity: never the same key
+
+    check_app(app)
 
 
 def test_lock_options_a_task_reads_are_not_refused(app: Celery) -> None:
