@@ -97,7 +97,7 @@ class InstanceOptions(TypedDict, total=False):
 _WRONG_ORDER = (
     "@single_instance must be placed directly under @app.task(...) or @shared_task(...), "
     "so that it wraps the function, not the task:\n\n"
-    "    @app.task\n    @single_instance\n    def {name}(...): ...\n"
+    "    @app.task\n    @single_instance{options}\n    def {name}(...): ...\n"
 )
 
 
@@ -139,12 +139,15 @@ def _runs(task: Any, wrapper: Any) -> bool:
 
 def _decorate(fun: Any, options: dict[str, Any]) -> Any:
     if isinstance(fun, (str, list, tuple)):  # @single_instance(["account_id"])
-        raise TypeError(
+        raise LockConfigError(
             f"@single_instance takes its options as keywords, got {fun!r} positionally; "
             f"expected @single_instance(by={fun!r}) (or name=, ttl=, ...)"
         )
     if isinstance(fun, (Proxy, Task)) or not inspect.isfunction(fun):
-        raise TypeError(_WRONG_ORDER.format(name=_label(fun)))
+        given = ", ".join(f"{name}={value!r}" for name, value in options.items())
+        raise LockConfigError(
+            _WRONG_ORDER.format(name=_label(fun), options=f"({given})" if given else "")
+        )
     owner = f"task function {fun.__module__}.{fun.__qualname__}"
     for name in options:
         if name.startswith("lock_") and name[len("lock_") :] in OPTIONS:

@@ -29,6 +29,7 @@ import dataclasses
 import difflib
 import inspect
 import logging
+import math
 import re
 import sys
 import warnings
@@ -103,9 +104,22 @@ def seconds(*, none: bool = False, zero: bool = False, ms: bool = False) -> Chec
             return float(value)
         low = "> 0 (at least 0.001: whole milliseconds)" if ms else ">= 0" if zero else "> 0"
         expected = f"a number of seconds {low} and <= {MAX_SECONDS:.0f}"
-        raise _invalid(owner, option, value, expected + (" or None" if none else ""))
+        expected += (" or None" if none else "") + _numeric_text(option, value)
+        raise _invalid(owner, option, value, expected)
 
     return check
+
+
+def _numeric_text(option: str, value: Any) -> str:
+    """The hint for a number given as text (a setting read from an environment variable):
+    ``", not a string: write X=10"``; else ``""``."""
+    if not isinstance(value, str):
+        return ""
+    try:
+        number = float(value)
+    except ValueError:
+        return ""
+    return f", not a string: write {option}={number:g}" if math.isfinite(number) else ""
 
 
 def choice(choices: tuple[str, ...], *, none: bool = False, shown: str = "") -> Check:

@@ -713,6 +713,19 @@ def test_tasks_sharing_a_lock_name_but_no_key_may_differ(app: Celery) -> None:
     assert lock_key(by_account, 7) != lock_key(by_order, 7)
 
 
+@pytest.mark.parametrize(
+    ("value", "hint"), [("60", "write lock_ttl=60"), ("0.5", "write lock_ttl=0.5")]
+)
+def test_a_number_given_as_text_says_to_write_the_number(
+    app: Celery, value: str, hint: str
+) -> None:
+    @app.task(base=LockedTask, name="bad.text", lock_ttl=value)
+    def text() -> None: ...
+
+    with pytest.raises(LockConfigError, match=re.escape(f", not a string: {hint}")):
+        check_app(app)
+
+
 KEEP = {"lock_enqueue": True}
 UNTIL_EXECUTED = {"lock_enqueue": "until_executed"}
 REPLACE = {"lock_enqueue": "replace"}

@@ -481,24 +481,35 @@ def test_single_instance_rejects_bad_ttl_at_decoration() -> None:
 def test_single_instance_with_by_given_positionally_names_the_keyword(by: Any) -> None:
     """``@single_instance(["account_id"])`` said to place the decorator directly under
     ``@app.task``, where it already was; the mistake is the positional ``by``."""
-    with pytest.raises(TypeError, match=re.escape(f"expected @single_instance(by={by!r})")):
+    with pytest.raises(LockConfigError, match=re.escape(f"expected @single_instance(by={by!r})")):
         single_instance(by)
 
 
-def test_single_instance_above_a_lazy_task_is_a_type_error(bare_app: Celery) -> None:
-    with pytest.raises(TypeError, match="directly under"):
+def test_single_instance_above_a_lazy_task_is_a_config_error(bare_app: Celery) -> None:
+    """A :class:`LockConfigError` as every other misuse (helper probe, round 3: a plain
+    ``TypeError`` escaped code that catches ``LockConfigError`` at start); still a
+    ``TypeError``."""
+    with pytest.raises(LockConfigError, match="directly under") as info:
 
         @single_instance
         @bare_app.task(shared=False)
         def t() -> None: ...
 
+    assert isinstance(info.value, TypeError)
+    assert "    @app.task\n    @single_instance\n    def t(...)" in str(info.value)
 
-def test_single_instance_above_a_built_task_is_a_type_error(bare_app: Celery) -> None:
-    with pytest.raises(TypeError, match="directly under"):
 
-        @single_instance(by=())
+def test_single_instance_above_a_built_task_keeps_its_keywords_in_the_fix(
+    bare_app: Celery,
+) -> None:
+    """The fix shown keeps the user's keywords: it showed a bare ``@single_instance``."""
+    with pytest.raises(LockConfigError, match="directly under") as info:
+
+        @single_instance(by=(), on_contention="wait")
         @bare_app.task(shared=False, lazy=False)
         def t() -> None: ...
+
+    assert "    @single_instance(by=(), on_contention='wait')\n    def t(...)" in str(info.value)
 
 
 def _logged(fun: Any) -> Any:

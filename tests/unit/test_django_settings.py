@@ -89,6 +89,12 @@ def test_app_conf_assigned_in_code_wins_over_the_settings_module(settings_path: 
     ("name", "value", "named"),
     [
         ("CELERY_REDLOCK_LEASE", "ten", "setting CELERY_REDLOCK_LEASE='ten' is invalid"),
+        # A number read from an environment variable (helper probe, round 3): say to write it.
+        (
+            "CELERY_REDLOCK_LEASE",
+            "10",
+            "and <= 315360000, not a string: write CELERY_REDLOCK_LEASE=10",
+        ),
         ("CELERY_REDLOCK_URL", "http://x", "setting CELERY_REDLOCK_URL='http://x' is invalid"),
         ("CELERY_REDLOCK_ON_CONTENTION", "wiat", "setting CELERY_REDLOCK_ON_CONTENTION='wiat'"),
     ],
