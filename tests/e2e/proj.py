@@ -266,13 +266,14 @@ def queued_waiter(self: Any, key: str, how: str = "return", duration: float = 0.
     base=Recorded,
     bind=True,
     lock_by=["key"],
-    lock_name="ending",
     lock_enqueue="until_executed",
     lock_on_contention="wait",
     lock_wait_timeout=20.0,
 )
 def executed_waiter(self: Any, key: str, how: str = "return", duration: float = 0.0) -> str:
-    """``waiter`` with ``lock_enqueue="until_executed"``: its marker stays until its run ends."""
+    """``waiter`` with ``lock_enqueue="until_executed"``: its marker stays until its run ends.
+    Its lock is its own: two tasks sharing a lock name may not both keep the queued marker
+    (``queued_waiter`` does)."""
     return run_ending(self, key, how, duration)
 
 
