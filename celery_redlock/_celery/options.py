@@ -860,6 +860,11 @@ def _broker_url(owner: str, conf: Any, name: str) -> str:
             f"{missing} broker_url is a failover list, whose nodes hold separate data (locks "
             f"need one deployment, or a quorum list){fix}"
         )
+    if not broker:
+        raise LockConfigError(
+            f"{missing} no broker_url is set to reuse (Celery's default broker is AMQP){fix}; "
+            "in a test with our pytest plugin, configure_redlock(app) sets it"
+        )
     if not (isinstance(broker, str) and broker.startswith(_REDIS_SCHEMES)):
         raise LockConfigError(
             f"{missing} the broker is not Redis, so its URL cannot be reused{fix}"

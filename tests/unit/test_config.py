@@ -237,6 +237,24 @@ def test_missing_url_with_a_non_redis_broker_is_an_error() -> None:
     app.close()
 
 
+def test_missing_url_and_no_broker_says_so_and_names_the_test_fixture(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Helper probe, round 3: an app with no broker set was told "the broker is not Redis",
+    and a plugin test that forgot ``configure_redlock(app)`` was not pointed at it."""
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
+    app = Celery("cfg", set_as_current=False)
+    with pytest.raises(LockConfigError) as info:
+        settings_for(app)
+    assert str(info.value) == (
+        "app 'cfg': setting redlock_url is missing and no broker_url is set to reuse (Celery's "
+        "default broker is AMQP); set redlock_url to a Redis URL such as "
+        "'redis://localhost:6379/0' (CELERY_REDLOCK_URL with the CELERY namespace); in a test "
+        "with our pytest plugin, configure_redlock(app) sets it"
+    )
+    app.close()
+
+
 @pytest.mark.parametrize(
     ("broker", "says"),
     [
