@@ -49,7 +49,8 @@ over_apis = pytest.mark.parametrize("api", APIS)
 PARENT_RELEASE = "released the lock of dead child"
 COOLDOWN = 6.0  # tests.e2e.proj.COOLDOWN (that module is the workers' app: not imported here)
 ACKS_LATE = {"REDLOCK_TEST_ACKS_LATE": "1"}
-CELERY_57 = tuple(map(int, celery.__version__.split(".")[:2])) >= (5, 7)
+CELERY_VERSION = tuple(map(int, celery.__version__.split(".")[:2]))
+CELERY_57 = CELERY_VERSION >= (5, 7)
 #: kombu < 5.7 has no ``unacked_restore_interval``: it sweeps for unacked messages every 10 s
 #: and scans on one sweep in 10, so a redelivery comes only minutes after the visibility timeout.
 KOMBU_57 = tuple(map(int, kombu.__version__.split(".")[:2])) >= (5, 7)
@@ -644,7 +645,31 @@ def test_warm_shutdown_lets_the_task_finish_and_release(env: Env) -> None:
     assert lock_keys(env.locks) == []
 
 
-@pytest.mark.parametrize(("how", "acks_late"), [("SIGQUIT", False), ("SIGTERM, SIGQUIT", True)])
+#: Celery before 5.5 reads a SIGQUIT only in its consumer loop, which a warm shutdown has left:
+#: a SIGQUIT after the SIGTERM cold-stops the worker only if it lands before the loop's next
+#: turn, else the tasks run to their end (and release there, as the warm shutdown test shows).
+#: There, the acks_late case is a SIGQUIT alone.
+COLD_AFTER_WARM = CELERY_VERSION >= (5, 5)
+
+
+@pytest.mark.parametrize(
+    ("how", "acks_late"),
+    [
+        ("SIGQUIT", False),
+        pytest.param(
+            "SIGTERM, SIGQUIT",
+            True,
+            marks=pytest.mark.skipif(
+                not COLD_AFTER_WARM, reason="Celery < 5.5: see COLD_AFTER_WARM"
+            ),
+        ),
+        pytest.param(
+            "SIGQUIT",
+            True,
+            marks=pytest.mark.skipif(COLD_AFTER_WARM, reason="the SIGTERM, SIGQUIT case covers it"),
+        ),
+    ],
+)
 def test_cold_shutdown_releases(env: Env, how: str, acks_late: bool) -> None:
     key = f"k-cold-{acks_late}"
     knobs = ACKS_LATE if acks_late else {}
