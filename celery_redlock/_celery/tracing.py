@@ -137,36 +137,75 @@ def _key_attributes(key: str) -> dict[str, str]:
     }
 
 
-def _unloadable(exc: Exception) -> None:
-    """Log, once, that the provider the environment names cannot be loaded; tracing is off.
+#: The ``OTEL_PYTHON_TRACER_PROVIDER`` value found unloadable (see :func:`_unloadable`), or
+#: ``None``.
+_unloadable_name: str | None = None
 
-    ``OTEL_PYTHON_TRACER_PROVIDER`` names an entry point that ``get_tracer_provider()`` loads;
-    a name no installed package provides (the SDK's ``sdk_tracer_provider`` without the SDK, a
-    typo) raises ``StopIteration`` from that call, on each call. Without this, that raised from
-    this module's import (the worker did not start: "Unable to load celery application"), or,
-    named after the import, from every locked call's acquire, while plain tasks ran."""
-    logger.warning(
-        "celery-redlock records no spans: OTEL_PYTHON_TRACER_PROVIDER=%r names a tracer "
-        "provider that cannot be loaded (%s); install the package that provides it, or "
-        "unset the variable",
-        os.environ.get("OTEL_PYTHON_TRACER_PROVIDER"),
-        f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
+#: Whether :func:`_active` may read the global provider (see there) instead of asking.
+_GLOBAL_READABLE = False
+
+
+def _read_environment(**_: Any) -> None:
+    """Decide :data:`_GLOBAL_READABLE`: at import, and again when a worker starts and when each
+    pool process starts, where a settings module imported after the tasks may have named a
+    provider in the environment (``OTEL_PYTHON_TRACER_PROVIDER``) since. Outside a worker, a
+    provider named there after this module's import is loaded by the first call of
+    ``get_tracer_provider()`` (Celery's instrumentation makes one), or else not at all. A name
+    found unloadable is not asked again: only a provider set in code can come."""
+    global _GLOBAL_READABLE
+    _GLOBAL_READABLE = (
+        _trace is not None
+        and getattr(_trace, "_TRACER_PROVIDER", False) is None
+        and os.environ.get("OTEL_PYTHON_TRACER_PROVIDER", _unloadable_name) == _unloadable_name
     )
+
+
+def _log_unloadable() -> None:
+    logger.warning(
+        "OTEL_PYTHON_TRACER_PROVIDER=%r names a tracer provider that cannot be loaded; "
+        "celery-redlock records no spans until a provider is set in code "
+        "(trace.set_tracer_provider); install the package that provides it, or unset the "
+        "variable",
+        _unloadable_name,
+    )
+
+
+def _unloadable(exc: Exception) -> None:
+    """Log, once per name, that the provider the environment names cannot be loaded; spans
+    wait for a provider set in code.
+
+    ``OTEL_PYTHON_TRACER_PROVIDER`` names an entry point that ``get_tracer_provider()`` loads
+    while no provider is set; a name no installed package provides (the SDK's
+    ``sdk_tracer_provider`` without the SDK, a typo) raises ``StopIteration`` from that call,
+    on each call. Without this, that raised from this module's import (the worker did not
+    start: "Unable to load celery application"), or, named after the import, from every
+    locked call's acquire, while plain tasks ran. A provider set in code later is what
+    OpenTelemetry itself then uses: from here on :func:`_active` reads the global (it never
+    asks the failing call again), and a worker logs this once more when it is ready
+    (:func:`_worker_ready`)."""
+    global _unloadable_name
+    name = os.environ.get("OTEL_PYTHON_TRACER_PROVIDER")
+    logger.debug("loading the tracer provider failed", exc_info=exc)
+    if name != _unloadable_name:
+        _unloadable_name = name
+        _log_unloadable()
+    _read_environment()
 
 
 def _get_tracer() -> Any:
     """Our tracer: a proxy until a tracer provider is set, then the provider's (looked up
-    once); ``None`` without ``opentelemetry-api`` or when the environment's provider cannot
-    be loaded (:func:`_unloadable`)."""
+    once); ``None`` without ``opentelemetry-api``. When the environment's provider cannot be
+    loaded (:func:`_unloadable`), a proxy of its own, which finds a provider set in code."""
     if _trace is None:
         return None
     try:
         return _trace.get_tracer("celery_redlock")
     except Exception as exc:
         _unloadable(exc)
-        return None
+        return _trace.ProxyTracerProvider().get_tracer("celery_redlock")
 
 
+_read_environment()
 _tracer = _get_tracer()
 
 #: Whether spans can be recorded: ``None`` while no tracer provider is set (asked again on the
@@ -203,7 +242,8 @@ def _active() -> bool:
         provider = _trace.get_tracer_provider()
     except Exception as exc:  # named after this module's import, and not loadable
         _unloadable(exc)
-        _recording = False
+        if not _GLOBAL_READABLE:  # nothing cheap to watch: off for good
+            _recording = False
         return False
     if isinstance(provider, _trace.ProxyTracerProvider):
         return False  # none set yet
@@ -211,27 +251,16 @@ def _active() -> bool:
     return _recording
 
 
-#: Whether :func:`_active` may read the global provider (see there) instead of asking.
-_GLOBAL_READABLE = False
+def _worker_ready(**_: Any) -> None:
+    """Log the unloadable provider again when the worker's logging is set up: the first
+    WARNING came at import, before it, and a detached worker's stderr goes nowhere."""
+    if _unloadable_name is not None:
+        _log_unloadable()
 
 
-def _read_environment(**_: Any) -> None:
-    """Decide :data:`_GLOBAL_READABLE`: at import, and again when a worker starts and when each
-    pool process starts, where a settings module imported after the tasks may have named a
-    provider in the environment (``OTEL_PYTHON_TRACER_PROVIDER``) since. Outside a worker, a
-    provider named there after this module's import is loaded by the first call of
-    ``get_tracer_provider()`` (Celery's instrumentation makes one), or else not at all."""
-    global _GLOBAL_READABLE
-    _GLOBAL_READABLE = (
-        _trace is not None
-        and getattr(_trace, "_TRACER_PROVIDER", False) is None
-        and "OTEL_PYTHON_TRACER_PROVIDER" not in os.environ
-    )
-
-
-_read_environment()
 signals.worker_init.connect(_read_environment, weak=False)
 signals.worker_process_init.connect(_read_environment, weak=False)
+signals.worker_ready.connect(_worker_ready, weak=False)
 
 
 def _start(name: str, attributes: Mapping[str, Any]) -> _Operation | None:
