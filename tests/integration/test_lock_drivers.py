@@ -37,6 +37,7 @@ from celery_redlock import LockContended, LockLost, LockNotOwned, LockUnavailabl
 from celery_redlock._redis import aionodes, subscriptions
 from celery_redlock._redis.core import Extended
 from celery_redlock._redis.inventory import Inventory
+from celery_redlock._redis.keys import high_water_of
 from celery_redlock._redis.lock import release_attempt
 from celery_redlock._redis.nodes import SingleNode
 from celery_redlock._redis.owner import new_token, parse
@@ -1577,6 +1578,49 @@ def test_a_release_that_keeps_the_key_marks_it_as_a_cooldown(
 def three() -> Iterator[list[RedisServer]]:
     with contextlib.ExitStack() as stack:
         yield [stack.enter_context(RedisServer()) for _ in range(3)]
+
+
+@pytest.mark.parametrize("value", ["garbage", ""])
+@pytest.mark.parametrize("limit", [1, 2], ids=["lock", "semaphore"])
+def test_a_fencing_mark_that_is_not_a_number_counts_as_none(
+    d2: Driver, redis_url: str, r: redis_py.Redis, value: str, limit: int
+) -> None:
+    """Helper probe, round 3, session 22: a high-water mark or a counter overwritten with text
+    made every token read of a lock, and every acquire of a semaphore, in that Cluster slot
+    fail with the script's raw ``ResponseError`` ("bad argument #2 to 'max'"). Such a value
+    counts as none, as a deleted one does: the token comes from the server's clock, and the
+    mark is set to it."""
+    lock = d2.lock(redis_url, "corrupt-mark", ttl=10, limit=limit)
+    mark = high_water_of(lock.keys.lock)
+    r.set(mark, value)
+    r.set(lock.keys.fence, value)
+    seconds, _ = r.time()
+    assert d2(lock.acquire(blocking=False))
+    token = lock.fencing_token
+    assert token is not None and token >= seconds * 1_000_000
+    assert r.get(mark) == str(token).encode()
+    d2(lock.release())
+    r.delete(lock.keys.fence, mark)
+
+
+@pytest.mark.parametrize("value", ["garbage", ""])
+def test_quorum_counters_that_are_not_numbers_count_as_none(
+    d2: Driver, three: list[RedisServer], value: str
+) -> None:
+    """The quorum's acquire reads each node's counter and mark: text there made that node's
+    script fail, and with two such nodes of three the lock was unavailable."""
+    lock = d2.lock([s.url for s in three], "corrupt-counters", ttl=10)
+    admins = [s.client() for s in three]
+    for admin in admins[:2]:
+        admin.set(lock.keys.fence, value)
+        admin.set(high_water_of(lock.keys.lock), value)
+    assert d2(lock.acquire(blocking=False))
+    token = lock.fencing_token
+    assert token is not None
+    assert [int(admin.get(lock.keys.fence) or 0) >= token for admin in admins] == [True] * 3
+    d2(lock.release())
+    for admin in admins:
+        admin.close()
 
 
 def test_a_failed_quorum_acquire_gives_back_only_where_its_token_may_be(

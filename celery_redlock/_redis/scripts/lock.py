@@ -52,8 +52,9 @@ end
 -- Read before the first write: a command refused (an ACL user without TIME) or failing here
 -- leaves no key behind (a script is not rolled back), held by nobody until its TTL.
 local now = redis.call('TIME')
-local mark = redis.call('GET', KEYS[2])
-local last = math.max(tonumber(redis.call('GET', KEYS[1]) or '0'), tonumber(mark or '0'))
+-- A counter or mark that is not a number (text written by hand) counts as none.
+local mark = tonumber(redis.call('GET', KEYS[2]))
+local last = math.max(tonumber(redis.call('GET', KEYS[1])) or 0, mark or 0)
 for i = 3, #KEYS do
   if redis.call('SET', KEYS[i], ARGV[1], 'NX', 'PX', ARGV[2]) then
     local token = tonumber(now[1]) * 1000000
@@ -331,8 +332,8 @@ FENCE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return false end
 local now = redis.call('TIME')
 local token = tonumber(now[1]) * 1000000 + tonumber(now[2])
-local last = math.max(tonumber(redis.call('GET', KEYS[2]) or '0'),
-                      tonumber(redis.call('GET', KEYS[3]) or '0'))
+local last = math.max(tonumber(redis.call('GET', KEYS[2])) or 0,  -- text counts as none
+                      tonumber(redis.call('GET', KEYS[3])) or 0)
 if last + 1 > token then token = last + 1 end
 -- Lua numbers are exact to 2^53; past it (a server clock beyond the year 2255, a mark set by
 -- hand) tokens stay at 2^53, equal. Past 2^63 string.format('%d') wrapped negative, and the
@@ -346,10 +347,10 @@ RAISE_FENCE = """
 -- KEYS[1] fencing counter key, KEYS[2] the high-water mark of its Cluster slot
 -- ARGV[1] fencing token, ARGV[2] fencing counter ttl in ms
 -- Raises the counter and the mark to the token where lower (quorum write-back). returns 1
-if tonumber(ARGV[1]) > tonumber(redis.call('GET', KEYS[1]) or '0') then
+if tonumber(ARGV[1]) > (tonumber(redis.call('GET', KEYS[1])) or 0) then  -- text: none
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 end
-if tonumber(ARGV[1]) > tonumber(redis.call('GET', KEYS[2]) or '0') then
+if tonumber(ARGV[1]) > (tonumber(redis.call('GET', KEYS[2])) or 0) then
   redis.call('SET', KEYS[2], ARGV[1])
 end
 return 1
