@@ -34,6 +34,11 @@ COLORS = {
 
 WIDTH, LANE, LEFT, TOP = 960, 24, 260, 34
 
+#: The legend's font size and a generous width of one of its characters (sans-serif at 11 px
+#: averages about 6 px): a fixed 105 px per entry put the tenth, ``lost``, at x=969, outside
+#: the 960 px picture, where a browser clips it.
+LEGEND_FONT, LEGEND_CHAR = 11, 8
+
 #: Lanes drawn at most: those whose last event is latest (a lock held now counts as now). A
 #: task of 20,000 keys drew a 480,000 px tall SVG of 9 MB, which a browser took 5 s to show.
 MAX_LANES = 200
@@ -96,7 +101,9 @@ def draw(
     hidden = len(order) - len(kept)
     lanes = {lane: row for row, lane in enumerate(lane for lane in order if lane in kept)}
     shapes = [shape for shape in shapes if shape[0] in kept]
-    height = TOP + LANE * max(len(lanes), 1) + 40
+    legend = _legend_places()
+    rows = 1 + max(row for _, row in legend)
+    height = TOP + LANE * max(len(lanes), 1) + 40 + 16 * (rows - 1)
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" role="img" width="{WIDTH}" height="{height}" '
         f'viewBox="0 0 {WIDTH} {height}" class="timeline" aria-label="lock timeline">'
@@ -121,13 +128,27 @@ def draw(
     for lane, x1, x2, e in shapes:
         y = TOP + lanes[lane] * LANE
         out.append(_mark(x1, y, str(e.get("event")), e) if x2 < 0 else _bar(x1, x2, y, e))
-    legend_y = height - 12
-    for i, (event, color) in enumerate(COLORS.items()):
-        lx = 10 + i * 105
-        out.append(f'<rect x="{lx}" y="{legend_y - 9}" width="10" height="10" fill="{color}"/>')
-        out.append(f'<text x="{lx + 14}" y="{legend_y}" font-size="11">{event}</text>')
+    for (event, color), (lx, row) in zip(COLORS.items(), legend, strict=True):
+        ly = height - 12 - 16 * (rows - 1 - row)
+        out.append(f'<rect x="{lx}" y="{ly - 9}" width="10" height="10" fill="{color}"/>')
+        out.append(f'<text x="{lx + 14}" y="{ly}" font-size="{LEGEND_FONT}">{event}</text>')
     out.append("</svg>")
     return Markup("".join(out))
+
+
+def _legend_places() -> list[tuple[int, int]]:
+    """``(x, row)`` of each legend entry (a swatch, then its label): placed by the width of
+    the labels before it, and wrapped to another row where an entry would end past the
+    picture's right edge."""
+    places: list[tuple[int, int]] = []
+    x = row = 0
+    for event in COLORS:
+        size = 14 + LEGEND_CHAR * len(event)  # the swatch and its gap, then the label
+        if places and 10 + x + size > WIDTH - 10:
+            x, row = 0, row + 1
+        places.append((10 + x, row))
+        x += size + 16
+    return places
 
 
 def _lane(e: dict[str, Any]) -> str:

@@ -4,6 +4,7 @@ sessions, CSRF tokens, the ``Origin`` check, escaping in the SVG and in log line
 from __future__ import annotations
 
 import base64
+import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -19,7 +20,7 @@ from celery_redlock.web._security import (
     Guard,
     origin_ok,
 )
-from celery_redlock.web._svg import MAX_LANES, draw
+from celery_redlock.web._svg import COLORS, MAX_LANES, draw
 
 
 def test_a_filter_is_an_escaped_literal_prefix() -> None:
@@ -207,6 +208,21 @@ def test_the_timeline_draws_the_lanes_of_the_latest_events_and_says_how_many_mor
     assert "redlock:{k0}" in svg and f"redlock:{{k{MAX_LANES + 49}}}" in svg
     assert "redlock:{k1}<" not in svg and "redlock:{k50}<" not in svg  # the oldest, not held
     assert "redlock:{k51}<" in svg
+
+
+def test_every_legend_entry_is_inside_the_picture() -> None:
+    """The tenth entry, ``lost``, was placed at x=969 in a 960 px wide SVG (probe, round 4)."""
+    svg = ET.fromstring(str(draw([{"t": 1000, "event": "skipped", "key": "k"}], 0, 3000)))
+    width, height = float(svg.get("width") or 0), float(svg.get("height") or 0)
+    ns = "{http://www.w3.org/2000/svg}"
+    legend = [t for t in svg.iter(f"{ns}text") if t.text in COLORS]
+    assert [t.text for t in legend] == list(COLORS)
+    for text in legend:
+        size = float(text.get("font-size") or 0)
+        # A generous width per character (0.7 em; sans-serif averages about 0.55 em).
+        right = float(text.get("x") or 0) + 0.7 * size * len(text.text or "")
+        assert right <= width, (text.text, right, width)
+        assert 0 < float(text.get("y") or 0) <= height
 
 
 def test_a_log_line_shows_posted_text_escaped_and_cut() -> None:
