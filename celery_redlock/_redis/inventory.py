@@ -41,7 +41,8 @@ read and the delete (alive, whatever else said it was dead) keeps its lock
 (:attr:`Released.RENEWED`). Both checks run in the one script that deletes.
 
 A :meth:`Inventory.view` is a page for people: ``SCAN`` steps over the same cursor as
-:meth:`Inventory.page` until it has :data:`ROWS` keys or has looked at :data:`BUDGET`, so the
+:meth:`Inventory.page` until it has :data:`ROWS` keys or more (the step that reaches them
+is kept whole: a cursor resumes only between steps) or has looked at :data:`BUDGET`, so the
 first page costs the same at 1,000 locks or 1,000,000, and a filter that matches few keys
 returns a short page and a cursor instead of walking the whole key space (a step that matched
 little makes the next one look at four times as many keys, up to :data:`MAX_STEP`). Beside the
@@ -454,7 +455,8 @@ class Inventory:
 
     def view(self, cursor: str = "0", *, name_prefix: str = "") -> View:
         """The locks, markers and waiter counts of ``SCAN`` steps from ``cursor`` (``"0"``: the
-        start) until :data:`ROWS` keys matched or :data:`BUDGET` keys were looked at; names
+        start) until :data:`ROWS` keys or more matched (the last step is kept whole, so a page
+        can hold more than :data:`ROWS`) or :data:`BUDGET` keys were looked at; names
         start with ``name_prefix`` (:func:`check_filter`). Read-only: ``SCAN``, then one
         pipelined round trip per node for the locks (as :meth:`page`) and one for the markers
         and the waiters.

@@ -30,6 +30,7 @@ from celery_redlock.testing import RedisServer, free_port, wait_until
 from celery_redlock.web import _core
 from celery_redlock.web._core import Dashboard
 from celery_redlock.web._rows import Row, rows_of
+from support import ROOT
 from support.apps import DownBroker, brokerless_app, layout_app
 from support.servers import ClusterNodes
 
@@ -93,6 +94,30 @@ def test_pages_cover_every_lock_once_in_bounded_steps(redis_url: str, r: redis_p
     # A filter that matches one lock looks at BUDGET keys at most per page.
     keys, _ = walk(inventory, "job:01234")
     assert keys == [keys_for("redlock", "job:01234").lock]
+
+
+def test_a_page_keeps_the_step_that_reaches_its_rows_whole_as_the_docs_say(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """The docs said a page runs "until it has 100 rows"; pages of 101 and 197 were seen (probe,
+    round 4): steps that matched little grow four times, and the one that reaches 100 rows is
+    kept whole, since the cursor resumes only between steps. One key in six matches here."""
+    names = [f"{'job' if i % 6 == 0 else 'other'}:{i:05d}" for i in range(3600)]
+    fill(r, names)
+    inventory = inventory_of(layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False))
+    cursor, sizes, keys = "0", [], []
+    while True:
+        view = inventory.view(cursor, name_prefix="job:")
+        sizes.append(len(view.locks))
+        keys += [lock.key for lock in view.locks]
+        cursor = view.cursor
+        if cursor == "0":
+            break
+    assert sorted(keys) == sorted(keys_for("redlock", n).lock for n in names if n[0] == "j")
+    assert max(sizes) > ROWS, sizes  # no key lost or listed twice, and yet more than ROWS
+    text = " ".join((ROOT / "docs" / "operations.md").read_text().split())
+    assert "until it has 100 rows or more" in text
+    assert "a page can hold more than 100 rows" in text
 
 
 def test_the_filter_is_a_literal_prefix(redis_url: str, r: redis_py.Redis) -> None:
