@@ -307,7 +307,9 @@ def verdict(
     :func:`liveness` of the holder hosts, perhaps heard a moment ago), whether the lock is
     renewed (``renewal``: :func:`renewals`) and its TTL."""
     if lock.holder is None:
-        return Verdict(UNKNOWN, "its value is not a celery-redlock token")
+        # Said after "held by a value that is not a celery-redlock token" (``who``): the
+        # reason adds what follows from it, not the same words again.
+        return Verdict(UNKNOWN, "it names no worker, so its liveness is unknown")
     if lock.holder.cooling:
         return COOLING
     host = lock.holder.host

@@ -903,6 +903,16 @@ def test_a_foreign_value_with_odd_numbers_is_listed_as_foreign(
         ("redlock:{ok}", False),
         ("redlock:{stray}", True),
     ]
+    # Refused and forced releases say it once (probe, round 4: "...held by a value that is not
+    # a celery-redlock token, and its value is not a celery-redlock token; use --force").
+    app = make_app(redis_server)
+    refused = run(app, "release", "redlock:{stray}", "--timeout", "0.2")
+    forced = run(app, "release", "redlock:{stray}", "--force", "--timeout", "0.2")
+    app.close()
+    assert refused.exit_code == 1 and refused.stderr.count("not a celery-redlock token") == 1
+    assert "it names no worker, so its liveness is unknown; use --force" in refused.stderr
+    assert forced.exit_code == 0 and forced.stdout.count("not a celery-redlock token") == 1
+    assert not r.exists("redlock:{stray}")
 
 
 def test_a_marker_name_holding_a_key_of_another_type_is_left_out(
