@@ -28,7 +28,7 @@ import atexit
 import logging
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from celery.signals import worker_process_shutdown
@@ -42,7 +42,7 @@ from ._redis.keys import stats_key
 from ._redis.owner import current_pid
 from .exceptions import LockUnavailable
 
-__all__ = ["EVENTS", "PrometheusCollector", "count", "flush", "read_stats"]
+__all__ = ["EVENTS", "PrometheusCollector", "by_event", "count", "flush", "read_stats"]
 
 logger = logging.getLogger("celery_redlock.metrics")
 
@@ -226,6 +226,18 @@ def read_stats(app: Any) -> dict[str, dict[str, int]]:
     return Inventory(settings.url, settings.prefix).counters()
 
 
+def by_event(stats: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, int]]:
+    """``stats`` (:func:`read_stats`) as every output shows them: tasks in order, each with
+    every event of :data:`EVENTS` in that order (0 until it happens) and nothing else.
+
+    A field of the hash that is no event (``HSET <prefix>:stats:<task> <anything> 7``, by hand
+    or by another program) is left out: it became a column for every task of
+    ``celery redlock stats``, its ``--json`` and the dashboard's Counters tab, where whoever
+    may write to the lock Redis chose its name.
+    """
+    return {task: {e: counts.get(e, 0) for e in EVENTS} for task, counts in sorted(stats.items())}
+
+
 class PrometheusCollector:
     """A ``prometheus_client`` collector of the counters (read from Redis at each scrape)."""
 
@@ -243,7 +255,7 @@ class PrometheusCollector:
         except LockUnavailable as exc:  # one failing collector must not fail the scrape
             logger.warning("lock counters unavailable for Prometheus: %s", exc)
             stats = {}
-        for task, counts in sorted(stats.items()):
-            for event in EVENTS:  # every event of a task, 0 too; no stray field of the hash
-                family.add_metric([task, event], counts.get(event, 0))
+        for task, counts in by_event(stats).items():  # 0 too; no stray field of the hash
+            for event, n in counts.items():
+                family.add_metric([task, event], n)
         yield family

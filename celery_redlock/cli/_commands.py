@@ -8,7 +8,7 @@ import click
 
 from .._celery.identity import import_task_modules, lock_name_of
 from .._redis.inventory import HeldLock, Released
-from ..metrics import EVENTS
+from ..metrics import EVENTS, by_event
 from ._format import dump, fence, json_row, safe, shown_overrides, table, ttl, who
 from ._group import TIMEOUT, LockStore, answers, command_line, redlock, store_of, text_argument
 from ._liveness import COOLDOWN, DEAD, UNKNOWN, Verdict, judged_unpinged, verdicts
@@ -318,14 +318,13 @@ def stats(ctx: click.Context, as_json: bool) -> None:
     store = store_of(ctx)
     with answers():
         counts = store.counters()
-    events = [*EVENTS, *sorted({e for c in counts.values() for e in c} - set(EVENTS))]
-    by_task = {task: {e: c.get(e, 0) for e in events} for task, c in sorted(counts.items())}
+    by_task = by_event(counts)
     if as_json:
         dump(by_task)
         return
     if not by_task:
         click.echo("no lock events counted yet")
         return
-    rows = [["TASK", *events]]
-    rows += [[task, *(str(c[e]) for e in events)] for task, c in by_task.items()]
+    rows = [["TASK", *EVENTS]]
+    rows += [[task, *map(str, c.values())] for task, c in by_task.items()]
     click.echo(table(rows))

@@ -65,7 +65,7 @@ from ..cli._liveness import (
     verdict,
 )
 from ..exceptions import LockConfigError, LockUnavailable
-from ..metrics import EVENTS, read_stats
+from ..metrics import EVENTS, by_event, read_stats
 from ..signals import lock_admin_action
 from . import _svg
 from ._rows import Row, rows_of
@@ -356,9 +356,8 @@ class Dashboard:
             config = isinstance(exc, LockConfigError)
             status, message = (400, str(exc)) if config else (503, _cause(exc))
             return status, self.render("result.html", status=status, message=message, **context)
-        events = [*EVENTS, *sorted({e for c in counts.values() for e in c} - set(EVENTS))]
-        table = {t: [c.get(e, 0) for e in events] for t, c in sorted(counts.items())}
-        return 200, self.render("stats.html", tab="stats", events=events, table=table, **context)
+        table = {t: list(c.values()) for t, c in by_event(counts).items()}
+        return 200, self.render("stats.html", tab="stats", events=EVENTS, table=table, **context)
 
     def timeline_page(
         self,

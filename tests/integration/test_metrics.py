@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Callable
 from importlib import metadata
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import redis as redis_py
 from celery import Celery
+from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, generate_latest
 
 from celery_redlock import Lock, LockContended, LockedTask, LockUnavailable, lock_key, metrics
+from celery_redlock.cli import redlock
 from celery_redlock.metrics import PrometheusCollector, read_stats
 from celery_redlock.testing import RedisServer, wait_until
+from celery_redlock.web._core import Dashboard
 from support.apps import make_app
 from support.workers import running_worker
 
@@ -142,6 +147,29 @@ def test_prometheus_collector_exports_the_sums(app: Celery, r: redis_py.Redis) -
     # is no 0); a field written by hand is none.
     assert sample("celery_redlock_events_total", {"task": "proj.report", "event": "lost"}) == 0
     assert sample("celery_redlock_events_total", {"task": "proj.sync", "event": "bogus"}) is None
+
+
+def test_a_stray_field_of_a_counter_hash_is_no_column(app: Celery, r: redis_py.Redis) -> None:
+    """A field that is no event became a column for every task of ``stats``, ``stats --json``
+    and the Counters tab (probe, round 4); they now show the events Prometheus exports."""
+    r.hset("redlock:stats:proj.sync", mapping={"acquired": 5, "<b>evil</b>": 7})
+    r.hset("redlock:stats:proj.report", mapping={"released": 1, "zzz": 3})
+    cli = CliRunner()
+    shown = cli.invoke(redlock, ["stats"], obj=SimpleNamespace(app=app))
+    assert shown.exit_code == 0, shown.output
+    assert shown.output.split("\n")[0].split() == ["TASK", *metrics.EVENTS]
+    assert "evil" not in shown.output and "zzz" not in shown.output
+    as_json = cli.invoke(redlock, ["stats", "--json"], obj=SimpleNamespace(app=app))
+    assert as_json.exit_code == 0, as_json.output
+    counts = json.loads(as_json.output)
+    assert {task: sorted(c) for task, c in counts.items()} == {  # dumped with sorted keys
+        "proj.report": sorted(metrics.EVENTS),
+        "proj.sync": sorted(metrics.EVENTS),
+    }
+    assert counts["proj.sync"]["acquired"] == 5 and counts["proj.report"]["released"] == 1
+    status, body = Dashboard(app).stats_page({})
+    assert status == 200 and "evil" not in body and "zzz" not in body
+    assert re.findall(r"<th>(\w+)</th>", body) == ["Task", *metrics.EVENTS]
 
 
 def test_prometheus_is_an_optional_extra_and_part_of_the_test_extra() -> None:
