@@ -531,6 +531,8 @@ class Dashboard:
         fingerprint = (form.get("fingerprint") or "")[:64]
         if action == "release-dead":
             return self._release_dead(_text(form.get("prefix"), "the name prefix"))
+        if not key.strip():  # else "not released:  is not held", a 409 about no lock at all
+            raise ValueError(f"the form field 'key' is missing or empty: {action} needs a key")
         if action in ("clear-marker", "reset-rate"):
             if inv.clear_marker(key, fingerprint):
                 return ActionResult(200, f"cleared {key}")

@@ -220,6 +220,13 @@ def test_actions_compare_what_the_page_showed(redis_url: str, r: redis_py.Redis)
     key2 = keys_for("redlock", "job:2").lock
     assert readonly.act("release", {"key": key2, "force": "1"}, "t").status == 403
     assert r.exists(key2)
+    # No key, or an empty one: 400 naming the field (it was 409 "not released:  is not held").
+    for action in ("release", "clear-marker", "reset-rate"):
+        for form in ({}, {"key": ""}, {"key": " ", "force": "1"}):
+            done = board.act(action, form, "t")
+            assert done.status == 400, (action, form, done)
+            assert "the form field 'key' is missing or empty" in done.message
+    assert r.exists(key2)
 
 
 def test_rows_count_the_waiters(redis_url: str, r: redis_py.Redis) -> None:
