@@ -7,6 +7,9 @@ the URL or the command line (both end up in logs and ``ps``):
   login form, which sets a session cookie (HttpOnly, ``SameSite=Strict``);
 * ``REDLOCK_WEB_USER`` and ``REDLOCK_WEB_PASSWORD``: HTTP basic auth.
 
+Each without its trailing whitespace and line breaks (a value read from a file); a variable
+set to whitespace only is refused at start, naming it (a token of 20 spaces was a credential).
+
 A session cookie is ``<issued>.<nonce>.<mac>``: an HMAC, under the secret, of a digest of the
 token, the issue time and a nonce. It ends after :data:`SESSION_LIFETIME` (12 hours), and with
 the token. Hazard it closes, as a timeline (the secret is shared by several processes, so it
@@ -90,29 +93,30 @@ class Credentials:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Credentials:
         """Read them from ``env`` (default ``os.environ``).
 
-        One trailing line break is dropped from each, as a value read from a file
-        (``$(cat token)`` keeps it in some shells, a secret mounted as a file has it). Timeline
-        without: (1) ``REDLOCK_WEB_TOKEN`` ends in ``\n``; (2) no browser or ``curl`` header
-        can carry it; (3) every login is "wrong token", with the right one.
+        Trailing whitespace and line breaks are dropped from each (:func:`_env_value`), as a
+        value read from a file has them (``$(cat token)`` keeps them in some shells, a secret
+        mounted as a file has one, an editor may add two). Timeline without: (1)
+        ``REDLOCK_WEB_TOKEN`` ends in ``\n``; (2) no browser or ``curl`` header can carry it;
+        (3) every login is "wrong token", with the right one.
 
-        :raises ValueError: for a user without a password or the reverse, a short token or a
-            short password (basic auth has no lockout: a password is guessed at network speed),
-            or a user name with a ``:``, which basic auth cannot carry (RFC 7617: the browser
-            sends ``user:password``, split at the first ``:``; every login was refused).
+        :raises ValueError: for a value of only whitespace, a user without a password or the
+            reverse, a short token (counted without its trailing whitespace) or one holding
+            whitespace, a short password (basic auth has no lockout: a password is guessed at
+            network speed), or a user name with a ``:``, which basic auth cannot carry (RFC
+            7617: the browser sends ``user:password``, split at the first ``:``; every login
+            was refused).
         """
         env = os.environ if env is None else env
-
-        def read(name: str) -> str | None:
-            value = env.get(name) or ""
-            return value.removesuffix("\n").removesuffix("\r") or None
-
-        token, user, password = read(TOKEN_ENV), read(USER_ENV), read(PASSWORD_ENV)
+        token, user, password = (_env_value(env, n) for n in (TOKEN_ENV, USER_ENV, PASSWORD_ENV))
         if (user is None) != (password is None):
             raise ValueError(f"set both {USER_ENV} and {PASSWORD_ENV}, or neither")
         if user is not None and ":" in user:
             raise ValueError(f"{USER_ENV} cannot contain ':' (basic auth splits at the first ':')")
         if token is not None and len(token) < 16:
             raise ValueError(f"{TOKEN_ENV} must be at least 16 characters (secrets.token_urlsafe)")
+        if token is not None and any(c.isspace() for c in token):
+            # A bearer token has none (RFC 6750), and a header's leading ones are dropped.
+            raise ValueError(f"{TOKEN_ENV} cannot contain spaces or line breaks")
         if password is not None and len(password) < 12:
             raise ValueError(f"{PASSWORD_ENV} must be at least 12 characters")
         return cls(token, user, password)
@@ -120,6 +124,20 @@ class Credentials:
     @property
     def configured(self) -> bool:
         return self.token is not None or self.user is not None
+
+
+def _env_value(env: Mapping[str, str], name: str) -> str | None:
+    """The value of ``name`` in ``env`` without its trailing whitespace and line breaks, or
+    ``None`` when unset or empty.
+
+    :raises ValueError: naming ``name`` when it is set to whitespace only: a token of 20
+        spaces was accepted as a credential, and stripped it would silently be no credential.
+    """
+    raw = env.get(name) or ""
+    value = raw.rstrip()
+    if raw and not value:
+        raise ValueError(f"{name} is only whitespace: set it to a value, or unset it")
+    return value or None
 
 
 def _same(a: str, b: str) -> bool:
@@ -130,7 +148,8 @@ class Guard:
     """Authentication (standalone) and CSRF checks; no web framework in here.
 
     :param secret: the HMAC key (default ``REDLOCK_WEB_SECRET``, else random).
-    :raises ValueError: for a ``REDLOCK_WEB_SECRET`` shorter than :data:`MIN_SECRET`.
+    :raises ValueError: for a ``REDLOCK_WEB_SECRET`` shorter than :data:`MIN_SECRET` (without
+        its trailing whitespace), or of whitespace only.
     :param lifetime: seconds a session is accepted after its login.
     :param clock: the time in seconds since the epoch (injected by tests).
     """
@@ -144,10 +163,10 @@ class Guard:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.credentials = credentials
-        # Its trailing line break dropped, as the credentials' (Credentials.from_env): else a
+        # Its trailing whitespace dropped, as the credentials' (Credentials.from_env): else a
         # secret read from a file signs other sessions than the same secret given bare.
-        env_secret = (os.environ.get(SECRET_ENV) or "").removesuffix("\n").removesuffix("\r")
-        if secret is None and env_secret and len(env_secret) < MIN_SECRET:
+        env_secret = (_env_value(os.environ, SECRET_ENV) or "") if secret is None else ""
+        if env_secret and len(env_secret) < MIN_SECRET:
             raise ValueError(
                 f"{SECRET_ENV} must be at least {MIN_SECRET} characters "
                 "(secrets.token_urlsafe(32) gives 43)"

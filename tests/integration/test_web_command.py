@@ -63,3 +63,8 @@ def test_a_short_token_is_refused() -> None:
 def test_a_short_secret_is_refused() -> None:
     done = run(*CMD, "web", env={TOKEN_ENV: "t" * 20, SECRET_ENV: "hunter2"})
     assert done.returncode == 1 and "REDLOCK_WEB_SECRET must be at least 32" in done.stderr
+
+
+def test_a_token_of_whitespace_only_is_refused() -> None:
+    done = run(*CMD, "web", env={TOKEN_ENV: " " * 20 + "\n"})
+    assert done.returncode == 1 and "REDLOCK_WEB_TOKEN is only whitespace" in done.stderr

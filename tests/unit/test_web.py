@@ -127,6 +127,41 @@ def test_credentials_come_from_the_environment_and_are_checked() -> None:
     assert not guard.valid_session("nonce." + "0" * 64)
 
 
+@pytest.mark.parametrize("name", ["REDLOCK_WEB_TOKEN", "REDLOCK_WEB_USER", "REDLOCK_WEB_PASSWORD"])
+def test_a_credential_of_whitespace_only_is_refused_naming_it(name: str) -> None:
+    """A token of 20 spaces passed the length check and was a credential (probe, round 4)."""
+    env = {"REDLOCK_WEB_USER": "ops", "REDLOCK_WEB_PASSWORD": "pw-of-twelve", name: " " * 20}
+    with pytest.raises(ValueError, match=f"^{name} is only whitespace"):
+        Credentials.from_env(env)
+    with pytest.raises(ValueError, match=f"^{name} is only whitespace"):
+        Credentials.from_env({**env, name: "\n\n\t \r\n"})
+
+
+def test_trailing_whitespace_is_dropped_and_counts_for_no_length(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two trailing line breaks (a file an editor saved) kept one inside the token, which no
+    header carries (probe, round 4); 15 characters and a line break are no 16."""
+    token = "t" * 20
+    read = Credentials.from_env(
+        {
+            "REDLOCK_WEB_TOKEN": token + "\n\n",
+            "REDLOCK_WEB_USER": "ops \r\n\r\n",
+            "REDLOCK_WEB_PASSWORD": "pw-of-twelve\t\n\n",
+        }
+    )
+    assert (read.token, read.user, read.password) == (token, "ops", "pw-of-twelve")
+    with pytest.raises(ValueError, match="REDLOCK_WEB_TOKEN must be at least 16"):
+        Credentials.from_env({"REDLOCK_WEB_TOKEN": "t" * 15 + " \n"})
+    with pytest.raises(ValueError, match="REDLOCK_WEB_TOKEN cannot contain spaces"):
+        Credentials.from_env({"REDLOCK_WEB_TOKEN": " " + "t" * 20})
+    monkeypatch.setenv(SECRET_ENV, "s" * MIN_SECRET + "\n\n")
+    assert Guard(Credentials()).secret == b"s" * MIN_SECRET
+    monkeypatch.setenv(SECRET_ENV, " " * MIN_SECRET)
+    with pytest.raises(ValueError, match=f"^{SECRET_ENV} is only whitespace"):
+        Guard(Credentials())
+
+
 def test_a_session_lasts_its_lifetime_under_its_token_only() -> None:
     now = [1_000_000.0]
     token = "t" * 20
