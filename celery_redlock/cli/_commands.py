@@ -246,9 +246,26 @@ def release(
     if outcome is Released.RELEASED:
         forced = " (forced)" if verdict.state != DEAD else ""
         click.echo(f"released {shown}{forced}: it was held by {who(lock)}; {safe(verdict.reason)}")
+        others = _other_slots(store, lock)
+        if others:
+            click.echo(
+                f"{len(others)} other slot(s) of semaphore {safe(lock.name)} still held (release "
+                f"takes one slot's key: `{command_line(ctx, 'inspect', lock.name)}` lists them)"
+            )
         return
     click.echo(f"not released: {shown} {_not_released(outcome)}", err=True)
     ctx.exit(1)
+
+
+def _other_slots(store: LockStore, lock: HeldLock) -> list[HeldLock]:
+    """The held slots of ``lock``'s semaphore other than ``lock``, when ``lock`` is slot 1 (its
+    bare name's key) and may be a semaphore's: a bare name released slot 1 alone, and said
+    nothing of the slots still held. One plain lock on one deployment keeps no counter, so it
+    is not looked for (no ``SCAN``)."""
+    if lock.slot != 1 or (store.quorum == 1 and lock.fencing_token is None):
+        return []
+    with answers():
+        return store.all(lambda lk: lk.name == lock.name and lk.slot > 1, name_prefix=lock.name)
 
 
 def _not_released(outcome: Released) -> str:

@@ -162,6 +162,26 @@ def test_inspect_of_a_semaphore_name_shows_every_held_slot(app: Celery, redis_ur
     assert (done.exit_code, done.output) == (1, "null\n")
 
 
+def test_release_of_a_semaphore_name_says_how_many_other_slots_are_held(
+    app: Celery, redis_url: str
+) -> None:
+    """A bare name's key is slot 1: ``release sem`` released it alone and said nothing of slots
+    2 and 3, still held (probe, round 4)."""
+    slots = [Lock(redis_url, "sem", ttl=60, limit=3, owner=f"s-{i}") for i in range(3)]
+    for lock in slots:
+        assert lock.acquire(blocking=False)
+    cli, obj = CliRunner(), SimpleNamespace(app=app)
+    done = cli.invoke(redlock, ["release", "sem", "--force", "--timeout", "0.2"], obj=obj)
+    assert done.exit_code == 0, done.output
+    assert f"released {slots[0].key} (forced)" in done.output
+    assert "2 other slot(s) of semaphore sem still held" in done.output
+    assert "redlock inspect sem` lists them" in done.output
+    plain = Lock(redis_url, "one", ttl=60, owner="p")
+    assert plain.acquire(blocking=False)
+    done = cli.invoke(redlock, ["release", "one", "--force", "--timeout", "0.2"], obj=obj)
+    assert done.exit_code == 0 and "other slot" not in done.output, done.output
+
+
 def test_inspect_shows_a_foreign_value_escaped(app: Celery, r: redis_py.Redis) -> None:
     """A value that is not one of our tokens, set by anyone who can write the key: its first
     characters reached the terminal raw, an escape sequence included (the window title here)."""
