@@ -7,8 +7,8 @@ the URL or the command line (both end up in logs and ``ps``):
   login form, which sets a session cookie (HttpOnly, ``SameSite=Strict``);
 * ``REDLOCK_WEB_USER`` and ``REDLOCK_WEB_PASSWORD``: HTTP basic auth.
 
-Each without its trailing whitespace and line breaks (a value read from a file); a variable
-set to whitespace only is refused at start, naming it (a token of 20 spaces was a credential).
+Each without its trailing line breaks (a value read from a file); a variable set to whitespace
+only is refused at start, naming it (a token of 20 spaces was a credential).
 
 A session cookie is ``<issued>.<nonce>.<mac>``: an HMAC, under the secret, of a digest of the
 token, the issue time and a nonce. It ends after :data:`SESSION_LIFETIME` (12 hours), and with
@@ -93,14 +93,14 @@ class Credentials:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Credentials:
         """Read them from ``env`` (default ``os.environ``).
 
-        Trailing whitespace and line breaks are dropped from each (:func:`_env_value`), as a
+        Trailing line breaks are dropped from each (:func:`_env_value`), as a
         value read from a file has them (``$(cat token)`` keeps them in some shells, a secret
         mounted as a file has one, an editor may add two). Timeline without: (1)
         ``REDLOCK_WEB_TOKEN`` ends in ``\n``; (2) no browser or ``curl`` header can carry it;
         (3) every login is "wrong token", with the right one.
 
         :raises ValueError: for a value of only whitespace, a user without a password or the
-            reverse, a short token (counted without its trailing whitespace) or one holding
+            reverse, a short token (counted without its trailing line breaks) or one holding
             whitespace, a short password (basic auth has no lockout: a password is guessed at
             network speed), or a user name with a ``:``, which basic auth cannot carry (RFC
             7617: the browser sends ``user:password``, split at the first ``:``; every login
@@ -127,15 +127,16 @@ class Credentials:
 
 
 def _env_value(env: Mapping[str, str], name: str) -> str | None:
-    """The value of ``name`` in ``env`` without its trailing whitespace and line breaks, or
-    ``None`` when unset or empty.
+    """The value of ``name`` in ``env`` without its trailing line breaks, or ``None`` when
+    unset or empty. Spaces stay: a password ending in one is typed with it, and a browser
+    sends it (a token refuses them: :meth:`Credentials.from_env`).
 
     :raises ValueError: naming ``name`` when it is set to whitespace only: a token of 20
         spaces was accepted as a credential, and stripped it would silently be no credential.
     """
     raw = env.get(name) or ""
-    value = raw.rstrip()
-    if raw and not value:
+    value = raw.rstrip("\r\n")
+    if raw and not raw.strip():
         raise ValueError(f"{name} is only whitespace: set it to a value, or unset it")
     return value or None
 
@@ -149,7 +150,7 @@ class Guard:
 
     :param secret: the HMAC key (default ``REDLOCK_WEB_SECRET``, else random).
     :raises ValueError: for a ``REDLOCK_WEB_SECRET`` shorter than :data:`MIN_SECRET` (without
-        its trailing whitespace), or of whitespace only.
+        its trailing line breaks), or of whitespace only.
     :param lifetime: seconds a session is accepted after its login.
     :param clock: the time in seconds since the epoch (injected by tests).
     """
@@ -163,7 +164,7 @@ class Guard:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.credentials = credentials
-        # Its trailing whitespace dropped, as the credentials' (Credentials.from_env): else a
+        # Its trailing line breaks dropped, as the credentials' (Credentials.from_env): else a
         # secret read from a file signs other sessions than the same secret given bare.
         env_secret = (_env_value(os.environ, SECRET_ENV) or "") if secret is None else ""
         if env_secret and len(env_secret) < MIN_SECRET:
