@@ -296,20 +296,31 @@ def hold_lock(task: Any, /, *args: Any, **kwargs: Any) -> Iterator[list[Lock]]:
                 lock.release()
 
 
+#: The apps a ``@shared_task`` resolves to in a test that requests ``celery_app`` alone, by
+#: name: Celery's fallback app, and pytest-celery's, which importing pytest-celery (enabled)
+#: makes current.
+_NOT_THE_TEST_APPS = {
+    "default": "Celery's fallback app 'default'",
+    "celery_test_app": "pytest-celery's app 'celery_test_app'",
+}
+
+
 def _settings_of(task: Any) -> Settings:
-    """The settings of ``task``'s app; a missing ``redlock_url`` of Celery's fallback app
-    (``'default'``) says why a test can end up there: Celery's ``celery_app`` fixture does not
-    make its app current, so a ``@shared_task`` resolves to the fallback app."""
+    """The settings of ``task``'s app; a missing ``redlock_url`` of an app in
+    :data:`_NOT_THE_TEST_APPS` says why a test can end up there: Celery's ``celery_app``
+    fixture does not make its app current, so a ``@shared_task`` resolves to whichever app
+    is current."""
     try:
         return settings_for(task.app)
     except LockConfigError as exc:
-        if getattr(task.app, "main", None) != "default":
+        which = _NOT_THE_TEST_APPS.get(getattr(task.app, "main", None) or "")
+        if which is None:
             raise
         raise LockConfigError(
-            f"{exc}. hold_lock(): {task.name} resolves to Celery's fallback app 'default', "
-            "not to the test's app: a @shared_task binds to the current app, which Celery's "
-            "celery_app fixture does not set; request celery_worker too (it does), or define "
-            "the task on an explicit app (@app.task)"
+            f"{exc}. hold_lock(): {task.name} resolves to {which}, not to the test's app: a "
+            "@shared_task binds to the current app, which Celery's celery_app fixture does "
+            "not set; request celery_worker too (it does), or define the task on an explicit "
+            "app (@app.task)"
         ) from None
 
 

@@ -436,7 +436,7 @@ from celery import shared_task
 from celery_redlock import LockConfigError, LockedTask
 from celery_redlock.testing import hold_lock
 
-pytest_plugins = ["celery.contrib.pytest", "celery_redlock.testing.pytest_plugin"]
+PLUGINS
 
 
 @shared_task(base=LockedTask, lock_by=["shop_id"])
@@ -452,19 +452,35 @@ def celery_config(redlock_url):
 def test_celery_app_alone(celery_app):
     with pytest.raises(LockConfigError) as info, hold_lock(sync_orders, 1):
         pass
-    assert "app 'default': setting redlock_url is missing" in str(info.value)
+    assert "app 'APP': setting redlock_url is missing" in str(info.value)
     assert "request celery_worker too (it does), or define the task on an explicit app" in str(
         info.value
     )
 """
 
 
+@pytest.mark.parametrize("pytest_celery", [False, True], ids=["classic", "pytest-celery"])
 def test_hold_lock_of_a_shared_task_on_celery_app_alone_says_why_it_has_no_redlock_url(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, pytest_celery: bool
 ) -> None:
     """Plugin probe: Celery's ``celery_app`` fixture does not make its app current, so a
     ``@shared_task`` resolved to Celery's fallback app, and ``hold_lock()`` said only that
-    app 'default' had no ``redlock_url``."""
-    pytester.makepyfile(test_shared=SHARED_TASK)
-    result = pytester.runpytest_subprocess("-q", "-p", "no:celery", "-p", "no:cacheprovider")
+    app 'default' had no ``redlock_url``. With pytest-celery enabled (helper probe, round 3,
+    session 22) it resolves to pytest-celery's app, ``celery_test_app``, which importing
+    pytest-celery makes current: the hint was left out."""
+    if pytest_celery:
+        pytest.importorskip("pytest_celery")
+        plugins = (
+            "from celery.contrib.pytest import celery_worker  # noqa: F401\n\n"
+            'pytest_plugins = ["celery_redlock.testing.pytest_plugin"]'
+        )
+        options = []
+    else:
+        plugins = (
+            'pytest_plugins = ["celery.contrib.pytest", "celery_redlock.testing.pytest_plugin"]'
+        )
+        options = ["-p", "no:celery"]
+    app = "celery_test_app" if pytest_celery else "default"
+    pytester.makepyfile(test_shared=SHARED_TASK.replace("PLUGINS", plugins).replace("APP", app))
+    result = pytester.runpytest_subprocess("-q", *options, "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
