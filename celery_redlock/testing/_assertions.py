@@ -197,6 +197,16 @@ def _describe(events: LockEvents, task_id: str) -> str:
     return f"{described} (its key was free: {why})"
 
 
+def _failure(result: Any) -> str:
+    """The error the call behind ``result`` ended with, to quote (a call that failed before
+    taking its lock, such as on a ``LockConfigError`` whose fix is ``configure_redlock(app)``,
+    was described as "see its result"); empty for a task id, or a call that has not failed."""
+    if isinstance(result, str) or not result.ready() or not result.failed():
+        return ""
+    error = result.result
+    return f"; it failed with {type(error).__name__}: {error}"
+
+
 def _unseen(events: LockEvents, task_id: str) -> str:
     """Why a call sent no lock event: its task takes no lock, or it ran elsewhere."""
     with events._guard:
@@ -245,7 +255,8 @@ def assert_acquired(result: Any, events: LockEvents | None = None) -> None:
     events = _events(events, "assert_acquired")
     task_id = _task_id(result)
     if not events.acquired(task_id):
-        raise AssertionError(f"task {task_id} took no lock{_describe(events, task_id)}")
+        described = _describe(events, task_id)
+        raise AssertionError(f"task {task_id} took no lock{described}{_failure(result)}")
 
 
 #: The lease of a :func:`hold_lock` holder (seconds), renewed while it holds.

@@ -425,6 +425,18 @@ def test_a_call_that_takes_no_lock_is_described_as_such(app: Celery) -> None:
         )
         assert "called with lock_bypass=True" in failure(locked.apply(lock_bypass=True))
         before = plain.apply()
+    # Helper probe, round 3, session 22: an app the test forgot to configure_redlock() failed
+    # before its lock event, and the assertion said only "(see its result)".
+    bare = Celery("bare", set_as_current=False)
+
+    @bare.task(base=LockedTask, lock_by=())
+    def unconfigured() -> str:
+        return "ran"
+
+    with record_lock_events():
+        said = failure(unconfigured.apply())
+    assert "before taking its lock (see its result); it failed with LockConfigError: " in said
+    assert said.endswith("configure_redlock(app) sets it")
     with record_lock_events():  # a call before the recording, or in another process
         assert "no lock event was recorded for it (signals are received" in failure(before)
 
