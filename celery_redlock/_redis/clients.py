@@ -7,7 +7,8 @@ URL forms:
   parameters) and ``unix:///path.sock``: what redis-py's ``from_url`` accepts;
 * ``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]``: the primary that
   the Sentinels name ``service``, followed across failovers (``rediss+sentinel://`` for TLS to
-  the primary; ``sentinel_password=`` in the query for password-protected Sentinels);
+  the primary, and with ``sentinel_ssl=true`` to the Sentinels too; ``sentinel_username=`` and
+  ``sentinel_password=`` in the query for Sentinels that require them);
 * ``redis+cluster://[user:password@]host:port[,host:port...]/``: a Redis Cluster
   (``rediss+cluster://`` for TLS).
 
@@ -449,7 +450,11 @@ def _validate_multi_host(url: str, scheme: str) -> None:
         raise ValueError("a port is not a number") from None
     if not all(host for host, _ in nodes):
         raise ValueError("a host is missing (host:port[,host:port...])")
-    accepted = ["sentinel_password"] if scheme.endswith("+sentinel") else []
+    accepted = []
+    if scheme.endswith("+sentinel"):
+        accepted = ["sentinel_username", "sentinel_password"]
+        if scheme.startswith("rediss"):
+            accepted.append("sentinel_ssl")
     unknown = sorted(set(query) - set(accepted))
     if unknown:
         if scheme.startswith("rediss"):
@@ -458,6 +463,8 @@ def _validate_multi_host(url: str, scheme: str) -> None:
             f"query option {unknown[0]!r} is not taken by a {scheme}:// URL "
             f"(it takes {', '.join(accepted) or 'none'})"
         )
+    if query.get("sentinel_ssl", "false").lower() not in ("true", "false"):
+        raise ValueError("sentinel_ssl takes true or false")
     if auth.get("ssl_cert_reqs", "none") not in _CERT_REQS:
         raise ValueError(f"ssl_cert_reqs takes {', '.join(_CERT_REQS)}")
     if scheme.endswith("+cluster"):
@@ -522,8 +529,13 @@ def _sentinel(url: str, options: dict[str, Any]) -> Any:
         "socket_connect_timeout": options["socket_connect_timeout"],
         "retry": Retry(NoBackoff(), 0),
     }
-    if "sentinel_password" in query:
-        sentinel_kwargs["password"] = query.pop("sentinel_password")
+    for name in ("username", "password"):
+        if f"sentinel_{name}" in query:
+            sentinel_kwargs[name] = query.pop(f"sentinel_{name}")
+    # TLS to the Sentinels too, with the URL's certificates, only when asked: redis-py's and
+    # kombu's Sentinel clients reach them over plain TCP, as many deployments serve them.
+    if query.pop("sentinel_ssl", "false").lower() == "true":
+        sentinel_kwargs.update({k: v for k, v in auth.items() if k.startswith("ssl")})
     sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs, **options)
     db = int(path[1]) if len(path) > 1 else 0
     return sentinel.master_for(path[0], db=db, **auth, **options)

@@ -297,8 +297,14 @@ def connect_hint(tls: bool | None, exc: BaseException, client_cert: bool | None 
     (:data:`NOT_A_SENTINEL`), or TLS that does not match (:func:`tls_mismatch`). ``tls``:
     whether the client uses TLS (``None``: unknown, as for a Cluster); ``client_cert``:
     whether the URL gives a client certificate (``None``: unknown)."""
-    if _UNKNOWN_SENTINEL.search(str(exc)):
+    text = str(exc)
+    if _UNKNOWN_SENTINEL.search(text):
         return NOT_A_SENTINEL
+    if text.startswith("No master found") and _RESET in text:
+        return (
+            "if the Sentinels take TLS only, they reset plain connections: add "
+            "sentinel_ssl=true to a rediss+sentinel URL (its certificates are used)"
+        )
     return "" if tls is None else tls_mismatch(tls, exc, client_cert)
 
 

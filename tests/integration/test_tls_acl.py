@@ -40,9 +40,9 @@ from celery_redlock._redis import timeline as ring
 from celery_redlock._redis.inventory import Inventory, InventoryRefused
 from celery_redlock._redis.lock import release_attempt
 from celery_redlock.asyncio import Lock as AsyncLock
-from celery_redlock.testing import RedisServer
+from celery_redlock.testing import RedisServer, wait_until
 from support.apps import make_app
-from support.servers import Certs, TlsServer, make_certs, tls_supported
+from support.servers import SERVICE, Certs, SentinelServer, TlsServer, make_certs, tls_supported
 from support.workers import running_worker
 
 #: The commands the plugin runs: EVALSHA (every operation; the scripts' own calls are checked
@@ -770,3 +770,78 @@ def test_the_guide_gives_each_feature_its_acl_addition() -> None:
     guide = (Path(__file__).parents[2] / "docs" / "guide.md").read_text()
     for addition in ACL_ADDITIONS.values():
         assert f"`{addition}`" in guide, addition
+
+
+class _TlsSentinel(SentinelServer):
+    """A Sentinel that reaches a TLS primary over TLS; with ``tls_only``, it takes clients on a
+    TLS port alone (``port 0``), else on a plain one."""
+
+    def __init__(self, primary: TlsServer, tls_only: bool) -> None:
+        super().__init__(primary.server)
+        self.tls, self.tls_only = primary, tls_only
+
+    def command(self) -> list[str]:
+        command = super().command()
+        certs = self.tls.certs
+        lines = [
+            f"sentinel auth-pass {SERVICE} {self.tls.admin_password}",
+            "tls-replication yes",
+            f"tls-cert-file {certs.server_cert}",
+            f"tls-key-file {certs.server_key}",
+            f"tls-ca-cert-file {certs.ca}",
+        ]
+        if self.tls_only:  # and an ACL user of its own, the default one off
+            lines += ["port 0", f"tls-port {self.port}", "user default off"]
+            lines += ["user watcher on >watch-pw allcommands allchannels"]
+        with self.conf.open("a") as conf:
+            conf.write("\n".join(lines) + "\n")
+        return command
+
+    def client(self) -> redis_py.Redis:
+        if not self.tls_only:
+            return super().client()
+        certs = self.tls.certs
+        return redis_py.Redis(
+            host="127.0.0.1",
+            port=self.port,
+            ssl=True,
+            ssl_ca_certs=certs.ca,
+            ssl_certfile=certs.client_cert,
+            ssl_keyfile=certs.client_key,
+            socket_timeout=2,
+            username="watcher",
+            password="watch-pw",
+        )
+
+
+@pytest.mark.parametrize("tls_only", [False, True], ids=["plain-sentinel", "tls-sentinel"])
+def test_rediss_sentinel_reaches_the_primary_over_tls_and_the_sentinels_as_told(
+    certs: Certs, tls: TlsServer, tls_only: bool
+) -> None:
+    """``rediss+sentinel://`` is TLS to the primary; the Sentinels are reached over TLS with
+    ``sentinel_ssl=true`` (the URL's certificates), else over plain TCP, as redis-py's and
+    kombu's Sentinel clients do. Helper probe, round 3, session 22: Sentinels that take TLS
+    only could not be used at all ("No master found", the connection reset), nor Sentinels
+    with an ACL user (``sentinel_username``)."""
+    with _TlsSentinel(tls, tls_only) as sentinel:
+        query = (
+            f"ssl_ca_certs={certs.ca}&ssl_certfile={certs.client_cert}"
+            f"&ssl_keyfile={certs.client_key}"
+        )
+        base = f"rediss+sentinel://redlock:secret@127.0.0.1:{sentinel.port}/{SERVICE}/0?{query}"
+        if tls_only:
+            base += "&sentinel_username=watcher&sentinel_password=watch-pw"
+        url = base + ("&sentinel_ssl=true" if tls_only else "")
+        lock = Lock(url, "via-sentinel", ttl=10)
+        wait_until(lambda: _answers(lock), 10, "the Sentinel to name its primary")
+        assert lock.held and tls.admin().exists(lock.key)
+        lock.release()
+        if tls_only:  # without it, the plain connection to the TLS port is reset
+            with pytest.raises(LockUnavailable, match="sentinel_ssl=true"):
+                Lock(base, "via-sentinel", ttl=10).acquire(blocking=False)
+
+
+def _answers(lock: Lock) -> bool:
+    with contextlib.suppress(LockUnavailable):
+        return bool(lock.acquire(blocking=False))
+    return False

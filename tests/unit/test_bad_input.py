@@ -118,6 +118,8 @@ UNUSABLE = [
     (f"redis+sentinel://:{PASSWORD}@h:1/mymaster/x", "names the service"),
     (f"redis+sentinel://:{PASSWORD}@h:1/m?socket_timeout=3", "'socket_timeout' is not taken"),
     (f"rediss+sentinel://:{PASSWORD}@h:1/m?ssl_cert_reqs=maybe", "ssl_cert_reqs takes"),
+    (f"rediss+sentinel://:{PASSWORD}@h:1/m?sentinel_ssl=yes", "sentinel_ssl takes true or false"),
+    (f"redis+sentinel://:{PASSWORD}@h:1/m?sentinel_ssl=true", "'sentinel_ssl' is not taken"),
     (f"redis+cluster://:{PASSWORD}@h:1/3", "database 0 only"),
     (f"redis+sentinel://:{PASSWORD}@[::1]:x/m", "a port is not a number"),
     (f"redis+cluster://:{PASSWORD}@h:1,h:/", "a port is not a number"),
@@ -204,6 +206,7 @@ def test_a_url_of_no_redis_scheme_is_quoted_and_named_alike_by_both_locks(url: s
         "rediss://h:1/0?ssl_cert_reqs=none",
         "redis+sentinel://h:1,h:2/mymaster/1?sentinel_password=x",
         "rediss+sentinel://h:1/m?ssl_cert_reqs=required",
+        "rediss+sentinel://h:1/m?sentinel_ssl=true&sentinel_username=u&sentinel_password=x",
         "redis+cluster://h:1,h:2/",
         "redis+cluster://h:1/0",
         "redis+sentinel://[::1]/mymaster",  # IPv6, the default port
