@@ -323,11 +323,16 @@ _CONSEQUENCES = {
     "rate": "lock_rate needs",
     "timeline": "redlock_timeline needs",
 }
-#: What a refusal of the release notifications costs (they are in the "lock" feature).
+#: What a refusal of the release notifications, or of a quorum's PING, costs (in the "lock"
+#: feature, which works without them: waiting does not).
 _NOTIFY = {
     "PUBLISH": "a release does not wake the blocking waiters (each tries again when the TTL it "
     "read ends; a WARNING at each release)",
     "SUBSCRIBE": "a blocking wait (lock_on_contention='wait', Lock.acquire()) fails with "
+    "LockUnavailable",
+    # Only a quorum's (a single node's is dropped before): it pings its nodes to pick one to
+    # listen on.
+    "PING": "a quorum's blocking wait (lock_on_contention='wait', Lock.acquire()) fails with "
     "LockUnavailable",
 }
 _UNTIL = {
@@ -382,9 +387,12 @@ def _report_dry_run(
         refused = [c for c in refused if c not in notify]
         if notify:  # the locks work without them: waiting does not
             logger.error(
-                "celery_redlock: the lock Redis at %s refuses the release notifications: %s "
-                "(%s); grant them to the ACL user (%s); until then %s",
+                "celery_redlock: the lock Redis at %s refuses %s: %s (%s); grant them to the "
+                "ACL user (%s); until then %s",
                 shown,
+                "the commands of blocking waits"
+                if notify == ["PING"]
+                else "the release notifications",
                 ", ".join(notify),
                 "; ".join(f"{name}: {refusals[name]}" for name in notify),
                 _grant(notify, refusals, prefix),

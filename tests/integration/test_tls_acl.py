@@ -711,6 +711,37 @@ def test_a_single_node_that_refuses_ping_is_reached_and_checked(
     app.close()
 
 
+def test_a_quorum_that_refuses_ping_is_told_that_blocking_waits_fail_not_every_lock(
+    tls: TlsServer,
+    servers: list[TlsServer],
+    redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Helper probe, round 3, session 22: a quorum's ACL user without ``+ping`` got an ERROR
+    per node saying "until then lock operations fail", while its tasks locked and ran: only
+    a blocking wait pings the nodes (to pick one to listen on)."""
+    _set_user(servers, "no-ping-q", ACL_RULES.replace(" +ping", ""))
+    urls = [server.url("no-ping-q", "secret") for server in servers]
+    app = make_app(redis_server, "acl-ping-q", redlock_url=urls)
+
+    @app.task(base=LockedTask, shared=False, name="acl.ping_q")
+    def work() -> str:
+        return "ran"
+
+    errors = _checked(app, caplog)[logging.ERROR]
+    assert len(errors) == len(servers), errors
+    for error in errors:
+        assert "PING" in error and "lock operations fail" not in error, error
+        assert "a quorum's blocking wait" in error and "grant them to the ACL user (+ping)" in error
+    assert work.apply().get() == "ran"
+    holder = Lock(urls, "ping-q", ttl=10)
+    assert holder.acquire(blocking=False)  # the locks work
+    with pytest.raises(LockUnavailable, match="PING"):  # a wait does not
+        Lock(urls, "ping-q", ttl=10).acquire(blocking=True, timeout=0.5)
+    holder.release()
+    app.close()
+
+
 def test_the_command_line_names_the_permission_it_was_refused(
     tls: TlsServer, servers: list[TlsServer]
 ) -> None:
