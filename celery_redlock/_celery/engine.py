@@ -990,17 +990,18 @@ def _release(task: Any, request: Any, lock: Lock, keep: float = 0) -> bool:
     ends; a lock never taken (``lock_limit=None``: a rate alone) made no attempt."""
     if lock.token is None:
         return lock.attempts > 0 and not lock.lost
+    lost = lock.lost  # its lease ended (logged as an ERROR): its key has expired meanwhile
     try:
         lock.release(keep=keep)
     except LockLost:
         return False  # logged: an ERROR by Lock.on_lost, or a WARNING if it expired on the way
     except LockUnavailable as exc:
         logger.warning(
-            "%s[%s]: could not release %s, it will expire within %.0fs: %s",
+            "%s[%s]: could not release %s, %s: %s",
             task.name,
             request.id,
             lock.key,
-            lock.ttl,
+            "its lease had already ended" if lost else f"it will expire within {lock.ttl:.0f}s",
             exc,
         )
         return False

@@ -446,3 +446,26 @@ def test_lock_key_and_the_worker_agree_under_a_key_secret(
     with running_worker(app):
         assert keyed.delay(48213).get(timeout=10) == lock_key(keyed, 48213)
     assert lock_key(keyed, 48213) != lock_key(unkeyed, 48213)
+
+
+def test_a_release_that_fails_after_the_lease_ended_does_not_say_the_key_will_expire(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Helper probe, round 3, session 22: a lock lost when its lease ran out (the lock Redis
+    down), whose release then failed, was reported as "it will expire within 9s", 11 s after
+    the key had expired."""
+    with RedisServer() as locks:
+        app = make_app(redis_server, "lost-release", redlock_url=locks.url, redlock_lease=0.5)
+
+        @app.task(base=LockedTask, lock_by=(), shared=False, name="faults.outlives")
+        def outlives() -> bool:
+            locks.stop()
+            wait_until(lambda: current_lock().lost, 10, "the lease to run out")
+            return True
+
+        with caplog.at_level(logging.WARNING, logger="celery_redlock"):
+            assert outlives.apply().get() is True
+    said = [r.getMessage() for r in caplog.records if "could not release" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "will expire within" not in said[0]
+    assert "its lease had already ended" in said[0]
