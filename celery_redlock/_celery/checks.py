@@ -50,7 +50,7 @@ from typing import Any
 
 from .._redis import probe, servers
 from .._redis.clients import gives_client_cert, missing_files, redact
-from .._redis.core import connect_hint, refusal_hints, refused_by_acl
+from .._redis.core import connect_hint, describe, refusal_hints, refused_by_acl
 from .identity import spec_of
 from .options import TaskLockOptions, contention_policy, quorum_size, settings_for, supersedes
 from .timeline import size_for
@@ -238,7 +238,7 @@ def _check_node(
                 "fix redlock_url. Until then locked tasks follow redlock_on_unavailable=%r",
                 shown,
                 type(exc).__name__,
-                redact(exc),
+                redact(describe(exc)),
                 fix,
                 on_unavailable,
             )
@@ -247,7 +247,7 @@ def _check_node(
         missing = missing_files(url)  # redis-py's "No such file or directory" names none
         if missing:
             hint = f"the URL names a file that does not exist: {', '.join(missing)}"
-        why = f"{type(exc).__name__}: {redact(exc)}" + (f"; {hint}" if hint else "")
+        why = f"{type(exc).__name__}: {redact(describe(exc))}" + (f"; {hint}" if hint else "")
         if in_quorum:
             logger.warning(
                 "celery_redlock: lock Redis node %s does not answer (%s); the quorum "
@@ -273,7 +273,7 @@ def _check_node(
             "skipped%s",
             shown,
             "is refused" if refused_by_acl(exc) else "did not answer",
-            redact(exc),
+            redact(describe(exc)),
             ", and whether another node of the quorum is the same server" if in_quorum else "",
             "; grant +info to have them" if refused_by_acl(exc) else "",
         )

@@ -65,6 +65,7 @@ __all__ = [
     "classify",
     "connect_hint",
     "count_votes",
+    "describe",
     "majority",
     "refusal_hints",
     "tls_mismatch",
@@ -267,9 +268,20 @@ def password_missing(exc: BaseException) -> str | None:
     return _NO_PASSWORD if missing else None
 
 
+#: A client's repr in a redis-py message (a Sentinel's "No master found" names each Sentinel
+#: so, some 1,000 characters each, with the hint after them): shown as its ``host:port``.
+#: redis-py 5.0 writes ``Redis<ConnectionPool<Connection<host=h,port=p,db=0>>>``.
+_CLIENT_REPR = re.compile(
+    r"<redis\.client\.Redis\(<.*?\bhost=([^,]+),port=(\d+),.*?\)>\)>\)>"
+    r"|Redis<ConnectionPool<Connection<host=([^,>]+),port=(\d+)[^>]*>>>"
+)
+
+
 def describe(exc: BaseException) -> str:
-    """``exc`` as text for a message; never empty (``asyncio.TimeoutError()`` has no text)."""
-    return str(exc) or {"TimeoutError": "no reply in time"}.get(type(exc).__name__, repr(exc))
+    """``exc`` as text for a message, each client repr in it shortened to ``host:port``; never
+    empty (``asyncio.TimeoutError()`` has no text)."""
+    text = str(exc) or {"TimeoutError": "no reply in time"}.get(type(exc).__name__, repr(exc))
+    return _CLIENT_REPR.sub(lambda m: f"{m[1] or m[3]}:{m[2] or m[4]}", text)
 
 
 def refusal_hints(exc: BaseException) -> tuple[str, list[str]]:

@@ -90,6 +90,7 @@ from .core import (
     classify,
     connect_hint,
     denied_by_acl,
+    describe,
     lost_reply,
     refusal_hints,
     warn_not_notified,
@@ -149,15 +150,6 @@ DOWN_FOR = 30.0
 MARKERS = ("queued", "rate", "newest")
 
 _HEX = frozenset("0123456789abcdef")
-
-#: A client's repr in a redis-py message (a Sentinel's "No master found" names each Sentinel
-#: so, some 900 characters each): shown as its ``host:port``.
-#: redis-py 5.0 writes ``Redis<ConnectionPool<Connection<host=h,port=p,db=0>>>``.
-_CLIENT_REPR = re.compile(
-    r"<redis\.client\.Redis\(<.*?\bhost=([^,]+),port=(\d+),.*?\)>\)>\)>"
-    r"|Redis<ConnectionPool<Connection<host=([^,>]+),port=(\d+)[^>]*>>>"
-)
-
 
 #: What a plain URL sees of the locks on a server :func:`~.probe.misfit` names (a Cluster's
 #: node, a Sentinel), by whether it is a Sentinel.
@@ -1104,7 +1096,7 @@ def _reason(url: str, exc: BaseException) -> str:
     each client repr in it shortened to ``host:port``, naming the TLS file the URL gives that
     does not exist (redis-py says "No such file or directory." without the name), and what to
     check when the port may not be of the URL's kind (:func:`~.core.connect_hint`)."""
-    text = _CLIENT_REPR.sub(lambda m: f"{m[1] or m[3]}:{m[2] or m[4]}", redact(exc))
+    text = redact(describe(exc))
     cause: BaseException | None = exc
     while cause is not None and not isinstance(cause, FileNotFoundError):
         cause = cause.__cause__ or cause.__context__

@@ -100,6 +100,20 @@ def test_messages_name_an_exhausted_pool_and_never_end_empty() -> None:
     assert str(auth) == "Redis at h:1 refused lock k: invalid username-password pair"
 
 
+def test_a_sentinel_s_no_master_found_names_each_sentinel_by_host_and_port() -> None:
+    """Helper probe, round 3, session 22: redis-py's "No master found" quotes each Sentinel's
+    client repr (1,000 characters each, the password's place included), and a task's WARNING
+    and the startup ERROR carried it whole, the hint at their end; the command line already
+    shortened it."""
+    sentinel = redis_py.Redis(host="10.0.0.7", port=26379, password="pw", socket_timeout=0.1)
+    error = E.ConnectionError(f"No master found for 'svc' : {sentinel!r} - ConnectionError: x")
+    said = str(unavailable(error, "k", ("svc",)))
+    assert said == "Redis at svc did not answer for lock k: No master found for 'svc' : " + (
+        "10.0.0.7:26379 - ConnectionError: x"
+    )
+    sentinel.close()
+
+
 def test_a_give_back_stops_after_two_answers_in_a_row() -> None:
     """The first answer shows the server ran after the lost command was in its buffer; the
     second release, sent after it, runs after that command. A refusal is an answer too."""
