@@ -60,7 +60,9 @@ from .aionodes import (
     Nodes,
     SingleNode,
     as_planned,
+    cleaning,
     give_back,
+    guarded,
     in_background,
     keep,
     loop_hubs,
@@ -89,12 +91,15 @@ logger = logging.getLogger("celery_redlock.lock")
 T = TypeVar("T")
 
 
-async def finish(aw: Awaitable[T]) -> T:
-    """Await ``aw`` to its end even if the caller is cancelled meanwhile; then re-raise the
-    cancellation. (A cancellation of ``aw`` itself, by a loop shutting down, propagates; so
-    does one of a clean-up run again by the shutdown, which then gives up on Redis:
-    :func:`~celery_redlock._redis.aionodes.in_background`.)"""
-    task = asyncio.ensure_future(aw)
+async def finish(make: Callable[[], Awaitable[T]]) -> T:
+    """Await ``make()`` to its end even if the caller is cancelled meanwhile; then re-raise
+    the cancellation. A loop shutting down that cancels ``make()`` itself runs it once more
+    and waits for that (:func:`~celery_redlock._redis.aionodes.guarded`); the cancellation
+    propagates. Within a clean-up (:func:`~celery_redlock._redis.aionodes.cleaning`), the
+    clean-up is what the shutdown runs again; in one run again by the shutdown, a cancellation
+    ends it: the shutdown gives up on Redis
+    (:func:`~celery_redlock._redis.aionodes.in_background`)."""
+    task = asyncio.ensure_future(make()) if cleaning() else guarded(make)
     cancelled = False
     while not task.done():
         try:
@@ -254,7 +259,7 @@ class Lock(LockCore):
         cancelled meanwhile (the cancellation is re-raised after).
         """
         token = self._release_token(keep)  # the renewal stopped
-        self._released(await finish(self.do_release(token, keep)))
+        self._released(await finish(functools.partial(self.do_release, token, keep)))
 
     async def extend(self, ttl: float | None = None) -> None:
         """Reset the remaining TTL to ``ttl`` seconds (default: the lock's ttl), owner-checked.
@@ -461,7 +466,7 @@ class Lock(LockCore):
         this waiter, and the leave gives it back."""
 
         async def leave() -> None:
-            held = await finish(queue.leave(self.keys, member, secret))
+            held = await finish(functools.partial(queue.leave, self.keys, member, secret))
             if held is not None:
                 await self._give_back(held)
 
@@ -473,7 +478,7 @@ class Lock(LockCore):
         """Give back whatever ``token`` may hold, to the end, errors aside."""
         self._drop(token)
         with contextlib.suppress(Exception):
-            await finish(self.do_release(token))
+            await finish(functools.partial(self.do_release, token))
 
     def _give_back_later(self, token: str) -> None:
         """:meth:`_give_back` for a cancelled caller: forget ``token`` now, and release it in
@@ -488,7 +493,7 @@ class Lock(LockCore):
             return
 
         async def release() -> None:
-            await finish(self.do_release(token))
+            await finish(functools.partial(self.do_release, token))
 
         plan = GiveBack(self.key, time.monotonic())
         in_background(functools.partial(as_planned, plan, release, 0.0))

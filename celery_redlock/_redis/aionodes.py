@@ -110,11 +110,26 @@ def in_background(undo: Callable[[], Awaitable[object]]) -> None:
     :data:`SHUTDOWN_WAIT` seconds for all; a second cancellation ends it. A loop closed without
     that shutdown (``loop.close()`` alone) drops it, and its keys expire by their TTL.
     """
-    _start(undo, _loop_state(asyncio.get_running_loop()), last=False)
+    guarded(undo)
 
 
-def _start(undo: Callable[[], Awaitable[object]], state: _LoopState, *, last: bool) -> None:
-    task = asyncio.ensure_future(undo())
+def guarded(undo: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
+    """The task of ``undo()``'s first run, as :func:`in_background` runs it: run once more if
+    the loop's shutdown cancels it, and waited for by that shutdown. For a clean-up whose
+    caller awaits it (a release): timeline without, under uvicorn's
+    ``--timeout-graceful-shutdown``: (1) a holder inside ``async with lock:`` is cancelled;
+    (2) its release starts, in a task of its own; (3) the server's main task returns, and
+    ``asyncio.run`` cancels every task left, that release among them, before it went out;
+    (4) the key stays held until its TTL, and nothing says so."""
+    return _start(undo, _loop_state(asyncio.get_running_loop()), last=False)
+
+
+def _start(undo: Callable[[], Awaitable[T]], state: _LoopState, *, last: bool) -> asyncio.Future[T]:
+    token = _cleaning.set(True)  # copied into the new task's context
+    try:
+        task = asyncio.ensure_future(undo())
+    finally:
+        _cleaning.reset(token)
     state.cleanups.add(task)
     task.add_done_callback(state.cleanups.discard)
     if last:
@@ -122,6 +137,7 @@ def _start(undo: Callable[[], Awaitable[object]], state: _LoopState, *, last: bo
         task.add_done_callback(state.last.discard)
     else:
         task.add_done_callback(functools.partial(_again, undo, state))
+    return task
 
 
 def _again(undo: Callable[[], Awaitable[object]], state: _LoopState, task: Any) -> None:
@@ -138,6 +154,19 @@ def _again(undo: Callable[[], Awaitable[object]], state: _LoopState, task: Any) 
 _stopping: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "celery_redlock_stopping", default=False
 )
+
+
+#: Set in every clean-up's task (:func:`in_background`, :func:`guarded`).
+_cleaning: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "celery_redlock_cleaning", default=False
+)
+
+
+def cleaning() -> bool:
+    """Whether this runs in a clean-up's task, which a loop's shutdown already runs again
+    and waits for: what it awaits needs no guard of its own (it would be counted, and run
+    again, twice)."""
+    return _cleaning.get()
 
 
 def stopping() -> bool:

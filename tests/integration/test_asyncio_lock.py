@@ -427,6 +427,35 @@ def test_a_give_back_refused_at_the_shutdown_is_an_answer_not_a_silence(
         admin.close()
 
 
+@pytest.mark.parametrize("turns", [0, 1], ids=["at-once", "one-turn-later"])
+def test_a_holder_cancelled_as_asyncio_run_ends_still_releases(
+    redis_url: str, r: redis_py.Redis, caplog: pytest.LogCaptureFixture, turns: int
+) -> None:
+    """Helper probe, round 3, session 22 (uvicorn's ``--timeout-graceful-shutdown`` does
+    this): (1) a holder inside ``async with lock:`` is cancelled; (2) the main task returns
+    at once, or one loop turn later, with its release under way; (3) ``asyncio.run``
+    cancels every task left, the release's among them, before it went out. The key stayed
+    held until its TTL, with nothing logged."""
+    held = asyncio.Event()
+
+    async def holder() -> None:
+        async with Lock(redis_url, NAME, ttl=60):
+            held.set()
+            await asyncio.sleep(60)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(holder())
+        await held.wait()
+        task.cancel()
+        for _ in range(turns):
+            await asyncio.sleep(0)
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(main())
+    assert lock_keys(r) == []
+    assert [rec.getMessage() for rec in caplog.records if rec.name == "asyncio"] == []
+
+
 def test_waiters_still_waiting_as_asyncio_run_ends_leave_the_queue(
     redis_url: str, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
