@@ -1037,11 +1037,13 @@ class LockCore:
         (a worker runs several calls of one task: which one lost it). Override to react."""
         token = self._token or self._released_token or ""
         owner = _owner.parse(token)
+        fence = self._fencing_token
         logger.error(
-            "lock %s lost (token %s…, fencing token %s%s): %s",
+            "lock %s lost (token %s…, %s%s): %s",
             self.key,
             token[:8],
-            self._fencing_token,
+            # A single node's token is read on first use only: "None" read as a token.
+            "no fencing token read" if fence is None else f"fencing token {fence}",
             f", task {owner.task_id}" if owner is not None and owner.task_id else "",
             reason,
         )

@@ -234,6 +234,10 @@ def test_a_green_pool_is_a_warning_that_cpu_bound_tasks_outlive_their_lease(
     (warning,) = warnings
     assert warning.startswith(f"celery_redlock: the {pool} pool renews locks in a greenlet")
     assert "redlock_lease=30s" in warning and "lock_ttl" in warning
+    # Helper probe, round 3, session 22: under a hard time limit T the lock ends at T + the
+    # margin, which can be far shorter than the lease (8 s against 30 s), and the warning
+    # named only the lease.
+    assert "past T + redlock_ttl_margin=5s" in warning
 
 
 def test_the_broker_url_fallback_is_said_in_the_worker_log(
