@@ -990,7 +990,6 @@ def _release(task: Any, request: Any, lock: Lock, keep: float = 0) -> bool:
     ends; a lock never taken (``lock_limit=None``: a rate alone) made no attempt."""
     if lock.token is None:
         return lock.attempts > 0 and not lock.lost
-    lost = lock.lost  # its lease ended (logged as an ERROR): its key has expired meanwhile
     try:
         lock.release(keep=keep)
     except LockLost:
@@ -1001,7 +1000,10 @@ def _release(task: Any, request: Any, lock: Lock, keep: float = 0) -> bool:
             task.name,
             request.id,
             lock.key,
-            "its lease had already ended" if lost else f"it will expire within {lock.ttl:.0f}s",
+            # Its lease ended (logged as an ERROR): its key has expired meanwhile.
+            "its lease had already ended"
+            if lock.lost
+            else f"it will expire within {lock.ttl:.0f}s",
             exc,
         )
         return False
