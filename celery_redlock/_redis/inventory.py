@@ -447,9 +447,10 @@ class Inventory:
 
     def view(self, cursor: str = "0", *, name_prefix: str = "") -> View:
         """The locks, markers and waiter counts of ``SCAN`` steps from ``cursor`` (``"0"``: the
-        start) until :data:`ROWS` keys or more matched (the last step is kept whole, so a page
-        can hold more than :data:`ROWS`) or :data:`BUDGET` keys were looked at; names
-        start with ``name_prefix`` (:func:`check_filter`). Read-only: ``SCAN``, then one
+        start) until :data:`ROWS` locks or markers matched (the last step is kept whole, so a
+        page can hold more than :data:`ROWS`; on a quorum's later nodes, a lock an earlier node
+        listed is left out, so their pages can be short) or :data:`BUDGET` keys were looked
+        at; names start with ``name_prefix`` (:func:`check_filter`). Read-only: ``SCAN``, then one
         pipelined round trip per node for the locks (as :meth:`page`) and one for the markers
         and the waiters.
 
@@ -462,8 +463,10 @@ class Inventory:
         while True:
             i, raw, cursor = self._step(cursor, pattern, count, missed)
             looked_at += count
-            found.setdefault(i, []).extend(as_text(k) for k in raw)
-            matched += len(raw)
+            keys = [as_text(k) for k in raw]
+            found.setdefault(i, []).extend(keys)
+            # Rows only: a fence or a call record matched the pattern too.
+            matched += sum(1 for k in keys if is_slot(k) or self._marker(k) is not None)
             if len(raw) < count // 2:
                 count = min(count * 4, MAX_STEP)
             if cursor == "0" or matched >= ROWS or looked_at >= BUDGET:

@@ -25,6 +25,23 @@ def _loopback(host: str) -> bool:
         return False
 
 
+def _root_path(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """``--root-path``: empty, or a path of ``/``-separated segments without a trailing ``/``."""
+    if value and not (
+        value.startswith("/")
+        and not value.endswith("/")
+        and value.isprintable()
+        and not any(c in value for c in " ?#%\\")
+    ):
+        raise click.BadParameter(
+            f"expected a path such as /locks (a leading /, no trailing /, no spaces, ?, # or "
+            f"%), got {value!r}",
+            ctx,
+            param,
+        )
+    return value
+
+
 @click.command(name="web")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8077, show_default=True, type=click.IntRange(0, 65535))
@@ -42,8 +59,23 @@ def _loopback(host: str) -> bool:
     callback=ping_wait,
     help="Seconds to wait for pings (0.1 to 3600).",
 )
+@click.option(
+    "--root-path",
+    default="",
+    callback=_root_path,
+    help="The path a reverse proxy serves the dashboard under, stripping it before it "
+    "passes a request on (/locks for nginx's 'location /locks/ { proxy_pass "
+    "http://127.0.0.1:8077/; }'): links, redirects and cookies then stay under it.",
+)
 @click.pass_context
-def web(ctx: click.Context, host: str, port: int, actions: bool, ping_timeout: float) -> None:
+def web(
+    ctx: click.Context,
+    host: str,
+    port: int,
+    actions: bool,
+    ping_timeout: float,
+    root_path: str,
+) -> None:
     """Serve a dashboard of the locks: held locks, counters, a timeline, and (with --actions)
     owner-checked releases. Credentials come from the environment only: REDLOCK_WEB_TOKEN,
     or REDLOCK_WEB_USER and REDLOCK_WEB_PASSWORD."""
@@ -98,8 +130,9 @@ def web(ctx: click.Context, host: str, port: int, actions: bool, ping_timeout: f
     bound = listening.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
     mode = "actions enabled" if actions else "read-only"
-    click.echo(f"celery-redlock dashboard on http://{shown}:{bound}/ ({mode})", err=True)
-    config = uvicorn.Config(asgi, log_level="warning", access_log=False)
+    under = f", served under {root_path}/ by the proxy" if root_path else ""
+    click.echo(f"celery-redlock dashboard on http://{shown}:{bound}/ ({mode}{under})", err=True)
+    config = uvicorn.Config(asgi, log_level="warning", access_log=False, root_path=root_path)
     uvicorn.Server(config).run(sockets=[listening])
 
 

@@ -271,6 +271,7 @@ class Dashboard:
         tasks: list[str] = []
         rows: list[Row] = []
         next_cursor = None
+        first_page = True
         alive: dict[str, str] = {}
         unanswered: dict[str, str] = {}
         try:
@@ -278,6 +279,7 @@ class Dashboard:
             task = _text(query.get("task"), "the task filter")
             prefix = _text(query.get("prefix"), "the name prefix")
             cursor = query.get("cursor") or "0"
+            first_page = cursor == "0"
             selected = _name_prefix(task, lock_name_of(self.app, task), prefix)
             view = self.inventory.view(cursor, name_prefix=selected)
             rows, next_cursor = rows_of(view), None if view.cursor == "0" else view.cursor
@@ -308,6 +310,7 @@ class Dashboard:
             prefix=prefix,
             name_prefix=name_prefix,
             next_cursor=next_cursor,
+            first_page=first_page,
             error=error,
             unanswered=unanswered,
             quorum=bool(unanswered) and self.inventory.quorum > 1,

@@ -4,12 +4,14 @@ announcement, and without ``-A`` it says so at once instead of serving pages of 
 
 from __future__ import annotations
 
+import http.client
 import os
 import re
 import socket
 import subprocess
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 
@@ -17,7 +19,7 @@ import pytest
 
 from celery_redlock.testing import RedisServer
 from support import ROOT
-from tests.e2e.web.tooling import APP
+from tests.e2e.web.tooling import APP, Dashboard
 
 #: The line the command writes once it listens.
 ANNOUNCED = re.compile(r"celery-redlock dashboard on (http://\S+/) \(read-only\)")
@@ -92,3 +94,42 @@ def test_without_an_app_it_says_so_at_once(redis_server: RedisServer, tmp_path: 
     assert done.returncode == 1, done.stderr
     assert "no app given" in done.stderr and "celery -A yourproject redlock web" in done.stderr
     assert "dashboard on" not in done.stderr
+
+
+def test_under_a_proxy_path_links_redirects_and_cookies_stay_under_it(
+    redis_server: RedisServer,
+) -> None:
+    """Behind a proxy that serves the dashboard under /locks/ and strips that prefix, every
+    redirect, form and cookie pointed at / (probe, round 23): the login led out of the prefix.
+    The requests here are those the proxy passes on, without the prefix."""
+    board = Dashboard(redis_server.port, "--root-path", "/locks")
+    try:
+        host = urllib.parse.urlsplit(board.url).netloc
+        connection = http.client.HTTPConnection(host, timeout=10)
+        connection.request("GET", "/")
+        reply = connection.getresponse()
+        reply.read()
+        assert (reply.status, reply.getheader("Location")) == (303, "/locks/login")
+        connection.request("GET", "/login")
+        reply = connection.getresponse()
+        form = reply.read().decode()
+        assert reply.status == 200 and 'action="/locks/login"' in form, form
+        cookies = reply.headers.get_all("Set-Cookie") or []
+        assert cookies and all("Path=/locks" in c for c in cookies), cookies
+        connection.close()
+    finally:
+        board.stop()
+
+
+@pytest.mark.parametrize("path", ["locks", "/locks/", "/a b", "/x?y"])
+def test_a_root_path_that_is_no_path_is_refused(redis_server: RedisServer, path: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", APP, "redlock", "web", "--root-path", path],
+        cwd=ROOT,
+        env=_env(redis_server),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Invalid value for '--root-path': expected a path such as /locks" in done.stderr
