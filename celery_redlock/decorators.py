@@ -56,6 +56,7 @@ from ._celery import (
 )
 from ._celery.identity import OPTIONS_ATTR, WRAPPERS, run_function, spec_of
 from ._celery.options import (
+    BYPASS,
     OPTIONS,
     EnqueueMode,
     LockBy,
@@ -156,6 +157,12 @@ def _decorate(fun: Any, options: dict[str, Any]) -> Any:
                 f"{name[len('lock_') :]}= (the lock_ names are the task options of "
                 "base=LockedTask)"
             )
+    if "bypass" in options or BYPASS in options:
+        raise LockConfigError(
+            f"{owner}: unknown @single_instance keyword "
+            f"{'bypass' if 'bypass' in options else BYPASS!r}: it is given per call, not to "
+            f"the task (task.apply_async(..., {BYPASS}=True))"
+        )
     check_unknown(owner, list(options), list(OPTIONS), "@single_instance keyword")
     if options.get("enqueue") in (True, "keep", "until_executed"):
         raise LockConfigError(

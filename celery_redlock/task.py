@@ -41,7 +41,13 @@ from ._celery import (
     routing,
     wiring,  # noqa: F401  (importing it connects the worker receivers)
 )
-from ._celery.identity import OPTIONS_ATTR, check_not_mapped, check_task_name, spec_of
+from ._celery.identity import (
+    OPTIONS_ATTR,
+    check_bound_by,
+    check_not_mapped,
+    check_task_name,
+    spec_of,
+)
 from ._celery.options import (
     KEEPING_MODES,
     OPTIONS,
@@ -231,7 +237,10 @@ def _freeze_options(cls: type) -> None:
                 "one of them: drop @single_instance (and give its keywords as lock_* task "
                 "options), or drop base=LockedTask"
             )
-        params = parameters_of(fun, bound=not isinstance(run, staticmethod))
+        bound = not isinstance(run, staticmethod)
+        params = parameters_of(fun, bound=bound)
+        if bound:
+            check_bound_by(owner, "lock_by", fun, raw.get("lock_by"), params)
     options = validate_options(owner, raw, params)
     check_task_name(cls.__dict__.get("name"), options)
     setattr(cls, OPTIONS_ATTR, options)

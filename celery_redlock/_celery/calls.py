@@ -44,6 +44,7 @@ lock, unless Celery marks it as the call's replacement (``self.replace()``): :fu
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import math
 from collections.abc import Mapping, MutableMapping
@@ -51,7 +52,7 @@ from typing import Any
 
 from ..exceptions import LockConfigError
 from .identity import Spec
-from .options import OPTIONS, check_unknown
+from .options import BYPASS, OPTIONS, check_unknown
 
 logger = logging.getLogger("celery_redlock.task")
 
@@ -60,9 +61,6 @@ HEADER = "redlock"
 
 #: The task options one call may override.
 OVERRIDABLE: tuple[str, ...] = ("on_contention", "wait_timeout", "ttl", "retry_countdown")
-
-#: The ``apply_async`` keyword that runs one call without the lock.
-BYPASS = "lock_bypass"
 
 
 def _validated(owner: str, raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -99,6 +97,14 @@ def take(owner: str, options: MutableMapping[str, Any]) -> dict[str, Any] | None
                 f"{', '.join(f'lock_{n}' for n in OVERRIDABLE)} or {BYPASS}"
             )
     known = [f"lock_{n}" for n in OVERRIDABLE] + [BYPASS]
+    for name in raw:
+        # A typo of a task option (lock_byy) is not hinted as lock_bypass, which drops the lock.
+        hint = difflib.get_close_matches(name, [f"lock_{n}" for n in OPTIONS] + [BYPASS], n=1)
+        if name not in known and hint and hint[0] not in known:
+            raise LockConfigError(
+                f"{owner}: unknown per-call option {name!r}; did you mean {hint[0]!r}? It "
+                f"cannot be given per call; expected one of {', '.join(known)}"
+            )
     check_unknown(owner, list(raw), known, "per-call option")
     header: dict[str, Any] = {}
     overrides = _validated(owner, {name[len("lock_") :]: value for name, value in raw.items()})

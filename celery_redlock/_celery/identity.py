@@ -461,7 +461,7 @@ def spec_of(task: Any) -> Spec | None:
         check_task_name(task.name, options)
         params = parameters_of(fun, bound)
         if bound:
-            _check_bound_by(task.name, fun, options, params)
+            check_bound_by(f"task {task.name}", "by", fun, options.by, params)
         keywords = getattr(fun, OPTIONS_ATTR, None) is not None
         spec = Spec(options, params, bound, f"task {task.name}", keywords)
         expected = tuple(e for e in (LockContended, LockUnavailable) if e not in task.throws)
@@ -604,18 +604,29 @@ def _outcomes_not_autoretried(task: Any) -> None:
     add_autoretry_behaviour(task, dont_autoretry_for=(*kept, *_OUTCOMES))
 
 
-def _check_bound_by(
-    name: str, fun: Any, options: TaskLockOptions, params: list[inspect.Parameter]
+def check_bound_by(
+    owner: str, option: str, fun: Any, by: Any, params: list[inspect.Parameter]
 ) -> None:
-    """Refuse ``by`` naming a bound task's first parameter: ``@single_instance`` checks its
-    names before ``bind=True`` is known, and that parameter is then the task itself."""
+    """Refuse ``by`` naming a bound task's first parameter, which is then the task itself:
+    ``@single_instance`` checks its names before ``bind=True`` is known, and under
+    ``base=LockedTask`` the name would be called unknown. A first parameter that is not
+    ``self`` is most likely an argument the function meant to take, and ``bind=True`` the
+    mistake: the message says both fixes."""
     first = next(iter(inspect.signature(fun).parameters), None)
-    if isinstance(options.by, tuple) and first in options.by:
-        raise LockConfigError(
-            f"task {name}: by={list(options.by)!r} names {first!r}, which is the task itself "
-            "(bind=True), not an argument of the call; expected parameter names among: "
-            + (", ".join(p.name for p in params) or "none (use by=())")
-        )
+    if not isinstance(by, (list, tuple)) or first not in by:
+        return
+    names = ", ".join(p.name for p in params)
+    message = (
+        f"{owner}: {option}={list(by)!r} names {first!r}, which is the task itself "
+        "(bind=True), not an argument of the call; expected parameter names among: "
+    )
+    if first in ("self", "task"):
+        raise LockConfigError(message + (names or "none (use by=())"))
+    raise LockConfigError(
+        f"{message}{names or 'none'}. If {first!r} is an argument of the call, give the task "
+        f"a parameter of its own before it (def {fun.__name__}(self, {first}, ...)), or drop "
+        "bind=True"
+    )
 
 
 def check_task_name(name: str | None, options: TaskLockOptions) -> None:

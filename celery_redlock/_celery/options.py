@@ -414,6 +414,10 @@ if [f.name for f in dataclasses.fields(TaskLockOptions)] != list(OPTIONS):
     raise AssertionError("TaskLockOptions must list the rows of OPTIONS, in order")
 
 
+#: The ``apply_async`` keyword that runs one call without the lock (per call only).
+BYPASS = "lock_bypass"
+
+
 def check_unknown(
     owner: str, names: Sequence[str], known: Sequence[str], what: str, note: str = ""
 ) -> None:
@@ -442,6 +446,11 @@ def validate_options(owner: str, raw: Mapping[str, Any], params: Params) -> Task
     """
     attrs = {option.attr: option for option in OPTIONS.values()}
     names = [k for k in raw if k.startswith("lock_")]
+    if BYPASS in names:  # not "did you mean lock_by"
+        raise LockConfigError(
+            f"{owner}: unknown option {BYPASS!r}: it is given per call, not to the task "
+            f"(task.apply_async(..., {BYPASS}=True))"
+        )
     for name in names:
         setting = f"redlock_{name[len('lock_') :]}"
         if name not in attrs and setting in SETTINGS:  # lock_lease: not "did you mean lock_rate"

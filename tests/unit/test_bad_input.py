@@ -517,8 +517,37 @@ def test_lock_by_self_on_a_bound_lockedtask_says_what_self_is(app: Celery) -> No
         @app.task(base=LockedTask, bind=True, lock_by=["self"], lazy=False)
         def bound(self: Any, account_id: int) -> None: ...
 
-    assert "unknown lock_by parameter 'self'" in str(info.value)
-    assert "with bind=True, self is the task itself, not an argument of the call" in str(info.value)
+    message = str(info.value)
+    assert "lock_by=['self'] names 'self', which is the task itself (bind=True)" in message
+    assert "expected parameter names among: account_id" in message
+
+
+@pytest.mark.parametrize("api", ["LockedTask", "single_instance"])
+def test_bind_true_on_a_function_without_a_task_parameter_names_both_fixes(
+    app: Celery, api: str
+) -> None:
+    """Helper probe, round 23: ``bind=True`` on ``def sync(account_id)`` with
+    ``by=["account_id"]`` said "unknown lock_by parameter 'account_id' (known: )" under
+    ``base=LockedTask``, and "use by=()" under ``@single_instance``, which locks the task
+    object; the fix is a parameter for the task, or no ``bind=True``."""
+    with pytest.raises(LockConfigError) as info:
+        if api == "LockedTask":
+
+            @app.task(base=LockedTask, bind=True, lock_by=["account_id"], lazy=False)
+            def sync(account_id: int) -> None: ...
+
+        else:
+
+            @app.task(name="bad.sync", bind=True, lazy=False)
+            @single_instance(by=["account_id"])
+            def sync(account_id: int) -> None: ...
+
+            sync.apply(args=(1,)).get()
+    message = str(info.value)
+    assert "names 'account_id', which is the task itself (bind=True)" in message
+    assert "expected parameter names among: none. If 'account_id' is an argument" in message
+    assert "(def sync(self, account_id, ...)), or drop bind=True" in message
+    assert "use by=()" not in message
 
 
 def test_by_naming_the_bound_task_itself_is_refused_at_its_first_use(app: Celery) -> None:
@@ -987,3 +1016,33 @@ def test_a_lock_name_the_router_built_serves_only_the_call_it_was_built_for(app:
     routing.check_lock_options(task.name, (1,), {}, {}, task=task)
     assert routing.routed_lock_name(task, [1], {}) == lock_key(task, 1).split("{")[1][:-1]
     assert routing.routed_lock_name(task, [1], {}) is None  # taken once
+
+
+def test_lock_bypass_as_a_task_option_says_it_is_given_per_call(app: Celery) -> None:
+    """Helper probe, round 23: ``lock_bypass=True`` on the task got "did you mean 'lock_by'?"."""
+    with pytest.raises(LockConfigError, match="it is given per call, not to the task") as info:
+
+        @app.task(base=LockedTask, lock_bypass=True, lazy=False)
+        def bypassed() -> None: ...
+
+    assert "did you mean" not in str(info.value)
+    with pytest.raises(LockConfigError, match="keyword 'bypass': it is given per call"):
+
+        @app.task(lazy=False)
+        @single_instance(bypass=True)
+        def bypassed_too() -> None: ...
+
+
+def test_a_per_call_typo_of_a_task_option_is_not_hinted_as_lock_bypass(app: Celery) -> None:
+    """``apply_async(..., lock_byy=[...])`` got "did you mean 'lock_bypass'?": following the
+    hint runs the call without its lock."""
+    app.conf.update(broker_url="memory://")
+
+    @app.task(base=LockedTask, lock_by=["a"], lazy=False)
+    def keyed(a: int) -> None: ...
+
+    with pytest.raises(LockConfigError) as info:
+        keyed.apply_async((1,), lock_byy=["a"])
+    message = str(info.value)
+    assert "unknown per-call option 'lock_byy'; did you mean 'lock_by'?" in message
+    assert "It cannot be given per call" in message
