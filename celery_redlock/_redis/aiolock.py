@@ -471,7 +471,7 @@ class Lock(LockCore):
                 await self._give_back(held)
 
         # At once, then at least every second: a lock handed over meanwhile waits for it.
-        plan = GiveBack(self.key, time.monotonic(), "a queued wait", cap=1.0)
+        plan = GiveBack(self.key, time.monotonic(), "a queued wait")
         await as_planned(plan, leave, delay=0.0)
 
     async def _give_back(self, token: str) -> None:

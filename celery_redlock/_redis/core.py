@@ -816,9 +816,10 @@ def _again_soon(
 
 
 #: How long the give-back of an acquisition whose reply was lost keeps trying (seconds), and
-#: its first and longest delay between tries.
+#: its first and longest delay between tries: short, since until it is answered its key is
+#: held by nobody, and a call of that key finds it held (5 s let 288 calls be skipped).
 GIVE_BACK_FOR = 600.0
-GIVE_BACK_DELAYS = (0.1, 5.0)
+GIVE_BACK_DELAYS = (0.1, 1.0)
 
 
 class GiveBack:
@@ -840,19 +841,15 @@ class GiveBack:
     :data:`GIVE_BACK_FOR` (a WARNING then says the key may stay until its TTL).
     """
 
-    __slots__ = ("answers", "cap", "delay", "key", "until", "what")
+    __slots__ = ("answers", "delay", "key", "until", "what")
 
-    def __init__(
-        self, key: str, now: float, what: str = "an acquisition", cap: float = GIVE_BACK_DELAYS[1]
-    ) -> None:
+    def __init__(self, key: str, now: float, what: str = "an acquisition") -> None:
         self.key = key
         self.until = now + GIVE_BACK_FOR
         self.answers = 0
         self.delay = GIVE_BACK_DELAYS[0]
         #: What lost its reply: an acquisition, or a queued waiter's try (then left).
         self.what = what
-        #: The longest delay between two tries.
-        self.cap = cap
 
     def after(self, error: BaseException | None, now: float) -> float | None:
         """Seconds until the next release, given how the last one ended (``error`` is
@@ -873,7 +870,7 @@ class GiveBack:
                 GIVE_BACK_FOR,
             )
             return None
-        delay, self.delay = self.delay, min(self.delay * 2, self.cap)
+        delay, self.delay = self.delay, min(self.delay * 2, GIVE_BACK_DELAYS[1])
         return delay
 
 

@@ -10,7 +10,8 @@ Hazards, as timelines:
    :func:`give_back` in the child notices the PID change and starts afresh with none of the
    parent's, which the parent's own thread still sends.
 2. An outage. Every acquisition that fails while Redis is silent adds one give-back: each is
-   one entry here, not a thread, and tries with a growing delay (at most 5 s apart). A release
+   one entry here, not a thread, and tries with a growing delay (at most 1 s apart; once one
+   is answered, all the others are tried at once). A release
    that blocks until its socket timeout delays the others by that long, never a renewal: the
    renewal watchdog is another thread. At most :data:`MAX_PENDING` wait at once; past that a
    WARNING says so, and the key of an acquisition not given back expires by its TTL.
@@ -79,8 +80,23 @@ class _Sender:
             except Exception as exc:  # judged by the plan: retried, or the end
                 error = exc
             delay = plan.after(error, time.monotonic())
+            if error is None:
+                self._hasten()
             if delay is not None:
                 self.add(release, plan, delay)
+
+    def _hasten(self) -> None:
+        """A release was answered: every other give-back is due now, not after its backoff.
+
+        Timeline this shortens: (1) a server frozen for a minute; every give-back backs off to
+        :data:`~celery_redlock._redis.core.GIVE_BACK_DELAYS`' longest delay; (2) it answers
+        again, and the first give-back due is answered; (3) the others would wait out their
+        own delays, their keys held by nobody, and a call of such a key skipped meanwhile.
+        """
+        with self._cond:
+            now = time.monotonic()
+            self._heap = [(min(due, now), seq, r, p) for due, seq, r, p in self._heap]
+            heapq.heapify(self._heap)
 
 
 _sender: _Sender | None = None
