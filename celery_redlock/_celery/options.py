@@ -920,7 +920,7 @@ def unknown_settings(app: Any) -> list[str]:
             # The key's own value: under a namespace, app.conf[key] answers for the namespaced
             # spelling of the setting, not for this key.
             own = next((m[key] for m in app.conf.maps if key in m), _UNSET)
-            if read is _UNSET or read != own:
+            if read is _UNSET or (read is not own and read != own):  # NaN != NaN
                 messages.append(f"app {app.main or app!r}: {_ignored(app, key, base)}")
             continue
         if not base.startswith("redlock_"):

@@ -91,10 +91,18 @@ _clients: dict[tuple[str, float | None], Any] = {}
 _guard = Guard()
 
 
+#: Connections of the pool of a client built from a ``redis://``, ``rediss://`` or
+#: ``unix://`` URL (``?max_connections=`` in the URL sets it), as the asyncio lock's.
+MAX_CONNECTIONS = 100
+
+
 def client_for(url: str, timeout: float | None = None) -> Any:
     """A shared client for ``url`` (one per URL and timeout per process; fork-safe).
 
-    ``timeout`` sets both socket timeouts (the worker's main process uses 1 s).
+    ``timeout`` sets both socket timeouts (the worker's main process uses 1 s). A URL of one
+    server gets a blocking pool of :data:`MAX_CONNECTIONS`: the 101st thread at once waits for
+    a free connection (at most the socket timeout), as an asyncio task does, instead of
+    failing with "Too many connections" (redis-py 8's plain pool stops at 100).
     """
     client = _clients.get((url, timeout))
     if client is not None:
@@ -482,7 +490,10 @@ def _connect(url: str, options: dict[str, Any]) -> Any:
         return _sentinel(url, options)
     if scheme.endswith("+cluster"):
         return _cluster(url, options)
-    return redis_py.Redis.from_url(url, **options)
+    pool = redis_py.BlockingConnectionPool.from_url(
+        url, max_connections=MAX_CONNECTIONS, timeout=options.get("socket_timeout", 5.0), **options
+    )
+    return redis_py.Redis(connection_pool=pool)
 
 
 def _split(url: str) -> tuple[dict[str, Any], list[tuple[str, int]], list[str], dict[str, str]]:

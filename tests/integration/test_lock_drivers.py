@@ -2783,3 +2783,40 @@ def test_a_release_never_stops_the_renewal_of_a_slot_taken_meanwhile(
     assert lock.held
     lock.release()
     assert lock_keys(r) == []
+
+
+def test_more_callers_at_once_than_the_url_pool_holds_wait_for_a_connection(d2: Driver) -> None:
+    """Probe, round 23: with more than 100 commands in flight at once (here a paused server),
+    the thread lock built from a URL failed 50 of 150 acquires with "pool exhausted" (redis-py
+    8's plain pool stops at 100 connections), where the asyncio lock waited for a free
+    connection. Both wait now, at most the socket timeout."""
+    n = 150
+    with RedisServer() as server:
+        locks = [d2.lock(server.url, f"pool-{i}", ttl=10) for i in range(n)]
+        server.client().execute_command("CLIENT", "PAUSE", 2000, "WRITE")
+        outcomes: list[Any] = [None] * n
+        if d2.is_async:
+
+            async def everyone() -> list[Any]:
+                tries = (lock.acquire(blocking=False) for lock in locks)
+                return list(await asyncio.gather(*tries, return_exceptions=True))
+
+            outcomes = d2(everyone())
+        else:
+            start = threading.Barrier(n)
+
+            def one(i: int) -> None:
+                start.wait()
+                try:
+                    outcomes[i] = locks[i].acquire(blocking=False)
+                except Exception as exc:
+                    outcomes[i] = exc
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+        assert [o for o in outcomes if o is not True] == []
+        for lock in locks:
+            d2(lock.release())

@@ -832,3 +832,21 @@ def test_the_broker_url_fallback_is_logged_once_per_process_in_eager_mode(
     told = [r for r in caplog.records if "redlock_url is not set" in r.getMessage()]
     assert len(told) == 1
     app.close()
+
+
+@pytest.mark.parametrize("space", [None, "CELERY"])
+def test_a_nan_setting_is_not_said_ignored_in_its_own_spelling(
+    bare_app: Celery, caplog: pytest.LogCaptureFixture, space: str | None
+) -> None:
+    """Probe, round 23: ``redlock_lease = nan`` logged "setting 'redlock_lease' is ignored:
+    write it 'redlock_lease'" (NaN is not equal to itself), the only line a process that only
+    sends tasks showed; the value itself is refused where settings are read."""
+    name, url = (
+        ("CELERY_REDLOCK_LEASE", "CELERY_REDLOCK_URL")
+        if space
+        else ("redlock_lease", "redlock_url")
+    )
+    config = type("Config", (), {name: float("nan"), url: LOCK_URL})
+    assert _warnings_at_finalize(bare_app, caplog, config, space) == []
+    with pytest.raises(LockConfigError, match=name):
+        settings_for(bare_app)
