@@ -8,11 +8,21 @@ NOX := $(PY) -m nox
 
 .PHONY: demo test lint test-lowest test-pythons test-redis-6.2 test-soak bench
 
-$(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+# Which interpreter .venv was made with: another PYTHON= makes .venv again (with --clear).
+WHICH := import sys; print(sys.base_prefix, sys.version)
+$(VENV)/.python: FORCE
+	@mkdir -p $(VENV)
+	@$(PYTHON) -c '$(WHICH)' | cmp -s - $@ || $(PYTHON) -c '$(WHICH)' > $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.python
+	$(PYTHON) -m venv --clear $(VENV)
+	$(PYTHON) -c '$(WHICH)' > $(VENV)/.python
+	$(PY) -m pip install --upgrade pip
+	$(PY) -m pip install -e '.[dev]'
 	touch $@
+
+.PHONY: FORCE
+FORCE:
 
 demo: $(VENV)/.installed
 	$(PY) -m example_project.demo

@@ -146,12 +146,39 @@ def move_from_properties(
     headers[HEADER] = {**(current if isinstance(current, Mapping) else {}), **(value or {})}
 
 
+#: The keys of :data:`HEADER` (the module docstring); :func:`header_of` files a value that is
+#: no mapping under the last, for :func:`call_spec` to refuse.
+KEYS = ("overrides", "bypass", "first", "retries", "redelivered", "invalid", "malformed")
+
+
 def header_of(request: Any) -> Mapping[str, Any]:
     """The :data:`HEADER` value of the message behind ``request`` (empty if none)."""
     value = (getattr(request, "headers", None) or {}).get(HEADER)
     if value is None:  # the usual call (spares the ABC check of a Mapping)
         return {}
-    return value if isinstance(value, Mapping) else {}
+    if isinstance(value, Mapping):
+        return value
+    return {"malformed": value} if value else {}
+
+
+def _check_header(owner: str, header: Mapping[str, Any]) -> None:
+    """Refuse a header that no ``apply_async`` wrote: one written by hand
+    (``headers={"redlock": ...}``) skips the caller's checks, and a bypass spelled
+    ``"yes"`` or an unknown key would else run the call locked, with nothing said."""
+    why = None
+    if "malformed" in header:
+        why = f"is {type(header['malformed']).__name__}, expected a mapping"
+    elif unknown := sorted(str(k) for k in header if k not in KEYS):
+        why = f"carries {', '.join(map(repr, unknown))}, expected only overrides and bypass"
+    elif "bypass" in header and not isinstance(header["bypass"], bool):
+        why = f"has bypass={header['bypass']!r:.40}, expected true or false"
+    elif "overrides" in header and not isinstance(header["overrides"], Mapping):
+        why = "has overrides that are no mapping"
+    if why is not None:
+        raise LockConfigError(
+            f"{owner}: the message's {HEADER!r} header {why}; it is written by apply_async's "
+            "lock_* options (lock_bypass=True, lock_ttl=...), not by hand"
+        )
 
 
 def overrides_of(header: Mapping[str, Any]) -> dict[str, Any]:
@@ -170,6 +197,7 @@ def call_spec(spec: Spec, header: Mapping[str, Any]) -> Spec:
     """
     if not header:  # the usual call: no overrides
         return spec
+    _check_header(spec.owner, header)
     invalid = header.get("invalid")
     if isinstance(invalid, Mapping):
         raw = {f"lock_{name}": value for name, value in invalid.items()}

@@ -402,3 +402,33 @@ def test_a_requeued_copy_of_a_call_that_succeeded_is_not_run_again_under_dedupli
         wait_until(lambda: "undeduplicated" in ran, 10, "the undeduplicated copy to run")
     assert ran == ["timed-out", "live-call", "undeduplicated"]
     assert task.AsyncResult("succeeded").get(timeout=5) == "first"
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize(
+    ("header", "said"),
+    [
+        ("garbage", "header is str, expected a mapping"),
+        ({"bypass": "yes"}, "has bypass='yes', expected true or false"),
+        ({"bypass": 1}, "has bypass=1, expected true or false"),
+        ({"overrides": "x"}, "has overrides that are no mapping"),
+        ({"bogus": 1}, "carries 'bogus', expected only overrides and bypass"),
+    ],
+)
+def test_a_hand_written_header_no_apply_async_writes_fails_the_call(
+    app: Celery, redis_url: str, api: str, header: Any, said: str
+) -> None:
+    """Probe, round 23: the guide says a bad hand-written header fails the call with a
+    ``LockConfigError``; these ran locked, with nothing said (a bypass spelled ``"yes"`` too)."""
+    ran: list[bool] = []
+
+    def work(self: Task) -> None:
+        ran.append(True)
+
+    task = locked(app, api, work, by=())
+    with running_worker(app):
+        result = task.apply_async(headers={"redlock": header})
+        with pytest.raises(LockConfigError) as info:
+            result.get(timeout=10)
+    assert said in str(info.value) and "not by hand" in str(info.value)
+    assert ran == []
