@@ -659,15 +659,19 @@ def _drop_if_ended(task: Any, request: Any, header: Mapping[str, Any]) -> None:
 
 
 def _holder(lock: Lock) -> str | None:
-    return lock.last_holder.task_id if lock.last_holder else None
+    """The holder's task id; ``None`` when not read, or for a ``Lock`` of your own (no id)."""
+    return (lock.last_holder.task_id or None) if lock.last_holder else None
 
 
 def _held_by(lock: Lock) -> str:
     """``held by task <id>``, or, for a key kept after its holder ended (``lock_cooldown``),
-    ``in the cooldown of task <id>``: a log line said "held by" a task that had ended."""
+    ``in the cooldown of task <id>``: a log line said "held by" a task that had ended. A
+    ``Lock`` of your own (``owner=""``) holds with no task id: "held by task " said nothing."""
     holder = lock.last_holder
     if holder is not None and holder.cooling:
         return f"in the cooldown of task {holder.task_id}"
+    if holder is not None and not holder.task_id:
+        return "held by a lock with no task id (a Lock of your own)"
     return f"held by task {_holder(lock)}"
 
 

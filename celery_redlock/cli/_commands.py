@@ -9,7 +9,17 @@ import click
 from .._celery.identity import import_task_modules, lock_name_of
 from .._redis.inventory import HeldLock, Released
 from ..metrics import EVENTS, by_event
-from ._format import dump, fence, json_row, safe, shown_overrides, table, ttl, who
+from ._format import (
+    dead_released,
+    dump,
+    fence,
+    json_row,
+    safe,
+    shown_overrides,
+    table,
+    ttl,
+    who,
+)
 from ._group import TIMEOUT, LockStore, answers, command_line, redlock, store_of, text_argument
 from ._liveness import COOLDOWN, DEAD, UNKNOWN, Verdict, judged_unpinged, verdicts
 
@@ -289,7 +299,7 @@ def _release_dead(ctx: click.Context, store: LockStore, timeout: float, dry_run:
     with answers():
         locks = store.all()
     judged = _judged(ctx, locks, timeout, store)
-    released = kept = 0
+    released = kept = gone = 0
     for lock in locks:
         verdict = judged[lock.key]
         shown = safe(lock.key)
@@ -305,16 +315,16 @@ def _release_dead(ctx: click.Context, store: LockStore, timeout: float, dry_run:
             with answers():
                 outcome = store.release(lock, unless_renewed=True)
         except click.ClickException:
-            click.echo(f"released {released} lock(s) of dead workers; kept {kept}; then:")
+            click.echo(dead_released("released", released, kept, gone) + "; then:")
             raise
         if outcome is Released.RELEASED:
             released += 1
             click.echo(f"released {shown}: {who(lock)} (worker does not answer)")
         else:
-            kept += 1
+            kept += outcome is Released.RENEWED
+            gone += outcome is not Released.RENEWED
             click.echo(f"skipped {shown}: it {_not_released(outcome)}")
-    verb = "would release" if dry_run else "released"
-    click.echo(f"{verb} {released} lock(s) of dead workers; kept {kept}")
+    click.echo(dead_released("would release" if dry_run else "released", released, kept, gone))
 
 
 def _why_kept(verdict: Verdict) -> str:

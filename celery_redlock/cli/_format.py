@@ -69,6 +69,13 @@ def who(lock: HeldLock) -> str:
     return safe(f"task {h.task_id or '(none)'} on {h.host}, pid {h.pid}{ended}")
 
 
+def dead_released(verb: str, released: int, kept: int, gone: int) -> str:
+    """The summary of a release of dead workers' locks: a lock that expired or changed owner
+    between the listing and its release is neither released nor kept, and said apart."""
+    meanwhile = f"; {gone} expired or changed owner meanwhile" if gone else ""
+    return f"{verb} {released} lock(s) of dead workers; kept {kept}{meanwhile}"
+
+
 def shown_overrides(overrides: dict[str, Any] | None) -> str:
     if not overrides:
         return "none"

@@ -53,7 +53,7 @@ from .._redis.inventory import (
     check_filter,
 )
 from .._redis.keys import is_slot
-from ..cli._format import safe
+from ..cli._format import dead_released, safe
 from ..cli._liveness import (
     DEAD,
     Verdict,
@@ -570,7 +570,7 @@ class Dashboard:
     def _release_dead(self, prefix: str) -> ActionResult:
         locks = self.inventory.all(name_prefix=check_filter(prefix))
         judged = self.verdicts(locks, fresh=True)
-        released = kept = 0
+        released = kept = gone = 0
         for lock in locks:
             if judged[lock.key].state != DEAD:
                 kept += 1
@@ -579,7 +579,7 @@ class Dashboard:
                 outcome = self.inventory.release(lock, unless_renewed=True)
             except ReleaseUnanswered as exc:
                 raise ReleaseUnanswered(
-                    f"released {released} lock(s) of dead workers and kept {kept}, then {exc}",
+                    f"{dead_released('released', released, kept, gone)}; then {exc}",
                     key=exc.key,
                     nodes=exc.nodes,
                 ) from exc
@@ -587,8 +587,9 @@ class Dashboard:
                 self._released(lock)
                 released += 1
             else:
-                kept += 1
-        return ActionResult(200, f"released {released} lock(s) of dead workers; kept {kept}")
+                kept += outcome is Released.RENEWED
+                gone += outcome is not Released.RENEWED
+        return ActionResult(200, dead_released("released", released, kept, gone))
 
     def _released(self, lock: HeldLock) -> None:
         """A ``released`` mark on the timeline (if the app keeps one): it ends the holder's

@@ -155,6 +155,34 @@ def test_a_release_by_the_command_line_that_got_no_answer_may_have_happened(
         app.close()
 
 
+def test_release_dead_says_apart_a_lock_that_expired_meanwhile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Probe, round 23: ``release --dead`` counted a dead worker's lock that expired between
+    the listing and its release as "kept", so its summary named locks gone by then."""
+    with RedisServer() as server:
+        gone, dead = (Lock(server.url, n, ttl=60, owner="t", host="w9@gone") for n in "ab")
+        assert gone.acquire(blocking=False) and dead.acquire(blocking=False)
+        base = f"redis://127.0.0.1:{server.port}"
+        app = layout_app("inv", base, set_as_current=False, redlock_lease=600)
+        app.conf.redlock_url = server.url
+        pinged = commands.verdicts
+
+        def expire_during_the_ping(*a: Any, **kw: Any) -> Any:
+            judged = pinged(*a, **kw)
+            server.client().delete(gone.key)
+            return judged
+
+        monkeypatch.setattr(commands, "verdicts", expire_during_the_ping)
+        done = run(app, "release", "--dead", "--timeout", "0.2")
+        app.close()
+    assert done.exit_code == 0, done.output
+    assert f"skipped {gone.key}: it expired or changed owner since it was read" in done.stdout
+    assert done.stdout.endswith(
+        "released 1 lock(s) of dead workers; kept 0; 1 expired or changed owner meanwhile\n"
+    )
+
+
 def test_a_release_the_server_refused_is_not_reported_as_unknown() -> None:
     """A refusal (``READONLY``: the node became a replica in a failover) is an answer: the
     release did not run. It was reported "no answer ..., which may have happened or not"."""

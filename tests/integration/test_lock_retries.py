@@ -207,3 +207,29 @@ def test_a_task_s_own_retry_starts_the_lock_retry_budget_anew(
         again.release()
         assert result.get(timeout=10) == 1
     assert ran == [0, 1]
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_lock_of_your_own_holding_the_key_is_named_as_such_not_as_an_empty_task(
+    app: Celery, redis_url: str, api: str, contended: list[dict[str, Any]]
+) -> None:
+    """Probe, round 23: a ``Lock`` of your own (no ``owner``) on a task's key made the log and
+    the error say "held by task " and the signal carry ``holder=""``; the CLI said
+    ``task (none)``."""
+
+    def work(self: Task) -> None: ...
+
+    task = locked(app, api, work, {}, by=(), on_contention="fail")
+    name = lock_key(task).removeprefix("redlock:{").removesuffix("}")
+    mine = Lock(redis_url, name, ttl=60)
+    assert mine.acquire()
+    try:
+        with running_worker(app):
+            result = task.delay()
+            with pytest.raises(LockContended) as info:
+                result.get(timeout=20)
+    finally:
+        mine.release()
+    assert "held by a lock with no task id (a Lock of your own)" in str(info.value)
+    assert info.value.holder is None
+    assert [c["holder"] for c in contended if c["task_id"] == result.id] == [None]

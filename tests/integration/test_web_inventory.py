@@ -370,6 +370,36 @@ def test_a_renewal_during_the_action_keeps_the_lock_unless_forced(
     assert forced.status == 200 and not r.exists(key)
 
 
+class ExpiringDashboard(Dashboard):
+    """A dashboard during whose ping ``key`` expires: between the action's read and its
+    release."""
+
+    def __init__(self, app: object, r: redis_py.Redis, key: str) -> None:
+        super().__init__(app, actions=True, ping_timeout=0.2)
+        self.r, self.key = r, key
+
+    def verdicts(self, locks: Iterable[HeldLock], fresh: bool = False) -> dict[str, Verdict]:
+        judged = super().verdicts(locks, fresh)
+        if fresh:
+            self.r.delete(self.key)
+        return judged
+
+
+def test_release_dead_says_apart_a_lock_that_expired_meanwhile(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """Probe, round 23: a dead worker's lock that expired between the listing and its release
+    was counted as "kept", so the summary named locks that no longer existed."""
+    fill(r, ["job:1", "job:2"], ttl_ms=9_000)
+    app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
+    board = ExpiringDashboard(app, r, keys_for("redlock", "job:2").lock)
+    done = board.act("release-dead", {"prefix": "job:"}, "t")
+    assert done.message == (
+        "released 1 lock(s) of dead workers; kept 0; 1 expired or changed owner meanwhile"
+    )
+    app.close()
+
+
 def warm_release_script(url: str) -> None:
     """Release a lock once, so that the server knows the release script: a release sent to a
     server that does not (``NOSCRIPT``) is answered by loading it, which a hung server does
@@ -421,7 +451,7 @@ def test_a_release_that_got_no_answer_is_unknown_not_failed(
             done.message
         )
         if action == "release-dead":
-            assert "released 0 lock(s) of dead workers and kept 0, then no answer" in done.message
+            assert "released 0 lock(s) of dead workers; kept 0; then no answer" in done.message
         assert f"dashboard: {action} of {key} unknown: " in caplog.text
         assert "failed" not in caplog.text
         wait_until(lambda: not r.exists(key), 5, "the release sent before the hang to run")
