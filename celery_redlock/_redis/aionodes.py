@@ -175,12 +175,16 @@ def stopping() -> bool:
     return _stopping.get()
 
 
-def give_back(key: str, release: Callable[[], Awaitable[object]]) -> None:
+def give_back(
+    key: str, release: Callable[[], Awaitable[object]], what: str = "an acquisition"
+) -> None:
     """Send ``release()`` (the owner-checked release of a token whose reply was lost, for lock
-    ``key``) in the background, as :class:`~celery_redlock._redis.core.GiveBack` plans: the
-    asyncio twin of :func:`celery_redlock._redis.givebacks.give_back`. It runs in the running
-    loop; when the loop shuts down, it is tried once more at once (:func:`in_background`)."""
-    in_background(functools.partial(as_planned, GiveBack(key, time.monotonic()), release))
+    ``key``: of ``what``) in the background, as :class:`~celery_redlock._redis.core.GiveBack`
+    plans: the asyncio twin of :func:`celery_redlock._redis.givebacks.give_back`. It runs in
+    the running loop; when the loop shuts down, it is tried once more at once
+    (:func:`in_background`)."""
+    plan = GiveBack(key, time.monotonic(), what)
+    in_background(functools.partial(as_planned, plan, release))
 
 
 async def as_planned(
@@ -203,7 +207,7 @@ async def as_planned(
         if last_run and wait is not None and wait > 0:  # unanswered (an answer tries again at 0)
             logger.warning(
                 "lock %s: the event loop shut down before Redis answered the give-back of %s; "
-                "if it ran, the key stays until its TTL",
+                "the key may stay until its TTL",
                 plan.key,
                 plan.what,
             )
@@ -569,7 +573,7 @@ class Quorum(QuorumRules):
         replies = await self._call_all(_scripts.RELEASE, call, only)
         for i, (_, error) in enumerate(replies):
             if error is not None and lost_reply(error):
-                give_back(keys.lock, functools.partial(self._release_on, i, call))
+                give_back(keys.lock, functools.partial(self._release_on, i, call), "a release")
         nodes = [] if quiet else self.to_wake(replies, lacking=True)
         if nodes:  # only when the holder lacked a node (see the sync release)
             await self._wake(keys, nodes)

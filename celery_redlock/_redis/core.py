@@ -864,7 +864,7 @@ class GiveBack:
         if now >= self.until:
             logger.warning(
                 "lock %s: %s lost its reply and Redis has not answered its give-back for "
-                "%.0f s; if it ran, the key stays until its TTL",
+                "%.0f s; the key may stay until its TTL",
                 self.key,
                 self.what,
                 GIVE_BACK_FOR,

@@ -103,13 +103,14 @@ _sender: _Sender | None = None
 _sender_lock = Guard()
 
 
-def give_back(key: str, release: Callable[[], object]) -> None:
+def give_back(key: str, release: Callable[[], object], what: str = "an acquisition") -> None:
     """Send ``release()`` (the owner-checked release of a token whose acquisition's reply was
-    lost, for lock ``key``) in the background, as :class:`GiveBack` plans."""
+    lost, for lock ``key``; or ``what`` else lost it: a quorum node's release) in the
+    background, as :class:`GiveBack` plans."""
     global _sender
     with _sender_lock:
         if _sender is None or _sender.pid != current_pid():
             _sender = _Sender()
         sender = _sender
-    plan = GiveBack(key, time.monotonic())
+    plan = GiveBack(key, time.monotonic(), what)
     sender.add(release, plan, plan.delay)

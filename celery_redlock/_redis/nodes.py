@@ -471,7 +471,8 @@ class Quorum(QuorumRules):
         replies = self._call_all(_scripts.RELEASE, call, only)
         for i, (_, error) in enumerate(replies):
             if error is not None and lost_reply(error):
-                _givebacks.give_back(keys.lock, functools.partial(self._release_on, i, call))
+                release = functools.partial(self._release_on, i, call)
+                _givebacks.give_back(keys.lock, release, "a release")
         nodes = [] if quiet else self.to_wake(replies, lacking=True)
         if nodes:  # a second round trip, only when the holder lacked a node
             self._wake(keys, nodes)

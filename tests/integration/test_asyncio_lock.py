@@ -1259,3 +1259,26 @@ def test_a_subscribe_that_raises_is_tried_again_and_leaves_no_future(
     # A future failed and never awaited logs "exception was never retrieved" when collected,
     # which a reference from its exception's traceback may put off past the test.
     assert not [f for f in futures if getattr(f, "_log_traceback", False)]
+
+
+def test_the_give_back_of_a_quorum_nodes_release_is_named_a_release(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Probe, round 23: a quorum node frozen through a release got its release again in the
+    background, and a loop that shut down before it answered said "the give-back of an
+    acquisition" for it."""
+    with RedisServer() as a, RedisServer() as b, RedisServer() as c:
+
+        async def main() -> None:
+            lock = Lock([a.url, b.url, c.url], "frozen-release", ttl=30)
+            assert await lock.acquire(blocking=False)
+            os.kill(c.process.pid, signal.SIGSTOP)
+            await lock.release()
+
+        try:
+            with caplog.at_level(logging.WARNING, logger="celery_redlock.lock"):
+                asyncio.run(main())
+        finally:
+            os.kill(c.process.pid, signal.SIGCONT)
+    said = [r.getMessage() for r in caplog.records if "give-back of" in r.getMessage()]
+    assert said and all("the give-back of a release;" in m for m in said), said
