@@ -192,12 +192,15 @@ def test_app_settings_override_defaults(bare_app: Celery) -> None:
     assert settings_for(bare_app) == Settings(LOCK_URL, "myapp", 12.0, 0.5, "fail", "run")
 
 
-@pytest.mark.parametrize("margin", [0, 0.4])
+@pytest.mark.parametrize("margin", [0, 0.4, -1])
 def test_a_ttl_margin_under_half_a_second_is_refused(bare_app: Celery, margin: float) -> None:
     """Below it, a child killed at its hard time limit may still run when its lock expires
-    (billiard's SIGKILL comes about 0.1 s after the limit)."""
+    (billiard's SIGKILL comes about 0.1 s after the limit). A negative margin was told
+    "expected >= 0", and the 0 written then ">= 0.5" (probe, round 23)."""
     bare_app.conf.update(redlock_url=LOCK_URL, redlock_ttl_margin=margin)
-    with pytest.raises(LockConfigError, match=r"redlock_ttl_margin=0(\.4)? is invalid; .*>= 0\.5"):
+    with pytest.raises(
+        LockConfigError, match=rf"redlock_ttl_margin={margin} is invalid; .*>= 0\.5"
+    ):
         settings_for(bare_app)
 
 
