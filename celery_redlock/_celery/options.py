@@ -711,7 +711,9 @@ def _ttl_margin(owner: str, setting: str, value: Any) -> float:
     acquire; (3) the lock expires at acquisition + 2 s and a waiter takes it; (4) billiard's
     SIGKILL comes about 0.1 s later: both children ran the key for that long."""
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    margin = value if number and value < MIN_TTL_MARGIN else seconds()(owner, setting, value)
+    margin = float(value) if number and value < MIN_TTL_MARGIN else None
+    if margin is None:
+        margin = seconds()(owner, setting, value, None) or 0.0
     if margin < MIN_TTL_MARGIN:  # -1 too: "expected >= 0", then 0 told ">= 0.5", misled
         raise _invalid(
             owner,
