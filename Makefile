@@ -14,9 +14,13 @@ $(VENV)/.python: FORCE
 	@mkdir -p $(VENV)
 	@$(PYTHON) -c '$(WHICH)' | cmp -s - $@ || $(PYTHON) -c '$(WHICH)' > $@
 
-$(VENV)/.installed: pyproject.toml $(VENV)/.python
+$(VENV)/.created: $(VENV)/.python
 	$(PYTHON) -m venv --clear $(VENV)
 	$(PYTHON) -c '$(WHICH)' > $(VENV)/.python
+	touch $@
+
+# A change of pyproject.toml installs again into the same .venv.
+$(VENV)/.installed: pyproject.toml $(VENV)/.created
 	$(PY) -m pip install --upgrade pip
 	$(PY) -m pip install -e '.[dev]'
 	touch $@

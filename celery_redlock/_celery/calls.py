@@ -146,38 +146,50 @@ def move_from_properties(
     headers[HEADER] = {**(current if isinstance(current, Mapping) else {}), **(value or {})}
 
 
-#: The keys of :data:`HEADER` (the module docstring); :func:`header_of` files a value that is
-#: no mapping under the last, for :func:`call_spec` to refuse.
-KEYS = ("overrides", "bypass", "first", "retries", "redelivered", "invalid", "malformed")
+#: The keys of :data:`HEADER` that this version reads (the module docstring).
+KEYS = ("overrides", "bypass", "first", "retries", "redelivered", "invalid")
+
+#: Where :func:`header_of` files a value that is no mapping, for :func:`call_spec` to refuse
+#: (no JSON header can carry this key).
+_MALFORMED = object()
 
 
-def header_of(request: Any) -> Mapping[str, Any]:
+def header_of(request: Any) -> Mapping[Any, Any]:
     """The :data:`HEADER` value of the message behind ``request`` (empty if none)."""
     value = (getattr(request, "headers", None) or {}).get(HEADER)
     if value is None:  # the usual call (spares the ABC check of a Mapping)
         return {}
-    if isinstance(value, Mapping):
-        return value
-    return {"malformed": value} if value else {}
+    return value if isinstance(value, Mapping) else {_MALFORMED: value}
 
 
-def _check_header(owner: str, header: Mapping[str, Any]) -> None:
+def _check_header(owner: str, header: Mapping[Any, Any]) -> None:
     """Refuse a header that no ``apply_async`` wrote: one written by hand
-    (``headers={"redlock": ...}``) skips the caller's checks, and a bypass spelled
-    ``"yes"`` or an unknown key would else run the call locked, with nothing said."""
+    (``headers={"redlock": ...}``) skips the caller's checks, and a bypass spelled ``"yes"``
+    would else run the call locked, with nothing said. A key this version does not read is
+    a WARNING, not a refusal: a later version may add one, and its callers' calls reach the
+    workers not upgraded yet during a rolling upgrade."""
     why = None
-    if "malformed" in header:
-        why = f"is {type(header['malformed']).__name__}, expected a mapping"
-    elif unknown := sorted(str(k) for k in header if k not in KEYS):
-        why = f"carries {', '.join(map(repr, unknown))}, expected only overrides and bypass"
+    if _MALFORMED in header:
+        why = f"is {type(header[_MALFORMED]).__name__}, expected a mapping"
     elif "bypass" in header and not isinstance(header["bypass"], bool):
         why = f"has bypass={header['bypass']!r:.40}, expected true or false"
-    elif "overrides" in header and not isinstance(header["overrides"], Mapping):
-        why = "has overrides that are no mapping"
+    elif odd := [
+        k for k in ("overrides", "invalid") if k in header and not isinstance(header[k], Mapping)
+    ]:
+        why = f"has {odd[0]} that are no mapping"
     if why is not None:
         raise LockConfigError(
             f"{owner}: the message's {HEADER!r} header {why}; it is written by apply_async's "
             "lock_* options (lock_bypass=True, lock_ttl=...), not by hand"
+        )
+    unknown = sorted(str(k)[:40] for k in header if k not in KEYS)
+    if unknown:
+        logger.warning(
+            "%s: the message's %r header carries %s, which this version does not read; "
+            "ignored (a newer version's caller, or written by hand)",
+            owner,
+            HEADER,
+            ", ".join(map(repr, unknown)),
         )
 
 

@@ -309,8 +309,8 @@ def release_for_dead_child(request: Any) -> None:
             emit(task, request.id, "released", signals.lock_released, key=key, by="parent")
         else:  # said too, so that a missing line above is never a silent path
             logger.info(
-                "%s[%s]: child %s died holding no lock of this call (not taken, already "
-                "released, or expired): nothing to release",
+                "%s[%s]: child %s died holding no lock of this call (not taken, released by "
+                "the child as it unwound, or expired): nothing to release",
                 task.name,
                 request.id,
                 pid,

@@ -317,12 +317,9 @@ def _pool_for(url: str, options: dict[str, Any]) -> Any:
     pool timeout, so the plain pool is kept, whose default size there is unbounded."""
     if not hasattr(aioredis.ConnectionPool, "get_available_connection"):
         return aioredis.ConnectionPool.from_url(url, **options)
-    return aioredis.BlockingConnectionPool.from_url(
-        url,
-        max_connections=MAX_CONNECTIONS,
-        timeout=options.get("socket_timeout") or 5.0,
-        **options,
-    )
+    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=MAX_CONNECTIONS, **options)
+    pool.timeout = pool.connection_kwargs.get("socket_timeout") or 5.0  # the URL's, if given
+    return pool
 
 
 def check_url(url: str) -> None:

@@ -490,9 +490,8 @@ def _connect(url: str, options: dict[str, Any]) -> Any:
         return _sentinel(url, options)
     if scheme.endswith("+cluster"):
         return _cluster(url, options)
-    pool = redis_py.BlockingConnectionPool.from_url(
-        url, max_connections=MAX_CONNECTIONS, timeout=options.get("socket_timeout", 5.0), **options
-    )
+    pool = redis_py.BlockingConnectionPool.from_url(url, max_connections=MAX_CONNECTIONS, **options)
+    pool.timeout = pool.connection_kwargs.get("socket_timeout") or 5.0  # the URL's, if it gives one
     return redis_py.Redis(connection_pool=pool)
 
 

@@ -457,31 +457,37 @@ class Inventory:
         :raises ValueError: for a refused filter or a cursor this walk did not hand out.
         """
         pattern = lock_pattern(self.prefix, check_filter(name_prefix))
-        found: dict[int, list[str]] = {}  # keys by the index of the node that listed them
+        # By the index of the node that listed them: slot keys, and markers {key: (name, kind)}.
+        slots: dict[int, list[str]] = {}
+        named: dict[int, dict[str, tuple[str, str]]] = {}
         missed: dict[str, str] = {}
         looked_at, count, matched = 0, ROWS, 0
         while True:
             i, raw, cursor = self._step(cursor, pattern, count, missed)
             looked_at += count
-            keys = [as_text(k) for k in raw]
-            found.setdefault(i, []).extend(keys)
-            # Rows only: a fence or a call record matched the pattern too.
-            matched += sum(1 for k in keys if is_slot(k) or self._marker(k) is not None)
-            if len(raw) < count // 2:
+            rows = 0
+            for key in map(as_text, raw):
+                if is_slot(key):
+                    slots.setdefault(i, []).append(key)
+                elif (marker := self._marker(key)) is not None:
+                    named.setdefault(i, {})[key] = marker[1:]
+                else:  # a fence or a call record, beside a lock: no row
+                    continue
+                rows += 1
+            matched += rows
+            if rows < count // 2:  # steps of fences alone grow too (a day's names keep one)
                 count = min(count * 4, MAX_STEP)
             if cursor == "0" or matched >= ROWS or looked_at >= BUDGET:
                 break
         locks: dict[str, HeldLock] = {}
         markers: dict[str, Marker] = {}
-        for i, keys in found.items():
+        for i in sorted(slots.keys() | named.keys()):
             listed_by = i if self.quorum > 1 else None
-            for lock in self._read_page(self._slots(keys), listed_by=listed_by, missed=missed):
+            page = self._slots(slots.get(i, []))
+            for lock in self._read_page(page, listed_by=listed_by, missed=missed):
                 if lock is not None:
                     locks[lock.key] = lock
-            named = {
-                k: m[1:] for k in keys if not is_slot(k) and (m := self._marker(k)) is not None
-            }
-            markers.update((m.key, m) for m in self._read_markers(i, named))
+            markers.update((m.key, m) for m in self._read_markers(i, named.get(i, {})))
         held = sorted(locks.values(), key=lambda lk: lk.key)
         return View(
             held,

@@ -234,7 +234,8 @@ class SingleNode(QueueRules):
         ``token`` back in the background (:class:`~celery_redlock._redis.core.GiveBack` has
         the timeline)."""
         if lost_reply(error):
-            _givebacks.give_back(keys.lock, functools.partial(self.release, keys, token))
+            release = functools.partial(self.release, keys, token)
+            _givebacks.give_back(keys.lock, release, node=self.client)
 
     def fence(self, keys: LockKeys, slot: str, token: str) -> int | None:
         reply = self._run(_scripts.FENCE, _scripts.fence_call(keys, slot, token), slot)
@@ -417,7 +418,8 @@ class Quorum(QuorumRules):
         granted, lost = self.to_give_back(replies)
         call = _scripts.release_call(keys, token, 0, wake=not vote.taken)
         for i in lost:
-            _givebacks.give_back(keys.lock, functools.partial(self._release_on, i, call))
+            release = functools.partial(self._release_on, i, call)
+            _givebacks.give_back(keys.lock, release, node=self.clients[i])
         if granted:
             self.release(keys, token, quiet=True, wake=not vote.taken, only=granted)
         self.check_answered(keys.lock, replies, "acquire failed")
@@ -472,7 +474,7 @@ class Quorum(QuorumRules):
         for i, (_, error) in enumerate(replies):
             if error is not None and lost_reply(error):
                 release = functools.partial(self._release_on, i, call)
-                _givebacks.give_back(keys.lock, release, "a release")
+                _givebacks.give_back(keys.lock, release, "a release", self.clients[i])
         nodes = [] if quiet else self.to_wake(replies, lacking=True)
         if nodes:  # a second round trip, only when the holder lacked a node
             self._wake(keys, nodes)

@@ -26,7 +26,10 @@ def _loopback(host: str) -> bool:
 
 
 def _root_path(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    """``--root-path``: empty, or a path of ``/``-separated segments without a trailing ``/``."""
+    """``--root-path``: empty (``/`` too), or a path of ``/``-separated segments without a
+    trailing ``/``."""
+    if value == "/":
+        return ""
     if value and not (
         value.startswith("/")
         and not value.endswith("/")

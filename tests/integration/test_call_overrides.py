@@ -412,7 +412,8 @@ def test_a_requeued_copy_of_a_call_that_succeeded_is_not_run_again_under_dedupli
         ({"bypass": "yes"}, "has bypass='yes', expected true or false"),
         ({"bypass": 1}, "has bypass=1, expected true or false"),
         ({"overrides": "x"}, "has overrides that are no mapping"),
-        ({"bogus": 1}, "carries 'bogus', expected only overrides and bypass"),
+        ("", "header is str, expected a mapping"),
+        ({"invalid": "x"}, "has invalid that are no mapping"),
     ],
 )
 def test_a_hand_written_header_no_apply_async_writes_fails_the_call(
@@ -432,3 +433,19 @@ def test_a_hand_written_header_no_apply_async_writes_fails_the_call(
             result.get(timeout=10)
     assert said in str(info.value) and "not by hand" in str(info.value)
     assert ran == []
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_header_key_this_version_does_not_read_is_a_warning_not_a_refusal(
+    app: Celery, redis_url: str, api: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A later version may add a key to the header: its callers' calls reach workers not
+    upgraded yet during a rolling upgrade, and must run (review, round 23)."""
+
+    def work(self: Task) -> bool:
+        return current_lock() is not None
+
+    task = locked(app, api, work, by=())
+    with running_worker(app), caplog.at_level(logging.WARNING):
+        assert task.apply_async(headers={"redlock": {"later": 1}}).get(timeout=10) is True
+    assert "header carries 'later', which this version does not read; ignored" in caplog.text

@@ -34,7 +34,7 @@ from celery.local import Proxy
 import celery_redlock
 import celery_redlock.asyncio
 from celery_redlock import LockContended, LockLost, LockNotOwned, LockUnavailable
-from celery_redlock._redis import aionodes, subscriptions
+from celery_redlock._redis import aionodes, clients, subscriptions
 from celery_redlock._redis.core import Extended
 from celery_redlock._redis.inventory import Inventory
 from celery_redlock._redis.keys import high_water_of
@@ -2820,3 +2820,19 @@ def test_more_callers_at_once_than_the_url_pool_holds_wait_for_a_connection(d2: 
         assert [o for o in outcomes if o is not True] == []
         for lock in locks:
             d2(lock.release())
+
+
+@pytest.mark.parametrize("query", ["", "?socket_timeout=0.2", "?socket_timeout=30"])
+def test_the_url_pool_waits_for_a_connection_as_long_as_the_urls_socket_timeout(
+    query: str,
+) -> None:
+    """The pool's wait is the socket timeout the docs name: a URL's own ``socket_timeout`` was
+    not read, and the pool waited 5 s whatever it said (review, round 23)."""
+    expected = float(query.rpartition("=")[2] or 5.0)
+    url = f"redis://127.0.0.1:1/0{query}"
+    assert clients.client_for(url).connection_pool.timeout == expected
+
+    async def pooled() -> float:
+        return float(aionodes.client_for(url).connection_pool.timeout)
+
+    assert asyncio.run(pooled()) == expected

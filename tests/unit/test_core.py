@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import threading
+from collections.abc import Callable
 
 import pytest
 import redis as redis_py
@@ -180,14 +181,29 @@ def test_give_backs_past_the_cap_are_dropped_with_a_warning(
     assert len(sender._heap) == 1 and calls == []
 
 
-def test_an_answered_give_back_makes_the_others_due_at_once() -> None:
-    """A server that answers one give-back answers the others: each waited out its own
-    backoff meanwhile, its key held by nobody."""
+def test_an_answered_give_back_makes_the_others_to_its_server_due_at_once() -> None:
+    """A server that answers one give-back answers the others to it: each waited out its own
+    backoff meanwhile, its key held by nobody. The answered one's second release goes first,
+    and a give-back to another server (maybe still frozen, which would hold up the thread for
+    its socket timeout) keeps its delay."""
     sender = givebacks._Sender()
-    ran = threading.Event()
-    sender.add(ran.set, GiveBack("k1", now=0.0), delay=3600)
-    sender.add(lambda: None, GiveBack("k2", now=0.0), delay=0.0)
-    assert ran.wait(30), "the give-back of k1 waited out its backoff"
+    here, frozen = object(), object()
+    calls: list[str] = []
+    done = threading.Event()
+
+    def one(name: str) -> Callable[[], None]:
+        def release() -> None:
+            calls.append(name)
+            if name == "k1":
+                done.set()
+
+        return release
+
+    sender.add(one("k3"), GiveBack("k3", now=0.0), delay=3600, node=frozen)
+    sender.add(one("k1"), GiveBack("k1", now=0.0), delay=3600, node=here)
+    sender.add(one("k2"), GiveBack("k2", now=0.0), delay=0.0, node=here)
+    assert done.wait(30), "the give-back of k1 waited out its backoff"
+    assert calls[:3] == ["k2", "k2", "k1"] and "k3" not in calls
 
 
 @pytest.mark.parametrize(
