@@ -187,7 +187,8 @@ def _on_app_finalize(app: Any) -> None:
 @signals.beat_init.connect(weak=False)
 def on_logging_set_up(**_: Any) -> None:
     """Celery has set up logging (worker, beat), or a beat started: log the warnings that
-    waited for it."""
+    waited for it, on our loggers switched back on (:func:`enable_loggers`)."""
+    enable_loggers()
     warn_waiting()
 
 
@@ -201,8 +202,14 @@ def check_beat_schedule(sender: Any = None, **_: Any) -> None:
     entry's first tick, hours later, the publish is refused (Celery logs the
     :class:`~celery_redlock.LockConfigError`), and so at every tick after: the job never runs.
     Logged, not raised: Celery's ``Signal.send`` logs what a receiver raises, and the other
-    entries still run. Entries of a scheduler of another kind (a database) are not read.
+    entries still run. Entries of a scheduler of another kind are not read: django-celery-beat
+    copies them into its database without the options it does not know (``lock_*``, and
+    ``expires`` too), so an ERROR for them would be false.
     """
+    kind = getattr(sender, "scheduler_cls", None) or "celery.beat"
+    where = kind if isinstance(kind, str) else getattr(kind, "__module__", "")
+    if where.partition(":")[0] != "celery.beat":
+        return
     app: Any = getattr(sender, "app", None)
     schedule = getattr(getattr(app, "conf", None), "beat_schedule", None)
     if app is None or not isinstance(schedule, dict):
@@ -246,9 +253,23 @@ for _app in _get_active_apps():
         _on_app_finalize(_app)
 
 
+def enable_loggers() -> None:
+    """Switch our loggers back on where a logging configuration run after they were made
+    switched them off: ``dictConfig`` with ``disable_existing_loggers`` (Django's ``LOGGING``
+    often sets it; ``fileConfig`` does by default) disables every logger it does not name.
+    Timeline: (1) Celery loads our entry point, making ``celery_redlock.lock``; (2) the worker
+    imports the project, and ``django.setup()`` runs its ``LOGGING``; (3) a lost lock's ERROR,
+    and every startup warning, is dropped unseen. A level or handler set for ``celery_redlock``
+    is left as configured."""
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        if name.partition(".")[0] == "celery_redlock" and isinstance(logger, logging.Logger):
+            logger.disabled = False
+
+
 @signals.worker_init.connect(weak=False)
 def on_worker_init(sender: Any = None, **_: Any) -> None:
     """In the worker's main process, before the pool forks."""
+    enable_loggers()
     pool_cls = get_implementation(sender.pool_cls)
     state.enforces_limits = pool_cls.__module__ in _ENFORCING_POOLS
     state.pool_children = pool_cls.__module__ == "celery.concurrency.prefork"

@@ -7,12 +7,15 @@ JSON ``null`` leaves it unset), ``REDLOCK_TEST_CONF`` more settings (a JSON obje
 ``base=LockedTask`` over ``@single_instance``, ``plain``: the options without ``LockedTask``,
 ``mixed``: the options over ``@single_instance``) picks the API declaring the one task,
 ``limited``, with ``REDLOCK_TEST_LIMIT`` (default 2) executions at once and the task options of
-``REDLOCK_TEST_OPTIONS`` (a JSON object, ``lock_*`` names).
+``REDLOCK_TEST_OPTIONS`` (a JSON object, ``lock_*`` names). ``REDLOCK_TEST_DICTCONFIG`` set
+makes the module configure logging as a Django ``LOGGING`` with ``disable_existing_loggers``
+does, once the package's loggers exist.
 """
 
 from __future__ import annotations
 
 import json
+import logging.config
 import os
 from typing import Any
 
@@ -33,6 +36,8 @@ app = layout_app(
     **CONF,
 )
 API = os.environ["REDLOCK_TEST_API"]
+if env("DICTCONFIG"):
+    logging.config.dictConfig({"version": 1, "disable_existing_loggers": True})
 
 if API == "task":
 

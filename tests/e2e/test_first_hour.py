@@ -159,15 +159,20 @@ def test_a_refused_worker_prints_the_error_line_and_no_traceback(
     assert len(lines) <= 10, "\n".join(lines)
 
 
+@pytest.mark.parametrize("dictconfig", [False, True])
 def test_a_misspelled_setting_is_one_warning_in_the_worker_log(
-    server: RedisServer, tmp_path: Path
+    server: RedisServer, tmp_path: Path, dictconfig: bool
 ) -> None:
     """The app finalizes before Celery sets up logging: the warning used to be printed twice,
-    first as a bare line on stderr (outside the log file), then in the log at worker start."""
+    first as a bare line on stderr (outside the log file), then in the log at worker start.
+    A ``dictConfig`` with ``disable_existing_loggers`` (common in Django's ``LOGGING``) run
+    after our loggers exist switched them off in the worker, this warning and every lock-lost
+    ERROR with them (probe, round 23)."""
     env = {
         "REDLOCK_TEST_API": "task",
         "REDLOCK_TEST_URL": f"redis://127.0.0.1:{server.port}/0",
         "REDLOCK_TEST_CONF": json.dumps({"redlock_ulr": "redis://127.0.0.1:1/0"}),
+        **({"REDLOCK_TEST_DICTCONFIG": "1"} if dictconfig else {}),
     }
     log = tmp_path / "w3.log"  # the log file and stderr, both
     with WorkerProcess(

@@ -1006,6 +1006,22 @@ def test_a_beat_entry_with_a_refused_lock_option_is_logged_when_beat_starts(
     ]
 
 
+def test_a_beat_whose_scheduler_keeps_its_entries_elsewhere_is_not_checked(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Probe, round 23: under django-celery-beat, which copies ``beat_schedule`` into its
+    database without the options it does not know, the ERROR said an entry "is never sent"
+    while it was sent every tick."""
+    task = declare(app)
+    app.conf.beat_schedule = {
+        "report": {"task": task.name, "schedule": 60.0, "options": {"lock_cooldown": 50}},
+    }
+    scheduler = "django_celery_beat.schedulers:DatabaseScheduler"
+    with caplog.at_level(logging.ERROR, logger="celery_redlock.worker"):
+        signals.beat_init.send(sender=Beat(app=app, scheduler=scheduler))
+    assert caplog.records == []
+
+
 def test_a_lock_name_the_router_built_serves_only_the_call_it_was_built_for(app: Celery) -> None:
     """Review, round 3: the router notes the lock name it built so that the receiver does not
     call ``lock_by`` again. A publish that failed after routing left its name noted, and the
