@@ -679,6 +679,9 @@ def import_task_modules(app: Any) -> None:
     Called at a command's or the dashboard's start, never per request: under Django, Celery's
     fixup runs ``django.setup()`` and the system checks on this import. A module that fails to
     import is a WARNING: the tasks defined there are looked up by their own names."""
+    current = getattr(app, "_get_current_object", None)
+    if current is not None:  # a Proxy (current_app): the app it stands for now
+        app = current()
     with _importing:
         if app in _modules_imported:
             return

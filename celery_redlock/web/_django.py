@@ -31,6 +31,7 @@ from django.middleware.csrf import get_token
 from django.urls import URLPattern, path
 from django.views.decorators.http import require_POST, require_safe
 
+from .._celery.identity import import_task_modules
 from ._core import Dashboard
 from ._security import PAGE_HEADERS
 
@@ -65,7 +66,10 @@ def django_urls(
         return {"csrfmiddlewaretoken": get_token(request)}
 
     def page(request: HttpRequest, suffix: str) -> dict[str, Any]:
-        """What every page takes: the CSRF field, the mount path, whether this user may act."""
+        """What every page takes: the CSRF field, the mount path, whether this user may act.
+        The first one imports the app's task modules, as ``create_app`` does at start (here
+        Django is not ready when the URLconf is built); every later one finds them done."""
+        import_task_modules(app)
         return {
             "form": form(request),
             "base": base(request, suffix),

@@ -5,8 +5,10 @@ login decides who may look and act; the actor is logged and sent with
 
 from __future__ import annotations
 
+import importlib
 import logging
 import re
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -380,3 +382,35 @@ def test_a_user_who_may_not_act_sees_every_page_read_only(redis_server: RedisSer
     status, body = board.stats_page({"csrf_token": "x"})
     assert status == 503 and "actions enabled" in body
     app.close()
+
+
+def test_the_django_mount_imports_the_task_modules_as_the_command_line_does(
+    django_setup: None, redis_url: str
+) -> None:
+    """Probe, round 23: the Django mount never imported the app's task modules (Django's
+    ``autodiscover_tasks()`` is lazy), so its task filter listed no task, and a lock whose task
+    renews it was judged "unknown" where ``celery redlock inspect`` said "alive"."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from tests.integration import web_django_urls
+
+    modules = ("tests.integration.included_app", "tests.integration.included_tasks")
+    for name in modules:
+        sys.modules.pop(name, None)
+    app = importlib.import_module(modules[0]).app
+    app.conf.redlock_url = redis_url
+    assert "included.sync" not in app.tasks
+    web_django_urls.CELERY_APP[0] = app
+    try:
+        root = User.objects.create_user("dave", password="pw", is_staff=True, is_superuser=True)
+        client = Client()
+        client.force_login(root)
+        page = client.get("/admin/locks/")
+        assert page.status_code == 200
+        assert '<option value="included.sync">' in page.content.decode()
+    finally:
+        User.objects.all().delete()
+        app.close()
+        for name in modules:
+            sys.modules.pop(name, None)
