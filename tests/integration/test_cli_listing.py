@@ -9,9 +9,7 @@ with commands of its own slot.
 
 from __future__ import annotations
 
-import importlib
 import json
-import sys
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -27,6 +25,7 @@ from celery_redlock._redis.keys import call_key
 from celery_redlock.cli import PAGE, LockStore, redlock
 from celery_redlock.web._core import Dashboard
 from support.servers import ClusterNodes
+from tests.integration.included_app import fresh_app
 
 
 @pytest.fixture
@@ -195,18 +194,9 @@ def test_inspect_shows_a_foreign_value_escaped(app: Celery, r: redis_py.Redis) -
 
 @pytest.fixture
 def included(redis_url: str) -> Iterator[Celery]:
-    """A fresh ``tests.integration.included_app`` whose task module is not imported yet, as
-    in a fresh ``celery -A`` process (also on a second run in one process)."""
-    modules = ("tests.integration.included_app", "tests.integration.included_tasks")
-    for name in modules:
-        sys.modules.pop(name, None)
-    app = importlib.import_module(modules[0]).app
-    app.conf.redlock_url = redis_url
-    assert "included.sync" not in app.tasks
-    yield app
-    app.close()
-    for name in modules:
-        sys.modules.pop(name, None)
+    """A fresh ``tests.integration.included_app`` whose task module is not imported yet."""
+    with fresh_app(redis_url) as app:
+        yield app
 
 
 @pytest.fixture

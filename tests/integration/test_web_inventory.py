@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import pytest
 import redis as redis_py
@@ -358,18 +358,18 @@ def test_a_holder_that_renewed_within_two_thirds_of_the_lease_is_alive(
     assert r.exists(renewed) and not r.exists(stale)
 
 
-class RenewingDashboard(Dashboard):
-    """A dashboard during whose ping the holder renews ``key`` to a full lease: what a live
-    holder in warm shutdown does between the action's read and its release."""
+class MeanwhileDashboard(Dashboard):
+    """A dashboard that runs ``meanwhile()`` during an action's ping, between its read and its
+    release: a live holder in warm shutdown renewing its lock, or a lock expiring."""
 
-    def __init__(self, app: object, r: redis_py.Redis, key: str) -> None:
+    def __init__(self, app: object, meanwhile: Callable[[], object]) -> None:
         super().__init__(app, actions=True, ping_timeout=0.2)
-        self.r, self.key = r, key
+        self.meanwhile = meanwhile
 
     def verdicts(self, locks: Iterable[HeldLock], fresh: bool = False) -> dict[str, Verdict]:
         judged = super().verdicts(locks, fresh)
         if fresh:
-            self.r.pexpire(self.key, 30_000)
+            self.meanwhile()
         return judged
 
 
@@ -381,7 +381,7 @@ def test_a_renewal_during_the_action_keeps_the_lock_unless_forced(
     fill(r, ["job:1"], ttl_ms=9_000)  # a dead worker's lock, under a third of its lease left
     key = keys_for("redlock", "job:1").lock
     app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
-    board = RenewingDashboard(app, r, key)
+    board = MeanwhileDashboard(app, lambda: r.pexpire(key, 30_000))  # renewed to a full lease
     shown = rows(board.inventory)[key].fingerprint
     kept = board.act("release", {"key": key, "fingerprint": shown}, "t")
     assert kept.status == 409 and "was renewed by its holder" in kept.message
@@ -391,21 +391,6 @@ def test_a_renewal_during_the_action_keeps_the_lock_unless_forced(
     assert forced.status == 200 and not r.exists(key)
 
 
-class ExpiringDashboard(Dashboard):
-    """A dashboard during whose ping ``key`` expires: between the action's read and its
-    release."""
-
-    def __init__(self, app: object, r: redis_py.Redis, key: str) -> None:
-        super().__init__(app, actions=True, ping_timeout=0.2)
-        self.r, self.key = r, key
-
-    def verdicts(self, locks: Iterable[HeldLock], fresh: bool = False) -> dict[str, Verdict]:
-        judged = super().verdicts(locks, fresh)
-        if fresh:
-            self.r.delete(self.key)
-        return judged
-
-
 def test_release_dead_says_apart_a_lock_that_expired_meanwhile(
     redis_url: str, r: redis_py.Redis
 ) -> None:
@@ -413,7 +398,7 @@ def test_release_dead_says_apart_a_lock_that_expired_meanwhile(
     was counted as "kept", so the summary named locks that no longer existed."""
     fill(r, ["job:1", "job:2"], ttl_ms=9_000)
     app = layout_app("inv", redis_url.rsplit("/", 1)[0], set_as_current=False)
-    board = ExpiringDashboard(app, r, keys_for("redlock", "job:2").lock)
+    board = MeanwhileDashboard(app, lambda: r.delete(keys_for("redlock", "job:2").lock))
     done = board.act("release-dead", {"prefix": "job:"}, "t")
     assert done.message == (
         "released 1 lock(s) of dead workers; kept 0; 1 expired or changed owner meanwhile"

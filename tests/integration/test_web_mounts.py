@@ -5,10 +5,8 @@ login decides who may look and act; the actor is logged and sent with
 
 from __future__ import annotations
 
-import importlib
 import logging
 import re
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +22,7 @@ from celery_redlock.web._core import Dashboard
 from celery_redlock.web._security import PAGE_HEADERS
 from support.apps import layout_app
 from support.web import admin_actions, served
+from tests.integration.included_app import fresh_app
 
 
 @pytest.fixture
@@ -395,22 +394,14 @@ def test_the_django_mount_imports_the_task_modules_as_the_command_line_does(
 
     from tests.integration import web_django_urls
 
-    modules = ("tests.integration.included_app", "tests.integration.included_tasks")
-    for name in modules:
-        sys.modules.pop(name, None)
-    app = importlib.import_module(modules[0]).app
-    app.conf.redlock_url = redis_url
-    assert "included.sync" not in app.tasks
-    web_django_urls.CELERY_APP[0] = app
-    try:
+    with fresh_app(redis_url) as app:
+        web_django_urls.CELERY_APP[0] = app
         root = User.objects.create_user("dave", password="pw", is_staff=True, is_superuser=True)
         client = Client()
         client.force_login(root)
-        page = client.get("/admin/locks/")
+        try:
+            page = client.get("/admin/locks/")
+        finally:
+            User.objects.all().delete()
         assert page.status_code == 200
         assert '<option value="included.sync">' in page.content.decode()
-    finally:
-        User.objects.all().delete()
-        app.close()
-        for name in modules:
-            sys.modules.pop(name, None)

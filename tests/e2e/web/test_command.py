@@ -32,6 +32,20 @@ def _env(server: RedisServer) -> dict[str, str]:
     return env
 
 
+def web(server: RedisServer, *args: str, cwd: object = ROOT) -> subprocess.CompletedProcess[str]:
+    """``celery redlock web ARGS`` run to its end (``-A`` the test app, unless ``cwd`` is
+    elsewhere)."""
+    app = ["-A", APP] if cwd == ROOT else []
+    return subprocess.run(
+        [sys.executable, "-m", "celery", *app, "redlock", "web", *args],
+        cwd=str(cwd),
+        env=_env(server),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 @pytest.fixture
 def dashboard(redis_server: RedisServer) -> Iterator[subprocess.Popen[str]]:
     cmd = [sys.executable, "-m", "celery", "-A", APP, "redlock", "web", "--port", "0"]
@@ -67,14 +81,7 @@ def test_a_port_in_use_is_one_error_before_any_announcement(redis_server: RedisS
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        done = subprocess.run(
-            [sys.executable, "-m", "celery", "-A", APP, "redlock", "web", "--port", str(port)],
-            cwd=ROOT,
-            env=_env(redis_server),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = web(redis_server, "--port", str(port))
     assert done.returncode == 1, done.stderr
     assert f"Error: cannot listen on 127.0.0.1 port {port}: Address already in use" in (done.stderr)
     assert "dashboard on" not in done.stderr and "Traceback" not in done.stderr
@@ -83,14 +90,7 @@ def test_a_port_in_use_is_one_error_before_any_announcement(redis_server: RedisS
 def test_without_an_app_it_says_so_at_once(redis_server: RedisServer, tmp_path: object) -> None:
     """Without ``-A`` it announced itself and served a 400 page of a settings error on every
     request; every other command says at once how to give the app."""
-    done = subprocess.run(
-        [sys.executable, "-m", "celery", "redlock", "web", "--port", "0"],
-        cwd=str(tmp_path),
-        env=_env(redis_server),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = web(redis_server, "--port", "0", cwd=tmp_path)
     assert done.returncode == 1, done.stderr
     assert "no app given" in done.stderr and "celery -A yourproject redlock web" in done.stderr
     assert "dashboard on" not in done.stderr
@@ -123,13 +123,6 @@ def test_under_a_proxy_path_links_redirects_and_cookies_stay_under_it(
 
 @pytest.mark.parametrize("path", ["locks", "/locks/", "/a b", "/x?y"])
 def test_a_root_path_that_is_no_path_is_refused(redis_server: RedisServer, path: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", APP, "redlock", "web", "--root-path", path],
-        cwd=ROOT,
-        env=_env(redis_server),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = web(redis_server, "--root-path", path)
     assert done.returncode == 2, done.stderr
     assert "Invalid value for '--root-path': expected a path such as /locks" in done.stderr
