@@ -162,6 +162,10 @@ def header_of(request: Any) -> Mapping[Any, Any]:
     return value if isinstance(value, Mapping) else {_MALFORMED: value}
 
 
+#: The (task, unknown header keys) already warned about in this process.
+_told: set[tuple[str, tuple[str, ...]]] = set()
+
+
 def _check_header(owner: str, header: Mapping[Any, Any]) -> None:
     """Refuse a header that no ``apply_async`` wrote: one written by hand
     (``headers={"redlock": ...}``) skips the caller's checks, and a bypass spelled ``"yes"``
@@ -182,8 +186,9 @@ def _check_header(owner: str, header: Mapping[Any, Any]) -> None:
             f"{owner}: the message's {HEADER!r} header {why}; it is written by apply_async's "
             "lock_* options (lock_bypass=True, lock_ttl=...), not by hand"
         )
-    unknown = sorted(str(k)[:40] for k in header if k not in KEYS)
-    if unknown:
+    unknown = tuple(sorted(str(k)[:40] for k in header if k not in KEYS))
+    if unknown and (owner, unknown) not in _told and len(_told) < 100:
+        _told.add((owner, unknown))  # once per process: each requeue carries them again
         logger.warning(
             "%s: the message's %r header carries %s, which this version does not read; "
             "ignored (a newer version's caller, or written by hand)",

@@ -664,10 +664,12 @@ def lock_name_for(
 
 #: The apps :func:`import_task_modules` imported the task modules of.
 _modules_imported: weakref.WeakSet[Any] = weakref.WeakSet()
-_importing = Guard()
+#: Held across an import: a second caller meanwhile waits for it (reentrant: an imported
+#: module may look a task up).
+_importing = Guard(reentrant=True)
 
 
-def import_task_modules(app: Any) -> None:
+def import_task_modules(app: Any, *, set_up: bool = False) -> None:
     """Import the modules a worker of ``app`` imports at start (``include``, ``imports``,
     ``autodiscover_tasks()``), once per app, for a process that looks tasks up by name (the
     command line, the standalone dashboard) and is no worker. Timeline without it, in the
@@ -676,26 +678,37 @@ def import_task_modules(app: Any) -> None:
     (3) ``celery redlock inspect proj.tasks.sync`` did not know the task, looked for
     ``proj.tasks.sync:`` and said it was not held, as did the dashboard's task filter.
 
-    Called at a command's or the dashboard's start, never per request: under Django, Celery's
-    fixup runs ``django.setup()`` and the system checks on this import. A module that fails to
-    import is a WARNING: the tasks defined there are looked up by their own names."""
+    Called at a command's or the dashboard's start: under Django, Celery's fixup runs
+    ``django.setup()`` and the system checks on this import (its ``import_modules`` signal).
+    ``set_up``: the process is set up already (the dashboard mounted in a Django site, at its
+    first page): the modules are imported without that signal, since ``django.setup()`` again
+    would re-run ``LOGGING`` (switching off the loggers made since) and reset the request's
+    script prefix; Django's apps are searched for ``tasks`` modules directly. A second caller
+    during the import waits for it (a threaded web server's first pages), so that none sees
+    half the tasks. A module that fails to import is a WARNING: the tasks defined there are
+    looked up by their own names."""
     current = getattr(app, "_get_current_object", None)
     if current is not None:  # a Proxy (current_app): the app it stands for now
         app = current()
     with _importing:
         if app in _modules_imported:
             return
+        try:
+            if set_up:
+                for module in app.loader.default_modules:
+                    app.loader.import_task_module(module)
+                app.autodiscover_tasks(force=True)
+            else:
+                app.loader.import_default_modules()
+        except Exception as exc:  # a worker-only dependency, a failing check: it goes on
+            logger.warning(
+                "could not import the task modules of app %s (%s: %s): a task defined there "
+                "is looked up by its own name, not its lock_name",
+                app.main,
+                type(exc).__name__,
+                exc,
+            )
         _modules_imported.add(app)
-    try:
-        app.loader.import_default_modules()
-    except Exception as exc:  # a worker-only dependency, a failing check: the command goes on
-        logger.warning(
-            "could not import the task modules of app %s (%s: %s): a task defined there is "
-            "looked up by its own name, not its lock_name",
-            app.main,
-            type(exc).__name__,
-            exc,
-        )
 
 
 def lock_name_of(app: Any, task_name: str) -> str:

@@ -64,7 +64,9 @@ from typing import Any
 
 from celery import bootsteps, current_task, signals
 from celery._state import _get_active_apps, connect_on_app_finalize
+from celery.beat import PersistentScheduler
 from celery.concurrency import get_implementation
+from celery.utils.imports import load_extension_class_names
 from kombu.utils.imports import symbol_by_name
 
 from ..exceptions import LockConfigError
@@ -206,9 +208,7 @@ def check_beat_schedule(sender: Any = None, **_: Any) -> None:
     copies them into its database without the options it does not know (``lock_*``, and
     ``expires`` too), so an ERROR for them would be false.
     """
-    kind = getattr(sender, "scheduler_cls", None) or "celery.beat"
-    where = kind if isinstance(kind, str) else getattr(kind, "__module__", "")
-    if where.partition(":")[0] != "celery.beat":
+    if not _schedules_from_conf(getattr(sender, "scheduler_cls", None)):
         return
     app: Any = getattr(sender, "app", None)
     schedule = getattr(getattr(app, "conf", None), "beat_schedule", None)
@@ -226,6 +226,26 @@ def check_beat_schedule(sender: Any = None, **_: Any) -> None:
             calls.take(f"task {task.name}", raw)
         except LockConfigError as exc:
             logger.error("beat_schedule entry %r is never sent until fixed: %s", entry, exc)
+
+
+def _schedules_from_conf(kind: Any) -> bool:
+    """Whether a beat's scheduler (a class, or its name as ``celery beat -S`` takes it) is one
+    of Celery's own, or derives from its ``PersistentScheduler``: one that sends the entries of
+    ``beat_schedule`` with their options."""
+    try:
+        cls = (
+            kind
+            if isinstance(kind, type)
+            else symbol_by_name(
+                kind or "celery.beat:PersistentScheduler",
+                aliases=load_extension_class_names("celery.beat_schedulers"),
+            )
+        )
+    except Exception:  # not importable here: not ours to judge
+        return False
+    return isinstance(cls, type) and (
+        cls.__module__ == "celery.beat" or issubclass(cls, PersistentScheduler)
+    )
 
 
 def _brief_config_errors(
@@ -264,6 +284,14 @@ def enable_loggers() -> None:
     for name, logger in list(logging.Logger.manager.loggerDict.items()):
         if name.partition(".")[0] == "celery_redlock" and isinstance(logger, logging.Logger):
             logger.disabled = False
+
+
+@signals.celeryd_after_setup.connect(weak=False)
+def _on_logging_configured(**_: Any) -> None:
+    """``celery worker`` has set up logging, before its pool forks: a project's own
+    ``setup_logging`` receiver (Celery's recipe for Django's ``LOGGING``) runs after
+    ``worker_init``, and may switch our loggers off again (:func:`enable_loggers`)."""
+    enable_loggers()
 
 
 @signals.worker_init.connect(weak=False)

@@ -371,7 +371,7 @@ class Lock(LockCore):
             released = self.do_release(token)
         if not released and not self.nodes.gives_back_per_node:  # one node: a SingleNode
             release = functools.partial(self.do_release, token)
-            give_back(self.key, release, node=getattr(self.nodes, "client", None))
+            give_back(self.key, release, node=getattr(self.nodes, "node", None))
 
     def _saw(self, holder: str | None, pttl: int | None) -> None:
         """As the core's; without a PTTL in a single node's reply, :attr:`last_holder_ttl` asks

@@ -142,6 +142,9 @@ class SingleNode(QueueRules):
         #: A release hands the lock to the first queued waiter (see ``scripts.RELEASE``): on a
         #: plain node, not a Cluster, whose PUBLISH counts the subscribers of one node only.
         self.handoff = not is_cluster(client)
+        #: The server a give-back goes to, for the give-backs' thread to hasten the others to
+        #: it once one is answered; ``None`` for a Cluster, whose shards answer apart.
+        self.node: Any = None if is_cluster(client) else client
 
     @functools.cached_property
     def names(self) -> tuple[str, ...]:
@@ -235,7 +238,7 @@ class SingleNode(QueueRules):
         the timeline)."""
         if lost_reply(error):
             release = functools.partial(self.release, keys, token)
-            _givebacks.give_back(keys.lock, release, node=self.client)
+            _givebacks.give_back(keys.lock, release, node=self.node)
 
     def fence(self, keys: LockKeys, slot: str, token: str) -> int | None:
         reply = self._run(_scripts.FENCE, _scripts.fence_call(keys, slot, token), slot)

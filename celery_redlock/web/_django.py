@@ -69,7 +69,7 @@ def django_urls(
         """What every page takes: the CSRF field, the mount path, whether this user may act.
         The first one imports the app's task modules, as ``create_app`` does at start (here
         Django is not ready when the URLconf is built); every later one finds them done."""
-        import_task_modules(app)
+        import_task_modules(app, set_up=True)
         return {
             "form": form(request),
             "base": base(request, suffix),

@@ -9,7 +9,8 @@ JSON ``null`` leaves it unset), ``REDLOCK_TEST_CONF`` more settings (a JSON obje
 ``limited``, with ``REDLOCK_TEST_LIMIT`` (default 2) executions at once and the task options of
 ``REDLOCK_TEST_OPTIONS`` (a JSON object, ``lock_*`` names). ``REDLOCK_TEST_DICTCONFIG`` set
 makes the module configure logging as a Django ``LOGGING`` with ``disable_existing_loggers``
-does, once the package's loggers exist.
+does, once the package's loggers exist: at import, or (``setup_logging``) in Celery's
+``setup_logging`` signal, as Celery's recipe for Django does, with a handler on stderr.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import json
 import logging.config
 import os
 from typing import Any
+
+from celery import signals
 
 from celery_redlock import LockedTask, single_instance
 from support.apps import env, layout_app
@@ -36,7 +39,21 @@ app = layout_app(
     **CONF,
 )
 API = os.environ["REDLOCK_TEST_API"]
-if env("DICTCONFIG"):
+if env("DICTCONFIG") == "setup_logging":
+
+    @signals.setup_logging.connect(weak=False)
+    def _configure(**_: Any) -> None:
+        logging.config.dictConfig(
+            {
+                "version": 1,
+                "disable_existing_loggers": True,
+                "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+                "root": {"handlers": ["stderr"], "level": "INFO"},
+                "loggers": {"celery": {"level": "INFO"}},  # Celery's own, named: kept on
+            }
+        )
+
+elif env("DICTCONFIG"):
     logging.config.dictConfig({"version": 1, "disable_existing_loggers": True})
 
 if API == "task":

@@ -184,6 +184,25 @@ def test_a_misspelled_setting_is_one_warning_in_the_worker_log(
     assert "WARNING/MainProcess] app 'crosscheck_app': unknown setting" in warned[0]
 
 
+def test_a_project_configuring_logging_in_setup_logging_keeps_our_loggers_on(
+    server: RedisServer, tmp_path: Path
+) -> None:
+    """Celery's recipe for Django configures ``LOGGING`` in a ``setup_logging`` receiver, which
+    runs after ``worker_init``: with ``disable_existing_loggers`` it switched our loggers off
+    again, and the startup checks' lines (a lost lock's ERROR too) were dropped (review,
+    round 23)."""
+    env = {
+        "REDLOCK_TEST_API": "task",
+        "REDLOCK_TEST_URL": f"redis://127.0.0.1:{server.port}/0",
+        "REDLOCK_TEST_DICTCONFIG": "setup_logging",
+    }
+    log = tmp_path / "w5.log"
+    with WorkerProcess(
+        server.port, "w5", app="tests.e2e.crosscheck_app", env=env, log=log, stderr=log
+    ) as worker:
+        worker.wait_for_log(r"celery_redlock: locks on ", 30.0)
+
+
 def test_a_misspelled_setting_is_one_warning_in_a_beat_whose_project_sets_up_logging(
     server: RedisServer, tmp_path: Path
 ) -> None:

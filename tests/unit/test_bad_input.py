@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery import Celery, Task, signals
+from celery import Celery, Task, beat, signals
 from celery.apps.beat import Beat
 
 import celery_redlock.asyncio
@@ -1016,10 +1016,28 @@ def test_a_beat_whose_scheduler_keeps_its_entries_elsewhere_is_not_checked(
     app.conf.beat_schedule = {
         "report": {"task": task.name, "schedule": 60.0, "options": {"lock_cooldown": 50}},
     }
-    scheduler = "django_celery_beat.schedulers:DatabaseScheduler"
     with caplog.at_level(logging.ERROR, logger="celery_redlock.worker"):
-        signals.beat_init.send(sender=Beat(app=app, scheduler=scheduler))
-    assert caplog.records == []
+        for scheduler in (
+            "django_celery_beat.schedulers:DatabaseScheduler",
+            f"{__name__}:Elsewhere",
+        ):
+            signals.beat_init.send(sender=Beat(app=app, scheduler=scheduler))
+        assert caplog.records == []
+        for ours in (
+            "celery.beat.PersistentScheduler",
+            "celery.beat:Scheduler",
+            f"{__name__}:Mine",
+        ):
+            signals.beat_init.send(sender=Beat(app=app, scheduler=ours))
+    assert len(caplog.records) == 3, [r.getMessage() for r in caplog.records]
+
+
+class Elsewhere(beat.Scheduler):
+    """A scheduler that keeps its entries elsewhere (as django-celery-beat's does)."""
+
+
+class Mine(beat.PersistentScheduler):
+    """A project's own ``PersistentScheduler``: it sends ``beat_schedule`` with its options."""
 
 
 def test_a_lock_name_the_router_built_serves_only_the_call_it_was_built_for(app: Celery) -> None:
