@@ -97,10 +97,10 @@ def take(owner: str, options: MutableMapping[str, Any]) -> dict[str, Any] | None
                 f"{', '.join(f'lock_{n}' for n in OVERRIDABLE)} or {BYPASS}"
             )
     known = [f"lock_{n}" for n in OVERRIDABLE] + [BYPASS]
-    for name in raw:
+    for name in (n for n in raw if n not in known):
         # A typo of a task option (lock_byy) is not hinted as lock_bypass, which drops the lock.
         hint = difflib.get_close_matches(name, [f"lock_{n}" for n in OPTIONS] + [BYPASS], n=1)
-        if name not in known and hint and hint[0] not in known:
+        if hint and hint[0] not in known:
             raise LockConfigError(
                 f"{owner}: unknown per-call option {name!r}; did you mean {hint[0]!r}? It "
                 f"cannot be given per call; expected one of {', '.join(known)}"
