@@ -238,7 +238,7 @@ def _schedules_from_conf(kind: Any) -> bool:
             if isinstance(kind, type)
             else symbol_by_name(
                 kind or "celery.beat:PersistentScheduler",
-                aliases=load_extension_class_names("celery.beat_schedulers"),
+                aliases=dict(load_extension_class_names("celery.beat_schedulers")),
             )
         )
     except Exception:  # not importable here: not ours to judge
