@@ -111,7 +111,10 @@ def test_a_url_of_the_wrong_kind_for_a_sentinel_names_the_url_to_use(group: Sent
     """Probe: ``redis://<a Sentinel's port>`` gave "unknown command 'SCAN'" (the lock: a raw
     ``ResponseError`` for EVALSHA), and ``redis+sentinel://<the Redis server's port>`` gave
     "No master found ... unknown command 'SENTINEL'", neither saying which URL to use."""
-    plain = f"redis://127.0.0.1:{group.port}/0"
+    # A URL no other test builds a client for: clients are shared per URL in a process, and a
+    # port a Redis server of an earlier test had (its client learned SET works) was seen taken
+    # by this Sentinel.
+    plain = f"redis://127.0.0.1:{group.port}/0?socket_connect_timeout=2.01"
     with pytest.raises(LockUnavailable) as info:
         Inventory(plain, "redlock").all()
     assert f"the lock Redis at {plain} is a Redis Sentinel" in str(info.value), info.value

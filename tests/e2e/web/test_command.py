@@ -16,7 +16,9 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
+from click.testing import CliRunner
 
+from celery_redlock.cli import redlock
 from celery_redlock.testing import RedisServer
 from support import ROOT
 from tests.e2e.web.tooling import APP, Dashboard
@@ -122,7 +124,8 @@ def test_under_a_proxy_path_links_redirects_and_cookies_stay_under_it(
 
 
 @pytest.mark.parametrize("path", ["locks", "/locks/", "/a b", "/x?y"])
-def test_a_root_path_that_is_no_path_is_refused(redis_server: RedisServer, path: str) -> None:
-    done = web(redis_server, "--root-path", path)
-    assert done.returncode == 2, done.stderr
-    assert "Invalid value for '--root-path': expected a path such as /locks" in done.stderr
+def test_a_root_path_that_is_no_path_is_refused(path: str) -> None:
+    """Refused as click parses the option, before the command runs (so in this process)."""
+    done = CliRunner().invoke(redlock, ["web", "--root-path", path])
+    assert done.exit_code == 2, done.output
+    assert "Invalid value for '--root-path': expected a path such as /locks" in done.output
