@@ -711,10 +711,7 @@ def _ttl_margin(owner: str, setting: str, value: Any) -> float:
     acquire; (3) the lock expires at acquisition + 2 s and a waiter takes it; (4) billiard's
     SIGKILL comes about 0.1 s later: both children ran the key for that long."""
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    margin = float(value) if number and value < MIN_TTL_MARGIN else None
-    if margin is None:
-        margin = seconds()(owner, setting, value, None) or 0.0
-    if margin < MIN_TTL_MARGIN:  # -1 too: "expected >= 0", then 0 told ">= 0.5", misled
+    if number and value < MIN_TTL_MARGIN:  # -1 too: not "expected >= 0", then 0 ">= 0.5"
         raise _invalid(
             owner,
             setting,
@@ -722,7 +719,7 @@ def _ttl_margin(owner: str, setting: str, value: Any) -> float:
             f"a number of seconds >= {MIN_TTL_MARGIN} (below that, a child killed at its hard "
             "time limit may still run when its lock expires)",
         )
-    return margin
+    return seconds()(owner, setting, value, None) or MIN_TTL_MARGIN  # None only with none=True
 
 
 #: The app settings, in the order the docs list them; the fields of :class:`Settings`.
