@@ -19,8 +19,9 @@ NOXFILE = (ROOT / "noxfile.py").read_text()
 
 
 def ci_targets() -> list[str]:
-    """The ``make`` targets ``.ci/run`` runs, in order."""
-    return re.findall(r"^step make ([\w.-]+)$", (ROOT / ".ci" / "run").read_text(), re.M)
+    """The ``make`` targets ``.ci/run`` runs, in order (as a step, or beside the next one)."""
+    text = (ROOT / ".ci" / "run").read_text()
+    return re.findall(r"^(?:step|beside) (?:env .+ )?make ([\w.-]+)$", text, re.M)
 
 
 def make_recipe(target: str) -> str:
