@@ -566,13 +566,14 @@ class Quorum(QuorumRules):
         its ``wake``): ``quiet``
         is the give-back of a failed acquisition, and a node whose reply was lost (frozen past
         ``node_timeout``) is given the release again in the background (:func:`give_back`)."""
-        call = _scripts.release_call(keys, token, keep_ms, wake=wake)
+        call = _scripts.release_call(keys, token, keep_ms, wake=False)
         replies = await self._call_all(_scripts.RELEASE, call, only)
+        late = _scripts.release_call(keys, token, keep_ms, wake=wake)  # wakes where it frees
         for i, (_, error) in enumerate(replies):
             if error is not None and lost_reply(error):
-                give_back(keys.lock, functools.partial(self._release_on, i, call), "a release")
-        nodes = [] if quiet else self.to_wake(replies, lacking=True)
-        if nodes:  # only when the holder lacked a node (see the sync release)
+                give_back(keys.lock, functools.partial(self._release_on, i, late), "a release")
+        nodes = self.to_wake(replies) if wake and self.listened(replies) else []
+        if nodes:  # once every node answered (see the sync release)
             await self._wake(keys, nodes)
         return quiet or self.released(keys.lock, replies)
 

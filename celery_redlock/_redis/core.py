@@ -48,6 +48,8 @@ from . import owner as _owner
 from .forks import Guard
 from .scripts import (
     EXTENDED_SHORTER,
+    NOT_OWNER_LISTENED,
+    RELEASED_LISTENED,
     RELEASED_NOT_NOTIFIED,
     SCRIPTS,
     AcquireResult,
@@ -568,8 +570,10 @@ class QuorumRules:
     #: waiter's try wins the third and gives it back; (3) its ``PTTL`` read gives 30 s, and it
     #: slept that long (to its deadline), though X and Y gave back a moment later.
     ttl_in_reply = True
-    #: A release reaches the nodes one by one: a waiter woken by the first may find the
-    #: holder still on a majority, and tries again soon (:func:`_again_soon`).
+    #: The nodes answer one by one: a waiter may find the holder on fewer nodes than its try
+    #: before (a release under way, whose message came before its subscription took effect),
+    #: or, woken, still on a majority (another process's release, under way): it tries again
+    #: soon (:func:`_again_soon`).
     releases_node_by_node = True
 
     def failed(self, replies: Replies) -> list[str]:
@@ -625,15 +629,20 @@ class QuorumRules:
             raise self.no_quorum(key, failed, what, replies)
         return failed
 
-    def to_wake(self, replies: Replies, lacking: bool = False) -> list[int]:
-        """After a quorum release that freed the lock: the nodes to send a ``PUBLISH`` on its
-        channel. Every node that answered, after a release that woke nobody itself; with
-        ``lacking``, after one that woke the waiters where it freed the lock, the nodes that
-        held nothing of it (the waiters listen on one node, which the holder may lack)."""
-        answered = [(i, int(rep)) for i, (rep, err) in enumerate(replies) if rep is not None]
-        if not any(reply > 0 for _, reply in answered):
+    def to_wake(self, replies: Replies) -> list[int]:
+        """After a quorum release that freed the lock, each node waking nobody itself: the
+        nodes to send a ``PUBLISH`` on its channel, every node that answered (the waiters
+        listen on one node, which the holder may lack)."""
+        answered = [i for i, (rep, _) in enumerate(replies) if rep is not None]
+        if not any(int(replies[i][0]) > 0 for i in answered):
             return []
-        return [i for i, reply in answered if reply == 0 or not lacking]
+        return answered
+
+    def listened(self, replies: Replies) -> bool:
+        """Whether a quorum release that woke nobody found anyone listening on the release
+        channel of a node (or could not tell): only then is a ``PUBLISH`` sent."""
+        listening = (RELEASED_LISTENED, NOT_OWNER_LISTENED)
+        return any(rep is not None and int(rep) in listening for rep, _ in replies)
 
     def woken(self, key: str, errors: dict[int, BaseException], done: str = "released") -> None:
         """After the wake's ``PUBLISH`` to each node: WARNING naming those that refused it."""
@@ -652,7 +661,7 @@ class QuorumRules:
         if refused_publish:
             warn_not_notified(key, refused_publish)
         failed = self.check_answered(key, replies, "release failed")
-        ok = sum(1 for rep, err in replies if err is None and rep)
+        ok = sum(1 for rep, err in replies if err is None and rep is not None and int(rep) > 0)
         return ok + len(failed) >= self.quorum
 
     def extended(self, key: str, replies: Replies, elapsed_ms: float, ttl_ms: int) -> Extended:
@@ -796,8 +805,10 @@ def _again_soon(
 
     A try of a waiter that a message woke (``woken``), or that was trying again soon, found
     the same holder as its last try (``before`` and ``after``): the release has not yet
-    reached every node. Timeline it closes, seen under load on a quorum: (1) the holder's
-    release frees node 0, where the waiters listen, and publishes there; (2) its thread is
+    reached every node. Timeline it closes, seen under load on a quorum while a release woke
+    the waiters from each node as it freed it (a task's release now wakes them once every node
+    answered): (1) the holder's release frees node 0, where the waiters listen, and publishes
+    there; (2) its thread is
     descheduled before the release reaches nodes 1 and 2; (3) the woken waiter tries, finds the
     holder on a majority, and slept on its TTL while the lock was free a moment later. Also
     ``woken``: a try that found the holder on fewer nodes than the try before it, which found

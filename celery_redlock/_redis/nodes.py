@@ -450,21 +450,25 @@ class Quorum(QuorumRules):
         """Release on every node (or those in ``only``); ``quiet``: the give-back of a failed
         acquisition, whose outcome is not asked for (no error when too few nodes answer).
 
-        Each node wakes its waiters as it frees the lock (one round trip); the nodes that held
-        nothing of it are then sent a ``PUBLISH`` too (:meth:`_wake`, a second round trip
-        only then): the waiters listen on one node, which the holder may lack. A give-back
-        wakes nobody (``wake`` False) while another owner holds the lock on a majority.
-        Timeline that closes: the holder lacks node A, where the waiters listen; each failed
-        attempt wins A, and its give-back woke every waiter, whose attempts failed and woke
-        the others again: hundreds of attempts a second until the holder released, on every
-        node, and the holder's renewal could not take A back.
+        Every node frees the lock waking nobody, and says whether anyone listens on the
+        release channel there (``PUBSUB NUMSUB``). If anyone does, once all have answered,
+        every node that answered is sent a ``PUBLISH`` (:meth:`_wake`): a second round trip,
+        for a lock someone waits for only. The waiters listen on one node, which the holder may
+        lack. Timeline of waking from each node as it frees
+        the lock (one round trip, before 2026-12-07): (1) node 0, where the waiters listen,
+        frees the lock and wakes them; (2) the woken waiter's attempt reaches node 2 before the
+        release does (this thread descheduled between two nodes, or a slower path): it wins
+        nodes 0 and 1 only, 5 to 23 % of contended handoffs on 3 healthy nodes in a probe;
+        (3) one of those two crashes before the new holder's repair (0.1 s later): the lock is
+        lost, and a second holder admitted, while a majority is up. A woken waiter that still
+        finds the lock held on a majority (the releasing holder's reply lost, a node frozen)
+        tries again soon (:func:`~.core._again_soon`), not at the released holder's TTL.
 
-        A waiter woken by the node it listens on tries at once; if the release reaches the
-        other nodes later than that attempt (a slower path to them, or this thread descheduled
-        between two nodes), the attempt finds the lock still held there, and the waiter tries
-        again soon (:func:`~.core._again_soon`), not at the released holder's TTL. The command
-        line's, the dashboard's and the worker's main process's releases (not a task's) free
-        every node before they wake anyone.
+        A give-back wakes nobody (``wake`` False) while another owner holds the lock on a
+        majority. Timeline that closes: the holder lacks node A, where the waiters listen;
+        each failed attempt wins A, and its give-back woke every waiter, whose attempts failed
+        and woke the others again: hundreds of attempts a second until the holder released, on
+        every node, and the holder's renewal could not take A back.
 
         A node whose reply was lost is given the release again in the background
         (:mod:`~celery_redlock._redis.givebacks`). Timeline it closes: (a) node C is frozen
@@ -472,14 +476,15 @@ class Quorum(QuorumRules):
         the release to C gets no answer; (c) C resumes and runs the acquire: C holds the
         released lock for a whole TTL, and one more node down then stops every acquisition.
         """
-        call = _scripts.release_call(keys, token, keep_ms, wake=wake)
+        call = _scripts.release_call(keys, token, keep_ms, wake=False)
         replies = self._call_all(_scripts.RELEASE, call, only)
+        late = _scripts.release_call(keys, token, keep_ms, wake=wake)  # wakes where it frees
         for i, (_, error) in enumerate(replies):
             if error is not None and lost_reply(error):
-                release = functools.partial(self._release_on, i, call)
+                release = functools.partial(self._release_on, i, late)
                 _givebacks.give_back(keys.lock, release, "a release", self.clients[i])
-        nodes = [] if quiet else self.to_wake(replies, lacking=True)
-        if nodes:  # a second round trip, only when the holder lacked a node
+        nodes = self.to_wake(replies) if wake and self.listened(replies) else []
+        if nodes:
             self._wake(keys, nodes)
         return quiet or self.released(keys.lock, replies)
 
@@ -530,8 +535,7 @@ class Quorum(QuorumRules):
     def release_attempt(
         self, keys: LockKeys, task_id: str, host: str, pid: int, keep_ms: int = 0
     ) -> bool:
-        # Frees every node waking nobody, then wakes them all: not the holder's own release,
-        # so a second round trip costs no task anything (see release's hazard).
+        # Frees every node waking nobody, then wakes them all, as the holder's release does.
         call = _scripts.release_attempt_call(keys, task_id, host, pid, keep_ms=keep_ms, wake=False)
         replies = self._call_all(_scripts.RELEASE_ATTEMPT, call)
         nodes = self.to_wake(replies)

@@ -2027,6 +2027,71 @@ def test_a_quorum_waiter_sleeps_on_the_majority_holders_ttl_not_a_leftovers(
     d2(waiter.release())
 
 
+def test_a_quorum_release_wakes_the_waiters_once_every_node_freed_the_lock(
+    d2: Driver, three: list[RedisServer]
+) -> None:
+    """Helper probe, round 3, session 24: a task's release woke the waiters from each node as
+    it freed it. A waiter woken by node 0 won nodes 0 and 1 before the release reached node 2,
+    and held the lock on a bare majority (35 of 150 contended handoffs on 3 healthy nodes);
+    one of the two crashing before its repair (0.1 s) lost it, and let a second holder in,
+    with a majority up. Here node 2 runs writes 0.3 s late (``CLIENT PAUSE ... WRITE``): the
+    waiters are woken only once node 2 has freed the lock."""
+    urls = [s.url for s in three]
+    holder = d2.lock(urls, "q-wake-last", ttl=30)
+    assert d2(holder.acquire(blocking=False))
+    first, last = three[0].client(), three[2].client()
+    listener = first.pubsub()
+    listener.subscribe(holder.keys.channel)
+    assert listener.get_message(timeout=5)["type"] == "subscribe"
+    on_last_when_woken: list[Any] = []
+
+    def listen() -> None:
+        message = listener.get_message(timeout=10)
+        if message is not None:  # read node 2 at once: reads are not paused
+            on_last_when_woken.append(last.get(holder.keys.lock))
+
+    thread = threading.Thread(target=listen)
+    thread.start()
+    try:
+        assert last.execute_command("CLIENT", "PAUSE", 300, "WRITE")
+        d2(holder.release())
+        thread.join(15)
+        assert on_last_when_woken == [None]
+    finally:
+        listener.close()
+        first.close()
+        last.close()
+
+
+@pytest.mark.parametrize("user", ["default", "no-pubsub"])
+def test_a_quorum_release_nobody_waits_for_publishes_nothing_unless_it_cannot_tell(
+    d2: Driver, three: list[RedisServer], user: str
+) -> None:
+    """The release's wake is a second round trip: sent only when a node's release found a
+    subscriber on the release channel (``PUBSUB NUMSUB``), or could not tell (an ACL user
+    without ``+pubsub|numsub``: a waiter woken for nothing tries once more)."""
+    with contextlib.ExitStack() as stack:
+        if user == "default":
+            urls = [s.url for s in three]
+        else:
+            for server in three:
+                stack.enter_context(acl_user(server.client(), "nopubsub", *RULES))
+            urls = [user_url(s, "nopubsub") for s in three]
+        holder = d2.lock(urls, "q-no-waiter", ttl=30)
+        assert d2(holder.acquire(blocking=False))
+        admins = [stack.enter_context(contextlib.closing(s.client())) for s in three]
+
+        def published() -> list[int]:
+            stats = [a.info("commandstats").get("cmdstat_publish", {}) for a in admins]
+            return [int(s.get("calls", 0)) for s in stats]
+
+        before = published()
+        d2(holder.release())
+        sent = [after - was for after, was in zip(published(), before, strict=True)]
+        assert sent == ([0, 0, 0] if user == "default" else [1, 1, 1])
+        assert [a.exists(holder.keys.lock) for a in admins] == [0, 0, 0]
+
+
 class Watched(Inventory):
     """An inventory that counts, as each node's client is taken, the ``PUBLISH`` node 0 has
     run: what the waiters listening there were sent before the other nodes' deletes."""
@@ -2042,7 +2107,7 @@ class Watched(Inventory):
         return super()._client(i)
 
 
-def test_a_quorum_release_wakes_the_waiters_once_every_node_freed_the_lock(
+def test_an_operators_quorum_release_wakes_the_waiters_once_every_node_freed_the_lock(
     three: list[RedisServer],
 ) -> None:
     """An operator's release freed node 0, where the waiter listens, first: node 0 woke the

@@ -81,7 +81,8 @@ def test_acquire_extend_release_reach_every_node(nodes: list[RedisServer]) -> No
 
 def test_acquire_costs_one_round_trip_not_n(nodes: list[RedisServer]) -> None:
     """Each node sits behind a proxy adding 100 ms each way: one round trip is 200 ms, and a
-    node-after-node acquire would take 5 x 200 ms."""
+    node-after-node acquire would take 5 x 200 ms. A release nobody waits for is one too: it
+    wakes the waiters in a second round trip only when a node has them (``Quorum.release``)."""
     with contextlib.ExitStack() as stack:
         proxies = [stack.enter_context(DelayProxy(s.port, 0.0)) for s in nodes]
         targets = [p.url for p in proxies]

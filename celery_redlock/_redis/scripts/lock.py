@@ -177,29 +177,39 @@ RELEASE = (
 -- ARGV[3] '1': hand a single-slot lock over to the first queued waiter (a plain node, where
 --         PUBLISH counts every subscriber; not a Cluster, where it counts one node's),
 -- ARGV[4] '1': wake nobody here (a quorum node: the waiters are woken by a PUBLISH once
---         every node answered; a waiter woken by the first node to free the lock would find it
---         still held on the others, and sleep on)
+--         every node answered; a waiter woken by the first node to free the lock could win
+--         the others before the release reached the last, and hold it on a bare majority);
+--         the reply then says whether anyone listens on the release channel here
 -- returns 1 released (handed over, or deleted, or kept until expiry; the waiters notified),
 --         2 released (deleted or kept) but PUBLISH was refused: waiters not notified,
---         0 not the owner of any slot (expired or taken over)
+--         0 not the owner of any slot (expired or taken over),
+--         with ARGV[4] '1': 3 released and -1 not the owner, someone listening here (or
+--         PUBSUB refused: someone may be)
 -- A release with keep sent again (a client's retry after a lost reply) finds the slot it
 -- marked and answers 1 again, as it did when keeping left the token in place.
+local function listened(released)
+  local n = redis.pcall('PUBSUB', 'NUMSUB', KEYS[1])
+  if n.err == nil and tonumber(n[2]) == 0 then return released end
+  if released == 1 then return 3 end
+  return -1
+end
 local cooling = 'cooldown' .. string.sub(ARGV[1], 9)
 for i = 3, #KEYS do
   local value = redis.call('GET', KEYS[i])
   if value == ARGV[1] or (ARGV[2] ~= '0' and value == cooling) then
     if ARGV[2] ~= '0' then
       redis.call('SET', KEYS[i], cooling, 'PX', ARGV[2])
-      if ARGV[4] == '1' then return 1 end
+      if ARGV[4] == '1' then return listened(1) end
       return free_slot(KEYS[1], KEYS[2], KEYS[i], false, true)
     end
     if ARGV[4] == '1' then
       redis.call('DEL', KEYS[i])
-      return 1
+      return listened(1)
     end
     return free_slot(KEYS[1], KEYS[2], KEYS[i], ARGV[3] == '1' and #KEYS == 3)
   end
 end
+if ARGV[4] == '1' then return listened(0) end
 return 0
 """
 )
@@ -358,6 +368,10 @@ return 1
 
 #: Reply of :data:`RELEASE` and :data:`RELEASE_ATTEMPT`: deleted, but ``PUBLISH`` was refused.
 RELEASED_NOT_NOTIFIED = 2
+#: Replies of :data:`RELEASE` that wakes nobody (a quorum node's): released, and not the
+#: owner, with someone listening on the release channel there (to be woken once all answered).
+RELEASED_LISTENED = 3
+NOT_OWNER_LISTENED = -1
 #: Reply of :data:`EXTEND`: extended to a shorter TTL (the waiters are to read it again).
 EXTENDED_SHORTER = 3
 
@@ -467,7 +481,7 @@ SCRIPTS = (
         "release",
         RELEASE,
         ("GET", "SET", "DEL", "TIME"),
-        tolerated=("EXISTS", "ZPOPMIN", "PUBLISH", "ZRANGE", "ZREM"),
+        tolerated=("EXISTS", "ZPOPMIN", "PUBLISH", "ZRANGE", "ZREM", "PUBSUB"),
     ),
     Script(
         "extend",
