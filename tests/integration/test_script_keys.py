@@ -38,8 +38,8 @@ SCRIPTS = {
 #: ``redis.call('CMD', <first argument>`` (the first argument is the key of every keyed
 #: command the scripts use, and the channel of PUBLISH).
 _CALL = re.compile(r"redis\.p?call\(\s*'(\w+)'\s*(?:,\s*([^,)]+))?")
-#: Commands whose first argument is no key.
-_KEYLESS = {"TIME", "PUBLISH"}
+#: Commands whose first argument is no key (``PUBSUB NUMSUB`` takes the release channel).
+_KEYLESS = {"TIME", "PUBLISH", "PUBSUB"}
 
 
 def test_the_scripts_are_found() -> None:
