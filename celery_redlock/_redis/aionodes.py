@@ -568,10 +568,10 @@ class Quorum(QuorumRules):
         ``node_timeout``) is given the release again in the background (:func:`give_back`)."""
         call = _scripts.release_call(keys, token, keep_ms, wake=False)
         replies = await self._call_all(_scripts.RELEASE, call, only)
-        late = _scripts.release_call(keys, token, keep_ms, wake=wake)  # wakes where it frees
         for i, (_, error) in enumerate(replies):
-            if error is not None and lost_reply(error):
-                give_back(keys.lock, functools.partial(self._release_on, i, late), "a release")
+            if error is not None and lost_reply(error):  # then wakes the waiters there
+                release = functools.partial(self._release_on, i, call, keys if wake else None)
+                give_back(keys.lock, release, "a release")
         nodes = self.to_wake(replies) if wake and self.listened(replies) else []
         if nodes:  # once every node answered (see the sync release)
             await self._wake(keys, nodes)
@@ -585,11 +585,14 @@ class Quorum(QuorumRules):
             keys.lock, {i: err for i, (_, err) in enumerate(replies) if err is not None}, done
         )
 
-    async def _release_on(self, node: int, call: Call) -> None:
-        """The release ``call`` on one node; raises that node's error."""
+    async def _release_on(self, node: int, call: Call, wake: LockKeys | None = None) -> None:
+        """The release ``call`` on one node; raises that node's error. ``wake``: then wake
+        the waiters there (see the sync ``Quorum._release_on``)."""
         error = (await self._call_all(_scripts.RELEASE, call, only=[node]))[node][1]
         if error is not None:
             raise error
+        if wake is not None:
+            await self._wake(wake, [node])
 
     async def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> Extended:
         """Extend where held, re-assert where missing; found lost, give back what the re-assert

@@ -48,7 +48,6 @@ from . import owner as _owner
 from .forks import Guard
 from .scripts import (
     EXTENDED_SHORTER,
-    NOT_OWNER_LISTENED,
     RELEASED_LISTENED,
     RELEASED_NOT_NOTIFIED,
     SCRIPTS,
@@ -571,7 +570,7 @@ class QuorumRules:
     #: slept that long (to its deadline), though X and Y gave back a moment later.
     ttl_in_reply = True
     #: The nodes answer one by one: a waiter may find the holder on fewer nodes than its try
-    #: before (a release under way, whose message came before its subscription took effect),
+    #: before (a release under way when it subscribed, too late for the release to see it),
     #: or, woken, still on a majority (another process's release, under way): it tries again
     #: soon (:func:`_again_soon`).
     releases_node_by_node = True
@@ -639,10 +638,14 @@ class QuorumRules:
         return answered
 
     def listened(self, replies: Replies) -> bool:
-        """Whether a quorum release that woke nobody found anyone listening on the release
-        channel of a node (or could not tell): only then is a ``PUBLISH`` sent."""
-        listening = (RELEASED_LISTENED, NOT_OWNER_LISTENED)
-        return any(rep is not None and int(rep) in listening for rep, _ in replies)
+        """Whether a quorum release that woke nobody is to send the waiters a ``PUBLISH``: a
+        node found someone listening on the release channel (or could not tell), or a node
+        lacked the lock. Timeline of the second, were it left out: (1) the holder lacks node
+        0, where the waiters listen; the release's script there finds no subscriber; (2) a
+        waiter subscribes there, and its try finds the holder still on nodes 1 and 2, as its
+        try before did; (3) the release frees them: nobody wakes it, and it sleeps on the
+        released holder's TTL."""
+        return any(rep is not None and int(rep) in (RELEASED_LISTENED, 0) for rep, _ in replies)
 
     def woken(self, key: str, errors: dict[int, BaseException], done: str = "released") -> None:
         """After the wake's ``PUBLISH`` to each node: WARNING naming those that refused it."""

@@ -478,10 +478,9 @@ class Quorum(QuorumRules):
         """
         call = _scripts.release_call(keys, token, keep_ms, wake=False)
         replies = self._call_all(_scripts.RELEASE, call, only)
-        late = _scripts.release_call(keys, token, keep_ms, wake=wake)  # wakes where it frees
         for i, (_, error) in enumerate(replies):
-            if error is not None and lost_reply(error):
-                release = functools.partial(self._release_on, i, late)
+            if error is not None and lost_reply(error):  # then wakes the waiters there
+                release = functools.partial(self._release_on, i, call, keys if wake else None)
                 _givebacks.give_back(keys.lock, release, "a release", self.clients[i])
         nodes = self.to_wake(replies) if wake and self.listened(replies) else []
         if nodes:
@@ -500,11 +499,15 @@ class Quorum(QuorumRules):
             keys.lock, {i: err for i, (_, err) in enumerate(replies) if err is not None}, done
         )
 
-    def _release_on(self, node: int, call: Call) -> None:
-        """The release ``call`` on one node; raises that node's error."""
+    def _release_on(self, node: int, call: Call, wake: LockKeys | None = None) -> None:
+        """The release ``call`` on one node; raises that node's error. ``wake``: then wake
+        the waiters there (a release's give-back, whose first try, lost, may have freed the
+        node waking nobody)."""
         error = self._call_all(_scripts.RELEASE, call, only=[node])[node][1]
         if error is not None:
             raise error
+        if wake is not None:
+            self._wake(wake, [node])
 
     def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> Extended:
         """Extend where we hold it; re-assert where the key is missing (repair).

@@ -2063,22 +2063,29 @@ def test_a_quorum_release_wakes_the_waiters_once_every_node_freed_the_lock(
         last.close()
 
 
-@pytest.mark.parametrize("user", ["default", "no-pubsub"])
+@pytest.mark.parametrize("user", ["default", "no-pubsub", "lacking"])
 def test_a_quorum_release_nobody_waits_for_publishes_nothing_unless_it_cannot_tell(
     d2: Driver, three: list[RedisServer], user: str
 ) -> None:
     """The release's wake is a second round trip: sent only when a node's release found a
     subscriber on the release channel (``PUBSUB NUMSUB``), or could not tell (an ACL user
-    without ``+pubsub|numsub``: a waiter woken for nothing tries once more)."""
+    without ``+pubsub|numsub``: a waiter woken for nothing tries once more), or the holder
+    lacked a node. Review, round 3, session 24, on the last: (1) the holder lacks node 0,
+    where the waiters listen, whose release script finds no subscriber; (2) a waiter
+    subscribes there, and its try finds the holder still on nodes 1 and 2, as its try before
+    did; (3) the release frees them, publishing nothing: the waiter slept to its deadline."""
     with contextlib.ExitStack() as stack:
-        if user == "default":
-            urls = [s.url for s in three]
-        else:
+        if user == "no-pubsub":
             for server in three:
                 stack.enter_context(acl_user(server.client(), "nopubsub", *RULES))
-            urls = [user_url(s, "nopubsub") for s in three]
-        holder = d2.lock(urls, "q-no-waiter", ttl=30)
-        assert d2(holder.acquire(blocking=False))
+            holder = d2.lock([user_url(s, "nopubsub") for s in three], "q-no-waiter", ttl=30)
+            assert d2(holder.acquire(blocking=False))
+        elif user == "lacking":
+            holder, first = holder_lacking_node_0(d2, three, "q-no-waiter")
+            first.close()
+        else:
+            holder = d2.lock([s.url for s in three], "q-no-waiter", ttl=30)
+            assert d2(holder.acquire(blocking=False))
         admins = [stack.enter_context(contextlib.closing(s.client())) for s in three]
 
         def published() -> list[int]:
@@ -2090,6 +2097,43 @@ def test_a_quorum_release_nobody_waits_for_publishes_nothing_unless_it_cannot_te
         sent = [after - was for after, was in zip(published(), before, strict=True)]
         assert sent == ([0, 0, 0] if user == "default" else [1, 1, 1])
         assert [a.exists(holder.keys.lock) for a in admins] == [0, 0, 0]
+
+
+def test_a_quorum_release_whose_reply_a_node_lost_wakes_its_waiters_after_the_give_back(
+    d2: Driver, three: list[RedisServer]
+) -> None:
+    """Review, round 3, session 24: node 0, where the waiters listen, frozen past the node
+    timeout during the release. Its release script, run once it resumed, freed it waking
+    nobody, and its reply was lost; the other nodes had no subscriber: nothing was published,
+    and the give-back then found nothing to free. The waiter slept to its deadline (6 s where
+    it took 0.9 s). The give-back now wakes the waiters on its node once it is answered."""
+    urls = [s.url for s in three]
+    warm = d2.lock(urls, "q-warm", ttl=5)
+    assert d2(warm.acquire(blocking=False))  # the scripts loaded on every node
+    d2(warm.release())
+    holder = d2.lock(urls, "q-lost-wake", ttl=30)
+    assert d2(holder.acquire(blocking=False))
+    waiter = d2.lock(urls, "q-lost-wake", ttl=30)
+    first = three[0].client()
+    frozen = three[0].process
+    assert frozen is not None
+
+    def listening() -> bool:
+        return waiter.attempts >= 2 and first.pubsub_numsub(holder.keys.channel)[0][1] >= 1
+
+    def release_frozen() -> Any:
+        frozen.send_signal(signal.SIGSTOP)  # resumed past the 0.5 s node timeout
+        threading.Timer(0.7, frozen.send_signal, (signal.SIGCONT,)).start()
+        return holder.release()
+
+    try:
+        start = time.monotonic()
+        assert acquire_meanwhile(d2, waiter, 8, listening, release_frozen)
+        assert time.monotonic() - start < 5  # woken after the give-back, not at its deadline
+        d2(waiter.release())
+    finally:
+        frozen.send_signal(signal.SIGCONT)
+        first.close()
 
 
 class Watched(Inventory):

@@ -180,18 +180,18 @@ RELEASE = (
 --         every node answered; a waiter woken by the first node to free the lock could win
 --         the others before the release reached the last, and hold it on a bare majority);
 --         the reply then says whether anyone listens on the release channel here
--- returns 1 released (handed over, or deleted, or kept until expiry; the waiters notified),
+-- returns 1 released (handed over, or deleted, or kept until expiry; the waiters notified;
+--           with ARGV[4] '1': nobody listening here),
 --         2 released (deleted or kept) but PUBLISH was refused: waiters not notified,
---         0 not the owner of any slot (expired or taken over),
---         with ARGV[4] '1': 3 released and -1 not the owner, someone listening here (or
---         PUBSUB refused: someone may be)
+--         3 with ARGV[4] '1': released, someone listening here (or PUBSUB refused: someone
+--           may be),
+--         0 not the owner of any slot (expired or taken over)
 -- A release with keep sent again (a client's retry after a lost reply) finds the slot it
 -- marked and answers 1 again, as it did when keeping left the token in place.
-local function listened(released)
+local function released()
   local n = redis.pcall('PUBSUB', 'NUMSUB', KEYS[1])
-  if n.err == nil and tonumber(n[2]) == 0 then return released end
-  if released == 1 then return 3 end
-  return -1
+  if n.err == nil and tonumber(n[2]) == 0 then return 1 end
+  return 3
 end
 local cooling = 'cooldown' .. string.sub(ARGV[1], 9)
 for i = 3, #KEYS do
@@ -199,17 +199,16 @@ for i = 3, #KEYS do
   if value == ARGV[1] or (ARGV[2] ~= '0' and value == cooling) then
     if ARGV[2] ~= '0' then
       redis.call('SET', KEYS[i], cooling, 'PX', ARGV[2])
-      if ARGV[4] == '1' then return listened(1) end
+      if ARGV[4] == '1' then return released() end
       return free_slot(KEYS[1], KEYS[2], KEYS[i], false, true)
     end
     if ARGV[4] == '1' then
       redis.call('DEL', KEYS[i])
-      return listened(1)
+      return released()
     end
     return free_slot(KEYS[1], KEYS[2], KEYS[i], ARGV[3] == '1' and #KEYS == 3)
   end
 end
-if ARGV[4] == '1' then return listened(0) end
 return 0
 """
 )
@@ -368,10 +367,9 @@ return 1
 
 #: Reply of :data:`RELEASE` and :data:`RELEASE_ATTEMPT`: deleted, but ``PUBLISH`` was refused.
 RELEASED_NOT_NOTIFIED = 2
-#: Replies of :data:`RELEASE` that wakes nobody (a quorum node's): released, and not the
-#: owner, with someone listening on the release channel there (to be woken once all answered).
+#: Reply of :data:`RELEASE` that wakes nobody (a quorum node's): released, with someone
+#: listening on the release channel there (to be woken once every node answered).
 RELEASED_LISTENED = 3
-NOT_OWNER_LISTENED = -1
 #: Reply of :data:`EXTEND`: extended to a shorter TTL (the waiters are to read it again).
 EXTENDED_SHORTER = 3
 
