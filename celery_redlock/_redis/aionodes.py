@@ -569,10 +569,15 @@ class Quorum(QuorumRules):
         call = _scripts.release_call(keys, token, keep_ms, wake=False)
         replies = await self._call_all(_scripts.RELEASE, call, only)
         for i, (_, error) in enumerate(replies):
-            if error is not None and lost_reply(error):  # then wakes the waiters there
-                release = functools.partial(self._release_on, i, call, keys if wake else None)
+            if error is not None and lost_reply(error):  # then wakes the waiters there, once
+                release = functools.partial(self._release_on, i, call, [keys] if wake else [])
                 give_back(keys.lock, release, "a release")
-        nodes = self.to_wake(replies) if wake and self.listened(replies) else []
+        if wake and stopping():
+            # Run again by a loop shutting down: the run it cut short may have freed every
+            # node before its wake, and this one then finds nothing to free.
+            nodes = [i for i, (rep, _) in enumerate(replies) if rep is not None]
+        else:
+            nodes = self.release_wakes(replies, quiet) if wake else []
         if nodes:  # once every node answered (see the sync release)
             await self._wake(keys, nodes)
         return quiet or self.released(keys.lock, replies)
@@ -585,14 +590,14 @@ class Quorum(QuorumRules):
             keys.lock, {i: err for i, (_, err) in enumerate(replies) if err is not None}, done
         )
 
-    async def _release_on(self, node: int, call: Call, wake: LockKeys | None = None) -> None:
+    async def _release_on(self, node: int, call: Call, wake: list[LockKeys] | None = None) -> None:
         """The release ``call`` on one node; raises that node's error. ``wake``: then wake
-        the waiters there (see the sync ``Quorum._release_on``)."""
+        the waiters there, once (see the sync ``Quorum._release_on``)."""
         error = (await self._call_all(_scripts.RELEASE, call, only=[node]))[node][1]
         if error is not None:
             raise error
-        if wake is not None:
-            await self._wake(wake, [node])
+        if wake:
+            await self._wake(wake.pop(), [node])
 
     async def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> Extended:
         """Extend where held, re-assert where missing; found lost, give back what the re-assert

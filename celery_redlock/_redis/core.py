@@ -637,15 +637,22 @@ class QuorumRules:
             return []
         return answered
 
-    def listened(self, replies: Replies) -> bool:
-        """Whether a quorum release that woke nobody is to send the waiters a ``PUBLISH``: a
-        node found someone listening on the release channel (or could not tell), or a node
-        lacked the lock. Timeline of the second, were it left out: (1) the holder lacks node
-        0, where the waiters listen; the release's script there finds no subscriber; (2) a
-        waiter subscribes there, and its try finds the holder still on nodes 1 and 2, as its
-        try before did; (3) the release frees them: nobody wakes it, and it sleeps on the
-        released holder's TTL."""
-        return any(rep is not None and int(rep) in (RELEASED_LISTENED, 0) for rep, _ in replies)
+    def release_wakes(self, replies: Replies, quiet: bool) -> list[int]:
+        """After a quorum release that woke nobody itself: the nodes to send the waiters a
+        ``PUBLISH``. None unless a node found someone listening on the release channel (or
+        could not tell), or, for the holder's own release, a node lacked the lock; then every
+        node that answered (:meth:`to_wake`), or, for a give-back (``quiet``), those it freed
+        (the others may be another owner's). Timeline of the lacking node, were it left out:
+        (1) the holder lacks node 0, where the waiters listen; the release's script there finds
+        no subscriber; (2) a waiter subscribes there, and its try finds the holder still on
+        nodes 1 and 2, as its try before did; (3) the release frees them: nobody wakes it, and
+        it sleeps on the released holder's TTL."""
+        wanted = (RELEASED_LISTENED,) if quiet else (RELEASED_LISTENED, 0)
+        if not any(rep is not None and int(rep) in wanted for rep, _ in replies):
+            return []
+        if quiet:
+            return [i for i, (rep, _) in enumerate(replies) if rep is not None and int(rep) > 0]
+        return self.to_wake(replies)
 
     def woken(self, key: str, errors: dict[int, BaseException], done: str = "released") -> None:
         """After the wake's ``PUBLISH`` to each node: WARNING naming those that refused it."""

@@ -451,11 +451,12 @@ class Quorum(QuorumRules):
         acquisition, whose outcome is not asked for (no error when too few nodes answer).
 
         Every node frees the lock waking nobody, and says whether anyone listens on the
-        release channel there (``PUBSUB NUMSUB``). If anyone does, once all have answered,
-        every node that answered is sent a ``PUBLISH`` (:meth:`_wake`): a second round trip,
-        for a lock someone waits for only. The waiters listen on one node, which the holder may
-        lack. Timeline of waking from each node as it frees
-        the lock (one round trip, before 2026-12-07): (1) node 0, where the waiters listen,
+        release channel there (``PUBSUB NUMSUB``). If anyone does (or a node lacked the lock),
+        once all have answered, the nodes are sent a ``PUBLISH`` (:meth:`_wake`,
+        :meth:`~.core.QuorumRules.release_wakes`): a second round trip, for a lock someone
+        waits for only. The waiters listen on one node, which the holder may lack. Timeline of
+        waking from each node as it frees the lock (one round trip, before 2026-12-07): (1)
+        node 0, where the waiters listen,
         frees the lock and wakes them; (2) the woken waiter's attempt reaches node 2 before the
         release does (this thread descheduled between two nodes, or a slower path): it wins
         nodes 0 and 1 only, 5 to 23 % of contended handoffs on 3 healthy nodes in a probe;
@@ -479,10 +480,10 @@ class Quorum(QuorumRules):
         call = _scripts.release_call(keys, token, keep_ms, wake=False)
         replies = self._call_all(_scripts.RELEASE, call, only)
         for i, (_, error) in enumerate(replies):
-            if error is not None and lost_reply(error):  # then wakes the waiters there
-                release = functools.partial(self._release_on, i, call, keys if wake else None)
+            if error is not None and lost_reply(error):  # then wakes the waiters there, once
+                release = functools.partial(self._release_on, i, call, [keys] if wake else [])
                 _givebacks.give_back(keys.lock, release, "a release", self.clients[i])
-        nodes = self.to_wake(replies) if wake and self.listened(replies) else []
+        nodes = self.release_wakes(replies, quiet) if wake else []
         if nodes:
             self._wake(keys, nodes)
         return quiet or self.released(keys.lock, replies)
@@ -499,15 +500,16 @@ class Quorum(QuorumRules):
             keys.lock, {i: err for i, (_, err) in enumerate(replies) if err is not None}, done
         )
 
-    def _release_on(self, node: int, call: Call, wake: LockKeys | None = None) -> None:
+    def _release_on(self, node: int, call: Call, wake: list[LockKeys] | None = None) -> None:
         """The release ``call`` on one node; raises that node's error. ``wake``: then wake
-        the waiters there (a release's give-back, whose first try, lost, may have freed the
-        node waking nobody)."""
+        the waiters there, once (taken from the list: a give-back runs until two releases
+        were answered), a release's give-back, whose first try, lost, may have freed the node
+        waking nobody."""
         error = self._call_all(_scripts.RELEASE, call, only=[node])[node][1]
         if error is not None:
             raise error
-        if wake is not None:
-            self._wake(wake, [node])
+        if wake:
+            self._wake(wake.pop(), [node])
 
     def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> Extended:
         """Extend where we hold it; re-assert where the key is missing (repair).
