@@ -2032,7 +2032,7 @@ def test_a_quorum_release_wakes_the_waiters_once_every_node_freed_the_lock(
 ) -> None:
     """Helper probe, round 3, session 24: a task's release woke the waiters from each node as
     it freed it. A waiter woken by node 0 won nodes 0 and 1 before the release reached node 2,
-    and held the lock on a bare majority (35 of 150 contended handoffs on 3 healthy nodes);
+    and held the lock on a bare majority (15 of 100 handoffs to one waiter on 3 healthy nodes);
     one of the two crashing before its repair (0.1 s) lost it, and let a second holder in,
     with a majority up. Here node 2 runs writes 0.15 s late (``CLIENT PAUSE ... WRITE``,
     ended by the server's timer within the 0.5 s node timeout; a reply past it would be
