@@ -478,7 +478,12 @@ class Quorum(QuorumRules):
         released lock for a whole TTL, and one more node down then stops every acquisition.
         """
         call = _scripts.release_call(keys, token, keep_ms, wake=False)
-        replies = self._call_all(_scripts.RELEASE, call, only)
+        try:
+            replies = self._call_all(_scripts.RELEASE, call, only)
+        except BaseException:  # a soft time limit, an interrupt: the nodes may be freed
+            if wake:
+                self._wake(keys, list(range(len(self.clients)) if only is None else only))
+            raise
         for i, (_, error) in enumerate(replies):
             if error is not None and lost_reply(error):  # then wakes the waiters there, once
                 release = functools.partial(self._release_on, i, call, [keys] if wake else [])

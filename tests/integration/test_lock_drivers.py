@@ -39,7 +39,7 @@ from celery_redlock._redis.core import Extended
 from celery_redlock._redis.inventory import Inventory
 from celery_redlock._redis.keys import high_water_of
 from celery_redlock._redis.lock import release_attempt
-from celery_redlock._redis.nodes import SingleNode
+from celery_redlock._redis.nodes import Quorum, SingleNode
 from celery_redlock._redis.owner import new_token, parse
 from celery_redlock._redis.scripts.lock import RELEASE, release_call
 from celery_redlock.testing import RedisServer
@@ -2253,6 +2253,40 @@ def test_an_asyncio_quorum_release_cut_short_by_the_loop_shutdown_still_wakes_th
         listener.close()
         for admin in admins:
             admin.close()
+
+
+def test_a_quorum_release_interrupted_between_its_round_trips_still_wakes_the_waiters(
+    three: list[RedisServer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review, round 3, session 24: a soft time limit (or any exception a signal raises)
+    landing after the release's scripts ran and before its wake: the nodes were freed and
+    nobody was woken, so the waiters slept on the released holder's TTL. The interruption is
+    raised here as the release's round returns."""
+    call_all = Quorum._call_all
+
+    def interrupted(self: Quorum, source: str, *args: Any, **options: Any) -> Any:
+        replies = call_all(self, source, *args, **options)
+        if source == RELEASE:
+            raise KeyboardInterrupt
+        return replies
+
+    holder = celery_redlock.Lock([s.url for s in three], "q-interrupted", ttl=30)
+    assert holder.acquire(blocking=False)
+    first = three[0].client()
+    listener = first.pubsub()
+    try:
+        listener.subscribe(holder.keys.channel)
+        assert listener.get_message(timeout=5)["type"] == "subscribe"
+        monkeypatch.setattr(Quorum, "_call_all", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            holder.release()
+        monkeypatch.undo()
+        message = listener.get_message(timeout=5)
+        assert message is not None and message["type"] == "message"
+        assert first.get(holder.keys.lock) is None
+    finally:
+        listener.close()
+        first.close()
 
 
 class Watched(Inventory):
