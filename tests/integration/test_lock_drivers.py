@@ -1828,6 +1828,12 @@ def acquire_meanwhile(
     return results[0]
 
 
+def published(admins: list[redis_py.Redis]) -> list[int]:
+    """How many ``PUBLISH`` each server has run."""
+    stats = [a.info("commandstats").get("cmdstat_publish", {}) for a in admins]
+    return [int(s.get("calls", 0)) for s in stats]
+
+
 def holder_lacking_node_0(
     d2: Driver, three: list[RedisServer], name: str, ttl: float = 30
 ) -> tuple[Any, redis_py.Redis]:
@@ -2090,13 +2096,9 @@ def test_a_quorum_release_nobody_waits_for_publishes_nothing_unless_it_cannot_te
             assert d2(holder.acquire(blocking=False))
         admins = [stack.enter_context(contextlib.closing(s.client())) for s in three]
 
-        def published() -> list[int]:
-            stats = [a.info("commandstats").get("cmdstat_publish", {}) for a in admins]
-            return [int(s.get("calls", 0)) for s in stats]
-
-        before = published()
+        before = published(admins)
         d2(holder.release())
-        sent = [after - was for after, was in zip(published(), before, strict=True)]
+        sent = [after - was for after, was in zip(published(admins), before, strict=True)]
         assert sent == ([0, 0, 0] if user == "default" else [1, 1, 1])
         assert [a.exists(holder.keys.lock) for a in admins] == [0, 0, 0]
 
@@ -2172,14 +2174,10 @@ def test_a_quorum_extend_that_finds_the_lock_lost_wakes_only_where_it_freed_it(
         listener.subscribe(holder.keys.channel)
         assert listener.get_message(timeout=5)["type"] == "subscribe"
 
-        def published() -> list[int]:
-            stats = [a.info("commandstats").get("cmdstat_publish", {}) for a in admins]
-            return [int(s.get("calls", 0)) for s in stats]
-
-        before = published()
+        before = published(admins)
         with pytest.raises(LockLost):
             d2(holder.extend())
-        sent = [after - was for after, was in zip(published(), before, strict=True)]
+        sent = [after - was for after, was in zip(published(admins), before, strict=True)]
         assert sent == ([1, 0, 0] if listening_on == 0 else [0, 0, 0])
         assert admins[0].get(holder.keys.lock) is None
         d2(other.release())
