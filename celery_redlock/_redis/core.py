@@ -463,14 +463,19 @@ class QueueRules:
 
 def warn_not_notified(key: str, nodes: Sequence[str], done: str = "released") -> None:
     """WARNING for a release (or an extend that shortened the TTL: ``done``) whose
-    ``PUBLISH`` was refused (:data:`RELEASED_NOT_NOTIFIED`)."""
+    ``PUBLISH`` was refused (:data:`RELEASED_NOT_NOTIFIED`). The script does not say which
+    rule was missing, so the warning names each: the commands, and the release channels,
+    which Redis 7 denies by default (``acl-pubsub-default resetchannels``) to a user given
+    every command (``+@all ~*``) and no ``&`` pattern."""
+    prefix = key.partition(":{")[0]
     logger.warning(
         "lock %s %s on %s, but waiters were not notified (PUBLISH, or ZPOPMIN for the "
-        "queued ones, was refused: is it missing from the ACL user's permissions?); they try "
-        "again when the old lease would have ended",
+        "queued ones, was refused: does the ACL user lack +publish, +zpopmin or the "
+        "channels &%s:*?); they try again when the old lease would have ended",
         key,
         done,
         ", ".join(nodes),
+        _keys.glob_escape(prefix),
     )
 
 

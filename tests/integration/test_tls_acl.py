@@ -454,6 +454,36 @@ def test_the_asyncio_lock_works_with_the_acl_user(tls: TlsServer) -> None:
     asyncio.run(operations())
 
 
+def test_a_release_refused_its_channel_names_the_channel_rule(
+    tls: TlsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A user given every command and key but no channel (Redis 7's default for a user
+    written ``+@all ~*``): the release cannot PUBLISH, and the warning names ``&redlock:*``,
+    not only the commands, which the user has."""
+    admin = tls.admin()
+    try:
+        admin.execute_command(
+            "ACL",
+            "SETUSER",
+            "every-command",
+            "reset",
+            "resetchannels",
+            "on",
+            ">secret",
+            "~*",
+            "+@all",
+        )
+    finally:
+        admin.close()
+    holder = Lock(tls.url("every-command", "secret"), "single", ttl=10)
+    assert holder.acquire(blocking=False)
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.lock"):
+        holder.release()
+    assert not holder.locked()
+    assert "waiters were not notified" in caplog.text
+    assert "channels &redlock:*?" in caplog.text
+
+
 def _user(servers: list[TlsServer], user: str, *additions: str) -> None:
     """The ACL user ``user``: the guide's line, plus ``additions`` (feature names)."""
     extra = " ".join(ACL_ADDITIONS[name] for name in additions).split()
