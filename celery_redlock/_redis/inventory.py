@@ -445,12 +445,14 @@ class Inventory:
         ]
         return Page(kept, next_cursor)
 
-    def view(self, cursor: str = "0", *, name_prefix: str = "") -> View:
+    def view(self, cursor: str = "0", *, name_prefix: str = "", lock_name: str = "") -> View:
         """The locks, markers and waiter counts of ``SCAN`` steps from ``cursor`` (``"0"``: the
         start) until :data:`ROWS` locks or markers matched (the last step is kept whole, so a
         page can hold more than :data:`ROWS`; on a quorum's later nodes, a lock an earlier node
         listed is left out, so their pages can be short) or :data:`BUDGET` keys were looked
-        at; names start with ``name_prefix`` (:func:`check_filter`). Read-only: ``SCAN``, then one
+        at; names start with ``name_prefix`` (:func:`check_filter`). ``lock_name`` keeps only the
+        locks and markers of that lock name (a task's: ``<lock_name>:<digest>``), which a prefix
+        cannot say: ``a:`` selects the task ``a:b``'s locks too. Read-only: ``SCAN``, then one
         pipelined round trip per node for the locks (as :meth:`page`) and one for the markers
         and the waiters.
 
@@ -485,9 +487,13 @@ class Inventory:
             listed_by = i if self.quorum > 1 else None
             page = self._slots(slots.get(i, []))
             for lock in self._read_page(page, listed_by=listed_by, missed=missed):
-                if lock is not None:
+                if lock is not None and lock.lock_name == (lock_name or lock.lock_name):
                     locks[lock.key] = lock
-            markers.update((m.key, m) for m in self._read_markers(i, named.get(i, {})))
+            markers.update(
+                (m.key, m)
+                for m in self._read_markers(i, named.get(i, {}))
+                if m.lock_name == (lock_name or m.lock_name)
+            )
         held = sorted(locks.values(), key=lambda lk: lk.key)
         return View(
             held,

@@ -264,7 +264,7 @@ class Dashboard:
         user who may not act) shows the page read-only: no button that would be refused."""
         error = None
         status = 200
-        task = prefix = ""
+        task = prefix = lock_name = ""
         # What the filter selects; None when it is refused (the page then offers no
         # release-dead, which would act on every lock).
         name_prefix: str | None = None
@@ -280,8 +280,9 @@ class Dashboard:
             prefix = _text(query.get("prefix"), "the name prefix")
             cursor = query.get("cursor") or "0"
             first_page = cursor == "0"
-            selected = _name_prefix(task, lock_name_of(self.app, task), prefix)
-            view = self.inventory.view(cursor, name_prefix=selected)
+            lock_name = lock_name_of(self.app, task) if task else ""
+            selected = _name_prefix(task, lock_name, prefix)
+            view = self.inventory.view(cursor, name_prefix=selected, lock_name=lock_name)
             rows, next_cursor = rows_of(view), None if view.cursor == "0" else view.cursor
             unanswered = view.unanswered
             name_prefix = selected
@@ -309,6 +310,7 @@ class Dashboard:
             task=task,
             prefix=prefix,
             name_prefix=name_prefix,
+            lock_name=lock_name,
             next_cursor=next_cursor,
             first_page=first_page,
             error=error,
@@ -533,7 +535,10 @@ class Dashboard:
         inv = self.inventory
         fingerprint = (form.get("fingerprint") or "")[:64]
         if action == "release-dead":
-            return self._release_dead(_text(form.get("prefix"), "the name prefix"))
+            return self._release_dead(
+                _text(form.get("prefix"), "the name prefix"),
+                _text(form.get("lock_name"), "the lock name"),
+            )
         if not key.strip():  # else "not released:  is not held", a 409 about no lock at all
             raise ValueError(f"the form field 'key' is missing or empty: {action} needs a key")
         if action in ("clear-marker", "reset-rate"):
@@ -567,8 +572,15 @@ class Dashboard:
             return ActionResult(200, f"released {key} (holder {said.state})")
         return ActionResult(409, f"not released: {key} {_NOT_RELEASED[outcome]}")
 
-    def _release_dead(self, prefix: str) -> ActionResult:
-        locks = self.inventory.all(name_prefix=check_filter(prefix))
+    def _release_dead(self, prefix: str, lock_name: str) -> ActionResult:
+        """Release-dead of the slots the page listed: names starting with ``prefix``, of the
+        lock name ``lock_name`` when the page filtered by a task (the task ``a``'s page lists
+        ``a:<digest>``, not the task ``a:b``'s ``a:b:<digest>``, which the prefix ``a:``
+        matches too)."""
+        locks = self.inventory.all(
+            lambda lock: lock.lock_name == (lock_name or lock.lock_name),
+            name_prefix=check_filter(prefix),
+        )
         judged = self.verdicts(locks, fresh=True)
         released = kept = gone = 0
         for lock in locks:

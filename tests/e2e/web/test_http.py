@@ -85,9 +85,12 @@ def test_release_dead_releases_only_the_locks_the_filter_shows(
         assert re.findall(r'<tr data-key="([^"]+)"', page.text) == [html.escape(shown)]
         banner = re.search(r'id="filtered">(.*?)</p>', page.text)
         assert banner is not None
-        assert banner.group(1) == f"Locks whose name starts with <code>{TASK}:aaaa</code>"
+        assert banner.group(1) == (
+            f"Locks whose name starts with <code>{TASK}:aaaa</code>, of the lock name "
+            f"<code>{TASK}</code>"
+        )
         form = form_fields(page.text, "release-dead")
-        assert form["prefix"] == f"{TASK}:aaaa"
+        assert form["prefix"] == f"{TASK}:aaaa" and form["lock_name"] == TASK
         done = ops.post("/action/release-dead", data=form)
         assert done.status_code == 200, done.text
         assert "released 1 lock(s) of dead workers; kept 0" in done.text
@@ -95,6 +98,36 @@ def test_release_dead_releases_only_the_locks_the_filter_shows(
         # A refused filter lists nothing: no button that would act on every lock.
         refused = ops.get("/", params={"prefix": "x" * 201})
         assert refused.status_code == 400 and 'id="release-dead"' not in refused.text
+
+
+def test_the_task_filter_selects_its_own_lock_name_not_a_longer_one(
+    celery_app: Celery, r: redis_py.Redis
+) -> None:
+    """``?task=proj.hold`` lists, and its release-dead releases, only ``proj.hold:<digest>``:
+    the task ``proj.hold:b``'s locks (``proj.hold:b:<digest>``) start with the same
+    ``proj.hold:`` and were listed and released with them, as ``celery redlock inspect
+    proj.hold`` does not."""
+    own, other = dead_lock(r, f"{TASK}:{'a' * 32}"), dead_lock(r, f"{TASK}:b:{'c' * 32}")
+    board = create_app(
+        celery_app, actions=True, credentials=Credentials(token=TOKEN), ping_timeout=0.3
+    )
+    with served(board) as url, httpx.Client(base_url=url, headers=BEARER) as ops:
+        page = ops.get("/", params={"task": TASK})
+        assert page.status_code == 200, page.text
+        assert re.findall(r'<tr data-key="([^"]+)"', page.text) == [html.escape(own)]
+        banner = re.search(r'id="filtered">(.*?)</p>', page.text)
+        assert banner is not None
+        assert banner.group(1) == (
+            f"Locks whose name starts with <code>{TASK}:</code>, of the lock name "
+            f"<code>{TASK}</code>"
+        )
+        done = ops.post("/action/release-dead", data=form_fields(page.text, "release-dead"))
+        assert done.status_code == 200, done.text
+        assert "released 1 lock(s) of dead workers; kept 0" in done.text
+        assert not r.exists(own) and r.exists(other)
+        # The name prefix alone still selects both: it says "starts with".
+        both = ops.get("/", params={"prefix": f"{TASK}:"})
+        assert re.findall(r'<tr data-key="([^"]+)"', both.text) == [html.escape(other)]
 
 
 def test_a_lock_of_a_long_name_is_released_from_its_row(
