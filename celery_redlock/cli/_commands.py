@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import click
@@ -123,13 +124,24 @@ _BESIDE = {
 }
 
 
+#: An escape :func:`~._format.safe` writes for a control character of a name.
+_ESCAPE = re.compile(r"\\(?:[ntr]|x[0-9a-f]{2}|u[0-9a-f]{4}|U[0-9a-f]{8})")
+
+
 def _hint(key: str) -> str:
     """Why a KEY found no lock, when its form says: a key beside a lock's (the dashboard,
-    ``celery redlock web``, shows the markers and rate windows), or slot 1 of a semaphore
+    ``celery redlock web``, shows the markers and rate windows), slot 1 of a semaphore
     given as ``:1`` (the probe's operators read "not held" of a marker that still
-    de-duplicated every ``delay()``, and of a slot that was held). Said by ``inspect`` and
-    ``release`` alike."""
+    de-duplicated every ``delay()``, and of a slot that was held), or a key copied from
+    ``ls`` with a name's control characters escaped (a line break shown as ``\n``; "not
+    held" of a lock ``ls`` listed, held). Said by ``inspect`` and ``release`` alike."""
     last = key.rsplit(":", 1)[-1]
+    if _ESCAPE.search(key):
+        return (
+            "; `ls` shows the control characters of a name escaped (\\n, \\u202e): give "
+            "the key with the characters themselves, in bash $'...' (`release --dead` takes "
+            "a dead holder's too)"
+        )
     if key.endswith("}:1"):
         return f"; slot 1 of a semaphore is its name's key, without ':1': {key[:-2]}"
     if "}:" in key and last in _BESIDE:

@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from celery_redlock import Lock
 from celery_redlock._celery.options import settings_for
 from celery_redlock._redis.keys import call_key
+from celery_redlock._redis.owner import new_token
 from celery_redlock.cli import PAGE, LockStore, redlock
 from celery_redlock.web._core import Dashboard
 from support.servers import ClusterNodes
@@ -278,4 +279,23 @@ def test_release_of_a_marker_says_what_it_is_as_inspect_does(
         done = CliRunner().invoke(redlock, [command, key], obj=SimpleNamespace(app=app))
         assert done.exit_code == 1, done.output
         assert f"{said}: `celery redlock web` shows those" in done.output, (command, done.output)
+    assert r.exists(key)
+
+
+def test_a_key_copied_from_ls_with_its_line_break_escaped_is_explained(
+    app: Celery, r: redis_py.Redis
+) -> None:
+    """Probe: ``ls`` shows a name's line break as ``\\n``; ``release`` and ``inspect`` of that
+    form said "is not held" of a held lock, with nothing to say why. (``Lock`` refuses such a
+    name: another program wrote it.)"""
+    key = "redlock:{bad\nname:00}"
+    r.set(key, new_token("id-1", "w9@gone", 7), px=60_000)
+    listed = CliRunner().invoke(redlock, ["ls"], obj=SimpleNamespace(app=app))
+    shown = "redlock:{bad\\nname:00}"
+    assert shown in listed.output, listed.output
+    said = "`ls` shows the control characters of a name escaped (\\n, \\u202e)"
+    for command in ("inspect", "release"):
+        done = CliRunner().invoke(redlock, [command, shown], obj=SimpleNamespace(app=app))
+        assert done.exit_code == 1, done.output
+        assert said in done.output, (command, done.output)
     assert r.exists(key)
