@@ -58,6 +58,7 @@ EVENTS = (
     "unavailable",
     "lost",
     "released",
+    "unreleased",
     "bypassed",
     "expired",
 )

@@ -958,7 +958,12 @@ def leave(task: Any, request: Any = None, *, cooldown: bool = True) -> None:
     """Release the lock of the attempt behind ``request`` (default: the current one).
 
     Idempotent and never raises: a Redis error is a WARNING (the lock then expires by TTL), and
-    the task's result is unchanged. With ``lock_cooldown`` the key is kept that many seconds,
+    the task's result is unchanged. A release that did not free the key, counted ``unreleased``
+    (no signal): Redis did not answer it, or answered after the lease had ended, when the
+    key had expired. Timeline without the count: (1) the release is sent; (2) Redis stalls
+    past the lease; (3) the key expires, and the release finds nothing; (4) ``acquired``
+    counted the lock, and nothing counted its end: an alert on ``acquired - released - lost``
+    saw a lock leaked. With ``lock_cooldown`` the key is kept that many seconds,
     unless ``cooldown`` is False (a retry: the execution is not finished).
     """
     request = task.request if request is None else request
@@ -968,6 +973,7 @@ def leave(task: Any, request: Any = None, *, cooldown: bool = True) -> None:
     lock = execution.lock
     execution.lock = None
     held.discard(id(execution))
+    taken = lock.token is not None
     if _release(task, request, lock, execution.cooldown if cooldown else 0):
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("%s[%s] released %s", task.name, request.id, lock.key)
@@ -983,6 +989,9 @@ def leave(task: Any, request: Any = None, *, cooldown: bool = True) -> None:
                 key=lock.key,
                 by="task",
             )
+    elif taken and not lock.lost:  # freed by its TTL: unanswered, or answered past the lease
+        with contextlib.suppress(SoftTimeLimitExceeded):
+            emit(task, request.id, "unreleased", settings=execution.settings)
 
 
 @tracing.traced_release

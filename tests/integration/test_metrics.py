@@ -104,6 +104,25 @@ def test_counts_made_while_redis_is_down_arrive_when_it_answers(redis_server: Re
         app.close()
 
 
+def test_a_release_redis_does_not_answer_is_counted_unreleased(redis_server: RedisServer) -> None:
+    """Probe: a release Redis did not answer (or answered after the lease, the key expired)
+    counted nothing, so ``acquired - released - lost`` showed a leaked lock. It counts
+    ``unreleased``: the key is freed by its TTL."""
+    with RedisServer() as locks:
+        app = make_app(redis_server, redlock_url=locks.url)
+
+        @app.task(base=LockedTask, name="m.stranded", lock_ttl=30)
+        def stranded() -> str:
+            locks.stop()  # the release that follows the body finds no Redis
+            return "ran"
+
+        assert stranded.apply().get() == "ran"
+        locks.start()
+        done = {"m.stranded": {"unreleased": 1, "released": 0, "lost": 0}}
+        wait_until(counted_as(app, done), 10, "the unreleased count")
+        app.close()
+
+
 def test_a_field_that_is_no_number_drops_its_own_counts_and_no_other_is_counted_twice(
     app: Celery, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
