@@ -150,6 +150,15 @@ def _decorate(fun: Any, options: dict[str, Any]) -> Any:
             _WRONG_ORDER.format(name=_label(fun), options=f"({given})" if given else "")
         )
     owner = f"task function {fun.__module__}.{fun.__qualname__}"
+    if fun in WRAPPERS:
+        # Timeline otherwise: the task runs the outer wrapper, which calls the inner one as a
+        # plain function (it is not the task's run), so the inner lock was never taken and
+        # calls of its key ran at once, without a word.
+        raise LockConfigError(
+            f"{owner}: @single_instance is applied twice; a task takes one lock: expected one "
+            "@single_instance (by= naming every parameter of the key), or the second lock "
+            "taken in the body with celery_redlock.Lock"
+        )
     for name in options:
         if name.startswith("lock_") and name[len("lock_") :] in OPTIONS:
             raise LockConfigError(

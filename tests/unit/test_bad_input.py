@@ -622,6 +622,25 @@ def test_the_decorator_keyword_on_a_locked_task_is_refused_naming_the_task_optio
     assert "lock_by=" in message
 
 
+def test_single_instance_applied_twice_is_refused(app: Celery) -> None:
+    """Probe: the inner of two stacked ``@single_instance`` was never taken (the task runs the
+    outer wrapper, which calls the inner as a plain function), and two calls of its key ran at
+    once without a word."""
+    with pytest.raises(LockConfigError) as info:
+
+        @app.task
+        @single_instance(by=["account_id"], name="per-account")
+        @single_instance(by=["region"], name="per-region")
+        def sync(account_id: int, region: str) -> None: ...
+
+    assert str(info.value) == (
+        f"task function {__name__}.test_single_instance_applied_twice_is_refused.<locals>.sync: "
+        "@single_instance is applied twice; a task takes one lock: expected one "
+        "@single_instance (by= naming every parameter of the key), or the second lock taken "
+        "in the body with celery_redlock.Lock"
+    )
+
+
 def test_a_lock_prefixed_decorator_keyword_says_to_drop_the_prefix() -> None:
     def work(account_id: int) -> None: ...
 
