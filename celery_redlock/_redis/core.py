@@ -306,8 +306,9 @@ def refusal_hints(exc: BaseException) -> tuple[str, list[str]]:
 
 def connect_hint(tls: bool | None, exc: BaseException, client_cert: bool | None = None) -> str:
     """What to check when a connection failed with ``exc`` because the URL may name the
-    wrong kind of port, or ``""``: a Sentinel URL naming a Redis server's port
-    (:data:`NOT_A_SENTINEL`), or TLS that does not match (:func:`tls_mismatch`). ``tls``:
+    wrong kind of port or certificates, or ``""``: a Sentinel URL naming a Redis server's port
+    (:data:`NOT_A_SENTINEL`), a server certificate that does not verify (a self-signed one,
+    without ``ssl_ca_certs``), or TLS that does not match (:func:`tls_mismatch`). ``tls``:
     whether the client uses TLS (``None``: unknown, as for a Cluster); ``client_cert``:
     whether the URL gives a client certificate (``None``: unknown)."""
     text = str(exc)
@@ -317,6 +318,12 @@ def connect_hint(tls: bool | None, exc: BaseException, client_cert: bool | None 
         return (
             "if the Sentinels take TLS only, they reset plain connections: add "
             "sentinel_ssl=true to a rediss+sentinel URL (its certificates are used)"
+        )
+    if "CERTIFICATE_VERIFY_FAILED" in text:  # not an outage: it fails until the URL changes
+        return (
+            "the server's certificate does not verify: give the CA that signed it in the URL "
+            "(ssl_ca_certs=/path/ca.pem); a host name it does not hold is refused too: use "
+            "one it holds, or ssl_check_hostname=false"
         )
     return "" if tls is None else tls_mismatch(tls, exc, client_cert)
 
@@ -403,7 +410,8 @@ def unavailable(
         what = f"Redis at {names[0]} refused lock {key}: {text}"
         what += "".join(f" ({hint})" for hint in hints)
     else:
-        what = f"Redis at {names[0]} did not answer for lock {key}: {text}"
+        verb = "could not be trusted" if "CERTIFICATE_VERIFY_FAILED" in text else "did not answer"
+        what = f"Redis at {names[0]} {verb} for lock {key}: {text}"
         hint = connect_hint(tls, exc, client_cert)
         what += f" ({hint})" if hint else ""
     return LockUnavailable(what, key=key, nodes=names)

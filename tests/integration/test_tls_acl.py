@@ -230,6 +230,36 @@ def test_a_url_without_the_client_certificate_a_server_wants_says_to_give_it(
     app.close()
 
 
+def test_a_certificate_that_does_not_verify_names_the_ca_option(
+    tls: TlsServer, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Probe: a self-signed server and a URL without ``ssl_ca_certs`` read as an outage
+    ("cannot reach ... CERTIFICATE_VERIFY_FAILED ... until it answers"), and nothing named
+    the fix, which no wait brings. The lock, the asyncio lock, the inventory and the startup
+    check now name ``ssl_ca_certs``."""
+    url = f"rediss://redlock:secret@127.0.0.1:{tls.port}/0"
+    fix = "the server's certificate does not verify: give the CA that signed it in the URL"
+    with pytest.raises(LockUnavailable, match=re.escape(fix)) as info:
+        Lock(url, "job", ttl=10).acquire(blocking=False)
+    assert "could not be trusted for lock" in str(info.value)
+
+    async def take() -> None:
+        await AsyncLock(url, "job", ttl=10).acquire(blocking=False)
+
+    with pytest.raises(LockUnavailable, match=re.escape(fix)):
+        asyncio.run(take())
+    with pytest.raises(LockUnavailable, match=re.escape(fix)):
+        Inventory(url, "redlock").read("redlock:{job}")
+    app = make_app(redis_server, "tls-untrusted", redlock_url=url)
+
+    @app.task(base=LockedTask, shared=False)
+    def work() -> None: ...
+
+    (error,) = _checked(app, caplog)[logging.ERROR]
+    assert "ssl_ca_certs=/path/ca.pem" in error, error
+    app.close()
+
+
 def test_tls_checks_that_the_certificate_names_the_host(tls: TlsServer) -> None:
     """The server's certificate names 127.0.0.1; reached as ``localhost``, the CA's signature
     alone is not enough (redis-py 5.x connected: any certificate of the CA would do).
