@@ -27,6 +27,7 @@ This module never imports Celery.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import logging
 import math
@@ -359,6 +360,22 @@ def with_tls(url: str, tls: Any) -> str:
     return urlunsplit(("rediss", parts.netloc, parts.path, urlencode(query), parts.fragment))
 
 
+def _did_you_mean(pool: Any, exc: TypeError) -> str:
+    """``; did you mean 'ssl_ca_certs'?`` for a query option redis-py refused (``exc``) that
+    is close to one its connection class takes (``?ssl_ca_cert=``), or ``""``."""
+    found = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+    if found is None:
+        return ""
+    known = {
+        name
+        for cls in pool.connection_class.__mro__
+        if "__init__" in vars(cls)
+        for name in inspect.signature(vars(cls)["__init__"]).parameters
+    }
+    close = difflib.get_close_matches(found[1], sorted(known - {"self"}), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
 #: Query options of the Sentinel and Cluster forms (the plain forms take redis-py's).
 _TLS_OPTIONS = (
     "ssl_ca_certs",
@@ -439,7 +456,9 @@ def validate_url(url: str) -> None:
     except TypeError as exc:
         if scheme == "redis" and "'ssl" in str(exc):
             raise ValueError(f"TLS options need a rediss:// URL ({exc})") from None
-        raise ValueError(f"a query option is not one redis-py takes ({exc})") from None
+        raise ValueError(
+            f"a query option is not one redis-py takes ({exc}){_did_you_mean(pool, exc)}"
+        ) from None
     except (ValueError, redis_py.exceptions.RedisError) as exc:
         raise ValueError(f"a query option has a bad value ({redact(exc)})") from None
     given = pool.connection_kwargs
