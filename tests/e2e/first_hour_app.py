@@ -13,7 +13,8 @@ policy (no ``lock_on_contention``) and ``max_retries=0``, so a lock requeue that
   argument to ``together`` and then waits (``BLPOP``, at most 10 s) for the test to push to
   ``go``, so two calls can be seen running at once;
 * ``bounded``: ``lock_rate="1/m"`` with ``lock_retry_for=2``: a second call's slot is a
-  minute away, past the bound.
+  minute away, past the bound;
+* ``echo``: a locked call that returns its argument, for a worker's log to show one run.
 """
 
 from __future__ import annotations
@@ -71,4 +72,9 @@ if env("SIDE_BY_SIDE"):  # a worker of its own: lock_limit=None is new
 
 @app.task(base=LockedTask, max_retries=0, lock_by=(), lock_rate="1/m", lock_retry_for=2)
 def bounded(n: int) -> int:
+    return n
+
+
+@app.task(base=LockedTask, lock_by=["n"])
+def echo(n: int) -> int:
     return n

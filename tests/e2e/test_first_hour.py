@@ -84,6 +84,21 @@ def _both_ran_at_once(records: redis_py.Redis, results: list[Any]) -> None:
     assert sorted(r.get(timeout=20) for r in results) == [0, 1]
 
 
+def test_the_pool_children_start_and_run_a_call_without_a_traceback(
+    server: RedisServer, client: Celery
+) -> None:
+    """Probe: with the lowest releases pyproject.toml accepted on Python 3.13 (kombu 5.3.0),
+    every prefork child logged ``after fork raised exception: AttributeError("'cached_property'
+    object has no attribute 'lock'")`` (kombu 5.3.3 mends it for Python 3.12 and later, which
+    pyproject.toml now asks there). The ``lowest-3.13`` session runs this on those floors."""
+    with WorkerProcess(server.port, "w4", app=APP, concurrency=2, args=["-Q", "fresh"]) as fresh:
+        results = [client.send_task(f"{APP}.echo", (n,), queue="fresh") for n in (1, 2)]
+        assert [r.get(timeout=30) for r in results] == [1, 2]
+        text = fresh.text()
+    assert "ForkPoolWorker" in text  # the children logged: their lines are in this log
+    assert "raised exception" not in text and "Traceback" not in text, text
+
+
 def test_lock_retry_for_bounds_a_rate_requeue(client: Celery, worker: WorkerProcess) -> None:
     first = client.send_task(f"{APP}.bounded", (1,))
     assert first.get(timeout=20) == 1

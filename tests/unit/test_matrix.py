@@ -74,3 +74,27 @@ def test_every_claimed_redis_line_is_run_by_ci() -> None:
     assert "redis-6.2" in nox_sessions_run_by_ci()
     assert '" v=6.2." not in version' in NOXFILE  # the session checks the server it was given
     assert "5.0 or newer" not in README
+
+
+def _version(text: str) -> tuple[int, ...]:
+    parts = tuple(map(int, text.split(".")))
+    return parts + (0,) * (3 - len(parts))
+
+
+def test_ci_runs_the_floors_pyproject_accepts_on_the_newest_python_too() -> None:
+    """The floors differ by Python (kombu 5.3.3 from 3.12 on): the lowest-3.13 session pins
+    exactly what pyproject.toml accepts on 3.13, and CI runs it."""
+    block = re.search(r"^dependencies = \[\n(.*?)^\]", PYPROJECT, re.M | re.S)
+    assert block
+    floors: dict[str, tuple[int, ...]] = {}
+    for name, floor, marker in re.findall(
+        r'^\s+"(\w+)>=([\d.]+)(?:; python_version >= \'(3\.\d+)\')?",?$', block.group(1), re.M
+    ):
+        if not marker or _version(marker) <= _version("3.13"):
+            floors[name] = max(floors.get(name, ()), _version(floor))
+    pins = re.search(r"^LOWEST_ON_NEWEST_PYTHON = \[(.*)\]$", NOXFILE, re.M)
+    assert pins
+    pinned = {name: _version(v) for name, v in re.findall(r'"(\w+)==([\d.]+)"', pins.group(1))}
+    assert pinned == floors == {"celery": (5, 3, 0), "kombu": (5, 3, 3), "redis": (5, 0, 8)}
+    assert re.search(r'^LOWEST_NEWEST_PYTHON = "3\.13"$', NOXFILE, re.M)
+    assert "lowest-3.13" in nox_sessions_run_by_ci()
