@@ -235,7 +235,8 @@ def _freeze_options(cls: type) -> None:
                 f"{owner}: base=LockedTask and @single_instance on one task; the call "
                 "would take the same lock twice and contend with itself forever. Expected "
                 "one of them: drop @single_instance (and give its keywords as lock_* task "
-                "options), or drop base=LockedTask"
+                "options), or drop base=LockedTask (under Celery(task_cls=LockedTask), which "
+                "makes every task a LockedTask: @app.task(base=celery.Task))"
             )
         bound = not isinstance(run, staticmethod)
         params = parameters_of(fun, bound=bound)

@@ -682,6 +682,25 @@ def test_both_apis_on_one_task_are_refused_when_the_class_is_built(app: Celery) 
     assert "twice" in message and "contend with itself" in message
 
 
+def test_single_instance_under_a_locked_task_cls_names_the_app_wide_base() -> None:
+    """Probe: with ``Celery(task_cls=LockedTask)`` the refusal said "base=LockedTask", which
+    the user never wrote, and named no way out for that one task."""
+    app = Celery("task-cls", task_cls=LockedTask, set_as_current=False)
+    try:
+        with pytest.raises(LockConfigError) as info:
+
+            @app.task(lazy=False)
+            @single_instance(by=["account_id"])
+            def once(account_id: int) -> None: ...
+
+        assert "under Celery(task_cls=LockedTask), which makes every task a LockedTask: " in (
+            str(info.value)
+        )
+        assert "@app.task(base=celery.Task)" in str(info.value)
+    finally:
+        app.close()
+
+
 def test_lock_options_on_a_task_without_lockedtask_are_refused_at_start_and_first_call(
     app: Celery,
 ) -> None:
