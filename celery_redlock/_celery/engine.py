@@ -37,6 +37,7 @@ import contextlib
 import datetime
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -84,6 +85,11 @@ _CHECKED = "_redlock_checked"
 #: removed by :func:`leave`): the ``task_postrun`` backstop looks at the request only while
 #: one does (about 8,000 instructions spared per execution of every task, locked or not).
 held: set[int] = set()
+
+#: ``ids``: the task ids of the executions running their body on this thread, outermost
+#: first. A call one of them makes of a key it holds (``sync_account.apply((42,))`` in
+#: ``sync_account(42)``) cannot wait that key out: its holder ends only after it.
+_running = threading.local()
 
 
 @dataclass(slots=True)
@@ -151,6 +157,8 @@ def _attempt(
     """:func:`enter`, the body, :func:`leave`."""
     if not enter(task, request, spec, args, kwargs):
         return None
+    running = _running.__dict__.setdefault("ids", [])
+    running.append(request.id)
     try:
         result = body()
     except Retry:
@@ -159,6 +167,8 @@ def _attempt(
     except BaseException as exc:
         leave(task, request, cooldown=not _autoretried(task, request, exc))
         raise
+    finally:
+        running.pop()
     leave(task, request)
     return result
 
@@ -600,13 +610,17 @@ def _acquire(task: Any, spec: Spec, request: Any, lock: TaskLock, policy: str) -
     Returns whether it is held; a call that does not hold it goes to :func:`_on_contended`,
     also after a wait that timed out. A call whose own task id holds the key does not wait:
     it is a duplicate of that run (:func:`_on_contended` requeues it), and its wait could
-    only end with the run's release or, for a run that died with its worker, its TTL.
-    However it ends, the tries the lock made go to the span.
+    only end with the run's release or, for a run that died with its worker, its TTL. Nor
+    does a call that an execution holding the key made on this thread (:data:`_running`),
+    which :func:`_on_contended` fails at once. However it ends, the tries the lock made go to
+    the span.
     """
     try:
         if lock.acquire(blocking=False):
             return True
         if policy != "wait" or spec.options.wait_timeout <= 0 or _holder(lock) == request.id:
+            return False
+        if _held_around(lock):
             return False
         _report_contended(task, request, lock, "waited", policy)
         return lock.acquire(blocking=True, timeout=spec.options.wait_timeout)
@@ -747,11 +761,26 @@ def _on_contended(
     timeout = spec.options.wait_timeout
     if policy == "wait" and _expired(request):  # expired while it waited, in vain
         _revoke_expired(task, request, lock)
+    if policy == "wait" and timeout > 0 and _held_around(lock):
+        _report_contended(task, request, lock, "failed", policy)
+        raise LockContended(
+            f"{task.name}[{request.id}]: {lock.key} is {_held_by(lock)}, which made this call "
+            "on this thread and ends only after it: a wait would last lock_wait_timeout and "
+            "fail; call the task directly (task(...), not apply()) to run it under that lock",
+            key=lock.key,
+            holder=_holder(lock),
+        )
     if policy == "wait" and timeout > 0:
         emit(task, request.id, "failed", settings=settings)
         raise _contended_error(task, request, lock, waited=timeout)
     _report_contended(task, request, lock, "failed", policy)
     raise _contended_error(task, request, lock)
+
+
+def _held_around(lock: Lock) -> bool:
+    """Whether ``lock``'s holder is an execution running on this thread, around this call."""
+    holder = _holder(lock)
+    return holder is not None and holder in getattr(_running, "ids", ())
 
 
 def _requeue(

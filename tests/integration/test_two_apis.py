@@ -129,3 +129,26 @@ def test_contention_is_logged_as_expected_at_info_without_a_traceback(
     assert record.levelno == logging.INFO, record.getMessage()
     assert "raised expected: LockContended(" in record.getMessage()
     assert record.exc_info is None and record.exc_text is None  # no traceback
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_body_that_applies_its_own_key_fails_at_once_instead_of_waiting(
+    app: Celery, api: str
+) -> None:
+    """Probe: a locked body that called ``apply()`` of its own key under ``wait`` waited out
+    the whole ``lock_wait_timeout`` (its own execution holds the key and ends only after the
+    call), then failed with "still held after waiting". It fails at once, naming the way."""
+
+    def work(account_id: int, nested: bool = False) -> str:
+        if nested:
+            return "the inner call ran"
+        try:
+            return str(task.apply((account_id,), {"nested": True}).get())
+        except LockContended as exc:
+            return str(exc)
+
+    task = locked(app, api, work, by=["account_id"], on_contention="wait", wait_timeout=600)
+    with running_worker(app):
+        said = task.delay(7).get(timeout=60)
+    assert "which made this call on this thread and ends only after it" in said, said
+    assert "call the task directly (task(...), not apply())" in said
