@@ -5,8 +5,8 @@ use them too::
 
     with record_lock_events() as events, hold_lock(sync_account, 42):
         result = sync_account.delay(42)        # eager mode or an in-process worker
-    assert_skipped(result)                     # the innermost recording is used
-    assert events.contended(result)[0].holder == HOLDER
+        assert_skipped(result)                 # the innermost recording open now
+    assert events.contended(result)[0].holder == HOLDER  # the events outlive the block
 
 Signals are received in the process that runs the task: eager mode (``task_always_eager``,
 ``.apply()``) and in-process workers (``celery.contrib.testing.worker.start_worker``) are seen,
@@ -170,7 +170,9 @@ def _events(events: LockEvents | None, what: str) -> LockEvents:
     if not _recording:
         raise RuntimeError(
             f"{what} needs the lock signals of the call: use the lock_events fixture of "
-            "celery_redlock.testing.pytest_plugin or `with record_lock_events():` around the call"
+            "celery_redlock.testing.pytest_plugin, or call it inside a `with "
+            "record_lock_events():` block around the call (after the block, pass its events: "
+            f"{what}(result, events))"
         )
     return _recording[-1]
 
@@ -195,6 +197,13 @@ def _describe(events: LockEvents, task_id: str) -> str:
     else:
         why = f"hold_lock() held {', '.join(sorted(held))}, not its key: check the arguments"
     return f"{described} (its key was free: {why})"
+
+
+def _call(events: LockEvents, task_id: str) -> str:
+    """``task <name>[<id>]`` when the recording saw the call start, else ``task <id>``."""
+    with events._guard:
+        task = events._ran.get(task_id)
+    return f"task {task_id}" if task is None else f"task {task.name}[{task_id}]"
 
 
 def _failure(result: Any) -> str:
@@ -229,8 +238,9 @@ def _unseen(events: LockEvents, task_id: str) -> str:
     if spec.options.limit is None:
         return f"; it ran here, but {task.name} takes no lock (lock_limit=None)"
     return (
-        "; it ran here without a lock event: called with lock_bypass=True, or it failed "
-        "before taking its lock (see its result)"
+        "; it ran here without a lock event: called with lock_bypass=True, superseded by a "
+        "newer call of its key (lock_enqueue='replace', lock_debounce: it ends SUCCESS with "
+        "None, unrun and unlocked), or it failed before taking its lock"
     )
 
 
@@ -243,7 +253,10 @@ def assert_skipped(result: Any, events: LockEvents | None = None) -> None:
     events = _events(events, "assert_skipped")
     task_id = _task_id(result)
     if not events.skipped(task_id):
-        raise AssertionError(f"task {task_id} was not skipped{_describe(events, task_id)}")
+        described = _describe(events, task_id)
+        raise AssertionError(
+            f"{_call(events, task_id)} was not skipped{described}{_failure(result)}"
+        )
     if not isinstance(result, str) and result.ready():
         assert result.successful() and result.result is None, (
             f"task {task_id} was skipped but ended {result.state} with {result.result!r}"
@@ -256,7 +269,7 @@ def assert_acquired(result: Any, events: LockEvents | None = None) -> None:
     task_id = _task_id(result)
     if not events.acquired(task_id):
         described = _describe(events, task_id)
-        raise AssertionError(f"task {task_id} took no lock{described}{_failure(result)}")
+        raise AssertionError(f"{_call(events, task_id)} took no lock{described}{_failure(result)}")
 
 
 #: The lease of a :func:`hold_lock` holder (seconds), renewed while it holds.

@@ -16,7 +16,8 @@ Fixtures:
   removed, as soon as the worker's parent (the controller) is gone (:func:`_orphan_stops`);
 * ``redlock_url``: its URL, the database emptied before each test;
 * ``configure_redlock``: ``configure_redlock(app)`` points an app's locks at ``redlock_url``
-  (also when its settings were already resolved) and returns the app;
+  (also when its settings were already resolved) and returns the app; the app gets its own
+  ``redlock_url`` back when the test ends;
 * ``lock_events``: the lock signals sent during the test (:class:`LockEvents`), which also
   makes :func:`assert_skipped` / :func:`assert_acquired` work without an argument.
 
@@ -45,6 +46,7 @@ from typing import Any
 import pytest
 
 from .. import metrics
+from .._celery.options import reset_settings
 from ._assertions import LockEvents, record_lock_events, use_redlock_url
 from ._server import RedisServer
 
@@ -64,23 +66,37 @@ def redlock_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
             metrics.forget(server.url)
 
 
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _default_in_child() -> None:
+    """In a child forked while :func:`_signals_interrupt` runs: SIGTERM and SIGHUP get their
+    default action back. Timeline without: (1) a test forks a ``multiprocessing`` child; (2)
+    ``terminate()`` sends it SIGTERM; (3) the child raised ``KeyboardInterrupt`` (exit code 1,
+    a traceback) instead of ending by the signal, but only after a test that used the
+    server: the outcome hung on the order of the tests."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) is _interrupt:
+            signal.signal(signum, signal.SIG_DFL)
+
+
+os.register_at_fork(after_in_child=_default_in_child)
+
+
 @contextlib.contextmanager
 def _signals_interrupt() -> Iterator[None]:
     """Raise SIGTERM and SIGHUP as ``KeyboardInterrupt`` while inside, each that still has its
     default action (a handler of the user's, or a thread other than the main one, is left
-    alone). Timeline without it: (1) the server starts in a session of its own; (2) a CI
-    cancel sends SIGTERM to pytest (a closed terminal, SIGHUP), which dies at once; (3) no
-    teardown runs: the server lives on."""
+    alone), in this process only (:func:`_default_in_child`). Timeline without it: (1) the
+    server starts in a session of its own; (2) a CI cancel sends SIGTERM to pytest (a closed
+    terminal, SIGHUP), which dies at once; (3) no teardown runs: the server lives on."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     taken = [s for s in (signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) is signal.SIG_DFL]
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
     for signum in taken:
-        signal.signal(signum, interrupt)
+        signal.signal(signum, _interrupt)
     try:
         yield
     finally:
@@ -164,9 +180,34 @@ def redlock_url(redlock_server: RedisServer) -> str:
 
 
 @pytest.fixture
-def configure_redlock(redlock_url: str) -> Callable[[Any], Any]:
-    """``configure_redlock(app)``: the app's locks go to ``redlock_url``; returns the app."""
-    return lambda app: use_redlock_url(app, redlock_url)
+def configure_redlock(redlock_url: str) -> Iterator[Callable[[Any], Any]]:
+    """``configure_redlock(app)``: the app's locks go to ``redlock_url``; returns the app.
+
+    When the test ends, each app gets back the ``redlock_url`` it had (none, or the value its
+    configuration gives), and resolves its settings again. Timeline without: (1) a test
+    configures the project's app; (2) a later test forgets to, and passes, locking on the
+    plugin's server; (3) in another order it runs first and locks on the app's own URL (the
+    developer's Redis), or fails: the outcome hung on the order of the tests.
+    """
+    restores: list[Callable[[], None]] = []
+
+    def configure(app: Any) -> Any:
+        changes = app.conf.changes  # what was set on top of the app's configuration
+        had, before = "redlock_url" in changes, changes.get("redlock_url")
+
+        def restore() -> None:
+            if had:
+                changes["redlock_url"] = before
+            else:
+                changes.pop("redlock_url", None)
+            reset_settings(app)
+
+        restores.append(restore)
+        return use_redlock_url(app, redlock_url)
+
+    yield configure
+    for restore in reversed(restores):
+        restore()
 
 
 @pytest.fixture

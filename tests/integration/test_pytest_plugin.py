@@ -13,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from celery import Celery
 from celery_redlock import LockedTask, lock_key
 from celery_redlock.testing import (
     HOLDER,
+    _assertions,
     assert_acquired,
     assert_skipped,
     hold_lock,
@@ -149,6 +151,71 @@ def test_the_plugin_in_a_user_test_suite(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_readme=DOC_EXAMPLE, test_more=MORE)
     result = pytester.runpytest_subprocess("-q", timeout=60)
     result.assert_outcomes(passed=11)
+
+
+ORDERED = """
+import multiprocessing
+import signal
+import threading
+
+import pytest
+from celery import Celery
+
+from celery_redlock import LockedTask, LockUnavailable
+
+app = Celery("ordered", set_as_current=False)
+app.conf.task_always_eager = True
+app.conf.redlock_url = "redis://127.0.0.1:1/0"  # the app's own: nothing listens there
+
+
+@app.task(base=LockedTask, lock_by=())
+def job():
+    return "ran"
+
+
+def _child(ready):
+    ready.set()
+    threading.Event().wait(60)
+
+
+def test_a_configures_and_uses_the_server(configure_redlock):
+    configure_redlock(app)
+    assert job.delay().get() == "ran"
+
+
+def test_b_the_app_has_its_own_url_back(redlock_url):
+    assert app.conf.redlock_url == "redis://127.0.0.1:1/0"
+    with pytest.raises(LockUnavailable, match="127.0.0.1:1"):
+        job.apply().get()
+
+
+def test_c_a_forked_child_ends_by_sigterm():
+    fork = multiprocessing.get_context("fork")
+    ready = fork.Event()
+    child = fork.Process(target=_child, args=(ready,))
+    child.start()
+    assert ready.wait(30)
+    child.terminate()
+    child.join(30)
+    assert child.exitcode == -signal.SIGTERM
+"""
+
+
+def test_what_a_test_changes_through_the_plugin_does_not_reach_the_next(
+    pytester: pytest.Pytester,
+) -> None:
+    """Plugin probe: (1) ``configure_redlock(app)`` was never undone, so a later test that
+    forgot it passed on the plugin's server, and failed (or reached the app's own Redis) when
+    run first; (2) the SIGTERM handler that stops the server reached children forked after a
+    test that used it: ``terminate()`` ended one with ``KeyboardInterrupt`` (exit code 1),
+    not by the signal. Both outcomes hung on the order of the tests; here the order is fixed
+    with each fixture used first."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_ordered=ORDERED)
+    result = pytester.runpytest_subprocess(
+        "-q", "-p", "no:randomly", "-p", "no:celery", "-p", "no:cacheprovider", timeout=90
+    )
+    result.assert_outcomes(passed=3)
 
 
 FLUSHED = """
@@ -434,9 +501,17 @@ def test_a_call_that_takes_no_lock_is_described_as_such(app: Celery) -> None:
         return "ran"
 
     with record_lock_events():
-        said = failure(unconfigured.apply())
-    assert "before taking its lock (see its result); it failed with LockConfigError: " in said
+        failed = unconfigured.apply()
+        said = failure(failed)
+        with pytest.raises(AssertionError) as info:
+            assert_skipped(failed)
+    assert "before taking its lock; it failed with LockConfigError: " in said
     assert said.endswith("configure_redlock(app) sets it")
+    # Plugin probe, session 25: assert_skipped said "see its result" of the same call, and
+    # neither named the task but inside its key.
+    assert str(info.value) == said.replace("took no lock", "was not skipped")
+    assert said.startswith(f"task {unconfigured.name}[{failed.id}] took no lock; ")
+    assert "superseded by a newer call of its key (lock_enqueue='replace', lock_debounce" in said
     with record_lock_events():  # a call before the recording, or in another process
         assert "no lock event was recorded for it (signals are received" in failure(before)
 
@@ -496,3 +571,25 @@ def test_hold_lock_of_a_shared_task_on_celery_app_alone_says_why_it_has_no_redlo
     pytester.makepyfile(test_shared=SHARED_TASK.replace("PLUGINS", plugins).replace("APP", app))
     result = pytester.runpytest_subprocess("-q", *options, "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1)
+
+
+def test_the_helpers_example_in_their_module_doc_runs_as_written(app: Celery) -> None:
+    """Plugin probe: the example ``help(celery_redlock.testing)`` shows of the helpers called
+    ``assert_skipped`` after its recording had closed, which raised ``RuntimeError``."""
+    example = re.search(r"::\n\n(.*?)\n\n", _assertions.__doc__ or "", re.S)
+    assert example is not None
+    app.conf.task_always_eager = True
+
+    @app.task(base=LockedTask, lock_by=["account_id"])
+    def sync_account(account_id: int) -> int:
+        return account_id
+
+    names = {
+        "sync_account": sync_account,
+        "record_lock_events": record_lock_events,
+        "hold_lock": hold_lock,
+        "assert_skipped": assert_skipped,
+        "HOLDER": HOLDER,
+    }
+    exec(textwrap.dedent(example.group(1)), names)
+    assert names["result"].result is None  # skipped: the example ran to its last line
