@@ -1090,10 +1090,12 @@ class LockCore:
         )
 
     def __repr__(self) -> str:
-        """The state :attr:`held` and :attr:`lost` say (by the clock too), without I/O."""
+        """The state :attr:`held` and :attr:`lost` say (by the clock too), without I/O: a held
+        lock's token that :attr:`fencing_token` has not read yet is shown ``(not read)``."""
         state = "lost" if self.lost else "held" if self.held else "free"
         token = self._fencing_token if state == "held" else None
-        return f"<{self._kind} {self.key} {state} fencing_token={token}>"
+        shown = "(not read)" if state == "held" and token is None else token
+        return f"<{self._kind} {self.key} {state} fencing_token={shown}>"
 
     # -- what the public methods check ------------------------------------------------------------
 

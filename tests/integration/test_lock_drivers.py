@@ -694,6 +694,10 @@ def test_a_fixed_ttl_lock_is_lost_by_its_clock_once_its_ttl_passed(
     assert d2(lock.acquire(blocking=False))
     clock.now += 9.9
     assert lock.held and not lock.lost
+    # A probe read "held fencing_token=None" as a held lock without a token (the thread
+    # lock reads it on first use; the asyncio lock, which cannot, as it acquires).
+    assert repr(lock).endswith((" held fencing_token=(not read)>", f"={lock._fencing_token}>"))
+    assert "=None" not in repr(lock)
     assert lock.fencing_token is not None
     assert f" held fencing_token={lock.fencing_token}>" in repr(lock)
     clock.now += 0.2
