@@ -8,10 +8,15 @@ does not answer, the callers go on as they would without it.
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from typing import Any
 
 import celery
 from celery import states
+
+logger = logging.getLogger("celery_redlock.task")
 
 #: Whether Celery may requeue a call that hit its hard time limit (5.7 and later, as its
 #: ``acks_on_timeout`` says; a bound task has it set from the settings).
@@ -63,11 +68,62 @@ def _stored(task: Any, task_id: str) -> dict[str, Any] | None:
     """What the result backend keeps for ``task_id``; ``None`` without a backend that keeps
     states (none, or ``rpc://``, whose answer for another client's call is only what its own
     queue holds), or when the backend does not answer (the caller then goes on as it would
-    without it)."""
+    without it, and a WARNING says so, at most once a minute).
+
+    A backend that refuses to be read from a thread running an event loop (Django's ORM, so
+    ``django-db``, raises ``SynchronousOnlyOperation`` there) is read from a thread of its
+    own. Timeline without: (1) a call of ``sync_account(42)`` ended, and its queued marker
+    stayed (the worker could not clear it); (2) an ``async def`` Django view calls
+    ``sync_account.delay(42)``; (3) the read of the backend raised, the call was taken for
+    still queued, and ``delay()`` returned the ended call's id: nothing ran, in sync views
+    the same call was published."""
     backend = task.backend
     if not getattr(backend, "persistent", False):
         return None
     try:
         return dict(backend.get_task_meta(task_id))
-    except Exception:
+    except Exception as exc:
+        if type(exc).__name__ == "SynchronousOnlyOperation":
+            return _stored_off_the_loop(task, task_id)
+        _unread(task, task_id, exc)
         return None
+
+
+def _stored_off_the_loop(task: Any, task_id: str) -> dict[str, Any] | None:
+    """:func:`_stored`, read from a thread of its own (its database connection, if the
+    backend opens one, goes with the thread)."""
+    found: list[dict[str, Any]] = []
+    failed: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            found.append(dict(task.backend.get_task_meta(task_id)))
+        except Exception as exc:
+            failed.append(exc)
+
+    reader = threading.Thread(target=read, name="redlock-result-read", daemon=True)
+    reader.start()
+    reader.join()
+    if failed:
+        _unread(task, task_id, failed[0])
+    return found[0] if found else None
+
+
+#: ``time.monotonic()`` of the last :func:`_unread` WARNING.
+_warned = [-60.0]
+
+
+def _unread(task: Any, task_id: str, exc: BaseException) -> None:
+    """WARNING (at most once a minute): the result backend did not answer for a call."""
+    now = time.monotonic()
+    if now - _warned[0] < 60:
+        return
+    _warned[0] = now
+    logger.warning(
+        "%s[%s]: could not read the result backend (%s: %s); the call is taken as not "
+        "ended (its queued marker, if any, is kept)",
+        task.name,
+        task_id,
+        type(exc).__name__,
+        exc,
+    )

@@ -6,6 +6,7 @@ A worker started after the calls leaves them waiting in the broker queue (db 1, 
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import inspect
 import logging
@@ -21,12 +22,14 @@ import celery.worker.control
 import pytest
 import redis as redis_py
 from celery import Celery, Task, chain, chord, group
+from celery.backends.redis import RedisBackend
 from celery.exceptions import TimeLimitExceeded
 from celery.signals import before_task_publish
+from django.utils.asyncio import async_unsafe
 from kombu.exceptions import EncodeError
 
 from celery_redlock import LockedTask, lock_key
-from celery_redlock._celery import engine
+from celery_redlock._celery import engine, results
 from celery_redlock._celery.engine import WAIT_FOR_PUBLISH_S
 from celery_redlock.testing import RedisServer, free_port, wait_until
 from support.apps import lock_keys, make_app
@@ -844,3 +847,68 @@ def test_a_discarded_calls_marker_is_cleared_within_the_main_process_timeout(
         assert "could not clear the queued marker" in caplog.text
         assert elapsed < 3.0, f"the main process waited {elapsed:.1f}s for a frozen Redis"
         app.close()
+
+
+class DjangoLikeBackend(RedisBackend):
+    """A Redis result backend whose reads refuse a thread running an event loop, with Django's
+    own guard: as ``django-db`` (django-celery-results) does through the ORM."""
+
+    get_task_meta = async_unsafe(RedisBackend.get_task_meta)
+
+
+def test_a_marker_of_an_ended_call_is_replaced_from_async_code_too(
+    app: Celery, redis_server: RedisServer, r: redis_py.Redis
+) -> None:
+    """Django probe: from an ``async def`` view, the ``django-db`` backend raised
+    ``SynchronousOnlyOperation``, the ended call behind a leftover marker was taken for still
+    queued, and ``delay()`` returned its id: the new call never ran. Sync code published it."""
+
+    @app.task(base=LockedTask, lock_enqueue=True, lock_by=["n"])
+    def reindex(n: int) -> int:
+        return n
+
+    reindex.backend = DjangoLikeBackend(app=app, url=f"{redis_server.url.rsplit('/', 1)[0]}/2")
+    ended = reindex.delay(13)  # no worker: it stays queued, and marks the key
+    assert r.get(queued_key(reindex, 13)) == ended.id.encode()
+    reindex.backend.mark_as_done(ended.id, 13)  # it ended; the worker did not clear the marker
+
+    async def view() -> Any:
+        return reindex.delay(13)
+
+    again = asyncio.run(view())
+    assert again.id != ended.id
+    assert r.get(queued_key(reindex, 13)) == again.id.encode()
+
+
+class SilentBackend(RedisBackend):
+    """A result backend that does not answer reads."""
+
+    def get_task_meta(self, task_id: str, cache: bool = True) -> Any:
+        raise ConnectionError("the backend is down")
+
+
+def test_a_result_backend_that_cannot_be_read_is_a_warning(
+    app: Celery,
+    redis_server: RedisServer,
+    r: redis_py.Redis,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Django probe: the read's failure was dropped without a word, and ``delay()`` returned
+    an ended call's id, logging only the INFO "the same call is queued"."""
+    monkeypatch.setattr(results, "_warned", [-60.0])  # this process may have warned already
+
+    @app.task(base=LockedTask, lock_enqueue=True, lock_by=["n"])
+    def reindex(n: int) -> int:
+        return n
+
+    queued = reindex.delay(14)
+    reindex.backend = SilentBackend(app=app, url=f"{redis_server.url.rsplit('/', 1)[0]}/2")
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.task"):
+        assert reindex.delay(14).id == queued.id
+        assert reindex.delay(14).id == queued.id
+    said = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING]
+    assert said == [
+        f"{reindex.name}[{queued.id}]: could not read the result backend (ConnectionError: the "
+        "backend is down); the call is taken as not ended (its queued marker, if any, is kept)"
+    ]
