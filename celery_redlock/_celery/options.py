@@ -978,11 +978,20 @@ def warn_when_logged(app: Any) -> None:
 
 
 def warn_unknown_settings(app: Any) -> None:
-    """Log each of :func:`unknown_settings` at WARNING, once per app; never raises."""
+    """Log each of :func:`unknown_settings` at WARNING, once per app; never raises.
+
+    The logger is switched back on first: timeline without, (1) the project's module runs a
+    logging configuration that disables the loggers it does not name (Django's ``LOGGING``
+    with ``disable_existing_loggers``, at ``django.setup()``), ours included; (2) the root
+    logger has a handler now, so the app's finalize at worker start warns at once; (3) the
+    warning was dropped, and a misspelt ``CELERY_REDLOCK_URL`` put the locks on the broker's
+    Redis without a trace in the log (the worker switches our loggers on only later)."""
     try:
         messages = unknown_settings(app)
     except Exception:  # a conf that cannot be read is reported by the lock operations
         return
+    if messages:
+        logger.disabled = False
     warned = _warned.setdefault(app, set())
     for message in messages:
         if message not in warned:

@@ -9,8 +9,9 @@ JSON ``null`` leaves it unset), ``REDLOCK_TEST_CONF`` more settings (a JSON obje
 ``limited``, with ``REDLOCK_TEST_LIMIT`` (default 2) executions at once and the task options of
 ``REDLOCK_TEST_OPTIONS`` (a JSON object, ``lock_*`` names). ``REDLOCK_TEST_DICTCONFIG`` set
 makes the module configure logging as a Django ``LOGGING`` with ``disable_existing_loggers``
-does, once the package's loggers exist: at import, or (``setup_logging``) in Celery's
-``setup_logging`` signal, as Celery's recipe for Django does, with a handler on stderr.
+does, once the package's loggers exist: at import (``root``: with a handler on stderr for the
+root logger), or (``setup_logging``) in Celery's ``setup_logging`` signal, as Celery's recipe
+for Django does, with a handler on stderr.
 """
 
 from __future__ import annotations
@@ -53,6 +54,15 @@ if env("DICTCONFIG") == "setup_logging":
             }
         )
 
+elif env("DICTCONFIG") == "root":  # and a handler on the root logger, as Django's LOGGING has
+    logging.config.dictConfig(
+        {
+            "version": 1,
+            "disable_existing_loggers": True,
+            "handlers": {"stderr": {"class": "logging.StreamHandler"}},
+            "root": {"handlers": ["stderr"], "level": "INFO"},
+        }
+    )
 elif env("DICTCONFIG"):
     logging.config.dictConfig({"version": 1, "disable_existing_loggers": True})
 
