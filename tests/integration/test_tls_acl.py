@@ -210,6 +210,15 @@ def test_a_url_without_the_client_certificate_a_server_wants_says_to_give_it(
         "the server may want a client certificate (tls-auth-clients yes): give ssl_certfile "
         "and ssl_keyfile in the URL"
     )
+    error = _every_reader_says(url, fix, redis_server, caplog)
+    assert "cannot reach the lock Redis" in error and fix in error, error
+
+
+def _every_reader_says(
+    url: str, fix: str, redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> str:
+    """Assert that the lock, the asyncio lock and the inventory, connecting to ``url``, raise
+    a ``LockUnavailable`` that says ``fix``; return the startup check's ERROR for it."""
     with pytest.raises(LockUnavailable, match=re.escape(fix)):
         Lock(url, "job", ttl=10).acquire(blocking=False)
 
@@ -220,14 +229,16 @@ def test_a_url_without_the_client_certificate_a_server_wants_says_to_give_it(
         asyncio.run(take())
     with pytest.raises(LockUnavailable, match=re.escape(fix)):
         Inventory(url, "redlock").read("redlock:{job}")
-    app = make_app(redis_server, "tls-no-cert", redlock_url=url)
+    app = make_app(redis_server, "tls-refused", redlock_url=url)
 
     @app.task(base=LockedTask, shared=False)
     def work() -> None: ...
 
-    (error,) = _checked(app, caplog)[logging.ERROR]
-    assert "cannot reach the lock Redis" in error and fix in error, error
-    app.close()
+    try:
+        (error,) = _checked(app, caplog)[logging.ERROR]
+    finally:
+        app.close()
+    return error
 
 
 def test_a_certificate_that_does_not_verify_names_the_ca_option(
@@ -239,25 +250,10 @@ def test_a_certificate_that_does_not_verify_names_the_ca_option(
     check now name ``ssl_ca_certs``."""
     url = f"rediss://redlock:secret@127.0.0.1:{tls.port}/0"
     fix = "the server's certificate does not verify: give the CA that signed it in the URL"
-    with pytest.raises(LockUnavailable, match=re.escape(fix)) as info:
-        Lock(url, "job", ttl=10).acquire(blocking=False)
-    assert "could not be trusted for lock" in str(info.value)
-
-    async def take() -> None:
-        await AsyncLock(url, "job", ttl=10).acquire(blocking=False)
-
-    with pytest.raises(LockUnavailable, match=re.escape(fix)):
-        asyncio.run(take())
-    with pytest.raises(LockUnavailable, match=re.escape(fix)):
-        Inventory(url, "redlock").read("redlock:{job}")
-    app = make_app(redis_server, "tls-untrusted", redlock_url=url)
-
-    @app.task(base=LockedTask, shared=False)
-    def work() -> None: ...
-
-    (error,) = _checked(app, caplog)[logging.ERROR]
+    error = _every_reader_says(url, fix, redis_server, caplog)
     assert "ssl_ca_certs=/path/ca.pem" in error, error
-    app.close()
+    with pytest.raises(LockUnavailable, match="could not be trusted for lock"):
+        Lock(url, "job", ttl=10).acquire(blocking=False)
 
 
 def test_tls_checks_that_the_certificate_names_the_host(tls: TlsServer) -> None:

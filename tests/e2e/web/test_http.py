@@ -66,6 +66,14 @@ def form_fields(page: str, form_id: str) -> dict[str, str]:
     return {name: html.unescape(value) for name, value in pairs}
 
 
+def filtered(page: httpx.Response) -> tuple[list[str], str]:
+    """The keys a locks page lists, and what its banner says the filter selects."""
+    assert page.status_code == 200, page.text
+    banner = re.search(r'id="filtered">(.*?)</p>', page.text)
+    assert banner is not None, page.text
+    return re.findall(r'<tr data-key="([^"]+)"', page.text), banner.group(1)
+
+
 def csrf_field(page: str) -> dict[str, str]:
     found = re.search(r'<meta name="csrf-field" content="([^"]+)" data-value="([^"]+)">', page)
     assert found is not None, page
@@ -81,13 +89,10 @@ def test_release_dead_releases_only_the_locks_the_filter_shows(
     )
     with served(board) as url, httpx.Client(base_url=url, headers=BEARER) as ops:
         page = ops.get("/", params={"task": TASK, "prefix": f"{TASK}:aaaa"})
-        assert page.status_code == 200, page.text
-        assert re.findall(r'<tr data-key="([^"]+)"', page.text) == [html.escape(shown)]
-        banner = re.search(r'id="filtered">(.*?)</p>', page.text)
-        assert banner is not None
-        assert banner.group(1) == (
+        assert filtered(page) == (
+            [html.escape(shown)],
             f"Locks whose name starts with <code>{TASK}:aaaa</code>, of the lock name "
-            f"<code>{TASK}</code>"
+            f"<code>{TASK}</code>",
         )
         form = form_fields(page.text, "release-dead")
         assert form["prefix"] == f"{TASK}:aaaa" and form["lock_name"] == TASK
@@ -113,13 +118,10 @@ def test_the_task_filter_selects_its_own_lock_name_not_a_longer_one(
     )
     with served(board) as url, httpx.Client(base_url=url, headers=BEARER) as ops:
         page = ops.get("/", params={"task": TASK})
-        assert page.status_code == 200, page.text
-        assert re.findall(r'<tr data-key="([^"]+)"', page.text) == [html.escape(own)]
-        banner = re.search(r'id="filtered">(.*?)</p>', page.text)
-        assert banner is not None
-        assert banner.group(1) == (
+        assert filtered(page) == (
+            [html.escape(own)],
             f"Locks whose name starts with <code>{TASK}:</code>, of the lock name "
-            f"<code>{TASK}</code>"
+            f"<code>{TASK}</code>",
         )
         done = ops.post("/action/release-dead", data=form_fields(page.text, "release-dead"))
         assert done.status_code == 200, done.text
