@@ -150,10 +150,11 @@ def _decorate(fun: Any, options: dict[str, Any]) -> Any:
             _WRONG_ORDER.format(name=_label(fun), options=f"({given})" if given else "")
         )
     owner = f"task function {fun.__module__}.{fun.__qualname__}"
-    if fun in WRAPPERS:
+    if inspect.unwrap(fun, stop=lambda f: f in WRAPPERS) in WRAPPERS:
         # Timeline otherwise: the task runs the outer wrapper, which calls the inner one as a
         # plain function (it is not the task's run), so the inner lock was never taken and
-        # calls of its key ran at once, without a word.
+        # calls of its key ran at once, without a word. A decorator between the two
+        # (functools.wraps) hides the inner one no better.
         raise LockConfigError(
             f"{owner}: @single_instance is applied twice; a task takes one lock: expected one "
             "@single_instance (by= naming every parameter of the key), or the second lock "

@@ -158,7 +158,7 @@ def _attempt(
     if not enter(task, request, spec, args, kwargs):
         return None
     running = _running.__dict__.setdefault("ids", [])
-    running.append(request.id)
+    running.append(str(request.id or ""))  # as the owner token spells it
     try:
         result = body()
     except Retry:
@@ -778,9 +778,11 @@ def _on_contended(
 
 
 def _held_around(lock: Lock) -> bool:
-    """Whether ``lock``'s holder is an execution running on this thread, around this call."""
+    """Whether ``lock``'s holder is an execution running on this thread, around this call.
+    Not for a semaphore (``lock_limit`` > 1): the holder read is that of the slot that frees
+    first, and another slot may still free within the wait."""
     holder = _holder(lock)
-    return holder is not None and holder in getattr(_running, "ids", ())
+    return lock.limit == 1 and holder is not None and holder in getattr(_running, "ids", ())
 
 
 def _requeue(
@@ -1020,7 +1022,7 @@ def leave(task: Any, request: Any = None, *, cooldown: bool = True) -> None:
             )
     elif taken and not lock.lost:  # freed by its TTL: unanswered, or answered past the lease
         with contextlib.suppress(SoftTimeLimitExceeded):
-            emit(task, request.id, "unreleased", settings=execution.settings)
+            emit(task, request.id, "unreleased", settings=execution.settings, key=lock.key)
 
 
 @tracing.traced_release

@@ -8,7 +8,9 @@ does not answer, the callers go on as they would without it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import sys
 import threading
 import time
 from typing import Any
@@ -84,22 +86,27 @@ def _stored(task: Any, task_id: str) -> dict[str, Any] | None:
         return dict(backend.get_task_meta(task_id))
     except Exception as exc:
         if type(exc).__name__ == "SynchronousOnlyOperation":
-            return _stored_off_the_loop(task, task_id)
+            return _stored_off_the_loop(task, backend, task_id)
         _unread(task, task_id, exc)
         return None
 
 
-def _stored_off_the_loop(task: Any, task_id: str) -> dict[str, Any] | None:
-    """:func:`_stored`, read from a thread of its own (its database connection, if the
-    backend opens one, goes with the thread)."""
+def _stored_off_the_loop(task: Any, backend: Any, task_id: str) -> dict[str, Any] | None:
+    """:func:`_stored`, read from a thread of its own; the database connections Django opened
+    in it are closed as it ends (each read opens one: the thread's are its own)."""
     found: list[dict[str, Any]] = []
     failed: list[BaseException] = []
 
     def read() -> None:
         try:
-            found.append(dict(task.backend.get_task_meta(task_id)))
+            found.append(dict(backend.get_task_meta(task_id)))
         except Exception as exc:
             failed.append(exc)
+        finally:
+            django_db = sys.modules.get("django.db")
+            if django_db is not None:
+                with contextlib.suppress(Exception):
+                    django_db.connections.close_all()
 
     reader = threading.Thread(target=read, name="redlock-result-read", daemon=True)
     reader.start()
@@ -120,8 +127,8 @@ def _unread(task: Any, task_id: str, exc: BaseException) -> None:
         return
     _warned[0] = now
     logger.warning(
-        "%s[%s]: could not read the result backend (%s: %s); the call is taken as not "
-        "ended (its queued marker, if any, is kept)",
+        "%s[%s]: could not read the result backend (%s: %s); the lock goes on as without a "
+        "result backend (a queued marker of the call is kept, a redelivered copy runs)",
         task.name,
         task_id,
         type(exc).__name__,

@@ -13,8 +13,9 @@ Actions, each refused unless the dashboard was built with ``actions=True``:
   ``celery redlock release`` (:func:`celery_redlock.cli._liveness.verdicts`). Unforced, the
   release also refuses a lock renewed between the read and the delete (one script); forced, it
   deletes the value read whatever its TTL, as ``release --force`` does;
-* ``release-dead`` (``prefix``): the slots, among those the filter selects, whose holder is
-  dead by that verdict (each released unless renewed meanwhile);
+* ``release-dead`` (``prefix``, and ``lock_name`` when the page filtered by a task): the slots,
+  among those the filter selects (names starting with ``prefix``, of that lock name), whose
+  holder is dead by that verdict (each released unless renewed meanwhile);
 * ``clear-marker`` / ``reset-rate`` (``key``, ``fingerprint``): delete an enqueue or
   newest-call marker, or a rate window, if it is unchanged since the page was drawn.
 

@@ -1,9 +1,10 @@
 """The timeline picture: one lane per lock key, holders as bars, other events as marks.
 
 Drawn from entries of the ring (:mod:`celery_redlock._celery.timeline`): a bar runs from a
-task's ``acquired`` to its ``released`` or ``lost`` (or to the right edge while it still
-holds); ``skipped``, ``waited``, ``retried``, ``rate_limited``, ``failed``, ``superseded``,
-``expired``, ``lost`` and ``released`` are marks with a tooltip. Every text from Redis (keys,
+task's ``acquired`` to its ``released``, ``unreleased`` or ``lost`` (or to the right edge while
+it still holds); ``skipped``, ``waited``, ``retried``, ``rate_limited``, ``failed``,
+``superseded``, ``expired``, ``lost``, ``released`` and ``unreleased`` are marks with a
+tooltip. Every text from Redis (keys,
 task names, task ids) is escaped: a lock name is chosen by whoever calls ``Lock(name)``.
 """
 
@@ -22,6 +23,7 @@ __all__ = ["COLORS", "draw"]
 COLORS = {
     "acquired": "#2f7d32",
     "released": "#1565c0",
+    "unreleased": "#64b5f6",
     "skipped": "#ef6c00",
     "waited": "#8e24aa",
     "retried": "#f9a825",
@@ -77,7 +79,7 @@ def draw(
         if event == "acquired":
             holding[lane, task_id] = t
             continue
-        if event in ("released", "lost"):
+        if event in ("released", "unreleased", "lost"):
             since = holding.pop((lane, task_id), start_ms)
             if t >= start_ms:
                 shapes.append((lane, x(since), x(t), e))

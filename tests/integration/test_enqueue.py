@@ -910,5 +910,6 @@ def test_a_result_backend_that_cannot_be_read_is_a_warning(
     said = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING]
     assert said == [
         f"{reindex.name}[{queued.id}]: could not read the result backend (ConnectionError: the "
-        "backend is down); the call is taken as not ended (its queued marker, if any, is kept)"
+        "backend is down); the lock goes on as without a result backend (a queued marker of "
+        "the call is kept, a redelivered copy runs)"
     ]

@@ -15,7 +15,7 @@ import pytest
 import redis as redis_py
 from celery import Celery, Task
 
-from celery_redlock import LockContended, LockedTask, single_instance
+from celery_redlock import Lock, LockContended, LockedTask, lock_key, signals, single_instance
 from celery_redlock.testing import wait_until
 from support.apps import lock_keys
 from support.workers import Holder, running_worker
@@ -152,3 +152,38 @@ def test_a_body_that_applies_its_own_key_fails_at_once_instead_of_waiting(
         said = task.delay(7).get(timeout=60)
     assert "which made this call on this thread and ends only after it" in said, said
     assert "call the task directly (task(...), not apply())" in said
+
+
+@pytest.mark.parametrize("api", APIS)
+def test_a_body_that_applies_its_own_semaphore_still_waits_for_another_slot(
+    app: Celery, redis_url: str, api: str
+) -> None:
+    """Review: the check above failed a semaphore's call at once when the slot read as its
+    holder was the running execution's, though another slot could free within the wait (a
+    holder of the other slot here, released as the inner call begins to wait)."""
+    other: list[Lock] = []
+
+    def freed(sender: Any = None, policy: str = "", **_: Any) -> None:
+        if policy == "wait" and other:
+            other.pop().release()  # the other slot frees during the wait
+
+    def work(account_id: int, nested: bool = False) -> str:
+        if nested:
+            return "the inner call ran"
+        # The other slot, held longer than this execution's: this one reads as the holder.
+        holder = Lock(
+            redis_url, lock_key(task, account_id).removeprefix("redlock:{")[:-1], ttl=100, limit=2
+        )
+        assert holder.acquire(blocking=False)
+        other.append(holder)
+        return str(task.apply((account_id,), {"nested": True}).get())
+
+    task = locked(
+        app, api, work, by=["account_id"], limit=2, on_contention="wait", wait_timeout=60, ttl=30
+    )
+    signals.lock_contended.connect(freed, weak=False)
+    try:
+        with running_worker(app):
+            assert task.delay(8).get(timeout=60) == "the inner call ran"
+    finally:
+        signals.lock_contended.disconnect(freed)

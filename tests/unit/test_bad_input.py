@@ -7,6 +7,7 @@ No Redis is contacted: every URL here is only parsed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 from collections.abc import Iterator
@@ -640,6 +641,19 @@ def test_single_instance_applied_twice_is_refused(app: Celery) -> None:
         "@single_instance (by= naming every parameter of the key), or the second lock taken "
         "in the body with celery_redlock.Lock"
     )
+
+    def regional(account_id: int, region: str) -> None: ...
+
+    def logged(fun: Any) -> Any:
+        @functools.wraps(fun)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return fun(*args, **kwargs)
+
+        return wrapper
+
+    with pytest.raises(LockConfigError, match="@single_instance is applied twice"):
+        # Review: a decorator between the two hid the inner one.
+        single_instance(by=["account_id"])(logged(single_instance(by=["region"])(regional)))
 
 
 def test_a_lock_prefixed_decorator_keyword_says_to_drop_the_prefix() -> None:

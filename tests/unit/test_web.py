@@ -279,3 +279,17 @@ def test_a_log_line_shows_posted_text_escaped_and_cut() -> None:
 )
 def test_the_host_of_a_host_header_has_no_port(header: str, host: str) -> None:
     assert host_of(header) == host
+
+
+def test_a_release_redis_did_not_answer_ends_its_holders_bar() -> None:
+    """Review, session 25: ``unreleased`` (the key freed by its TTL) was recorded in a lane of
+    its own, without the key, and left the holder's bar open to the right edge."""
+    entries = [
+        {"t": 1000, "task": "t", "id": "1", "event": "acquired", "key": "redlock:{k}"},
+        {"t": 2000, "task": "t", "id": "1", "event": "unreleased", "key": "redlock:{k}"},
+    ]
+    svg = ET.fromstring(str(draw(entries, 0, 10_000)))
+    ns = "{http://www.w3.org/2000/svg}"
+    (bar,) = [r for r in svg.iter(f"{ns}rect") if r.get("class") == "bar"]
+    right = float(bar.get("x") or 0) + float(bar.get("width") or 0)
+    assert right < float(svg.get("width") or 0) / 2  # ends at 2 s of 10, not at the edge
