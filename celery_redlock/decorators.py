@@ -54,7 +54,7 @@ from ._celery import (
     routing,
     wiring,  # noqa: F401  (importing it connects the worker receivers)
 )
-from ._celery.identity import OPTIONS_ATTR, WRAPPERS, run_function, spec_of
+from ._celery.identity import OPTIONS_ATTR, WRAPPERS, check_not_stacked, run_function, spec_of
 from ._celery.options import (
     BYPASS,
     OPTIONS,
@@ -150,16 +150,6 @@ def _decorate(fun: Any, options: dict[str, Any]) -> Any:
             _WRONG_ORDER.format(name=_label(fun), options=f"({given})" if given else "")
         )
     owner = f"task function {fun.__module__}.{fun.__qualname__}"
-    if inspect.unwrap(fun, stop=lambda f: f in WRAPPERS) in WRAPPERS:
-        # Timeline otherwise: the task runs the outer wrapper, which calls the inner one as a
-        # plain function (it is not the task's run), so the inner lock was never taken and
-        # calls of its key ran at once, without a word. A decorator between the two
-        # (functools.wraps) hides the inner one no better.
-        raise LockConfigError(
-            f"{owner}: @single_instance is applied twice; a task takes one lock: expected one "
-            "@single_instance (by= naming every parameter of the key), or the second lock "
-            "taken in the body with celery_redlock.Lock"
-        )
     for name in options:
         if name.startswith("lock_") and name[len("lock_") :] in OPTIONS:
             raise LockConfigError(
@@ -201,6 +191,7 @@ def _decorate(fun: Any, options: dict[str, Any]) -> Any:
         # worker start or publish checks).
         spec = spec_of(task)
         if not _runs(task, wrapper):  # a plain call from a task, or a decorator in between
+            check_not_stacked(task)  # or a @single_instance above this one: refused
             return fun(*args, **kwargs)
         call_args = args[1:] if spec is not None and spec.bound else args
         return engine.execute(

@@ -378,7 +378,7 @@ def check_ignored_options(task: Any) -> None:
         task = task._get_current_object()
     if task.__dict__.get("_redlock_read_options"):
         return
-    _check_nothing_between(task.name, run_function(task)[0])
+    _check_nothing_between(task, run_function(task)[0])
     cls = type(task)
     if getattr(cls, OPTIONS_ATTR, None) is not None:  # a LockedTask reads them all
         task.__dict__["_redlock_read_options"] = True
@@ -454,7 +454,7 @@ def spec_of(task: Any) -> Spec | None:
     if cached is not False:
         return cached  # type: ignore[no-any-return]
     fun, bound = run_function(task)
-    _check_nothing_between(task.name, fun)
+    _check_nothing_between(task, fun)
     options = getattr(fun, OPTIONS_ATTR, None) or getattr(type(task), OPTIONS_ATTR, None)
     spec = None
     if options is not None and not _of_celery(fun):
@@ -481,7 +481,7 @@ def _of_celery(fun: Any) -> bool:
     return str(getattr(fun, "__module__", None) or "").partition(".")[0] == "celery"
 
 
-def _check_nothing_between(name: str, fun: Any) -> None:
+def _check_nothing_between(task: Any, fun: Any) -> None:
     """Refuse a decorator between ``@app.task`` and ``@single_instance``: a function that the
     task's ``run`` reaches through ``__wrapped__``, or through the closure of a wrapper (how a
     decorator without ``functools.wraps`` keeps the function it wraps: :func:`_passes_on`), is
@@ -499,7 +499,9 @@ def _check_nothing_between(name: str, fun: Any) -> None:
     released before the commit, and the next holder would read the old rows. A decorator
     that keeps the function elsewhere (an attribute of an object) cannot be seen.
     """
+    name = task.name
     if fun in WRAPPERS:
+        _check_not_stacked(task, fun)
         return
     seen, todo = {id(fun)}, [fun]
     while todo and len(seen) < 100:  # a few decorators deep; a loop is no decorator of ours
@@ -526,6 +528,35 @@ def _check_nothing_between(name: str, fun: Any) -> None:
                 )
             seen.add(id(found))
             todo.append(found)
+
+
+def check_not_stacked(task: Any) -> None:
+    """:func:`_check_not_stacked` at a call: the inner of two stacked wrappers is calling."""
+    run = run_function(task)[0]
+    if run in WRAPPERS:
+        _check_not_stacked(task, run, finalize=True)
+
+
+def _check_not_stacked(task: Any, fun: Any, *, finalize: bool = False) -> None:
+    """Refuse a ``@single_instance`` wrapper ``fun`` (the task's ``run``) over another, with or
+    without decorators between them (``functools.wraps``), unless the inner one is the ``run``
+    of a task of the app: a locked function locked again for a second task, under a lock name
+    of its own, each task taking its own lock. Timeline of two stacked on one function: (1) the
+    task runs the outer wrapper, which takes its lock; (2) it calls the inner one, which is no
+    task's ``run``, as a plain function, unlocked; (3) two calls of the inner key ran at once,
+    without a word. Judged when the app knows all its tasks: finalized (at worker start), or
+    ``finalize`` (at a call, when the inner wrapper finds itself called plainly: never while
+    the app finalizes, when some of its tasks are not made yet)."""
+    inner = inspect.unwrap(getattr(fun, "__wrapped__", fun), stop=lambda f: f in WRAPPERS)
+    if inner is fun or inner not in WRAPPERS or not (finalize or task.app.finalized):
+        return
+    if any(run_function(other)[0] is inner for other in list(task.app.tasks.values())):
+        return
+    raise LockConfigError(
+        f"task {task.name}: @single_instance is applied twice; a task takes one lock: "
+        "expected one @single_instance (by= naming every parameter of the key), or the "
+        "second lock taken in the body with celery_redlock.Lock"
+    )
 
 
 def _passes_on(wrapper: Any, kept: Any) -> bool:

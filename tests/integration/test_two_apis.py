@@ -15,7 +15,15 @@ import pytest
 import redis as redis_py
 from celery import Celery, Task
 
-from celery_redlock import Lock, LockContended, LockedTask, lock_key, signals, single_instance
+from celery_redlock import (
+    Lock,
+    LockConfigError,
+    LockContended,
+    LockedTask,
+    lock_key,
+    signals,
+    single_instance,
+)
 from celery_redlock.testing import wait_until
 from support.apps import lock_keys
 from support.workers import Holder, running_worker
@@ -187,3 +195,23 @@ def test_a_body_that_applies_its_own_semaphore_still_waits_for_another_slot(
             assert task.delay(8).get(timeout=60) == "the inner call ran"
     finally:
         signals.lock_contended.disconnect(freed)
+
+
+def test_two_stacked_single_instance_fail_the_call_that_reaches_the_inner_one(
+    app: Celery,
+) -> None:
+    """Probe: of two stacked ``@single_instance``, the inner lock was never taken, and calls
+    of its key ran at once. Where no worker start refused it (an eager call in an app not
+    finalized), the call fails when it reaches the inner wrapper, before the body."""
+    ran: list[int] = []
+
+    @app.task(shared=False)
+    @single_instance(by=["account_id"], name="per-account")
+    @single_instance(by=["region"], name="per-region")
+    def sync(account_id: int, region: str) -> None:
+        ran.append(account_id)
+
+    result = sync.apply((1, "eu"))
+    assert isinstance(result.result, LockConfigError), result.result
+    assert "@single_instance is applied twice" in str(result.result)
+    assert ran == []

@@ -7,7 +7,6 @@ No Redis is contacted: every URL here is only parsed.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import re
 from collections.abc import Iterator
@@ -622,38 +621,6 @@ def test_the_decorator_keyword_on_a_locked_task_is_refused_naming_the_task_optio
     message = str(info.value)
     assert "task bad.task: option by=['account_id'] is not a LockedTask option" in message
     assert "lock_by=" in message
-
-
-def test_single_instance_applied_twice_is_refused(app: Celery) -> None:
-    """Probe: the inner of two stacked ``@single_instance`` was never taken (the task runs the
-    outer wrapper, which calls the inner as a plain function), and two calls of its key ran at
-    once without a word."""
-    with pytest.raises(LockConfigError) as info:
-
-        @app.task
-        @single_instance(by=["account_id"], name="per-account")
-        @single_instance(by=["region"], name="per-region")
-        def sync(account_id: int, region: str) -> None: ...
-
-    assert str(info.value) == (
-        f"task function {__name__}.test_single_instance_applied_twice_is_refused.<locals>.sync: "
-        "@single_instance is applied twice; a task takes one lock: expected one "
-        "@single_instance (by= naming every parameter of the key), or the second lock taken "
-        "in the body with celery_redlock.Lock"
-    )
-
-    def regional(account_id: int, region: str) -> None: ...
-
-    def logged(fun: Any) -> Any:
-        @functools.wraps(fun)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return fun(*args, **kwargs)
-
-        return wrapper
-
-    with pytest.raises(LockConfigError, match="@single_instance is applied twice"):
-        # Review: a decorator between the two hid the inner one.
-        single_instance(by=["account_id"])(logged(single_instance(by=["region"])(regional)))
 
 
 def test_a_lock_prefixed_decorator_keyword_says_to_drop_the_prefix() -> None:

@@ -700,6 +700,29 @@ def test_decorators_below_single_instance_and_autoretry_are_accepted(bare_app: C
     assert lock_key_of(relocked, 1).startswith("redlock:{other:")
 
 
+@pytest.mark.parametrize("between", [False, True], ids=["stacked", "decorator-between"])
+def test_single_instance_applied_twice_is_refused(bare_app: Celery, between: bool) -> None:
+    """Probe: the inner of two stacked ``@single_instance`` was never taken (the task runs the
+    outer wrapper, which calls the inner as a plain function), and two calls of its key ran
+    at once without a word; a decorator between the two hid it too (review). Refused at worker
+    start, and at a call; a locked function locked again for another task, which takes its
+    own lock, is not (the test above)."""
+    bare_app.conf.update(redlock_url=LOCK_URL)
+
+    def regional(account_id: int, region: str) -> None: ...
+
+    inner = single_instance(by=["region"], name="per-region")(regional)
+    outer = single_instance(by=["account_id"], name="per-account")
+    bare_app.task(shared=False, name="proj.stacked")(outer(_logged(inner) if between else inner))
+    with pytest.raises(LockConfigError) as info:
+        check_app(bare_app)
+    assert str(info.value) == (
+        "task proj.stacked: @single_instance is applied twice; a task takes one lock: expected "
+        "one @single_instance (by= naming every parameter of the key), or the second lock "
+        "taken in the body with celery_redlock.Lock"
+    )
+
+
 # -- unknown settings and how a settings error reads (issue 24, items 3, 7 and 9) -------------
 
 
