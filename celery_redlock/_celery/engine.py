@@ -989,9 +989,10 @@ def leave(task: Any, request: Any = None, *, cooldown: bool = True) -> None:
     """Release the lock of the attempt behind ``request`` (default: the current one).
 
     Idempotent and never raises: a Redis error is a WARNING (the lock then expires by TTL), and
-    the task's result is unchanged. A release that did not free the key, counted ``unreleased``
-    (no signal): Redis did not answer it, or answered after the lease had ended, when the
-    key had expired. Timeline without the count: (1) the release is sent; (2) Redis stalls
+    the task's result is unchanged. A release not seen to free the key, counted ``unreleased``
+    (no signal): Redis did not answer it (a stalled Redis may still run it once it wakes), or
+    answered after the lease had ended, when the key had expired; its TTL frees it at the
+    latest. Timeline without the count: (1) the release is sent; (2) Redis stalls
     past the lease; (3) the key expires, and the release finds nothing; (4) ``acquired``
     counted the lock, and nothing counted its end: an alert on ``acquired - released - lost``
     saw a lock leaked. With ``lock_cooldown`` the key is kept that many seconds,
@@ -1047,7 +1048,7 @@ def _release(task: Any, request: Any, lock: Lock, keep: float = 0) -> bool:
             # Its lease ended (logged as an ERROR): its key has expired meanwhile.
             "its lease had already ended"
             if lock.lost
-            else f"it will expire within {lock.ttl:.0f}s",
+            else f"it expires within {lock.ttl:.0f}s unless Redis still runs the release",
             exc,
         )
         return False

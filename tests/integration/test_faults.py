@@ -467,5 +467,5 @@ def test_a_release_that_fails_after_the_lease_ended_does_not_say_the_key_will_ex
             assert outlives.apply().get() is True
     said = [r.getMessage() for r in caplog.records if "could not release" in r.getMessage()]
     assert len(said) == 1, said
-    assert "will expire within" not in said[0]
+    assert "expires within" not in said[0]
     assert "its lease had already ended" in said[0]
