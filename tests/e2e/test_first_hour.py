@@ -94,8 +94,9 @@ def test_the_pool_children_start_and_run_a_call_without_a_traceback(
     with WorkerProcess(server.port, "w4", app=APP, concurrency=2, args=["-Q", "fresh"]) as fresh:
         results = [client.send_task(f"{APP}.echo", (n,), queue="fresh") for n in (1, 2)]
         assert [r.get(timeout=30) for r in results] == [1, 2]
+        for result in results:  # a child writes its line after the result: wait for it
+            fresh.wait_for_log(rf"ForkPoolWorker-\d+\] Task \S+\[{result.id}\] succeeded")
         text = fresh.text()
-    assert "ForkPoolWorker" in text  # the children logged: their lines are in this log
     assert "raised exception" not in text and "Traceback" not in text, text
 
 
