@@ -674,12 +674,7 @@ def run_fault(
             "window": [window.start - start, window.end - start],
             "limit": fault.limit,
             "schedule": [{**n, "at": n["at"] - start} for n in run.notes],
-            "details": {
-                "overlaps": verdict.overlaps_unexplained[:10],
-                "lost": verdict.lost_calls[:10],
-                "leftover": verdict.leftover_keys[:10],
-                "inversions": verdict.token_inversions[:10],
-            },
+            "details": verdict.details(),
         }
     finally:
         heal(run)

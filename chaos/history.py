@@ -72,9 +72,15 @@ instant overlap even if one body took no time.
    store write whose writer was never admitted for that key (a violation: nothing judged it);
    and **mistokened writes**: a store write whose token is none its writer was admitted with
    for that key (a violation: a body writes through its own token; this also catches a call
-   admitted without a token that wrote after all);
+   admitted without a token that wrote after all); and **misreported writes**: a ``write``
+   whose outcome (``accepted``) the store's log does not show for that key, writer and
+   token, as often as it was recorded (a violation: the body was told a write was accepted
+   that never committed, or refused when the store applied it). A store write with no
+   ``write`` event is no violation: a worker killed between the two records it no further;
 6. **lost calls**: a submitted call with no final state, or any call whose final state is
-   outside :data:`FINAL_STATES` (of two ``final`` events, the later one counts);
+   outside :data:`FINAL_STATES` (of two ``final`` events, the later one counts); and
+   **unsubmitted calls**: a call admitted, writing or ended that the harness never submitted
+   (a violation: a run whose records lost their start would hide its calls from the rest);
 7. **leftover keys**: lock keys present after the run (given by the harness);
 8. **an empty history**: no call submitted at all proves nothing (:attr:`Verdict.empty`:
    the verdict is not ok, so the harness reports the phase failed and runs the next one);
@@ -95,7 +101,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,7 +160,7 @@ class Event:
             kind=kind,
             key=str(data.get("key", "")),
             token=_token(data.get("token"), where),
-            accepted=data.get("accepted"),
+            accepted=_accepted(data.get("accepted"), kind, where),
             state=data.get("state"),
             run=_run(data.get("run"), kind, where),
             since=None if data.get("since") is None else _time(data["since"], f"{where}: since"),
@@ -170,6 +176,12 @@ def _time(value: Any, what: str) -> float:
 def _token(value: Any, where: str) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
         raise ValueError(f"{where}: token={value!r} is no whole number")
+    return value
+
+
+def _accepted(value: Any, kind: str, where: str) -> bool | None:
+    if (kind == "write" or value is not None) and not isinstance(value, bool):
+        raise ValueError(f"{where}: accepted={value!r} is neither true nor false")
     return value
 
 
@@ -247,7 +259,11 @@ class Verdict:
     unadmitted_writes: list[tuple[str, str]] = field(default_factory=list)
     #: Store writes with a token none of their writer's admissions of that key had.
     mistokened_writes: list[StoreWrite] = field(default_factory=list)
+    #: ``write`` events whose outcome the store's log does not show.
+    misreported_writes: list[Event] = field(default_factory=list)
     lost_calls: list[str] = field(default_factory=list)
+    #: Calls with events but no ``submitted`` one.
+    unsubmitted_calls: list[str] = field(default_factory=list)
     leftover_keys: list[str] = field(default_factory=list)
     states: dict[str, int] = field(default_factory=dict)
     #: Calls admitted with their lock already lost (no token, no write): no holders.
@@ -271,7 +287,9 @@ class Verdict:
             or self.shared_tokens
             or self.unadmitted_writes
             or self.mistokened_writes
+            or self.misreported_writes
             or self.lost_calls
+            or self.unsubmitted_calls
             or self.leftover_keys
             or self.empty
             or self.untested
@@ -291,7 +309,9 @@ class Verdict:
             "shared_tokens": len(self.shared_tokens),
             "unadmitted_writes": len(self.unadmitted_writes),
             "mistokened_writes": len(self.mistokened_writes),
+            "misreported_writes": len(self.misreported_writes),
             "lost_calls": len(self.lost_calls),
+            "unsubmitted_calls": len(self.unsubmitted_calls),
             "leftover_keys": len(self.leftover_keys),
             "admitted_lost": self.admitted_lost,
             "empty": self.empty,
@@ -299,6 +319,31 @@ class Verdict:
             "inversions_explained": dict(self.inversions_explained),
             "states": dict(self.states),
         }
+
+    def details(self, most: int = 10) -> dict[str, list[Any]]:
+        """The first ``most`` of each kind of violation found, for a report: the count alone
+        does not say which write, key or call to look for."""
+        found = {
+            "overlaps": self.overlaps_unexplained,
+            "stale_writes_accepted": self.stale_accepted,
+            "wrong_rejections": self.wrong_rejections,
+            "inversions": self.token_inversions,
+            "shared_tokens": self.shared_tokens,
+            "unadmitted_writes": self.unadmitted_writes,
+            "mistokened_writes": self.mistokened_writes,
+            "misreported_writes": self.misreported_writes,
+            "lost": self.lost_calls,
+            "unsubmitted": self.unsubmitted_calls,
+            "leftover": self.leftover_keys,
+        }
+        return {kind: [_shown(v) for v in items[:most]] for kind, items in found.items() if items}
+
+
+def _shown(value: Any) -> Any:
+    """A violation as JSON can show it: a write or an event as its fields."""
+    if isinstance(value, (StoreWrite, Event)):
+        return {k: v for k, v in vars(value).items() if v not in (None, "")}
+    return value
 
 
 def holdings(events: Iterable[Event]) -> list[Holding]:
@@ -348,6 +393,9 @@ def _explained(a: Holding, b: Holding, windows: Sequence[Window]) -> Window | No
     begin = max(a.admitted, b.admitted)
     # The earlier holder's acquire may have run before the fault and its admission been
     # recorded after it (a busy worker): its task's start (``since``) says when it could be.
+    # The records cannot tell that holder from one whose acquire merely began before the
+    # fault and was granted after it, so such a pair is explained too: a limit of the check,
+    # which a holder's ``since`` narrows to the time its acquire was under way.
     first = min(h.admitted if h.since is None else min(h.since, h.admitted) for h in (a, b))
     for w in windows:
         if w.limit is None or not w.start <= begin <= w.end:
@@ -448,8 +496,17 @@ def check(
     for event in unheld:
         if (event.key, event.call) not in verdict.unadmitted_writes:
             verdict.unadmitted_writes.append((event.key, event.call))
+    writes = sorted(writes, key=lambda w: w.seq)
+    logged = Counter((w.key, w.writer, w.token, w.accepted) for w in writes)
+    for event in sorted(events, key=lambda e: e.at):
+        if event.kind == "write" and event.accepted is not None:
+            told = (event.key, event.call, event.token, event.accepted)
+            if logged[told]:
+                logged[told] -= 1
+            else:
+                verdict.misreported_writes.append(event)
     best: dict[str, StoreWrite] = {}
-    for w in sorted(writes, key=lambda w: w.seq):
+    for w in writes:
         if (w.key, w.writer) not in admitted and (w.key, w.writer) not in verdict.unadmitted_writes:
             verdict.unadmitted_writes.append((w.key, w.writer))
         elif (w.key, w.writer) in admitted and w.token not in tokens[(w.key, w.writer)]:
@@ -479,6 +536,8 @@ def check(
         verdict.states[state or "none"] = verdict.states.get(state or "none", 0) + 1
         if state not in FINAL_STATES:
             verdict.lost_calls.append(call)
+    recorded = {e.call for e in events if e.kind in BODY_KINDS or e.kind == "final"}
+    verdict.unsubmitted_calls = sorted(recorded - submitted) if submitted else []
     tokened = any(h.token is not None for held in by_key.values() for h in held)
     verdict.untested = bool(submitted) and not (tokened and verdict.accepted)
     return verdict

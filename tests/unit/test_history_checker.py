@@ -381,6 +381,8 @@ def test_a_limit_that_loses_the_tokens_explains_a_later_holder_s_smaller_or_equa
         ({"at": 1.0, "call": "a", "kind": "write", "token": 1.9}, "token=1.9 is no whole"),
         ({"at": 1.0, "call": "a", "kind": "write", "token": True}, "token=True is no whole"),
         ({"call": "a", "kind": "submitted"}, "lacks at"),
+        ({"at": 1.0, "call": "a", "kind": "write", "accepted": "yes"}, "accepted='yes' is neither"),
+        ({"at": 1.0, "call": "a", "kind": "write", "token": 3}, "accepted=None is neither"),
     ],
 )
 def test_a_record_the_checker_would_misjudge_is_refused_naming_the_field(
@@ -390,7 +392,8 @@ def test_a_record_the_checker_would_misjudge_is_refused_naming_the_field(
     holding (the run passed); a NaN time broke the sort; ``1.9`` was cut to token 1."""
     with pytest.raises(ValueError, match=says):
         Event.from_dict(record)
-    assert Event.from_dict({"at": 1, "call": "a", "kind": "write", "token": 3}).run == ""
+    write = {"at": 1, "call": "a", "kind": "write", "token": 3, "accepted": True}
+    assert Event.from_dict(write).run == ""
 
 
 def test_a_limit_whose_stale_holder_predates_the_fault_explains_only_overlaps_with_it() -> None:
@@ -417,3 +420,37 @@ def test_a_holder_whose_task_began_before_the_fault_may_be_the_stale_one() -> No
     late[1] = Event(2.0, "a", "admitted", "k", token=5, since=1.1)
     verdict = check([*late, *call("b", "k", 6, 3.0, 5.0)], [], window)
     assert verdict.ok and verdict.overlaps_explained == {"clock stepped forward": 1}
+
+
+def test_a_write_reported_otherwise_than_the_store_logged_it_is_a_violation() -> None:
+    """Helper probe, round 3: the checker never compared a body's ``accepted`` with the
+    store's log, so a write reported accepted that never committed passed."""
+    events = [
+        *call("a", "k", 10, 1, 2),
+        Event(1.5, "a", "write", "k", token=10, accepted=True),
+        *call("b", "k", 11, 3, 4),
+        Event(3.5, "b", "write", "k", token=11, accepted=True),
+    ]
+    logged = [StoreWrite(1, "k", 10, True, "a"), StoreWrite(2, "k", 11, True, "b")]
+    assert check(events, logged).ok
+    missing = check(events, logged[:1])
+    assert [(e.call, e.token) for e in missing.misreported_writes] == [("b", 11)]
+    assert not missing.ok
+    assert missing.details()["misreported_writes"] == [
+        {"at": 3.5, "call": "b", "kind": "write", "key": "k", "token": 11, "accepted": True}
+    ]
+    refused = check(events, [logged[0], StoreWrite(2, "k", 11, False, "b")])
+    assert len(refused.misreported_writes) == 1 and not refused.ok
+    twice = [*events, Event(3.6, "b", "write", "k", token=11, accepted=True)]
+    assert len(check(twice, logged).misreported_writes) == 1  # one logged write, told twice
+    elsewhere = [*call("a", "k", 10, 1, 2), Event(1.5, "a", "write", "j", 10, True)]
+    assert check(elsewhere, logged[:1]).misreported_writes == elsewhere[-1:]  # its key
+
+
+def test_a_call_the_harness_never_submitted_is_a_violation() -> None:
+    """Helper probe, round 3: a call admitted and writing, with no ``submitted`` and no
+    ``final`` (records cut at the front), passed."""
+    phantom = [e for e in call("p", "k", 11, 3, 4) if e.kind not in ("submitted", "final")]
+    verdict = check(call("a", "k", 10, 1, 2) + phantom, [])
+    assert verdict.unsubmitted_calls == ["p"] and not verdict.ok
+    assert verdict.details() == {"unsubmitted": ["p"]}
