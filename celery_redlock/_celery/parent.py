@@ -45,6 +45,8 @@ from celery.worker import state as worker_state
 from kombu.asynchronous import get_event_loop
 
 from .. import signals
+from .._redis.core import GIVE_BACK_FOR
+from .._redis.givebacks import give_back
 from .._redis.keys import keys_for
 from .._redis.lock import release_attempt
 from ..exceptions import LockUnavailable
@@ -266,35 +268,57 @@ def release_for_dead_child(request: Any) -> None:
     here for one death, in either order. Timeline otherwise: (1) the reaper sees the child
     gone and releases ("released the lock of dead child"); (2) Celery notices the death up
     to 5 s later, and ``on_failure`` releases again: a second round trip on the event loop,
-    and "died holding no lock of this call", contradicting (1). One that Redis did not
-    answer is tried again by the next."""
+    and "died holding no lock of this call", contradicting (1).
+
+    A release that Redis does not answer is sent again in the background (the give-backs'
+    thread: growing delays up to 1 s, for up to 10 minutes) until Redis answers. Timeline
+    otherwise: (1) the lock Redis stops answering; (2) a child holding a ``lock_ttl=3600``
+    lock is killed, and both releases fail; (3) Redis answers again seconds later, but the
+    dead child's key stays for the rest of its hour, and every call of the key meanwhile is
+    skipped. Owner-checked, so a late release never frees a successor's lock."""
     pid = request.worker_pid
     if not pid or request.__dict__.get("_redlock_parent_released"):
         return  # never accepted by a child (it took no lock), or released already
     task = request.task
     try:
         spec = spec_of(task)
-        if spec is None or spec.options.limit is None:  # lock_limit=None takes no lock
+        limit = None if spec is None else spec.options.limit
+        if spec is None or limit is None:  # lock_limit=None takes no lock
             return
         settings = settings_for(task.app)
         name = lock_name_for(task, spec, request.args, request.kwargs)
-        released = release_attempt(
-            settings.url,
-            name,
-            settings.prefix,
-            request.id,
-            request.hostname,
-            pid,
-            limit=spec.options.limit,
-            timeout=1.0,
-            keep=spec.options.cooldown,
-        )
+        key = keys_for(settings.prefix, name).lock
+
+        def release() -> bool:
+            released = release_attempt(
+                settings.url,
+                name,
+                settings.prefix,
+                request.id,
+                request.hostname,
+                pid,
+                limit=limit,
+                timeout=1.0,
+                keep=spec.options.cooldown,
+            )
+            if released:
+                logger.info(
+                    "%s[%s]: released the lock of dead child %s", task.name, request.id, pid
+                )
+                emit(task, request.id, "released", signals.lock_released, key=key, by="parent")
+            return released
+
+        released = release()
     except LockUnavailable as exc:
+        request.__dict__["_redlock_parent_released"] = True
+        give_back(key, release, what=f"the release of dead child {pid}'s lock")
         logger.warning(
-            "%s[%s]: child %s died; could not release its lock, it will expire by TTL: %s",
+            "%s[%s]: child %s died; could not release its lock, which is released once Redis "
+            "answers again (tried for up to %.0f minutes; else it expires by TTL): %s",
             task.name,
             request.id,
             pid,
+            GIVE_BACK_FOR / 60,
             exc,
         )
     except Exception:
@@ -303,11 +327,7 @@ def release_for_dead_child(request: Any) -> None:
         )
     else:
         request.__dict__["_redlock_parent_released"] = True
-        if released:
-            logger.info("%s[%s]: released the lock of dead child %s", task.name, request.id, pid)
-            key = keys_for(settings.prefix, name).lock
-            emit(task, request.id, "released", signals.lock_released, key=key, by="parent")
-        else:  # said too, so that a missing line above is never a silent path
+        if not released:  # said too, so that a missing line above is never a silent path
             logger.info(
                 "%s[%s]: child %s died holding no lock of this call (not taken, released by "
                 "the child as it unwound, or expired): nothing to release",

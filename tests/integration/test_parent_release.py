@@ -17,6 +17,8 @@ from celery_redlock import Lock, LockedTask
 from celery_redlock._celery.identity import lock_name_for, spec_of
 from celery_redlock._celery.options import settings_for
 from celery_redlock._celery.parent import release_for_dead_child
+from celery_redlock.testing import RedisServer, wait_until
+from support.apps import make_app
 
 
 def test_a_dead_childs_lock_is_released_once_and_said_once(
@@ -44,3 +46,38 @@ def test_a_dead_childs_lock_is_released_once_and_said_once(
     said = [record.getMessage() for record in caplog.records]
     assert said == [f"parent.job[call-1]: released the lock of dead child {os.getpid()}"]
     assert r.exists(held.key) == 0
+
+
+def test_a_release_redis_did_not_answer_is_sent_again_once_it_answers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Restart probe, round 3: (1) the lock Redis goes down; (2) a child holding a
+    ``lock_ttl=120`` lock dies, and the main process's releases fail; (3) Redis is back
+    seconds later, but the key stayed for its 120 s, every call of its key skipped."""
+    with RedisServer(args=["--appendonly", "yes", "--appendfsync", "always"]) as server:
+        app = make_app(server, "parent.outage")
+
+        @app.task(base=LockedTask, name="parent.outage.job", lock_ttl=120)
+        def job(n: int) -> None: ...
+
+        spec = spec_of(job)
+        assert spec is not None
+        settings = settings_for(app)
+        name = lock_name_for(job, spec, (1,), {})
+        held = Lock(settings.url, name, prefix=settings.prefix, owner="call-1", host="w1@host")
+        assert held.acquire(blocking=False)
+        request = types.SimpleNamespace(
+            task=job, args=(1,), kwargs={}, id="call-1", hostname="w1@host", worker_pid=os.getpid()
+        )
+        server.stop()
+        with caplog.at_level(logging.INFO, logger="celery_redlock"):
+            release_for_dead_child(request)  # the reaper
+            release_for_dead_child(request)  # on_failure: the first one's give-back is enough
+            server.start()  # its append-only file kept the dead child's key
+            client = server.client()
+            wait_until(lambda: not client.exists(held.key), 10, "the dead child's key released")
+            client.close()
+            done = f"parent.outage.job[call-1]: released the lock of dead child {os.getpid()}"
+            wait_until(lambda: done in caplog.text, 5, "the release said")
+        assert caplog.text.count("could not release its lock") == 1
+        assert "released once Redis answers again" in caplog.text
