@@ -63,6 +63,7 @@ from .aionodes import (
     cleaning,
     give_back,
     guarded,
+    holding,
     in_background,
     keep,
     loop_hubs,
@@ -237,6 +238,8 @@ class Lock(LockCore):
                 taken = await self.do_wait(timeout)
             if _cancels() > asked:  # a cancellation dropped on the way (hazard 6)
                 raise asyncio.CancelledError
+            if taken:
+                holding(self)
             return taken
         except BaseException as exc:
             token = self._token

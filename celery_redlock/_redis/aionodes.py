@@ -116,11 +116,11 @@ def in_background(undo: Callable[[], Awaitable[object]]) -> None:
 def guarded(undo: Callable[[], Awaitable[T]]) -> asyncio.Future[T]:
     """The task of ``undo()``'s first run, as :func:`in_background` runs it: run once more if
     the loop's shutdown cancels it, and waited for by that shutdown. For a clean-up whose
-    caller awaits it (a release): timeline without, under uvicorn's
-    ``--timeout-graceful-shutdown``: (1) a holder inside ``async with lock:`` is cancelled;
-    (2) its release starts, in a task of its own; (3) the server's main task returns, and
-    ``asyncio.run`` cancels every task left, that release among them, before it went out;
-    (4) the key stays held until its TTL, and nothing says so."""
+    caller awaits it (a release): timeline without: (1) a holder inside ``async with lock:``
+    is cancelled; (2) its release starts, in a task of its own; (3) the main task returns,
+    and ``asyncio.run`` cancels every task left, that release among them, before it went
+    out; (4) the key stays held until its TTL, and nothing says so. A server that exits
+    without that shutdown (uvicorn raises SIGTERM again) needs :func:`wait_released`."""
     return _start(undo, _loop_state(asyncio.get_running_loop()), last=False)
 
 
@@ -224,7 +224,7 @@ class _LoopState:
     """What this module keeps for one running loop: its clients built from URLs, and the
     clean-ups under way, which its shutdown waits for before it closes the clients."""
 
-    __slots__ = ("cleanups", "clients", "hubs", "keeper", "last")
+    __slots__ = ("cleanups", "clients", "holders", "hubs", "keeper", "last")
 
     def __init__(self) -> None:
         self.clients: dict[tuple[str, float | None], Any] = {}
@@ -234,6 +234,8 @@ class _LoopState:
         #: The clean-ups run again (:func:`_again`): never cancelled by the shutdown.
         self.last: set[asyncio.Future[Any]] = set()
         self.keeper: Any = None
+        #: The locks acquired in this loop (:func:`wait_released`), until collected.
+        self.holders: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 _per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
@@ -285,6 +287,52 @@ async def _at_shutdown(
             with contextlib.suppress(Exception):
                 await client.aclose()
                 await client.connection_pool.disconnect()
+
+
+def holding(lock: Any) -> None:
+    """Count ``lock``, just acquired, among the running loop's holders (:func:`wait_released`)."""
+    _loop_state(asyncio.get_running_loop()).holders.add(lock)
+
+
+async def wait_released(timeout: float = SHUTDOWN_WAIT) -> bool:
+    """Wait until no lock acquired in the running loop is held and every release and give-back
+    under way has ended, at most ``timeout`` seconds; whether they all did (else a WARNING).
+
+    For an ASGI app's lifespan shutdown, which a server runs after it cancels the handlers and
+    before it exits. Timeline it closes, under uvicorn with ``--timeout-graceful-shutdown`` and
+    SIGTERM (Kubernetes, systemd and docker stop with it): (1) a handler holds a lock; (2) the
+    graceful timeout cancels it, and its release starts on the way out of ``async with``; (3)
+    the lifespan shutdown ends, the server returns and raises SIGTERM again, with Python's
+    default handler: the process ends at once, before ``asyncio.run``'s shutdown would wait
+    for the release (:func:`in_background`); (4) the key stays held by nobody until its TTL.
+    A lock held by a task that is not ending (the caller's own, a background task still
+    running) keeps it waiting until ``timeout``.
+    """
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+        raise ValueError(f"wait_released timeout must be seconds >= 0, got {timeout!r}")
+    loop = asyncio.get_running_loop()
+    state = _loop_state(loop)
+    deadline = loop.time() + timeout
+    while True:
+        held = [lock.key for lock in list(state.holders) if lock.held]
+        if not held and not state.cleanups:
+            return True
+        left = deadline - loop.time()
+        if left <= 0:
+            logger.warning(
+                "%d lock(s) still held and %d release(s) or give-back(s) under way after %g s "
+                "(%s); their keys expire by their TTL",
+                len(held),
+                len(state.cleanups),
+                timeout,
+                ", ".join(sorted(held)[:5]) or "none held",
+            )
+            return False
+        await asyncio.sleep(min(_RELEASE_POLL, left))
+
+
+#: Seconds between two looks of :func:`wait_released`.
+_RELEASE_POLL = 0.01
 
 
 def loop_hubs() -> Hubs:

@@ -897,7 +897,7 @@ def test_importing_the_asyncio_lock_loads_no_celery() -> None:
         from celery_redlock.asyncio import Lock
         assert Lock.__module__ == "celery_redlock._redis.aiolock"
         import celery_redlock.asyncio as public
-        assert public.__all__ == ["Lock"]
+        assert public.__all__ == ["Lock", "wait_released"]
         print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in ("celery", "kombu"))))
         """
     )
