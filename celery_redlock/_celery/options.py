@@ -294,7 +294,8 @@ OPTIONS: dict[str, Option] = {
             "on_contention",
             None,
             "'skip', 'retry', 'fail', 'wait' or None",
-            "What a call does when its key is held; None uses redlock_on_contention.",
+            "What a call does when its key is held; None uses redlock_on_contention ('retry' "
+            "under a lock_rate, lock_enqueue='replace' or a lock_debounce).",
             choice(POLICIES, none=True),
         ),
         Option(
@@ -335,9 +336,9 @@ OPTIONS: dict[str, Option] = {
             "False, True ('keep'), 'until_executed' or 'replace'",
             "De-duplicate at enqueue time: 'keep' (True) returns the queued call's AsyncResult; "
             "'until_executed' too, and also while that call runs (these two: LockedTask only); "
-            "'replace' publishes the new call and the queued one ends like a skip (pair it with "
-            "on_contention 'wait': under 'skip' the newest call is skipped while a run of its "
-            "key is in progress).",
+            "'replace' publishes the new call and the queued one ends like a skip (unset, "
+            "lock_on_contention is then 'retry': under 'skip' the newest call would be skipped "
+            "while a run of its key is in progress).",
             _enqueue,
         ),
         Option(
@@ -491,7 +492,7 @@ def _check_mixes(owner: str, values: Mapping[str, Any]) -> None:
         raise LockConfigError(
             f"{owner}: option lock_debounce={debounce!r} is invalid with "
             f"lock_enqueue={values['enqueue']!r} "
-            "(a debounce runs the last call, 'keep' the first); expected lock_enqueue=False or "
+            "(a debounce runs the last call, that mode the first); expected lock_enqueue=False or "
             "'replace'"
         )
 
@@ -768,7 +769,8 @@ SETTINGS: dict[str, Setting] = {
             "`'skip'`",
             "'skip', 'retry', 'fail', 'wait'",
             "Policy of tasks whose lock_on_contention is None (except tasks with a lock_rate, "
-            "which retry: a rate never drops a call).",
+            "lock_enqueue='replace' or a lock_debounce, which retry: they never drop the newest "
+            "call).",
             _as(choice(POLICIES)),
         ),
         Setting(
@@ -1018,11 +1020,16 @@ _settings: dict[int, tuple[weakref.ref[Any], Settings]] = {}
 
 def contention_policy(options: TaskLockOptions, settings: Settings) -> str:
     """The task's ``lock_on_contention``; unset, ``retry`` under a ``lock_rate`` (a rate never
-    drops a call: it delays it, as Celery's ``rate_limit`` does), else ``redlock_on_contention``.
+    drops a call: it delays it, as Celery's ``rate_limit`` does) and under ``replace`` or a
+    debounce (the newest call is never dropped: timeline under ``skip``, (1) a run of key 7
+    is in progress; (2) the newest call of 7, its last edit, starts and finds the key held;
+    (3) it ends unrun, and the edit is lost), else ``redlock_on_contention``.
     """
     if options.on_contention is not None:
         return options.on_contention
-    return "retry" if options.rate is not None else settings.on_contention
+    if options.rate is not None or supersedes(options):
+        return "retry"
+    return settings.on_contention
 
 
 def supersedes(options: TaskLockOptions) -> bool:

@@ -750,3 +750,17 @@ def test_a_refused_call_names_what_the_acl_user_needs(
         assert f"the ACL user needs {needs}" in warning, warning
         admin.close()
         app.close()
+
+
+@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("option", [{"enqueue": "replace"}, {"debounce": 0.1}])
+def test_unset_the_policy_retries_so_the_newest_call_runs_after_the_running_one(
+    h: Holder, app: Celery, api: str, option: dict[str, Any]
+) -> None:
+    """Features probe, round 3: under the default ``skip``, the newest call, finding an
+    older run of its key in progress, ended unrun; the last arguments never ran."""
+    ran, reindex = holding_reindex(h)
+    task = define(app, api, reindex, by=["doc"], retry_countdown=0.2, **option)
+    _, results = queued_behind(h, app, task, [1], 2, "the newest call to find the key held")
+    assert results == [1]
+    assert ran == [0, 1]
