@@ -47,6 +47,7 @@ to threads too):
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import functools
 import logging
@@ -191,6 +192,8 @@ class Lock(LockCore):
 
     nodes: Nodes
     _renewer: asyncio.Task[None] | None = None
+    #: The end of a renewal of another thread's loop, stopped by a release (:meth:`release`).
+    _renewal_ending: concurrent.futures.Future[None] | None = None
     _kind = "asyncio Lock"
 
     def _connect(self, redis: Target) -> Nodes:
@@ -262,7 +265,23 @@ class Lock(LockCore):
         cancelled meanwhile (the cancellation is re-raised after).
         """
         token = self._release_token(keep)  # the renewal stopped
-        self._released(await finish(functools.partial(self.do_release, token, keep)))
+        ending, self._renewal_ending = self._renewal_ending, None
+        self._released(await finish(functools.partial(self._release_after, ending, token, keep)))
+
+    async def _release_after(
+        self, ending: concurrent.futures.Future[None] | None, token: str, keep: float
+    ) -> bool:
+        """Release once a renewal of another thread's loop has ended (at most a lease later).
+
+        Timeline otherwise, on a quorum (loops in two threads run at once): (1) loop A's
+        renewal is due and starts its extend, which re-asserts the key where it is missing;
+        (2) loop B's release asks A to cancel it and sends its deletes at once; (3) A's extend
+        reaches a node after the delete there, and writes the key again: held by nobody for a
+        lease. On one loop the renewal's commands leave before the release's, or not at all.
+        """
+        if ending is not None:
+            await asyncio.wait((asyncio.wrap_future(ending),), timeout=self.ttl)
+        return await self.do_release(token, keep)
 
     async def extend(self, ttl: float | None = None) -> None:
         """Reset the remaining TTL to ``ttl`` seconds (default: the lock's ttl), owner-checked.
@@ -379,6 +398,7 @@ class Lock(LockCore):
             done, _ = await asyncio.wait((call,), timeout=wait)
         except BaseException:
             call.cancel()
+            await asyncio.wait((call,))  # ended before the renewal is (Lock._release_after)
             raise
         if not done:
             call.cancel()
@@ -414,7 +434,7 @@ class Lock(LockCore):
             if loop is _running_loop():
                 renewer.cancel()
             else:
-                loop.call_soon_threadsafe(renewer.cancel)
+                self._renewal_ending = asyncio.run_coroutine_threadsafe(_ended(renewer), loop)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -515,6 +535,13 @@ class Lock(LockCore):
         if self._token == token:
             self._token = None
             self._stop_renewal()
+
+
+async def _ended(renewer: asyncio.Task[None]) -> None:
+    """Cancel ``renewer`` in its own loop, and return once it has ended (its extend's commands
+    sent, or never: :meth:`Lock.renew_step`)."""
+    renewer.cancel()
+    await asyncio.wait((renewer,))
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -798,6 +798,39 @@ def test_a_lock_renewed_by_a_loop_in_another_thread_is_released_from_this_one(
         loop.close()
 
 
+def test_a_release_from_another_loop_waits_for_that_loop_s_renewal_to_end(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """Asgi probe, round 3: on a quorum, loop A's renewal, due as loop B released, re-asserted
+    the key after B's deletes (5 of 240 tries): held by nobody for a lease. B's release now
+    waits until A's renewal has ended; here A is blocked for a second (the injected fault),
+    so a release that did not wait returned with the renewal still pending."""
+    lock = Lock(redis_url, NAME, ttl=5, auto_renew=True)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever)
+    thread.start()
+    blocked = threading.Event()
+
+    def block() -> None:
+        blocked.set()
+        time.sleep(1.0)  # the fault: loop A does not run for a second
+
+    try:
+        assert asyncio.run_coroutine_threadsafe(lock.acquire(blocking=False), loop).result(10)
+        renewer = lock._renewer
+        assert renewer is not None
+        loop.call_soon_threadsafe(block)
+        assert blocked.wait(10)
+        asyncio.run(lock.release())
+        assert renewer.done()  # ended in loop A before the release was sent
+        assert not r.exists(KEY) and not lock.held
+    finally:
+        asyncio.run_coroutine_threadsafe(loop.shutdown_asyncgens(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
 def test_renewal_detects_a_key_deleted_by_someone_else(
     redis_url: str, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
