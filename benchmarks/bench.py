@@ -791,6 +791,24 @@ def populate(client: redis.Redis, url: str, locks: int, task_names: int) -> floa
     return time.perf_counter() - start
 
 
+def lock_url(server: RedisServer) -> str:
+    """The URL the sections give the package's locks: the server's own, which names db 0
+    already (``RedisServer.url`` ends in ``/0``; appending another ``/0`` made it invalid)."""
+    return server.url
+
+
+def check_urls(urls: Sequence[str]) -> None:
+    """Fail at once, not minutes into the run, on a URL the package would refuse."""
+    from celery_redlock._redis.clients import validate_url
+
+    for url in urls:
+        try:
+            validate_url(url)
+        except ValueError as exc:
+            message = f"benchmark setup error: {url!r} is not a valid Redis URL: {exc}"
+            raise SystemExit(message) from None
+
+
 def section_ops(lock_server: RedisServer, size: dict[str, Any]) -> dict[str, Any]:
     env = {
         **os.environ,
@@ -808,7 +826,7 @@ def section_ops(lock_server: RedisServer, size: dict[str, Any]) -> dict[str, Any
     client.flushall()
     empty = {name: run_child(cmd, env) for name, cmd in commands.items()}
     progress(f"  populating {size['ops_locks']} held locks over {size['ops_tasks']} task names")
-    populate_s = populate(client, lock_server.url + "/0", size["ops_locks"], size["ops_tasks"])
+    populate_s = populate(client, lock_url(lock_server), size["ops_locks"], size["ops_tasks"])
     dbsize = client.dbsize()
     used = int(client.info("memory")["used_memory"])
     out: dict[str, Any] = {
@@ -868,7 +886,9 @@ def section_quorum(size: dict[str, Any]) -> dict[str, Any]:
 
 def section_asyncio(server: RedisServer, size: dict[str, Any]) -> dict[str, Any]:
     runs = asyncio.run(
-        bench_asyncio.measure(server.url, size["async_pairs"], size["rounds"], size["async_warmup"])
+        bench_asyncio.measure(
+            lock_url(server), size["async_pairs"], size["rounds"], size["async_warmup"]
+        )
     )
     rates = {name: median(values) for name, values in runs.items()}
     return {"runs": runs, "median_rate": rates, "ratio": rates["ours"] / rates["redis-py"]}
@@ -1067,6 +1087,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         env = results["environment"] = environment(server)
         env["cpu_model"] = cpu_model()
         env["peers"] = peer_versions()
+        check_urls([lock_url(server)])
         runners: dict[str, Callable[[], dict[str, Any]]] = {
             "pairs": lambda: section_pairs(server, size),
             "waiters": lambda: section_waiters(server, size),

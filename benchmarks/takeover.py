@@ -44,6 +44,7 @@ from celery import Celery
 from celery.result import AsyncResult
 
 from benchmarks._common import environment
+from celery_redlock._redis.keys import LockKeys, glob_escape, waiter_channel
 from celery_redlock.testing import RedisServer, wait_until
 from support.procfs import pid_alive
 from support.workers import WorkerProcess
@@ -196,9 +197,19 @@ class Bench:
         return float(value)  # type: ignore[arg-type]
 
     def waiting(self, lock: str) -> bool:
-        """Whether some execution is blocked waiting for ``lock`` (subscribed to its channel)."""
-        channel = f"{lock}:released"
-        return bool(dict(self.locks.pubsub_numsub(channel)).get(channel.encode()))
+        """Whether some execution is blocked waiting for ``lock``.
+
+        A single-node waiter subscribes to a channel of its own (``<lock>:released:<id>``),
+        then queues in ``<lock>:waiters``: blocked = queued, with some subscriber on one of
+        the per-waiter channels. (A semaphore's or quorum's waiter would listen on the shared
+        ``<lock>:released`` channel instead: counted too.)
+        """
+        keys = LockKeys(lock, (lock,))
+        if self.locks.zcard(keys.waiters) and self.locks.pubsub_channels(
+            glob_escape(waiter_channel(keys, "")) + "*"
+        ):
+            return True
+        return bool(dict(self.locks.pubsub_numsub(keys.channel)).get(keys.channel.encode()))
 
     def hold(
         self, key: str, name: str, queue: str | None = None, waiter: bool = True, **kwargs: Any
@@ -411,13 +422,18 @@ class Ending:
 
 ENDINGS = [
     Ending(
-        "return", "return", "body returns", "child: after_return", body_ending("return"), quick=True
+        "return",
+        "return",
+        "body returns",
+        "child: as the body returns (engine)",
+        body_ending("return"),
+        quick=True,
     ),
     Ending(
         "exception",
         "exception",
         "body raises",
-        "child: after_return",
+        "child: as the body raises (engine)",
         body_ending("raise"),
         quick=True,
     ),
@@ -429,12 +445,18 @@ ENDINGS = [
         body_ending("retry"),
         quick=True,
     ),
-    Ending("ignore", "Ignore", "body raises Ignore", "child: task_postrun", body_ending("ignore")),
+    Ending(
+        "ignore",
+        "Ignore",
+        "body raises Ignore",
+        "child: as Ignore leaves the body (engine)",
+        body_ending("ignore"),
+    ),
     Ending(
         "hard_limit",
         "hard time limit",
         "limit fires (log)",
-        "child: task_postrun",
+        "child: unwinding from SIGTERM (engine)",
         hard_limit("sleep"),
         quick=True,
     ),
@@ -459,7 +481,7 @@ ENDINGS = [
         "revoke_term",
         "revoke(terminate) SIGTERM",
         "revoke sent",
-        "child: task_postrun",
+        "child: unwinding from SIGTERM (engine)",
         revoke("SIGTERM"),
     ),
     Ending(
@@ -474,7 +496,7 @@ ENDINGS = [
         "cold_shutdown",
         "cold shutdown (SIGQUIT)",
         "SIGQUIT",
-        "child: task_postrun",
+        "child: unwinding from SIGQUIT (engine)",
         cold_shutdown,
         roles=("shared", "cold"),
     ),
@@ -500,8 +522,9 @@ NOTES = [
     "the child's broker connection (~20 ms more between release and publish).",
     f"child SIGKILL (with or without acks_late): Celery notices a dead child at once or only "
     f"at its periodic maintain_pool tick, up to ~{MAINTAIN_POOL_S:g} s later (see "
-    "worker_noticed_s in the JSON); the main process releases as soon as it notices. That "
-    "delay is Celery's, it is real, and it shows in the max.",
+    "worker_noticed_s in the JSON); the main process does not wait for that: it looks for "
+    "dead children of locked executions every 0.1 s and releases then. Celery's delay still "
+    "shows in the requeued message's next start (acks_late).",
     "revoke SIGKILL: the main process releases right after sending the kill, without waiting "
     "for Celery to notice the dead child.",
     f"hard limit: from the main process's 'Hard time limit' log line (1 ms resolution); the "

@@ -9,6 +9,7 @@ what tasks record about themselves.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import types
 import uuid
@@ -22,6 +23,24 @@ from celery import Celery, _state
 from celery_redlock.testing import RedisServer
 from support.apps import make_app
 from support.workers import Holder
+
+
+@pytest.fixture(scope="session")
+def postgres() -> str:
+    """The local PostgreSQL's DSN (database ``test``, user ``postgres``, trust auth), once it
+    answers. Without one, the test is skipped, naming what it needs; where
+    ``REDLOCK_TEST_REQUIRE_POSTGRES=1`` (``.ci/run``), it fails instead, so a run that lost its
+    PostgreSQL cannot pass by skipping."""
+    psycopg = pytest.importorskip("psycopg")
+    dsn = "host=127.0.0.1 port=5432 dbname=test user=postgres"
+    try:
+        psycopg.connect(f"{dsn} connect_timeout=5").close()
+    except psycopg.OperationalError as exc:
+        if os.environ.get("REDLOCK_TEST_REQUIRE_POSTGRES") == "1":
+            raise
+        why = " ".join(str(exc).split())
+        pytest.skip(f"needs a PostgreSQL at '{dsn}' with trust auth ({why})")
+    return dsn
 
 
 @pytest.fixture(autouse=True)

@@ -16,7 +16,7 @@ from chaos.history import check
 
 
 @pytest.fixture
-def store() -> Iterator[FencedStore]:
+def store(postgres: str) -> Iterator[FencedStore]:
     s = FencedStore(f"t{secrets.token_hex(6)}")
     s.create()
     yield s

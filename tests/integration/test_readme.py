@@ -88,7 +88,7 @@ def point_at(code: str, server: RedisServer, schema: str) -> str:
 
 
 @pytest.fixture
-def pg_schema() -> Iterator[str]:
+def pg_schema(postgres: str) -> Iterator[str]:
     """A PostgreSQL schema of this test's own: the guide's table lives there, dropped after."""
     psycopg = pytest.importorskip("psycopg")
     name = f"readme_{secrets.token_hex(6)}"
@@ -347,8 +347,10 @@ def test_every_python_block_runs(
     namespace: dict[str, Any],
     redis_server: RedisServer,
     redis_url: str,
-    pg_schema: str,
+    request: pytest.FixtureRequest,
 ) -> None:
+    # Only a doc with the fenced-store recipe needs PostgreSQL (else skipped without one).
+    pg_schema = request.getfixturevalue("pg_schema") if PG_DSN in doc.read_text() else ""
     shared_before = set(_state._on_app_finalizers)
     runs: list[Ran] = []
 
