@@ -111,6 +111,7 @@ def check_lock_options(
     header = None
     if raw and task is not None and spec is None:
         _warn_unlocked(name, raw)
+        _routing.unlocked = name
     elif raw:
         header = calls.take(f"task {name}", raw)
     if spec is not None and supersedes(spec.options) and not _inside(task):
@@ -208,6 +209,17 @@ def note(task: Any) -> None:
     """
     _routing.task = task
     _routing.lock_name = None
+    _routing.unlocked = None
+
+
+def routed_unlocked(name: str) -> bool:
+    """Whether this thread's last routed call was of task ``name`` that takes no lock, its
+    ``lock_*`` options warned about as ignored (:func:`_warn_unlocked`); once. The receiver
+    then drops them: validated, a bad one was an ERROR at every publish saying the worker
+    would fail the call, which the worker runs (a beat entry's options, at every tick)."""
+    unlocked = getattr(_routing, "unlocked", None)
+    _routing.unlocked = None
+    return bool(unlocked == name)
 
 
 def routed_task(name: str) -> Any:

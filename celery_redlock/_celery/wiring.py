@@ -207,10 +207,24 @@ def check_beat_schedule(sender: Any = None, **_: Any) -> None:
     entries still run. Entries of a scheduler of another kind are not read: django-celery-beat
     copies them into its database without the options it does not know (``lock_*``, and
     ``expires`` too), so an ERROR for them would be false.
+
+    The app's ``redlock_*`` settings are checked too, whatever the scheduler, when the app
+    has a locked task: a bad one (``redlock_lease = -1``) refused every publish that reads
+    them (``lock_enqueue``, ``replace``, a debounce) from the first tick on, where a worker
+    refuses to start.
     """
+    app: Any = getattr(sender, "app", None)
+    if app is not None and any(spec_of(task) is not None for task in app.tasks.values()):
+        try:
+            settings_for(app)
+        except LockConfigError as exc:
+            logger.error(
+                "celery beat: %s; until fixed, the calls it sends with lock_enqueue or a "
+                "lock_debounce are refused, and workers refuse to start",
+                exc,
+            )
     if not _schedules_from_conf(getattr(sender, "scheduler_cls", None)):
         return
-    app: Any = getattr(sender, "app", None)
     schedule = getattr(getattr(app, "conf", None), "beat_schedule", None)
     if app is None or not isinstance(schedule, dict):
         return
@@ -339,7 +353,10 @@ def _on_before_task_publish(
     ``send_task``); release before a retry or a replacement of the running attempt is
     published (see the module docstring), without cooldown: the call is not finished. A retry
     published by the lock keeps ``retries``: it holds no lock."""
-    if headers is not None and properties:
+    if properties and routing.routed_unlocked(sender):  # ignored, and said so by the router
+        for name in [n for n in properties if isinstance(n, str) and n.startswith("lock_")]:
+            del properties[name]
+    elif headers is not None and properties:
         calls.move_from_properties(sender, headers, properties)
     task = current_task._get_current_object()
     if task is None or not headers:

@@ -233,3 +233,33 @@ def test_a_chord_with_lock_options_and_an_unlocked_body_completes(app: Celery, a
     with running_worker(app, concurrency=2):
         done = chord([locked.s(), locked.s()], plain_body.s()).apply_async(lock_wait_timeout=5)
         assert done.get(timeout=20) == 2
+
+
+def test_an_unlocked_task_s_lock_options_are_one_warning_not_an_error_per_call(
+    app: Celery, broker: redis_py.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Beat probe, round 3: a beat entry's ``lock_ttl='abc'`` on a task that takes no lock
+    gave the WARNING that it is ignored, then at every tick an ERROR saying the worker would
+    fail the call, which the worker ran."""
+
+    @app.task(shared=False, name="routing.heartbeat")
+    def heartbeat() -> int:
+        return 1
+
+    with caplog.at_level(logging.WARNING, logger="celery_redlock"):
+        heartbeat.apply_async(lock_ttl="abc")
+        heartbeat.apply_async(lock_ttl="abc")
+    said = [(rec.levelname, rec.getMessage()) for rec in caplog.records]
+    assert said == [
+        (
+            "WARNING",
+            "task routing.heartbeat takes no lock, so the per-call option lock_ttl is ignored (a "
+            "task with base=LockedTask or @single_instance reads it; a group or chord passes its "
+            "options to every part, a published chain to its first step)",
+        )
+    ]
+    for message in published(broker):
+        assert "redlock" not in message["headers"]
+        assert not [n for n in message["properties"] if n.startswith("lock_")]
+    with running_worker(app):
+        assert heartbeat.apply_async(lock_ttl="abc").get(timeout=10) == 1

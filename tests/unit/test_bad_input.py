@@ -1026,6 +1026,23 @@ def test_a_beat_entry_with_a_refused_lock_option_is_logged_when_beat_starts(
     ]
 
 
+def test_a_bad_setting_is_logged_when_beat_starts(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Beat probe, round 3: ``redlock_lease = -1`` with a ``lock_enqueue`` task in a beat
+    entry: beat started without a word, and every tick was refused from then on."""
+    declare(app, lock_enqueue=True)
+    app.conf.redlock_lease = -1
+    with caplog.at_level(logging.ERROR, logger="celery_redlock.worker"):
+        signals.beat_init.send(sender=Beat(app=app))
+    assert [r.getMessage() for r in caplog.records] == [
+        "celery beat: app 'bad': setting redlock_lease=-1 is invalid; expected a number of "
+        "seconds > 0 (at least 0.001: whole milliseconds) and <= 315360000; until fixed, the "
+        "calls it sends with lock_enqueue or a lock_debounce are refused, and workers refuse to "
+        "start"
+    ]
+
+
 def test_a_beat_whose_scheduler_keeps_its_entries_elsewhere_is_not_checked(
     app: Celery, caplog: pytest.LogCaptureFixture
 ) -> None:
