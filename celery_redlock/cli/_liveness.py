@@ -1,7 +1,8 @@
 """Whether the holder of a lock is alive: a control ping, and the lock's own renewal.
 
 A holder is *alive* when its worker (the node name ``name@host`` stored in the lock's token)
-answers a control ping within ``--timeout`` seconds, **or** when its task renews its lock and
+answers a control command (``stats``) within ``--timeout`` seconds with the holder's pid among
+its processes (:class:`Heard`), **or** when its task renews its lock and
 the lease was set (acquired or renewed) within the last two thirds of the lease
 (:data:`RENEWED_WITHIN`): a renewing holder resets its TTL to ``redlock_lease`` every
 ``lease / 3``, so a TTL above a third of the lease proves a holder that was alive that recently,
@@ -146,9 +147,54 @@ COOLING = Verdict(
 )
 
 
-def _ping(app: Any, destination: list[str] | None, timeout: float) -> set[str]:
-    """Node names of the workers that answer a control ping (``None``: every worker),
-    without waiting for the timeout once every destination answered.
+class Heard(str):
+    """A worker's liveness (``alive``, ``dead``, ``unknown``), with the ids of the processes
+    of a live worker that may hold a lock (:attr:`pids`; ``None`` when not known). A ``str``,
+    so that what was heard is kept and compared as the state it is.
+
+    The processes are the worker's main process and its prefork pool children, from its
+    ``stats`` reply. Timeline they tell apart: (1) worker ``w1`` runs a ``lock_ttl=3600``
+    task; (2) it is SIGKILLed and restarted under the same name (a redeploy, a crash loop);
+    (3) ``release --dead`` pings ``w1``, hears it, and kept the dead process's lock "alive"
+    for the rest of its hour, every call of its key skipped. The holder's pid is now none of
+    the live ``w1``'s, so its lock is judged as one whose worker did not answer.
+    """
+
+    pids: frozenset[int] | None
+
+    def __new__(cls, state: str, pids: frozenset[int] | None = None) -> Heard:
+        heard = super().__new__(cls, state)
+        heard.pids = pids
+        return heard
+
+
+#: The pools whose tasks run in the worker's main process (prefork lists its children).
+_IN_MAIN = frozenset(
+    f"celery.concurrency.{name}" for name in ("thread", "solo", "gevent", "eventlet")
+)
+
+
+def _processes(stats: Any) -> frozenset[int] | None:
+    """The ids of the processes of a worker that may hold a lock, from its ``stats`` reply;
+    ``None`` for a pool whose processes it does not list (a pool of another package)."""
+    if not isinstance(stats, Mapping):
+        return None
+    main, pool = stats.get("pid"), stats.get("pool")
+    if isinstance(main, bool) or not isinstance(main, int) or not isinstance(pool, Mapping):
+        return None
+    children = pool.get("processes")
+    if isinstance(children, list) and all(type(pid) is int for pid in children):
+        return frozenset([main, *children])
+    if str(pool.get("implementation", "")).partition(":")[0] in _IN_MAIN:
+        return frozenset([main])
+    return None
+
+
+def _ping(app: Any, destination: list[str] | None, timeout: float) -> dict[str, Heard]:
+    """The workers that answer a control command (``stats``; ``None``: every worker), with
+    their processes (:class:`Heard`), without waiting for the timeout once every destination
+    answered. Two answers under one name (two workers started with the same ``-n``) leave
+    its processes unknown: either one's children could be the holder.
 
     On a connection of its own that tries each broker of the URL once (a failover list's next
     one after a failure), without sleeping between tries: a broker that is down fails the
@@ -177,16 +223,23 @@ def _ping(app: Any, destination: list[str] | None, timeout: float) -> set[str]:
                 # Past kombu's blocking read of replies (polling_interval, 1 s by default)
                 poll = float(options.get("polling_interval") or 1.0)
                 options.setdefault("socket_timeout", max(timeout, poll) + connect)
-            replies = app.control.ping(
-                destination=destination, timeout=timeout, limit=limit, connection=connection
+            replies = app.control.broadcast(
+                "stats",
+                destination=destination,
+                reply=True,
+                timeout=timeout,
+                limit=limit,
+                connection=connection,
             )
     except Exception as exc:
         raise click.ClickException(
             f"cannot ping workers through the broker ({redact(exc)})"
         ) from exc
-    answered: set[str] = set()
+    answered: dict[str, Heard] = {}
     for reply in replies or []:
-        answered.update(reply)
+        for name, stats in reply.items():
+            pids = None if name in answered else _processes(stats)
+            answered[name] = Heard(ALIVE, pids)
     return answered
 
 
@@ -196,7 +249,7 @@ def _spelling(name: str) -> str:
     return name.replace("|", "_")
 
 
-def liveness(app: Any, hosts: Iterable[str], timeout: float) -> dict[str, str]:
+def liveness(app: Any, hosts: Iterable[str], timeout: float) -> dict[str, Heard]:
     """``alive``/``dead``/``unknown`` per holder host, with one control ping for all workers.
 
     A worker's node name is ``name@host``; any other host (a lock taken outside a worker, an
@@ -208,14 +261,16 @@ def liveness(app: Any, hosts: Iterable[str], timeout: float) -> dict[str, str]:
     """
     hosts = set(hosts)
     workers = sorted(h for h in hosts if "@" in h)
-    answered = _ping(app, workers, timeout) if workers else set()
+    answered = _ping(app, workers, timeout) if workers else {}
     silent = [h for h in workers if h not in answered and "_" in h]
     lookalikes: set[str] = set()
     if silent:
         everyone = {_spelling(name) for name in _ping(app, None, timeout)}
         lookalikes = {h for h in silent if _spelling(h) in everyone}
     return {
-        h: ALIVE if h in answered else UNKNOWN if "@" not in h or h in lookalikes else DEAD
+        h: answered[h]
+        if h in answered
+        else Heard(UNKNOWN if "@" not in h or h in lookalikes else DEAD)
         for h in hosts
     }
 
@@ -314,7 +369,8 @@ def verdict(
         return COOLING
     host = lock.holder.host
     state = pinged.get(host, UNKNOWN)
-    if state == ALIVE:
+    pids = getattr(state, "pids", None)
+    if state == ALIVE and (pids is None or lock.holder.pid in pids):
         return Verdict(ALIVE, f"its worker {host} answers a control ping")
     if state == UNKNOWN:
         if "@" not in host:
@@ -324,13 +380,19 @@ def verdict(
             f"its worker {host} did not answer under that name, but a live worker answers "
             "under a similar one, so its liveness is unknown",
         )
-    silent = (
-        f"its worker {host} does not answer a control ping (a worker in warm shutdown "
-        "stops answering at once)"
-    )
+    if state == ALIVE:  # its worker answers, and the holder's process is none of its own
+        silent = unanswered = (
+            f"its worker {host} answers, but its process {lock.holder.pid} is none of that "
+            "worker's (restarted under the same name, or a pool child that died)"
+        )
+    else:
+        silent = (
+            f"its worker {host} does not answer a control ping (a worker in warm shutdown "
+            "stops answering at once)"
+        )
+        unanswered = f"its worker {host} did not answer a control ping within {timeout}s"
     if capped(lock, lease):
         return Verdict(UNKNOWN, f"{silent}, and {_CAPPED}")
-    unanswered = f"its worker {host} did not answer a control ping within {timeout}s"
     age = lease_age(lock, lease)
     if age is not None and age < lease * RENEWED_WITHIN:
         return _recent(silent, age, lease, renewal)

@@ -7,6 +7,7 @@ and lets its tasks finish); a test that needs a dead worker starts and SIGKILLs 
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -204,3 +205,31 @@ def test_a_quorum_lock_is_listed_while_a_majority_holds_it() -> None:
         b.client().delete(lock.key)
         assert store.read(lock.key) is None  # 1 of 3: not held
         app.close()
+
+
+def test_a_lock_of_a_process_its_live_worker_no_longer_has_is_dead(
+    server: RedisServer, w1: WorkerProcess, client: Celery, records: redis_py.Redis
+) -> None:
+    """Restarts probe, round 3: a worker restarted under its name (or a pool child that died
+    while its worker lives) answers the ping, so the dead process's ``lock_ttl=120`` lock was
+    "alive" and kept by ``release --dead`` for its whole TTL. The holder here is this test's
+    process, stored as w1's: w1 answers, but that pid is none of its processes."""
+    alive = client.send_task(HOLD, args=("pids",))
+    started(records, "pids")
+    settings = settings_for(client)
+    stale = Lock(settings.url, "restarted-holder", ttl=120, host=f"w1@{HOST}")
+    assert stale.acquire()
+    by_id = {i["task_id"]: i for i in json.loads(cli(server.port, "ls", "--json").stdout)}
+    alive_key = by_id[alive.id]["key"]
+
+    shown = cli(server.port, "inspect", stale.key)
+    assert shown.returncode == 0, shown.stderr
+    assert f"its worker w1@{HOST} answers, but its process {os.getpid()} is none" in shown.stdout
+
+    done = cli(server.port, "release", "--dead")
+    assert done.returncode == 0, done.stderr
+    assert f"released {stale.key}" in done.stdout
+    assert f"kept {alive_key}" in done.stdout and "worker alive" in done.stdout
+    assert not stale.locked() and redis_py.Redis(port=server.port).exists(alive_key)
+    records.rpush("go:pids", 1)
+    assert alive.get(timeout=10) == "pids"

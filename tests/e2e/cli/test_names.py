@@ -33,16 +33,19 @@ def test_a_worker_named_with_a_pipe_is_alive_and_its_lock_is_kept(
     node = f"w|x@{HOST}"
     with WorkerProcess(server.port, "w|x", app="tests.e2e.tooling_app", args=["-Q", "pipe"]):
         result = client.send_task(HOLD, args=("pipe",), queue="pipe")
-        started(records, "pipe")
+        child = started(records, "pipe")["pid"]  # a pool child, which stays in the pool
         listed = json.loads(cli(server.port, "ls", "--json").stdout)
         records.rpush("go:pipe", 1)
         assert result.get(timeout=10) == "pipe"
         (task_lock,) = [i for i in listed if i["task_id"] == result.id]
         assert task_lock["host"] == node  # the worker's real name, as it answers to it
 
-        # A lock stored the same way (held here, so that it outlives the CLI calls).
+        # A lock stored the same way (held here, so that it outlives the CLI calls), as that
+        # child's: a pid none of the worker's processes has is a dead holder's.
         held = Lock(url, f"pipe-{secrets.token_hex(4)}", ttl=60, owner="t-1", host=node)
         assert held.acquire(blocking=False)
+        secret, _pid, rest = locks.get(held.key).decode().split("|", 2)
+        assert locks.set(held.key, f"{secret}|{child}|{rest}", keepttl=True)
         # A token that stored the name as w_x@host (the older spelling): no worker answers
         # under it, but a live one answers under a similar name, so its liveness is unknown.
         legacy = f"redlock:{{legacy-{secrets.token_hex(4)}}}"
@@ -62,8 +65,7 @@ def test_a_worker_named_with_a_pipe_is_alive_and_its_lock_is_kept(
             assert "released 0 lock(s)" in dead.stdout
             assert held.locked() and locks.exists(legacy)
         finally:
-            locks.delete(legacy)
-            held.release()
+            locks.delete(legacy, held.key)
 
 
 def test_control_characters_in_a_lock_name_are_escaped_in_every_row(server: RedisServer) -> None:
