@@ -19,7 +19,9 @@ from celery_redlock.cli._liveness import (
     RENEWED,
     UNKNOWN,
     UNSURE,
+    Heard,
     Renewal,
+    _processes,
     checked_wait,
     renewals,
     unpinged,
@@ -248,3 +250,36 @@ def test_an_app_whose_tasks_cannot_be_read_leaves_every_lock_unsure() -> None:
     lock = task_lock("renewals.fixed", 13.0, 12.0, None)
     found = renewals(app, [lock])[lock.key]
     assert found.kind == UNSURE and "the app's tasks cannot be read (LockConfigError)" in found.why
+
+
+@pytest.mark.parametrize(
+    ("stats", "pids"),
+    [
+        ({"pid": 10, "pool": {"processes": [11, 12]}}, {10, 11, 12}),  # prefork
+        ({"pid": 10, "pool": {"implementation": "celery.concurrency.thread:TaskPool"}}, {10}),
+        ({"pid": 10, "pool": {"implementation": "celery.concurrency.solo:TaskPool"}}, {10}),
+        ({"pid": 10, "pool": {"implementation": "their.pool:Pool"}}, None),  # not listed
+        ({"pid": True, "pool": {"processes": []}}, None),
+        ({"pool": {"processes": [11]}}, None),
+        ({"pid": 10, "pool": {"processes": [11, "12"]}}, None),
+        ("not stats", None),
+    ],
+)
+def test_a_worker_s_processes_are_read_from_its_stats_reply_or_left_unknown(
+    stats: object, pids: set[int] | None
+) -> None:
+    """Restarts probe, round 3: a pid judged against a pool whose processes are not listed
+    would call a live holder dead, and ``release --dead`` would free its lock."""
+    found = _processes(stats)
+    assert (None if found is None else set(found)) == pids
+
+
+def test_a_holder_whose_pid_its_answering_worker_lacks_is_judged_as_unanswered() -> None:
+    lock = held(120.0)  # a TTL above the lease: no renewed lease's
+    assert lock.holder is not None
+    host = lock.holder.host
+    mine = Heard(ALIVE, frozenset({lock.holder.pid}))
+    assert verdict(lock, {host: mine}, 1.0, LEASE).state == ALIVE
+    assert verdict(lock, {host: Heard(ALIVE)}, 1.0, LEASE).state == ALIVE  # pids unknown
+    gone = verdict(lock, {host: Heard(ALIVE, frozenset({1}))}, 1.0, LEASE)
+    assert gone.state == DEAD and "is none of that worker's" in gone.reason
