@@ -52,6 +52,7 @@ from .clients import (
     gives_cert,
     gives_client_cert,
     is_cluster,
+    missing_tls_files,
     node_name,
     redact_url,
     uses_tls,
@@ -444,7 +445,8 @@ class SingleNode(QueueRules):
         except Exception as exc:
             if classify(exc) not in (Outcome.UNAVAILABLE, Outcome.REFUSED):
                 raise
-            raise unavailable(exc, key, self.names, self.node.tls, self.node.cert) from exc
+            missing = missing_tls_files(self.node.target, exc)
+            raise unavailable(exc, key, self.names, self.node.tls, self.node.cert, missing) from exc
 
     async def _run(self, source: str, call: Call, key: str) -> Any:
         try:

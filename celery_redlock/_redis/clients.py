@@ -404,6 +404,25 @@ def missing_files(url: str) -> list[str]:
     ]
 
 
+def missing_tls_files(target: Any, error: BaseException) -> list[str]:
+    """The TLS files that ``target`` (a URL or a client) was given and that do not exist here,
+    as ``name=path``, when ``error`` is a file not found (else none): redis-py's "Error 2
+    connecting to ... No such file or directory." names no file."""
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, FileNotFoundError):
+        cause = cause.__cause__ or cause.__context__
+    if cause is None and "No such file or directory" not in str(error):
+        return []
+    if isinstance(target, str):
+        return missing_files(target)
+    kwargs = getattr(getattr(target, "connection_pool", None), "connection_kwargs", None) or {}
+    return [
+        f"{name}={kwargs[name]}"
+        for name in _TLS_FILES
+        if isinstance(kwargs.get(name), str) and not os.path.exists(kwargs[name])
+    ]
+
+
 def gives_client_cert(url: str) -> bool:
     """Whether ``url`` gives a TLS client certificate (``ssl_certfile``)."""
     return any(name == "ssl_certfile" for name, _ in parse_qsl(urlsplit(url).query))

@@ -384,10 +384,13 @@ def unavailable(
     names: tuple[str, ...],
     tls: bool | None = None,
     client_cert: bool | None = None,
+    missing: Sequence[str] = (),
 ) -> LockUnavailable:
     """The :class:`LockUnavailable` for ``exc`` (no answer, or a refusal) from node ``names``,
     whose client uses TLS or not (``tls``; ``None`` when unknown, as for a Cluster) and gives
-    a TLS client certificate or not (``client_cert``; ``None`` when unknown).
+    a TLS client certificate or not (``client_cert``; ``None`` when unknown). ``missing``: the
+    TLS files given to the client that do not exist, as ``name=path`` (named: redis-py's
+    "No such file or directory" names none).
 
     A client pool that ran out of connections is named as such: the server may be fine.
     """
@@ -414,6 +417,8 @@ def unavailable(
         what = f"Redis at {names[0]} {verb} for lock {key}: {text}"
         hint = connect_hint(tls, exc, client_cert)
         what += f" ({hint})" if hint else ""
+        if missing:
+            what += f" (a file the client was given does not exist: {', '.join(missing)})"
     return LockUnavailable(what, key=key, nodes=names)
 
 

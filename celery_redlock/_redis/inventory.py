@@ -80,7 +80,7 @@ from .clients import (
     as_text,
     client_for,
     gives_client_cert,
-    missing_files,
+    missing_tls_files,
     redact,
     refused,
 )
@@ -1112,10 +1112,7 @@ def _reason(url: str, exc: BaseException) -> str:
     does not exist (redis-py says "No such file or directory." without the name), and what to
     check when the port may not be of the URL's kind (:func:`~.core.connect_hint`)."""
     text = redact(describe(exc))
-    cause: BaseException | None = exc
-    while cause is not None and not isinstance(cause, FileNotFoundError):
-        cause = cause.__cause__ or cause.__context__
-    missing = missing_files(url) if cause is not None else []
+    missing = missing_tls_files(url, exc)
     if missing:
         text += f" The URL names a file that does not exist: {', '.join(missing)}."
     hint = connect_hint(url.startswith("rediss"), exc, gives_client_cert(url))

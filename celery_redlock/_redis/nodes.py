@@ -60,6 +60,7 @@ from .clients import (
     client_for,
     gives_cert,
     is_cluster,
+    missing_tls_files,
     node_name,
     uses_tls,
 )
@@ -165,7 +166,12 @@ class SingleNode(QueueRules):
             if classify(exc) not in (Outcome.UNAVAILABLE, Outcome.REFUSED):
                 raise
             raise unavailable(
-                exc, key, self.names, uses_tls(self.client), gives_cert(self.client)
+                exc,
+                key,
+                self.names,
+                uses_tls(self.client),
+                gives_cert(self.client),
+                missing_tls_files(self.client, exc),
             ) from exc
 
     def acquire(self, keys: LockKeys, token: str, ttl_ms: int, sole: str = "") -> AcquireResult:

@@ -24,6 +24,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -3104,3 +3105,17 @@ def test_the_url_pool_waits_for_a_connection_as_long_as_the_urls_socket_timeout(
         assert pool.timeout == expected
     else:  # the plain pool, unbounded (aionodes._pool_for)
         assert not isinstance(pool, aioredis.BlockingConnectionPool)
+
+
+def test_a_tls_file_that_does_not_exist_is_named(
+    d: Driver, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Asgi probe, round 3: a missing CA file gave only redis-py's "Error 2 connecting to
+    ... No such file or directory.", naming no file (the CLI and the worker's checks name it)."""
+    missing = tmp_path / "ca.pem"
+    url = f"rediss://127.0.0.1:{redis_server.port}/0?ssl_ca_certs={missing}"
+    with pytest.raises(LockUnavailable) as raised:
+        d(d.lock(url, "tls-files").acquire(blocking=False))
+    assert f"a file the client was given does not exist: ssl_ca_certs={missing}" in str(
+        raised.value
+    )
