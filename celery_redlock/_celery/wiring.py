@@ -214,7 +214,7 @@ def check_beat_schedule(sender: Any = None, **_: Any) -> None:
     refuses to start.
     """
     app: Any = getattr(sender, "app", None)
-    if app is not None and any(spec_of(task) is not None for task in app.tasks.values()):
+    if app is not None and any(_locked(task) for task in app.tasks.values()):
         try:
             settings_for(app)
         except LockConfigError as exc:
@@ -240,6 +240,15 @@ def check_beat_schedule(sender: Any = None, **_: Any) -> None:
             calls.take(f"task {task.name}", raw)
         except LockConfigError as exc:
             logger.error("beat_schedule entry %r is never sent until fixed: %s", entry, exc)
+
+
+def _locked(task: Any) -> bool:
+    """Whether ``task`` takes a lock; a task whose options are refused counts (its refusal is
+    logged where it is used)."""
+    try:
+        return spec_of(task) is not None
+    except LockConfigError:
+        return True
 
 
 def _schedules_from_conf(kind: Any) -> bool:
