@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import types
+from typing import Any
 
 import pytest
 import redis as redis_py
@@ -21,6 +22,26 @@ from celery_redlock.testing import RedisServer, wait_until
 from support.apps import make_app
 
 
+def dead_childs_lock(app: Celery, name: str, **options: Any) -> tuple[Lock, Any]:
+    """The lock of call ``call-1`` of a task ``name`` (``job(1)``) held as a pool child of
+    ``w1@host`` holds it (this process's pid stands for the child's), and the request that
+    Celery's ``on_failure`` and the reaper hand over for that child's death."""
+
+    @app.task(base=LockedTask, name=name, **options)
+    def job(n: int) -> None: ...
+
+    spec = spec_of(job)
+    assert spec is not None
+    settings = settings_for(app)
+    lock_name = lock_name_for(job, spec, (1,), {})
+    held = Lock(settings.url, lock_name, prefix=settings.prefix, owner="call-1", host="w1@host")
+    assert held.acquire(blocking=False)
+    request = types.SimpleNamespace(
+        task=job, args=(1,), kwargs={}, id="call-1", hostname="w1@host", worker_pid=os.getpid()
+    )
+    return held, request
+
+
 def test_a_dead_childs_lock_is_released_once_and_said_once(
     app: Celery, r: redis_py.Redis, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -28,18 +49,7 @@ def test_a_dead_childs_lock_is_released_once_and_said_once(
     5 s later and ``on_failure`` released again: a second round trip, and "died holding no
     lock of this call" after "released the lock of dead child"."""
 
-    @app.task(base=LockedTask, name="parent.job")
-    def job(n: int) -> None: ...
-
-    spec = spec_of(job)
-    assert spec is not None
-    settings = settings_for(app)
-    name = lock_name_for(job, spec, (1,), {})
-    held = Lock(settings.url, name, prefix=settings.prefix, owner="call-1", host="w1@host")
-    assert held.acquire(blocking=False)
-    request = types.SimpleNamespace(
-        task=job, args=(1,), kwargs={}, id="call-1", hostname="w1@host", worker_pid=os.getpid()
-    )
+    held, request = dead_childs_lock(app, "parent.job")
     with caplog.at_level(logging.INFO, logger="celery_redlock"):
         release_for_dead_child(request)  # the reaper
         release_for_dead_child(request)  # on_failure
@@ -57,18 +67,7 @@ def test_a_release_redis_did_not_answer_is_sent_again_once_it_answers(
     with RedisServer(args=["--appendonly", "yes", "--appendfsync", "always"]) as server:
         app = make_app(server, "parent.outage")
 
-        @app.task(base=LockedTask, name="parent.outage.job", lock_ttl=120)
-        def job(n: int) -> None: ...
-
-        spec = spec_of(job)
-        assert spec is not None
-        settings = settings_for(app)
-        name = lock_name_for(job, spec, (1,), {})
-        held = Lock(settings.url, name, prefix=settings.prefix, owner="call-1", host="w1@host")
-        assert held.acquire(blocking=False)
-        request = types.SimpleNamespace(
-            task=job, args=(1,), kwargs={}, id="call-1", hostname="w1@host", worker_pid=os.getpid()
-        )
+        held, request = dead_childs_lock(app, "parent.outage.job", lock_ttl=120)
         server.stop()
         with caplog.at_level(logging.INFO, logger="celery_redlock"):
             release_for_dead_child(request)  # the reaper
