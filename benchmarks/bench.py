@@ -4,8 +4,8 @@ One command, one table. Each figure is measured against the peers on the same ma
 ``redis-server`` build and in the same run, contenders interleaved (ABBA) and medians of at least
 five rounds reported::
 
-    python -m benchmarks                  # the full run (about 10-15 minutes on 2 cores)
-    python -m benchmarks --quick          # about a minute: checks that it runs, figures are noise
+    python -m benchmarks                  # the full run (about 3-4 minutes on 2 cores)
+    python -m benchmarks --quick          # 1-2 minutes: checks that it runs, figures are noise
     python -m benchmarks --only pairs,waiters --json out.json
 
 Figures (see ``benchmarks/README.md`` for the method of each):
@@ -1067,7 +1067,7 @@ def quiet_peers() -> Iterator[None]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="about a minute; the figures are noise")
+    p.add_argument("--quick", action="store_true", help="1-2 minutes; the figures are noise")
     p.add_argument("--only", help=f"comma-separated sections: {','.join(SECTIONS)} (default: all)")
     p.add_argument("--json", type=Path, help="also write every figure and run to this path")
     args = p.parse_args(argv)
