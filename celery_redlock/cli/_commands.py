@@ -321,7 +321,7 @@ def _release_dead(ctx: click.Context, store: LockStore, timeout: float, dry_run:
             continue
         if dry_run:
             released += 1
-            click.echo(f"would release {shown}: {who(lock)} (worker does not answer)")
+            click.echo(f"would release {shown}: {who(lock)} ({_dead(verdict)})")
             continue
         try:
             with answers():
@@ -331,12 +331,17 @@ def _release_dead(ctx: click.Context, store: LockStore, timeout: float, dry_run:
             raise
         if outcome is Released.RELEASED:
             released += 1
-            click.echo(f"released {shown}: {who(lock)} (worker does not answer)")
+            click.echo(f"released {shown}: {who(lock)} ({_dead(verdict)})")
         else:
             kept += outcome is Released.RENEWED
             gone += outcome is not Released.RENEWED
             click.echo(f"skipped {shown}: it {_not_released(outcome)}")
     click.echo(dead_released("would release" if dry_run else "released", released, kept, gone))
+
+
+def _dead(verdict: Verdict) -> str:
+    """Why a lock is released as its holder's is dead, in a few words."""
+    return "its process is gone" if verdict.gone else "worker does not answer"
 
 
 def _why_kept(verdict: Verdict) -> str:

@@ -123,6 +123,8 @@ class Verdict:
     reason: str
     #: Alive by its lease's recent renewal (its worker did not answer the ping).
     renewed: bool = False
+    #: Dead though its worker answers: the holder's process is none of that worker's.
+    gone: bool = False
 
 
 @dataclass(frozen=True)
@@ -158,13 +160,22 @@ class Heard(str):
     (3) ``release --dead`` pings ``w1``, hears it, and kept the dead process's lock "alive"
     for the rest of its hour, every call of its key skipped. The holder's pid is now none of
     the live ``w1``'s, so its lock is judged as one whose worker did not answer.
+
+    A worker in a container restarted with the container gets a new pid namespace, so its
+    children usually get the dead ones' pids again: such a holder still reads alive (the
+    safe side), and its lock ends with its TTL or ``release --force``.
     """
 
     pids: frozenset[int] | None
+    #: Whether every answer under the name was waited for (:func:`confirmed`).
+    confirmed: bool
 
-    def __new__(cls, state: str, pids: frozenset[int] | None = None) -> Heard:
+    def __new__(
+        cls, state: str, pids: frozenset[int] | None = None, confirmed: bool = False
+    ) -> Heard:
         heard = super().__new__(cls, state)
         heard.pids = pids
+        heard.confirmed = confirmed
         return heard
 
 
@@ -190,11 +201,16 @@ def _processes(stats: Any) -> frozenset[int] | None:
     return None
 
 
-def _ping(app: Any, destination: list[str] | None, timeout: float) -> dict[str, Heard]:
+def _ping(
+    app: Any, destination: list[str] | None, timeout: float, every: bool = False
+) -> dict[str, Heard]:
     """The workers that answer a control command (``stats``; ``None``: every worker), with
     their processes (:class:`Heard`), without waiting for the timeout once every destination
-    answered. Two answers under one name (two workers started with the same ``-n``) leave
-    its processes unknown: either one's children could be the holder.
+    answered, unless ``every`` answer is waited for: two answers under one name (two workers
+    started with the same ``-n``) leave its processes unknown, as either one's children
+    could be the holder, and the first answer alone cannot tell (:func:`confirmed`). Such two
+    workers share the name's own control queue, so a command sent to the name reaches one of
+    them: ``every`` sends it to all workers, and keeps the destinations' answers.
 
     On a connection of its own that tries each broker of the URL once (a failover list's next
     one after a failure), without sleeping between tries: a broker that is down fails the
@@ -206,7 +222,21 @@ def _ping(app: Any, destination: list[str] | None, timeout: float) -> dict[str, 
     Redis broker's reads are bounded too, by the ping's timeout (at least kombu's polling
     interval) plus that connect timeout: a broker that accepts connections and never answers
     (a stopped or hung server) held ``release --dead`` forever."""
-    limit = len(destination) if destination else None
+    limit = len(destination) if destination and not every else None
+    answered: dict[str, Heard] = {}
+    for reply in _replies(app, "stats", None if every else destination, timeout, limit):
+        for name, stats in reply.items():
+            if destination is not None and name not in destination:
+                continue
+            pids = None if name in answered else _processes(stats)
+            answered[name] = Heard(ALIVE, pids, confirmed=every)
+    return answered
+
+
+def _replies(
+    app: Any, command: str, destination: list[str] | None, timeout: float, limit: int | None
+) -> list[dict[str, Any]]:
+    """The replies to control ``command`` (see :func:`_ping` for the connection)."""
     try:
         with app.connection_for_write() as connection:
             options = connection.transport_options
@@ -224,7 +254,7 @@ def _ping(app: Any, destination: list[str] | None, timeout: float) -> dict[str, 
                 poll = float(options.get("polling_interval") or 1.0)
                 options.setdefault("socket_timeout", max(timeout, poll) + connect)
             replies = app.control.broadcast(
-                "stats",
+                command,
                 destination=destination,
                 reply=True,
                 timeout=timeout,
@@ -235,12 +265,33 @@ def _ping(app: Any, destination: list[str] | None, timeout: float) -> dict[str, 
         raise click.ClickException(
             f"cannot ping workers through the broker ({redact(exc)})"
         ) from exc
-    answered: dict[str, Heard] = {}
-    for reply in replies or []:
-        for name, stats in reply.items():
-            pids = None if name in answered else _processes(stats)
-            answered[name] = Heard(ALIVE, pids)
-    return answered
+    return list(replies or [])
+
+
+def confirmed(
+    app: Any, locks: Iterable[HeldLock], heard: Mapping[str, str], timeout: float
+) -> dict[str, str]:
+    """``heard``, with each live worker asked again, waiting for every answer, where a
+    holder's pid is none of its processes (:func:`_ping`, ``every``). Timeline it closes: (1)
+    two workers run under one name ``w@dup``, each with a task holding a ``lock_ttl=120``
+    lock; (2) ``release --dead`` hears the first answer and stops waiting; (3) the other
+    worker's holder's pid is none of the first one's processes, and its live lock was
+    released. A name that answers twice, or not again, leaves its processes unknown."""
+    doubt = {
+        lock.holder.host
+        for lock in locks
+        if lock.holder is not None
+        and not lock.holder.cooling
+        and isinstance(said := heard.get(lock.holder.host), Heard)
+        and said == ALIVE
+        and not said.confirmed
+        and said.pids is not None
+        and lock.holder.pid not in said.pids
+    }
+    if not doubt:
+        return dict(heard)
+    again = _ping(app, sorted(doubt), timeout, every=True)
+    return {**heard, **{host: again.get(host, Heard(ALIVE, None, True)) for host in doubt}}
 
 
 def _spelling(name: str) -> str:
@@ -283,7 +334,7 @@ def verdicts(
     locks = list(locks)
     import_task_modules(app)
     renewed = renewals(app, locks)
-    pinged = liveness(app, hosts_to_ping(locks), timeout)
+    pinged = confirmed(app, locks, liveness(app, hosts_to_ping(locks), timeout), timeout)
     return {lock.key: verdict(lock, pinged, timeout, lease, renewed[lock.key]) for lock in locks}
 
 
@@ -402,7 +453,7 @@ def verdict(
         shown = f"its TTL shows no renewal for {age:.1f}s, two thirds of redlock_lease or more"
     else:
         shown = "its TTL is not a renewed lease's"
-    return Verdict(DEAD, f"{unanswered}, and {shown}")
+    return Verdict(DEAD, f"{unanswered}, and {shown}", gone=state == ALIVE)
 
 
 #: Why a lock whose TTL is its holder's ``max_hold`` cap is not judged by its renewal.

@@ -59,6 +59,7 @@ from ..cli._liveness import (
     DEAD,
     Verdict,
     checked_wait,
+    confirmed,
     hosts_to_ping,
     judged_unpinged,
     liveness,
@@ -229,9 +230,15 @@ class Dashboard:
                     with self._alive_lock:
                         self._alive.update({h: (state, now) for h, state in heard.items()})
                     known.update(heard)
+        sure = confirmed(self.app, locks, known, self.ping_timeout)
+        asked_again = {h: said for h, said in sure.items() if said is not known.get(h)}
+        if asked_again:  # reused as the first answers are
+            now = time.monotonic()
+            with self._alive_lock:
+                self._alive.update({h: (said, now) for h, said in asked_again.items()})
         lease = settings_for(self.app).lease
         return {
-            lock.key: verdict(lock, known, self.ping_timeout, lease, renewed[lock.key])
+            lock.key: verdict(lock, sure, self.ping_timeout, lease, renewed[lock.key])
             for lock in locks
         }
 

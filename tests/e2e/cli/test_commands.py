@@ -233,3 +233,31 @@ def test_a_lock_of_a_process_its_live_worker_no_longer_has_is_dead(
     assert not stale.locked() and redis_py.Redis(port=server.port).exists(alive_key)
     records.rpush("go:pids", 1)
     assert alive.get(timeout=10) == "pids"
+
+
+def test_two_workers_under_one_name_keep_each_other_s_holders_alive(
+    server: RedisServer, w1: WorkerProcess, client: Celery, records: redis_py.Redis
+) -> None:
+    """Review, round 3: ``release --dead`` heard one ``stats`` answer under a name, so with
+    two workers started as ``w1`` (they share the name's control queue: one answers) a
+    holder in the other one's pool child was none of the answering one's processes, and its
+    live lock was released. Each worker here holds one lock, so whichever answers, the
+    other's holder was judged dead."""
+    env = {"REDLOCK_TEST_LEASE": "120"}  # both locks' TTLs then show no renewal (aged below)
+    locks = redis_py.Redis(port=server.port)
+    with WorkerProcess(server.port, "w1", app=APP, args=["-Q", "twin"], env=env):
+        here = client.send_task(HOLD, args=("here",))
+        twin = client.send_task(HOLD, args=("twin",), queue="twin")
+        started(records, "here")
+        started(records, "twin")
+        by_id = {i["task_id"]: i for i in json.loads(cli(server.port, "ls", "--json").stdout)}
+        keys = [by_id[here.id]["key"], by_id[twin.id]["key"]]
+        assert by_id[here.id]["pid"] != by_id[twin.id]["pid"]
+        assert locks.pexpire(keys[1], 40_000)  # 80 s of a 120 s lease without a renewal
+        done = cli(server.port, "release", "--dead", env=env)
+        assert done.returncode == 0, done.stderr
+        assert "released 0 lock(s)" in done.stdout, done.stdout
+        assert all(locks.exists(key) for key in keys)
+        records.rpush("go:here", 1)
+        records.rpush("go:twin", 1)
+        assert here.get(timeout=10) == "here" and twin.get(timeout=10) == "twin"
