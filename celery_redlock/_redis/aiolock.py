@@ -194,6 +194,8 @@ class Lock(LockCore):
     _renewer: asyncio.Task[None] | None = None
     #: The end of a renewal of another thread's loop, stopped by a release (:meth:`release`).
     _renewal_ending: concurrent.futures.Future[None] | None = None
+    #: The extend of the renewal step under way, if any (:func:`_ended`).
+    _extending: asyncio.Future[Extended] | None = None
     _kind = "asyncio Lock"
 
     def _connect(self, redis: Target) -> Nodes:
@@ -271,7 +273,8 @@ class Lock(LockCore):
     async def _release_after(
         self, ending: concurrent.futures.Future[None] | None, token: str, keep: float
     ) -> bool:
-        """Release once a renewal of another thread's loop has ended (at most a lease later).
+        """Release once a renewal of another thread's loop has ended (at most until the lease
+        ends: a loop that does not run meanwhile sends nothing of it before then).
 
         Timeline otherwise, on a quorum (loops in two threads run at once): (1) loop A's
         renewal is due and starts its extend, which re-asserts the key where it is missing;
@@ -279,8 +282,9 @@ class Lock(LockCore):
         reaches a node after the delete there, and writes the key again: held by nobody for a
         lease. On one loop the renewal's commands leave before the release's, or not at all.
         """
-        if ending is not None:
-            await asyncio.wait((asyncio.wrap_future(ending),), timeout=self.ttl)
+        left = self._expires_at - self.clock()
+        if ending is not None and left > 0:
+            await asyncio.wait((asyncio.wrap_future(ending),), timeout=left)
         return await self.do_release(token, keep)
 
     async def extend(self, ttl: float | None = None) -> None:
@@ -393,12 +397,15 @@ class Lock(LockCore):
         if plan is None:
             return None
         token, ttl, start, wait = plan
-        call = asyncio.ensure_future(self.do_extend(token, ttl))
+        call = self._extending = asyncio.ensure_future(self.do_extend(token, ttl))
         try:
             done, _ = await asyncio.wait((call,), timeout=wait)
+        except GeneratorExit:  # a coroutine closed may not wait
+            call.cancel()
+            raise
         except BaseException:
             call.cancel()
-            await asyncio.wait((call,))  # ended before the renewal is (Lock._release_after)
+            await asyncio.wait((call,))  # ended before the renewal is (_release_after)
             raise
         if not done:
             call.cancel()
@@ -433,8 +440,11 @@ class Lock(LockCore):
                 return
             if loop is _running_loop():
                 renewer.cancel()
-            else:
-                self._renewal_ending = asyncio.run_coroutine_threadsafe(_ended(renewer), loop)
+            elif loop.is_running():  # in another thread: its renewal may be under way
+                ending = _ended(renewer, self._extending)
+                self._renewal_ending = asyncio.run_coroutine_threadsafe(ending, loop)
+            else:  # stopped: the cancellation comes first when it runs again
+                loop.call_soon_threadsafe(renewer.cancel)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -537,9 +547,12 @@ class Lock(LockCore):
             self._stop_renewal()
 
 
-async def _ended(renewer: asyncio.Task[None]) -> None:
-    """Cancel ``renewer`` in its own loop, and return once it has ended (its extend's commands
-    sent, or never: :meth:`Lock.renew_step`)."""
+async def _ended(renewer: asyncio.Task[None], extending: asyncio.Future[Any] | None) -> None:
+    """In the renewal's own loop: let its ``extending`` under way get its replies (each node
+    then ran it before the release is sent; the step waits no longer than the lease), then
+    cancel ``renewer`` and return once it has ended (:meth:`Lock.renew_step`)."""
+    if extending is not None and not extending.done():
+        await asyncio.wait((extending,))
     renewer.cancel()
     await asyncio.wait((renewer,))
 

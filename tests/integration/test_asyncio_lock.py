@@ -798,6 +798,23 @@ def test_a_lock_renewed_by_a_loop_in_another_thread_is_released_from_this_one(
         loop.close()
 
 
+def test_a_lock_renewed_by_a_stopped_loop_is_released_from_another_at_once(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """Review, round 3: acquired through ``loop.run_until_complete`` (the loop stopped after,
+    not closed), a release in ``asyncio.run`` waited for that loop to end its renewal, which
+    it never ran: the whole TTL, then ``LockLost``."""
+    lock = Lock(redis_url, NAME, ttl=5, auto_renew=True)
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(lock.acquire(blocking=False))
+        asyncio.run(lock.release())  # raised LockLost after 5 s
+        assert not r.exists(KEY) and not lock.held
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
 def test_a_release_from_another_loop_waits_for_that_loop_s_renewal_to_end(
     redis_url: str, r: redis_py.Redis
 ) -> None:
