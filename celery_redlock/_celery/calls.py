@@ -124,12 +124,21 @@ def put(options: MutableMapping[str, Any], value: Mapping[str, Any] | None) -> N
 
 
 def move_from_properties(
-    sender: Any, headers: MutableMapping[str, Any], properties: MutableMapping[str, Any]
+    sender: Any,
+    headers: MutableMapping[str, Any],
+    properties: MutableMapping[str, Any],
+    *,
+    unlocked: bool = False,
 ) -> None:
     """In ``before_task_publish``: move ``lock_*`` message properties into :data:`HEADER`.
 
     Never raises: an invalid value is logged at ERROR and travels as given, so the worker
-    fails the call with :class:`~celery_redlock.LockConfigError`.
+    fails the call with :class:`~celery_redlock.LockConfigError`. For a task that takes no
+    lock in this process (``unlocked``: its options already warned about as ignored) it is
+    a WARNING, once per task and option: a worker where the task takes no lock runs the
+    call, and one where it takes a lock (this process has a plain stub of it) fails it.
+    Timeline of an ERROR there: a beat entry's ``"options": {"lock_ttl": "abc"}`` on a plain
+    task said at every tick that the worker would fail the call, which the worker ran.
     """
     if not any(isinstance(n, str) and n.startswith("lock_") for n in properties):
         return
@@ -140,11 +149,25 @@ def move_from_properties(
     except LockConfigError as exc:
         for name in raw:
             properties.pop(name, None)
-        logger.error("%s[%s]: %s; the worker will fail this call", sender, headers.get("id"), exc)
+        if not unlocked:
+            logger.error(
+                "%s[%s]: %s; the worker will fail this call", sender, headers.get("id"), exc
+            )
+        elif (str(sender), tuple(sorted(raw))) not in _told_invalid:
+            _told_invalid.add((str(sender), tuple(sorted(raw))))
+            logger.warning(
+                "%s: %s; a worker where the task takes no lock ignores it, one where it takes "
+                "a lock fails the call",
+                sender,
+                exc,
+            )
         value = {"invalid": {name[len("lock_") :]: raw[name] for name in raw}}
     current = headers.get(HEADER)
     headers[HEADER] = {**(current if isinstance(current, Mapping) else {}), **(value or {})}
 
+
+#: The (task, options) of unlocked tasks whose invalid per-call options were warned about.
+_told_invalid: set[tuple[str, tuple[str, ...]]] = set()
 
 #: The keys of :data:`HEADER` that this version reads (the module docstring).
 KEYS = ("overrides", "bypass", "first", "retries", "redelivered", "invalid")

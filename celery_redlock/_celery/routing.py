@@ -214,9 +214,8 @@ def note(task: Any) -> None:
 
 def routed_unlocked(name: str) -> bool:
     """Whether this thread's last routed call was of task ``name`` that takes no lock, its
-    ``lock_*`` options warned about as ignored (:func:`_warn_unlocked`); once. The receiver
-    then drops them: validated, a bad one was an ERROR at every publish saying the worker
-    would fail the call, which the worker runs (a beat entry's options, at every tick)."""
+    ``lock_*`` options warned about as ignored (:func:`_warn_unlocked`); once (the receiver's
+    :func:`~.calls.move_from_properties` then warns of a bad one, not an ERROR)."""
     unlocked = getattr(_routing, "unlocked", None)
     _routing.unlocked = None
     return bool(unlocked == name)

@@ -362,11 +362,9 @@ def _on_before_task_publish(
     ``send_task``); release before a retry or a replacement of the running attempt is
     published (see the module docstring), without cooldown: the call is not finished. A retry
     published by the lock keeps ``retries``: it holds no lock."""
-    if properties and routing.routed_unlocked(sender):  # ignored, and said so by the router
-        for name in [n for n in properties if isinstance(n, str) and n.startswith("lock_")]:
-            del properties[name]
-    elif headers is not None and properties:
-        calls.move_from_properties(sender, headers, properties)
+    if headers is not None and properties:
+        unlocked = routing.routed_unlocked(sender)
+        calls.move_from_properties(sender, headers, properties, unlocked=unlocked)
     task = current_task._get_current_object()
     if task is None or not headers:
         return
