@@ -9,6 +9,7 @@ what tasks record about themselves.
 from __future__ import annotations
 
 import gc
+import importlib
 import os
 import sys
 import types
@@ -31,12 +32,13 @@ def postgres() -> str:
     answers. Without one, the test is skipped, naming what it needs; where
     ``REDLOCK_TEST_REQUIRE_POSTGRES=1`` (``.ci/run``), it fails instead, so a run that lost its
     PostgreSQL cannot pass by skipping."""
-    psycopg = pytest.importorskip("psycopg")
+    required = os.environ.get("REDLOCK_TEST_REQUIRE_POSTGRES") == "1"
+    psycopg = importlib.import_module("psycopg") if required else pytest.importorskip("psycopg")
     dsn = "host=127.0.0.1 port=5432 dbname=test user=postgres"
     try:
         psycopg.connect(f"{dsn} connect_timeout=5").close()
     except psycopg.OperationalError as exc:
-        if os.environ.get("REDLOCK_TEST_REQUIRE_POSTGRES") == "1":
+        if required:
             raise
         why = " ".join(str(exc).split())
         pytest.skip(f"needs a PostgreSQL at '{dsn}' with trust auth ({why})")
