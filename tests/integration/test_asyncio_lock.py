@@ -33,7 +33,7 @@ from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.nodes import Extended
 from celery_redlock._redis.scripts import AcquireResult
 from celery_redlock.asyncio import Lock
-from celery_redlock.testing import RedisServer
+from celery_redlock.testing import RedisServer, wait_until
 from support.apps import lock_keys
 
 NAME = "aio"
@@ -820,17 +820,18 @@ def test_a_release_from_another_loop_waits_for_that_loop_s_renewal_to_end(
 ) -> None:
     """Asgi probe, round 3: on a quorum, loop A's renewal, due as loop B released, re-asserted
     the key after B's deletes (5 of 240 tries): held by nobody for a lease. B's release now
-    waits until A's renewal has ended; here A is blocked for a second (the injected fault),
-    so a release that did not wait returned with the renewal still pending."""
+    waits until A's renewal has ended; here A is blocked (the injected fault) until B's
+    release has asked it to end that renewal, so a release that did not wait returned with
+    the renewal still pending."""
     lock = Lock(redis_url, NAME, ttl=5, auto_renew=True)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever)
     thread.start()
     blocked = threading.Event()
 
-    def block() -> None:
+    def block() -> None:  # the fault: loop A does not run until B's release has begun
         blocked.set()
-        time.sleep(1.0)  # the fault: loop A does not run for a second
+        wait_until(lambda: not lock.held, 10, "the release to begin")  # it took the token
 
     try:
         assert asyncio.run_coroutine_threadsafe(lock.acquire(blocking=False), loop).result(10)
