@@ -223,20 +223,6 @@ def _ping(
     interval) plus that connect timeout: a broker that accepts connections and never answers
     (a stopped or hung server) held ``release --dead`` forever."""
     limit = len(destination) if destination and not every else None
-    answered: dict[str, Heard] = {}
-    for reply in _replies(app, "stats", None if every else destination, timeout, limit):
-        for name, stats in reply.items():
-            if destination is not None and name not in destination:
-                continue
-            pids = None if name in answered else _processes(stats)
-            answered[name] = Heard(ALIVE, pids, confirmed=every)
-    return answered
-
-
-def _replies(
-    app: Any, command: str, destination: list[str] | None, timeout: float, limit: int | None
-) -> list[dict[str, Any]]:
-    """The replies to control ``command`` (see :func:`_ping` for the connection)."""
     try:
         with app.connection_for_write() as connection:
             options = connection.transport_options
@@ -254,8 +240,8 @@ def _replies(
                 poll = float(options.get("polling_interval") or 1.0)
                 options.setdefault("socket_timeout", max(timeout, poll) + connect)
             replies = app.control.broadcast(
-                command,
-                destination=destination,
+                "stats",
+                destination=None if every else destination,
                 reply=True,
                 timeout=timeout,
                 limit=limit,
@@ -265,7 +251,14 @@ def _replies(
         raise click.ClickException(
             f"cannot ping workers through the broker ({redact(exc)})"
         ) from exc
-    return list(replies or [])
+    answered: dict[str, Heard] = {}
+    for reply in replies or []:
+        for name, stats in reply.items():
+            if destination is not None and name not in destination:
+                continue
+            pids = None if name in answered else _processes(stats)
+            answered[name] = Heard(ALIVE, pids, confirmed=every)
+    return answered
 
 
 def confirmed(
