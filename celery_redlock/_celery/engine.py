@@ -412,9 +412,8 @@ def _take(task: Any, request: Any, spec: Spec, settings: Settings, name: str, he
         request.id,
         "acquired",
         signals.lock_acquired,
-        settings=settings,
-        key=lock.key,
-        fencing_token=fencing,
+        settings,
+        {"key": lock.key, "fencing_token": fencing},
     )
     return True
 
@@ -490,7 +489,7 @@ def _revoke_expired(task: Any, request: Any, lock: Lock) -> NoReturn:
     )
     task.send_event("task-revoked", terminated=False, signum=None, expired=True)  # with -E
     with contextlib.suppress(SoftTimeLimitExceeded):  # stored REVOKED: decided (see leave)
-        emit(task, request.id, "expired", key=lock.key)
+        emit(task, request.id, "expired", fields={"key": lock.key})
     raise Ignore()
 
 
@@ -547,7 +546,13 @@ class TaskLock(Lock):
             )
         super().on_lost(reason)
         if self.task is not None:
-            emit(self.task, self.owner, "lost", signals.lock_lost, key=self.key, reason=reason)
+            emit(
+                self.task,
+                self.owner,
+                "lost",
+                signals.lock_lost,
+                fields={"key": self.key, "reason": reason},
+            )
 
     def do_extend(self, token: str, ttl: float) -> Extended:
         """Extend the lock, and the overrides record with it (advisory: errors are ignored)."""
@@ -813,9 +818,7 @@ def _report_contended(task: Any, request: Any, lock: Lock, event: str, policy: s
         request.id,
         event,
         signals.lock_contended,
-        key=lock.key,
-        holder=_holder(lock),
-        policy=policy,
+        fields={"key": lock.key, "holder": _holder(lock), "policy": policy},
     )
 
 
@@ -1010,20 +1013,28 @@ def leave(task: Any, request: Any = None, *, cooldown: bool = True) -> None:
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("%s[%s] released %s", task.name, request.id, lock.key)
         # The body has ended: a soft time limit landing in the report changes nothing now (as
-        # one landing in the release itself, see _release_again).
-        with contextlib.suppress(SoftTimeLimitExceeded):
+        # one landing in the release itself, see _release_again). (No context manager: this
+        # is every execution's path, and contextlib.suppress costs as much as the report.)
+        try:  # noqa: SIM105
             emit(
                 task,
                 request.id,
                 "released",
                 signals.lock_released,
-                settings=execution.settings,
-                key=lock.key,
-                by="task",
+                execution.settings,
+                {"key": lock.key, "by": "task"},
             )
+        except SoftTimeLimitExceeded:
+            pass
     elif taken and not lock.lost:  # freed by its TTL: unanswered, or answered past the lease
         with contextlib.suppress(SoftTimeLimitExceeded):
-            emit(task, request.id, "unreleased", settings=execution.settings, key=lock.key)
+            emit(
+                task,
+                request.id,
+                "unreleased",
+                settings=execution.settings,
+                fields={"key": lock.key},
+            )
 
 
 @tracing.traced_release

@@ -288,7 +288,7 @@ def _scalar_json(value: Any) -> str | None:
             f'"{value}"' if value.isprintable() and '"' not in value and "\\" not in value else None
         )
     if kind is int:
-        return int.__repr__(value)
+        return str(value)
     if value is None:
         return "null"
     if kind is bool:
@@ -298,15 +298,28 @@ def _scalar_json(value: Any) -> str | None:
 
 def _encode_arguments(owner: str, names: Sequence[str], arguments: Mapping[str, Any]) -> bytes:
     """The canonical bytes of the parameters ``names`` of a bound call (``["A", ...]``)."""
+    keys = [_scalar_json(name) for name in names]
+    return _encode_values(owner, names, keys, [arguments[name] for name in names])
+
+
+def _encode_values(
+    owner: str, names: Sequence[str], keys: Sequence[str | None], values: Sequence[Any]
+) -> bytes:
+    """:func:`_encode_arguments` of the ``values`` of ``names``, whose JSON texts are ``keys``
+    (``None`` where the encoder must write one)."""
     parts = ['"A"']
-    for name in names:  # the usual call: names and scalars written directly (no encoder)
-        text, key = _scalar_json(arguments[name]), _scalar_json(name)
+    # The usual call: scalars written directly. (Same lengths by construction: zip's strict=
+    # is a keyword call, on every execution.)
+    for key, value in zip(keys, values):  # noqa: B905
+        text = str(value) if type(value) is int else _scalar_json(value)
         if text is None or key is None:
             break
         parts.append(f"[{key},{text}]")
     else:
         return f"[{','.join(parts)}]".encode("utf-8", "surrogatepass")
-    encoded = [[name, _encode(arguments[name], owner, name)] for name in names]
+    encoded = [
+        [name, _encode(value, owner, name)] for name, value in zip(names, values, strict=True)
+    ]
     # A lone surrogate ("\ud800", which JSON carries) has its own bytes, never an error.
     return _compact_json(["A", *encoded]).encode("utf-8", "surrogatepass")
 
@@ -347,6 +360,24 @@ class Spec:
         if all(p.kind is _POSITIONAL_OR_KEYWORD for p in self.params):
             return tuple(p.name for p in self.params)
         return None
+
+    @functools.cached_property
+    def name_keys(self) -> tuple[str | None, ...]:
+        """The JSON text of each of :attr:`names` in the canonical encoding."""
+        return tuple(_scalar_json(name) for name in self.names)
+
+    @functools.cached_property
+    def name_positions(self) -> tuple[int, ...] | None:
+        """Where each of :attr:`names` is among :attr:`positional` (``None`` without it)."""
+        positional = self.positional
+        if positional is None or not set(self.names) <= set(positional):
+            return None
+        return tuple(positional.index(name) for name in self.names)
+
+    @functools.cached_property
+    def every_position(self) -> bool:
+        """Whether :attr:`names` are all the parameters, in order (no ``lock_by`` list)."""
+        return self.name_positions == tuple(range(len(self.params)))
 
 
 def run_function(task: Any) -> tuple[Any, bool]:
@@ -683,12 +714,15 @@ def lock_name_for(
         serializer = getattr(task, "serializer", None) or task.app.conf.task_serializer
         canonical = encode_call(spec.owner, spec.params, args, kwargs, by, serializer)
     else:
-        positional = spec.positional
-        if not kwargs and positional is not None and len(args) == len(positional):
-            arguments: Mapping[str, Any] = dict(zip(positional, args, strict=True))
+        names, positions = spec.names, spec.name_positions
+        if not kwargs and positions is not None and len(args) == len(spec.params):
+            values: Sequence[Any] = (  # bound in order: no dict
+                args if spec.every_position else [args[i] for i in positions]
+            )
         else:
             arguments = bind(spec.owner, spec.params, args, kwargs)
-        canonical = _encode_arguments(spec.owner, spec.names, arguments)
+            values = [arguments[name] for name in names]
+        canonical = _encode_values(spec.owner, names, spec.name_keys, values)
     secret = (settings if settings is not None else settings_for(task.app)).key_secret
     return _keys.task_lock_name(spec.options.name or task.name, canonical, secret)
 

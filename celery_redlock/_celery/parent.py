@@ -305,7 +305,13 @@ def release_for_dead_child(request: Any) -> None:
                 logger.info(
                     "%s[%s]: released the lock of dead child %s", task.name, request.id, pid
                 )
-                emit(task, request.id, "released", signals.lock_released, key=key, by="parent")
+                emit(
+                    task,
+                    request.id,
+                    "released",
+                    signals.lock_released,
+                    fields={"key": key, "by": "parent"},
+                )
             return released
 
         released = release()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
+from collections.abc import Mapping
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
@@ -62,12 +63,14 @@ def _target(app: Any) -> tuple[int, str, str]:
         return target
 
 
-def record(task: Any, task_id: str, event: str, fields: dict[str, Any]) -> None:
+def record(task: Any, task_id: str, event: str, fields: Mapping[str, Any]) -> None:
     """Push one event of ``task`` to its app's ring, if the app keeps one. Never raises."""
     record_for(task.app, task.name, task_id, event, fields)
 
 
-def record_for(app: Any, task_name: str, task_id: str, event: str, fields: dict[str, Any]) -> None:
+def record_for(
+    app: Any, task_name: str, task_id: str, event: str, fields: Mapping[str, Any]
+) -> None:
     """:func:`record` by names: also for an event no task reported, such as the dashboard's
     release of a dead worker's lock (``by`` says who), which ends that holder's bar."""
     try:

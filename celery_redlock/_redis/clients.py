@@ -48,6 +48,7 @@ from redis.sentinel import Sentinel
 from ..exceptions import LockUnavailable
 from .core import Outcome, classify
 from .forks import Guard
+from .pools import WaitingPool
 
 logger = logging.getLogger("celery_redlock.lock")
 
@@ -101,9 +102,9 @@ def client_for(url: str, timeout: float | None = None) -> Any:
     """A shared client for ``url`` (one per URL and timeout per process; fork-safe).
 
     ``timeout`` sets both socket timeouts (the worker's main process uses 1 s). A URL of one
-    server gets a blocking pool of :data:`MAX_CONNECTIONS`: the 101st thread at once waits for
-    a free connection (at most the socket timeout), as an asyncio task does, instead of
-    failing with "Too many connections" (redis-py 8's plain pool stops at 100).
+    server gets a :class:`~.pools.WaitingPool` of :data:`MAX_CONNECTIONS`: the 101st thread at
+    once waits for a free connection (at most the socket timeout), as an asyncio task does,
+    instead of failing with "Too many connections" (redis-py 8's plain pool stops at 100).
     """
     client = _clients.get((url, timeout))
     if client is not None:
@@ -528,7 +529,7 @@ def _connect(url: str, options: dict[str, Any]) -> Any:
         return _sentinel(url, options)
     if scheme.endswith("+cluster"):
         return _cluster(url, options)
-    pool = redis_py.BlockingConnectionPool.from_url(url, max_connections=MAX_CONNECTIONS, **options)
+    pool = WaitingPool.from_url(url, max_connections=MAX_CONNECTIONS, **options)
     pool.timeout = pool.connection_kwargs.get("socket_timeout") or 5.0  # the URL's, if it gives one
     return redis_py.Redis(connection_pool=pool)
 

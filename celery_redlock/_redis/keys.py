@@ -179,10 +179,32 @@ def secret_key(secret: str | bytes) -> bytes:
 
 def digest(canonical: bytes, secret: str | bytes | None = None) -> str:
     """Fixed-length (32 hex characters, 128 bits) digest of a canonical argument encoding;
-    keyed (a MAC) with ``secret``."""
+    keyed (a MAC) with ``secret``.
+
+    Each call copies a BLAKE2b state made once per secret (:data:`_hashers`), keyed already:
+    the same digest as a new ``blake2b(canonical, digest_size=16, key=...)``, without parsing
+    the keywords and deriving the key on every execution (about 40% of the digest's cost)."""
+    hasher = _hashers.get(secret)
+    if hasher is None:
+        hasher = _hasher(secret)
+    hasher = hasher.copy()
+    hasher.update(canonical)
+    return hasher.hexdigest()
+
+
+#: :func:`digest`'s BLAKE2b states per secret, nothing hashed yet (at most :data:`HASHERS_MAX`).
+_hashers: dict[str | bytes | None, hashlib.blake2b] = {}
+HASHERS_MAX = 16
+
+
+def _hasher(secret: str | bytes | None) -> hashlib.blake2b:
     if secret is None:
-        return hashlib.blake2b(canonical, digest_size=16).hexdigest()
-    return hashlib.blake2b(canonical, digest_size=16, key=secret_key(secret)).hexdigest()
+        hasher = hashlib.blake2b(digest_size=16)
+    else:
+        hasher = hashlib.blake2b(digest_size=16, key=secret_key(secret))
+    if len(_hashers) < HASHERS_MAX:
+        _hashers[secret] = hasher
+    return hasher
 
 
 def task_lock_name(lock_name: str, canonical: bytes, secret: str | bytes | None = None) -> str:

@@ -152,10 +152,14 @@ class SingleNode(QueueRules):
         return (node_name(self.client),)
 
     def _run(self, source: str, call: Call, key: str) -> Any:
+        """The script ``source`` on ``call`` (:meth:`_guarded`, without its extra call: this
+        is every release's path)."""
         try:
-            return self._guarded(key, run_script, self.client, source, *call)
-        except LockUnavailable as exc:
-            raise script_refused(exc, source) from exc.__cause__
+            return run_script(self.client, source, *call)
+        except Exception as exc:
+            if classify(exc) not in (Outcome.UNAVAILABLE, Outcome.REFUSED):
+                raise
+            raise script_refused(self._unavailable(exc, key), source) from exc
 
     def _guarded(self, key: str, call: Callable[..., Any], *args: Any, **options: Any) -> Any:
         """``call(*args, **options)``; no answer, or a refusal (``OOM``, ``NOPERM``...), as
@@ -165,14 +169,17 @@ class SingleNode(QueueRules):
         except Exception as exc:
             if classify(exc) not in (Outcome.UNAVAILABLE, Outcome.REFUSED):
                 raise
-            raise unavailable(
-                exc,
-                key,
-                self.names,
-                uses_tls(self.client),
-                gives_cert(self.client),
-                missing_tls_files(self.client, exc),
-            ) from exc
+            raise self._unavailable(exc, key) from exc
+
+    def _unavailable(self, exc: BaseException, key: str) -> LockUnavailable:
+        return unavailable(
+            exc,
+            key,
+            self.names,
+            uses_tls(self.client),
+            gives_cert(self.client),
+            missing_tls_files(self.client, exc),
+        )
 
     def acquire(self, keys: LockKeys, token: str, ttl_ms: int, sole: str = "") -> AcquireResult:
         """A lock: one ``SET key token NX PX ttl GET``, no script and no fencing counter (the

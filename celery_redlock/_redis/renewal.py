@@ -39,6 +39,7 @@ import time
 import weakref
 from typing import Protocol
 
+from . import owner
 from .forks import Guard
 from .owner import current_pid
 
@@ -205,7 +206,7 @@ def _current() -> _Watchdog:
 def watch(item: Renewable, delay: float) -> None:
     """Call ``item.renew_step()`` after ``delay`` seconds, and again as long as it asks."""
     watchdog = _watchdog  # the usual case, without a call to _current
-    if watchdog is None or watchdog.pid != current_pid():
+    if watchdog is None or watchdog.pid != owner.process_id:
         watchdog = _current()
     watchdog.watch(item, delay)
 
@@ -213,6 +214,6 @@ def watch(item: Renewable, delay: float) -> None:
 def unwatch(item: Renewable) -> None:
     """Stop renewing ``item`` (idempotent)."""
     watchdog = _watchdog
-    if watchdog is None or watchdog.pid != current_pid():
+    if watchdog is None or watchdog.pid != owner.process_id:
         watchdog = _current()
     watchdog.unwatch(item)

@@ -41,6 +41,7 @@ from .clients import as_text
 from .core import classify
 from .forks import Guard
 from .owner import current_pid
+from .pools import WaitingPool
 
 
 def on(message: dict[str, Any], channel: str) -> bool:
@@ -62,7 +63,8 @@ def subscriber_of(client: Any) -> Any:
     connect again (a TCP connect and the handshake: round trips on the path to the next
     waiter), and a pool with ``max_connections`` would be used up by the waiters, each holding
     a connection for its whole wait: a waiter found it exhausted on a healthy server. Plain and
-    blocking pools (TCP, TLS, Unix socket) of redis-py and valkey are copied, as a plain pool;
+    blocking pools (TCP, TLS, Unix socket) of redis-py and valkey, and the pool of a client built
+    from a URL (:class:`~.pools.WaitingPool`), are copied, as a plain pool;
     any other (Sentinel) is used as it is.
     """
     pool: Any = getattr(client, "connection_pool", None)
@@ -93,6 +95,8 @@ def _plain_pool_library(pool: Any) -> str | None:
     """The library (``redis``, ``valkey``) of ``pool`` when it is a plain or blocking pool of
     it (not a Sentinel's, whose connections follow the primary), else ``None``."""
     kind = type(pool)
+    if kind is WaitingPool:  # the pool of a client built from a URL
+        return "redis"
     library, _, module = kind.__module__.partition(".")
     if library not in _CLIENTS or module != "connection":
         return None

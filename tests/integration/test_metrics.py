@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 from collections.abc import Callable
 from importlib import metadata
 from types import SimpleNamespace
@@ -201,3 +202,41 @@ def test_prometheus_is_an_optional_extra_and_part_of_the_test_extra() -> None:
     assert 'prometheus-client>=0.17; extra == "prometheus"' in requires
     assert 'prometheus-client>=0.17; extra == "test"' in requires
     assert not any(r.startswith("prometheus") and "extra" not in r for r in requires)
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_counts_made_by_many_threads_while_flushes_run_are_each_written_once(
+    app: Celery, monkeypatch: pytest.MonkeyPatch, cached: bool
+) -> None:
+    """Counting takes no lock (a deque's append): a count made while a flush drains is
+    written by that flush or the next, never lost and never twice; also once the cache of
+    counted events is full (``cached=False``: every count builds its own entry)."""
+    if not cached:
+        monkeypatch.setattr(metrics, "_counted", {})
+        monkeypatch.setattr(metrics, "COUNTED_MAX", 0)
+    threads, each = 8, 2000
+    start = threading.Barrier(threads + 1)
+    done = threading.Event()
+
+    def counting() -> None:
+        start.wait()
+        for _ in range(each):
+            metrics.count(app, "m.threads", "skipped")
+
+    def flushing() -> None:
+        start.wait()
+        while not done.is_set():
+            metrics.flush()
+
+    workers = [threading.Thread(target=counting) for _ in range(threads)]
+    flusher = threading.Thread(target=flushing)
+    for thread in [*workers, flusher]:
+        thread.start()
+    for thread in workers:
+        thread.join(60)
+    done.set()
+    flusher.join(60)
+    metrics.flush()
+    assert read_stats(app)["m.threads"]["skipped"] == threads * each
+    if not cached:
+        assert metrics._counted == {}

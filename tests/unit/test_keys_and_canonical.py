@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import fnmatch
+import hashlib
 import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -252,3 +253,32 @@ def test_a_lone_surrogate_has_its_own_key_not_an_encoding_error() -> None:
     assert len(keys) == 4
     by = lambda args, kwargs: str(args[0])  # noqa: E731 - the callable identity's path
     assert enc("\ud800x", by=by) != enc("\ud801x", by=by)
+
+
+@pytest.mark.parametrize("secret", [None, "s3cret", b"\x00raw bytes", "long" * 40, b"k" * 65])
+def test_the_kept_hasher_gives_the_digest_of_a_fresh_blake2b(secret: str | bytes | None) -> None:
+    """:func:`_keys.digest` copies a BLAKE2b state made once per secret: the same digest as
+    one made for the call, keyed with :func:`_keys.secret_key` (long secrets hashed first),
+    on every call, whatever was hashed before."""
+    key = None if secret is None else _keys.secret_key(secret)
+    for canonical in (enc(1), enc("x" * 10_000), enc(1)):
+        fresh = hashlib.blake2b(canonical, digest_size=16, **({} if key is None else {"key": key}))
+        assert _keys.digest(canonical, secret) == fresh.hexdigest()
+
+
+@pytest.mark.parametrize("by", [None, ["b"], ["c", "a"]])
+def test_a_call_bound_by_position_and_by_keyword_has_one_lock_name(by: list[str] | None) -> None:
+    """The positional fast path of the lock name (the arguments in order, no dict, no
+    ``lock_by`` lookup by name) names the lock as binding the call does."""
+    app = Celery("positions", set_as_current=False)
+    app.conf.redlock_url = "redis://127.0.0.1:1/0"  # never connected to
+
+    @app.task(base=LockedTask, lock_by=by, shared=False)
+    def three(a: int, b: str, c: list[int]) -> None: ...
+
+    by_position = lock_key(three, 1, "two", [3])
+    assert lock_key(three, 1, "two", c=[3]) == by_position
+    assert lock_key(three, c=[3], b="two", a=1) == by_position
+    # b is in the identity unless lock_by leaves it out.
+    assert (lock_key(three, 1, "TWO", [3]) == by_position) is (by == ["c", "a"])
+    app.close()
