@@ -16,11 +16,14 @@ import redis as redis_py
 
 from celery_redlock import Lock, LockUnavailable
 from celery_redlock._redis import clients, subscriptions
+from celery_redlock._redis.commands import connection_of
 from celery_redlock._redis.pools import WaitingPool
 from celery_redlock.testing import RedisServer, wait_until
 
 
 def pool_of(server: RedisServer, connections: int, timeout: float = 5.0) -> WaitingPool:
+    """A pool of ``connections`` (taken with :func:`connection_of`, which names a command to a
+    redis-py older than 5.3, as redis-py's own commands do)."""
     pool = WaitingPool.from_url(server.url, max_connections=connections)
     pool.timeout = timeout
     return pool
@@ -41,9 +44,9 @@ def test_a_url_client_uses_the_waiting_pool_and_its_subscriptions_a_plain_copy(
 
 def test_a_caller_waits_for_the_connection_given_back(redis_server: RedisServer) -> None:
     pool = pool_of(redis_server, 1)
-    held = pool.get_connection()
+    held = connection_of(pool)
     got: list[Any] = []
-    waiter = threading.Thread(target=lambda: got.append(pool.get_connection()))
+    waiter = threading.Thread(target=lambda: got.append(connection_of(pool)))
     waiter.start()
     wait_until(lambda: pool._waiting == 1, 5, "the second caller to wait")
     assert got == []
@@ -58,14 +61,14 @@ def test_no_connection_back_within_the_timeout_fails_naming_the_pool(
     redis_server: RedisServer,
 ) -> None:
     pool = pool_of(redis_server, 1, timeout=0.2)
-    held = pool.get_connection()
+    held = connection_of(pool)
     with pytest.raises(redis_py.ConnectionError, match="No connection available"):
-        pool.get_connection()
+        connection_of(pool)
     assert pool._waiting == 0
     pool.release(held)
     pool.disconnect()
     url = f"{redis_server.url}?max_connections=1&socket_timeout=0.2"
-    busy = clients.client_for(url).connection_pool.get_connection()
+    busy = connection_of(clients.client_for(url).connection_pool)
     try:
         with pytest.raises(LockUnavailable, match="had no free connection for lock"):
             Lock(url, "pool-timeout").acquire(blocking=False)
@@ -105,8 +108,8 @@ def test_a_forked_child_gets_a_pool_of_its_own(redis_server: RedisServer) -> Non
     """A child forked while its parent holds the only connection and a thread waits for it
     starts with no connection out and no one waiting (the pool resets on first use)."""
     pool = pool_of(redis_server, 1, timeout=30)
-    held = pool.get_connection()
-    waiter = threading.Thread(target=lambda: pool.release(pool.get_connection()))
+    held = connection_of(pool)
+    waiter = threading.Thread(target=lambda: pool.release(connection_of(pool)))
     waiter.start()
     wait_until(lambda: pool._waiting == 1, 5, "a thread to wait")
     with warnings.catch_warnings():  # Python 3.12+: forking a process that has threads
@@ -116,7 +119,7 @@ def test_a_forked_child_gets_a_pool_of_its_own(redis_server: RedisServer) -> Non
         code = 2
         try:
             signal.alarm(10)
-            connection = pool.get_connection()
+            connection = connection_of(pool)
             connection.send_command("PING")
             code = 0 if connection.read_response() == b"PONG" and pool._waiting == 0 else 1
         finally:
