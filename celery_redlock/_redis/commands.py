@@ -145,23 +145,33 @@ def pack(encoder: Any, args: tuple[Any, ...]) -> bytes:
     request, the same on every call) are packed once per encoding and kept, at most
     :data:`PACKED_MAX` of each per encoding; formatting bytes costs more than the rest of
     the packing (about 2,500 instructions an argument). Keys and owner tokens are longer than
-    :data:`PACKED_TEXT_MAX` and are never kept.
+    :data:`PACKED_TEXT_MAX` and are never kept: their length lines come from
+    :data:`_LENGTHS`, and UTF-8 text is encoded by ``str.encode``'s default path.
     """
     encoding, errors = encoder.encoding, encoder.encoding_errors
     kept = _packed.get(encoding)
     if kept is None:
         kept = _packed.setdefault(encoding, ({}, {}))
     texts, numbers = kept
-    parts = [b"*%d\r\n" % len(args)]
+    utf8 = encoding == "utf-8" and errors == "strict"
+    count = len(args)
+    parts = [_ARRAYS[count] if count < LENGTHS_KEPT else b"*%d\r\n" % count]
     for arg in args:
         kind = type(arg)
         if kind is str:
             packed = texts.get(arg)
             if packed is None:
-                data = arg.encode(encoding, errors)
-                packed = b"$%d\r\n%s\r\n" % (len(data), data)
+                data = arg.encode() if utf8 else arg.encode(encoding, errors)
                 if len(arg) <= PACKED_TEXT_MAX and len(texts) < PACKED_MAX and arg.isascii():
-                    texts[arg] = packed
+                    packed = texts[arg] = b"$%d\r\n%s\r\n" % (len(data), data)
+                else:
+                    size = len(data)
+                    parts += (
+                        _LENGTHS[size] if size < LENGTHS_KEPT else b"$%d\r\n" % size,
+                        data,
+                        CRLF,
+                    )
+                    continue
         elif kind is int:
             packed = numbers.get(arg)
             if packed is None:
@@ -170,7 +180,9 @@ def pack(encoder: Any, args: tuple[Any, ...]) -> bytes:
                 if len(numbers) < PACKED_MAX:
                     numbers[arg] = packed
         elif kind is bytes:
-            packed = b"$%d\r\n%s\r\n" % (len(arg), arg)
+            size = len(arg)
+            parts += (_LENGTHS[size] if size < LENGTHS_KEPT else b"$%d\r\n" % size, arg, CRLF)
+            continue
         else:
             raise TypeError(f"cannot send a {kind.__name__} argument: {arg!r}")
         parts.append(packed)
@@ -183,6 +195,12 @@ _packed: dict[str, tuple[dict[str, bytes], dict[int, bytes]]] = {}
 PACKED_MAX = 256
 #: The longest text :func:`pack` keeps (a script's SHA-1 digest: 40 characters).
 PACKED_TEXT_MAX = 40
+#: Sizes below this have their RESP length lines made once: ``_LENGTHS[n]`` is ``$<n>\r\n``
+#: (a bulk string's) and ``_ARRAYS[n]`` is ``*<n>\r\n`` (a request's).
+LENGTHS_KEPT = 1024
+_LENGTHS = tuple(b"$%d\r\n" % n for n in range(LENGTHS_KEPT))
+_ARRAYS = tuple(b"*%d\r\n" % n for n in range(LENGTHS_KEPT))
+CRLF = b"\r\n"
 
 
 def run_script(client: Any, source: str, keys: list[str], args: list[Any]) -> Any:

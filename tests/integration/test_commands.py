@@ -77,6 +77,7 @@ def library_calls(run: Callable[[], Any]) -> tuple[Any, int]:
         ("SET", "redlock:{t:ab}", "0f|12|1700000000000|hôst|id", "NX", "PX", 30000, "GET"),
         ("EVALSHA", "a" * 40, 3, "k1", "k2", "k3", "token", 0, "1"),
         ("SET", b"\x00\xffbytes", b"", "PX", -1),
+        ("SET", "k" * 2000, b"v" * 1500, "PX", 1, "x" * 1023, b"y" * 1024),  # long lengths
     ],
 )
 @pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
