@@ -3,10 +3,10 @@ URL: redis-py's plain pool, which waits for a free connection when all of them a
 
 redis-py's ``BlockingConnectionPool`` waits too, but every command it serves takes and gives
 back its connection through a ``queue.LifoQueue`` (a condition variable and its locks, in
-Python) and times the wait: about 9,400 instructions per locked execution, more than a third
-of what our engine adds over redis-py's ``Lock`` (docs/benchmarks.md). :class:`WaitingPool`
-takes the plain pool's path (one lock, in C) while a connection is free, and waits only when
-all :attr:`max_connections` are out.
+Python) and times the wait: 67,601 instructions per command for the connection, against 62,430
+from the plain pool (docs/benchmarks.md). :class:`WaitingPool` takes the plain pool's path
+(one lock, in C) while a connection is free, and waits only when all :attr:`max_connections`
+are out (65,967).
 
 The wait, as a timeline (100 connections, 101 threads):
 
