@@ -101,10 +101,10 @@ class Credentials:
 
         :raises ValueError: for a value of only whitespace, a user without a password or the
             reverse, a short token (counted without its trailing line breaks) or one holding
-            whitespace, a short password (basic auth has no lockout: a password is guessed at
-            network speed), or a user name with a ``:``, which basic auth cannot carry (RFC
-            7617: the browser sends ``user:password``, split at the first ``:``; every login
-            was refused).
+            whitespace or a character other than printable ASCII, a short password (basic auth
+            has no lockout: a password is guessed at network speed), or a user name with a
+            ``:``, which basic auth cannot carry (RFC 7617: the browser sends
+            ``user:password``, split at the first ``:``; every login was refused).
         """
         env = os.environ if env is None else env
         token, user, password = (_env_value(env, n) for n in (TOKEN_ENV, USER_ENV, PASSWORD_ENV))
@@ -117,6 +117,14 @@ class Credentials:
         if token is not None and any(c.isspace() for c in token):
             # A bearer token has none (RFC 6750), and a header's leading ones are dropped.
             raise ValueError(f"{TOKEN_ENV} cannot contain spaces or line breaks")
+        if token is not None and not all("!" <= c <= "~" for c in token):
+            # Timeline without: (1) a token with an "ä" starts the server and logs in through
+            # the form; (2) curl sends it in UTF-8, the server reads header bytes as Latin-1;
+            # (3) every scripted request is sent to the login page, with the right token.
+            raise ValueError(
+                f"{TOKEN_ENV} must be printable ASCII (an Authorization header carries no other; "
+                "secrets.token_urlsafe gives one)"
+            )
         if password is not None and len(password) < 12:
             raise ValueError(f"{PASSWORD_ENV} must be at least 12 characters")
         return cls(token, user, password)

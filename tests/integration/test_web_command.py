@@ -65,6 +65,14 @@ def test_a_short_secret_is_refused() -> None:
     assert done.returncode == 1 and "REDLOCK_WEB_SECRET must be at least 32" in done.stderr
 
 
+def test_a_token_no_authorization_header_carries_is_refused() -> None:
+    """curl sends "ä" in UTF-8 and the server reads header bytes as Latin-1: such a token
+    logged in through the form, but every scripted request went to the login page."""
+    done = run(*CMD, "web", env={TOKEN_ENV: "p\u00e4sswort-token-1234"})
+    assert done.returncode == 1, done.stderr
+    assert "REDLOCK_WEB_TOKEN must be printable ASCII" in done.stderr
+
+
 def test_a_token_of_whitespace_only_is_refused() -> None:
     done = run(*CMD, "web", env={TOKEN_ENV: " " * 20 + "\n"})
     assert done.returncode == 1 and "REDLOCK_WEB_TOKEN is only whitespace" in done.stderr

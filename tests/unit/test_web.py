@@ -125,6 +125,11 @@ def test_credentials_come_from_the_environment_and_are_checked() -> None:
     assert guard.login("wrong") is None
     assert guard.actor(None, session[:-1] + "0") in (None, "token (session)")  # 1/16 collide
     assert not guard.valid_session("nonce." + "0" * 64)
+    # No Authorization header carries "ä" as sent: curl sends UTF-8, servers read Latin-1.
+    for odd in ("\u00e4", "\x7f", "\x01", "\u20ac"):
+        with pytest.raises(ValueError, match="REDLOCK_WEB_TOKEN must be printable ASCII"):
+            Credentials.from_env({"REDLOCK_WEB_TOKEN": "t" * 20 + odd})
+    assert Credentials.from_env({"REDLOCK_WEB_TOKEN": "A-z_0.9~+/=!#$%&'*"}).token
 
 
 @pytest.mark.parametrize("name", ["REDLOCK_WEB_TOKEN", "REDLOCK_WEB_USER", "REDLOCK_WEB_PASSWORD"])
