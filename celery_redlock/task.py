@@ -173,7 +173,7 @@ class LockedTask(Task):  # type: ignore[misc]
         except LockUnavailable as exc:
             logger.warning("%s: enqueue de-duplication skipped: %s", self.name, exc)
             queued = None
-        if queued is not None and queued != task_id:
+        if queued is not None:  # its own task_id too: that call is queued, not published again
             logger.info(
                 "%s[%s] not queued: the same call is queued as %s", self.name, task_id, queued
             )

@@ -1226,7 +1226,11 @@ def mark_queued(
     caller holds the id of a call that was never queued, and B never runs.
 
     A marker whose call the result backend says has ended is replaced (see
-    :meth:`~celery_redlock.LockedTask.apply_async`). Raises :class:`LockUnavailable` when
+    :meth:`~celery_redlock.LockedTask.apply_async`); one that names this call's own task id
+    is no exception. Timeline if the own id were returned as "marked": (1) ``task_id="r-42"``
+    is queued; (2) a second ``apply_async(task_id="r-42")`` finds its own id and is published
+    too; (3) the first execution clears the marker, the second message runs the body again.
+    Raises :class:`LockUnavailable` when
     Redis does not answer, or when another call was being published again once this one took
     the marker over (the caller then publishes: never a dropped call).
     """
@@ -1245,7 +1249,7 @@ def mark_queued(
         if queued is None:
             return None
         if not queued.publishing:
-            if queued.task_id == task_id or replaced or not has_ended(task, queued.task_id):
+            if replaced or not has_ended(task, queued.task_id):
                 return queued.task_id
             companions.clear_queued(settings.url, keys, queued.task_id)  # if still that call's
             replaced = True

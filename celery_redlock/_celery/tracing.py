@@ -496,8 +496,7 @@ def traced_enqueue(mark_queued: F) -> F:
             raise
         finally:
             _current.reset(token)
-        task_id = args[2] if len(args) > 2 else kwargs.get("task_id")
-        if queued is not None and queued != task_id:
+        if queued is not None:
             op.attributes["redlock.queued_task_id"] = str(queued)
             _finish(op, "skipped")
         else:

@@ -622,6 +622,36 @@ def test_a_task_id_of_any_form_is_taken_as_it_is(app: Celery, r: redis_py.Redis)
     assert r.get(queued_key(report)) == b"?weekly-report"
 
 
+@pytest.mark.parametrize("mode", [True, "until_executed"])
+def test_a_call_reusing_the_queued_calls_task_id_is_that_call(
+    app: Celery, r: redis_py.Redis, broker: redis_py.Redis, mode: bool | str
+) -> None:
+    """Helper probe, round 3: a second ``apply_async(task_id="report-42")`` while that call
+    was queued found its own id in the marker and was published again; the first execution
+    cleared the marker and the second message ran the body a second time. It is the queued
+    call now. An ended call's marker under that id is still replaced, and its call published."""
+    ran: list[str] = []
+
+    @app.task(base=LockedTask, lock_enqueue=mode, lock_by=["n"])
+    def report(n: int) -> int:
+        ran.append(report.request.id)
+        return n
+
+    first = report.apply_async((42,), task_id="report-42")
+    again = report.apply_async((42,), task_id="report-42")
+    assert again.id == first.id == "report-42"
+    assert broker.llen("celery") == 1
+    with running_worker(app):
+        assert first.get(timeout=10) == 42
+        wait_until(lambda: r.get(queued_key(report, 42)) is None, 5, "the marker to be cleared")
+        assert ran == ["report-42"]
+        r.set(queued_key(report, 42), "report-42", px=3_600_000)  # as a failed clear leaves it
+        after = report.apply_async((42,), task_id="report-42")  # its call ended: published
+        assert after.get(timeout=10) == 42
+        wait_until(lambda: len(ran) == 2, 5, "the reused id's call to run")
+    assert ran == ["report-42", "report-42"]
+
+
 @pytest.mark.parametrize("form", ["aware", "naive-utc", "iso"])
 def test_the_marker_ends_with_an_expires_of_any_form(
     app: Celery, r: redis_py.Redis, form: str

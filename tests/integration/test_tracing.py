@@ -438,10 +438,13 @@ def test_an_enqueue_duplicate_records_its_span_in_the_caller(
     with trace.get_tracer("test").start_as_current_span("caller") as caller:
         first = once.delay()
         again = once.delay()
-    assert again.id == first.id
+        same = once.apply_async(task_id=first.id)  # its own id: that queued call, not published
+    assert again.id == same.id == first.id
     enqueues = named(spans, "redlock.enqueue")
-    assert [s.attributes["redlock.outcome"] for s in enqueues] == ["acquired", "skipped"]
+    outcomes = [s.attributes["redlock.outcome"] for s in enqueues]
+    assert outcomes == ["acquired", "skipped", "skipped"]
     assert enqueues[1].attributes["redlock.queued_task_id"] == first.id
+    assert enqueues[2].attributes["redlock.queued_task_id"] == first.id
     key = lock_key(once)  # the dropped duplicate names its key, as an acquire span does
     for span in enqueues:
         assert f"{span.attributes['redlock.key.prefix']}:{{" in key
