@@ -4,7 +4,14 @@ rate window and the per-call record.
 The Celery layer decides *when* (at publish, at start, after the lock is taken); this module
 sends the commands, through the scripts of :mod:`celery_redlock._redis.scripts.companions`.
 ``target`` is what :func:`~celery_redlock._redis.nodes.nodes_for` takes (a URL, a client, or a
-quorum's list): companions are advisory, so a quorum keeps them on the first node that answers.
+quorum's list). Companions are advisory, so a quorum keeps the queued marker and the call record
+on the first node that answers. The newest-call marker is kept on every node, and each of its
+scripts needs a majority's answers: a call's number is the largest its nodes gave, and a call is
+superseded when any node knows a newer one. Timeline on the first node that answers: (1) call A
+is numbered and made the newest on node 0; (2) node 0 stalls for a second while B is published:
+B is numbered by node 1's clock and made the newest there; (3) node 0 answers again, and the
+workers read its marker: A runs, and with node 1's clock behind node 0's by more than the time
+between the two calls, B is superseded by A: the newest edit is dropped.
 
 A node that does not answer, or refuses (``NOPERM``, ``OOM``...), raises
 :class:`~celery_redlock.LockUnavailable`; :func:`acl_refusal` tells an ACL refusal apart and
@@ -45,6 +52,17 @@ def _run(
     try:
         return nodes_for(target, timeout).run(source, call, key)
     except redis_py.exceptions.ResponseError as exc:  # a quorum node's refusal
+        if not refused(exc):
+            raise
+        raise LockUnavailable(f"Redis refused {key}: {exc}", key=key) from exc
+
+
+def _run_each(target: Any, source: str, call: tuple[list[str], list[Any]], key: str) -> list[Any]:
+    """The replies of a majority of a quorum's nodes (one node: its one reply), as :func:`_run`
+    raises."""
+    try:
+        return nodes_for(target).run_each(source, call, key)
+    except redis_py.exceptions.ResponseError as exc:
         if not refused(exc):
             raise
         raise LockUnavailable(f"Redis refused {key}: {exc}", key=key) from exc
@@ -143,25 +161,30 @@ def mark_newest(
 ) -> Marked:
     """Number a call about to be published and open (or extend) its debounce window.
 
-    The call becomes the newest only with :func:`confirm_newest`, once published.
+    The call becomes the newest only with :func:`confirm_newest`, once published. On a quorum
+    its number is the largest of the nodes' and its delay the shortest (the window's cap
+    counts from the earliest first call any node saw).
     """
     call = _scripts.mark_newest_call(keys, debounce_ms, debounce_max_ms, ttl_ms)
-    reply = _run(target, _scripts.MARK_NEWEST, call, keys.newest)
-    return Marked(int(reply[0]), int(reply[1]))
+    replies = _run_each(target, _scripts.MARK_NEWEST, call, keys.newest)
+    return Marked(min(int(r[0]) for r in replies), max(int(r[1]) for r in replies))
 
 
 def confirm_newest(target: Any, keys: LockKeys, task_id: str, seq: int) -> bool:
-    """After its publish: make the call numbered ``seq`` the newest, unless a later one is."""
+    """After its publish: make the call numbered ``seq`` the newest, unless a later one is
+    (on a quorum: on the nodes where none is; whether one of them made it the newest)."""
     call = ([keys.newest], [task_id, seq])
-    return bool(_run(target, _scripts.CONFIRM_NEWEST, call, keys.newest))
+    return any(_run_each(target, _scripts.CONFIRM_NEWEST, call, keys.newest))
 
 
 def check_newest(target: Any, keys: LockKeys, task_id: str, seq: int, ttl_ms: int) -> str | None:
     """At start: the task id of the newer call that supersedes ``task_id``, or ``None`` (run;
     a debounce window it is the newest of closes; with no marker left, the call is marked the
-    newest for ``ttl_ms``, so that older calls starting after it are superseded)."""
+    newest for ``ttl_ms``, so that older calls starting after it are superseded). On a
+    quorum, a newer call that any node of the majority knows supersedes it."""
     call = _scripts.check_newest_call(keys, task_id, seq, ttl_ms)
-    return _scripts.decode_check_newest(_run(target, _scripts.CHECK_NEWEST, call, keys.newest))
+    replies = _run_each(target, _scripts.CHECK_NEWEST, call, keys.newest)
+    return next(filter(None, map(_scripts.decode_check_newest, replies)), None)
 
 
 # -- the rate window (lock_rate) -----------------------------------------------------------------

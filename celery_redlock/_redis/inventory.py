@@ -649,9 +649,41 @@ class Inventory:
         if marker is None:
             raise ValueError(f"{key!r} is not an enqueue marker, rate window or debounce marker")
         keys, _, kind = marker
+        if kind == "newest" and len(self.urls) > 1:
+            return self._clear_newest(key, fingerprint)
         call = ([key, keys.rate_next if kind == "rate" else key], [fingerprint])
         cleared = self._each(lambda c: run_script(c, _scripts.CLEAR_MARKER, *call))
         return any(bool(r) for r in cleared)
+
+    def _clear_newest(self, key: str, fingerprint: str) -> bool:
+        """A quorum's newest-call marker: on every node, each copy numbered by that node's
+        clock, so no two copies have one fingerprint. The copies naming the call of the copy
+        shown are cleared, each by its own fingerprint, when the shown copy is still there;
+        a copy rewritten since it was read is kept, as :data:`CLEAR_MARKER` keeps it."""
+
+        def read(client: Any) -> tuple[str, Any] | None:
+            dumped, newest = client.dump(key), client.hget(key, "id")
+            return (
+                None if dumped is None else (hashlib.sha1(bytes(dumped)).hexdigest()[:16], newest)
+            )
+
+        copies = self._each(read)
+        shown = next((c[1] for c in copies if c is not None and c[0] == fingerprint), None)
+        if shown is None:
+            return False
+        cleared = False
+        for i, copy in enumerate(copies):
+            if copy is None or copy[1] != shown:
+                continue
+            try:
+                call = ([key, key], [copy[0]])
+                cleared |= bool(run_script(self._client(i), _scripts.CLEAR_MARKER, *call))
+            except Exception as exc:
+                error = self._failure(self.urls[i], exc)
+                if isinstance(error, InventoryRefused):
+                    raise error from exc
+                self.on_unanswered(redact(self.urls[i]), error)
+        return cleared
 
     # -- counters -------------------------------------------------------------------------------
 
@@ -827,8 +859,12 @@ class Inventory:
 
     def _read_markers(self, i: int, named: dict[str, tuple[str, str]]) -> list[Marker]:
         """The markers ``{key: (name, kind)}`` found on the ``i``-th node of the walk, read
-        there (a quorum keeps them on the first node that answers): one pipelined round trip.
-        A marker gone since the ``SCAN`` is left out."""
+        there: one pipelined round trip (a quorum keeps its newest-call markers on every node,
+        the others on the first node that answers; on a later node, one more per earlier node
+        for the newest-call markers, :meth:`_not_listed_before`). A marker gone since the
+        ``SCAN`` is left out."""
+        if i > 0 and len(self.urls) > 1:
+            named = self._not_listed_before(i, named)
         if not named:
             return []
         client = self._targets()[i][0]
@@ -864,6 +900,30 @@ class Inventory:
                 )
             )
         return out
+
+    def _not_listed_before(
+        self, i: int, named: dict[str, tuple[str, str]]
+    ) -> dict[str, tuple[str, str]]:
+        """On a quorum's ``i``-th node, the markers of ``named`` that no earlier node lists: a
+        newest-call marker is on every node (:mod:`~celery_redlock._redis.companions`), and is
+        listed by the first node that has it, as a lock is. An earlier node that does not
+        answer lists nothing."""
+        newest = [key for key, (_, kind) in named.items() if kind == "newest"]
+        for j in range(i):
+            if not newest or j in self._known_down():
+                break
+            pipe = self._client(j).pipeline(transaction=False)
+            for key in newest:
+                pipe.exists(key)
+            try:
+                found = _replies(pipe)
+            except Exception as exc:
+                if classify(exc) is None:
+                    raise
+                continue
+            newest = [key for key, there in zip(newest, found, strict=True) if not there]
+        listed = set(named) - {k for k, (_, kind) in named.items() if kind == "newest"}
+        return {key: value for key, value in named.items() if key in listed or key in newest}
 
     def _waiters(self, locks: Sequence[HeldLock]) -> dict[str, int]:
         """The blocking waiters queued for each of ``locks``, by key, read on the first node

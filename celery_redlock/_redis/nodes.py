@@ -128,6 +128,9 @@ class Nodes(Protocol):
 
     def run(self, source: str, call: Call, key: str) -> Any: ...
 
+    def run_each(self, source: str, call: Call, key: str) -> list[Any]:
+        """The replies of every node that answered ``source`` (one node: one reply)."""
+
 
 class SingleNode(QueueRules):
     """A lock on one Redis server (or one Sentinel-managed primary, or a Cluster)."""
@@ -290,6 +293,10 @@ class SingleNode(QueueRules):
         left as Redis said it, for the caller's own hint
         (:func:`~celery_redlock._redis.companions.acl_refusal`)."""
         return self._guarded(key, run_script, self.client, source, *call)
+
+    def run_each(self, source: str, call: Call, key: str) -> list[Any]:
+        """:meth:`run`, as a list of its one reply."""
+        return [self.run(source, call, key)]
 
 
 def _node_error(exc: BaseException) -> bool:
@@ -591,6 +598,22 @@ class Quorum(QuorumRules):
                     raise
                 errors.append((None, exc))
         raise self.no_quorum(key, list(self.names), "no node answers", errors)
+
+    def run_each(self, source: str, call: Call, key: str) -> list[Any]:
+        """Run another script on every node at once (the newest-call marker, which a stalled
+        node must not fork): the replies of the nodes that answered, a majority. When fewer
+        answer, a refusal among the errors (``NOPERM``...) is raised as Redis said it, for the
+        caller's hint (as :meth:`run`); else :class:`LockUnavailable` naming the nodes."""
+        replies = self._call_all(source, call)
+        answered = [reply for reply, error in replies if error is None]
+        if len(answered) >= self.quorum:
+            return answered
+        errors = [error for _, error in replies if error is not None]
+        refusal = next((e for e in errors if classify(e) is Outcome.REFUSED), None)
+        if refusal is not None:
+            raise refusal
+        failed = [self.names[i] for i, (_, error) in enumerate(replies) if error is not None]
+        raise self.no_quorum(key, failed, "too few nodes answer", replies)
 
     def pubsub_client(self, key: str) -> Any:
         """The first node that answers a PING, as :func:`subscriber_of` gives it (the waiters'

@@ -26,10 +26,13 @@ from celery import Celery
 from click.testing import CliRunner, Result
 
 from celery_redlock import Lock, LockedTask, LockLost, LockUnavailable, lock_key, metrics
-from celery_redlock._redis import probe
+from celery_redlock._redis import companions, probe
 from celery_redlock._redis.inventory import (
+    ROWS,
+    HeldLock,
     Inventory,
     InventoryRefused,
+    Marker,
     Released,
     ReleaseUnanswered,
     lease_age,
@@ -103,6 +106,39 @@ def test_a_quorum_lock_is_listed_once_by_the_first_node_holding_it() -> None:
         a.client().delete(locks[0].key)  # held by b and c: listed by b
         inventory = Inventory(urls, "redlock")
         assert sorted(walk(inventory, 3)) == sorted(lock.key for lock in locks)
+
+
+def test_a_quorum_newest_call_marker_is_listed_once_and_cleared_on_every_node() -> None:
+    """The newest-call marker is on every node of a quorum, each copy numbered by its node's
+    clock: walked node by node, it was listed three times, and Clear, which compares the
+    fingerprint of the copy shown, deleted one copy and left two to supersede calls."""
+    with RedisServer() as a, RedisServer() as b, RedisServer() as c:
+        urls = [a.url, b.url, c.url]
+        keys = keys_for("redlock", "edits")
+        for marked in ("old", "new"):
+            seq = companions.mark_newest(urls, keys, 0, 0, 60_000).seq
+            assert companions.confirm_newest(urls, keys, marked, seq)
+        a.client().hset(keys.newest, "n", "1")  # copies differ, as skewed clocks make them
+        locks = [Lock(urls, f"l-{i}", ttl=60) for i in range(ROWS + 20)]  # pages per node
+        for lock in locks:
+            assert lock.acquire(blocking=False)
+        inventory = Inventory(urls, "redlock")
+        markers: list[Marker] = []
+        listed: list[HeldLock] = []
+        cursor = "0"
+        while True:
+            view = inventory.view(cursor)
+            markers += view.markers
+            listed += view.locks
+            cursor = view.cursor
+            if cursor == "0":
+                break
+        assert [(m.key, m.kind, m.task_id) for m in markers] == [(keys.newest, "newest", "new")]
+        assert len(listed) == len(locks)
+        assert not inventory.clear_marker(keys.newest, "0" * 16)  # a stale page: kept
+        assert [s.client().exists(keys.newest) for s in (a, b, c)] == [1, 1, 1]
+        assert inventory.clear_marker(keys.newest, markers[0].fingerprint)
+        assert [s.client().exists(keys.newest) for s in (a, b, c)] == [0, 0, 0]
 
 
 def test_a_quorum_lock_is_released_on_every_node() -> None:

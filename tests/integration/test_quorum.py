@@ -19,6 +19,7 @@ import pytest
 from celery import Celery
 
 from celery_redlock import Lock, LockedTask, LockUnavailable, current_lock, lock_key
+from celery_redlock._redis import companions
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.lock import release_attempt
 from celery_redlock._redis.nodes import Quorum
@@ -372,6 +373,80 @@ def test_release_attempt_reaches_every_node(nodes: list[RedisServer]) -> None:
     assert lock.acquire(blocking=False)
     assert release_attempt(urls(nodes), "job", "redlock", "task-1", "w1", pid, timeout=1.0)
     assert values(nodes[1:4], lock.key) == [None] * 3
+
+
+# -- the newest-call marker (lock_enqueue="replace", lock_debounce) -----------------------------
+
+
+@contextlib.contextmanager
+def stalled(server: RedisServer) -> Iterator[None]:
+    """``server`` frozen (SIGSTOP) inside the block: a node that stalls for a moment."""
+    assert server.process is not None
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+
+
+def test_a_call_numbered_while_the_first_node_stalled_is_still_the_newest(
+    nodes: list[RedisServer],
+) -> None:
+    """Helper probe, round 3: the marker lived on the first node that answered. Node 0
+    stalled while B was published, so B was numbered and marked on node 1; once node 0
+    answered again its marker named A. A ran too, and with node 1's clock behind node 0's
+    (here: node 0's marker numbered by a clock 10 s ahead) B was superseded by A: the newest
+    call dropped. The marker is on every node now, B is numbered above A on any majority,
+    and A is superseded."""
+    three, ttl = nodes[:3], 60_000
+    keys = keys_for("redlock", "newest-stall")
+    ahead = (time.time() + 10) * 1_000_000
+    on_node(three[0], "HSET", keys.newest, "n", f"{ahead:.0f}")
+    on_node(three[0], "PEXPIRE", keys.newest, ttl)
+    a = companions.mark_newest(urls(three), keys, 0, 0, ttl)
+    assert companions.confirm_newest(urls(three), keys, "A", a.seq)
+    with stalled(three[0]):
+        b = companions.mark_newest(urls(three), keys, 0, 0, ttl)
+        assert companions.confirm_newest(urls(three), keys, "B", b.seq)
+    assert b.seq > a.seq
+    assert companions.check_newest(urls(three), keys, "B", b.seq, ttl) is None
+    assert companions.check_newest(urls(three), keys, "A", a.seq, ttl) == "B"
+    assert [on_node(s, "HGET", keys.newest, "id") for s in three] == [b"B"] * 3
+
+
+def test_the_newest_call_marker_needs_a_majority(nodes: list[RedisServer]) -> None:
+    """With two of three nodes down the call is not numbered: it is published unmarked (the
+    caller's outage path), never numbered by one node alone; the error names the nodes."""
+    three = nodes[:3]
+    keys = keys_for("redlock", "newest-minority")
+    three[1].stop()
+    three[2].stop()
+    with pytest.raises(LockUnavailable, match="2 of 3 nodes failed") as info:
+        companions.mark_newest(urls(three), keys, 0, 0, 60_000)
+    assert name_of(three[1]) in str(info.value) and name_of(three[2]) in str(info.value)
+
+
+def test_newest_wins_through_a_stalled_first_node(
+    nodes: list[RedisServer], redis_server: RedisServer
+) -> None:
+    """The probe's case through a worker: A queued, node 0 stalls while B is published, B's
+    arguments run and A's do not."""
+    three = nodes[:3]
+    app: Celery = make_app(redis_server, "newest-quorum", redlock_url=urls(three))
+    ran: list[str] = []
+
+    @app.task(base=LockedTask, lock_enqueue="replace", lock_by=["account"], shared=False)
+    def edit(account: int, value: str) -> str:
+        ran.append(value)
+        return value
+
+    older = edit.delay(7, "older")
+    with stalled(three[0]):
+        newer = edit.delay(7, "newer")
+    with running_worker(app):
+        assert newer.get(timeout=20) == "newer"
+        assert older.get(timeout=20) is None  # superseded: ends like a skip
+    assert ran == ["newer"]
 
 
 # -- through Celery -----------------------------------------------------------------------------

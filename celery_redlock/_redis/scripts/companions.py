@@ -115,7 +115,12 @@ CONFIRM_NEWEST = """
 -- ARGV[1] task id of a call just published, ARGV[2] its number (from MARK_NEWEST)
 -- returns 1 it is the newest call now, 0 a later one is (or the marker expired: nothing is
 --         written, so no key without a TTL is created)
-if not redis.call('HGET', KEYS[1], 'n') then return 0 end
+-- The last number is raised to the call's: on a quorum the call's number is the largest its
+-- nodes gave (each counts from its own clock), and the next call must be numbered above it
+-- on any majority, whatever their clocks say.
+local last = redis.call('HGET', KEYS[1], 'n')
+if not last then return 0 end
+if tonumber(ARGV[2]) > tonumber(last) then redis.call('HSET', KEYS[1], 'n', ARGV[2]) end
 if tonumber(ARGV[2]) > tonumber(redis.call('HGET', KEYS[1], 'seq') or '0') then
   redis.call('HSET', KEYS[1], 'id', ARGV[1], 'seq', ARGV[2])
   return 1
@@ -156,6 +161,9 @@ if newest and tonumber(redis.call('HGET', KEYS[1], 'seq') or '0') > mine then
   return {2, newest}
 end
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'seq', ARGV[2])
+if mine > tonumber(redis.call('HGET', KEYS[1], 'n')) then
+  redis.call('HSET', KEYS[1], 'n', ARGV[2])  -- a quorum node that missed the call's numbering
+end
 redis.call('HDEL', KEYS[1], 'first')
 return {1}
 """
