@@ -19,13 +19,15 @@ Combinations with the app's settings that cannot work (``lock_limit`` > 1 over a
 rejected when the task is bound to its app. Every name starting with ``lock_`` is reserved, and
 the other API's spelling is refused with the right one (``by=[...]`` names ``lock_by``). So is a
 ``run`` already decorated with ``@single_instance``: the call would take its lock twice and
-contend with itself.
+contend with itself; and a base class's ``__call__`` that does not call ``super().__call__``,
+which would run every execution unlocked.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
+import types
 from datetime import datetime
 from typing import Any
 
@@ -72,6 +74,7 @@ class LockedTask(Task):  # type: ignore[misc]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        _refuse_a_call_around_the_lock(cls)
         _freeze_options(cls)
 
     @classmethod
@@ -219,6 +222,44 @@ class LockedTask(Task):  # type: ignore[misc]
             check_not_mapped(self, get_current_worker_task())
             return super().__call__(*args, **kwargs)
         return engine.execute(self, args, kwargs, lambda: self.run(*args, **kwargs), request)
+
+
+def _refuse_a_call_around_the_lock(cls: type) -> None:
+    """Refuse a ``__call__`` before ``LockedTask``'s in the MRO of ``cls`` that does not go on
+    to it (its code names neither ``super`` nor ``LockedTask``).
+
+    Celery runs each execution through the task's ``__call__``, and ``LockedTask`` takes the
+    lock in its own. Timeline without this: (1) a base ``class DBTask(LockedTask)`` overrides
+    ``__call__`` to open a session and ends with ``return self.run(*args, **kwargs)``, as
+    Celery's guide shows for a plain ``Task``; (2) every execution runs the body with no lock
+    and no warning: two workers run ``sync_account(42)`` at once. A ``__call__`` that reaches
+    the lock only through a helper of its own is refused too: the check reads the method's
+    code, and says what to write instead.
+    """
+    for klass in cls.__mro__:
+        if klass is LockedTask:
+            return
+        method = klass.__dict__.get("__call__")
+        code = getattr(inspect.unwrap(method), "__code__", None) if method else None
+        if code is not None and not _names_the_lock(code):
+            raise LockConfigError(
+                f"task {cls.__dict__.get('name') or cls.__qualname__}: "
+                f"{klass.__qualname__}.__call__ does not call super().__call__, where "
+                "LockedTask takes the lock: every execution would run unlocked. Expected "
+                "`return super().__call__(*args, **kwargs)` in it, in place of "
+                "`self.run(*args, **kwargs)` (what Celery's guide shows for a plain Task)"
+            )
+
+
+def _names_the_lock(code: types.CodeType) -> bool:
+    """Whether ``code``, or a function defined in it, names ``super`` or ``LockedTask``."""
+    codes = [code]
+    while codes:
+        current = codes.pop()
+        if "super" in current.co_names or "LockedTask" in current.co_names:
+            return True
+        codes.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+    return False
 
 
 def _freeze_options(cls: type) -> None:

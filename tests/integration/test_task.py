@@ -26,6 +26,7 @@ from celery_redlock import (
     LockContended,
     LockedTask,
     LockUnavailable,
+    current_fencing_token,
     current_lock,
     lock_key,
     single_instance,
@@ -1215,6 +1216,26 @@ def test_a_chain_goes_on_with_none_after_a_skipped_step_and_stops_after_a_failed
                 result.get(timeout=10)
             assert result.parent.state == "FAILURE"
             assert errored.wait(10) and got == ["errback"]  # after() never ran
+
+
+def test_a_base_call_that_calls_super_runs_under_the_lock(app: Celery) -> None:
+    """The ``__call__`` of a ``LockedTask`` base that ends with ``super().__call__`` (what
+    the refusal of one that calls ``self.run`` asks for) runs inside the lock."""
+    seen: list[str] = []
+
+    class Session(LockedTask):  # type: ignore[misc]
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            seen.append("session")
+            return super().__call__(*args, **kwargs)
+
+    @app.task(base=Session, lock_by=["n"], shared=False)
+    def work(n: int) -> int | None:
+        return current_fencing_token()
+
+    with hold_lock(work, 3):
+        assert work.apply((3,)).get() is None  # skipped: the key is held
+    assert isinstance(work.apply((3,)).get(), int)  # ran under the lock, with its token
+    assert seen == ["session", "session"]
 
 
 def test_celery_marks_a_replacement_with_a_nesting_above_the_running_requests(

@@ -663,6 +663,46 @@ def test_both_apis_on_one_task_are_refused_when_the_class_is_built(app: Celery) 
     assert "twice" in message and "contend with itself" in message
 
 
+def test_a_base_call_that_skips_the_lock_is_refused_when_the_class_is_built() -> None:
+    """Helper probe, round 3: a ``LockedTask`` base whose ``__call__`` ends with
+    ``self.run(...)``, as Celery's guide shows for a plain ``Task``, ran every execution
+    unlocked: two pool children ran ``sync_account(42)`` at once, with no warning."""
+
+    class Session(Task):  # type: ignore[misc]
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return self.run(*args, **kwargs)
+
+    with pytest.raises(LockConfigError) as info:
+
+        class DBTask(LockedTask):  # type: ignore[misc]
+            def __call__(self, *args: Any, **kwargs: Any) -> Any:
+                return self.run(*args, **kwargs)
+
+    message = str(info.value)
+    assert "DBTask.__call__ does not call super().__call__" in message
+    assert "every execution would run unlocked" in message
+    assert "`return super().__call__(*args, **kwargs)`" in message
+    with pytest.raises(LockConfigError, match=r"TaskCall.__call__ does not call super"):
+
+        class TaskCall(LockedTask):  # type: ignore[misc]
+            def __call__(self, *args: Any, **kwargs: Any) -> Any:
+                return Task.__call__(self, *args, **kwargs)  # past LockedTask's
+
+    with pytest.raises(LockConfigError, match=r"Session.__call__ does not call super"):
+
+        class Before(Session, LockedTask):  # type: ignore[misc]
+            pass
+
+    class Calls(LockedTask):  # type: ignore[misc]
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return super().__call__(*args, **kwargs)
+
+    class After(LockedTask, Session):  # type: ignore[misc]
+        pass
+
+    assert Calls.__call__ is not LockedTask.__call__ and After.__call__ is LockedTask.__call__
+
+
 def test_single_instance_under_a_locked_task_cls_names_the_app_wide_base() -> None:
     """Probe: with ``Celery(task_cls=LockedTask)`` the refusal said "base=LockedTask", which
     the user never wrote, and named no way out for that one task."""
