@@ -363,6 +363,33 @@ def test_the_startup_dry_run_names_exactly_the_command_a_user_lacks(
     assert refused["less"] - refused["whole"] == {dropped[1:].upper()}, refused
 
 
+def test_a_user_without_script_load_and_evalsha_is_told_both_at_one_start(
+    tls: TlsServer,
+    servers: list[TlsServer],
+    redis_server: RedisServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The dry run skipped EVALSHA when SCRIPT LOAD was refused (nothing loaded to run): the
+    first start said to grant ``+script|load``, the next ``+evalsha``, two rounds for one fix.
+    EVALSHA of a script not loaded is refused by the ACL first, else answered NOSCRIPT: one
+    start names both, and granting what it names ends the ERROR."""
+    _set_user(servers, "no-scripts", ACL_RULES.replace(" +evalsha +script|load", ""))
+    app = make_app(redis_server, "acl-scripts", redlock_url=tls.url("no-scripts", "secret"))
+
+    @app.task(base=LockedTask, shared=False)
+    def work() -> None: ...
+
+    (error,) = _checked(app, caplog)[logging.ERROR]
+    assert "refuses commands this package needs: EVALSHA, SCRIPT|LOAD (" in error, error
+    grant = re.search(r"grant them to the ACL user \(([^)]*)\)", error)
+    assert grant is not None and set(grant[1].split()) == {"+evalsha", "+script|load"}, error
+    _set_user(servers, "granted", f"{ACL_RULES.replace(' +evalsha +script|load', '')} {grant[1]}")
+    app.conf.redlock_url = tls.url("granted", "secret")
+    reset_settings(app)
+    assert logging.ERROR not in _checked(app, caplog)
+    app.close()
+
+
 def test_a_user_without_time_leaves_no_key_behind_its_refused_acquire(tls: TlsServer) -> None:
     """The acquire script wrote the lock, then failed at ``TIME`` (refused): the key stayed,
     held by nobody, and the task's own retry found it held by itself. The script now reads
