@@ -930,10 +930,12 @@ def _on_unavailable(
     policy = settings.on_unavailable
     emit(task, request.id, "unavailable", settings=settings)
     url = settings.url
+    # Unset, the broker's URL serves: name the setting the user wrote, not one they did not.
+    source = "redlock_url" if task.app.conf.get("redlock_url") is not None else "broker_url"
     where = (
-        f"the lock Redis quorum at {redact(', '.join(url))} (redlock_url)"
+        f"the lock Redis quorum at {redact(', '.join(url))} ({source})"
         if isinstance(url, tuple)
-        else f"the lock Redis at {redact(url)} (redlock_url)"
+        else f"the lock Redis at {redact(url)} ({source})"
     )
     if policy == "run" and lock is not None and lock.last_holder is not None:
         countdown = max(lock.last_holder_ttl or 0.0, 1.0)

@@ -20,7 +20,8 @@ settings.
 
 ``redlock_url`` missing: if the broker is Redis (``redis://``, ``rediss://``, ``unix://``) its
 URL is used, with one INFO log line saying so; otherwise the first lock operation raises
-:class:`~celery_redlock.LockConfigError`.
+:class:`~celery_redlock.LockConfigError`, as it does for a Redis broker URL no lock client could
+be built from (naming ``broker_url``: the user never wrote ``redlock_url``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,15 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from .._redis import keys as _keys
-from .._redis.clients import SCHEMES, check_member, node_identity, redact, redact_url, with_tls
+from .._redis.clients import (
+    SCHEMES,
+    check_member,
+    node_identity,
+    redact,
+    redact_url,
+    validate_url,
+    with_tls,
+)
 from .._redis.nodes import majority
 from ..exceptions import LockConfigError
 
@@ -881,15 +890,26 @@ def _broker_url(owner: str, conf: Any, name: str) -> str:
             f"{missing} the broker is not Redis, so its URL cannot be reused{fix}"
         )
     tls = conf.get("broker_use_ssl")
-    if not tls:
-        return broker
+    url = broker
+    if tls:
+        try:
+            url = with_tls(broker, tls)
+        except ValueError as exc:
+            raise LockConfigError(
+                f"{missing} {exc}, so the broker's URL cannot serve for locks; set {name} to a "
+                "rediss:// URL with the TLS options as query options"
+            ) from None
+    # Checked here, not as redlock_url's value: the user never wrote that setting, and the
+    # message must name the one they wrote (and that setting redlock_url is the way out).
     try:
-        return with_tls(broker, tls)
+        validate_url(url)
     except ValueError as exc:
+        with_ssl = " with broker_use_ssl" if tls else ""
         raise LockConfigError(
-            f"{missing} {exc}, so the broker's URL cannot serve for locks; set {name} to a "
-            "rediss:// URL with the TLS options as query options"
+            f"{missing} broker_url={redact_url(broker)!r}{with_ssl}, the Redis broker's URL "
+            f"reused for locks, is invalid for them ({redact(exc)}){fix}"
         ) from None
+    return url
 
 
 #: The apps already told that their broker's URL is used for locks (once per process).

@@ -55,6 +55,7 @@ from .clients import (
     missing_tls_files,
     node_name,
     redact_url,
+    redis_py_spelling,
     uses_tls,
     validate_url,
 )
@@ -354,7 +355,7 @@ def client_for(url: str, timeout: float | None = None) -> Any:
             options["socket_timeout"] = timeout or 5.0
         if "socket_connect_timeout=" not in url:
             options["socket_connect_timeout"] = timeout or 2.0
-        pool = _pool_for(url, options)
+        pool = _pool_for(redis_py_spelling(url), options)
         client = clients[(url, timeout)] = aioredis.Redis(connection_pool=pool)
     return client
 

@@ -4,7 +4,8 @@ URL forms:
 
 * ``redis://[user:password@]host:port/db``, ``rediss://...`` (TLS: ``ssl_ca_certs``,
   ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs``, ``ssl_check_hostname`` as query
-  parameters) and ``unix:///path.sock``: what redis-py's ``from_url`` accepts;
+  parameters) and ``unix:///path.sock``: what redis-py's ``from_url`` accepts, and Celery's
+  ``ssl_cert_reqs=CERT_NONE`` (:func:`redis_py_spelling`);
 * ``redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]``: the primary that
   the Sentinels name ``service``, followed across failovers (``rediss+sentinel://`` for TLS to
   the primary, and with ``sentinel_ssl=true`` to the Sentinels too; ``sentinel_username=`` and
@@ -124,7 +125,7 @@ def client_for(url: str, timeout: float | None = None) -> Any:
             except ValueError as exc:
                 raise ValueError(f"{redact_url(url)!r} is not a valid Redis URL: {exc}") from None
             try:
-                client = _connect(url, options)
+                client = _connect(redis_py_spelling(url), options)
             except UNAVAILABLE_ERRORS as exc:  # a Cluster client connects when built
                 raise LockUnavailable(
                     f"Redis at {redact_url(url)} did not answer: {exc}", nodes=(redact_url(url),)
@@ -340,6 +341,28 @@ def _tls_value(key: str, value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+#: ``ssl_cert_reqs`` in a URL's query as Celery and kombu spell it (the :mod:`ssl` constants'
+#: names, ``CERT_NONE``), or in another case (``Required``); redis-py takes ``none``,
+#: ``optional`` and ``required`` only.
+_CELERY_CERT_REQS = re.compile(
+    r"(?<![^&])(ssl_cert_reqs=)(?:cert_)?(none|optional|required)(?=&|$)", re.IGNORECASE
+)
+
+
+def redis_py_spelling(url: str) -> str:
+    """``url`` with its ``ssl_cert_reqs`` value as redis-py spells it: Celery's and kombu's
+    ``CERT_NONE``, ``CERT_OPTIONAL``, ``CERT_REQUIRED`` (any case) become ``none``,
+    ``optional``, ``required``. A broker URL is reused, and copied, as the lock's URL, and
+    redis-py refuses those spellings ("Invalid SSL Certificate Requirements Flag: CERT_NONE").
+    Anything else in ``url`` is left as it is, byte for byte."""
+    query = urlsplit(url).query
+    if "ssl_cert_reqs=" not in query.lower():
+        return url
+    start = url.index("?") + 1  # a query starts at the first "?": no part before holds one
+    spelled = _CELERY_CERT_REQS.sub(lambda m: m[1] + m[2].lower(), query)
+    return url[:start] + spelled + url[start + len(query) :]
+
+
 def with_tls(url: str, tls: Any) -> str:
     """``url`` as ``rediss://`` with the TLS options ``tls`` (Celery's ``broker_use_ssl``: a
     dict, or ``True``) as query options; they win over the same options in the URL, as in
@@ -438,8 +461,10 @@ def validate_url(url: str) -> None:
     (``?sockettimeout=3``, or ``ssl_*`` without ``rediss://``) or a bad value of one
     (``ssl_cert_reqs=maybe``), a Sentinel URL
     without its service, and Celery's ``;``-separated failover form or a comma-separated list
-    (a quorum is a list). The message never contains the credentials.
+    (a quorum is a list). The message never contains the credentials. Celery's spelling of
+    ``ssl_cert_reqs`` (``CERT_NONE``) is taken, as :func:`redis_py_spelling` says it.
     """
+    url = redis_py_spelling(url)
     if not url.startswith(SCHEMES):
         raise ValueError(f"the scheme is not one of {', '.join(s[:-3] for s in SCHEMES)}")
     if url != url.strip(" "):  # a line break is dropped by urlsplit and redis-py; a space not

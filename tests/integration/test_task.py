@@ -1048,6 +1048,24 @@ def test_the_last_failure_of_an_outage_gives_up_by_name_without_a_traceback(
     assert all("raised unexpected" not in r.getMessage() for r in failure)
 
 
+def test_an_outage_of_the_reused_broker_url_names_broker_url(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Without ``redlock_url`` the broker's Redis holds the locks: its outage named
+    ``redlock_url``, a setting the user never wrote."""
+    port = free_port()
+    app = Celery("reused", broker=f"redis://:pw@127.0.0.1:{port}/0", set_as_current=False)
+
+    @app.task(base=LockedTask, shared=False)
+    def work() -> None: ...
+
+    with caplog.at_level(logging.WARNING, logger="celery_redlock.task"):
+        assert work.apply().state == "FAILURE"
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "celery_redlock.task"]
+    assert f"the lock Redis at redis://***@127.0.0.1:{port}/0 (broker_url) is" in warning
+    app.close()
+
+
 def test_an_execution_resolves_the_settings_once_and_cross_checks_once_per_task(
     app: Celery, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -491,6 +491,35 @@ def test_without_redlock_url_locks_reach_a_tls_broker_with_its_broker_use_ssl(
     app.close()
 
 
+@pytest.mark.parametrize("setting", ["broker_url", "redlock_url"])
+@pytest.mark.parametrize("reqs", ["CERT_REQUIRED", "CERT_NONE", "cert_optional"])
+def test_a_tls_url_in_celerys_spelling_of_ssl_cert_reqs_reaches_the_locks(
+    tls: TlsServer, setting: str, reqs: str
+) -> None:
+    """``ssl_cert_reqs=CERT_NONE`` (kombu and Celery's Redis backend take it) is redis-py's
+    ``none``: a worker with that broker URL and no ``redlock_url`` refused to start, blaming a
+    ``redlock_url`` never written ("Invalid SSL Certificate Requirements Flag: CERT_NONE").
+    A ``redlock_url`` copied from the broker's is taken too, by the thread and asyncio locks."""
+    url = tls.url("redlock", "secret").replace("ssl_cert_reqs=required", f"ssl_cert_reqs={reqs}")
+    assert f"ssl_cert_reqs={reqs}" in url
+    broker = url if setting == "broker_url" else "memory://"
+    app = Celery("tls-spelling", broker=broker, set_as_current=False)
+    if setting == "redlock_url":
+        app.conf.redlock_url = url
+
+    work = app.task(base=LockedTask, shared=False)(holds_its_lock_on(tls))
+
+    assert work.apply(args=("k",)).get() is True
+    app.close()
+
+    async def aio() -> None:
+        lock = AsyncLock(url, "aio-spelling", ttl=10)
+        assert await lock.acquire(blocking=False)
+        await lock.release()
+
+    asyncio.run(aio())
+
+
 def test_the_asyncio_lock_works_with_the_acl_user(tls: TlsServer) -> None:
     """Its scripts too are loaded again with ``SCRIPT LOAD`` after the flush: the user may run
     ``EVALSHA`` and ``SCRIPT LOAD``, not ``EVAL``."""

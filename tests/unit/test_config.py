@@ -307,6 +307,40 @@ def test_the_broker_url_carries_broker_use_ssl(broker: str, use_ssl: Any, url: s
     app.close()
 
 
+@pytest.mark.parametrize("spelled", ["CERT_NONE", "CERT_OPTIONAL", "cert_required", "Required"])
+@pytest.mark.parametrize("setting", ["broker_url", "redlock_url"])
+def test_celerys_spelling_of_ssl_cert_reqs_is_taken(setting: str, spelled: str) -> None:
+    """kombu and Celery's Redis backend take ``ssl_cert_reqs=CERT_NONE``; redis-py takes
+    ``none``. The URL is kept as written; the clients are built with redis-py's word (the
+    TLS tests connect with it)."""
+    url = f"rediss://:p%40w@127.0.0.1:1/0?ssl_ca_certs=/ca.pem&ssl_cert_reqs={spelled}#x"
+    broker = url if setting == "broker_url" else "memory://"
+    app = Celery("cfg", broker=broker, set_as_current=False)
+    app.conf.redlock_url = url if setting == "redlock_url" else None
+    assert settings_for(app).url == url
+    app.close()
+
+
+def test_a_redis_broker_url_unfit_for_locks_is_blamed_on_broker_url_not_redlock_url() -> None:
+    """The worker said ``setting redlock_url='rediss://...' is invalid``: a setting the user
+    never wrote, and a fix (the URL form) that was not theirs to make."""
+    app = Celery(
+        "cfg",
+        broker="rediss://u:secret@127.0.0.1:1/0?ssl_cert_reqs=CERT_MAYBE",
+        set_as_current=False,
+    )
+    with pytest.raises(LockConfigError) as info:
+        settings_for(app)
+    assert str(info.value) == (
+        "app 'cfg': setting redlock_url is missing and "
+        "broker_url='rediss://***@127.0.0.1:1/0?ssl_cert_reqs=CERT_MAYBE', the Redis broker's "
+        "URL reused for locks, is invalid for them (a query option has a bad value (Invalid SSL "
+        "Certificate Requirements Flag: CERT_MAYBE)); set redlock_url to a Redis URL such as "
+        "'redis://localhost:6379/0' (CELERY_REDLOCK_URL with the CELERY namespace)"
+    )
+    app.close()
+
+
 def test_broker_use_ssl_a_url_cannot_carry_is_a_config_error() -> None:
     app = Celery("cfg", broker="rediss://127.0.0.1:1/1", set_as_current=False)
     app.conf.broker_use_ssl = {"ssl_min_version": ssl.TLSVersion.TLSv1_2}
