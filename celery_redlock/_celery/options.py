@@ -18,10 +18,11 @@ With ``config_from_object(obj, namespace="CELERY")`` the settings are spelled
 ``redlock_url``. A setting's error then names it ``CELERY_REDLOCK_URL``, as written in Django's
 settings.
 
-``redlock_url`` missing: if the broker is Redis (``redis://``, ``rediss://``, ``unix://``) its
-URL is used, with one INFO log line saying so; otherwise the first lock operation raises
-:class:`~celery_redlock.LockConfigError`, as it does for a Redis broker URL no lock client could
-be built from (naming ``broker_url``: the user never wrote ``redlock_url``).
+``redlock_url`` missing: if the broker is Redis (``redis://``, ``rediss://``, ``unix://``, or
+kombu's ``redis+socket://``, used as ``unix://``) its URL is used, with one INFO log line saying
+so; otherwise the first lock operation raises :class:`~celery_redlock.LockConfigError`, as it
+does for a Redis broker URL no lock client could be built from (naming ``broker_url``: the user
+never wrote ``redlock_url``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from .._redis import keys as _keys
 from .._redis.clients import (
@@ -885,15 +887,15 @@ def _broker_url(owner: str, conf: Any, name: str) -> str:
             f"{missing} no broker_url is set to reuse (Celery's default broker is AMQP){fix}; "
             "in a test with our pytest plugin, configure_redlock(app) sets it"
         )
-    if not (isinstance(broker, str) and broker.startswith(_REDIS_SCHEMES)):
+    if not (isinstance(broker, str) and broker.startswith((*_REDIS_SCHEMES, _KOMBU_SOCKET))):
         raise LockConfigError(
             f"{missing} the broker is not Redis, so its URL cannot be reused{fix}"
         )
     tls = conf.get("broker_use_ssl")
-    url = broker
+    url = _unix_url(broker) if broker.startswith(_KOMBU_SOCKET) else broker
     if tls:
         try:
-            url = with_tls(broker, tls)
+            url = with_tls(url, tls)
         except ValueError as exc:
             raise LockConfigError(
                 f"{missing} {exc}, so the broker's URL cannot serve for locks; set {name} to a "
@@ -910,6 +912,25 @@ def _broker_url(owner: str, conf: Any, name: str) -> str:
             f"reused for locks, is invalid for them ({redact(exc)}){fix}"
         ) from None
     return url
+
+
+#: kombu's (and Celery's) scheme of a Redis broker reached through a Unix socket.
+_KOMBU_SOCKET = "redis+socket://"
+
+
+def _unix_url(broker: str) -> str:
+    """kombu's ``redis+socket:///path/redis.sock[?virtual_host=<db>]`` as redis-py's
+    ``unix:///path/redis.sock[?db=<db>]``: the same server and database (kombu reads the
+    database from ``virtual_host`` only), with the credentials and other query options kept."""
+    parts = urlsplit(broker)
+    query = parts.query
+    items = parse_qsl(query, keep_blank_values=True)
+    if any(key == "virtual_host" for key, _ in items):
+        query = urlencode(
+            [("db", v.strip("/") or "0") if k == "virtual_host" else (k, v) for k, v in items]
+        )
+    # Built by hand: urlunsplit writes "unix:/path" (no "//") for a scheme without a host.
+    return f"unix://{parts.netloc}{parts.path}" + (f"?{query}" if query else "")
 
 
 #: The apps already told that their broker's URL is used for locks (once per process).

@@ -72,3 +72,27 @@ def test_a_quorum_listing_one_server_twice_is_an_error_at_worker_start(
         f"unix://{socket}?db=0: one run_id): the quorum of 3 counts it as 2 nodes, so its "
         "one crash takes 2 votes; give each node its own server"
     ]
+
+
+def test_a_redis_broker_on_a_unix_socket_holds_the_locks_without_redlock_url(
+    tmp_path: Path,
+) -> None:
+    """kombu's ``redis+socket:///path.sock?virtual_host=2`` is reused as
+    ``unix:///path.sock?db=2``: the lock is written in that database of that server."""
+    socket = tmp_path / "b.sock"
+    with RedisServer(args=["--unixsocket", str(socket)]) as server:
+        app = Celery(
+            "socket", broker=f"redis+socket://{socket}?virtual_host=2", set_as_current=False
+        )
+        admin = redis_py.Redis(port=server.port, db=2)
+
+        @app.task(base=LockedTask, shared=False)
+        def locked() -> list[bytes]:
+            return admin.keys("redlock:{*")  # type: ignore[return-value]
+
+        try:
+            keys = locked.apply().get()
+        finally:
+            admin.close()
+            app.close()
+    assert [k for k in keys if not k.endswith(b":fence")] != [], keys

@@ -341,6 +341,25 @@ def test_a_redis_broker_url_unfit_for_locks_is_blamed_on_broker_url_not_redlock_
     app.close()
 
 
+@pytest.mark.parametrize(
+    ("broker", "url"),
+    [
+        ("redis+socket:///run/redis.sock", "unix:///run/redis.sock"),
+        ("redis+socket:///run/redis.sock?virtual_host=3", "unix:///run/redis.sock?db=3"),
+        (
+            "redis+socket://:p%40w@/run/redis.sock?socket_timeout=3&virtual_host=/2",
+            "unix://:p%40w@/run/redis.sock?socket_timeout=3&db=2",
+        ),
+    ],
+)
+def test_a_redis_broker_on_a_unix_socket_is_reused_as_a_unix_url(broker: str, url: str) -> None:
+    """kombu's ``redis+socket://`` (its database in ``virtual_host``) was called "not Redis",
+    so the worker refused to start without a ``redlock_url``."""
+    app = Celery("cfg", broker=broker, set_as_current=False)
+    assert settings_for(app).url == url
+    app.close()
+
+
 def test_broker_use_ssl_a_url_cannot_carry_is_a_config_error() -> None:
     app = Celery("cfg", broker="rediss://127.0.0.1:1/1", set_as_current=False)
     app.conf.broker_use_ssl = {"ssl_min_version": ssl.TLSVersion.TLSv1_2}
