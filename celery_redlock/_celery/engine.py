@@ -66,6 +66,7 @@ from .options import (
     contention_policy,
     cross_check,
     settings_for,
+    spelled,
     supersedes,
 )
 from .results import has_ended, stored_state
@@ -931,7 +932,7 @@ def _on_unavailable(
     emit(task, request.id, "unavailable", settings=settings)
     url = settings.url
     # Unset, the broker's URL serves: name the setting the user wrote, not one they did not.
-    source = "redlock_url" if task.app.conf.get("redlock_url") is not None else "broker_url"
+    source = spelled(task.app, "redlock_url" if task.app.conf.get("redlock_url") else "broker_url")
     where = (
         f"the lock Redis quorum at {redact(', '.join(url))} ({source})"
         if isinstance(url, tuple)
