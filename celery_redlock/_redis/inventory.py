@@ -910,8 +910,10 @@ class Inventory:
         answer lists nothing."""
         newest = [key for key, (_, kind) in named.items() if kind == "newest"]
         for j in range(i):
-            if not newest or j in self._known_down():
+            if not newest:
                 break
+            if j in self._known_down():
+                continue
             pipe = self._client(j).pipeline(transaction=False)
             for key in newest:
                 pipe.exists(key)
