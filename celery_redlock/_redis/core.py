@@ -406,9 +406,7 @@ def unavailable(
             f"lock {key} within its timeout ({text}): raise its max_connections or timeout (for a "
             "lock built from a URL, ?max_connections= in the URL), or pass a client of your own"
         )
-    elif classify(exc) is Outcome.REFUSED or {"AuthenticationError", "AuthorizationError"} & {
-        cls.__name__ for cls in type(exc).__mro__
-    }:
+    elif classify(exc) is Outcome.REFUSED or refused_at_login(exc):
         text, hints = refusal_hints(exc)
         what = f"Redis at {names[0]} refused lock {key}: {text}"
         what += "".join(f" ({hint})" for hint in hints)
@@ -935,9 +933,24 @@ def lost_reply(error: BaseException) -> bool:
         not isinstance(error, NotAsked)
         and classify(error) is Outcome.UNAVAILABLE
         and "connecting" not in str(error)
+        and not refused_at_login(error)
         and not _pool_ran_out(error)
         and "No connection available" not in str(error)
     )
+
+
+def refused_at_login(exc: BaseException) -> bool:
+    """Whether the server refused the connection's login (a wrong password, a disabled ACL
+    user): redis-py and valkey raise it as a ``ConnectionError``, but the command was never
+    sent. Timeline if it counted as a lost reply: (1) every acquire with a wrong password
+    raises, as it should; (2) each also starts a give-back, which logs in again every second
+    for ten minutes (20 failed acquires: 160 logins in 5 s), and the asyncio lock warns at
+    loop shutdown of a give-back "unanswered" that sent nothing."""
+    return bool(_LOGIN_REFUSALS & {cls.__name__ for cls in type(exc).__mro__})
+
+
+#: Exception class names (anywhere in the MRO) of a refused login, in redis-py and valkey.
+_LOGIN_REFUSALS = frozenset({"AuthenticationError", "AuthorizationError"})
 
 
 def _pool_ran_out(exc: BaseException) -> bool:

@@ -35,7 +35,7 @@ from celery.local import Proxy
 import celery_redlock
 import celery_redlock.asyncio
 from celery_redlock import LockContended, LockLost, LockNotOwned, LockUnavailable
-from celery_redlock._redis import aionodes, clients, subscriptions
+from celery_redlock._redis import aionodes, clients, givebacks, subscriptions
 from celery_redlock._redis.core import Extended
 from celery_redlock._redis.inventory import Inventory
 from celery_redlock._redis.keys import high_water_of
@@ -866,6 +866,31 @@ def test_a_url_without_the_password_the_server_wants_is_a_refusal_naming_it(d: D
         wanted = r"refused .*\(the server wants a password \(or an ACL user\) that the URL"
         with pytest.raises(LockUnavailable, match=wanted):  # on every redis-py: its handshake
             d(lock.acquire(blocking=False))  # (HELLO, 6+) or the first command is refused
+
+
+def test_a_wrong_password_is_a_refusal_that_leaves_no_give_back(d: Driver) -> None:
+    """Helper probe, round 3: redis-py raises a refused login as a ``ConnectionError``, taken
+    for a lost reply: each failed acquire started a give-back that logged in again every
+    second for ten minutes, and the asyncio lock warned at loop shutdown of a give-back left
+    unanswered. The acquire sent nothing: nothing is given back."""
+    with RedisServer() as server:
+        admin = server.client()
+        admin.config_set("requirepass", "right-password")
+        admin.close()
+        key = "redlock:{wrong-password}"
+        before = _pending_give_backs(key)
+        lock = d.lock(f"redis://:wrong-password@127.0.0.1:{server.port}/0", "wrong-password")
+        with pytest.raises(LockUnavailable, match=r"refused lock .*invalid username-password"):
+            d(lock.acquire(blocking=False))
+        if d.is_async:
+            assert d(celery_redlock.asyncio.wait_released(timeout=0))
+        assert _pending_give_backs(key) == before == 0
+
+
+def _pending_give_backs(key: str) -> int:
+    """The thread locks' give-backs of ``key`` that wait in this process."""
+    sender = givebacks._sender
+    return 0 if sender is None else sum(entry[3].key == key for entry in sender._heap)
 
 
 def test_a_database_the_server_lacks_is_a_refusal_naming_the_setting(

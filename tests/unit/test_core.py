@@ -155,6 +155,9 @@ def test_a_give_back_that_hits_a_bug_stops_with_an_error(caplog: pytest.LogCaptu
         (E.ConnectionError("No connection available."), False),
         (NotAsked("not asked: it failed lately, and no time is left"), False),  # none sent
         (E.NoPermissionError("this user has no permissions to run the 'set' command"), False),
+        # A refused login sent no command (redis-py raises it as a ConnectionError).
+        (E.AuthenticationError("invalid username-password pair or user is disabled."), False),
+        (E.AuthorizationError("NOAUTH Authentication required."), False),
         (KeyError("a bug"), False),
     ],
 )
