@@ -22,7 +22,15 @@ from ._format import (
     who,
 )
 from ._group import TIMEOUT, LockStore, answers, command_line, redlock, store_of, text_argument
-from ._liveness import COOLDOWN, DEAD, UNKNOWN, Verdict, judged_unpinged, verdicts
+from ._liveness import (
+    COOLDOWN,
+    DEAD,
+    UNKNOWN,
+    Verdict,
+    judged_unpinged,
+    unpinged_why,
+    verdicts,
+)
 
 #: What KEY may be (the messages of an empty or undecodable one say so).
 KEY_FORMS = "a lock key (redlock:{...}), a lock name or a task name"
@@ -174,7 +182,7 @@ def inspect_(
         judged = verdicts(ctx.obj.app, locks, timeout, store.lease)
     except click.ClickException as exc:  # the ping needs the broker; the locks do not
         click.echo(f"WARNING: {exc.message}: liveness is judged by renewal alone", err=True)
-        judged = judged_unpinged(ctx.obj.app, locks, store.lease, "the broker does not answer")
+        judged = judged_unpinged(ctx.obj.app, locks, store.lease, unpinged_why(ctx.obj.app))
     if as_json:  # KEY: its lock, or null; a lock or task name, --task-id: a list
         items = [lk.as_dict(judged[lk.key].state) for lk in locks]
         if direct:  # KEY: its lock, or null (a free slot's key)
@@ -249,10 +257,13 @@ def release(
         verdict = verdicts(ctx.obj.app, [lock], timeout, store.lease)[lock.key]
     except click.ClickException as exc:
         if not force:
-            raise click.ClickException(f"{exc.message}; nothing was released") from exc
+            raise click.ClickException(
+                f"{exc.message}; nothing was released (--force releases it without asking "
+                "the workers: only when you know its holder is gone)"
+            ) from exc
         # --force releases whatever the liveness: a broker that does not answer stops no one
         click.echo(f"WARNING: {exc.message}", err=True)
-        why = "the broker does not answer"
+        why = unpinged_why(ctx.obj.app)
         verdict = judged_unpinged(ctx.obj.app, [lock], store.lease, why)[lock.key]
     shown = safe(lock.key)
     if verdict.state != DEAD and not force:
@@ -308,6 +319,12 @@ def _judged(
 
 
 def _release_dead(ctx: click.Context, store: LockStore, timeout: float, dry_run: bool) -> None:
+    """Release every lock whose holder is dead, a line each. An output closed meanwhile
+    (``| head -1``) stops the lines, not the releases; then the command ends as click ends
+    one whose output was cut (exit 1, silently). Timeline without that: (1) the first line
+    goes to ``head``, which exits; (2) the second line raises ``BrokenPipeError``; (3) the
+    command ends with exit 1, no message, and none of the dead workers' locks released."""
+    say = _Lines()
     with answers():
         locks = store.all()
     judged = _judged(ctx, locks, timeout, store)
@@ -317,26 +334,44 @@ def _release_dead(ctx: click.Context, store: LockStore, timeout: float, dry_run:
         shown = safe(lock.key)
         if verdict.state != DEAD:
             kept += 1
-            click.echo(f"kept {shown}: {who(lock)} ({_why_kept(verdict)})")
+            say(f"kept {shown}: {who(lock)} ({_why_kept(verdict)})")
             continue
         if dry_run:
             released += 1
-            click.echo(f"would release {shown}: {who(lock)} ({_dead(verdict)})")
+            say(f"would release {shown}: {who(lock)} ({_dead(verdict)})")
             continue
         try:
             with answers():
                 outcome = store.release(lock, unless_renewed=True)
         except click.ClickException:
-            click.echo(dead_released("released", released, kept, gone) + "; then:")
+            say(dead_released("released", released, kept, gone) + "; then:")
             raise
         if outcome is Released.RELEASED:
             released += 1
-            click.echo(f"released {shown}: {who(lock)} ({_dead(verdict)})")
+            say(f"released {shown}: {who(lock)} ({_dead(verdict)})")
         else:
             kept += outcome is Released.RENEWED
             gone += outcome is not Released.RENEWED
-            click.echo(f"skipped {shown}: it {_not_released(outcome)}")
-    click.echo(dead_released("would release" if dry_run else "released", released, kept, gone))
+            say(f"skipped {shown}: it {_not_released(outcome)}")
+    say(dead_released("would release" if dry_run else "released", released, kept, gone))
+    if say.cut is not None:
+        raise say.cut
+
+
+class _Lines:
+    """``click.echo`` to stdout until it is closed; the first ``BrokenPipeError`` is kept in
+    :attr:`cut`, and the lines after it are dropped."""
+
+    def __init__(self) -> None:
+        self.cut: BrokenPipeError | None = None
+
+    def __call__(self, line: str) -> None:
+        if self.cut is not None:
+            return
+        try:
+            click.echo(line)
+        except BrokenPipeError as exc:
+            self.cut = exc
 
 
 def _dead(verdict: Verdict) -> str:

@@ -222,6 +222,16 @@ def _ping(
     Redis broker's reads are bounded too, by the ping's timeout (at least kombu's polling
     interval) plus that connect timeout: a broker that accepts connections and never answers
     (a stopped or hung server) held ``release --dead`` forever."""
+    if not app.conf.broker_write_url:
+        # Timeline without this: (1) `celery --config cfg redlock release --dead`, cfg setting
+        # redlock_url alone; (2) the ping goes to Celery's default broker, amqp://localhost,
+        # where a RabbitMQ of something else answers and no worker does; (3) every holder
+        # looks dead, and a live worker's lock is released.
+        raise click.ClickException(
+            "cannot ping workers through the broker: no broker_url is set, and Celery's "
+            "default (amqp://guest@localhost//) may not be the workers' broker, where every "
+            "worker would look dead; run it with the workers' app (-A) or broker (-b)"
+        )
     limit = len(destination) if destination and not every else None
     try:
         with app.connection_for_write() as connection:
@@ -469,6 +479,12 @@ def unpinged(lock: HeldLock, lease: float, why: str, renewal: Renewal = NOT_KNOW
     if lock.holder is not None and age is not None and age < lease * RENEWED_WITHIN:
         return _recent(unpinged, age, lease, renewal)
     return Verdict(UNKNOWN, unpinged)
+
+
+def unpinged_why(app: Any) -> str:
+    """Why the workers of ``app`` could not be pinged, for a verdict (:func:`_ping` refused,
+    or failed)."""
+    return "the broker does not answer" if app.conf.broker_write_url else "no broker_url is set"
 
 
 def judged_unpinged(

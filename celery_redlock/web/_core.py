@@ -64,6 +64,7 @@ from ..cli._liveness import (
     judged_unpinged,
     liveness,
     renewals,
+    unpinged_why,
     verdict,
 )
 from ..exceptions import LockConfigError, LockUnavailable
@@ -299,8 +300,7 @@ class Dashboard:
                 alive = {key: v.state for key, v in self.verdicts(held).items()}
             except click.ClickException as exc:  # the broker: the locks are shown all the same
                 lease = settings_for(self.app).lease
-                why = "the broker does not answer"
-                unpinged = judged_unpinged(self.app, held, lease, why)
+                unpinged = judged_unpinged(self.app, held, lease, unpinged_why(self.app))
                 alive = {key: v.state for key, v in unpinged.items()}
                 error = f"{exc.message}: liveness is judged by renewal alone"
         except ValueError as exc:  # a LockConfigError too: the app's settings or task options
@@ -567,7 +567,7 @@ class Dashboard:
         except click.ClickException:  # the broker: a forced release needs no ping
             if not forced:
                 raise
-            lease, why = settings_for(self.app).lease, "the broker does not answer"
+            lease, why = settings_for(self.app).lease, unpinged_why(self.app)
             said = judged_unpinged(self.app, [lock], lease, why)[key]
         if said.state != DEAD and not forced:
             holder = lock.holder.host if lock.holder else "a value that is not a token"

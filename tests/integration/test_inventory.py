@@ -457,12 +457,44 @@ def test_release_force_needs_no_broker(redis_url: str) -> None:
         broker.close()
     assert refused.exit_code == 1 and held, refused.output
     assert "cannot ping workers through the broker" in refused.stderr
-    assert "nothing was released" in refused.stderr
+    assert "nothing was released (--force releases it without asking the workers" in (
+        refused.stderr
+    )
     assert forced.exit_code == 0, forced.output
     assert "WARNING: cannot ping workers through the broker" in forced.stderr
     assert f"released {lock.key} (forced): it was held by" in forced.stdout
     assert "the workers could not be pinged (the broker does not answer)" in forced.stdout
     assert not redis_py.Redis.from_url(redis_url).exists(lock.key)
+
+
+def test_without_a_broker_url_no_holder_is_judged_dead(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Helper probe, round 3: ``celery --config cfg redlock release --dead``, with a cfg that
+    set ``redlock_url`` alone, pinged Celery's default broker (amqp://localhost), where a
+    RabbitMQ answered and no worker did: a live worker's lock was released, exit 0. Without a
+    broker set, the workers are not pinged, and nothing is released."""
+    for name in ("CELERY_BROKER_URL", "CELERY_BROKER_WRITE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    lock = Lock(redis_url, "no-broker", ttl=30, owner="t-n", host="w1@host")
+    assert lock.acquire(blocking=False)
+    app = Celery("cfg", set_as_current=False)
+    app.conf.redlock_url = redis_url
+    try:
+        dead = run(app, "release", "--dead", "--timeout", "0.2")
+        one = run(app, "release", lock.key, "--timeout", "0.2")
+        shown = run(app, "inspect", lock.key, "--timeout", "0.2")
+    finally:
+        app.close()
+    for result in (dead, one):
+        assert result.exit_code == 1, result.output
+        assert "no broker_url is set" in result.stderr
+        assert "nothing was released" in result.stderr
+    assert "run it with the workers' app (-A) or broker (-b)" in dead.stderr
+    assert shown.exit_code == 0 and "WARNING: cannot ping workers" in shown.stderr
+    assert "the workers could not be pinged (no broker_url is set)" in shown.stdout
+    assert redis_py.Redis.from_url(redis_url).exists(lock.key)
+    lock.release()
 
 
 def test_a_broker_that_drops_connections_fails_the_ping_in_its_connect_timeout(

@@ -5,10 +5,12 @@ must be held by a task.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
 import sys
+import termios
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,42 @@ def test_a_stdout_that_cannot_show_a_name_gets_escapes_not_a_crash(server: Redis
             assert "snow-\\u2603-\u00e9" in out  # what Latin-1 can show, it shows
     finally:
         lock.release()
+
+
+def test_release_dead_into_a_closed_pipe_still_releases_every_dead_workers_lock(
+    server: RedisServer,
+) -> None:
+    """Helper probe, round 3: ``release --dead | head -1`` printed a line, then exited 1 with
+    no message and no lock released: the next line raised ``BrokenPipeError``. The lines stop;
+    the releases go on, and it exits 1 as click ends a command whose output was cut. Here the
+    pipe is a page long and closed once the command blocks on it (it filled the page)."""
+    url = f"redis://127.0.0.1:{server.port}/0"
+    locks = [
+        Lock(url, f"gone-{i:02}", ttl=60, owner=f"t-{i}", host="w-gone@nowhere") for i in range(60)
+    ]
+    for lock in locks:
+        assert lock.acquire(blocking=False)
+    read, write = os.pipe()
+    fcntl.fcntl(read, fcntl.F_SETPIPE_SZ, 4096)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "REDLOCK_TEST_PORT": str(server.port)}
+    command = [sys.executable, "-m", "celery", "-A", APP, "redlock", "release", "--dead"]
+    with subprocess.Popen(
+        [*command, "--timeout", "0.2"], cwd=ROOT, stdout=write, stderr=subprocess.PIPE, env=env
+    ) as process:
+        os.close(write)
+
+        def queued() -> int:
+            out = fcntl.ioctl(read, termios.FIONREAD, b"\0\0\0\0")
+            return int.from_bytes(out, sys.byteorder)
+
+        wait_until(lambda: queued() > 4096 - 200, 30, "the command to fill the pipe")
+        os.close(read)
+        _, err = process.communicate(timeout=30)
+    assert process.returncode == 1, err
+    assert b"Traceback" not in err, err
+    keys = redis_py.Redis(port=server.port)
+    assert [lock.key for lock in locks if keys.exists(lock.key)] == []
+    keys.close()
 
 
 def test_an_argument_that_is_not_utf8_is_refused_clearly(server: RedisServer) -> None:
