@@ -226,7 +226,8 @@ class LockedTask(Task):  # type: ignore[misc]
 
 def _refuse_a_call_around_the_lock(cls: type) -> None:
     """Refuse a ``__call__`` before ``LockedTask``'s in the MRO of ``cls`` that does not go on
-    to it (its code names neither ``super`` nor ``LockedTask``).
+    to it (:func:`_reaches_the_lock`: its code names neither ``super`` nor the ``__call__`` of
+    a class deriving from ``LockedTask``).
 
     Celery runs each execution through the task's ``__call__``, and ``LockedTask`` takes the
     lock in its own. Timeline without this: (1) a base ``class DBTask(LockedTask)`` overrides
@@ -240,8 +241,7 @@ def _refuse_a_call_around_the_lock(cls: type) -> None:
         if klass is LockedTask:
             return
         method = klass.__dict__.get("__call__")
-        code = getattr(inspect.unwrap(method), "__code__", None) if method else None
-        if code is not None and not _names_the_lock(code):
+        if method is not None and not _reaches_the_lock(method):
             raise LockConfigError(
                 f"task {cls.__dict__.get('name') or cls.__qualname__}: "
                 f"{klass.__qualname__}.__call__ does not call super().__call__, where "
@@ -251,15 +251,45 @@ def _refuse_a_call_around_the_lock(cls: type) -> None:
             )
 
 
-def _names_the_lock(code: types.CodeType) -> bool:
-    """Whether ``code``, or a function defined in it, names ``super`` or ``LockedTask``."""
-    codes = [code]
-    while codes:
-        current = codes.pop()
-        if "super" in current.co_names or "LockedTask" in current.co_names:
-            return True
-        codes.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+def _reaches_the_lock(method: Any) -> bool:
+    """Whether ``method``'s code may call ``LockedTask.__call__``: it (or a function defined in
+    it, or one a decorator's wrapper holds in its closure) names ``super``, or names
+    ``__call__`` and a class deriving from ``LockedTask`` (``AppTask.__call__(self, ...)``,
+    under any alias). A callable that is no Python function is taken as reaching it."""
+    functions, seen = [method], set()
+    while functions:
+        function = inspect.unwrap(functions.pop())
+        code = getattr(function, "__code__", None)
+        if code is None:
+            return not isinstance(function, (staticmethod, classmethod))
+        if id(code) in seen:
+            continue
+        seen.add(id(code))
+        scope = getattr(function, "__globals__", {})
+        codes = [code]
+        while codes:
+            current = codes.pop()
+            names = current.co_names
+            if "super" in names or (
+                "__call__" in names and any(_is_locked_task(scope.get(name)) for name in names)
+            ):
+                return True
+            codes.extend(c for c in current.co_consts if isinstance(c, types.CodeType))
+        cells = getattr(function, "__closure__", None) or ()
+        functions.extend(c.cell_contents for c in cells if callable(_content(c)))
     return False
+
+
+def _content(cell: Any) -> Any:
+    """A closure cell's content, or ``None`` for a cell not filled yet."""
+    try:
+        return cell.cell_contents
+    except ValueError:
+        return None
+
+
+def _is_locked_task(value: Any) -> bool:
+    return isinstance(value, type) and issubclass(value, LockedTask)
 
 
 def _freeze_options(cls: type) -> None:

@@ -668,9 +668,10 @@ class Inventory:
             )
 
         copies = self._each(read)
-        shown = next((c[1] for c in copies if c is not None and c[0] == fingerprint), None)
-        if shown is None:
+        matching = [c for c in copies if c is not None and c[0] == fingerprint]
+        if not matching:
             return False
+        shown = matching[0][1]  # None: a call numbered whose publish was never confirmed
         cleared = False
         for i, copy in enumerate(copies):
             if copy is None or copy[1] != shown:

@@ -149,6 +149,21 @@ def test_a_quorum_newest_call_marker_is_listed_once_and_cleared_on_every_node() 
         assert [s.client().exists(keys.newest) for s in (b, c)] == [0, 0]
 
 
+def test_a_quorum_newest_call_marker_of_a_call_never_confirmed_is_cleared() -> None:
+    """Review, round 3: a call numbered on the nodes whose publish was never confirmed leaves
+    a marker without a newest call (no ``id``). Its Clear answered "changed or is gone since
+    it was shown" and kept it for its TTL (an hour)."""
+    with RedisServer() as a, RedisServer() as b, RedisServer() as c:
+        urls = [a.url, b.url, c.url]
+        keys = keys_for("redlock", "unconfirmed")
+        companions.mark_newest(urls, keys, 0, 0, 3_600_000)  # its publish never confirmed
+        inventory = Inventory(urls, "redlock")
+        (marker,) = inventory.view().markers
+        assert (marker.key, marker.task_id) == (keys.newest, None)
+        assert inventory.clear_marker(keys.newest, marker.fingerprint)
+        assert [s.client().exists(keys.newest) for s in (a, b, c)] == [0, 0, 0]
+
+
 def test_a_quorum_lock_is_released_on_every_node() -> None:
     with RedisServer() as a, RedisServer() as b, RedisServer() as c:
         urls = [a.url, b.url, c.url]

@@ -697,10 +697,34 @@ def test_a_base_call_that_skips_the_lock_is_refused_when_the_class_is_built() ->
         def __call__(self, *args: Any, **kwargs: Any) -> Any:
             return super().__call__(*args, **kwargs)
 
+    # Review, round 3: forms that reach the lock and were refused at first.
+    def logged(method: Any) -> Any:  # a decorator without functools.wraps
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return method(*args, **kwargs)
+
+        return wrapper
+
+    class Decorated(LockedTask):  # type: ignore[misc]
+        @logged
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return super().__call__(*args, **kwargs)
+
+    class Explicit(Calls):  # type: ignore[misc]
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            return Calls.__call__(self, *args, **kwargs)
+
+    with pytest.raises(LockConfigError, match=r"Undecorated.__call__ does not call super"):
+
+        class Undecorated(LockedTask):  # type: ignore[misc]
+            @logged
+            def __call__(self, *args: Any, **kwargs: Any) -> Any:
+                return self.run(*args, **kwargs)
+
     class After(LockedTask, Session):  # type: ignore[misc]
         pass
 
     assert Calls.__call__ is not LockedTask.__call__ and After.__call__ is LockedTask.__call__
+    assert Decorated.__call__ is not Explicit.__call__
 
 
 def test_single_instance_under_a_locked_task_cls_names_the_app_wide_base() -> None:
