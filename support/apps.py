@@ -34,7 +34,8 @@ import redis as redis_py
 from celery import Celery
 
 from celery_redlock._redis.keys import is_slot, lock_pattern
-from celery_redlock.testing import RedisServer, free_port
+from celery_redlock.testing import RedisServer
+from support.servers import dead_port
 
 #: The prefix of every variable the tests, benchmarks and checkers read.
 PREFIX = "REDLOCK_TEST_"
@@ -91,7 +92,7 @@ def brokerless_app(lock_url: str, broker: str | None = None) -> Celery:
     meets with the broker down. Kombu's connection settings are its defaults (they retry)."""
     return layout_app(
         "inv",
-        broker or f"redis://127.0.0.1:{free_port()}",
+        broker or f"redis://127.0.0.1:{dead_port()}",
         set_as_current=False,
         redlock_url=lock_url,
     )

@@ -39,6 +39,20 @@ from redis.retry import Retry
 
 from celery_redlock.testing import RedisServer, free_port, redis_server_binary, wait_until
 
+#: The sockets that keep :func:`dead_port`'s ports, for as long as the test process runs.
+_DEAD: list[socket.socket] = []
+
+
+def dead_port() -> int:
+    """A loopback port where nothing listens, and nothing will while the tests run: bound,
+    never listening, by this process. A port that :func:`free_port` found free may be given
+    to the next ``redis-server`` a parallel test starts, and a "dead" lock URL then answers
+    (the likely cause of an outage test's one failure in a ``-n 2`` run, not seen again)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    _DEAD.append(sock)
+    return int(sock.getsockname()[1])
+
 
 def client(port: int, **kwargs: Any) -> redis_py.Redis:
     """A plain client for a test server, failing fast (no retries) when it is down."""

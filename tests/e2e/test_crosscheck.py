@@ -12,7 +12,8 @@ import json
 
 import pytest
 
-from celery_redlock.testing import RedisServer, free_port
+from celery_redlock.testing import RedisServer
+from support.servers import dead_port
 from support.workers import WorkerProcess
 
 pytestmark = pytest.mark.slow
@@ -34,7 +35,7 @@ def refusal(port: int, api: str, url: str, limit: int) -> str:
 def test_lock_limit_over_a_quorum_stops_the_worker_at_start(
     redis_server: RedisServer, redis_url: str, api: str
 ) -> None:
-    quorum = json.dumps([f"redis://127.0.0.1:{free_port()}/0" for _ in range(3)])
+    quorum = json.dumps([f"redis://127.0.0.1:{dead_port()}/0" for _ in range(3)])
     output = refusal(redis_server.port, api, quorum, limit=2)
     option = "option lock_limit" if api == "task" else "@single_instance keyword limit"
     assert f"LockConfigError: task {TASK}: {option}=2 is invalid with a Redlock quorum" in output

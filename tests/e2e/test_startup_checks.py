@@ -15,8 +15,9 @@ from celery import Celery
 
 from celery_redlock import LockedTask
 from celery_redlock._celery.checks import run_startup_checks
-from celery_redlock.testing import RedisServer, free_port
+from celery_redlock.testing import RedisServer
 from support.apps import make_app
+from support.servers import dead_port
 from support.workers import WorkerProcess
 
 pytestmark = pytest.mark.slow
@@ -58,7 +59,7 @@ def test_a_threads_pool_worker_says_which_ttl_rule_applies(
 def test_an_unreachable_lock_redis_is_one_error_and_the_worker_still_runs(
     redis_server: RedisServer, redis_url: str
 ) -> None:
-    port = free_port()
+    port = dead_port()
     url = f"redis://:hunter2@127.0.0.1:{port}/0"
     client: Celery = make_app(redis_server, name="tooling_app")
     with WorkerProcess(redis_server.port, "w1", app=APP, env={"REDLOCK_TEST_URL": url}) as worker:
@@ -142,10 +143,8 @@ def test_a_quorum_with_a_minority_down_warns_and_without_a_majority_errs(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     with RedisServer() as a, RedisServer() as b:
-        ports = {free_port()}
-        while len(ports) < 2:  # two servers that are down: one server is one node
-            ports.add(free_port())
-        dead, other_dead = (f"redis://127.0.0.1:{port}/0" for port in sorted(ports))
+        # two servers that are down: one server is one node
+        dead, other_dead = (f"redis://127.0.0.1:{dead_port()}/0" for _ in range(2))
         tolerant = make_app(a, name="tolerant", redlock_url=[a.url, b.url, dead])
         broken = make_app(a, name="broken", redlock_url=[a.url, dead, other_dead])
         for app in (tolerant, broken):

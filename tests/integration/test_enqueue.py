@@ -31,8 +31,9 @@ from kombu.exceptions import EncodeError
 from celery_redlock import LockedTask, lock_key
 from celery_redlock._celery import engine, results
 from celery_redlock._celery.engine import WAIT_FOR_PUBLISH_S
-from celery_redlock.testing import RedisServer, free_port, wait_until
+from celery_redlock.testing import RedisServer, wait_until
 from support.apps import lock_keys, make_app
+from support.servers import dead_port
 from support.workers import Holder, control_ready, running_worker
 from tests.integration.test_script_keys import Monitor
 
@@ -470,7 +471,7 @@ def test_an_unreachable_redis_never_drops_a_call(
     broker: redis_py.Redis,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    app = make_app(redis_server, redlock_url=f"redis://127.0.0.1:{free_port()}/0")
+    app = make_app(redis_server, redlock_url=f"redis://127.0.0.1:{dead_port()}/0")
 
     @app.task(base=LockedTask, lock_enqueue=True, lock_by=())
     def job() -> None: ...

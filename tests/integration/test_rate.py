@@ -18,9 +18,10 @@ from celery_redlock._redis import companions
 from celery_redlock._redis import keys as _keys
 from celery_redlock._redis import scripts as _scripts
 from celery_redlock.exceptions import LockContended, RateLimited
-from celery_redlock.testing import RedisServer, free_port
+from celery_redlock.testing import RedisServer
 from support.apps import make_app
 from support.polling import max_in_window
+from support.servers import dead_port
 
 
 def admit(url: str, keys: _keys.LockKeys, count: int, period: float) -> _scripts.RateDecision:
@@ -85,7 +86,7 @@ def test_rate_limited_is_a_contention_and_survives_the_result_backend() -> None:
 
 def quorum_app() -> Celery:
     app = Celery("q", set_as_current=False)
-    app.conf.redlock_url = [f"redis://127.0.0.1:{free_port()}/0" for _ in range(3)]
+    app.conf.redlock_url = [f"redis://127.0.0.1:{dead_port()}/0" for _ in range(3)]
     return app
 
 

@@ -25,8 +25,9 @@ from celery import signals as celery_signals
 from celery_redlock import LockedTask, lock_key, single_instance
 from celery_redlock._redis import companions
 from celery_redlock._redis.keys import keys_for
-from celery_redlock.testing import RedisServer, free_port, record_lock_events, wait_until
+from celery_redlock.testing import RedisServer, record_lock_events, wait_until
 from support.apps import make_app
+from support.servers import dead_port
 from support.workers import Holder, running_worker
 
 APIS = ("task", "decorator")
@@ -315,7 +316,7 @@ def test_redis_unavailable_at_publish_never_drops_a_call(
 ) -> None:
     """Without Redis the calls are published unstamped (they will run, never superseded), a
     debounced one still with its delay."""
-    app = make_app(redis_server, redlock_url=f"redis://127.0.0.1:{free_port()}/0")
+    app = make_app(redis_server, redlock_url=f"redis://127.0.0.1:{dead_port()}/0")
 
     @app.task(base=LockedTask, lock_enqueue="replace", lock_by=(), shared=False)
     def replaced() -> None: ...
@@ -382,7 +383,7 @@ def test_a_failed_publish_supersedes_nothing(
 
     name = f"replace.failed.{api}"  # one lock name in both apps
     task = define(app, api, reindex, by=["doc"], enqueue="replace", name=name)
-    dead = make_app(redis_server, "dead-broker", broker_url=f"redis://127.0.0.1:{free_port()}/1")
+    dead = make_app(redis_server, "dead-broker", broker_url=f"redis://127.0.0.1:{dead_port()}/1")
     dead.conf.redlock_url = app.conf.redlock_url
     lost = define(dead, api, reindex, by=["doc"], enqueue="replace", name=name)
     with running_worker(app, concurrency=1):

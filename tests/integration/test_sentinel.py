@@ -14,8 +14,8 @@ import pytest
 
 from celery_redlock import Lock, LockUnavailable
 from celery_redlock._redis.inventory import Inventory
-from celery_redlock.testing import RedisServer, free_port, wait_until
-from support.servers import SERVICE, SentinelGroup, client
+from celery_redlock.testing import RedisServer, wait_until
+from support.servers import SERVICE, SentinelGroup, client, dead_port
 
 
 @pytest.fixture
@@ -88,7 +88,7 @@ def test_lock_through_sentinel_and_across_a_failover(group: SentinelGroup) -> No
 
 
 def test_no_sentinel_answering_is_unavailable_naming_the_service() -> None:
-    url = f"redis+sentinel://127.0.0.1:{free_port()},127.0.0.1:{free_port()}/{SERVICE}/0"
+    url = f"redis+sentinel://127.0.0.1:{dead_port()},127.0.0.1:{dead_port()}/{SERVICE}/0"
     with pytest.raises(LockUnavailable) as info:
         Lock(url, "job", ttl=10).acquire(blocking=False)
     assert info.value.nodes == (f"sentinel service {SERVICE}",)

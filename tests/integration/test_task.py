@@ -43,12 +43,12 @@ from celery_redlock._redis.scripts import AcquireResult
 from celery_redlock.testing import (
     HOLDER,
     RedisServer,
-    free_port,
     hold_lock,
     record_lock_events,
     wait_until,
 )
 from support.apps import lock_keys, make_app
+from support.servers import dead_port
 from support.workers import Holder, running_worker
 
 
@@ -679,7 +679,7 @@ def test_solo_pool(app: Celery, r: redis_py.Redis) -> None:
 
 
 def test_redis_unavailable_policies(redis_server: RedisServer, redis_url: str) -> None:
-    dead = f"redis://127.0.0.1:{free_port()}/0"
+    dead = f"redis://127.0.0.1:{dead_port()}/0"
     for policy, expected in [("fail", LockUnavailable), ("run", "ran")]:
         app = make_app(redis_server, redlock_url=dead, redlock_on_unavailable=policy)
 
@@ -738,7 +738,7 @@ def test_a_wait_that_fails_after_seeing_the_key_held_never_runs_unlocked(
 def test_redis_unavailable_default_retries_then_fails_visibly(
     redis_server: RedisServer, redis_url: str
 ) -> None:
-    app = make_app(redis_server, redlock_url=f"redis://127.0.0.1:{free_port()}/0")
+    app = make_app(redis_server, redlock_url=f"redis://127.0.0.1:{dead_port()}/0")
     runs: list[int] = []
 
     @app.task(base=LockedTask, bind=True, max_retries=2, lock_retry_countdown=0)
@@ -758,7 +758,7 @@ def test_an_eager_call_with_redis_unavailable_fails_at_once_not_recursing(
     """``apply()`` under the default ``retry`` policy, ``max_retries=None``: Celery runs an
     eager retry at once and inline, so each retry found the same dead Redis and the call
     recursed until ``RecursionError``."""
-    app = make_app(redis_server, redlock_url=f"redis://127.0.0.1:{free_port()}/0")
+    app = make_app(redis_server, redlock_url=f"redis://127.0.0.1:{dead_port()}/0")
 
     @app.task(base=LockedTask, max_retries=None)
     def work(key: str) -> str:
@@ -1026,7 +1026,7 @@ def test_a_fixed_ttl_shorter_than_the_time_limit_is_a_warning_at_worker_start(
 def test_the_last_failure_of_an_outage_gives_up_by_name_without_a_traceback(
     redis_server: RedisServer, redis_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    port = free_port()
+    port = dead_port()
     app = make_app(redis_server, redlock_url=f"redis://127.0.0.1:{port}/0")
 
     @app.task(base=LockedTask, max_retries=2, lock_retry_countdown=0.01)
@@ -1053,7 +1053,7 @@ def test_an_outage_of_the_reused_broker_url_names_broker_url(
 ) -> None:
     """Without ``redlock_url`` the broker's Redis holds the locks: its outage named
     ``redlock_url``, a setting the user never wrote."""
-    port = free_port()
+    port = dead_port()
     app = Celery("reused", broker=f"redis://:pw@127.0.0.1:{port}/0", set_as_current=False)
 
     @app.task(base=LockedTask, shared=False)

@@ -36,8 +36,9 @@ from celery_redlock import (
 )
 from celery_redlock._celery import tracing as tracing_module
 from celery_redlock.metrics import read_stats
-from celery_redlock.testing import RedisServer, free_port, hold_lock, wait_until
+from celery_redlock.testing import RedisServer, hold_lock, wait_until
 from support.apps import lock_keys, make_app
+from support.servers import dead_port
 from support.workers import Holder, running_worker
 from tests.integration.test_task import _interrupt_at, _line_of
 
@@ -491,7 +492,7 @@ def test_an_outage_retried_records_the_outage_not_the_retry(
     """Helper probe, round 3: under ``redlock_on_unavailable="retry"`` the acquire span of a
     call retried for an outage recorded Celery's ``Retry`` as its error ("Retry"), the
     ``LockUnavailable`` only inside its message. The outage is recorded."""
-    app = make_app(redis_server, redlock_url=f"redis://127.0.0.1:{free_port()}/0")
+    app = make_app(redis_server, redlock_url=f"redis://127.0.0.1:{dead_port()}/0")
 
     @app.task(base=LockedTask, shared=False, max_retries=1, lock_retry_countdown=0.1)
     def down() -> None: ...

@@ -26,13 +26,13 @@ from celery_redlock._redis.inventory import BUDGET, ROWS, HeldLock, Inventory
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.owner import new_token
 from celery_redlock.cli._liveness import Verdict
-from celery_redlock.testing import RedisServer, free_port, wait_until
+from celery_redlock.testing import RedisServer, wait_until
 from celery_redlock.web import _core
 from celery_redlock.web._core import Dashboard
 from celery_redlock.web._rows import Row, rows_of
 from support import ROOT
 from support.apps import DownBroker, brokerless_app, layout_app
-from support.servers import ClusterNodes
+from support.servers import ClusterNodes, dead_port
 
 
 def fill(client: redis_py.Redis, names: list[str], ttl_ms: int = 60_000) -> None:
@@ -292,7 +292,7 @@ def test_an_unreachable_redis_is_said_on_the_page() -> None:
     from celery import Celery
 
     app = Celery("down", set_as_current=False)
-    app.conf.redlock_url = f"redis://127.0.0.1:{free_port()}/0"
+    app.conf.redlock_url = f"redis://127.0.0.1:{dead_port()}/0"
     board = Dashboard(app)
     status, body = board.locks_page({}, {})
     assert status == 503 and "cannot reach the lock Redis" in body

@@ -17,10 +17,11 @@ import redis as redis_py
 
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.owner import new_token
-from celery_redlock.testing import RedisServer, free_port
+from celery_redlock.testing import RedisServer
 from celery_redlock.web._core import Dashboard
 from celery_redlock.web._security import PAGE_HEADERS
 from support.apps import layout_app
+from support.servers import dead_port
 from support.web import admin_actions, served
 from tests.integration.included_app import fresh_app
 
@@ -374,7 +375,7 @@ def test_a_user_who_may_not_act_sees_every_page_read_only(redis_server: RedisSer
     """The stats page's error pages (the lock Redis down) said "actions enabled" to a user
     of a mount who may not act."""
     app = layout_app("down", redis_server.url.rsplit("/", 1)[0], set_as_current=False)
-    app.conf.redlock_url = f"redis://127.0.0.1:{free_port()}/0"
+    app.conf.redlock_url = f"redis://127.0.0.1:{dead_port()}/0"
     board = Dashboard(app, actions=True, ping_timeout=0.2)
     status, body = board.stats_page({"csrf_token": "x"}, may_act=False)
     assert status == 503 and "read-only" in body and "actions enabled" not in body

@@ -19,7 +19,8 @@ from celery_redlock._celery.options import settings_for
 from celery_redlock._redis.inventory import Released
 from celery_redlock.cli import LockStore
 from celery_redlock.metrics import EVENTS, read_stats
-from celery_redlock.testing import RedisServer, free_port, wait_until
+from celery_redlock.testing import RedisServer, wait_until
+from support.servers import dead_port
 from support.workers import WorkerProcess
 from tests.e2e.cli.tooling import APP, COUNTED, HOLD, HOST, cli, started
 
@@ -162,7 +163,7 @@ def test_stats_counts_every_worker_process(
 
 
 def test_an_unreachable_redis_is_a_clear_error_without_the_password(server: RedisServer) -> None:
-    port = free_port()
+    port = dead_port()
     done = cli(server.port, "ls", env={"REDLOCK_TEST_URL": f"redis://:hunter2@127.0.0.1:{port}/0"})
     assert done.returncode == 1
     assert f"cannot reach the lock Redis: redis://***@127.0.0.1:{port}/0" in done.stderr

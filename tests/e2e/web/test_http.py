@@ -23,10 +23,11 @@ from celery import Celery
 from celery_redlock import LockedTask
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.owner import new_token
-from celery_redlock.testing import RedisServer, free_port
+from celery_redlock.testing import RedisServer
 from celery_redlock.web import create_app
 from celery_redlock.web._security import SECRET_ENV, SESSION_COOKIE, SESSION_LIFETIME, Credentials
 from support.apps import layout_app, make_app
+from support.servers import dead_port
 from support.web import admin_actions, served
 from tests.e2e.web.tooling import TOKEN
 
@@ -292,7 +293,7 @@ def test_a_refused_action_sends_no_signal_and_logs_a_warning(
 
 
 def test_a_page_says_once_that_the_lock_redis_is_down() -> None:
-    down = f"redis://127.0.0.1:{free_port()}"
+    down = f"redis://127.0.0.1:{dead_port()}"
     app = layout_app("down", down, set_as_current=False, redlock_timeline=100)
     with served(create_app(app, credentials=Credentials())) as url:
         for path in ("/", "/stats", "/timeline?task=x"):
