@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import sys
+import unicodedata
 from collections.abc import Sequence
 from json.encoder import encode_basestring_ascii as _json_str
 from typing import Any
@@ -42,12 +43,35 @@ def safe(value: Any) -> str:
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
 
 
+def _written(text: str) -> str:
+    """``text`` as stdout writes it: what its encoding cannot show becomes escapes."""
+    encoding = getattr(sys.stdout, "encoding", None) or "utf-8"
+    return text.encode(encoding, "backslashreplace").decode(encoding)
+
+
+def _columns(text: str) -> int:
+    """How many terminal columns ``text`` takes: two for a wide character (``日``), none for a
+    combining mark."""
+    return sum(
+        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        for c in text
+    )
+
+
 def table(rows: Sequence[Sequence[str]]) -> str:
-    """``rows`` (the first is the header) as left-aligned columns."""
-    rows = [[safe(cell) for cell in row] for row in rows]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    """``rows`` (the first is the header) as left-aligned columns.
+
+    Widths are counted on the text as the terminal shows it. Timeline of the misalignment this
+    prevents: (1) stdout is Latin-1; (2) a lock name holds ``☃``, one character; (3) stdout
+    writes it as the six characters ``\\u2603``, and every later cell of that row sat five
+    columns right of its header. A wide character (``日``) shifted its row the same way.
+    """
+    rows = [[_written(safe(cell)) for cell in row] for row in rows]
+    widths = [max(_columns(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        "  ".join(
+            cell + " " * (w - _columns(cell)) for cell, w in zip(row, widths, strict=True)
+        ).rstrip()
         for row in rows
     )
 

@@ -8,7 +8,9 @@ sort_keys=True)`` gives, for every type a field can have.
 
 from __future__ import annotations
 
+import io
 import json
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,6 +21,7 @@ from celery_redlock._celery.options import settings_for
 from celery_redlock._redis import owner as _owner
 from celery_redlock.cli import HeldLock, LockStore
 from celery_redlock.cli._format import json_row as _json_row
+from celery_redlock.cli._format import table
 
 DIGEST = "0123456789abcdef0123456789abcdef"
 
@@ -93,3 +96,24 @@ def store() -> Iterator[LockStore]:
 )
 def test_which_keys_are_slots(store: LockStore, key: str, parsed: object) -> None:
     assert store.parse(key) == parsed
+
+
+@pytest.mark.parametrize(
+    ("encoding", "name", "written", "width"),
+    [
+        ("latin-1", "snow-\u2603", "snow-\\u2603", 11),
+        ("utf-8", "\u65e5\u672c-sync", "\u65e5\u672c-sync", 9),
+        ("utf-8", "cafe\u0301s", "cafe\u0301s", 5),
+    ],
+)
+def test_a_tables_columns_line_up_as_the_terminal_shows_them(
+    encoding: str, name: str, written: str, width: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A name stdout writes as an escape (Latin-1), or with wide characters (two columns each)
+    or a combining mark (none), leaves the next column where the header put it."""
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BytesIO(), encoding=encoding))
+    header, row, plain = table([["NAME", "TTL"], [name, "1.0s"], ["plain", "2.0s"]]).splitlines()
+    at = width + 2  # the widest name, then two spaces
+    assert header == "NAME" + " " * (at - 4) + "TTL"
+    assert row == written + " " * (at - width) + "1.0s"
+    assert plain == "plain" + " " * (at - 5) + "2.0s"
