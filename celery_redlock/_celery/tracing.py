@@ -399,6 +399,20 @@ def _request_key(request: Any) -> str | None:
     return None if lock is None else str(lock.key)
 
 
+def _ended_by(exc: BaseException) -> str:
+    """The outcome of an acquire that ``exc`` ended: ``interrupted`` for a soft time limit, a
+    revoke (``SystemExit`` in the pool child) or a shutdown, which are not lock contention.
+
+    Timeline of the false alarm this prevents: (1) a call waits for the lock (``wait``); (2) its
+    soft time limit or ``revoke(terminate=True)`` ends the wait; (3) its span said ``failed``,
+    the outcome of a contended call refused by the ``fail`` policy, while the counters added
+    nothing (they count a wait's interruption as no failure): an alert on ``failed`` spans
+    counted time limits and revokes as contention."""
+    if isinstance(exc, SoftTimeLimitExceeded) or not isinstance(exc, Exception):
+        return "interrupted"
+    return "retried" if type(exc).__name__ == "Retry" else "failed"
+
+
 def traced_acquire(enter: F) -> F:
     """Wrap the engine's ``enter(task, request, spec, args, kwargs)`` in ``redlock.acquire``
     (with that signature, not ``*args``: packing them costs on every execution)."""
@@ -426,7 +440,7 @@ def traced_acquire(enter: F) -> F:
             if type(exc).__name__ == "Ignore":  # a redelivered copy of a call that ended
                 _finish(op, "skipped")
             else:
-                _finish(op, "retried" if type(exc).__name__ == "Retry" else "failed", exc)
+                _finish(op, _ended_by(exc), exc)
             raise
         finally:
             _current.reset(token)

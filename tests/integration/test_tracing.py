@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import signal
 import subprocess
 import sys
 import textwrap
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 import redis as redis_py
 from celery import Celery
-from celery.exceptions import TaskRevokedError
+from celery.exceptions import SoftTimeLimitExceeded, TaskRevokedError
 from opentelemetry import trace
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
 from opentelemetry.sdk import trace as sdk_trace
@@ -295,6 +296,47 @@ def test_a_waiter_that_expired_is_traced_and_counted_as_expired(
     expired = [s for s in named(spans, "redlock.acquire") if s.attributes.get("redlock.reason")]
     assert [s.attributes["redlock.reason"] for s in expired] == ["expired"]
     assert expired[0].attributes["redlock.outcome"] == "skipped"
+
+
+@pytest.mark.parametrize("ending", [SoftTimeLimitExceeded, SystemExit])
+def test_a_wait_a_time_limit_or_revoke_ends_is_interrupted_not_failed(
+    app: Celery, spans: InMemorySpanExporter, r: redis_py.Redis, ending: type[BaseException]
+) -> None:
+    """Helper probe, round 3: a wait ended by a soft time limit, or by a revoke (``SystemExit``
+    in the pool child), was a ``failed`` acquire (the outcome of contention refused), though
+    the counters count no failure for it. Here the signal a pool child gets ends the wait of
+    an eager call once it is queued behind the holder."""
+
+    @app.task(base=LockedTask, shared=False, lock_on_contention="wait", lock_wait_timeout=30)
+    def job() -> str:
+        return "ran"
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise ending("the wait was ended")
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    main = threading.get_ident()
+    try:
+        with hold_lock(job):
+            waiters = lock_key(job) + ":waiters"
+
+            def end_the_wait() -> None:
+                wait_until(lambda: r.zcard(waiters) == 1, 10, "the call to wait")
+                signal.pthread_kill(main, signal.SIGUSR1)
+
+            ender = threading.Thread(target=end_the_wait)
+            ender.start()
+            try:
+                with pytest.raises(ending):
+                    job.apply(throw=True)
+            finally:
+                ender.join()
+            assert r.zcard(waiters) == 0  # the interrupted wait left the queue
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    acquire = one(spans, "redlock.acquire")
+    assert acquire.attributes["redlock.outcome"] == "interrupted"
+    assert acquire.attributes["redlock.policy"] == "wait"
 
 
 def test_a_soft_time_limit_while_a_retry_s_span_ends_leaves_the_retry(
