@@ -319,8 +319,10 @@ def release_for_dead_child(request: Any) -> None:
         request.__dict__["_redlock_parent_released"] = True
         give_back(key, release, what=f"the release of dead child {pid}'s lock")
         logger.warning(
-            "%s[%s]: child %s died; could not release its lock, which is released once Redis "
-            "answers again (tried for up to %.0f minutes; else it expires by TTL): %s",
+            "%s[%s]: child %s died, and Redis did not answer the release of any lock it held "
+            "(the child may have held none: it may have been waiting); a lock it held is "
+            "released once Redis answers again (tried for up to %.0f minutes; else it expires "
+            "by TTL): %s",
             task.name,
             request.id,
             pid,
