@@ -64,3 +64,8 @@ def __getattr__(name: str) -> Any:
     # in a process that imports only current_fencing_token or lock_key.
     importlib.import_module("celery_redlock._celery.wiring")
     return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    """The module's names with the Celery layer's (tab completion, ``inspect.getmembers``)."""
+    return sorted({*globals(), *__all__})

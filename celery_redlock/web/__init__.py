@@ -6,7 +6,9 @@ use, so ``celery redlock ls`` and ``import celery_redlock`` never do.
 
 * :func:`create_app`: the dashboard as an ASGI app, for ``app.mount("/locks", ...)`` in
   FastAPI or Starlette (what ``celery redlock web`` serves);
-* :func:`django_urls`: the dashboard as Django admin views, to ``include()`` in ``urls.py``.
+* :func:`django_urls`: the dashboard as Django admin views, to ``include()`` in ``urls.py``;
+* :class:`Credentials` and ``Authenticate``: the types of ``create_app``'s ``credentials`` and
+  ``authenticate``.
 
 docs/operations.md shows the page and documents the mounts, the authentication, read-only
 mode and the actions.
@@ -18,12 +20,18 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._asgi import create_app
+    from ._asgi import Authenticate, create_app
     from ._django import django_urls
+    from ._security import Credentials
 
-__all__ = ["create_app", "django_urls"]
+__all__ = ["Authenticate", "Credentials", "create_app", "django_urls"]
 
-_LAZY = {"create_app": "._asgi", "django_urls": "._django"}
+_LAZY = {
+    "Authenticate": "._asgi",
+    "Credentials": "._security",
+    "create_app": "._asgi",
+    "django_urls": "._django",
+}
 
 #: What a missing library of the dashboard is reported as (followed by the import's error).
 NEEDS_EXTRA = 'the dashboard needs the web extra: pip install "celery-redlock[web]"'
@@ -44,3 +52,8 @@ def __getattr__(name: str) -> Any:
             ) from exc
         raise ModuleNotFoundError(f"{NEEDS_EXTRA} ({exc})", name=exc.name) from exc
     return getattr(loaded, name)
+
+
+def __dir__() -> list[str]:
+    """The module's names with the lazy ones (tab completion, ``inspect.getmembers``)."""
+    return sorted({*globals(), *__all__})

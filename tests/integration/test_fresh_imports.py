@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import typing
 
 import pytest
 
@@ -115,3 +116,33 @@ def test_a_lock_option_without_the_base_is_refused_when_only_a_helper_is_importe
     assert done.stdout.startswith(
         "LockConfigError task proj.sync_account: option lock_by=['account_id'] is ignored"
     ), done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("module", ["celery_redlock", "celery_redlock.web"])
+def test_every_public_name_is_listed_by_dir_and_importable(module: str) -> None:
+    """Packaging probe, round 3: ``dir(celery_redlock)`` lacked ``LockedTask`` and the other
+    lazily loaded names (tab completion and ``inspect.getmembers`` never showed them), and
+    ``create_app``'s ``credentials`` type could be imported from a private module only."""
+    code = textwrap.dedent(
+        f"""
+        import importlib, json
+        module = importlib.import_module({module!r})
+        print(json.dumps([
+            sorted(set(module.__all__) - set(dir(module))),
+            [name for name in module.__all__ if getattr(module, name, None) is None],
+        ]))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [[], []]
+
+
+def test_the_dashboards_credentials_type_is_public() -> None:
+    from celery_redlock.web import Credentials, create_app
+    from celery_redlock.web._security import Credentials as Declared
+
+    assert Credentials is Declared
+    assert typing.get_type_hints(create_app)["credentials"] == Credentials | None
