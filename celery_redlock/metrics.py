@@ -3,7 +3,9 @@
 Every process counts in memory and a daemon thread adds the counts to a Redis hash per task
 (``<prefix>:stats:<task name>``, see the README's key table) once a second, so counting costs
 no round trip on the task's path and ``celery redlock stats`` sees the sum over all workers.
-Counts still in memory when a process is SIGKILLed are lost (at most one second's worth).
+Counts still in memory when a process is SIGKILLed are lost (at most one second's worth);
+a process that exits flushes them (``atexit``, a pool child's ``worker_process_shutdown``, and
+a ``multiprocessing`` child's finalizers, as its fork ends with ``os._exit``).
 A flush that fails (Redis down, a Cluster that cannot be reached, an ACL without
 ``HINCRBY``, ``OOM``) keeps the counts for the next flush and logs once per outage: the thread
 never ends from an exception. Only the events Redis did not add are kept: a counter field that
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing.util
 import threading
 from collections import Counter, deque
 from collections.abc import Iterator, Mapping
@@ -87,6 +90,9 @@ class _Counters:
         self.thread = threading.Thread(target=self._run, name="celery-redlock-metrics")
         self.thread.daemon = True
         self.thread.start()
+        # A child forked by multiprocessing (Django's `test --parallel`) ends with os._exit
+        # after the finalizers registered since its fork: atexit never runs there.
+        multiprocessing.util.Finalize(None, _flush_at_exit, exitpriority=0)
 
     def _take_counted(self) -> None:
         """Add the events counted since the last call to :attr:`pending` (under ``lock``)."""

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import re
 import threading
+import warnings
 from collections.abc import Callable
 from importlib import metadata
 from types import SimpleNamespace
@@ -240,3 +242,24 @@ def test_counts_made_by_many_threads_while_flushes_run_are_each_written_once(
     assert read_stats(app)["m.threads"]["skipped"] == threads * each
     if not cached:
         assert metrics._counted == {}
+
+
+def test_a_forked_multiprocessing_child_flushes_its_counts_as_it_exits(
+    app: Celery, r: redis_py.Redis
+) -> None:
+    """Django probe, round 3: a child forked by ``multiprocessing`` (the workers of Django's
+    ``test --parallel``) ends with ``os._exit``, which skips ``atexit``: every count it made
+    since its last one-second flush was lost. Here it makes one call and exits at once."""
+
+    @app.task(base=LockedTask, shared=False, name="m.forked")
+    def job() -> str:
+        return "ran"
+
+    fork = multiprocessing.get_context("fork")
+    with warnings.catch_warnings():  # Python 3.12+: forking a process that has threads
+        warnings.simplefilter("ignore", DeprecationWarning)
+        child = fork.Process(target=job.apply)
+        child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    assert read_stats(app).get("m.forked") == {"acquired": 1, "released": 1}
