@@ -1070,6 +1070,19 @@ def _release(task: Any, request: Any, lock: Lock, keep: float = 0) -> bool:
         if lock.lost:  # the release found it lost; the exception interrupted that report
             return False
         return _release_again(task, request, lock, keep, exc)
+    if lock.lost:
+        # Reported lost already (lock_lost, counted): each lock ends one way. Timeline: (1)
+        # the lease ends by this worker's clock, reckoned from when each renewal was sent,
+        # less a drift allowance, with no renewal confirmed; (2) Redis extended the key when
+        # a renewal arrived, and still holds it for this call; (3) the release deletes it.
+        logger.info(
+            "%s[%s]: released %s, which Redis still held for this call though it had been "
+            "reported lost (its lease had ended by this worker's clock)",
+            task.name,
+            request.id,
+            lock.key,
+        )
+        return False
     return True
 
 

@@ -7,6 +7,7 @@ import logging
 import multiprocessing
 import re
 import threading
+import time
 import warnings
 from collections.abc import Callable
 from importlib import metadata
@@ -19,10 +20,19 @@ from celery import Celery
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, generate_latest
 
-from celery_redlock import Lock, LockContended, LockedTask, LockUnavailable, lock_key, metrics
+from celery_redlock import (
+    Lock,
+    LockContended,
+    LockedTask,
+    LockUnavailable,
+    current_lock,
+    lock_key,
+    metrics,
+    signals,
+)
 from celery_redlock.cli import redlock
 from celery_redlock.metrics import PrometheusCollector, read_stats
-from celery_redlock.testing import RedisServer, wait_until
+from celery_redlock.testing import RedisServer, record_lock_events, wait_until
 from celery_redlock.web._core import Dashboard
 from support.apps import make_app
 from support.workers import running_worker
@@ -263,3 +273,57 @@ def test_a_forked_multiprocessing_child_flushes_its_counts_as_it_exits(
     child.join(30)
     assert child.exitcode == 0
     assert read_stats(app).get("m.forked") == {"acquired": 1, "released": 1}
+
+
+def test_a_lock_reported_lost_is_counted_lost_once_though_its_release_then_freed_it(
+    redis_server: RedisServer, r: redis_py.Redis
+) -> None:
+    """Django probe, round 3 (seen once in 11 outage runs): (1) the lease ends by the worker's
+    clock, which reckons it from when each renewal was sent, less a drift allowance, and the
+    renewal reports the lock lost (``lock_lost``); (2) Redis, which extended the key when the
+    renewal arrived, still holds it for this call when the body's release comes; (3) the
+    release deletes it, and the lock was counted, and signalled, both ``lost`` and
+    ``released``. Here the lock's clock jumps past its lease while Redis keeps the key."""
+    app = make_app(redis_server, redlock_lease=3)  # renewed each second
+    reported = threading.Event()
+
+    def on_lost(**_: Any) -> None:
+        reported.set()
+
+    @app.task(base=LockedTask, shared=False, name="m.late")
+    def late() -> bool:
+        lock = current_lock()
+        assert lock is not None
+        lock.clock = lambda: time.monotonic() + 3600
+        assert reported.wait(10), "the renewal to report the lock lost"
+        return bool(r.exists(lock.key))
+
+    signals.lock_lost.connect(on_lost, weak=False)
+    try:
+        with record_lock_events() as events:
+            assert late.apply().get() is True  # Redis held the key for this call
+    finally:
+        signals.lock_lost.disconnect(on_lost)
+    assert r.exists(lock_key(late)) == 0  # the release freed it
+    assert [e.kind for e in events.events] == ["acquired", "lost"]
+    wait_until(counted_as(app, {"m.late": {"acquired": 1, "lost": 1}}), 10, "the counters")
+    assert read_stats(app)["m.late"] == {"acquired": 1, "lost": 1}
+
+
+def test_a_lock_past_its_lease_by_its_clock_alone_and_released_is_counted_released(
+    app: Celery, r: redis_py.Redis
+) -> None:
+    """The same without the report: the lease ended by the lock's clock, no renewal said so
+    yet, and the release found the key still this call's. Released it is, once."""
+
+    @app.task(base=LockedTask, shared=False, name="m.unreported", lock_ttl=30)
+    def unreported() -> bool:
+        lock = current_lock()
+        assert lock is not None
+        lock.clock = lambda: time.monotonic() + 3600
+        return lock.lost
+
+    with record_lock_events() as events:
+        assert unreported.apply().get() is True
+    assert r.exists(lock_key(unreported)) == 0
+    assert [e.kind for e in events.events] == ["acquired", "released"]
