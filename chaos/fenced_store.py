@@ -87,7 +87,16 @@ class FencedStore:
 
     def write(self, key: str, token: int, writer: str) -> bool:
         """Write ``writer`` to ``key`` through ``token``: True if the store accepted it (no
-        write with a larger token came first)."""
+        write with a larger token came first).
+
+        :raises TypeError: ``token`` is no :class:`int` (a :class:`bool` neither). PostgreSQL
+            would convert it for the ``bigint`` column, and the guard would compare what it
+            made of it. Timeline: (1) the holder with token 11 writes; (2) an older holder
+            writes through ``10.6``; (3) PostgreSQL rounds it to 11, the guard lets an equal
+            token through, and the stale write is accepted (``"10"`` was cast likewise).
+        """
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise TypeError(f"a fencing token is an int, got {token!r} ({type(token).__name__})")
         conn = self.connection()
         with conn.transaction():
             accepted = (

@@ -121,3 +121,15 @@ def test_a_read_and_threads_sharing_one_store_leave_every_write_committed(
     assert len(writes) == 201
     verdict = check([], writes)
     assert not verdict.stale_accepted and not verdict.wrong_rejections
+
+
+@pytest.mark.parametrize("token", [10.6, "10", True, None])
+def test_a_token_that_is_no_int_is_refused_before_the_store_sees_it(
+    store: FencedStore, token: object
+) -> None:
+    """Helper probe, round 4: PostgreSQL rounded ``10.6`` to 11 for the ``bigint`` column, so
+    an older holder's write passed the guard of the holder with 11; ``"10"`` was cast."""
+    assert store.write("k", 11, "new")
+    with pytest.raises(TypeError, match=r"a fencing token is an int, got .* \("):
+        store.write("k", token, "old")  # type: ignore[arg-type]
+    assert [(w.token, w.writer) for w in store.writes()] == [(11, "new")]
