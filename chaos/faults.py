@@ -330,8 +330,10 @@ SLOW = ("rate", "8kbit", "burst", "1600", "latency", "300ms")
 
 def _slow_link(run: Run) -> None:
     """Throttle what n1 sends (its replies and acks, to both workers) with ``tbf``; meanwhile a
-    thread in the root namespace sends a ``PING`` to n1 every 0.25 s (1 s timeout) until the
-    heal and records the round trips, under the phase's load."""
+    thread in the root namespace sends a ``PING`` to n1 every 0.25 s until the heal and
+    records the round trips, under the phase's load: each ``PING`` is sent once and given 1 s
+    (:meth:`~chaos.clock.SteppedClockServer.client` makes no retries), so a round trip is one
+    ``PING``'s and a timeout is recorded as ``None``, never as the time of a retry."""
     run.net.shape("n1", "tbf", *SLOW)
     run.note("tbf", host="n1", spec=" ".join(SLOW))
     healing = threading.Event()

@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections.abc import Iterator
 
 import pytest
+import redis as redis_py
 
 from celery_redlock import Lock
 from celery_redlock.asyncio import Lock as AsyncLock
@@ -121,3 +123,21 @@ def test_tokens_increase_after_the_clock_ran_ahead_long_enough_to_expire_the_cou
             s.step(0)
         after = tokens_of(target, 5, limit=2 if nodes == 1 else 1)
         assert strictly_increasing(ahead + after), (ahead[-1], after[0])
+
+
+def test_a_client_of_a_server_that_answers_nothing_gives_up_after_its_timeout(
+    server: SteppedClockServer,
+) -> None:
+    """Helper probe, round 4: the slow-link probe's "1 s timeout" ``PING`` to a node that
+    answered nothing gave up after about 15 s (redis-py's default retries)."""
+    client = server.client(timeout=0.5)
+    client.ping()  # connected before the pause: the PING alone is timed
+    server.pause()
+    try:
+        began = time.monotonic()
+        with pytest.raises(redis_py.TimeoutError):
+            client.ping()
+        assert time.monotonic() - began < 1.5
+    finally:
+        server.resume()
+        client.close()
