@@ -220,6 +220,9 @@ class Run:
     records: redis_py.Redis
     notes: list[dict[str, Any]] = field(default_factory=list)
     paused: list[int] = field(default_factory=list)
+    #: Every holder's pid a fault paused, kept after the heal continued it: the fault's window
+    #: explains only overlaps of their holdings (:attr:`chaos.history.Window.holders`).
+    stopped: set[int] = field(default_factory=set)
     on_heal: list[Callable[[], None]] = field(default_factory=list)
     proxies: list[Proxy] = field(default_factory=list)
     #: Set while a healed fault still settles (the phase goes on until it is clear).
@@ -250,6 +253,7 @@ def _pause_holder(run: Run) -> None:
         time.sleep(0.05)
     os.kill(pid, signal.SIGSTOP)
     run.paused.append(pid)
+    run.stopped.add(pid)
     run.note("SIGSTOP holder", pid=pid)
 
 
@@ -391,6 +395,11 @@ FAILOVER = "a failover to an asynchronously replicated replica (two primaries fo
 TOKENS_GO_BACK = frozenset({EMPTY, EARLY, FAILOVER})
 #: The limits whose stale holder held the lock before the fault (:attr:`Window.stale_before`).
 STALE_BEFORE = frozenset({PAUSED, CLOCK_AHEAD, EMPTY})
+#: The limits of a fault on holders' processes, not on a lock server or a link: only the
+#: processes it stopped hold stale (:attr:`Window.holders`). A clock step or a restart of n1
+#: ends the leases of every holder of every key on it, and a failover or an early rejoin
+#: forgets them all: their windows name no holders.
+ON_HOLDERS = frozenset({PAUSED})
 
 FAULTS = [
     Fault("netem-one-node", False, _netem, qdisc="netem"),
@@ -642,6 +651,7 @@ def run_fault(
             fault.limit,
             fault.limit in TOKENS_GO_BACK,
             injected_at if fault.limit in STALE_BEFORE else None,
+            frozenset(run.stopped) if fault.limit in ON_HOLDERS else None,
         )
         finals = collect(submitted, deadline=time.monotonic() + 30)
         for call, state in finals.items():

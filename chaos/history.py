@@ -41,8 +41,10 @@ instant overlap even if one body took no time.
    ends each window a lease after the heal. An overlap that began before the window cannot
    have been caused by the fault, nor, for a limit whose stale holder held the lock before
    the fault (:attr:`Window.stale_before`), one between two holders both admitted after the
-   fault was injected (a lock that deletes another's key would pass as the fault's doing);
-   any other is a violation;
+   fault was injected (a lock that deletes another's key would pass as the fault's doing),
+   nor, for a fault on processes (:attr:`Window.holders`: the pids a pause stopped), one
+   whose earlier holder ran in another process (any key, any worker: the pause did not make
+   it stale); any other is a violation;
 2. **stale writes**: the store accepted a write whose token was lower than a token it had
    accepted before for that key (a violation). A rejected write is counted if a larger token
    was accepted before it; a rejection of a write whose token is at least every token
@@ -134,6 +136,8 @@ class Event:
     run: str = ""
     #: On ``admitted``: when the worker began to run the call, before its acquire was sent.
     since: float | None = None
+    #: The process that recorded a body event (a pool child), if recorded.
+    pid: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -146,9 +150,9 @@ class Event:
     def from_dict(cls, data: dict[str, Any]) -> Event:
         """An event as the recorder wrote it. :class:`ValueError` naming the field for a
         record the checker would misjudge: a missing field, a time that is no finite number
-        (a NaN breaks the sort: an overlap read as an inversion), a token that is no whole
-        number (``1.9`` was cut to 1), and a body event without its run id (two admissions of
-        one call at once were one holding, and passed)."""
+        (a NaN breaks the sort: an overlap read as an inversion), a token or pid that is no
+        whole number (``1.9`` was cut to 1), and a body event without its run id (two
+        admissions of one call at once were one holding, and passed)."""
         missing = [name for name in ("at", "call", "kind") if name not in data]
         if missing:
             raise ValueError(f"event {data!r} lacks {', '.join(missing)}")
@@ -164,6 +168,7 @@ class Event:
             state=data.get("state"),
             run=_run(data.get("run"), kind, where),
             since=None if data.get("since") is None else _time(data["since"], f"{where}: since"),
+            pid=_whole(data.get("pid"), f"{where}: pid"),
         )
 
 
@@ -174,8 +179,12 @@ def _time(value: Any, what: str) -> float:
 
 
 def _token(value: Any, where: str) -> int | None:
+    return _whole(value, f"{where}: token")
+
+
+def _whole(value: Any, what: str) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ValueError(f"{where}: token={value!r} is no whole number")
+        raise ValueError(f"{what}={value!r} is no whole number")
     return value
 
 
@@ -206,7 +215,8 @@ class StoreWrite:
 @dataclass(frozen=True)
 class Window:
     """A fault from ``start`` to ``end``. ``limit``: the documented limit it exercises (an
-    overlap that begins inside it is explained), or ``None``: it explains no overlap."""
+    overlap that begins inside it, and that the fault can have caused, is explained), or
+    ``None``: it explains no overlap."""
 
     fault: str
     start: float
@@ -221,6 +231,15 @@ class Window:
     #: admitted after it have no such excuse. ``None``: any two (a failover's two primaries,
     #: quorum nodes rejoining one after the other).
     stale_before: float | None = None
+    #: The processes (pids) the fault made stale holders of, if it acts on processes: an
+    #: overlap is explained only if its earlier holder ran in one of them. A paused holder
+    #: delays no other process's lock: (1) w1's child A holds k1 and is paused; (2) w2's B
+    #: holds k2 and writes on; (3) C is admitted on k2 while B runs (a lock that let it in).
+    #: The pause did not make B stale: C and B overlap unexplained. ``None``: any holder, as
+    #: for a fault on a lock server (a clock step, a restart empty, a failover: every lease
+    #: it holds, of every key and worker, may end early) or on a link (a slow or lossy link
+    #: delays whichever holder's renewals cross it).
+    holders: frozenset[int] | None = None
 
 
 @dataclass
@@ -236,6 +255,8 @@ class Holding:
     writes: int = 0
     #: When the worker began to run the call (before its acquire), if recorded.
     since: float | None = None
+    #: The process that ran it, if recorded.
+    pid: int | None = None
 
 
 @dataclass
@@ -364,7 +385,13 @@ def _unfold(events: Iterable[Event]) -> tuple[list[Holding], list[Event]]:
             # A second admission is a holding of its own; the one before, if it recorded no
             # end, ends at its last body event.
             hold = Holding(
-                event.call, event.key, event.token, event.at, event.at, since=event.since
+                event.call,
+                event.key,
+                event.token,
+                event.at,
+                event.at,
+                since=event.since,
+                pid=event.pid,
             )
             open_[(event.call, event.run)] = hold
             found.append(hold)
@@ -389,20 +416,28 @@ def _overlap(a: Holding, b: Holding) -> bool:
 
 def _explained(a: Holding, b: Holding, windows: Sequence[Window]) -> Window | None:
     """The fault window of a limit in which the overlap of ``a`` and ``b`` began, if any, and
-    which can have caused it (:attr:`Window.stale_before`)."""
+    which can have caused it (:attr:`Window.stale_before`, :attr:`Window.holders`)."""
     begin = max(a.admitted, b.admitted)
-    # The earlier holder's acquire may have run before the fault and its admission been
-    # recorded after it (a busy worker): its task's start (``since``) says when it could be.
-    # The records cannot tell that holder from one whose acquire merely began before the
-    # fault and was granted after it, so such a pair is explained too: a limit of the check,
-    # which a holder's ``since`` narrows to the time its acquire was under way.
-    first = min(h.admitted if h.since is None else min(h.since, h.admitted) for h in (a, b))
+    older = a if a.admitted <= b.admitted else b
     for w in windows:
         if w.limit is None or not w.start <= begin <= w.end:
             continue
-        if w.stale_before is None or first < w.stale_before:
+        # A fault on processes made only its own stale, and their holdings began before it
+        # (a pause stops a body that recorded its admission): the older holder must be one.
+        stale = (a, b) if w.holders is None else (older,) if older.pid in w.holders else ()
+        if any(w.stale_before is None or _began(h) < w.stale_before for h in stale):
             return w
     return None
+
+
+def _began(hold: Holding) -> float:
+    """When ``hold``'s acquire may have been granted at the earliest. Its admission may be
+    recorded after the fault although its acquire ran before it (a busy worker): its task's
+    start (``since``) says when it could be. The records cannot tell that holder from one
+    whose acquire merely began before the fault and was granted after it, so such a pair is
+    explained too: a limit of the check, which ``since`` narrows to the time its acquire was
+    under way."""
+    return hold.admitted if hold.since is None else min(hold.since, hold.admitted)
 
 
 def _ordered(older: Holding, newer: Holding) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -454,3 +455,34 @@ def test_a_call_the_harness_never_submitted_is_a_violation() -> None:
     verdict = check(call("a", "k", 10, 1, 2) + phantom, [])
     assert verdict.unsubmitted_calls == ["p"] and not verdict.ok
     assert verdict.details() == {"unsubmitted": ["p"]}
+
+
+def test_a_pause_explains_only_an_overlap_whose_earlier_holder_it_paused() -> None:
+    """Helper probe, round 4: a pause window explained any overlap that began in it with a
+    holder admitted before the pause, on any key and worker: here ``a`` (pid 1) wrote on
+    throughout, never paused, while the paused holder (pid 3) held another key."""
+
+    def ran(pid: int, events: list[Event]) -> list[Event]:
+        return [replace(e, pid=pid) for e in events]
+
+    events = [
+        *ran(1, call("a", "k", 10, 1, 4)),
+        *ran(2, call("b", "k", 11, 2, 2.3)),
+        *ran(3, call("p", "j", 5, 1.2, 4.6)),
+    ]
+
+    def pause(*pids: int) -> list[Window]:
+        return [
+            Window("pause-holder", 1.5, 4.5, "paused", stale_before=1.6, holders=frozenset(pids))
+        ]
+
+    other = check(events, [], pause(3))
+    assert other.overlaps_unexplained == [("k", "a", "b")] and not other.ok
+    assert check(events, [], pause(1)).overlaps_explained == {"paused": 1}
+    newer = check(events, [], pause(2))  # b was admitted after the pause: not its stale holder
+    assert newer.overlaps_unexplained == [("k", "a", "b")]
+    anyone = [Window("clock-forward", 1.5, 4.5, "clock stepped forward", stale_before=1.6)]
+    assert check(events, [], anyone).overlaps_explained == {"clock stepped forward": 1}
+    assert Event.from_dict({"at": 1, "call": "a", "kind": "submitted", "pid": 7}).pid == 7
+    with pytest.raises(ValueError, match=r"pid='7' is no whole number"):
+        Event.from_dict({"at": 1, "call": "a", "kind": "submitted", "pid": "7"})
