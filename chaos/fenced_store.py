@@ -115,12 +115,18 @@ class FencedStore:
         return bool(accepted)
 
     def writes(self) -> list[StoreWrite]:
-        """The log, in the store's order."""
+        """The log, in the store's order, each write with the time it was applied (seconds
+        since the epoch, from PostgreSQL's ``clock_timestamp()``: this machine's clock, which
+        the workers' events are stamped with too)."""
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             rows = conn.execute(
-                f"SELECT seq, key, fence, accepted, writer FROM {self.log} ORDER BY seq"
+                f"SELECT seq, key, fence, accepted, writer, extract(epoch FROM at)"
+                f" FROM {self.log} ORDER BY seq"
             )
-            return [StoreWrite(int(s), str(k), int(f), bool(a), str(w)) for s, k, f, a, w in rows]
+            return [
+                StoreWrite(int(s), str(k), int(f), bool(a), str(w), float(t))
+                for s, k, f, a, w, t in rows
+            ]
 
     def close(self) -> None:
         """Close this process's connections (a parent's inherited ones are left open)."""

@@ -48,7 +48,15 @@ instant overlap even if one body took no time.
 2. **stale writes**: the store accepted a write whose token was lower than a token it had
    accepted before for that key (a violation). A rejected write is counted if a larger token
    was accepted before it; a rejection of a write whose token is at least every token
-   accepted so far is a *wrong rejection* (the fence refused the newest holder: a violation);
+   accepted so far is a *wrong rejection* (the fence refused the newest holder: a violation).
+   A fence knows only the tokens written to it, so it cannot refuse a stale write made
+   before the newer holder's first write. Timeline: (1) A is admitted with token 10 and
+   paused; (2) its lease runs out and B is admitted with 11; (3) A resumes and writes, and
+   the store, whose largest token is 10, accepts it; (4) B writes with 11. Such a write (one
+   the store accepted, by its own clock, after a holder admitted later than its writer, with
+   a larger token, had recorded its admission) is counted
+   (:attr:`Verdict.stale_before_newer`), not judged: it is the limit of fencing, and its
+   writer, holding until that write, overlaps the newer holder, which check 1 judges;
 3. **token order**: of two holdings of a key that do not overlap, the earlier one has the
    smaller token (a violation otherwise, also when either has none, unless the later one was
    admitted inside the window of a limit that loses the token state: counted under it); of
@@ -101,10 +109,11 @@ admitted. Such calls are counted (:attr:`Verdict.admitted_lost`), not judged as 
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,14 +211,16 @@ def _run(value: Any, kind: str, where: str) -> str:
 
 @dataclass(frozen=True)
 class StoreWrite:
-    """A write as the store applied it: in its own order (``seq``), with its verdict and the
-    call that made it (``writer``)."""
+    """A write as the store applied it: in its own order (``seq``), with its verdict, the
+    call that made it (``writer``) and when it applied it (``at``, by this machine's clock, as
+    the events; ``None``: not logged)."""
 
     seq: int
     key: str
     token: int
     accepted: bool
     writer: str
+    at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -268,6 +279,9 @@ class Verdict:
     overlap_max_s: dict[str, float] = field(default_factory=dict)
     overlaps_unexplained: list[tuple[str, str, str]] = field(default_factory=list)
     stale_accepted: list[StoreWrite] = field(default_factory=list)
+    #: Writes the store accepted after a holder with a larger token had been admitted, before
+    #: that holder's first write: the fence cannot refuse them (counted, not a violation).
+    stale_before_newer: list[StoreWrite] = field(default_factory=list)
     #: Stale writes the store rejected (a larger token had been accepted before).
     rejected: int = 0
     accepted: int = 0
@@ -323,6 +337,7 @@ class Verdict:
             "overlap_max_s": dict(self.overlap_max_s),
             "overlaps_unexplained": len(self.overlaps_unexplained),
             "stale_writes_accepted": len(self.stale_accepted),
+            "stale_writes_before_newer": len(self.stale_before_newer),
             "stale_writes_rejected": self.rejected,
             "writes_accepted": self.accepted,
             "wrong_rejections": len(self.wrong_rejections),
@@ -454,6 +469,25 @@ def _tokens_lost(hold: Holding, windows: Sequence[Window]) -> Window | None:
     return None
 
 
+def _newer_holders(holds: Sequence[Holding]) -> Callable[[StoreWrite, Holding | None], bool]:
+    """Whether a holder admitted after ``writer`` with a larger token recorded its admission
+    before the store applied the write ``w`` (``False`` when either time is unknown)."""
+    by_key: dict[str, list[Holding]] = defaultdict(list)
+    for hold in holds:  # in the order of admission
+        by_key[hold.key].append(hold)
+    starts = {key: [h.admitted for h in held] for key, held in by_key.items()}
+
+    def newer(w: StoreWrite, writer: Holding | None) -> bool:
+        if w.at is None or writer is None:
+            return False
+        held, at = by_key[w.key], starts[w.key]
+        after = bisect.bisect_right(at, writer.admitted)
+        until = bisect.bisect_right(at, w.at)
+        return any(h.token is not None and h.token > w.token for h in held[after:until])
+
+    return newer
+
+
 def _explain_inversion(verdict: Verdict, window: Window) -> None:
     limit = str(window.limit)
     verdict.inversions_explained[limit] = verdict.inversions_explained.get(limit, 0) + 1
@@ -541,6 +575,7 @@ def check(
             else:
                 verdict.misreported_writes.append(event)
     best: dict[str, StoreWrite] = {}
+    newer_admitted = _newer_holders(holds)
     for w in writes:
         if (w.key, w.writer) not in admitted and (w.key, w.writer) not in verdict.unadmitted_writes:
             verdict.unadmitted_writes.append((w.key, w.writer))
@@ -557,6 +592,8 @@ def check(
         if top is not None and w.token < top.token:
             verdict.stale_accepted.append(w)
             continue
+        if newer_admitted(w, admission.get((w.key, w.writer, w.token))):
+            verdict.stale_before_newer.append(w)
         if top is not None and w.token == top.token and w.writer != top.writer:
             hold = admission.get((w.key, w.writer, w.token))
             if hold is None or _tokens_lost(hold, windows) is None:  # else counted above

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -133,3 +134,15 @@ def test_a_token_that_is_no_int_is_refused_before_the_store_sees_it(
     with pytest.raises(TypeError, match=r"a fencing token is an int, got .* \("):
         store.write("k", token, "old")  # type: ignore[arg-type]
     assert [(w.token, w.writer) for w in store.writes()] == [(11, "new")]
+
+
+def test_each_logged_write_carries_the_time_the_store_applied_it(store: FencedStore) -> None:
+    """The checker counts a stale write the store accepted after a newer holder's admission
+    (``stale_writes_before_newer``) by this time: this machine's clock, as the events'."""
+    began = time.time()
+    store.write("k", 10, "a")
+    store.write("k", 9, "b")
+    ended = time.time()
+    times = [w.at for w in store.writes() if w.at is not None]
+    assert len(times) == 2 and all(began - 0.05 <= t <= ended + 0.05 for t in times), times
+    assert times == sorted(times)

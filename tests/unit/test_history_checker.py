@@ -486,3 +486,26 @@ def test_a_pause_explains_only_an_overlap_whose_earlier_holder_it_paused() -> No
     assert Event.from_dict({"at": 1, "call": "a", "kind": "submitted", "pid": 7}).pid == 7
     with pytest.raises(ValueError, match=r"pid='7' is no whole number"):
         Event.from_dict({"at": 1, "call": "a", "kind": "submitted", "pid": "7"})
+
+
+def test_a_stale_write_before_the_newer_holder_s_first_write_is_counted() -> None:
+    """Helper probe, round 4: paused ``a`` (token 10) resumed and wrote at 3.2 s, after ``b``
+    (11) was admitted at 3.0 s and before b's first write at 3.5 s. The store rightly accepted
+    it (the fence cannot know 11 yet), and the checker, comparing each write with the largest
+    token accepted before it, counted nothing: now it is counted, by the store's time."""
+    events = call("a", "k", 10, 1, 3.3) + call("b", "k", 11, 3, 4)
+    writes = [
+        StoreWrite(1, "k", 10, True, "a", at=1.1),
+        StoreWrite(2, "k", 10, True, "a", at=3.2),
+        StoreWrite(3, "k", 11, True, "b", at=3.5),
+    ]
+    window = [Window("pause-holder", 1.5, 4.5, "paused", stale_before=1.6)]
+    verdict = check(events, writes, window)
+    assert verdict.stale_before_newer == [writes[1]] and not verdict.stale_accepted
+    assert verdict.summary()["stale_writes_before_newer"] == 1
+    assert verdict.ok  # the limit of fencing: its overlap is judged, under the pause here
+    assert not check(events, writes).ok  # outside a limit's window, the overlap fails
+    before = [writes[0], replace(writes[1], at=2.9), writes[2]]  # before b was admitted
+    assert check(events, before, window).stale_before_newer == []
+    untimed = [replace(w, at=None) for w in writes]
+    assert check(events, untimed, window).stale_before_newer == []
