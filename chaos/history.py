@@ -98,13 +98,17 @@ instant overlap even if one body took no time.
    (:attr:`Verdict.untested`: every call unavailable or skipped, records lost, or workers
    pointed at the wrong lock server).
 
-A call admitted without a token (``admitted`` with ``token`` None) and without a write is no
-holder: its lock was lost before its body read the token (``Lock.fencing_token`` is ``None``
-once the lock is lost) and the body stopped before its first write. Timeline, on a quorum
-behind a slow link: (1) the acquire's replies come back late, just inside the lock's validity
-time, and the task is admitted; (2) the lease runs out by the worker's clock before the body
-starts; (3) the body reads no token and stops; (4) the key expires and the next holder is
-admitted. Such calls are counted (:attr:`Verdict.admitted_lost`), not judged as holders.
+A call admitted without a token (``admitted`` with ``token`` None) is no holder if its body
+stopped at once, without a write: its lock was lost before its body read the token
+(``Lock.fencing_token`` is ``None`` once the lock is lost). Timeline, on a quorum behind a
+slow link: (1) the acquire's replies come back late, just inside the lock's validity time, and
+the task is admitted; (2) the lease runs out by the worker's clock before the body starts;
+(3) the body reads no token and stops; (4) the key expires and the next holder is admitted.
+Such calls are counted (:attr:`Verdict.admitted_lost`), not judged as holders, when the
+records show the stop: a ``body_end`` within :data:`STOPPED_WITHIN` of the admission. A
+tokenless body that ran longer, or never recorded its end, may have acted beside the next
+holder, unfenced (its records say nothing of what it did): it is judged as a holder (an
+overlap, a token inversion against each holder of its key).
 """
 
 from __future__ import annotations
@@ -128,6 +132,11 @@ KINDS = frozenset(
 )
 #: The kinds a body records while it runs: each proves that it ran at that moment.
 BODY_KINDS = frozenset({"admitted", "body_start", "write", "lost", "body_end"})
+#: Seconds from its admission within which a body admitted without a token must record its
+#: end to count as stopped (:attr:`Verdict.admitted_lost`). It records three events and
+#: stops: milliseconds, tens of them on a loaded machine. The bound is the shortest body of a
+#: fault run: a tokenless body that ran as long as a body ran is judged as a holder.
+STOPPED_WITHIN = 0.2
 
 
 @dataclass(frozen=True)
@@ -268,6 +277,8 @@ class Holding:
     since: float | None = None
     #: The process that ran it, if recorded.
     pid: int | None = None
+    #: Its body recorded its end (``body_end``).
+    closed: bool = False
 
 
 @dataclass
@@ -301,7 +312,8 @@ class Verdict:
     unsubmitted_calls: list[str] = field(default_factory=list)
     leftover_keys: list[str] = field(default_factory=list)
     states: dict[str, int] = field(default_factory=dict)
-    #: Calls admitted with their lock already lost (no token, no write): no holders.
+    #: Calls admitted with their lock already lost (no token, no write, the body ended within
+    #: :data:`STOPPED_WITHIN`): no holders.
     admitted_lost: int = 0
     #: No call was submitted: the history proves nothing (a run that lost its records).
     empty: bool = False
@@ -420,8 +432,20 @@ def _unfold(events: Iterable[Event]) -> tuple[list[Holding], list[Event]]:
         if event.kind == "write":
             current.writes += 1
         elif event.kind == "body_end":
+            current.closed = True
             del open_[(event.call, event.run)]
     return sorted(found, key=lambda h: h.admitted), unheld
+
+
+def _stopped_unheld(hold: Holding) -> bool:
+    """Whether ``hold`` was admitted with its lock already lost and its body stopped at once
+    (see the module docstring)."""
+    return (
+        hold.token is None
+        and not hold.writes
+        and hold.closed
+        and hold.ended - hold.admitted <= STOPPED_WITHIN
+    )
 
 
 def _overlap(a: Holding, b: Holding) -> bool:
@@ -511,7 +535,7 @@ def check(
     holds, unheld = _unfold(events)
     by_key: dict[str, list[Holding]] = defaultdict(list)
     for hold in holds:
-        if hold.token is None and not hold.writes:
+        if _stopped_unheld(hold):
             verdict.admitted_lost += 1
         else:
             by_key[hold.key].append(hold)

@@ -509,3 +509,32 @@ def test_a_stale_write_before_the_newer_holder_s_first_write_is_counted() -> Non
     assert check(events, before, window).stale_before_newer == []
     untimed = [replace(w, at=None) for w in writes]
     assert check(events, untimed, window).stale_before_newer == []
+
+
+def test_a_call_admitted_without_a_token_whose_body_ran_on_is_judged_as_a_holder() -> None:
+    """Helper probe, round 4: a call admitted without a token and without a write was no
+    holder however long its body ran: ``b`` ran from 2 to 5 s beside ``a``, and passed. It
+    must show that it stopped: its end recorded within ``STOPPED_WITHIN`` of its admission."""
+
+    def tokenless(ended: float | None) -> list[Event]:
+        end = [] if ended is None else [Event(ended, "b", "body_end", "k")]
+        return [
+            Event(1.5, "b", "submitted", "k"),
+            Event(2, "b", "admitted", "k", token=None),
+            Event(2.01, "b", "body_start", "k"),
+            Event(2.02, "b", "lost", "k"),
+            *end,
+            Event(6, "b", "final", "k", state="LOST"),
+        ]
+
+    a = call("a", "k", 10, 1, 5)
+    ran_on = check(a + tokenless(5), [])
+    assert ran_on.overlaps_unexplained == [("k", "a", "b")] and not ran_on.ok
+    assert ran_on.admitted_lost == 0
+    before = call("a", "k", 10, 1, 1.9)
+    stopped = check(before + tokenless(2.15), [])  # STOPPED_WITHIN is 0.2 s
+    assert stopped.ok and stopped.admitted_lost == 1, stopped.summary()
+    later = check(before + tokenless(2.25), [])  # a tokenless holder
+    assert later.token_inversions == [("k", "a", "b")] and not later.ok
+    unended = check(before + tokenless(None), [])  # nothing shows that it stopped
+    assert unended.token_inversions == [("k", "a", "b")] and not unended.ok
