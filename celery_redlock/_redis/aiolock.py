@@ -14,8 +14,9 @@ to threads too):
 
 1. Cancelled during the acquire script. (a) A sends the acquire; (b) A is cancelled before
    the reply; (c) Redis runs it, and the key is A's. The cancellation is raised at once; the
-   command runs to its reply in a task of its own, and what it took is given back after
-   (:func:`settle`). A give-back sent at once on another connection could run first.
+   command runs to its reply in a task of its own, and what the reply says it took is given
+   back after it (:func:`settle`); a reply that never comes is a lost one (7). A give-back
+   sent at once on another connection could run first.
 2. Cancelled just after winning. (a) A blocking acquire wins; (b) the task is cancelled before
    ``acquire`` returns ``True``. :meth:`Lock.acquire` gives back what it took before letting
    the cancellation through.
@@ -111,6 +112,8 @@ async def finish(make: Callable[[], Awaitable[T]]) -> T:
                 task.cancel()
             cancelled = True
     if cancelled:
+        if not task.cancelled():
+            task.exception()  # the caller gets its cancellation: this is no error left unseen
         raise asyncio.CancelledError
     return task.result()
 
@@ -297,7 +300,7 @@ class Lock(LockCore):
         """
         token, ttl = self._extend_args(ttl)
         start = self.clock()
-        self._extended(token, await self.do_extend(token, ttl), start, ttl)
+        self._extended(token, await settle(self.do_extend(token, ttl)), start, ttl)
 
     async def locked(self) -> bool:
         """Whether anyone holds the lock right now: its key (on a majority, for a quorum), or
@@ -452,27 +455,32 @@ class Lock(LockCore):
         token = self._try_token()
         ttl = self._lease()
         start = self.clock()
+        sent = asyncio.ensure_future(self.do_acquire(token, ttl))
         try:
-            result = await settle(self.do_acquire(token, ttl), lambda _: self._give_back(token))
-        except asyncio.CancelledError:  # the script may have run, its reply is lost (hazard 1)
-            self._give_back_later(token)
+            result = await settle(sent, functools.partial(self._undo_attempt, token))
+        except asyncio.CancelledError:  # the script may run yet: its reply decides (hazard 1)
+            self._give_back_later(token, sent)
             raise
         except Exception as exc:
             self._give_back_if_lost(exc, token)
             raise
         return self._result(token, start, ttl, result)
 
+    async def _undo_attempt(self, token: str, result: AcquireResult) -> None:
+        """The reply of an attempt whose caller was cancelled: give back the lock it took (an
+        attempt that took nothing gives nothing back)."""
+        if result.acquired:
+            await self._give_back(token)
+
     async def _wait_attempt(
         self, queue: SingleNode, token: str, ttl_ms: int, member: str, secret: str
     ) -> WaitReply | None:
-        """A queued waiter's try; cancelled, it gives back what the try may have taken."""
+        """A queued waiter's try; cancelled, it gives back what the try took."""
+        sent = asyncio.ensure_future(queue.wait_attempt(self.keys, token, ttl_ms, member, secret))
         try:
-            return await settle(
-                queue.wait_attempt(self.keys, token, ttl_ms, member, secret),
-                lambda reply: self._undo_wait(queue, reply, member, secret),
-            )
+            return await settle(sent, lambda reply: self._undo_wait(queue, reply, member, secret))
         except asyncio.CancelledError:
-            self._give_back_later(token)
+            self._give_back_later(token, sent)
             raise
         except Exception as exc:
             self._give_back_if_lost(exc, token)
@@ -513,21 +521,37 @@ class Lock(LockCore):
         with contextlib.suppress(Exception):
             await finish(functools.partial(self.do_release, token))
 
-    def _give_back_later(self, token: str) -> None:
+    def _give_back_later(self, token: str, sent: asyncio.Future[Any] | None = None) -> None:
         """:meth:`_give_back` for a cancelled caller: forget ``token`` now, and release it in
-        the background, so that the cancellation is raised without waiting for Redis; at once,
-        then as :class:`~.core.GiveBack` plans, until two releases in a row were answered.
+        the background, so that the cancellation is raised without waiting for Redis; as
+        :class:`~.core.GiveBack` plans, until two releases in a row were answered.
         Timeline with one release: (1) the acquisition is sent, the server freezes; (2) the
         caller is cancelled; its release waits, and fails; (3) the server resumes and runs the
-        acquisition: the key is held by nobody until its TTL."""
+        acquisition: the key is held by nobody until its TTL.
+
+        ``sent``: the attempt still on its way. Its reply, if it comes, decides (the undo
+        after it gives back what it took), and the plan sends nothing; the plan releases once
+        the reply is lost, or cut by the loop's shutdown. Timeline of releases sent at once
+        beside it: (1) a hundred callers try a held lock, each under
+        ``asyncio.timeout(0.005)``, and are cancelled; (2) each sent two releases at once and
+        one more after its reply, which said it took nothing; (3) thousands of releases queued
+        for the connection pool, and the holder's release waited two seconds behind them for
+        a connection: its waiter starved."""
         self._drop(token)
-        if self.nodes.gives_back_per_node:
-            in_background(functools.partial(self._give_back, token))
-            return
 
         async def release() -> None:
-            await finish(functools.partial(self.do_release, token))
+            if sent is not None:
+                await asyncio.wait((sent,))
+                if not sent.cancelled() and sent.exception() is None:
+                    return  # answered: the undo after the reply gives back what it took
+            if self.nodes.gives_back_per_node:
+                await self._give_back(token)
+            else:
+                await finish(functools.partial(self.do_release, token))
 
+        if self.nodes.gives_back_per_node:
+            in_background(release)
+            return
         plan = GiveBack(self.key, time.monotonic())
         in_background(functools.partial(as_planned, plan, release, 0.0))
 
