@@ -168,6 +168,21 @@ def _undo(late: Callable[[T], Awaitable[object]], task: asyncio.Future[T]) -> No
 _COUNTS_CANCELS = sys.version_info >= (3, 11)
 
 
+def _asyncio_loop() -> None:
+    """Refuse a caller outside an asyncio event loop, naming what to use instead. Timeline
+    without: (1) ``trio.run`` (or anyio's trio backend) awaits ``acquire()``; (2) it failed
+    with "no running event loop", which does not say that trio is not supported, and the
+    object stayed "acquiring": its next ``acquire()`` was refused."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError(
+            "celery_redlock.asyncio.Lock runs in an asyncio event loop, and none is running "
+            "here (trio, or anyio's trio backend, is not supported): use celery_redlock.Lock "
+            "in a worker thread (trio.to_thread.run_sync, anyio.to_thread.run_sync)"
+        ) from None
+
+
 def _cancels() -> int:
     """How many cancellations the current task was asked (Python >= 3.11; 0 before).
 
@@ -236,6 +251,7 @@ class Lock(LockCore):
         is given back in the background (hazards 1, 2 and 6). A blocking acquire over an asyncio
         Cluster client raises :class:`ValueError`: it has no pub/sub to wait with.
         """
+        _asyncio_loop()
         timeout = self._acquire_mode(blocking, timeout)
         asked = _cancels()
         try:

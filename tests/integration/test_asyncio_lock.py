@@ -1404,3 +1404,17 @@ def test_a_cancelled_try_of_a_held_lock_sends_no_give_back(
         assert r.get(KEY) == (holder.token or "").encode()
     finally:
         holder.release()
+
+
+def test_outside_an_asyncio_loop_the_lock_says_trio_is_not_supported(redis_url: str) -> None:
+    """Helper probe, round 3: under ``trio.run`` the acquire failed with a bare "no running
+    event loop", and left the object acquiring (its next acquire was refused)."""
+    trio = pytest.importorskip("trio")
+    lock = Lock(redis_url, f"{NAME}-trio", ttl=10)
+
+    async def main() -> None:
+        await lock.acquire(blocking=False)
+
+    for _ in range(2):  # the second try is refused the same way, not as "acquiring"
+        with pytest.raises(RuntimeError, match=r"trio.*not supported.*to_thread"):
+            trio.run(main)
