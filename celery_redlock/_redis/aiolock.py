@@ -472,48 +472,53 @@ class Lock(LockCore):
         ttl = self._lease()
         start = self.clock()
         sent = asyncio.ensure_future(self.do_acquire(token, ttl))
-        try:
-            result = await settle(sent, functools.partial(self._undo_attempt, token))
-        except asyncio.CancelledError:  # the script may run yet: its reply decides (hazard 1)
-            self._give_back_later(token, sent)
-            raise
-        except Exception as exc:
-            self._give_back_if_lost(exc, token)
-            raise
+        result = await self._reply(sent, token, lambda r: token if r.acquired else None)
         return self._result(token, start, ttl, result)
-
-    async def _undo_attempt(self, token: str, result: AcquireResult) -> None:
-        """The reply of an attempt whose caller was cancelled: give back the lock it took (an
-        attempt that took nothing gives nothing back)."""
-        if result.acquired:
-            await self._give_back(token)
 
     async def _wait_attempt(
         self, queue: SingleNode, token: str, ttl_ms: int, member: str, secret: str
     ) -> WaitReply | None:
-        """A queued waiter's try; cancelled, it gives back what the try took."""
-        sent = asyncio.ensure_future(queue.wait_attempt(self.keys, token, ttl_ms, member, secret))
-        try:
-            return await settle(sent, lambda reply: self._undo_wait(queue, reply, member, secret))
-        except asyncio.CancelledError:
-            self._give_back_later(token, sent)
-            raise
-        except Exception as exc:
-            self._give_back_if_lost(exc, token)
-            raise
-
-    async def _undo_wait(
-        self, queue: SingleNode, reply: WaitReply | None, member: str, secret: str
-    ) -> None:
-        """The reply of a try whose waiter was cancelled: give back the lock it took, and
-        leave the queue. Timeline with the leave alone (the try re-sent after a ``NOSCRIPT``):
-        (1) the try is on its way, and the waiter is cancelled; (2) its give-backs and leaves
+        """A queued waiter's try; cancelled, it gives back the lock the try took, and leaves
+        the queue once its reply came. Timeline with the leave alone (the try re-sent after a
+        ``NOSCRIPT``): (1) the try is on its way, and the waiter is cancelled; (2) its leaves
         are answered while the holder still holds the key; (3) the holder releases; (4) the
         try finds the key free and takes it; its leave does not know the try's token, and the
         key was held by nobody for its TTL, the next waiter waiting that long."""
-        if reply is not None and reply.held is not None:
-            await self._give_back(reply.held)
-        await self._abandon(queue, member, secret)
+        sent = asyncio.ensure_future(queue.wait_attempt(self.keys, token, ttl_ms, member, secret))
+        return await self._reply(
+            sent,
+            token,
+            lambda reply: None if reply is None else reply.held,
+            lambda _: self._abandon(queue, member, secret),
+        )
+
+    async def _reply(
+        self,
+        sent: asyncio.Future[T],
+        token: str,
+        took: Callable[[T], str | None],
+        after: Callable[[T], Awaitable[object]] | None = None,
+    ) -> T:
+        """The reply of the attempt ``sent`` of ``token`` (hazards 1, 6 and 7).
+
+        Cancelled meanwhile, the caller raises at once, and the attempt runs to its reply in
+        a task of its own, which a cancellation never reaches (it cannot unsend the command):
+        the token its reply says it ``took`` is given back, as :class:`~.core.GiveBack`
+        plans (:meth:`_give_back_later`), and then ``after(reply)`` runs; a reply lost, or
+        cut by the loop's shutdown, gives ``token`` back the same way."""
+        try:
+            await asyncio.wait((sent,))
+        except asyncio.CancelledError:
+            keep(sent)
+            self._give_back_later(token, sent, took)
+            if after is not None:
+                sent.add_done_callback(functools.partial(_undo, after))
+            raise
+        try:
+            return sent.result()
+        except Exception as exc:
+            self._give_back_if_lost(exc, token)
+            raise
 
     async def _abandon(self, queue: SingleNode, member: str, secret: str) -> None:
         """An interrupted or stranded wait: leave the queue, giving back a lock handed over
@@ -537,7 +542,12 @@ class Lock(LockCore):
         with contextlib.suppress(Exception):
             await finish(functools.partial(self.do_release, token))
 
-    def _give_back_later(self, token: str, sent: asyncio.Future[Any] | None = None) -> None:
+    def _give_back_later(
+        self,
+        token: str,
+        sent: asyncio.Future[T] | None = None,
+        took: Callable[[T], str | None] | None = None,
+    ) -> None:
         """:meth:`_give_back` for a cancelled caller: forget ``token`` now, and release it in
         the background, so that the cancellation is raised without waiting for Redis; as
         :class:`~.core.GiveBack` plans, until two releases in a row were answered.
@@ -545,10 +555,10 @@ class Lock(LockCore):
         caller is cancelled; its release waits, and fails; (3) the server resumes and runs the
         acquisition: the key is held by nobody until its TTL.
 
-        ``sent``: the attempt still on its way. Its reply, if it comes, decides (the undo
-        after it gives back what it took), and the plan sends nothing; the plan releases once
-        the reply is lost, or cut by the loop's shutdown. Timeline of releases sent at once
-        beside it: (1) a hundred callers try a held lock, each under
+        ``sent``: the attempt still on its way. The plan waits for its reply, and releases the
+        token the reply says it ``took``, and nothing if it took none; a reply lost, or cut
+        by the loop's shutdown, releases ``token``. Timeline of releases sent at once beside
+        the reply: (1) a hundred callers try a held lock, each under
         ``asyncio.timeout(0.005)``, and are cancelled; (2) each sent two releases at once and
         one more after its reply, which said it took nothing; (3) thousands of releases queued
         for the connection pool, and the holder's release waited two seconds behind them for
@@ -556,14 +566,19 @@ class Lock(LockCore):
         self._drop(token)
 
         async def release() -> None:
-            if sent is not None:
+            held = token
+            if sent is not None and took is not None:
                 await asyncio.wait((sent,))
                 if not sent.cancelled() and sent.exception() is None:
-                    return  # answered: the undo after the reply gives back what it took
-            if self.nodes.gives_back_per_node:
-                await self._give_back(token)
+                    taken = took(sent.result())
+                    if taken is None:
+                        return  # its reply says it took nothing
+                    held = taken
+            if self.nodes.gives_back_per_node:  # a quorum gives back to each node itself
+                await self._give_back(held)
             else:
-                await finish(functools.partial(self.do_release, token))
+                self._drop(held)
+                await finish(functools.partial(self.do_release, held))
 
         if self.nodes.gives_back_per_node:
             in_background(release)

@@ -55,5 +55,15 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    """The module's names with the lazy ones (tab completion, ``inspect.getmembers``)."""
-    return sorted({*globals(), *__all__})
+    """The module's names with each lazy one whose libraries are installed (tab completion):
+    ``inspect.getmembers`` and ``help()`` get every name listed, where one that raised
+    :class:`ModuleNotFoundError` (``django_urls`` without Django, which the extra does not
+    bring) made them fail."""
+    names = set(globals())
+    for name, module in _LAZY.items():
+        try:
+            importlib.import_module(module, __name__)
+        except ImportError:
+            continue
+        names.add(name)
+    return sorted(names)

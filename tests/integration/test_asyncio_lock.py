@@ -26,7 +26,7 @@ import redis as redis_py
 import redis.asyncio as aioredis
 
 import celery_redlock
-from celery_redlock import LockContended, LockLost
+from celery_redlock import LockContended, LockLost, LockUnavailable
 from celery_redlock._redis import aiolock, aionodes, subscriptions
 from celery_redlock._redis.aionodes import SingleNode
 from celery_redlock._redis.keys import keys_for
@@ -1418,3 +1418,42 @@ def test_outside_an_asyncio_loop_the_lock_says_trio_is_not_supported(redis_url: 
     for _ in range(2):  # the second try is refused the same way, not as "acquiring"
         with pytest.raises(RuntimeError, match=r"trio.*not supported.*to_thread"):
             trio.run(main)
+
+
+@pytest.mark.usefixtures("cancel_path")
+def test_a_cancelled_acquire_that_took_the_lock_gives_it_back_until_redis_answers(
+    redis_url: str, r: redis_py.Redis
+) -> None:
+    """Review, round 3: once a cancelled try's reply said it took the lock, one release was
+    sent, its error ignored: (1) the try is cancelled on its way; (2) it reaches Redis and
+    takes the key; (3) the give-back's connection fails (a pool with no free connection, a
+    blip); (4) the key stayed held by nobody for its TTL. The give-back is sent until Redis
+    answers, as for a lost reply."""
+
+    async def main() -> list[str]:
+        lock = Lock(redis_url, NAME, ttl=30)
+        late = SentLate(lock.do_acquire, lambda: r.get(KEY) is not None)
+        lock.do_acquire = late  # type: ignore[method-assign,assignment]
+        release, sent = lock.do_release, []
+
+        async def failing_once(*args: Any) -> Any:
+            sent.append("failed" if not sent else "sent")
+            if len(sent) == 1:
+                error = LockUnavailable("injected: the connection dropped", key=KEY)
+                error.__cause__ = redis_py.ConnectionError("injected")
+                raise error
+            return await release(*args)
+
+        lock.do_release = failing_once  # type: ignore[method-assign]
+        task = asyncio.create_task(lock.acquire(blocking=False))
+        await late.entered.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        late.gate.set()
+        await late.ran.wait()
+        assert late.seen == [True]  # the try took the key
+        await until(lambda: r.get(KEY) is None, 5)
+        return sent
+
+    assert run(main())[:2] == ["failed", "sent"]

@@ -146,3 +146,24 @@ def test_the_dashboards_credentials_type_is_public() -> None:
 
     assert Credentials is Declared
     assert typing.get_type_hints(create_app)["credentials"] == Credentials | None
+
+
+def test_help_of_the_dashboard_module_works_without_django() -> None:
+    """Review, round 3: ``dir(celery_redlock.web)`` listed ``django_urls``, whose loading
+    raises ``ModuleNotFoundError`` without Django (the web extra does not bring it), so
+    ``inspect.getmembers`` and ``help()`` failed for every FastAPI or Starlette user."""
+    code = textwrap.dedent(
+        """
+        import inspect, json, pydoc, sys
+        sys.modules["django"] = None  # not installed
+        import celery_redlock.web as web
+        names = [name for name, _ in inspect.getmembers(web)]
+        pydoc.render_doc(web)
+        print(json.dumps(["create_app" in names, "Credentials" in names, "django_urls" in names]))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [True, True, False]
