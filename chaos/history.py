@@ -43,8 +43,8 @@ instant overlap even if one body took no time.
    the fault (:attr:`Window.stale_before`), one between two holders both admitted after the
    fault was injected (a lock that deletes another's key would pass as the fault's doing),
    nor, for a fault on processes (:attr:`Window.holders`: the pids a pause stopped), one
-   whose earlier holder ran in another process (any key, any worker: the pause did not make
-   it stale); any other is a violation;
+   neither of whose holders ran in such a process, admitted before the fault (any key, any
+   worker: the pause did not make it stale); any other is a violation;
 2. **stale writes**: the store accepted a write whose token was lower than a token it had
    accepted before for that key (a violation). A rejected write is counted if a larger token
    was accepted before it; a rejection of a write whose token is at least every token
@@ -105,10 +105,11 @@ slow link: (1) the acquire's replies come back late, just inside the lock's vali
 the task is admitted; (2) the lease runs out by the worker's clock before the body starts;
 (3) the body reads no token and stops; (4) the key expires and the next holder is admitted.
 Such calls are counted (:attr:`Verdict.admitted_lost`), not judged as holders, when the
-records show the stop: a ``body_end`` within :data:`STOPPED_WITHIN` of the admission. A
-tokenless body that ran longer, or never recorded its end, may have acted beside the next
-holder, unfenced (its records say nothing of what it did): it is judged as a holder (an
-overlap, a token inversion against each holder of its key).
+records show the stop: its ``lost`` before any write, then its ``body_end``. A tokenless body
+that did not say so may have acted beside the next holder, unfenced (its records say nothing
+of what it did): it is judged as a holder (an overlap, a token inversion against each holder
+of its key). The test is the records' order, not their times: a pause or a stalled machine
+between the ``lost`` and the ``body_end`` is no act.
 """
 
 from __future__ import annotations
@@ -132,11 +133,6 @@ KINDS = frozenset(
 )
 #: The kinds a body records while it runs: each proves that it ran at that moment.
 BODY_KINDS = frozenset({"admitted", "body_start", "write", "lost", "body_end"})
-#: Seconds from its admission within which a body admitted without a token must record its
-#: end to count as stopped (:attr:`Verdict.admitted_lost`). It records three events and
-#: stops: milliseconds, tens of them on a loaded machine. The bound is the shortest body of a
-#: fault run: a tokenless body that ran as long as a body ran is judged as a holder.
-STOPPED_WITHIN = 0.2
 
 
 @dataclass(frozen=True)
@@ -252,7 +248,9 @@ class Window:
     #: quorum nodes rejoining one after the other).
     stale_before: float | None = None
     #: The processes (pids) the fault made stale holders of, if it acts on processes: an
-    #: overlap is explained only if its earlier holder ran in one of them. A paused holder
+    #: overlap is explained only if one of its holders ran in one of them, admitted before the
+    #: fault (:func:`_began`: a pause landing between a child's acquire and its ``admitted``
+    #: record makes that record the later one). A paused holder
     #: delays no other process's lock: (1) w1's child A holds k1 and is paused; (2) w2's B
     #: holds k2 and writes on; (3) C is admitted on k2 while B runs (a lock that let it in).
     #: The pause did not make B stale: C and B overlap unexplained. ``None``: any holder, as
@@ -279,6 +277,8 @@ class Holding:
     pid: int | None = None
     #: Its body recorded its end (``body_end``).
     closed: bool = False
+    #: Its body recorded ``lost`` before any write: it said it stops without acting.
+    stopped: bool = False
 
 
 @dataclass
@@ -312,8 +312,8 @@ class Verdict:
     unsubmitted_calls: list[str] = field(default_factory=list)
     leftover_keys: list[str] = field(default_factory=list)
     states: dict[str, int] = field(default_factory=dict)
-    #: Calls admitted with their lock already lost (no token, no write, the body ended within
-    #: :data:`STOPPED_WITHIN`): no holders.
+    #: Calls admitted with their lock already lost (no token; ``lost``, then the body's end,
+    #: and no write): no holders.
     admitted_lost: int = 0
     #: No call was submitted: the history proves nothing (a run that lost its records).
     empty: bool = False
@@ -431,6 +431,8 @@ def _unfold(events: Iterable[Event]) -> tuple[list[Holding], list[Event]]:
         current.ended = event.at
         if event.kind == "write":
             current.writes += 1
+        elif event.kind == "lost" and not current.writes:
+            current.stopped = True
         elif event.kind == "body_end":
             current.closed = True
             del open_[(event.call, event.run)]
@@ -440,12 +442,7 @@ def _unfold(events: Iterable[Event]) -> tuple[list[Holding], list[Event]]:
 def _stopped_unheld(hold: Holding) -> bool:
     """Whether ``hold`` was admitted with its lock already lost and its body stopped at once
     (see the module docstring)."""
-    return (
-        hold.token is None
-        and not hold.writes
-        and hold.closed
-        and hold.ended - hold.admitted <= STOPPED_WITHIN
-    )
+    return hold.token is None and not hold.writes and hold.stopped and hold.closed
 
 
 def _overlap(a: Holding, b: Holding) -> bool:
@@ -457,13 +454,12 @@ def _explained(a: Holding, b: Holding, windows: Sequence[Window]) -> Window | No
     """The fault window of a limit in which the overlap of ``a`` and ``b`` began, if any, and
     which can have caused it (:attr:`Window.stale_before`, :attr:`Window.holders`)."""
     begin = max(a.admitted, b.admitted)
-    older = a if a.admitted <= b.admitted else b
     for w in windows:
         if w.limit is None or not w.start <= begin <= w.end:
             continue
-        # A fault on processes made only its own stale, and their holdings began before it
-        # (a pause stops a body that recorded its admission): the older holder must be one.
-        stale = (a, b) if w.holders is None else (older,) if older.pid in w.holders else ()
+        # A fault on processes made only its own holders stale, those whose acquire may
+        # have been granted before it (_began).
+        stale = (a, b) if w.holders is None else tuple(h for h in (a, b) if h.pid in w.holders)
         if any(w.stale_before is None or _began(h) < w.stale_before for h in stale):
             return w
     return None
