@@ -536,6 +536,18 @@ class SentLate:
             self.ran.set()
 
 
+async def cancelled_on_its_way(late: SentLate, acquire: Coroutine[Any, Any, bool]) -> None:
+    """Run ``acquire``, cancel it while ``late``'s command is on its way, then let the command
+    reach Redis, and return once it ran there."""
+    task = asyncio.ensure_future(acquire)
+    await late.entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    late.gate.set()
+    await late.ran.wait()
+
+
 @pytest.mark.usefixtures("cancel_path")
 def test_an_acquire_reaching_redis_after_its_cancel_is_given_back(
     redis_url: str, r: redis_py.Redis
@@ -1389,13 +1401,7 @@ def test_a_cancelled_try_of_a_held_lock_sends_no_give_back(
             return await release(*args)
 
         lock.do_release = counted  # type: ignore[method-assign]
-        task = asyncio.create_task(lock.acquire(blocking=False))
-        await late.entered.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        late.gate.set()
-        await late.ran.wait()
+        await cancelled_on_its_way(late, lock.acquire(blocking=False))
         assert await aionodes.wait_released(5)  # every clean-up of this loop has ended
         return releases
 
@@ -1445,13 +1451,7 @@ def test_a_cancelled_acquire_that_took_the_lock_gives_it_back_until_redis_answer
             return await release(*args)
 
         lock.do_release = failing_once  # type: ignore[method-assign]
-        task = asyncio.create_task(lock.acquire(blocking=False))
-        await late.entered.wait()
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        late.gate.set()
-        await late.ran.wait()
+        await cancelled_on_its_way(late, lock.acquire(blocking=False))
         assert late.seen == [True]  # the try took the key
         await until(lambda: r.get(KEY) is None, 5)
         return sent
