@@ -15,8 +15,8 @@ to threads too):
 1. Cancelled during the acquire script. (a) A sends the acquire; (b) A is cancelled before
    the reply; (c) Redis runs it, and the key is A's. The cancellation is raised at once; the
    command runs to its reply in a task of its own, and what the reply says it took is given
-   back after it (:func:`settle`); a reply that never comes is a lost one (7). A give-back
-   sent at once on another connection could run first.
+   back after it (:meth:`Lock._reply`); a reply that never comes is a lost one (7). A
+   give-back sent at once on another connection could run first.
 2. Cancelled just after winning. (a) A blocking acquire wins; (b) the task is cancelled before
    ``acquire`` returns ``True``. :meth:`Lock.acquire` gives back what it took before letting
    the cancellation through.
