@@ -112,17 +112,21 @@ def run_startup_checks(
             settings.on_unavailable,
         )
     if pool in _GREEN_POOLS:
+        limit = (  # gevent's; eventlet enforces no time limit
+            f", or under a hard time limit T past T + redlock_ttl_margin={settings.ttl_margin:g}s"
+            " (the pool stops a task at T only where it yields)"
+            if pool_enforces_limits
+            else ""
+        )
         logger.warning(
             "celery_redlock: the %s pool renews locks in a greenlet, which runs only while a "
             "task waits on I/O: a task that computes (or blocks in C code) without yielding "
-            "for longer than redlock_lease=%gs, or under a hard time limit T past T + "
-            "redlock_ttl_margin=%gs (the pool stops a task at T only where it yields), loses "
-            "its lock while it runs, and another worker may then run the same key; give such "
-            "a task a lock_ttl longer than its longest run, or run it on a prefork or threads "
-            "worker",
+            "for longer than redlock_lease=%gs%s loses its lock while it runs, and another "
+            "worker may then run the same key; give such a task a lock_ttl longer than its "
+            "longest run, or run it on a prefork or threads worker",
             pool,
             settings.lease,
-            settings.ttl_margin,
+            limit,
         )
     if not pool_enforces_limits:
         logger.info(
