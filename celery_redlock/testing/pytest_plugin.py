@@ -40,7 +40,7 @@ import os
 import select
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import pytest
@@ -215,3 +215,39 @@ def lock_events() -> Iterator[LockEvents]:
     """The lock signals sent in this process during the test."""
     with record_lock_events() as events:
         yield events
+
+
+#: Said under a test whose ``celery_worker`` failed to start a Docker container.
+DOCKER_WORKER_HINT = (
+    "celery_worker here is pytest-celery's worker in a Docker container, which shadows "
+    "Celery's in-process one; for the in-process worker, add to conftest.py:\n"
+    "    from celery.contrib.pytest import celery_worker  # noqa: F401\n"
+    "(or disable pytest-celery with -p no:celery and list celery.contrib.pytest in "
+    "pytest_plugins); see celery-redlock's docs/testing.md"
+)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Any, None]:
+    """Name the fix under a test whose ``celery_worker`` failed in Docker. Timeline without:
+    (1) a user enables this plugin beside pytest-celery, and leaves out the recipe's import
+    of ``celery_worker``; (2) pytest-celery's Docker worker shadows the in-process one; (3)
+    on a machine without Docker every such test errors in its setup with ``DockerException:
+    Error while fetching server API version``, which names neither the shadowing nor the
+    one-line fix."""
+    outcome = yield
+    error = call.excinfo
+    if (
+        call.when == "setup"
+        and error is not None
+        and type(error.value).__module__.split(".")[0] == "docker"
+        and "celery_worker" in getattr(item, "fixturenames", ())
+        and item.config.pluginmanager.has_plugin("celery")
+    ):
+        report = outcome.get_result()
+        if hasattr(report.longrepr, "addsection"):
+            report.longrepr.addsection("celery-redlock", DOCKER_WORKER_HINT)
+        else:
+            report.sections.append(("celery-redlock", DOCKER_WORKER_HINT))

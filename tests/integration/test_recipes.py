@@ -78,3 +78,27 @@ def test_with_pytest_celery_its_worker_shadows_the_in_process_one(
     )
     result = pytester.runpytest_subprocess("-q", timeout=60)
     result.assert_outcomes(passed=1)
+
+
+def test_without_the_import_a_docker_failure_names_the_fix(pytester: pytest.Pytester) -> None:
+    """Beat probe, session 30: the recipe without its ``celery_worker`` import, pytest-celery
+    enabled and no Docker here: each test erred with a bare ``DockerException``. The report
+    now names the import."""
+    pytest.importorskip("pytest_celery")
+    pytester.makeini(INI.format(flags=""))
+    conftest = WITH_PYTEST_CELERY.replace(
+        "from celery.contrib.pytest import celery_worker  # noqa: F401  (the in-process worker)\n",
+        "",
+    )
+    assert "import celery_worker" not in conftest
+    pytester.makeconftest(conftest + "\n" + FIXTURES)
+    pytester.makepyfile(test_recipe=TEST)
+    result = pytester.runpytest_subprocess("-q", timeout=120)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*DockerException*",
+            "*celery-redlock*",
+            "*from celery.contrib.pytest import celery_worker*",
+        ]
+    )
