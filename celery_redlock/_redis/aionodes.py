@@ -34,7 +34,6 @@ import contextlib
 import contextvars
 import functools
 import logging
-import threading
 import time
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
@@ -76,6 +75,7 @@ from .core import (
     script_refused,
     unavailable,
 )
+from .forks import Guard
 from .keys import LockKeys
 from .nodes import QUORUM_NODE_TIMEOUT, Call
 from .scripts import AcquireResult, WaitReply
@@ -245,7 +245,7 @@ _per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
     weakref.WeakKeyDictionary()
 )
 #: Guards the changes of :data:`_per_loop` (each thread may run a loop of its own).
-_per_loop_changes = threading.Lock()
+_per_loop_changes = Guard()
 
 
 def _loop_state(loop: asyncio.AbstractEventLoop) -> _LoopState:
