@@ -114,7 +114,7 @@ def run_startup_checks(
     if pool in _GREEN_POOLS:
         limit = (  # gevent's; eventlet enforces no time limit
             f", or under a hard time limit T past T + redlock_ttl_margin={settings.ttl_margin:g}s"
-            " (the pool stops a task at T only where it yields)"
+            " (the pool stops a task at T only where it yields),"
             if pool_enforces_limits
             else ""
         )

@@ -75,7 +75,6 @@ from .core import (
     script_refused,
     unavailable,
 )
-from .forks import Guard
 from .keys import LockKeys
 from .nodes import QUORUM_NODE_TIMEOUT, Call
 from .scripts import AcquireResult, WaitReply
@@ -244,53 +243,18 @@ class _LoopState:
 _per_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = (
     weakref.WeakKeyDictionary()
 )
-#: Guards the changes of :data:`_per_loop` (each thread may run a loop of its own).
-_per_loop_changes = Guard()
 
 
 def _loop_state(loop: asyncio.AbstractEventLoop) -> _LoopState:
     state = _per_loop.get(loop)
     if state is None:
-        with _per_loop_changes:
-            forgotten = _forget_closed_loops()
-            state = _per_loop[loop] = _LoopState()
+        state = _per_loop[loop] = _LoopState()
         state.keeper = _at_shutdown(loop, state)
         # Start the generator: the loop's first-iteration hook now tracks it, and
         # loop.shutdown_asyncgens() will run its finally clause.
         with contextlib.suppress(StopIteration):
             state.keeper.asend(None).send(None)
-        if forgotten:
-            keep(loop.create_task(_let_go(forgotten)))
     return state
-
-
-def _forget_closed_loops() -> list[_LoopState]:
-    """Drop, and return, the state of every loop closed without its shutdown (``loop.close()``
-    alone).
-
-    The state is keyed weakly by its loop, but its clients' connections (and the loop's
-    finalizer, held by :func:`_at_shutdown`) reach the loop, so the entry never drops by
-    itself. Timeline without: (1) a program runs each job as ``loop = new_event_loop();
-    loop.run_until_complete(job()); loop.close()``; (2) each loop's state keeps its clients,
-    with an open connection, and about 26 KB; (3) after 2,000 jobs, 2,001 connections to Redis.
-    Dropped here as the next loop's state is made (:func:`_let_go`), that state's connections
-    close as Python collects them, each with the ``ResourceWarning`` (shown in development
-    mode) that Python gives any transport a closed loop left open; the give-backs it never ran
-    were dropped with the loop (:func:`in_background`). Called under :data:`_per_loop_changes`.
-    """
-    closed = [loop for loop in list(_per_loop) if loop.is_closed()]
-    return [state for state in (_per_loop.pop(loop, None) for loop in closed) if state]
-
-
-async def _let_go(states: list[_LoopState]) -> None:
-    """Disconnect the clients of closed loops' states. A transport of a closed loop cannot
-    close (closing schedules a callback on its loop), but each connection lets go of its own:
-    without, redis-py before 5.2.1 raised ``RuntimeError: Event loop is closed`` from each
-    connection's ``__del__``, printed as "Exception ignored" as Python collected it."""
-    for state in states:
-        for client in state.clients.values():
-            with contextlib.suppress(Exception):
-                await client.connection_pool.disconnect()
 
 
 async def _at_shutdown(
@@ -320,8 +284,7 @@ async def _at_shutdown(
             for task in ended:
                 task.cancel()
             await asyncio.wait(ended, timeout=1.0)  # each drops its connection as it ends
-        with _per_loop_changes:
-            _per_loop.pop(loop, None)
+        _per_loop.pop(loop, None)
         for client in state.clients.values():
             with contextlib.suppress(Exception):
                 await client.aclose()
