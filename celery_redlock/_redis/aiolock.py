@@ -385,7 +385,15 @@ class Lock(LockCore):
                     client = await settle(self.nodes.pubsub_client(self.keys.lock))
                     hub = loop_hubs().of(client)
                 elif op is Op.RECEIVE and subscription is None:
-                    subscription = await settle(hub.subscribe(channel), _unsubscribe_late)
+                    given_up: list[bool] = []  # its SUBSCRIBE, not yet sent, is then dropped
+                    try:
+                        subscription = await settle(
+                            hub.subscribe(channel, lambda given_up=given_up: not given_up),
+                            _unsubscribe_late,
+                        )
+                    except asyncio.CancelledError:
+                        given_up.append(True)
+                        raise
                     run.reply = SUBSCRIBED
                 elif op is Op.RECEIVE:
                     run.reply = await subscription[1].get(arg)

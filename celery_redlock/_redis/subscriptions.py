@@ -301,7 +301,17 @@ class _Connection:
         #: The loop's time when its last inbox left (``None`` while it has inboxes).
         self.idle_since: float | None = None
 
-    async def add(self, inbox: Inbox) -> None:
+    async def add(self, inbox: Inbox, wanted: Callable[[], bool] | None = None) -> None:
+        """Subscribe ``inbox``, and return once the server confirmed its channel.
+
+        ``wanted()`` false when its turn to send comes: its waiter was cancelled meanwhile,
+        and the ``SUBSCRIBE`` is not sent (it raises :class:`asyncio.CancelledError`), unless
+        another inbox waits for that channel's confirmation too. Timeline without: (1) forty
+        tasks loop on one key under ``asyncio.timeout(0.05)``, each wait subscribing a channel
+        of its own, one ``SUBSCRIBE`` at a time; (2) each cancelled wait's subscription ran on
+        (what was sent cannot be unsent); (3) those queued behind the others ran on too, though
+        nothing had been sent: 900 to 2,900 of them queued after 8 to 10 s on a 2-core VM,
+        ahead of every live waiter's."""
         channel = inbox.channel
         self.inboxes.setdefault(channel, {})[inbox] = None
         self.idle_since = None
@@ -314,6 +324,10 @@ class _Connection:
         if first:
             self.channels += 1
             async with self.sending:
+                if wanted is not None and not wanted() and self.pending[channel] == [confirmation]:
+                    self._unsent(channel, confirmation)
+                    self.channels -= 1
+                    raise asyncio.CancelledError
                 try:
                     await self.pubsub.subscribe(channel)
                 except BaseException as exc:
@@ -452,7 +466,10 @@ class Hub:
         """The client (alive while a lock on it subscribes: the lock holds it)."""
         return self._client()
 
-    async def subscribe(self, channel: str) -> tuple[_Connection, Inbox]:
+    async def subscribe(
+        self, channel: str, wanted: Callable[[], bool] | None = None
+    ) -> tuple[_Connection, Inbox]:
+        """Subscribe an inbox of ``channel``; ``wanted``: as :meth:`_Connection.add`'s."""
         connection = self.current
         if connection is not None and connection.idle_for() > IDLE_REUSE:
             connection.close()  # perhaps cut while idle: a new wait takes a new one
@@ -463,7 +480,7 @@ class Hub:
             connection = self.current = _Connection(self)
         inbox = Inbox(channel)
         try:
-            await connection.add(inbox)
+            await connection.add(inbox, wanted)
         except BaseException:
             connection.remove(inbox)
             raise
