@@ -168,7 +168,8 @@ class LockedTask(Task):  # type: ignore[misc]
         ):
             return super().apply_async(args, kwargs, task_id=task_id, **options)
         task_id = task_id or uuid()
-        expires = _seconds_left(self.app, options.get("expires"))
+        # The task's own ``expires`` too, as Celery merges it into the options after this.
+        expires = _seconds_left(self.app, options.get("expires", self.expires))
         marked = False
         try:
             queued = engine.mark_queued(self, args, kwargs, task_id, expires)

@@ -688,6 +688,29 @@ def test_a_call_after_the_queued_calls_expiry_is_queued(app: Celery, r: redis_py
         wait_until(lambda: first.state == "REVOKED", 10, "the worker to discard the expired call")
 
 
+def test_the_marker_ends_with_the_task_s_own_expires(app: Celery, r: redis_py.Redis) -> None:
+    """ETA probe, session 30: ``@app.task(..., expires=3)`` (Celery adds the task's
+    ``expires`` to the options after ours were read) kept the marker for the hour of
+    ``lock_enqueue_ttl``: a call made after the expiry got the expired call's id, which the
+    worker discarded, and nothing ran. A per-call ``expires`` still wins, as in Celery."""
+
+    @app.task(base=LockedTask, lock_enqueue=True, expires=0.5)
+    def report(day: str) -> str:
+        return day
+
+    first = report.delay("monday")
+    marker = queued_key(report, "monday")
+    assert r.get(marker) == first.id.encode() and 0 < r.pttl(marker) <= 500
+    wait_until(lambda: not r.exists(marker), 5, "the marker to end with the task's expires")
+    second = report.delay("monday")  # no worker yet: the expired call is still in the queue
+    assert second.id != first.id
+    report.apply_async(("tuesday",), expires=60)
+    assert 500 < r.pttl(queued_key(report, "tuesday")) <= 60_000
+    with running_worker(app):
+        assert second.get(timeout=10) == "monday"
+        wait_until(lambda: first.state == "REVOKED", 10, "the worker to discard the expired call")
+
+
 @pytest.mark.skipif(
     "mark_as_revoked" not in inspect.getsource(celery.worker.control._revoke),
     reason="this Celery marks a revoked call REVOKED only when it discards its message",
