@@ -324,9 +324,15 @@ class _Connection:
         if first:
             self.channels += 1
             async with self.sending:
-                if wanted is not None and not wanted() and self.pending[channel] == [confirmation]:
+                if (
+                    wanted is not None
+                    and not wanted()
+                    and (confirmation.done() or self.pending.get(channel) == [confirmation])
+                ):
                     self._unsent(channel, confirmation)
                     self.channels -= 1
+                    if not confirmation.cancelled():  # failed by a cut connection (_break)
+                        confirmation.exception()  # retrieved: its waiter is gone
                     raise asyncio.CancelledError
                 try:
                     await self.pubsub.subscribe(channel)

@@ -1138,6 +1138,44 @@ def test_a_waiter_cancelled_before_its_subscribe_was_sent_sends_none(
     run(main())
 
 
+def test_waiters_given_up_before_their_subscribe_see_a_cut_connection_quietly(
+    redis_url: str,
+) -> None:
+    """Review, session 30: waiters cancelled while their ``SUBSCRIBE`` waited its turn, and
+    the connection cut meanwhile (its confirmations failed, its pending list emptied): the
+    check for an unsent one raised ``KeyError``, and asyncio logged "Future exception was
+    never retrieved" for each failed confirmation."""
+    holder = celery_redlock.Lock(redis_url, "cut", ttl=60)
+    assert holder.acquire(blocking=False)
+    errors: list[str] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _, context: errors.append(str(context["message"])))
+        lock = Lock(redis_url, "cut", ttl=30, timeout=60)
+        first = asyncio.create_task(lock.acquire())
+        await until(lambda: queued(redis_py.Redis.from_url(redis_url), "cut") == 1)
+        connection = aionodes.loop_hubs().of(aionodes.client_for(redis_url)).current
+        assert connection is not None
+        async with connection.sending:
+            waiters = [
+                asyncio.create_task(Lock(redis_url, "cut", ttl=30, timeout=60).acquire())
+                for _ in range(5)
+            ]
+            await until(lambda: len(connection.pending) == 5)
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.wait(waiters)
+            connection._break(redis_py.ConnectionError("cut"))  # as the reader does
+        holder.release()
+        assert await first  # it subscribed again on a new connection
+        await lock.release()
+        gc.collect()
+
+    run(main())
+    assert errors == []
+
+
 def test_an_exhausted_client_pool_is_named_as_such(redis_url: str) -> None:
     """A given client's pool that runs out is no Redis outage: the error says so."""
 
