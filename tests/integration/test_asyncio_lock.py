@@ -1100,6 +1100,29 @@ def test_a_cancelled_waiter_leaves_the_others_their_places_and_subscriptions(
     assert r.info("commandstats")["cmdstat_subscribe"]["calls"] == 10
 
 
+async def give_up_in_turn(
+    redis_url: str, name: str, count: int, meanwhile: Callable[[Any], object] = lambda _: None
+) -> Any:
+    """With one waiter of ``name`` subscribed and queued, hold the turn of its subscription
+    connection while ``count`` more waiters queue for it, cancel them, run
+    ``meanwhile(connection)``, and give the turn back; the connection."""
+    r = redis_py.Redis.from_url(redis_url)
+    await until(lambda: queued(r, name) == 1)
+    connection = aionodes.loop_hubs().of(aionodes.client_for(redis_url)).current
+    assert connection is not None
+    async with connection.sending:  # their SUBSCRIBEs wait for this turn
+        waiters = [
+            asyncio.create_task(Lock(redis_url, name, ttl=30, timeout=60).acquire())
+            for _ in range(count)
+        ]
+        await until(lambda: len(connection.pending) == count)
+        for waiter in waiters:
+            waiter.cancel()
+        await asyncio.wait(waiters)
+        meanwhile(connection)
+    return connection
+
+
 def test_a_waiter_cancelled_before_its_subscribe_was_sent_sends_none(
     redis_url: str, r: redis_py.Redis
 ) -> None:
@@ -1117,18 +1140,7 @@ def test_a_waiter_cancelled_before_its_subscribe_was_sent_sends_none(
     async def main() -> None:
         lock = Lock(redis_url, "unsent", ttl=30, timeout=60)
         first = asyncio.create_task(lock.acquire())
-        await until(lambda: queued(r, "unsent") == 1 and subscribes() == 1)
-        connection = aionodes.loop_hubs().of(aionodes.client_for(redis_url)).current
-        assert connection is not None
-        async with connection.sending:  # their SUBSCRIBEs wait for this turn
-            waiters = [
-                asyncio.create_task(Lock(redis_url, "unsent", ttl=30, timeout=60).acquire())
-                for _ in range(20)
-            ]
-            await until(lambda: len(connection.pending) == 20)
-            for waiter in waiters:
-                waiter.cancel()
-            await asyncio.wait(waiters)
+        connection = await give_up_in_turn(redis_url, "unsent", 20)
         await until(lambda: not connection.pending and queued(r, "unsent") == 1)
         assert subscribes() == 1  # the first waiter's only
         holder.release()
@@ -1149,24 +1161,15 @@ def test_waiters_given_up_before_their_subscribe_see_a_cut_connection_quietly(
     assert holder.acquire(blocking=False)
     errors: list[str] = []
 
+    def cut(connection: Any) -> None:
+        connection._break(redis_py.ConnectionError("cut"))  # as the reader does
+
     async def main() -> None:
         loop = asyncio.get_running_loop()
         loop.set_exception_handler(lambda _, context: errors.append(str(context["message"])))
         lock = Lock(redis_url, "cut", ttl=30, timeout=60)
         first = asyncio.create_task(lock.acquire())
-        await until(lambda: queued(redis_py.Redis.from_url(redis_url), "cut") == 1)
-        connection = aionodes.loop_hubs().of(aionodes.client_for(redis_url)).current
-        assert connection is not None
-        async with connection.sending:
-            waiters = [
-                asyncio.create_task(Lock(redis_url, "cut", ttl=30, timeout=60).acquire())
-                for _ in range(5)
-            ]
-            await until(lambda: len(connection.pending) == 5)
-            for waiter in waiters:
-                waiter.cancel()
-            await asyncio.wait(waiters)
-            connection._break(redis_py.ConnectionError("cut"))  # as the reader does
+        await give_up_in_turn(redis_url, "cut", 5, cut)
         holder.release()
         assert await first  # it subscribed again on a new connection
         await lock.release()
