@@ -450,6 +450,18 @@ def verdict(
     age = lease_age(lock, lease)
     if age is not None and age < lease * RENEWED_WITHIN:
         return _recent(silent, age, lease, renewal)
+    if renewal.kind == RENEWED and age is None and lock.ttl is not None:
+        # Deploy probe, session 30: (1) workers renew under redlock_lease=30; (2) a deploy
+        # brings 10, and the command runs with it; (3) an old worker in warm shutdown, still
+        # running and renewing, does not answer; (4) its TTL, 29 s, is no 10 s lease's: it
+        # was released as dead, and the next call of the key ran beside it.
+        return Verdict(
+            UNKNOWN,
+            f"{silent}, and its TTL ({lock.ttl:.1f}s) is longer than redlock_lease={lease:g}s, "
+            "which its task renews: renewed under a longer lease (workers of another "
+            "redlock_lease), or by a call whose lock_ttl record is lost, so its liveness is "
+            "unknown",
+        )
     if renewal.kind == FIXED:
         shown = f"{renewal.why}, never renewed, and its TTL is no lease's set lately"
     elif age is not None:

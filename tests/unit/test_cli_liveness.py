@@ -51,7 +51,9 @@ FIXED_25 = Renewal(FIXED, "the lock_ttl of its tasks (lock name job) is a fixed 
         (19.5, DEAD, ALIVE, True, "set 10.5s ago"),
         (10.5, DEAD, ALIVE, True, "set 19.5s ago"),  # 19.5 s < 20 s
         (9.5, DEAD, DEAD, False, "its TTL shows no renewal for 20.5s"),
-        (3000.0, DEAD, DEAD, False, "its TTL is not a renewed lease's"),  # a fixed lock_ttl
+        # A TTL longer than the lease of a task that renews: another deploy's longer lease
+        # (a deploy probe released such a live lock), or a lost per-call lock_ttl record.
+        (3000.0, DEAD, UNKNOWN, False, "is longer than redlock_lease=30s, which its task renews"),
         (None, DEAD, DEAD, False, "its TTL is not a renewed lease's"),  # no expiry
         (29.0, UNKNOWN, UNKNOWN, False, "a similar one"),
     ],
