@@ -6,6 +6,8 @@ a CROSSSLOT error would fail these tests.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -18,6 +20,7 @@ from typing import Any
 
 import pytest
 import redis as redis_py
+import redis.asyncio
 from celery import Celery
 from click.testing import CliRunner
 
@@ -26,6 +29,7 @@ from celery_redlock._celery.checks import run_startup_checks
 from celery_redlock._redis.inventory import Inventory
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.lock import release_attempt
+from celery_redlock.asyncio import Lock as AsyncLock
 from celery_redlock.cli import redlock
 from celery_redlock.testing import RedisServer, wait_until
 from celery_redlock.web._core import Dashboard
@@ -139,6 +143,55 @@ def test_fencing_tokens_increase(cluster: ClusterNodes, rc: redis_py.RedisCluste
             assert lock.fencing_token is not None
             tokens.append(lock.fencing_token)
     assert tokens == sorted(set(tokens))
+
+
+@contextlib.contextmanager
+def migrating(cluster: ClusterNodes, rc: redis_py.RedisCluster, key: str) -> Iterator[int]:
+    """``key``'s slot marked MIGRATING to another primary, no key moved (a reshard stopped
+    part-way), then made stable again; yields the port that still holds it."""
+    slot = rc.keyslot(key)
+    source = owner_port(rc, key)
+    target = next(node.port for node in cluster.nodes if node.port != source)
+    ids = {port: client(port).cluster("myid") for port in (source, target)}
+    try:
+        client(target).cluster("setslot", slot, "importing", ids[source])
+        client(source).cluster("setslot", slot, "migrating", ids[target])
+        yield source
+    finally:
+        for port in (source, target):
+            client(port).cluster("setslot", slot, "stable")
+
+
+def test_a_lock_whose_slot_is_left_migrating_is_still_extended(
+    cluster: ClusterNodes, rc: redis_py.RedisCluster
+) -> None:
+    """Cluster probe, session 30: a reshard that stopped part-way leaves the lock's slot
+    MIGRATING, its key not moved. The extend named the waiter queue and the release channel
+    among its keys; they do not exist, and Redis answered every renewal TRYAGAIN: the lease
+    ran out and a contender took the lock beside its running holder (at 2.03 s of a 2 s
+    lease). Now only the slot keys are its keys, and the extend goes through, in both
+    drivers."""
+    holder = Lock(cluster.url, "migrating", ttl=10)
+    assert holder.acquire(blocking=False)
+    with migrating(cluster, rc, holder.key) as port:
+        holder.extend(20)
+        assert 10_000 < client(port).pttl(holder.key) <= 20_000
+        assert not Lock(cluster.url, "migrating", ttl=10).acquire(blocking=False)
+    holder.release()
+
+    async def extend_in_asyncio() -> None:
+        nodes = redis.asyncio.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+        try:
+            lock = AsyncLock(nodes, "migrating", ttl=10)
+            assert await lock.acquire(blocking=False)
+            with migrating(cluster, rc, lock.key) as port:
+                await lock.extend(20)
+                assert 10_000 < client(port).pttl(lock.key) <= 20_000
+            await lock.release()
+        finally:
+            await nodes.aclose()
+
+    asyncio.run(extend_in_asyncio())
 
 
 def test_blocking_acquire_is_woken_by_the_release(

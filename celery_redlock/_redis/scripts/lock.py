@@ -216,11 +216,17 @@ return 0
 EXTEND = (
     _NUDGE
     + """
--- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3..n] the lock's slot keys
+-- KEYS[1..n] the lock's slot keys
 -- ARGV[1] owner token, ARGV[2] new ttl in ms (> 0),
 -- ARGV[3] '1': re-assert the lock on this node if no slot exists (a quorum node that was down
 --         at acquisition, or restarted empty), '0': never,
--- ARGV[4] '1': wake nobody here (a quorum node: the driver wakes every node once all answered)
+-- ARGV[4] '1': wake nobody here (a quorum node: the driver wakes every node once all answered),
+-- ARGV[5] release channel, ARGV[6] waiter queue: named here, not in KEYS, and touched by pcall
+--         only. Timeline with them in KEYS, on a Cluster: (1) a reshard marks the lock's slot
+--         MIGRATING and stops part-way; (2) the queue key does not exist, so Redis answers
+--         every renewal TRYAGAIN ("multiple keys request during rehashing"); (3) the lease
+--         ends and a contender's SET takes the lock while the holder runs. Named in ARGV, a
+--         queue that is not local then fails its pcall, and the renewal still goes through.
 -- returns 1 extended, 3 extended to a shorter TTL (the waiters woken, unless ARGV[4]),
 --         2 re-asserted (it was missing here), 0 not the owner (taken over, or missing
 --         without re-assertion)
@@ -233,23 +239,23 @@ EXTEND = (
 -- lease again, or, capped by max_hold, for the same end as the renewal before, which a faster
 -- round trip makes a few ms shorter (within SHORTER: a waiter oversleeps by less than that).
 local SHORTER = 250
-local first = redis.call('GET', KEYS[3])
-for i = 3, #KEYS do
+local first = redis.call('GET', KEYS[1])
+for i = 1, #KEYS do
   local value = first
-  if i > 3 then value = redis.call('GET', KEYS[i]) end
+  if i > 1 then value = redis.call('GET', KEYS[i]) end
   if value == ARGV[1] then
     local left = redis.call('PTTL', KEYS[i])
     redis.call('PEXPIRE', KEYS[i], ARGV[2])
     if left >= 0 and tonumber(ARGV[2]) + SHORTER >= left then return 1 end
     if ARGV[4] ~= '1' then
-      redis.pcall('PUBLISH', KEYS[1], '1')
-      if redis.pcall('EXISTS', KEYS[2]) == 1 then nudge(KEYS[2]) end
+      redis.pcall('PUBLISH', ARGV[5], '1')
+      if redis.pcall('EXISTS', ARGV[6]) == 1 then nudge(ARGV[6]) end
     end
     return 3
   end
 end
 if ARGV[3] == '1' and not first then
-  redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return 2
 end
 return 0
@@ -435,7 +441,7 @@ def extend_call(
 ) -> tuple[list[str], list[Any]]:
     """``(KEYS, ARGV)`` of :data:`EXTEND`; ``wake`` False: a quorum's (see there)."""
     argv = [token, ttl_ms, "1" if reassert else "0", "0" if wake else "1"]
-    return [keys.channel, keys.waiters, *keys.slots], argv
+    return [*keys.slots], [*argv, keys.channel, keys.waiters]
 
 
 def release_attempt_call(
