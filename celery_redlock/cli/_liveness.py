@@ -51,9 +51,11 @@ a lock renewed 5 s ago has TTL 25 s; (4) its worker, in warm shutdown, does not 
 would be released while its task runs). The same holds for a call whose per-call
 ``lock_ttl=None`` record was lost. It is *unknown*, and kept, like a lock whose renewal is not
 known (:data:`UNSURE`); one of a renewing task (:data:`RENEWED`) is *alive*, as above. A TTL
-above the lease is no lease's, and past two thirds of the lease without a renewal a lock is
-*dead* whatever kind it is: a renewing holder would have renewed, and a fixed one never
-proves its holder alive. So the app's word changes what is said, never what is released.
+above the lease is no lease of this command's: *unknown* (kept) for a renewing task's, which
+a longer lease renews (workers of a deploy that shortened ``redlock_lease``), *dead* for any
+other (a fixed one, or one the app knows nothing of: run the command with the workers' app);
+past two thirds of the lease without a renewal a lock is *dead* whatever kind it is: a
+renewing holder would have renewed, and a fixed one never proves its holder alive.
 
 Hazard, as a timeline: a live worker whose lease is not renewed and that cannot answer a ping
 in time looks dead.
@@ -460,7 +462,7 @@ def verdict(
             f"{silent}, and its TTL ({lock.ttl:.1f}s) is longer than redlock_lease={lease:g}s, "
             "which its task renews: renewed under a longer lease (workers of another "
             "redlock_lease), or by a call whose lock_ttl record is lost, so its liveness is "
-            "unknown",
+            "unknown (it expires by itself)",
         )
     if renewal.kind == FIXED:
         shown = f"{renewal.why}, never renewed, and its TTL is no lease's set lately"

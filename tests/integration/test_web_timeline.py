@@ -87,7 +87,7 @@ def test_a_dashboard_release_ends_the_holders_bar(
     job = _task(app)
     key = lock_key(job, 7)
     token = new_token("dead-call", "w9@gone", 7)
-    r.set(key, token, px=60_000)
+    r.set(key, token, px=9_000)  # a 30 s lease not renewed for 21 s
     acquired = {"t": int(time.time() * 1000) - 1000, "task": "ring.job", "id": "dead-call"}
     r.lpush(timeline_key("redlock"), json.dumps({**acquired, "event": "acquired", "key": key}))
     board = Dashboard(app, actions=True, ping_timeout=0.2)
