@@ -12,8 +12,7 @@ NOX := $(PY) -m nox
 WHICH := import sys; print(sys.base_prefix, sys.version)
 $(VENV)/.python: FORCE
 	@mkdir -p $(VENV)
-	@$(PYTHON) -c '$(WHICH)' > $@.new
-	@cmp -s $@.new $@ && rm $@.new || mv $@.new $@
+	@new=$@.$$$$; $(PYTHON) -c '$(WHICH)' > $$new; cmp -s $$new $@ && rm $$new || mv $$new $@
 
 $(VENV)/.created: $(VENV)/.python
 	$(PYTHON) -m venv --clear $(VENV)

@@ -176,7 +176,10 @@ def test_a_lock_whose_slot_is_left_migrating_is_still_extended(
     with migrating(cluster, rc, holder.key) as port:
         holder.extend(20)
         assert 10_000 < client(port).pttl(holder.key) <= 20_000
-        assert not Lock(cluster.url, "migrating", ttl=10).acquire(blocking=False)
+        contender = Lock(cluster.url, "migrating", ttl=10)
+        with contextlib.suppress(LockUnavailable):  # 6.2: an acquire is a script of 3 keys
+            assert not contender.acquire(blocking=False)
+        assert not contender.held
     holder.release()
 
     async def extend_in_asyncio() -> None:
