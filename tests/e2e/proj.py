@@ -174,7 +174,12 @@ def run_ending(task: Any, key: str, how: str, duration: float) -> str:
     inside = records.incr(f"active:{key}")
     if inside > 1:
         records.incr("overlaps")
+    # retry() and replace() release before they publish the next attempt, which another child
+    # may start before this one's finally: the section ends before them (CI, lowest, once).
+    publishes = how == "replace" or (how == "retry" and task.request.retries == 0)
     try:
+        if publishes:
+            records.decr(f"active:{key}")
         return _act(task, key, how, duration, first=n == 1)
     finally:
         token = lock.token if lock is not None else None
@@ -183,7 +188,8 @@ def run_ending(task: Any, key: str, how: str, duration: float) -> str:
             f"exits:{key}",
             json.dumps({"id": task.request.id, "pid": os.getpid(), "t": time.time(), "held": held}),
         )
-        records.decr(f"active:{key}")
+        if not publishes:
+            records.decr(f"active:{key}")
 
 
 def _hook(task_id: str | None, what: str) -> None:
