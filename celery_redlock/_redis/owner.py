@@ -1,7 +1,8 @@
 """Owner tokens: the value stored in a lock key.
 
-A token is ``<secret>|<pid>|<acquired_ms>|<host>|<task_id>``, or with
-``<acquired_ms>+<max_hold_ms>`` in the third field for a lock capped by ``max_hold``:
+A token is ``<secret>|<pid>|<acquired_ms>|<host>|<task_id>``, with ``+<max_hold_ms>`` after
+``acquired_ms`` in the third field for a lock capped by ``max_hold``, and then ``~<lease_ms>``
+for a lock renewed while held (``auto_renew``):
 
 * ``secret``: 32 hex characters from ``os.urandom`` (what :mod:`secrets` uses), fresh for
   every acquisition attempt, so a token cannot be guessed and two attempts of the same task id
@@ -13,8 +14,7 @@ A token is ``<secret>|<pid>|<acquired_ms>|<host>|<task_id>``, or with
 * ``pid`` and ``host``: the process that acquired (for a Celery task, the pool child and the
   worker's node name), so the worker's main process can release the lock of a child that died;
 * ``acquired_ms``: wall-clock milliseconds, informational only (shown by tooling, never used to
-  decide expiry: expiry is Redis' own ``PX`` TTL). Nothing in the token says whether a lock
-  is renewed (:mod:`celery_redlock.cli._liveness` asks the app);
+  decide expiry: expiry is Redis' own ``PX`` TTL);
 * ``max_hold_ms``: the lock's ``max_hold`` (a task's hard time limit plus
   ``redlock_ttl_margin``), so that tooling can tell a TTL cut short by that cap from a lease
   that was not renewed. Timeline without it: (1) a task with ``time_limit=4`` runs, its TTL
@@ -22,6 +22,15 @@ A token is ``<secret>|<pid>|<acquired_ms>|<host>|<task_id>``, or with
   and stops answering pings while the task finishes; (3) ``celery redlock release --dead``
   reads a 30 s lease renewed 21 s ago, calls the holder dead and releases: a second run of
   the key starts beside the first. A handoff keeps the field's ``+<max_hold_ms>``;
+* ``lease_ms``: the lease a renewing holder renews its TTL to, so that tooling judges a
+  renewal by the holder's own lease, not by the one it is configured with. Timeline without
+  it: (1) workers renew under ``redlock_lease=10``, their TTLs between 6.7 and 10 s; (2) a
+  deploy brings ``redlock_lease=60``; (3) an old worker in warm shutdown still runs its task
+  and renews, but does not answer pings; (4) ``celery redlock release --dead``, run with the
+  new 60 s, reads a TTL of 8 s as a lease not renewed for 52 s, calls the holder dead and
+  releases: the next call of the key runs beside the task. The handoff keeps it too. A token
+  without it is a fixed TTL's, or a renewing holder's of an earlier version: for those
+  :mod:`celery_redlock.cli._liveness` asks the app whether the lock is renewed;
 * ``task_id`` last, so that it may contain any character.
 
 The host field escapes ``%`` as ``%25`` and ``|`` as ``%7C`` (:func:`normalize_host`), and
@@ -71,6 +80,9 @@ class Owner:
     task_id: str
     #: The lock's ``max_hold`` in milliseconds (from acquisition), ``None`` when it has none.
     max_hold_ms: int | None = None
+    #: The lease a renewing holder renews to, in milliseconds; ``None`` for a lock not renewed,
+    #: or one taken by a version that did not record it.
+    lease_ms: int | None = None
 
     @property
     def cooling(self) -> bool:
@@ -140,15 +152,20 @@ def new_secret() -> str:
 
 
 def new_token(
-    task_id: str = "", host: str | None = None, pid: int | None = None, max_hold_ms: int = 0
+    task_id: str = "",
+    host: str | None = None,
+    pid: int | None = None,
+    max_hold_ms: int = 0,
+    lease_ms: int = 0,
 ) -> str:
     """Build a fresh, unguessable owner token for one acquisition attempt (``max_hold_ms``:
-    the lock's cap, 0 for none)."""
+    the lock's cap, 0 for none; ``lease_ms``: the lease it is renewed to, 0 if not renewed)."""
     pid = process_id if pid is None else pid
     acquired = int(time.time() * 1000)
+    cap = f"+{max_hold_ms}" if max_hold_ms else ""
+    lease = f"~{lease_ms}" if lease_ms else ""
     # The fields joined by SEPARATOR, in one f-string (once per acquisition attempt).
-    at = f"{acquired}+{max_hold_ms}" if max_hold_ms else acquired
-    return f"{new_secret()}|{pid}|{at}|{normalize_host(host)}|{task_id}"
+    return f"{new_secret()}|{pid}|{acquired}{cap}{lease}|{normalize_host(host)}|{task_id}"
 
 
 def parse(token: str | bytes | None) -> Owner | None:
@@ -160,12 +177,14 @@ def parse(token: str | bytes | None) -> Owner | None:
     parts = token.split(SEPARATOR, 4)
     if len(parts) != 5:
         return None
-    acquired, plus, cap = parts[2].partition("+")
+    acquired, tilde, renewed = parts[2].partition("~")
+    acquired, plus, cap = acquired.partition("+")
     pid, acquired_ms = _number(parts[1], MAX_PID), _number(acquired, MAX_MS)
     max_hold = _number(cap, MAX_MS) if plus else None
-    if pid is None or acquired_ms is None or (plus and max_hold is None):
+    lease = _number(renewed, MAX_MS) if tilde else None
+    if pid is None or acquired_ms is None or (plus and max_hold is None) or (tilde and not lease):
         return None
-    return Owner(token, pid, acquired_ms, unescape_host(parts[3]), parts[4], max_hold)
+    return Owner(token, pid, acquired_ms, unescape_host(parts[3]), parts[4], max_hold, lease)
 
 
 def _number(field: str, most: int) -> int | None:

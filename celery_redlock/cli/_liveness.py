@@ -30,8 +30,17 @@ Why the renewal counts, as a timeline (a rolling deploy):
 4. had the renewal been due just then, the release script sees the TTL grow since it was read
    and deletes nothing (:attr:`~celery_redlock._redis.inventory.Released.RENEWED`).
 
+A renewing holder records its lease in its token (``~<lease_ms>``, see
+:mod:`celery_redlock._redis.owner`): its lock is judged by that lease, and known renewed,
+whatever ``redlock_lease`` the command runs with (:func:`_judged_by`). Timeline without it, a
+deploy that lengthens the lease: (1) workers renew under 10 s, their TTLs between 6.7 and
+10 s; (2) the command runs with the deploy's 60 s; (3) a draining old worker does not answer;
+(4) its TTL of 8 s reads as a 60 s lease not renewed for 52 s, and its running task's lock is
+released. What follows is for a token without it: a fixed TTL's, or a renewing holder's of
+an earlier version.
+
 Whether a lock is renewed at all (:func:`renewals`): a TTL below the lease reads the same for a
-lease set 5 s ago and for a fixed ``lock_ttl`` counting down, and nothing in the token tells
+lease set 5 s ago and for a fixed ``lock_ttl`` counting down, and nothing in such a token tells
 them apart (``acquired_ms`` dates the acquisition, not the TTL's last setting; ``max_hold`` is
 recorded only when a hard time limit caps a renewed lease). The app does: the lock name maps
 to its tasks (``lock_name``, else the task's name), and their ``lock_ttl``, or the holder's
@@ -447,11 +456,18 @@ def verdict(
             "stops answering at once)"
         )
         unanswered = f"its worker {host} did not answer a control ping within {timeout}s"
+    lease, named, renewal = _judged_by(lock, lease, renewal)
     if capped(lock, lease):
         return Verdict(UNKNOWN, f"{silent}, and {_CAPPED}")
     age = lease_age(lock, lease)
     if age is not None and age < lease * RENEWED_WITHIN:
-        return _recent(silent, age, lease, renewal)
+        return _recent(silent, age, lease, renewal, named)
+    if named != LEASE_SETTING and age is None and lock.ttl is not None:
+        return Verdict(
+            UNKNOWN,
+            f"{silent}, and its TTL ({lock.ttl:.1f}s) is longer than {named} ({lease:g}s): "
+            "extended past it by its holder, so its liveness is unknown (it expires by itself)",
+        )
     if renewal.kind == RENEWED and age is None and lock.ttl is not None:
         # Deploy probe, session 30: (1) workers renew under redlock_lease=30; (2) a deploy
         # brings 10, and the command runs with it; (3) an old worker in warm shutdown, still
@@ -467,7 +483,7 @@ def verdict(
     if renewal.kind == FIXED:
         shown = f"{renewal.why}, never renewed, and its TTL is no lease's set lately"
     elif age is not None:
-        shown = f"its TTL shows no renewal for {age:.1f}s, two thirds of redlock_lease or more"
+        shown = f"its TTL shows no renewal for {age:.1f}s, two thirds of {named} or more"
     else:
         shown = "its TTL is not a renewed lease's"
     return Verdict(DEAD, f"{unanswered}, and {shown}", gone=state == ALIVE)
@@ -487,12 +503,32 @@ def unpinged(lock: HeldLock, lease: float, why: str, renewal: Renewal = NOT_KNOW
     if lock.holder is not None and lock.holder.cooling:
         return COOLING
     unpinged = f"the workers could not be pinged ({why})"
+    lease, named, renewal = _judged_by(lock, lease, renewal)
     if capped(lock, lease):
         return Verdict(UNKNOWN, f"{unpinged}, and {_CAPPED}")
     age = lease_age(lock, lease)
     if lock.holder is not None and age is not None and age < lease * RENEWED_WITHIN:
-        return _recent(unpinged, age, lease, renewal)
+        return _recent(unpinged, age, lease, renewal, named)
     return Verdict(UNKNOWN, unpinged)
+
+
+#: How a verdict names the lease it judges a lock by when that is the command's own.
+LEASE_SETTING = "redlock_lease"
+
+
+def _judged_by(lock: HeldLock, lease: float, renewal: Renewal) -> tuple[float, str, Renewal]:
+    """The lease to judge ``lock``'s TTL by, its name in a verdict, and the lock's renewal:
+    the holder's own lease where its token records one (a renewing holder of this version:
+    see :mod:`celery_redlock._redis.owner`), else ``lease`` (the command's ``redlock_lease``)
+    and ``renewal`` (what the app says). The recorded lease is the one the holder renews to,
+    whatever lease the command runs with: a deploy that changes ``redlock_lease`` leaves the
+    draining workers' locks judged by the lease they renew under."""
+    holder = lock.holder
+    if holder is None or holder.lease_ms is None:
+        return lease, LEASE_SETTING, renewal
+    own = holder.lease_ms / 1000
+    named = LEASE_SETTING if own == lease else "its holder's own lease"
+    return own, named, Renewal(RENEWED)
 
 
 def unpinged_why(app: Any) -> str:
@@ -510,10 +546,11 @@ def judged_unpinged(
     return {lock.key: unpinged(lock, lease, why, renewed[lock.key]) for lock in locks}
 
 
-def _recent(silence: str, age: float, lease: float, renewal: Renewal) -> Verdict:
+def _recent(silence: str, age: float, lease: float, renewal: Renewal, named: str) -> Verdict:
     """The verdict on a silent holder whose TTL is that of a lease set ``age`` seconds ago,
-    within two thirds of the lease: alive if its lock is renewed, else unknown."""
-    within = f"within two thirds of redlock_lease ({lease * RENEWED_WITHIN:.1f}s)"
+    within two thirds of the lease (``named`` so in the reason): alive if its lock is renewed,
+    else unknown."""
+    within = f"within two thirds of {named} ({lease * RENEWED_WITHIN:.1f}s)"
     if renewal.kind == RENEWED:
         return Verdict(
             ALIVE,

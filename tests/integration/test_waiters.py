@@ -124,16 +124,20 @@ def test_a_resp3_wait_writes_no_push_response_lines(
     assert [r.getMessage() for r in caplog.records if r.name == "push_response"] == []
 
 
-@pytest.mark.parametrize("max_hold", [None, 12.5], ids=["lease", "capped"])
+@pytest.mark.parametrize(
+    ("max_hold", "auto_renew"),
+    [(None, False), (12.5, False), (None, True), (12.5, True)],
+    ids=["fixed", "capped", "lease", "capped-lease"],
+)
 def test_a_handed_over_token_carries_the_handoff_time_and_reads_its_fencing_token(
-    r: redis_py.Redis, max_hold: float | None
+    r: redis_py.Redis, max_hold: float | None, auto_renew: bool
 ) -> None:
     """The handoff writes the waiter's token with the server's time as its acquisition time,
-    and keeps its ``max_hold`` (which tooling reads to tell a capped TTL from a lease that
-    was not renewed)."""
+    and keeps its ``max_hold`` and its renewed lease (which tooling reads to tell a capped TTL
+    from a lease that was not renewed, and to judge a renewal by the holder's own lease)."""
     holder = Lock(r, "handed", ttl=30)
     assert holder.acquire(blocking=False)
-    waiter = Lock(r, "handed", ttl=30, owner="task-w", max_hold=max_hold)
+    waiter = Lock(r, "handed", ttl=30, owner="task-w", max_hold=max_hold, auto_renew=auto_renew)
     won = blocked(waiter)
     wait_until(lambda: queued(r, holder) == 1, 10, "the waiter queued")
     released_ms = int(r.time()[0]) * 1000
@@ -143,6 +147,7 @@ def test_a_handed_over_token_carries_the_handoff_time_and_reads_its_fencing_toke
     assert owner is not None and owner.task_id == "task-w"
     assert owner.acquired_ms >= released_ms  # acquired at the handoff, not when it queued
     assert owner.max_hold_ms == (None if max_hold is None else 12_500)
+    assert owner.lease_ms == (30_000 if auto_renew else None)
     token = waiter.fencing_token
     assert token is not None and token > 0
     waiter.release()

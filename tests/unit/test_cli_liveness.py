@@ -66,6 +66,43 @@ def test_a_holder_is_alive_by_its_ping_or_its_renewal(
     assert says in said.reason
 
 
+def recorded(ttl: float, lease_s: int) -> HeldLock:
+    """A lock whose holder's token records the lease it renews to (``lease_s``)."""
+    value = _owner.new_token("t-1", host="w1@web-1", pid=7, lease_ms=lease_s * 1000)
+    return HeldLock("redlock:{job}", "job", 1, value, _owner.parse(value), ttl, None)
+
+
+@pytest.mark.parametrize(
+    ("ttl", "lease_s", "state", "says"),
+    [
+        # A deploy lengthened redlock_lease from 10 to 30 s: the draining worker renews to 10.
+        (8.0, 10, ALIVE, "set 2.0s ago (acquired or renewed), within two thirds of its holder"),
+        (3.0, 10, DEAD, "no renewal for 7.0s, two thirds of its holder's own lease or more"),
+        # ... or shortened it from 60 to 30 s: renewed to 60.
+        (58.0, 60, ALIVE, "set 2.0s ago"),
+        (15.0, 60, DEAD, "no renewal for 45.0s"),
+        # Extended past its own lease by its holder: it expires by itself.
+        (45.0, 10, UNKNOWN, "longer than its holder's own lease (10s): extended past it"),
+        (29.0, 30, ALIVE, "within two thirds of redlock_lease (20.0s)"),
+    ],
+)
+@pytest.mark.parametrize(
+    "renewal", [RENEWS, FIXED_25, NOT_KNOWN], ids=["renews", "fixed", "unsure"]
+)
+def test_a_renewed_lock_is_judged_by_the_lease_its_token_records(
+    ttl: float, lease_s: int, state: str, says: str, renewal: Renewal
+) -> None:
+    """Deploy probe, session 30, left open then: ``release --dead`` run with a deploy's longer
+    ``redlock_lease`` (30 s) read a draining worker's 10 s lease, renewed 2 s ago (TTL 8 s), as
+    one not renewed for 22 s, and released its running task's lock. The token's lease also
+    says the lock is renewed, whatever the app says of its tasks."""
+    said = verdict(recorded(ttl, lease_s), {"w1@web-1": DEAD}, 1.0, LEASE, renewal)
+    assert (said.state, said.renewed) == (state, state == ALIVE), said.reason
+    assert says in said.reason, said.reason
+    quiet = unpinged(recorded(ttl, lease_s), LEASE, "the broker does not answer", renewal)
+    assert quiet.state == (ALIVE if state == ALIVE else UNKNOWN), quiet.reason
+
+
 @pytest.mark.parametrize(
     ("ttl", "state"), [(29.0, UNKNOWN), (24.0, UNKNOWN), (12.0, UNKNOWN), (9.5, DEAD), (1.0, DEAD)]
 )

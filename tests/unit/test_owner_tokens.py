@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 
@@ -79,6 +80,10 @@ def test_a_child_forked_while_a_secret_is_drawn_can_draw_its_own() -> None:
         "abc|1|1796502400000+253402300800000|w@h|t",
         "abc|99999999999999999999|1796502400000|w@h|t",  # no pid_t holds it
         "abc|1|-5|w@h|t",
+        "abc|1|1796502400000~|w@h|t",  # a renewed lease of no length
+        "abc|1|1796502400000~0|w@h|t",
+        "abc|1|1796502400000+9000~x|w@h|t",
+        "abc|1|1796502400000~9000+9000|w@h|t",  # the cap after the lease: not this layout
     ],
 )
 def test_a_value_with_numbers_no_token_holds_is_foreign(value: str) -> None:
@@ -92,3 +97,26 @@ def test_the_largest_numbers_a_token_holds_are_read() -> None:
     parsed = owner.parse(f"abc|{owner.MAX_PID}|{latest}+{latest}|w@h|t")
     assert parsed is not None
     assert (parsed.pid, parsed.acquired_ms, parsed.max_hold_ms) == (owner.MAX_PID, latest, latest)
+
+
+@pytest.mark.parametrize(
+    ("max_hold_ms", "lease_ms", "field"),
+    [
+        (0, 0, r"\d+"),
+        (9000, 0, r"\d+\+9000"),
+        (0, 30000, r"\d+~30000"),
+        (9000, 6000, r"\d+\+9000~6000"),
+    ],
+)
+def test_a_token_records_its_cap_and_its_renewed_lease(
+    max_hold_ms: int, lease_ms: int, field: str
+) -> None:
+    """A renewing holder's token records the lease it renews to, which ``celery redlock
+    release --dead`` judges its TTL by (a deploy that changed ``redlock_lease`` had the
+    command judge a draining worker's lock by the new lease, and release it)."""
+    token = owner.new_token("t-1", host="w@h", pid=7, max_hold_ms=max_hold_ms, lease_ms=lease_ms)
+    assert re.fullmatch(rf"[0-9a-f]{{32}}\|7\|{field}\|w@h\|t-1", token), token
+    parsed = owner.parse(token)
+    assert parsed is not None and parsed.task_id == "t-1"
+    assert parsed.max_hold_ms == (max_hold_ms or None)
+    assert parsed.lease_ms == (lease_ms or None)

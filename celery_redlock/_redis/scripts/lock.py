@@ -111,9 +111,9 @@ _HAND_ON = (
 -- subscriber); waiters that are gone are dropped on the way. A queue member is
 -- '<ttl ms>:<channel length>:<channel><owner token>' (see WAIT). With handoff (a single-slot
 -- lock on a plain node), that waiter gets the lock: it is set to the waiter's token, with
--- the server time as acquisition time (its '+<max_hold_ms>' kept), for the waiter's ttl, and
--- the token is published to
--- the waiter; the lock is never free in between. Without handoff the waiter is sent '1' and
+-- the server time as acquisition time (its '+<max_hold_ms>' and '~<lease_ms>' kept), for the
+-- waiter's ttl, and the token is published to the waiter; the lock is never free in
+-- between. Without handoff the waiter is sent '1' and
 -- tries itself. A handoff also wakes the waiter queued next (nudge). Returns 2 handed over,
 -- 1 woken, 0 nobody queued, -1 PUBLISH or ZPOPMIN refused (queued waiters not reached: an
 -- ACL user of the command line without +zpopmin, say).

@@ -24,24 +24,33 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize(
-    ("cli_lease", "says"),
-    [(None, ("renewed lease: ", "warm shutdown")), ("10", ("(liveness unknown)",))],
-    ids=["same-lease", "a-deploy-s-shorter-lease"],
+    ("worker_lease", "cli_lease", "says"),
+    [
+        (None, None, ("renewed lease: ", "warm shutdown", "two thirds of redlock_lease")),
+        (None, "10", ("renewed lease: ", "two thirds of its holder's own lease (20.0s)")),
+        ("6", "60", ("renewed lease: ", "two thirds of its holder's own lease (4.0s)")),
+    ],
+    ids=["same-lease", "a-deploy-s-shorter-lease", "a-deploy-s-longer-lease"],
 )
 def test_a_task_running_in_a_worker_in_warm_shutdown_keeps_its_lock(
     server: RedisServer,
     client: Celery,
     records: redis_py.Redis,
+    worker_lease: str | None,
     cli_lease: str | None,
     says: tuple[str, ...],
 ) -> None:
-    """A deploy probe, session 30: the command run with a deploy's shorter ``redlock_lease``
+    """Deploy probe, session 30: the command run with a deploy's shorter ``redlock_lease``
     (10 s) than the draining worker's (30 s) read its TTL as no renewed lease's, called it
-    dead and released it; the next call of the key ran beside the running task."""
+    dead and released it; the next call of the key ran beside the running task. With a
+    longer one (60 s against the worker's 6 s), it read a TTL of 4 to 6 s as a lease not
+    renewed for 54 s or more, with the same end. The holder's token records its own lease,
+    which the command judges it by."""
     locks = redis_py.Redis(port=server.port)
     env = {} if cli_lease is None else {"REDLOCK_TEST_LEASE": cli_lease}
     node = f"drain@{HOST}"
-    with WorkerProcess(server.port, "drain", app=APP, args=["-Q", "drain"]) as worker:
+    own = {} if worker_lease is None else {"REDLOCK_TEST_LEASE": worker_lease}
+    with WorkerProcess(server.port, "drain", app=APP, args=["-Q", "drain"], env=own) as worker:
         result = client.send_task(HOLD, args=("drain", 120.0), queue="drain")
         started(records, "drain")
         (lock,) = [
