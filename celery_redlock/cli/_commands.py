@@ -334,7 +334,7 @@ def _release_dead(ctx: click.Context, store: LockStore, timeout: float, dry_run:
         shown = safe(lock.key)
         if verdict.state != DEAD:
             kept += 1
-            say(f"kept {shown}: {who(lock)} ({_why_kept(verdict)})")
+            say(f"kept {shown}: {who(lock)} ({_why_kept(verdict, lock)})")
             continue
         if dry_run:
             released += 1
@@ -379,9 +379,14 @@ def _dead(verdict: Verdict) -> str:
     return "its process is gone" if verdict.gone else "worker does not answer"
 
 
-def _why_kept(verdict: Verdict) -> str:
+def _why_kept(verdict: Verdict, lock: HeldLock) -> str:
+    """Why ``release --dead`` keeps ``lock``; for an unknown holder, why, and when the key
+    goes by itself (an operator deciding on ``release KEY --force`` needs both)."""
     if verdict.state == UNKNOWN:
-        return "liveness unknown"
+        ends = (
+            "it has no expiry" if lock.ttl is None else f"it expires by itself in {lock.ttl:.1f}s"
+        )
+        return f"liveness unknown: {safe(verdict.reason)}; {ends}"
     if verdict.state == COOLDOWN:  # who() says so: "(ended; kept by its lock_cooldown)"
         return "it frees itself when the cooldown ends"
     if verdict.renewed:
