@@ -456,9 +456,14 @@ class SingleNode(QueueRules):
             raise script_refused(exc, source) from exc.__cause__
 
     @property
+    def cluster(self) -> bool:
+        """Whether the client is a Redis Cluster's."""
+        return is_cluster(self.node.client())
+
+    @property
     def handoff(self) -> bool:
         """A release hands the lock to the first queued waiter, except on a Cluster."""
-        return not is_cluster(self.node.client())
+        return not self.cluster
 
     async def acquire(
         self, keys: LockKeys, token: str, ttl_ms: int, sole: str = ""
@@ -494,12 +499,12 @@ class SingleNode(QueueRules):
     async def release(self, keys: LockKeys, token: str, keep_ms: int = 0) -> bool:
         """Owner-checked release; the lock passes to the first queued waiter as in
         :data:`~celery_redlock._redis.scripts.RELEASE`, except on a Cluster."""
-        call = _scripts.release_call(keys, token, keep_ms, self.handoff)
+        call = _scripts.release_call(keys, token, keep_ms, self.handoff, cluster=self.cluster)
         reply = await self._run(_scripts.RELEASE, call, keys.lock)
         return released(reply, keys.lock, self.names)
 
     async def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> Extended:
-        call = _scripts.extend_call(keys, token, ttl_ms)
+        call = _scripts.extend_call(keys, token, ttl_ms, cluster=self.cluster)
         held = bool(await self._run(_scripts.EXTEND, call, keys.lock))
         return Extended(held, held)
 

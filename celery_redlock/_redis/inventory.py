@@ -575,10 +575,11 @@ class Inventory:
         def one(client: Any) -> int:
             # Handoff as the holder's own release does it: on one plain node only (a quorum's
             # and a Cluster's waiters listen on the shared channel; see scripts.RELEASE).
-            handoff = len(self.urls) == 1 and not isinstance(client, RedisCluster)
+            cluster = isinstance(client, RedisCluster)
+            handoff = len(self.urls) == 1 and not cluster
             # A quorum's nodes wake nobody: the waiters are woken once every node answered.
             call = _scripts.release_unrenewed_call(
-                keys, lock.key, lock.value, limit, handoff, wake=len(self.urls) == 1
+                keys, lock.key, lock.value, limit, handoff, len(self.urls) == 1, cluster
             )
             try:
                 return int(run_script(client, _scripts.RELEASE_UNRENEWED, *call))

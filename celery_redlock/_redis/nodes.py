@@ -145,7 +145,8 @@ class SingleNode(QueueRules):
         self.set_get: bool | None = None
         #: A release hands the lock to the first queued waiter (see ``scripts.RELEASE``): on a
         #: plain node, not a Cluster, whose PUBLISH counts the subscribers of one node only.
-        self.handoff = not is_cluster(client)
+        self.cluster = is_cluster(client)
+        self.handoff = not self.cluster
         #: The server a give-back goes to, for the give-backs' thread to hasten the others to
         #: it once one is answered; ``None`` for a Cluster, whose shards answer apart.
         self.node: Any = None if is_cluster(client) else client
@@ -261,21 +262,23 @@ class SingleNode(QueueRules):
         return None if reply is None else int(reply)
 
     def release(self, keys: LockKeys, token: str, keep_ms: int = 0) -> bool:
-        call = _scripts.release_call(keys, token, keep_ms, self.handoff)
+        call = _scripts.release_call(keys, token, keep_ms, self.handoff, cluster=self.cluster)
         reply = self._run(_scripts.RELEASE, call, keys.lock)
         if reply != _scripts.RELEASED_NOT_NOTIFIED:  # the names are built only for the warning
             return bool(reply)
         return released(reply, keys.lock, self.names)
 
     def extend(self, keys: LockKeys, token: str, ttl_ms: int) -> Extended:
-        call = _scripts.extend_call(keys, token, ttl_ms)
+        call = _scripts.extend_call(keys, token, ttl_ms, cluster=self.cluster)
         held = bool(self._run(_scripts.EXTEND, call, keys.lock))
         return Extended(held, held)
 
     def release_attempt(
         self, keys: LockKeys, task_id: str, host: str, pid: int, keep_ms: int = 0
     ) -> bool:
-        call = _scripts.release_attempt_call(keys, task_id, host, pid, self.handoff, keep_ms)
+        call = _scripts.release_attempt_call(
+            keys, task_id, host, pid, self.handoff, keep_ms, cluster=self.cluster
+        )
         reply = self._run(_scripts.RELEASE_ATTEMPT, call, keys.lock)
         return released(reply, keys.lock, self.names)
 

@@ -26,7 +26,7 @@ from click.testing import CliRunner
 
 from celery_redlock import Lock, LockedTask, LockUnavailable, current_lock, lock_key
 from celery_redlock._celery.checks import run_startup_checks
-from celery_redlock._redis.inventory import Inventory
+from celery_redlock._redis.inventory import Inventory, Released
 from celery_redlock._redis.keys import keys_for
 from celery_redlock._redis.lock import release_attempt
 from celery_redlock.asyncio import Lock as AsyncLock
@@ -195,6 +195,49 @@ def test_a_lock_whose_slot_is_left_migrating_is_still_extended(
             await nodes.aclose()
 
     asyncio.run(extend_in_asyncio())
+
+
+def test_a_lock_whose_slot_is_left_migrating_is_released(
+    cluster: ClusterNodes, rc: redis_py.RedisCluster
+) -> None:
+    """Cluster probe, session 30, left open then: the release scripts (the holder's, the
+    worker's release of a dead child's attempt, ``celery redlock release``) named the release
+    channel and the waiter queue among their keys; Redis answered TRYAGAIN while the lock's
+    slot was left MIGRATING, and the key stayed until its TTL ended. Now each is released at
+    once, in both drivers."""
+    holder = Lock(cluster.url, "migrating-release", ttl=30)
+    child = Lock(cluster.url, "migrating-attempt", ttl=30, owner="t-9", host="w9@host")
+    held = Lock(cluster.url, "migrating-operator", ttl=30)
+    assert holder.acquire(blocking=False) and child.acquire(blocking=False)
+    assert held.acquire(blocking=False)
+    # Each key has 30 s to live: gone once its slot is stable again, it was released. (Read
+    # while the slot migrates, a key that is not there is answered ASK.)
+    with migrating(cluster, rc, holder.key):
+        holder.release()
+    assert not rc.exists(holder.key)
+    with migrating(cluster, rc, child.key):
+        pid = os.getpid()
+        assert release_attempt(cluster.url, "migrating-attempt", "redlock", "t-9", "w9@host", pid)
+    assert not rc.exists(child.key)
+    inventory = Inventory(cluster.url, "redlock")
+    found = inventory.read(held.key)
+    assert found is not None
+    with migrating(cluster, rc, held.key):
+        assert inventory.release(found, unless_renewed=True) is Released.RELEASED
+    assert not rc.exists(held.key)
+
+    async def release_in_asyncio() -> None:
+        nodes = redis.asyncio.RedisCluster(host="127.0.0.1", port=cluster.nodes[0].port)
+        try:
+            lock = AsyncLock(nodes, "migrating-release", ttl=30)
+            assert await lock.acquire(blocking=False)
+            with migrating(cluster, rc, lock.key):
+                await lock.release()
+            assert not rc.exists(lock.key)
+        finally:
+            await nodes.aclose()
+
+    asyncio.run(release_in_asyncio())
 
 
 def test_blocking_acquire_is_woken_by_the_release(

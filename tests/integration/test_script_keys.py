@@ -167,6 +167,8 @@ def test_each_lock_operation_touches_only_the_keys_it_declares(
     waiter.start()
     wait_until(lambda: client.exists(second.keys.waiters) == 1, 5, "the waiter to queue")
     monitor.mark("queued")
+    first.extend(5)  # shorter than its 10 s: wakes the queue (EXISTS, ZRANGE on it)
+    monitor.mark("shortened")
     first.release()
     waiter.join(10)
     assert won == [True]

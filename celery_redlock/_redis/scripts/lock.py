@@ -14,6 +14,7 @@ notified" (reply 2) instead of an error reply for a release that did happen.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ..keys import FENCE_TTL_MS, LockKeys
@@ -171,7 +172,8 @@ end
 RELEASE = (
     _HAND_ON
     + """
--- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3..n] the lock's slot keys
+-- KEYS[1..n] the lock's slot keys, then (except on a Cluster) the release channel and the
+--         waiter queue (see _named)
 -- ARGV[1] owner token, ARGV[2] keep in ms ('0': delete now; > 0: keep the slot that long, its
 --         token's secret marked 'cooldown': the task ended; see celery_redlock._redis.owner),
 -- ARGV[3] '1': hand a single-slot lock over to the first queued waiter (a plain node, where
@@ -179,7 +181,9 @@ RELEASE = (
 -- ARGV[4] '1': wake nobody here (a quorum node: the waiters are woken by a PUBLISH once
 --         every node answered; a waiter woken by the first node to free the lock could win
 --         the others before the release reached the last, and hold it on a bare majority);
---         the reply then says whether anyone listens on the release channel here
+--         the reply then says whether anyone listens on the release channel here,
+-- ARGV[5] n, the number of slot keys, ARGV[6] release channel, ARGV[7] waiter queue
+--         (see _named)
 -- returns 1 released (handed over, or deleted, or kept until expiry; the waiters notified;
 --           with ARGV[4] '1': nobody listening here),
 --         2 released (deleted or kept) but PUBLISH was refused: waiters not notified,
@@ -189,24 +193,25 @@ RELEASE = (
 -- A release with keep sent again (a client's retry after a lost reply) finds the slot it
 -- marked and answers 1 again, as it did when keeping left the token in place.
 local function released()
-  local n = redis.pcall('PUBSUB', 'NUMSUB', KEYS[1])
+  local n = redis.pcall('PUBSUB', 'NUMSUB', ARGV[6])
   if n.err == nil and tonumber(n[2]) == 0 then return 1 end
   return 3
 end
 local cooling = 'cooldown' .. string.sub(ARGV[1], 9)
-for i = 3, #KEYS do
+local slots = tonumber(ARGV[5])
+for i = 1, slots do
   local value = redis.call('GET', KEYS[i])
   if value == ARGV[1] or (ARGV[2] ~= '0' and value == cooling) then
     if ARGV[2] ~= '0' then
       redis.call('SET', KEYS[i], cooling, 'PX', ARGV[2])
       if ARGV[4] == '1' then return released() end
-      return free_slot(KEYS[1], KEYS[2], KEYS[i], false, true)
+      return free_slot(ARGV[6], ARGV[7], KEYS[i], false, true)
     end
     if ARGV[4] == '1' then
       redis.call('DEL', KEYS[i])
       return released()
     end
-    return free_slot(KEYS[1], KEYS[2], KEYS[i], ARGV[3] == '1' and #KEYS == 3)
+    return free_slot(ARGV[6], ARGV[7], KEYS[i], ARGV[3] == '1' and slots == 1)
   end
 end
 return 0
@@ -216,17 +221,14 @@ return 0
 EXTEND = (
     _NUDGE
     + """
--- KEYS[1..n] the lock's slot keys
+-- KEYS[1..n] the lock's slot keys, then (except on a Cluster) the release channel and the
+--         waiter queue (see _named)
 -- ARGV[1] owner token, ARGV[2] new ttl in ms (> 0),
 -- ARGV[3] '1': re-assert the lock on this node if no slot exists (a quorum node that was down
 --         at acquisition, or restarted empty), '0': never,
 -- ARGV[4] '1': wake nobody here (a quorum node: the driver wakes every node once all answered),
--- ARGV[5] release channel, ARGV[6] waiter queue: named here, not in KEYS, and touched by pcall
---         only. Timeline with them in KEYS, on a Cluster: (1) a reshard marks the lock's slot
---         MIGRATING and stops part-way; (2) the queue key does not exist, so Redis answers
---         every renewal TRYAGAIN ("multiple keys request during rehashing"); (3) the lease
---         ends and a contender's SET takes the lock while the holder runs. Named in ARGV, a
---         queue that is not local then fails its pcall, and the renewal still goes through.
+-- ARGV[5] n, the number of slot keys, ARGV[6] release channel, ARGV[7] waiter queue
+--         (see _named)
 -- returns 1 extended, 3 extended to a shorter TTL (the waiters woken, unless ARGV[4]),
 --         2 re-asserted (it was missing here), 0 not the owner (taken over, or missing
 --         without re-assertion)
@@ -240,7 +242,7 @@ EXTEND = (
 -- round trip makes a few ms shorter (within SHORTER: a waiter oversleeps by less than that).
 local SHORTER = 250
 local first = redis.call('GET', KEYS[1])
-for i = 1, #KEYS do
+for i = 1, tonumber(ARGV[5]) do
   local value = first
   if i > 1 then value = redis.call('GET', KEYS[i]) end
   if value == ARGV[1] then
@@ -248,8 +250,8 @@ for i = 1, #KEYS do
     redis.call('PEXPIRE', KEYS[i], ARGV[2])
     if left >= 0 and tonumber(ARGV[2]) + SHORTER >= left then return 1 end
     if ARGV[4] ~= '1' then
-      redis.pcall('PUBLISH', ARGV[5], '1')
-      if redis.pcall('EXISTS', ARGV[6]) == 1 then nudge(ARGV[6]) end
+      redis.pcall('PUBLISH', ARGV[6], '1')
+      if redis.pcall('EXISTS', ARGV[7]) == 1 then nudge(ARGV[7]) end
     end
     return 3
   end
@@ -265,11 +267,14 @@ return 0
 RELEASE_ATTEMPT = (
     _HAND_ON
     + """
--- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3..n] the lock's slot keys
+-- KEYS[1..n] the lock's slot keys, then (except on a Cluster) the release channel and the
+--         waiter queue (see _named)
 -- ARGV[1] task id, ARGV[2] host, ARGV[3] pid, ARGV[4] '1': handoff (as in RELEASE),
 -- ARGV[5] keep in ms ('0': delete; > 0: the task's cooldown: the slot is kept that long,
 --         marked as the child's own release with a cooldown leaves it),
--- ARGV[6] '1': wake nobody here (a quorum node, as in RELEASE)
+-- ARGV[6] '1': wake nobody here (a quorum node, as in RELEASE),
+-- ARGV[7] n, the number of slot keys, ARGV[8] release channel, ARGV[9] waiter queue
+--         (see _named)
 -- A slot already marked as a cooldown was released (by the child before it died, or by an
 -- earlier call of this script): it is left as it is, and this returns 0.
 -- Releases the slot taken by that attempt: the token layout is
@@ -278,7 +283,8 @@ RELEASE_ATTEMPT = (
 -- returns 1 released (handed over to the first queued waiter, or deleted),
 --         2 deleted but PUBLISH was refused (waiters not notified),
 --         0 no slot owned by that attempt
-for i = 3, #KEYS do
+local slots = tonumber(ARGV[7])
+for i = 1, slots do
   local value = redis.call('GET', KEYS[i])
   if value then
     local pid, host, task_id = string.match(value, '^[^|]*|([^|]*)|[^|]*|([^|]*)|(.*)$')
@@ -287,13 +293,13 @@ for i = 3, #KEYS do
       if ARGV[5] ~= '0' then
         redis.call('SET', KEYS[i], 'cooldown' .. string.sub(value, 9), 'PX', ARGV[5])
         if ARGV[6] == '1' then return 1 end
-        return free_slot(KEYS[1], KEYS[2], KEYS[i], false, true)
+        return free_slot(ARGV[8], ARGV[9], KEYS[i], false, true)
       end
       if ARGV[6] == '1' then
         redis.call('DEL', KEYS[i])
         return 1
       end
-      return free_slot(KEYS[1], KEYS[2], KEYS[i], ARGV[4] == '1' and #KEYS == 3)
+      return free_slot(ARGV[8], ARGV[9], KEYS[i], ARGV[4] == '1' and slots == 1)
     end
   end
 end
@@ -304,23 +310,25 @@ return 0
 RELEASE_UNRENEWED = (
     _HAND_ON
     + """
--- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3] one slot key
+-- KEYS[1] one slot key, then (except on a Cluster) the release channel and the waiter queue
+--         (see _named)
 -- ARGV[1] owner token read from it, ARGV[2] '': no check, else the most PTTL in ms the slot may
 --         have left (what was read: more means its holder renewed it since, so it is alive),
 -- ARGV[3] '1': hand a single-slot lock over to the first queued waiter (as in RELEASE),
--- ARGV[4] '1': wake nobody here (a quorum node, as in RELEASE)
+-- ARGV[4] '1': wake nobody here (a quorum node, as in RELEASE),
+-- ARGV[5] '1' (one slot key), ARGV[6] release channel, ARGV[7] waiter queue (see _named)
 -- returns 1 released (as RELEASE), 2 deleted but PUBLISH was refused,
 --         0 not held by ARGV[1] any more (expired or taken over), -1 kept: renewed since read
 -- The release of `celery redlock release` (an operator's, not the holder's): the owner check
 -- and the renewal check are one step with the delete, so a renewal that lands between the
 -- operator's read and the delete keeps the lock.
-if redis.call('GET', KEYS[3]) ~= ARGV[1] then return 0 end
-if ARGV[2] ~= '' and redis.call('PTTL', KEYS[3]) > tonumber(ARGV[2]) then return -1 end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] ~= '' and redis.call('PTTL', KEYS[1]) > tonumber(ARGV[2]) then return -1 end
 if ARGV[4] == '1' then
-  redis.call('DEL', KEYS[3])
+  redis.call('DEL', KEYS[1])
   return 1
 end
-return free_slot(KEYS[1], KEYS[2], KEYS[3], ARGV[3] == '1')
+return free_slot(ARGV[6], ARGV[7], KEYS[1], ARGV[3] == '1')
 """
 )
 
@@ -427,21 +435,55 @@ def fence_call(keys: LockKeys, slot: str, token: str) -> tuple[list[str], list[A
     return [slot, keys.fence, keys.high_water], [token]
 
 
+def _named(
+    keys: LockKeys, slots: Sequence[str], argv: list[Any], cluster: bool
+) -> tuple[list[str], list[Any]]:
+    """``(KEYS, ARGV)`` of a script that frees or extends ``slots`` and may wake the waiters
+    (:data:`RELEASE`, :data:`EXTEND`, :data:`RELEASE_ATTEMPT`, :data:`RELEASE_UNRENEWED`): the
+    number of slot keys, the release channel and the waiter queue end ARGV, the script reads
+    them there, and KEYS declares the channel and the queue after the slots, except on a
+    ``cluster``.
+
+    Declared, because Dragonfly runs a script only on the keys it declares (a queue reached by
+    name could not be handed over). Not on a Cluster, timeline: (1) a reshard marks the
+    lock's slot MIGRATING and stops part-way; (2) the queue key does not exist, so Redis
+    answers every command naming it TRYAGAIN ("multiple keys request during rehashing"); (3)
+    every renewal fails, the lease ends, and a contender's ``SET`` takes the lock beside its
+    running holder (and a release fails: the key stays until its lease ends). There the
+    script touches the queue by ``pcall`` only: a queue that is not local fails that call
+    alone.
+    """
+    named = [keys.channel, keys.waiters]
+    declared = [*slots] if cluster else [*slots, *named]
+    return declared, [*argv, len(slots), *named]
+
+
 def release_call(
-    keys: LockKeys, token: str, keep_ms: int = 0, handoff: bool = False, wake: bool = True
+    keys: LockKeys,
+    token: str,
+    keep_ms: int = 0,
+    handoff: bool = False,
+    wake: bool = True,
+    cluster: bool = False,
 ) -> tuple[list[str], list[Any]]:
     """``(KEYS, ARGV)`` of :data:`RELEASE`; ``handoff``: only for a plain node; ``wake``
-    False: a quorum's (see there)."""
+    False: a quorum's (see there); ``cluster``: the client is a Redis Cluster's."""
     argv = [token, keep_ms, "1" if handoff else "0", "0" if wake else "1"]
-    return [keys.channel, keys.waiters, *keys.slots], argv
+    return _named(keys, keys.slots, argv, cluster)
 
 
 def extend_call(
-    keys: LockKeys, token: str, ttl_ms: int, reassert: bool = False, wake: bool = True
+    keys: LockKeys,
+    token: str,
+    ttl_ms: int,
+    reassert: bool = False,
+    wake: bool = True,
+    cluster: bool = False,
 ) -> tuple[list[str], list[Any]]:
-    """``(KEYS, ARGV)`` of :data:`EXTEND`; ``wake`` False: a quorum's (see there)."""
+    """``(KEYS, ARGV)`` of :data:`EXTEND`; ``wake`` False: a quorum's (see there);
+    ``cluster``: the client is a Redis Cluster's."""
     argv = [token, ttl_ms, "1" if reassert else "0", "0" if wake else "1"]
-    return [*keys.slots], [*argv, keys.channel, keys.waiters]
+    return _named(keys, keys.slots, argv, cluster)
 
 
 def release_attempt_call(
@@ -452,10 +494,12 @@ def release_attempt_call(
     handoff: bool = False,
     keep_ms: int = 0,
     wake: bool = True,
+    cluster: bool = False,
 ) -> tuple[list[str], list[Any]]:
-    """``(KEYS, ARGV)`` of :data:`RELEASE_ATTEMPT`; ``wake`` False: a quorum's (see there)."""
+    """``(KEYS, ARGV)`` of :data:`RELEASE_ATTEMPT`; ``wake`` False: a quorum's (see there);
+    ``cluster``: the client is a Redis Cluster's."""
     argv = [task_id, host, str(pid), "1" if handoff else "0", str(keep_ms), "0" if wake else "1"]
-    return [keys.channel, keys.waiters, *keys.slots], argv
+    return _named(keys, keys.slots, argv, cluster)
 
 
 def release_unrenewed_call(
@@ -465,12 +509,13 @@ def release_unrenewed_call(
     max_pttl_ms: int | None,
     handoff: bool,
     wake: bool = True,
+    cluster: bool = False,
 ) -> tuple[list[str], list[Any]]:
     """``(KEYS, ARGV)`` of :data:`RELEASE_UNRENEWED` (``max_pttl_ms=None``: no renewal check;
-    ``wake`` False: a quorum's, see there)."""
+    ``wake`` False: a quorum's, see there; ``cluster``: the client is a Redis Cluster's)."""
     limit = "" if max_pttl_ms is None else str(max_pttl_ms)
     argv = [token, limit, "1" if handoff else "0", "0" if wake else "1"]
-    return [keys.channel, keys.waiters, slot], argv
+    return _named(keys, [slot], argv, cluster)
 
 
 def raise_fence_call(keys: LockKeys, token: int) -> tuple[list[str], list[Any]]:
