@@ -708,6 +708,7 @@ def section_footprint(server: RedisServer, size: dict[str, Any]) -> dict[str, An
             "held_keys_per_lock": held_keys / n,
             "held_bytes_per_lock": held_bytes / n,
             "used_memory_per_held_lock": used_held / n,
+            "left_keys": left_keys,
             "left_keys_per_name": left_keys / n,
             "left_bytes_per_name": left_bytes / n,
             "left_ttl_s": max(ttls) / 1000 if ttls else None,
@@ -993,13 +994,16 @@ def table_footprint(t: Table, res: dict[str, Any]) -> None:
     for c in ("ours", "redis-py", "python-redis-lock", "pottery", "bare"):
         r = res[c]
         left = f"{r['left_keys_per_name']:.2f} keys, {r['left_bytes_per_name']:.0f} B"
-        ttl = (
-            f" (TTL {r['left_ttl_s']:.0f} s)" if r["left_keys_per_name"] and r["left_ttl_s"] else ""
-        )
+        ttl = r["left_ttl_s"]
+        if r.get("left_keys") and ttl is not None:
+            # The longest TTL of the keys left; ours leaves one fencing high-water mark per
+            # Cluster slot used, which never expires (PTTL -1: shown so, not as "TTL -0 s").
+            kept = "no expiry" if ttl < 0 else f"TTL up to {ttl:.0f} s"
+            left += f" ({r['left_keys']:,} in all, {kept})"
         t.add(
             fig,
             c,
-            left + ttl,
+            left,
             f"left per name after release; held: {r['held_keys_per_lock']:.0f} keys, "
             f"{r['held_bytes_per_lock']:.0f} B "
             f"(used_memory {r['used_memory_per_held_lock']:.0f} B)",

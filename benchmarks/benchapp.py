@@ -9,6 +9,10 @@ worker's ``ready.`` line (also INFO) stays.
 ``REDLOCK_TEST_LOCK_PORT`` (default: the same server) puts every lock, ours and the peers',
 on another redis-server, so that its ``INFO commandstats`` counts lock commands only.
 
+Each task is ``shared=False``: ``bench.py`` and ``bench_core.py`` reload this module for each
+server, and a shared task of the module before would join the new app too (Celery 5.7 warned
+"Task name 'bench.plain' is already registered to a different callable", once per task).
+
 No-op tasks, identical except for the lock:
 
 * ``bench.plain``: a plain task, the baseline;
@@ -68,17 +72,17 @@ def _quiet_per_task_logs(**_: Any) -> None:
             logging.getLogger(name).setLevel(logging.WARNING)
 
 
-@app.task(name="bench.plain")
+@app.task(name="bench.plain", shared=False)
 def plain(key: str) -> None:
     return None
 
 
-@app.task(name="bench.locked", base=LockedTask, lock_by=["key"])
+@app.task(name="bench.locked", shared=False, base=LockedTask, lock_by=["key"])
 def locked(key: str) -> None:
     return None
 
 
-@app.task(name="bench.locked_ttl", base=LockedTask, lock_by=["key"], lock_ttl=30)
+@app.task(name="bench.locked_ttl", shared=False, base=LockedTask, lock_by=["key"], lock_ttl=30)
 def locked_ttl(key: str) -> None:
     return None
 
@@ -90,11 +94,11 @@ except ImportError:
     pass
 else:
 
-    @app.task(name="bench.once", base=QueueOnce)
+    @app.task(name="bench.once", shared=False, base=QueueOnce)
     def once(key: str) -> None:
         return None
 
-    @app.task(name="bench.singleton", base=Singleton)
+    @app.task(name="bench.singleton", shared=False, base=Singleton)
     def singleton(key: str) -> None:
         return None
 
@@ -118,7 +122,7 @@ class RedisPyLockTask(Task):  # type: ignore[misc]
             lock.release()
 
 
-@app.task(name="bench.redispy", base=RedisPyLockTask)
+@app.task(name="bench.redispy", shared=False, base=RedisPyLockTask)
 def redispy(key: str) -> None:
     return None
 
@@ -128,6 +132,7 @@ _marks: redis.Redis | None = None
 
 @app.task(
     name="bench.wait_hold",
+    shared=False,
     base=LockedTask,
     lock_by=["key"],
     lock_on_contention="wait",
