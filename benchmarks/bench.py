@@ -711,7 +711,8 @@ def section_footprint(server: RedisServer, size: dict[str, Any]) -> dict[str, An
             "left_keys": left_keys,
             "left_keys_per_name": left_keys / n,
             "left_bytes_per_name": left_bytes / n,
-            "left_ttl_s": max(ttls) / 1000 if ttls else None,
+            "left_ttl_s": max((t for t in ttls if t >= 0), default=0) / 1000,
+            "left_without_expiry": any(t < 0 for t in ttls),
         }
         progress(f"  footprint {contender} done")
     client.flushdb()
@@ -994,12 +995,14 @@ def table_footprint(t: Table, res: dict[str, Any]) -> None:
     for c in ("ours", "redis-py", "python-redis-lock", "pottery", "bare"):
         r = res[c]
         left = f"{r['left_keys_per_name']:.2f} keys, {r['left_bytes_per_name']:.0f} B"
-        ttl = r["left_ttl_s"]
-        if r.get("left_keys") and ttl is not None:
-            # The longest TTL of the keys left; ours leaves one fencing high-water mark per
-            # Cluster slot used, which never expires (PTTL -1: shown so, not as "TTL -0 s").
-            kept = "no expiry" if ttl < 0 else f"TTL up to {ttl:.0f} s"
-            left += f" ({r['left_keys']:,} in all, {kept})"
+        if r.get("left_keys"):
+            # The longest TTL of the keys left (of 20 read), and whether one has none: ours
+            # leaves one fencing high-water mark per Cluster slot used, which never expires
+            # (PTTL -1, once shown as "TTL -0 s").
+            kept = [f"TTL up to {r['left_ttl_s']:.0f} s"] if r["left_ttl_s"] else []
+            if r["left_without_expiry"]:
+                kept += ["some with no expiry" if kept else "no expiry"]
+            left += f" ({r['left_keys']:,} in all{''.join(', ' + k for k in kept)})"
         t.add(
             fig,
             c,

@@ -1328,8 +1328,9 @@ class LockCore:
 
     def _new_token(self) -> str:
         cap = 0 if self.max_hold is None else ms(self.max_hold)
-        lease = ms(self.ttl) if self.auto_renew else 0
-        return _owner.new_token(self.owner, self.host, max_hold_ms=cap, lease_ms=lease)
+        # int(), not ms(): a ttl is whole milliseconds >= MIN_TTL (once per acquisition try).
+        lease = int(self.ttl * 1000) if self.auto_renew else 0
+        return _owner.new_token(self.owner, self.host, None, cap, lease)
 
     def _try_token(self) -> str:
         """The owner token of one acquisition try, counted in :attr:`attempts` as it is sent."""

@@ -161,11 +161,13 @@ def new_token(
     """Build a fresh, unguessable owner token for one acquisition attempt (``max_hold_ms``:
     the lock's cap, 0 for none; ``lease_ms``: the lease it is renewed to, 0 if not renewed)."""
     pid = process_id if pid is None else pid
-    acquired = int(time.time() * 1000)
-    cap = f"+{max_hold_ms}" if max_hold_ms else ""
-    lease = f"~{lease_ms}" if lease_ms else ""
+    at: int | str = int(time.time() * 1000)
+    if max_hold_ms:
+        at = f"{at}+{max_hold_ms}"
+    if lease_ms:
+        at = f"{at}~{lease_ms}"
     # The fields joined by SEPARATOR, in one f-string (once per acquisition attempt).
-    return f"{new_secret()}|{pid}|{acquired}{cap}{lease}|{normalize_host(host)}|{task_id}"
+    return f"{new_secret()}|{pid}|{at}|{normalize_host(host)}|{task_id}"
 
 
 def parse(token: str | bytes | None) -> Owner | None:

@@ -380,11 +380,13 @@ def _dead(verdict: Verdict) -> str:
 
 
 def _why_kept(verdict: Verdict, lock: HeldLock) -> str:
-    """Why ``release --dead`` keeps ``lock``; for an unknown holder, why, and when the key
-    goes by itself (an operator deciding on ``release KEY --force`` needs both)."""
+    """Why ``release --dead`` keeps ``lock``; for an unknown holder, why, and its key's TTL
+    (an operator deciding on ``release KEY --force`` needs both)."""
     if verdict.state == UNKNOWN:
         ends = (
-            "it has no expiry" if lock.ttl is None else f"it expires by itself in {lock.ttl:.1f}s"
+            "its key has no expiry"
+            if lock.ttl is None
+            else f"its key expires in {lock.ttl:.1f}s unless its holder renews it"
         )
         return f"liveness unknown: {safe(verdict.reason)}; {ends}"
     if verdict.state == COOLDOWN:  # who() says so: "(ended; kept by its lock_cooldown)"

@@ -93,6 +93,7 @@ import click
 
 from .._celery.identity import import_task_modules, spec_of
 from .._redis.clients import redact
+from .._redis.core import ms
 from .._redis.inventory import HeldLock, capped, lease_age
 
 #: How a holder's liveness is reported; ``cooldown``: no holder runs, the task ended and its
@@ -462,11 +463,11 @@ def verdict(
     age = lease_age(lock, lease)
     if age is not None and age < lease * RENEWED_WITHIN:
         return _recent(silent, age, lease, renewal, named)
-    if named != LEASE_SETTING and age is None and lock.ttl is not None:
+    if lock.holder.lease_ms is not None and age is None and lock.ttl is not None:
         return Verdict(
             UNKNOWN,
             f"{silent}, and its TTL ({lock.ttl:.1f}s) is longer than {named} ({lease:g}s): "
-            "extended past it by its holder, so its liveness is unknown (it expires by itself)",
+            "extended past it by its holder, so its liveness is unknown",
         )
     if renewal.kind == RENEWED and age is None and lock.ttl is not None:
         # Deploy probe, session 30: (1) workers renew under redlock_lease=30; (2) a deploy
@@ -478,7 +479,7 @@ def verdict(
             f"{silent}, and its TTL ({lock.ttl:.1f}s) is longer than redlock_lease={lease:g}s, "
             "which its task renews: renewed under a longer lease (workers of another "
             "redlock_lease), or by a call whose lock_ttl record is lost, so its liveness is "
-            "unknown (it expires by itself)",
+            "unknown",
         )
     if renewal.kind == FIXED:
         shown = f"{renewal.why}, never renewed, and its TTL is no lease's set lately"
@@ -526,9 +527,8 @@ def _judged_by(lock: HeldLock, lease: float, renewal: Renewal) -> tuple[float, s
     holder = lock.holder
     if holder is None or holder.lease_ms is None:
         return lease, LEASE_SETTING, renewal
-    own = holder.lease_ms / 1000
-    named = LEASE_SETTING if own == lease else "its holder's own lease"
-    return own, named, Renewal(RENEWED)
+    named = LEASE_SETTING if holder.lease_ms == ms(lease) else "its holder's own lease"
+    return holder.lease_ms / 1000, named, Renewal(RENEWED)
 
 
 def unpinged_why(app: Any) -> str:

@@ -635,7 +635,8 @@ def test_a_lock_capped_by_a_hard_time_limit_is_not_released_as_dead(
     # Why, and when the key goes by itself: the operator's choice of release --force.
     kept = re.search(
         r"\(liveness unknown: its worker w1@gone does not answer .*, and its TTL is cut to its "
-        r"task's hard time limit \(max_hold\).*; it expires by itself in (\d+\.\d)s\)",
+        r"task's hard time limit \(max_hold\).*; its key expires in (\d+\.\d)s unless its holder "
+        r"renews it\)",
         dead.stdout,
     )
     assert kept is not None and 0 < float(kept.group(1)) <= 9, dead.stdout

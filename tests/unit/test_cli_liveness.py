@@ -10,6 +10,7 @@ from celery import Celery
 
 from celery_redlock import LockedTask
 from celery_redlock._redis import owner as _owner
+from celery_redlock._redis.core import ms
 from celery_redlock._redis.inventory import HeldLock
 from celery_redlock.cli._liveness import (
     ALIVE,
@@ -81,8 +82,9 @@ def recorded(ttl: float, lease_s: int) -> HeldLock:
         # ... or shortened it from 60 to 30 s: renewed to 60.
         (58.0, 60, ALIVE, "set 2.0s ago"),
         (15.0, 60, DEAD, "no renewal for 45.0s"),
-        # Extended past its own lease by its holder: it expires by itself.
+        # Extended past its own lease by its holder (whose renewal brings it back).
         (45.0, 10, UNKNOWN, "longer than its holder's own lease (10s): extended past it"),
+        (45.0, 30, UNKNOWN, "longer than redlock_lease (30s): extended past it by its holder"),
         (29.0, 30, ALIVE, "within two thirds of redlock_lease (20.0s)"),
     ],
 )
@@ -101,6 +103,15 @@ def test_a_renewed_lock_is_judged_by_the_lease_its_token_records(
     assert says in said.reason, said.reason
     quiet = unpinged(recorded(ttl, lease_s), LEASE, "the broker does not answer", renewal)
     assert quiet.state == (ALIVE if state == ALIVE else UNKNOWN), quiet.reason
+
+
+def test_a_recorded_lease_equal_to_the_command_s_is_named_as_the_setting() -> None:
+    """``ms(2.01)`` is 2009: the token's lease equals the command's ``redlock_lease=2.01`` as
+    the lock records it, and the reason names the setting, not another lease."""
+    value = _owner.new_token("t-1", host="w1@web-1", pid=7, lease_ms=ms(2.01))
+    lock = HeldLock("redlock:{job}", "job", 1, value, _owner.parse(value), 1.9, None)
+    said = verdict(lock, {"w1@web-1": DEAD}, 1.0, 2.01)
+    assert said.state == ALIVE and "within two thirds of redlock_lease" in said.reason
 
 
 @pytest.mark.parametrize(

@@ -172,8 +172,9 @@ end
 RELEASE = (
     _HAND_ON
     + """
--- KEYS[1..n] the lock's slot keys, then (except on a Cluster) the release channel and the
---         waiter queue (see _named)
+-- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3..n] the lock's slot keys; on a
+--         Cluster, the slot keys alone, with the channel and the queue after the other ARGV
+--         (see _named)
 -- ARGV[1] owner token, ARGV[2] keep in ms ('0': delete now; > 0: keep the slot that long, its
 --         token's secret marked 'cooldown': the task ended; see celery_redlock._redis.owner),
 -- ARGV[3] '1': hand a single-slot lock over to the first queued waiter (a plain node, where
@@ -182,8 +183,7 @@ RELEASE = (
 --         every node answered; a waiter woken by the first node to free the lock could win
 --         the others before the release reached the last, and hold it on a bare majority);
 --         the reply then says whether anyone listens on the release channel here,
--- ARGV[5] n, the number of slot keys, ARGV[6] release channel, ARGV[7] waiter queue
---         (see _named)
+-- ARGV[5] release channel, ARGV[6] waiter queue: on a Cluster only (see _named)
 -- returns 1 released (handed over, or deleted, or kept until expiry; the waiters notified;
 --           with ARGV[4] '1': nobody listening here),
 --         2 released (deleted or kept) but PUBLISH was refused: waiters not notified,
@@ -192,26 +192,27 @@ RELEASE = (
 --         0 not the owner of any slot (expired or taken over)
 -- A release with keep sent again (a client's retry after a lost reply) finds the slot it
 -- marked and answers 1 again, as it did when keeping left the token in place.
+local channel, queue, first = KEYS[1], KEYS[2], 3
+if ARGV[5] then channel, queue, first = ARGV[5], ARGV[6], 1 end
 local function released()
-  local n = redis.pcall('PUBSUB', 'NUMSUB', ARGV[6])
+  local n = redis.pcall('PUBSUB', 'NUMSUB', channel)
   if n.err == nil and tonumber(n[2]) == 0 then return 1 end
   return 3
 end
 local cooling = 'cooldown' .. string.sub(ARGV[1], 9)
-local slots = tonumber(ARGV[5])
-for i = 1, slots do
+for i = first, #KEYS do
   local value = redis.call('GET', KEYS[i])
   if value == ARGV[1] or (ARGV[2] ~= '0' and value == cooling) then
     if ARGV[2] ~= '0' then
       redis.call('SET', KEYS[i], cooling, 'PX', ARGV[2])
       if ARGV[4] == '1' then return released() end
-      return free_slot(ARGV[6], ARGV[7], KEYS[i], false, true)
+      return free_slot(channel, queue, KEYS[i], false, true)
     end
     if ARGV[4] == '1' then
       redis.call('DEL', KEYS[i])
       return released()
     end
-    return free_slot(ARGV[6], ARGV[7], KEYS[i], ARGV[3] == '1' and slots == 1)
+    return free_slot(channel, queue, KEYS[i], ARGV[3] == '1' and #KEYS == first)
   end
 end
 return 0
@@ -221,14 +222,14 @@ return 0
 EXTEND = (
     _NUDGE
     + """
--- KEYS[1..n] the lock's slot keys, then (except on a Cluster) the release channel and the
---         waiter queue (see _named)
+-- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3..n] the lock's slot keys; on a
+--         Cluster, the slot keys alone, with the channel and the queue after the other ARGV
+--         (see _named)
 -- ARGV[1] owner token, ARGV[2] new ttl in ms (> 0),
 -- ARGV[3] '1': re-assert the lock on this node if no slot exists (a quorum node that was down
 --         at acquisition, or restarted empty), '0': never,
 -- ARGV[4] '1': wake nobody here (a quorum node: the driver wakes every node once all answered),
--- ARGV[5] n, the number of slot keys, ARGV[6] release channel, ARGV[7] waiter queue
---         (see _named)
+-- ARGV[5] release channel, ARGV[6] waiter queue: on a Cluster only (see _named)
 -- returns 1 extended, 3 extended to a shorter TTL (the waiters woken, unless ARGV[4]),
 --         2 re-asserted (it was missing here), 0 not the owner (taken over, or missing
 --         without re-assertion)
@@ -241,23 +242,25 @@ EXTEND = (
 -- lease again, or, capped by max_hold, for the same end as the renewal before, which a faster
 -- round trip makes a few ms shorter (within SHORTER: a waiter oversleeps by less than that).
 local SHORTER = 250
-local first = redis.call('GET', KEYS[1])
-for i = 1, tonumber(ARGV[5]) do
+local channel, queue, slot = KEYS[1], KEYS[2], 3
+if ARGV[5] then channel, queue, slot = ARGV[5], ARGV[6], 1 end
+local first = redis.call('GET', KEYS[slot])
+for i = slot, #KEYS do
   local value = first
-  if i > 1 then value = redis.call('GET', KEYS[i]) end
+  if i > slot then value = redis.call('GET', KEYS[i]) end
   if value == ARGV[1] then
     local left = redis.call('PTTL', KEYS[i])
     redis.call('PEXPIRE', KEYS[i], ARGV[2])
     if left >= 0 and tonumber(ARGV[2]) + SHORTER >= left then return 1 end
     if ARGV[4] ~= '1' then
-      redis.pcall('PUBLISH', ARGV[6], '1')
-      if redis.pcall('EXISTS', ARGV[7]) == 1 then nudge(ARGV[7]) end
+      redis.pcall('PUBLISH', channel, '1')
+      if redis.pcall('EXISTS', queue) == 1 then nudge(queue) end
     end
     return 3
   end
 end
 if ARGV[3] == '1' and not first then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  redis.call('SET', KEYS[slot], ARGV[1], 'PX', ARGV[2])
   return 2
 end
 return 0
@@ -267,14 +270,14 @@ return 0
 RELEASE_ATTEMPT = (
     _HAND_ON
     + """
--- KEYS[1..n] the lock's slot keys, then (except on a Cluster) the release channel and the
---         waiter queue (see _named)
+-- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3..n] the lock's slot keys; on a
+--         Cluster, the slot keys alone, with the channel and the queue after the other ARGV
+--         (see _named)
 -- ARGV[1] task id, ARGV[2] host, ARGV[3] pid, ARGV[4] '1': handoff (as in RELEASE),
 -- ARGV[5] keep in ms ('0': delete; > 0: the task's cooldown: the slot is kept that long,
 --         marked as the child's own release with a cooldown leaves it),
 -- ARGV[6] '1': wake nobody here (a quorum node, as in RELEASE),
--- ARGV[7] n, the number of slot keys, ARGV[8] release channel, ARGV[9] waiter queue
---         (see _named)
+-- ARGV[7] release channel, ARGV[8] waiter queue: on a Cluster only (see _named)
 -- A slot already marked as a cooldown was released (by the child before it died, or by an
 -- earlier call of this script): it is left as it is, and this returns 0.
 -- Releases the slot taken by that attempt: the token layout is
@@ -283,8 +286,9 @@ RELEASE_ATTEMPT = (
 -- returns 1 released (handed over to the first queued waiter, or deleted),
 --         2 deleted but PUBLISH was refused (waiters not notified),
 --         0 no slot owned by that attempt
-local slots = tonumber(ARGV[7])
-for i = 1, slots do
+local channel, queue, first = KEYS[1], KEYS[2], 3
+if ARGV[7] then channel, queue, first = ARGV[7], ARGV[8], 1 end
+for i = first, #KEYS do
   local value = redis.call('GET', KEYS[i])
   if value then
     local pid, host, task_id = string.match(value, '^[^|]*|([^|]*)|[^|]*|([^|]*)|(.*)$')
@@ -293,13 +297,13 @@ for i = 1, slots do
       if ARGV[5] ~= '0' then
         redis.call('SET', KEYS[i], 'cooldown' .. string.sub(value, 9), 'PX', ARGV[5])
         if ARGV[6] == '1' then return 1 end
-        return free_slot(ARGV[8], ARGV[9], KEYS[i], false, true)
+        return free_slot(channel, queue, KEYS[i], false, true)
       end
       if ARGV[6] == '1' then
         redis.call('DEL', KEYS[i])
         return 1
       end
-      return free_slot(ARGV[8], ARGV[9], KEYS[i], ARGV[4] == '1' and slots == 1)
+      return free_slot(channel, queue, KEYS[i], ARGV[4] == '1' and #KEYS == first)
     end
   end
 end
@@ -310,25 +314,27 @@ return 0
 RELEASE_UNRENEWED = (
     _HAND_ON
     + """
--- KEYS[1] one slot key, then (except on a Cluster) the release channel and the waiter queue
---         (see _named)
+-- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3] one slot key; on a Cluster, the
+--         slot key alone, with the channel and the queue after the other ARGV (see _named)
 -- ARGV[1] owner token read from it, ARGV[2] '': no check, else the most PTTL in ms the slot may
 --         have left (what was read: more means its holder renewed it since, so it is alive),
 -- ARGV[3] '1': hand a single-slot lock over to the first queued waiter (as in RELEASE),
 -- ARGV[4] '1': wake nobody here (a quorum node, as in RELEASE),
--- ARGV[5] '1' (one slot key), ARGV[6] release channel, ARGV[7] waiter queue (see _named)
+-- ARGV[5] release channel, ARGV[6] waiter queue: on a Cluster only (see _named)
 -- returns 1 released (as RELEASE), 2 deleted but PUBLISH was refused,
 --         0 not held by ARGV[1] any more (expired or taken over), -1 kept: renewed since read
 -- The release of `celery redlock release` (an operator's, not the holder's): the owner check
 -- and the renewal check are one step with the delete, so a renewal that lands between the
 -- operator's read and the delete keeps the lock.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-if ARGV[2] ~= '' and redis.call('PTTL', KEYS[1]) > tonumber(ARGV[2]) then return -1 end
+local channel, queue, slot = KEYS[1], KEYS[2], KEYS[3]
+if ARGV[5] then channel, queue, slot = ARGV[5], ARGV[6], KEYS[1] end
+if redis.call('GET', slot) ~= ARGV[1] then return 0 end
+if ARGV[2] ~= '' and redis.call('PTTL', slot) > tonumber(ARGV[2]) then return -1 end
 if ARGV[4] == '1' then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', slot)
   return 1
 end
-return free_slot(ARGV[6], ARGV[7], KEYS[1], ARGV[3] == '1')
+return free_slot(channel, queue, slot, ARGV[3] == '1')
 """
 )
 
@@ -440,9 +446,9 @@ def _named(
 ) -> tuple[list[str], list[Any]]:
     """``(KEYS, ARGV)`` of a script that frees or extends ``slots`` and may wake the waiters
     (:data:`RELEASE`, :data:`EXTEND`, :data:`RELEASE_ATTEMPT`, :data:`RELEASE_UNRENEWED`): the
-    number of slot keys, the release channel and the waiter queue end ARGV, the script reads
-    them there, and KEYS declares the channel and the queue after the slots, except on a
-    ``cluster``.
+    release channel and the waiter queue first in KEYS, then the slots; on a ``cluster``, the
+    slots alone, and the channel and the queue at the end of ARGV (the script reads them there
+    when ARGV has them).
 
     Declared, because Dragonfly runs a script only on the keys it declares (a queue reached by
     name could not be handed over). Not on a Cluster, timeline: (1) a reshard marks the
@@ -453,9 +459,9 @@ def _named(
     script touches the queue by ``pcall`` only: a queue that is not local fails that call
     alone.
     """
-    named = [keys.channel, keys.waiters]
-    declared = [*slots] if cluster else [*slots, *named]
-    return declared, [*argv, len(slots), *named]
+    if cluster:
+        return [*slots], [*argv, keys.channel, keys.waiters]
+    return [keys.channel, keys.waiters, *slots], argv
 
 
 def release_call(
