@@ -1328,7 +1328,7 @@ class LockCore:
 
     def _new_token(self) -> str:
         cap = 0 if self.max_hold is None else ms(self.max_hold)
-        # int(), not ms(): a ttl is whole milliseconds >= MIN_TTL (once per acquisition try).
+        # ms(self.ttl) inline (a ttl is >= MIN_TTL): one call fewer per acquisition try.
         lease = int(self.ttl * 1000) if self.auto_renew else 0
         return _owner.new_token(self.owner, self.host, None, cap, lease)
 
