@@ -174,7 +174,7 @@ RELEASE = (
     + """
 -- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3..n] the lock's slot keys; on a
 --         Cluster, the slot keys alone, with the channel and the queue after the other ARGV
---         (see _named)
+--         (see _on_cluster)
 -- ARGV[1] owner token, ARGV[2] keep in ms ('0': delete now; > 0: keep the slot that long, its
 --         token's secret marked 'cooldown': the task ended; see celery_redlock._redis.owner),
 -- ARGV[3] '1': hand a single-slot lock over to the first queued waiter (a plain node, where
@@ -183,7 +183,7 @@ RELEASE = (
 --         every node answered; a waiter woken by the first node to free the lock could win
 --         the others before the release reached the last, and hold it on a bare majority);
 --         the reply then says whether anyone listens on the release channel here,
--- ARGV[5] release channel, ARGV[6] waiter queue: on a Cluster only (see _named)
+-- ARGV[5] release channel, ARGV[6] waiter queue: on a Cluster only (see _on_cluster)
 -- returns 1 released (handed over, or deleted, or kept until expiry; the waiters notified;
 --           with ARGV[4] '1': nobody listening here),
 --         2 released (deleted or kept) but PUBLISH was refused: waiters not notified,
@@ -224,12 +224,12 @@ EXTEND = (
     + """
 -- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3..n] the lock's slot keys; on a
 --         Cluster, the slot keys alone, with the channel and the queue after the other ARGV
---         (see _named)
+--         (see _on_cluster)
 -- ARGV[1] owner token, ARGV[2] new ttl in ms (> 0),
 -- ARGV[3] '1': re-assert the lock on this node if no slot exists (a quorum node that was down
 --         at acquisition, or restarted empty), '0': never,
 -- ARGV[4] '1': wake nobody here (a quorum node: the driver wakes every node once all answered),
--- ARGV[5] release channel, ARGV[6] waiter queue: on a Cluster only (see _named)
+-- ARGV[5] release channel, ARGV[6] waiter queue: on a Cluster only (see _on_cluster)
 -- returns 1 extended, 3 extended to a shorter TTL (the waiters woken, unless ARGV[4]),
 --         2 re-asserted (it was missing here), 0 not the owner (taken over, or missing
 --         without re-assertion)
@@ -272,12 +272,12 @@ RELEASE_ATTEMPT = (
     + """
 -- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3..n] the lock's slot keys; on a
 --         Cluster, the slot keys alone, with the channel and the queue after the other ARGV
---         (see _named)
+--         (see _on_cluster)
 -- ARGV[1] task id, ARGV[2] host, ARGV[3] pid, ARGV[4] '1': handoff (as in RELEASE),
 -- ARGV[5] keep in ms ('0': delete; > 0: the task's cooldown: the slot is kept that long,
 --         marked as the child's own release with a cooldown leaves it),
 -- ARGV[6] '1': wake nobody here (a quorum node, as in RELEASE),
--- ARGV[7] release channel, ARGV[8] waiter queue: on a Cluster only (see _named)
+-- ARGV[7] release channel, ARGV[8] waiter queue: on a Cluster only (see _on_cluster)
 -- A slot already marked as a cooldown was released (by the child before it died, or by an
 -- earlier call of this script): it is left as it is, and this returns 0.
 -- Releases the slot taken by that attempt: the token layout is
@@ -315,12 +315,12 @@ RELEASE_UNRENEWED = (
     _HAND_ON
     + """
 -- KEYS[1] release channel, KEYS[2] waiter queue, KEYS[3] one slot key; on a Cluster, the
---         slot key alone, with the channel and the queue after the other ARGV (see _named)
+--         slot key alone, with the channel and the queue after the other ARGV (see _on_cluster)
 -- ARGV[1] owner token read from it, ARGV[2] '': no check, else the most PTTL in ms the slot may
 --         have left (what was read: more means its holder renewed it since, so it is alive),
 -- ARGV[3] '1': hand a single-slot lock over to the first queued waiter (as in RELEASE),
 -- ARGV[4] '1': wake nobody here (a quorum node, as in RELEASE),
--- ARGV[5] release channel, ARGV[6] waiter queue: on a Cluster only (see _named)
+-- ARGV[5] release channel, ARGV[6] waiter queue: on a Cluster only (see _on_cluster)
 -- returns 1 released (as RELEASE), 2 deleted but PUBLISH was refused,
 --         0 not held by ARGV[1] any more (expired or taken over), -1 kept: renewed since read
 -- The release of `celery redlock release` (an operator's, not the holder's): the owner check
@@ -441,27 +441,25 @@ def fence_call(keys: LockKeys, slot: str, token: str) -> tuple[list[str], list[A
     return [slot, keys.fence, keys.high_water], [token]
 
 
-def _named(
-    keys: LockKeys, slots: Sequence[str], argv: list[Any], cluster: bool
+def _on_cluster(
+    keys: LockKeys, slots: Sequence[str], argv: list[Any]
 ) -> tuple[list[str], list[Any]]:
-    """``(KEYS, ARGV)`` of a script that frees or extends ``slots`` and may wake the waiters
-    (:data:`RELEASE`, :data:`EXTEND`, :data:`RELEASE_ATTEMPT`, :data:`RELEASE_UNRENEWED`): the
-    release channel and the waiter queue first in KEYS, then the slots; on a ``cluster``, the
-    slots alone, and the channel and the queue at the end of ARGV (the script reads them there
-    when ARGV has them).
+    """``(KEYS, ARGV)`` on a Redis Cluster of a script that frees or extends ``slots`` and may
+    wake the waiters (:data:`RELEASE`, :data:`EXTEND`, :data:`RELEASE_ATTEMPT`,
+    :data:`RELEASE_UNRENEWED`): the slot keys alone, and the release channel and the waiter
+    queue at the end of ARGV, where the script reads them when ARGV has them. Elsewhere the
+    channel and the queue come first in KEYS, and ARGV is left as it is.
 
-    Declared, because Dragonfly runs a script only on the keys it declares (a queue reached by
-    name could not be handed over). Not on a Cluster, timeline: (1) a reshard marks the
-    lock's slot MIGRATING and stops part-way; (2) the queue key does not exist, so Redis
+    Declared elsewhere, because Dragonfly runs a script only on the keys it declares (a queue
+    reached by name could not be handed over). Not on a Cluster, timeline: (1) a reshard marks
+    the lock's slot MIGRATING and stops part-way; (2) the queue key does not exist, so Redis
     answers every command naming it TRYAGAIN ("multiple keys request during rehashing"); (3)
     every renewal fails, the lease ends, and a contender's ``SET`` takes the lock beside its
     running holder (and a release fails: the key stays until its lease ends). There the
     script touches the queue by ``pcall`` only: a queue that is not local fails that call
     alone.
     """
-    if cluster:
-        return [*slots], [*argv, keys.channel, keys.waiters]
-    return [keys.channel, keys.waiters, *slots], argv
+    return [*slots], [*argv, keys.channel, keys.waiters]
 
 
 def release_call(
@@ -475,7 +473,9 @@ def release_call(
     """``(KEYS, ARGV)`` of :data:`RELEASE`; ``handoff``: only for a plain node; ``wake``
     False: a quorum's (see there); ``cluster``: the client is a Redis Cluster's."""
     argv = [token, keep_ms, "1" if handoff else "0", "0" if wake else "1"]
-    return _named(keys, keys.slots, argv, cluster)
+    if cluster:
+        return _on_cluster(keys, keys.slots, argv)
+    return [keys.channel, keys.waiters, *keys.slots], argv
 
 
 def extend_call(
@@ -489,7 +489,9 @@ def extend_call(
     """``(KEYS, ARGV)`` of :data:`EXTEND`; ``wake`` False: a quorum's (see there);
     ``cluster``: the client is a Redis Cluster's."""
     argv = [token, ttl_ms, "1" if reassert else "0", "0" if wake else "1"]
-    return _named(keys, keys.slots, argv, cluster)
+    if cluster:
+        return _on_cluster(keys, keys.slots, argv)
+    return [keys.channel, keys.waiters, *keys.slots], argv
 
 
 def release_attempt_call(
@@ -505,7 +507,9 @@ def release_attempt_call(
     """``(KEYS, ARGV)`` of :data:`RELEASE_ATTEMPT`; ``wake`` False: a quorum's (see there);
     ``cluster``: the client is a Redis Cluster's."""
     argv = [task_id, host, str(pid), "1" if handoff else "0", str(keep_ms), "0" if wake else "1"]
-    return _named(keys, keys.slots, argv, cluster)
+    if cluster:
+        return _on_cluster(keys, keys.slots, argv)
+    return [keys.channel, keys.waiters, *keys.slots], argv
 
 
 def release_unrenewed_call(
@@ -521,7 +525,9 @@ def release_unrenewed_call(
     ``wake`` False: a quorum's, see there; ``cluster``: the client is a Redis Cluster's)."""
     limit = "" if max_pttl_ms is None else str(max_pttl_ms)
     argv = [token, limit, "1" if handoff else "0", "0" if wake else "1"]
-    return _named(keys, [slot], argv, cluster)
+    if cluster:
+        return _on_cluster(keys, [slot], argv)
+    return [keys.channel, keys.waiters, slot], argv
 
 
 def raise_fence_call(keys: LockKeys, token: int) -> tuple[list[str], list[Any]]:
