@@ -149,7 +149,7 @@ class SingleNode(QueueRules):
         self.handoff = not self.cluster
         #: The server a give-back goes to, for the give-backs' thread to hasten the others to
         #: it once one is answered; ``None`` for a Cluster, whose shards answer apart.
-        self.node: Any = None if is_cluster(client) else client
+        self.node: Any = None if self.cluster else client
 
     @functools.cached_property
     def names(self) -> tuple[str, ...]:
